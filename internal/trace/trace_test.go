@@ -1,0 +1,191 @@
+package trace
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestReadMooncake(t *testing.T) {
+	tests := []struct {
+		name    string
+		in      string
+		want    []Request
+		wantErr string // substring; "" means success
+	}{
+		{
+			name: "two records",
+			in: `{"timestamp": 0, "input_length": 600, "output_length": 3, "hash_ids": [0, 1]}
+{"timestamp": 1500, "input_length": 10, "output_length": 0, "hash_ids": [0]}
+`,
+			want: []Request{
+				{Arrival: 0, InputTokens: 600, OutputTokens: 3, HashIDs: []int64{0, 1}},
+				{Arrival: 1500 * time.Millisecond, InputTokens: 10, OutputTokens: 0, HashIDs: []int64{0}},
+			},
+		},
+		{
+			name: "unsorted is stably sorted, blank lines skipped, extra fields ok",
+			in: `{"timestamp": 20, "input_length": 1, "output_length": 1, "hash_ids": [1]}
+
+{"timestamp": 10, "input_length": 2, "output_length": 1, "hash_ids": [2], "x": 1}
+{"timestamp": 20, "input_length": 3, "output_length": 1, "hash_ids": [3]}
+{"timestamp": 10, "input_length": 4, "output_length": 1, "hash_ids": [4]}`,
+			want: []Request{
+				{Arrival: 10 * time.Millisecond, InputTokens: 2, OutputTokens: 1, HashIDs: []int64{2}},
+				{Arrival: 10 * time.Millisecond, InputTokens: 4, OutputTokens: 1, HashIDs: []int64{4}},
+				{Arrival: 20 * time.Millisecond, InputTokens: 1, OutputTokens: 1, HashIDs: []int64{1}},
+				{Arrival: 20 * time.Millisecond, InputTokens: 3, OutputTokens: 1, HashIDs: []int64{3}},
+			},
+		},
+		{name: "empty input", in: "", want: nil},
+		{name: "bad json", in: "{\"timestamp\": 0,\n", wantErr: "line 1"},
+		{name: "not an object", in: `{"timestamp":0,"input_length":1,"output_length":1,"hash_ids":[1]}` + "\n[1,2]", wantErr: "line 2"},
+		{name: "negative timestamp", in: `{"timestamp": -1, "input_length": 1, "output_length": 1, "hash_ids": [1]}`, wantErr: "line 1: negative timestamp"},
+		{name: "negative input", in: "\n" + `{"timestamp": 0, "input_length": -5, "output_length": 1, "hash_ids": [1]}`, wantErr: "line 2: negative input_length"},
+		{name: "negative output", in: `{"timestamp": 0, "input_length": 5, "output_length": -1, "hash_ids": [1]}`, wantErr: "negative output_length"},
+		{name: "empty hash ids", in: `{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": []}`, wantErr: "empty hash_ids"},
+		{name: "missing hash ids", in: `{"timestamp": 0, "input_length": 5, "output_length": 1}`, wantErr: "empty hash_ids"},
+		{name: "missing timestamp", in: `{"input_length": 5, "output_length": 1, "hash_ids": [1]}`, wantErr: "missing timestamp"},
+		{name: "missing input", in: `{"timestamp": 0, "output_length": 1, "hash_ids": [1]}`, wantErr: "missing input_length"},
+		{name: "missing output", in: `{"timestamp": 0, "input_length": 1, "hash_ids": [1]}`, wantErr: "missing output_length"},
+		{name: "string length", in: `{"timestamp": 0, "input_length": "5", "output_length": 1, "hash_ids": [1]}`, wantErr: "line 1"},
+		{name: "huge timestamp", in: `{"timestamp": 1e300, "input_length": 5, "output_length": 1, "hash_ids": [1]}`, wantErr: "out of range"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := ReadMooncake(strings.NewReader(tc.in))
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("err = %v, want containing %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(got, tc.want) {
+				t.Fatalf("got %+v\nwant %+v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestLoadMooncake(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "t.jsonl")
+	if err := os.WriteFile(p, []byte(`{"timestamp": 3, "input_length": 1, "output_length": 1, "hash_ids": [7]}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	got, err := LoadMooncake(p)
+	if err != nil || len(got) != 1 || got[0].HashIDs[0] != 7 {
+		t.Fatalf("got %v, %v", got, err)
+	}
+	if _, err := LoadMooncake(filepath.Join(dir, "missing")); err == nil {
+		t.Fatal("missing file: want error")
+	}
+	if err := os.WriteFile(p, []byte("nope"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := LoadMooncake(p); err == nil || !strings.Contains(err.Error(), p) {
+		t.Fatalf("bad file: err = %v, want naming the path", err)
+	}
+}
+
+func TestEmbeddedConversationSlice(t *testing.T) {
+	reqs := EmbeddedConversationSlice()
+	if len(reqs) != 1750 {
+		t.Fatalf("len = %d, want 1750", len(reqs))
+	}
+	for i, r := range reqs {
+		if r.Arrival >= 600*time.Second {
+			t.Fatalf("request %d arrives at %v, past 10 minutes", i, r.Arrival)
+		}
+		if want := (r.InputTokens + MooncakeBlockTokens - 1) / MooncakeBlockTokens; len(r.HashIDs) != want {
+			t.Fatalf("request %d: %d ids for %d tokens", i, len(r.HashIDs), r.InputTokens)
+		}
+		if r.HashIDs[0] != 0 {
+			t.Fatalf("request %d does not start with block 0", i)
+		}
+	}
+	// Each call parses afresh, so callers cannot corrupt each other.
+	reqs[0].HashIDs[0] = 99
+	if again := EmbeddedConversationSlice(); again[0].HashIDs[0] != 0 {
+		t.Fatal("second call saw the first caller's modification")
+	}
+}
+
+func TestReadMTBench(t *testing.T) {
+	tests := []struct {
+		name    string
+		in      string
+		want    []Question
+		wantErr string
+	}{
+		{
+			name: "ok",
+			in:   `{"question_id": 81, "category": "writing", "turns": ["a", "b"]}` + "\n\n" + `{"question_id": 82, "category": "math", "turns": ["c"]}`,
+			want: []Question{{ID: 81, Category: "writing", Turns: []string{"a", "b"}}, {ID: 82, Category: "math", Turns: []string{"c"}}},
+		},
+		{name: "no turns", in: `{"question_id": 1, "category": "x", "turns": []}`, wantErr: "line 1: no turns"},
+		{name: "no id", in: `{"category": "x", "turns": ["a"]}`, wantErr: "missing question_id"},
+		{name: "bad json", in: `{"question_id": 1` + "\n", wantErr: "line 1"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := ReadMTBench(strings.NewReader(tc.in))
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("err = %v, want containing %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(got, tc.want) {
+				t.Fatalf("got %+v, want %+v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestReadMTBenchSharedFile(t *testing.T) {
+	const p = "/work/shared/traces/mtbench_questions.jsonl"
+	f, err := os.Open(p)
+	if err != nil {
+		t.Skipf("shared file not present: %v", err)
+	}
+	defer f.Close()
+	qs, err := ReadMTBench(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(qs) != 80 || len(qs[0].Turns) != 2 {
+		t.Fatalf("got %d questions, first has %d turns", len(qs), len(qs[0].Turns))
+	}
+}
+
+func FuzzReadMooncake(f *testing.F) {
+	f.Add([]byte(`{"timestamp": 0, "input_length": 600, "output_length": 3, "hash_ids": [0, 1]}`))
+	f.Add([]byte("{\"timestamp\": 5, \"input_length\": 1, \"output_length\": 1, \"hash_ids\": [1]}\n{\"timestamp\": 1, \"input_length\": 1, \"output_length\": 1, \"hash_ids\": [2]}\n"))
+	f.Add([]byte(`{"timestamp": -1}`))
+	f.Add(conversationSlice[:bytes.IndexByte(conversationSlice, '\n')+1])
+	f.Fuzz(func(t *testing.T, data []byte) {
+		reqs, err := ReadMooncake(bytes.NewReader(data))
+		if err != nil {
+			return
+		}
+		for i, r := range reqs {
+			if r.Arrival < 0 || r.InputTokens < 0 || r.OutputTokens < 0 || len(r.HashIDs) == 0 {
+				t.Fatalf("request %d accepted with invalid fields: %+v", i, r)
+			}
+			if i > 0 && r.Arrival < reqs[i-1].Arrival {
+				t.Fatalf("not sorted at %d", i)
+			}
+		}
+	})
+}
