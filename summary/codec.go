@@ -1,0 +1,112 @@
+package summary
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+
+	"github.com/bits-and-blooms/bloom/v3"
+)
+
+// Encoding of a summary, version 1, all integers big-endian:
+//
+//	"KVMS" | format u8 | k u8 | newer u8 | 0 u8
+//	contract fingerprint u64 | capacity blocks u32 | false-positive rate f64
+//	epoch u64 | version u64 | newer-generation inserts u32
+//	generation 0 | generation 1   (each in bloom/v3's binary encoding)
+//
+// The header fixes the geometry, so a decoder knows the exact length before
+// it reads a bit, and bloom's own decoder only ever sees bytes whose
+// lengths were checked (it trusts its input and would allocate whatever a
+// hostile length field asks for).
+const (
+	magic       = "KVMS"
+	formatV1    = 1
+	headerSize  = 48
+	bloomHeader = 24
+)
+
+func encodedSize(g geometry) int {
+	return headerSize + 2*(bloomHeader+int(g.m/64)*8)
+}
+
+// AppendEncode appends the binary encoding of the summary to dst, stamped
+// with the contract fingerprint of the router that hashed its blocks.
+func (s *Summary) AppendEncode(dst []byte, contract uint64) []byte {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	dst = append(dst, magic...)
+	dst = append(dst, formatV1, byte(s.geo.k), byte(s.cur), 0)
+	dst = binary.BigEndian.AppendUint64(dst, contract)
+	dst = binary.BigEndian.AppendUint32(dst, uint32(s.params.CapacityBlocks))
+	dst = binary.BigEndian.AppendUint64(dst, math.Float64bits(s.params.FalsePositiveRate))
+	dst = binary.BigEndian.AppendUint64(dst, s.epoch)
+	dst = binary.BigEndian.AppendUint64(dst, s.version)
+	dst = binary.BigEndian.AppendUint32(dst, uint32(s.curCount))
+	for _, g := range s.gens {
+		b, _ := g.MarshalBinary() // writes to a bytes.Buffer: cannot fail
+		dst = append(dst, b...)
+	}
+	return dst
+}
+
+// ErrMalformed marks bytes that are not a valid summary encoding.
+var ErrMalformed = errors.New("summary: malformed encoding")
+
+// Decode parses an encoded summary. It checks every length and parameter
+// before it allocates, and refuses summaries hashed under another contract.
+func Decode(data []byte, contract uint64) (*Summary, error) {
+	if len(data) < headerSize {
+		return nil, fmt.Errorf("%w: %d bytes is shorter than the header", ErrMalformed, len(data))
+	}
+	if string(data[:4]) != magic {
+		return nil, fmt.Errorf("%w: bad magic", ErrMalformed)
+	}
+	if data[4] != formatV1 {
+		return nil, fmt.Errorf("%w: unknown format version %d", ErrMalformed, data[4])
+	}
+	k, cur := uint(data[5]), int(data[6])
+	if got := binary.BigEndian.Uint64(data[8:]); got != contract {
+		return nil, fmt.Errorf("summary: hashed under contract %016x, this router uses %016x", got, contract)
+	}
+	p := Params{
+		CapacityBlocks:    int(binary.BigEndian.Uint32(data[16:])),
+		FalsePositiveRate: math.Float64frombits(binary.BigEndian.Uint64(data[20:])),
+	}
+	if err := p.Validate(); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrMalformed, err)
+	}
+	epoch := binary.BigEndian.Uint64(data[28:])
+	version := binary.BigEndian.Uint64(data[36:])
+	curCount := int(binary.BigEndian.Uint32(data[44:]))
+	g := p.geometry()
+	if k != g.k || cur > 1 || data[7] != 0 || curCount >= g.perGen {
+		return nil, fmt.Errorf("%w: header inconsistent with its parameters", ErrMalformed)
+	}
+	if len(data) != encodedSize(g) {
+		return nil, fmt.Errorf("%w: %d bytes, want %d for capacity %d", ErrMalformed, len(data), encodedSize(g), p.CapacityBlocks)
+	}
+	s := &Summary{params: p, geo: g, epoch: epoch, version: version, cur: cur, curCount: curCount, logStart: version}
+	s.logLimit = min(max(g.perGen/4, 1024), 1<<16)
+	genLen := bloomHeader + int(g.m/64)*8
+	for i := range s.gens {
+		b := data[headerSize+i*genLen : headerSize+(i+1)*genLen]
+		m := binary.BigEndian.Uint64(b[0:])
+		kk := binary.BigEndian.Uint64(b[8:])
+		bits := binary.BigEndian.Uint64(b[16:])
+		if m != uint64(g.m) || kk != uint64(g.k) || bits != uint64(g.m) {
+			return nil, fmt.Errorf("%w: generation %d header (m=%d k=%d len=%d) does not match m=%d k=%d", ErrMalformed, i, m, kk, bits, g.m, g.k)
+		}
+		f := &bloom.BloomFilter{}
+		if err := f.UnmarshalBinary(b); err != nil {
+			return nil, fmt.Errorf("%w: generation %d: %v", ErrMalformed, i, err)
+		}
+		s.gens[i] = f
+		s.words[i] = f.BitSet().Words()
+		if uint(len(s.words[i]))*64 != g.m {
+			return nil, fmt.Errorf("%w: generation %d has %d words", ErrMalformed, i, len(s.words[i]))
+		}
+	}
+	return s, nil
+}

@@ -1,0 +1,303 @@
+package summary
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/zeebo/xxh3"
+)
+
+// ErrBadRequest marks a request body that cannot be routed; the proxy
+// answers it with 400.
+var ErrBadRequest = errors.New("invalid request")
+
+// Prompt is what the router needs from an OpenAI request body.
+type Prompt struct {
+	// Model is the requested model name.
+	Model string
+	// CacheSalt is vLLM's cache_salt: requests with different salts never
+	// share cache, so it scopes the hash chain like the model does.
+	CacheSalt string
+	// Stream reports "stream": true.
+	Stream bool
+	// IncludeUsage reports stream_options.include_usage.
+	IncludeUsage bool
+	// Text is the canonical rendering of the prompt. A later turn of a
+	// conversation renders to text that starts with AppendAnswer of the
+	// earlier turn.
+	Text []byte
+	// Chat reports a chat request (messages) rather than a completion.
+	Chat bool
+}
+
+// AppendAnswer returns the canonical text of the prompt followed by the
+// model's answer, which is what the engine holds after the response and
+// what the next turn of the conversation starts with.
+func (p Prompt) AppendAnswer(answer string) []byte {
+	out := make([]byte, 0, len(p.Text)+len(answer)+16)
+	out = append(out, p.Text...)
+	if p.Chat {
+		return appendMessage(out, "assistant", "", []byte(answer))
+	}
+	return append(out, answer...)
+}
+
+// The canonical rendering frames each piece with control bytes that JSON
+// text content would have to escape, so framing cannot be forged by content
+// and adjacent fields cannot run together.
+const (
+	recordSep = 0x1e // starts a message or tool
+	unitSep   = 0x1f // separates fields within one
+	groupSep  = 0x1d // starts a non-text content part or a tool call
+)
+
+func appendMessage(dst []byte, role, name string, content []byte) []byte {
+	dst = append(dst, recordSep)
+	dst = append(dst, role...)
+	if name != "" {
+		dst = append(dst, unitSep)
+		dst = append(dst, name...)
+	}
+	dst = append(dst, unitSep)
+	return append(dst, content...)
+}
+
+type chatRequest struct {
+	Model         string            `json:"model"`
+	Messages      []chatMessage     `json:"messages"`
+	Tools         []json.RawMessage `json:"tools"`
+	Stream        bool              `json:"stream"`
+	StreamOptions *struct {
+		IncludeUsage bool `json:"include_usage"`
+	} `json:"stream_options"`
+	CacheSalt string `json:"cache_salt"`
+}
+
+type chatMessage struct {
+	Role       string          `json:"role"`
+	Name       string          `json:"name"`
+	Content    json.RawMessage `json:"content"`
+	ToolCalls  []toolCall      `json:"tool_calls"`
+	ToolCallID string          `json:"tool_call_id"`
+}
+
+type toolCall struct {
+	ID       string `json:"id"`
+	Type     string `json:"type"`
+	Function struct {
+		Name      string `json:"name"`
+		Arguments string `json:"arguments"`
+	} `json:"function"`
+}
+
+type contentPart struct {
+	Type string `json:"type"`
+	Text string `json:"text"`
+}
+
+// RenderChat parses a /v1/chat/completions body and renders its prompt:
+// tool definitions first (engines render them before the messages), then
+// every message in order. Messages are only appended, never rewritten, so
+// messages[0..k] renders to a prefix of messages[0..k+1].
+func RenderChat(body []byte) (Prompt, error) {
+	var req chatRequest
+	if err := json.Unmarshal(body, &req); err != nil {
+		return Prompt{}, fmt.Errorf("%w: body is not a valid chat completion request: %v", ErrBadRequest, err)
+	}
+	if req.Model == "" {
+		return Prompt{}, fmt.Errorf("%w: 'model' is required", ErrBadRequest)
+	}
+	if len(req.Messages) == 0 {
+		return Prompt{}, fmt.Errorf("%w: 'messages' must be a non-empty array", ErrBadRequest)
+	}
+	p := Prompt{Model: req.Model, CacheSalt: req.CacheSalt, Stream: req.Stream, Chat: true}
+	if req.StreamOptions != nil {
+		p.IncludeUsage = req.StreamOptions.IncludeUsage
+	}
+	size := 0
+	for _, m := range req.Messages {
+		size += len(m.Content) + 16
+	}
+	text := make([]byte, 0, size)
+	for _, t := range req.Tools {
+		text = append(text, recordSep)
+		text = append(text, "tool"...)
+		text = append(text, unitSep)
+		text = appendCompactJSON(text, t)
+	}
+	for i, m := range req.Messages {
+		if m.Role == "" {
+			return Prompt{}, fmt.Errorf("%w: messages[%d].role is required", ErrBadRequest, i)
+		}
+		var err error
+		text = append(text, recordSep)
+		text = append(text, m.Role...)
+		if m.Name != "" {
+			text = append(text, unitSep)
+			text = append(text, m.Name...)
+		}
+		if m.ToolCallID != "" {
+			text = append(text, unitSep)
+			text = append(text, m.ToolCallID...)
+		}
+		text = append(text, unitSep)
+		if text, err = appendContent(text, m.Content); err != nil {
+			return Prompt{}, fmt.Errorf("%w: messages[%d].content: %v", ErrBadRequest, i, err)
+		}
+		for _, c := range m.ToolCalls {
+			text = append(text, groupSep)
+			text = append(text, "call"...)
+			text = append(text, unitSep)
+			text = append(text, c.ID...)
+			text = append(text, unitSep)
+			text = append(text, c.Function.Name...)
+			text = append(text, unitSep)
+			text = append(text, c.Function.Arguments...)
+		}
+	}
+	p.Text = text
+	return p, nil
+}
+
+// appendContent renders a message's content: a string as itself, an array
+// of parts part by part. Text parts are kept as text; any other part
+// (image_url, input_audio, file, ...) is rendered as a digest of its JSON,
+// so two images differ and one image repeated matches, without copying
+// megabytes of base64 into the text.
+func appendContent(dst []byte, raw json.RawMessage) ([]byte, error) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
+		return dst, nil
+	}
+	switch raw[0] {
+	case '"':
+		var s string
+		if err := json.Unmarshal(raw, &s); err != nil {
+			return dst, err
+		}
+		return append(dst, s...), nil
+	case '[':
+		var parts []json.RawMessage
+		if err := json.Unmarshal(raw, &parts); err != nil {
+			return dst, err
+		}
+		for i, pr := range parts {
+			var part contentPart
+			if err := json.Unmarshal(pr, &part); err != nil {
+				return dst, fmt.Errorf("part %d: %v", i, err)
+			}
+			if part.Type == "text" {
+				dst = append(dst, part.Text...)
+				continue
+			}
+			dst = append(dst, groupSep)
+			dst = append(dst, part.Type...)
+			dst = append(dst, unitSep)
+			dst = appendDigest(dst, pr)
+		}
+		return dst, nil
+	default:
+		return dst, errors.New("must be a string, an array of content parts or null")
+	}
+}
+
+func appendDigest(dst []byte, raw []byte) []byte {
+	var c bytes.Buffer
+	if json.Compact(&c, raw) == nil {
+		raw = c.Bytes()
+	}
+	d := xxh3.Hash128(raw).Bytes()
+	return hex.AppendEncode(dst, d[:])
+}
+
+func appendCompactJSON(dst []byte, raw []byte) []byte {
+	var c bytes.Buffer
+	if err := json.Compact(&c, raw); err != nil {
+		return append(dst, raw...)
+	}
+	return append(dst, c.Bytes()...)
+}
+
+type completionRequest struct {
+	Model         string          `json:"model"`
+	Prompt        json.RawMessage `json:"prompt"`
+	Stream        bool            `json:"stream"`
+	StreamOptions *struct {
+		IncludeUsage bool `json:"include_usage"`
+	} `json:"stream_options"`
+	CacheSalt string `json:"cache_salt"`
+}
+
+// RenderCompletion parses a /v1/completions body. A string prompt renders
+// as itself, so a prompt that extends an earlier prompt plus its completion
+// matches it. Token-id prompts render as their ids (4 bytes each, after a
+// marker, so they never collide with text). A batch (an array of prompts)
+// is routed by its first prompt: one request goes to one replica.
+func RenderCompletion(body []byte) (Prompt, error) {
+	var req completionRequest
+	if err := json.Unmarshal(body, &req); err != nil {
+		return Prompt{}, fmt.Errorf("%w: body is not a valid completion request: %v", ErrBadRequest, err)
+	}
+	if req.Model == "" {
+		return Prompt{}, fmt.Errorf("%w: 'model' is required", ErrBadRequest)
+	}
+	p := Prompt{Model: req.Model, CacheSalt: req.CacheSalt, Stream: req.Stream}
+	if req.StreamOptions != nil {
+		p.IncludeUsage = req.StreamOptions.IncludeUsage
+	}
+	text, err := renderPrompt(req.Prompt, true)
+	if err != nil {
+		return Prompt{}, fmt.Errorf("%w: 'prompt': %v", ErrBadRequest, err)
+	}
+	p.Text = text
+	return p, nil
+}
+
+func renderPrompt(raw json.RawMessage, top bool) ([]byte, error) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
+		return nil, errors.New("is required")
+	}
+	switch raw[0] {
+	case '"':
+		var s string
+		if err := json.Unmarshal(raw, &s); err != nil {
+			return nil, err
+		}
+		return []byte(s), nil
+	case '[':
+		var items []json.RawMessage
+		if err := json.Unmarshal(raw, &items); err != nil {
+			return nil, err
+		}
+		if len(items) == 0 {
+			return nil, errors.New("must not be empty")
+		}
+		first := bytes.TrimSpace(items[0])
+		if len(first) > 0 && (first[0] == '"' || first[0] == '[') {
+			if !top {
+				return nil, errors.New("nested too deeply")
+			}
+			return renderPrompt(items[0], false)
+		}
+		var ids []int64
+		if err := json.Unmarshal(raw, &ids); err != nil {
+			return nil, errors.New("must be a string, an array of strings, or an array of token ids")
+		}
+		out := make([]byte, 0, 2+4*len(ids))
+		out = append(out, recordSep, 't')
+		for _, id := range ids {
+			if id < 0 || id > 1<<32-1 {
+				return nil, fmt.Errorf("token id %d out of range", id)
+			}
+			out = binary.LittleEndian.AppendUint32(out, uint32(id))
+		}
+		return out, nil
+	default:
+		return nil, errors.New("must be a string, an array of strings, or an array of token ids")
+	}
+}

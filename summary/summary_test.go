@@ -1,0 +1,153 @@
+package summary
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+)
+
+func chain(n int, seed uint64) []uint64 {
+	out := make([]uint64, n)
+	for i := range out {
+		out[i] = mix(seed*1_000_003 + uint64(i) + 1)
+	}
+	return out
+}
+
+func TestMatchIsLongestHeldPrefix(t *testing.T) {
+	s, err := New(Params{CapacityBlocks: 4096, FalsePositiveRate: 0.01}, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := chain(40, 7)
+	s.Add(held[:23])
+	tests := []struct {
+		name  string
+		query []uint64
+		want  int
+	}{
+		{"empty", nil, 0},
+		{"exact", held[:23], 23},
+		{"longer", held, 23},
+		{"shorter", held[:5], 5},
+		{"one", held[:1], 1},
+		{"other chain", chain(30, 8), 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := s.Match(MakeProbes(nil, tc.query)); got != tc.want {
+				t.Fatalf("Match = %d, want %d", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestAgingForgetsOldAndRefreshesReused(t *testing.T) {
+	const capBlocks = 1000
+	s, _ := New(Params{CapacityBlocks: capBlocks, FalsePositiveRate: 0.01}, 1)
+	hot := chain(10, 1)
+	old := chain(10, 2)
+	s.Add(old)
+	s.Add(hot)
+	// Insert 3 capacities of other blocks, re-using hot as an LRU hit would.
+	for i := 0; i < 3*capBlocks/10; i++ {
+		s.Add(chain(10, uint64(100+i)))
+		s.Add(hot)
+	}
+	if got := s.Match(MakeProbes(nil, hot)); got != 10 {
+		t.Errorf("re-used prefix: match %d, want 10", got)
+	}
+	if got := s.Match(MakeProbes(nil, old)); got != 0 {
+		t.Errorf("prefix older than the capacity: match %d, want 0", got)
+	}
+	recent := chain(10, uint64(100+3*capBlocks/10-1))
+	if got := s.Match(MakeProbes(nil, recent)); got != 10 {
+		t.Errorf("most recent prefix: match %d, want 10", got)
+	}
+}
+
+func TestFalsePositiveRateAtCapacity(t *testing.T) {
+	for _, fpr := range []float64{0.01, 0.001} {
+		t.Run(fmt.Sprint(fpr), func(t *testing.T) {
+			const capBlocks = 20000
+			s, _ := New(Params{CapacityBlocks: capBlocks, FalsePositiveRate: fpr}, 1)
+			// Fill until both generations are nearly full.
+			s.Add(chain(capBlocks-1, 1))
+			fp, n := 0, 200000
+			for i := 0; i < n; i++ {
+				if s.Has(mix(uint64(i) + 1<<40)) {
+					fp++
+				}
+			}
+			rate := float64(fp) / float64(n)
+			if rate > fpr*1.3 {
+				t.Fatalf("false-positive rate %.4f, target %.4f", rate, fpr)
+			}
+			bpb := float64(s.Stats().Bytes) / capBlocks
+			t.Logf("fpr %.4f (target %.4f), %.3f bytes per block", rate, fpr, bpb)
+		})
+	}
+}
+
+func TestEncodeDecodeRoundTrip(t *testing.T) {
+	s, _ := New(Params{CapacityBlocks: 3000, FalsePositiveRate: 0.01}, 42)
+	s.Add(chain(1700, 3)) // past one rotation
+	c := DefaultContract().Fingerprint()
+	enc := s.AppendEncode(nil, c)
+	d, err := Decode(enc, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(d.AppendEncode(nil, c), enc) {
+		t.Fatal("re-encoding differs")
+	}
+	if d.Epoch() != 42 || d.Version() != s.Version() {
+		t.Fatalf("epoch/version %d/%d, want 42/%d", d.Epoch(), d.Version(), s.Version())
+	}
+	if _, err := Decode(enc, c+1); err == nil {
+		t.Fatal("decoded a summary of another contract")
+	}
+	for _, cut := range []int{0, 10, headerSize, len(enc) - 1} {
+		if _, err := Decode(enc[:cut], c); !errors.Is(err, ErrMalformed) {
+			t.Fatalf("truncated to %d: err %v, want ErrMalformed", cut, err)
+		}
+	}
+}
+
+func TestCopiesStayIdenticalThroughDeltas(t *testing.T) {
+	c := DefaultContract().Fingerprint()
+	owner, _ := New(Params{CapacityBlocks: 2000, FalsePositiveRate: 0.01}, 9)
+	owner.Add(chain(50, 1))
+	cp, err := Decode(owner.AppendEncode(nil, c), c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for round := 0; round < 200; round++ {
+		from := owner.Version()
+		owner.Add(chain(1+rng.IntN(30), uint64(rng.IntN(60))))
+		delta, ok := owner.Since(from)
+		if !ok {
+			t.Fatalf("round %d: owner lost its recent log", round)
+		}
+		if err := cp.Apply(owner.Epoch(), from, delta); err != nil {
+			t.Fatalf("round %d: apply: %v", round, err)
+		}
+		if round%3 == 0 { // duplicates are harmless
+			if err := cp.Apply(owner.Epoch(), from, delta); err != nil {
+				t.Fatalf("round %d: re-apply: %v", round, err)
+			}
+		}
+	}
+	if !bytes.Equal(owner.AppendEncode(nil, c), cp.AppendEncode(nil, c)) {
+		t.Fatal("copy differs from owner after replaying deltas")
+	}
+	if err := cp.Apply(owner.Epoch(), owner.Version()+5, []uint64{1}); !errors.Is(err, ErrGap) {
+		t.Fatalf("future delta: %v, want ErrGap", err)
+	}
+	if err := cp.Apply(owner.Epoch()+1, 0, []uint64{1}); !errors.Is(err, ErrGap) {
+		t.Fatalf("other epoch: %v, want ErrGap", err)
+	}
+}
