@@ -1,0 +1,313 @@
+package replicasim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/zeebo/xxh3"
+)
+
+// Server is one simulated replica. Its handler is safe for concurrent use.
+type Server struct {
+	cfg     Config
+	logger  hclog.Logger
+	cache   *prefixCache
+	sched   *scheduler
+	prefill lane
+	m       *metrics
+	handler http.Handler
+	created int64 // unix seconds, for /v1/models
+	maxBody int64
+	seq     atomic.Uint64 // request counter, for response IDs
+
+	// ctx ends when Close is called; every sequence watches it.
+	ctx      context.Context
+	cancel   context.CancelFunc
+	inflight sync.WaitGroup
+	closing  sync.Once
+}
+
+// New builds a replica from cfg (zero fields take defaults) and registers its
+// metrics on reg. GET /metrics serves reg when it is also a
+// prometheus.Gatherer (such as *prometheus.Registry); otherwise, or when reg
+// is nil, it serves a private registry holding the replica's metrics.
+func New(cfg Config, logger hclog.Logger, reg prometheus.Registerer) (*Server, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	if logger == nil {
+		logger = hclog.NewNullLogger()
+	}
+	s := &Server{
+		cfg:     cfg,
+		logger:  logger,
+		cache:   newPrefixCache(cfg.KVBlocks),
+		prefill: make(lane, 1),
+		created: time.Now().Unix(),
+		maxBody: defaultMaxBody,
+	}
+	s.m = newMetrics(cfg, func() float64 { return float64(s.cache.len()) / float64(cfg.KVBlocks) })
+	s.sched = &scheduler{max: cfg.MaxNumSeqs, onChange: func(r, w int) {
+		s.m.running.Set(float64(r))
+		s.m.waiting.Set(float64(w))
+	}}
+	gatherer, ok := reg.(prometheus.Gatherer)
+	if !ok || reg == nil {
+		private := prometheus.NewRegistry()
+		if err := s.m.register(private); err != nil {
+			return nil, err
+		}
+		gatherer = private
+	}
+	if reg != nil {
+		if err := s.m.register(reg); err != nil {
+			return nil, err
+		}
+	}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/chat/completions", s.tracked(func(w http.ResponseWriter, r *http.Request) {
+		s.serveGenerate(w, r, chatEndpoint)
+	}))
+	mux.HandleFunc("POST /v1/completions", s.tracked(func(w http.ResponseWriter, r *http.Request) {
+		s.serveGenerate(w, r, completionEndpoint)
+	}))
+	mux.HandleFunc("GET /v1/models", s.serveModels)
+	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusOK) })
+	mux.HandleFunc("POST /reset_prefix_cache", func(w http.ResponseWriter, r *http.Request) {
+		s.cache.reset()
+		s.logger.Info("prefix cache reset")
+		w.WriteHeader(http.StatusOK)
+	})
+	mux.Handle("GET /metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, "Not Found")
+	})
+	s.handler = mux
+	logger.Info("replica simulator ready", "model", cfg.Model, "block_size", cfg.BlockSize,
+		"kv_blocks", cfg.KVBlocks, "max_num_seqs", cfg.MaxNumSeqs, "time_scale", cfg.TimeScale)
+	return s, nil
+}
+
+// Handler returns the HTTP handler serving the vLLM-compatible endpoints.
+func (s *Server) Handler() http.Handler { return s.handler }
+
+// Close ends every in-flight sequence (streams stop without [DONE],
+// non-streaming requests get 503), waits for their handlers to return and
+// makes later generation requests fail with 503. The simulator starts no
+// background goroutines of its own. A handler blocked writing to a stalled
+// client returns when the HTTP server's write times out or its connection
+// is closed.
+func (s *Server) Close() error {
+	s.closing.Do(func() {
+		s.cancel()
+		s.inflight.Wait()
+		s.logger.Debug("replica simulator closed")
+	})
+	return nil
+}
+
+// tracked counts a generation handler as in flight for Close.
+func (s *Server) tracked(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		s.inflight.Add(1)
+		defer s.inflight.Done()
+		h(w, r)
+	}
+}
+
+func (s *Server) serveModels(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]any{
+		"object": "list",
+		"data": []map[string]any{{
+			"id":            s.cfg.Model,
+			"object":        "model",
+			"created":       s.created,
+			"owned_by":      "vllm",
+			"root":          s.cfg.Model,
+			"parent":        nil,
+			"max_model_len": s.cfg.MaxModelLen,
+			"permission":    []any{},
+		}},
+	})
+}
+
+// scaled converts a modelled duration in seconds to wall time.
+func (s *Server) scaled(seconds float64) time.Duration {
+	return time.Duration(seconds / s.cfg.TimeScale * float64(time.Second))
+}
+
+// sequence is one admitted request as the engine runs it.
+type sequence struct {
+	id           string
+	created      int64
+	req          parsedRequest
+	ep           endpoint
+	promptTokens int
+	maxTokens    int
+	hashes       []uint64 // full prompt blocks
+	seed         uint64   // picks the filler words
+}
+
+func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request, ep endpoint) {
+	if s.ctx.Err() != nil {
+		writeError(w, http.StatusServiceUnavailable, "The server is shutting down.")
+		return
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.maxBody))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			writeError(w, http.StatusRequestEntityTooLarge,
+				fmt.Sprintf("Request body exceeds the limit of %d bytes.", mbe.Limit))
+			return
+		}
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("reading request body: %v", err))
+		return
+	}
+	req, err := parseRequest(ep, body)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	if req.Model != "" && req.Model != s.cfg.Model {
+		writeError(w, http.StatusNotFound, fmt.Sprintf("The model `%s` does not exist.", req.Model))
+		return
+	}
+	req.Model = s.cfg.Model // responses name the served model
+	seq := &sequence{
+		created:      time.Now().Unix(),
+		req:          req,
+		ep:           ep,
+		promptTokens: countTokens(req.Prompt),
+		maxTokens:    req.MaxTokens,
+		hashes:       blockHashes(req.Prompt, s.cfg.BlockSize),
+		seed:         xxh3.HashString(req.Prompt),
+	}
+	if seq.maxTokens == 0 {
+		seq.maxTokens = s.cfg.DefaultMaxTokens
+	}
+	if total := seq.promptTokens + seq.maxTokens; total > s.cfg.MaxModelLen {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf(
+			"This model's maximum context length is %d tokens. However, you requested %d tokens "+
+				"(%d in the messages, %d in the completion). Please reduce the length of the messages or completion.",
+			s.cfg.MaxModelLen, total, seq.promptTokens, seq.maxTokens))
+		return
+	}
+	prefix := "chatcmpl-"
+	if ep == completionEndpoint {
+		prefix = "cmpl-"
+	}
+	seq.id = fmt.Sprintf("%s%016x%08x", prefix, seq.seed, s.seq.Add(1))
+
+	// The sequence ends when the client goes away or the server closes.
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	stop := context.AfterFunc(s.ctx, cancel)
+	defer stop()
+
+	s.run(ctx, w, seq)
+}
+
+// run moves a sequence through the engine: wait for a slot, prefill the
+// uncached part of the prompt on the prefill lane, decode maxTokens tokens,
+// then cache prompt + answer.
+func (s *Server) run(ctx context.Context, w http.ResponseWriter, seq *sequence) {
+	start := time.Now()
+	fail := func(err error) {
+		// Nothing was written yet; a gone client never reads this.
+		if s.ctx.Err() != nil {
+			writeError(w, http.StatusServiceUnavailable, "The server is shutting down.")
+			return
+		}
+		s.logger.Debug("sequence cancelled before output", "id", seq.id, "error", err)
+	}
+	if err := s.sched.acquire(ctx); err != nil {
+		fail(err)
+		return
+	}
+	defer s.sched.release()
+	if err := s.prefill.lock(ctx); err != nil {
+		fail(err)
+		return
+	}
+	// vLLM always computes the last prompt token (it needs its logits), so
+	// a block holding it can never be a hit.
+	matchable := seq.hashes
+	if maxHit := (seq.promptTokens - 1) / s.cfg.BlockSize; maxHit < len(matchable) {
+		matchable = matchable[:max(maxHit, 0)]
+	}
+	held := s.cache.matchAndAcquire(matchable)
+	cached := len(held) * s.cfg.BlockSize
+	s.m.prefixQueries.Add(float64(seq.promptTokens))
+	s.m.prefixHits.Add(float64(cached))
+	uncached := seq.promptTokens - cached
+	err := sleepUntil(ctx, time.Now().Add(s.scaled(float64(uncached)/s.cfg.PrefillTokensPerS)))
+	s.prefill.unlock()
+	if err != nil {
+		s.cache.release(held)
+		fail(err)
+		return
+	}
+	s.m.promptTokens.Add(float64(seq.promptTokens))
+	// The prompt's blocks are computed now: cache them, pinned while running.
+	promptHeld := s.cache.acquire(seq.hashes)
+	s.cache.release(held)
+	defer func() { s.cache.release(promptHeld) }()
+
+	u := usage{PromptTokens: seq.promptTokens, CompletionTokens: seq.maxTokens,
+		TotalTokens: seq.promptTokens + seq.maxTokens, PromptTokensDetails: &tokenDetails{CachedTokens: cached}}
+	var answer strings.Builder
+	answer.Grow(seq.maxTokens * bytesPerToken)
+	out := newOutput(w, seq)
+	perToken := s.scaled(s.cfg.DecodeMsPerToken / 1000)
+	// The first token comes out of prefill; each later one costs a decode
+	// step. Deadlines are absolute so timer overhead does not accumulate.
+	firstAt := time.Now()
+	for i := range seq.maxTokens {
+		if i > 0 {
+			if err := sleepUntil(ctx, firstAt.Add(time.Duration(i)*perToken)); err != nil {
+				s.abort(w, out, seq, err)
+				return
+			}
+		}
+		if i == 0 {
+			s.m.ttft.Observe(time.Since(start).Seconds())
+		}
+		tok := fillerToken(seq.seed, i)
+		answer.WriteString(tok)
+		s.m.generationTokens.Inc()
+		if err := out.token(tok, i == seq.maxTokens-1); err != nil {
+			s.logger.Debug("client write failed", "id", seq.id, "error", err)
+			return
+		}
+	}
+	// The engine keeps the KV of prompt + answer; cache its blocks as the
+	// next turn will render them.
+	full := seq.req.Prompt + answer.String()
+	if seq.ep == chatEndpoint {
+		full += imEnd
+	}
+	s.cache.release(s.cache.acquire(blockHashes(full, s.cfg.BlockSize)))
+	out.finish(answer.String(), u)
+}
+
+// abort ends a sequence cut short after it started producing output.
+func (s *Server) abort(w http.ResponseWriter, out *output, seq *sequence, err error) {
+	s.logger.Debug("sequence cancelled", "id", seq.id, "error", err)
+	if !seq.req.Stream && s.ctx.Err() != nil {
+		writeError(w, http.StatusServiceUnavailable, "The server is shutting down.")
+	}
+}
