@@ -136,7 +136,7 @@ func writeCDF(b *strings.Builder, results []Result) {
 		fmt.Fprintf(b, `<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#ddd"/><text x="%.1f" y="%d" text-anchor="middle">%s</text>`+"\n",
 			x, padT, x, chartH-padB, x, chartH-padB+15, msLabel(math.Pow(10, e)))
 	}
-	for _, p := range []float64{0, 0.25, 0.5, 0.75, 0.9, 0.99, 1} {
+	for _, p := range []float64{0, 0.25, 0.5, 0.75, 0.9, 1} {
 		y := yOf(p)
 		fmt.Fprintf(b, `<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="#eee"/><text x="%d" y="%.1f" text-anchor="end" dominant-baseline="middle">%g</text>`+"\n",
 			padL, y, chartW-padR, y, padL-5, y, p)

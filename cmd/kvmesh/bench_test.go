@@ -1,0 +1,135 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+)
+
+// fakeEngine serves /v1/models and streaming chat completions on 127.0.0.1
+// and counts the completions it served.
+func fakeEngine(t *testing.T, model string) (*httptest.Server, *atomic.Int64) {
+	t.Helper()
+	var n atomic.Int64
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/models", func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, `{"object":"list","data":[{"id":%q,"object":"model"}]}`, model)
+	})
+	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) {
+		var body struct {
+			Model string `json:"model"`
+		}
+		if err := json.NewDecoder(r.Body).Decode(&body); err != nil || body.Model != model {
+			http.Error(w, "bad model", http.StatusNotFound)
+			return
+		}
+		n.Add(1)
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "data: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n\n")
+		fmt.Fprint(w, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":100,\"completion_tokens\":1,\"prompt_tokens_details\":{\"cached_tokens\":50}}}\n\n")
+		fmt.Fprint(w, "data: [DONE]\n\n")
+	})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewUnstartedServer(mux)
+	srv.Listener = ln
+	srv.Start()
+	t.Cleanup(srv.Close)
+	return srv, &n
+}
+
+func TestRunBench(t *testing.T) {
+	a, na := fakeEngine(t, "m-a")
+	b, nb := fakeEngine(t, "m-a")
+	dir := t.TempDir()
+	report := filepath.Join(dir, "r.html")
+	var stdout, stderr bytes.Buffer
+	err := runBench(context.Background(), []string{
+		"--frontend", a.URL + "," + b.URL, "--name", "pair",
+		"--group", "solo=" + a.URL,
+		"--max-requests", "6", "--speedup", "1000000", "--json", "--report", report,
+	}, &stdout, &stderr)
+	if err != nil {
+		t.Fatalf("%v\nstderr: %s", err, stderr.String())
+	}
+	var out struct {
+		Frontends []struct {
+			Name     string  `json:"name"`
+			Requests int     `json:"requests"`
+			HitRatio float64 `json:"hit_ratio"`
+		} `json:"frontends"`
+	}
+	if err := json.Unmarshal(stdout.Bytes(), &out); err != nil {
+		t.Fatalf("stdout is not JSON: %v\n%s", err, stdout.String())
+	}
+	if len(out.Frontends) != 2 || out.Frontends[0].Name != "pair" || out.Frontends[1].Name != "solo" {
+		t.Fatalf("results %+v", out.Frontends)
+	}
+	for _, r := range out.Frontends {
+		if r.Requests != 6 || r.HitRatio != 0.5 {
+			t.Fatalf("result %+v", r)
+		}
+	}
+	// pair: 3 each; solo: 6 more on a.
+	if na.Load() != 9 || nb.Load() != 3 {
+		t.Fatalf("a served %d, b served %d", na.Load(), nb.Load())
+	}
+	html, err := os.ReadFile(report)
+	if err != nil || !strings.Contains(string(html), "<svg") {
+		t.Fatalf("report: %v", err)
+	}
+	if !strings.Contains(stderr.String(), "model m-a") {
+		t.Fatalf("model not discovered: %s", stderr.String())
+	}
+}
+
+func TestRunBenchTable(t *testing.T) {
+	a, _ := fakeEngine(t, "m")
+	tr := filepath.Join(t.TempDir(), "t.jsonl")
+	if err := os.WriteFile(tr, []byte(`{"timestamp": 0, "input_length": 10, "output_length": 2, "hash_ids": [0]}`+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var stdout, stderr bytes.Buffer
+	if err := runBench(context.Background(), []string{"--frontend", a.URL, "--model", "m", "--trace", tr}, &stdout, &stderr); err != nil {
+		t.Fatalf("%v\n%s", err, stderr.String())
+	}
+	if !strings.Contains(stdout.String(), "hit ratio") || !strings.Contains(stdout.String(), "bench") {
+		t.Fatalf("table:\n%s", stdout.String())
+	}
+}
+
+func TestRunBenchFlagErrors(t *testing.T) {
+	tests := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"no frontend", nil, "need --frontend"},
+		{"bad group", []string{"--group", "nourls"}, "name=URL"},
+		{"empty group", []string{"--group", "g="}, "no URLs"},
+		{"bad speedup", []string{"--frontend", "http://127.0.0.1:1", "--speedup", "0"}, "speedup"},
+		{"missing trace", []string{"--frontend", "http://127.0.0.1:1", "--model", "m", "--trace", "/nonexistent.jsonl"}, "nonexistent"},
+		{"model discovery fails", []string{"--frontend", "http://127.0.0.1:1"}, "list models"},
+		{"stray arg", []string{"--frontend", "http://127.0.0.1:1", "extra"}, "unexpected"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			err := runBench(context.Background(), tc.args, &stdout, &stderr)
+			if err == nil || !strings.Contains(err.Error()+stderr.String(), tc.want) {
+				t.Fatalf("err = %v, stderr %q, want %q", err, stderr.String(), tc.want)
+			}
+		})
+	}
+}
