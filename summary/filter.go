@@ -71,7 +71,7 @@ func (p Params) geometry() geometry {
 func bitsPerKey(target float64) (float64, uint) {
 	for c := 1.44 * math.Log2(1/target); c < 64; c += 0.05 {
 		kk := uint(math.Round(c * math.Ln2))
-		for k := max(1, kk-1); k <= min(maxK, kk+1); k++ {
+		for k := max(1, min(kk-1, maxK)); k <= min(maxK, kk+1); k++ {
 			if blockedRate(c, k) <= target {
 				return c, k
 			}

@@ -1,0 +1,177 @@
+package route
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/kvmesh/kvmesh/summary"
+)
+
+// held builds a real summary holding the given chains.
+func held(t testing.TB, chains ...[]uint64) *summary.Summary {
+	t.Helper()
+	s, err := summary.New(summary.Params{CapacityBlocks: 10000, FalsePositiveRate: 0.01}, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range chains {
+		s.Add(c)
+	}
+	return s
+}
+
+func chainOf(prefix []uint64, n int, seed uint64) []uint64 {
+	out := append([]uint64(nil), prefix...)
+	for i := 0; i < n; i++ {
+		out = append(out, seed<<20+uint64(i)+1)
+	}
+	return out
+}
+
+func request(h []uint64) Request {
+	return Request{Hashes: h, Probes: summary.MakeProbes(nil, h), Root: 7}
+}
+
+func candidates(n int) []Candidate {
+	c := make([]Candidate, n)
+	for i := range c {
+		c[i].ID = fmt.Sprintf("http://replica-%d:8000", i)
+		c[i].Hash = HashID(c[i].ID)
+	}
+	return c
+}
+
+func TestPickPrefersTheHolder(t *testing.T) {
+	system := chainOf(nil, 1, 1)   // everyone holds it
+	conv := chainOf(system, 10, 2) // only replica 2 holds it
+	next := chainOf(conv, 5, 3)    // the next turn
+	cs := candidates(4)
+	for i := range cs {
+		cs[i].Summary = held(t, system)
+	}
+	cs[2].Summary = held(t, conv)
+	d := DefaultPolicy().Pick(request(next), cs)
+	if d.Index != 2 || d.Reason != ReasonPrefix || d.Match != 11 || d.CommonMatch != 1 {
+		t.Fatalf("decision %+v, want replica 2 by prefix with match 11 over common 1", d)
+	}
+}
+
+func TestPickSpillsFromAnOverloadedHolder(t *testing.T) {
+	conv := chainOf(nil, 10, 2)
+	cs := candidates(4)
+	for i := range cs {
+		cs[i].Summary = held(t)
+	}
+	cs[1].Summary = held(t, conv)
+	cs[3].Summary = held(t, conv[:6])
+	cs[1].InFlight = 10 // mean 2.5+: bound ceil(1.25*12/4)=4
+	cs[0].InFlight = 1
+	cs[2].InFlight = 1
+	d := DefaultPolicy().Pick(request(chainOf(conv, 3, 4)), cs)
+	if d.Index != 3 || d.Reason != ReasonSpill {
+		t.Fatalf("decision %+v, want a spill to the other holder (3)", d)
+	}
+	// Nobody else holds it: spill to anyone under the bound.
+	cs[3].Summary = held(t)
+	d = DefaultPolicy().Pick(request(chainOf(conv, 3, 4)), cs)
+	if d.Index == 1 || d.Reason != ReasonSpill {
+		t.Fatalf("decision %+v, want a spill away from 1", d)
+	}
+}
+
+func TestPickFallsBack(t *testing.T) {
+	system := chainOf(nil, 1, 1)
+	req := request(chainOf(system, 8, 9))
+	tests := []struct {
+		name  string
+		setup func(cs []Candidate)
+		want  Reason
+	}{
+		{"no summaries", func(cs []Candidate) {}, ReasonFallbackCold},
+		{"all stale", func(cs []Candidate) {
+			for i := range cs {
+				cs[i].Stale = true
+			}
+		}, ReasonFallbackStale},
+		{"only the common prefix", func(cs []Candidate) {
+			for i := range cs {
+				cs[i].Summary = held(t, system)
+			}
+		}, ReasonFallbackCold},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cs := candidates(8)
+			tc.setup(cs)
+			d := DefaultPolicy().Pick(req, cs)
+			if d.Reason != tc.want {
+				t.Fatalf("reason %s, want %s", d.Reason, tc.want)
+			}
+		})
+	}
+}
+
+// Two routers that cannot talk, with the same view of load and no
+// summaries, place every cold request on the same replica, and requests
+// that share a prefix beyond the key land together.
+func TestFallbackAgreesAcrossIndependentRouters(t *testing.T) {
+	routerA, routerB := DefaultPolicy(), DefaultPolicy()
+	viewA, viewB := candidates(16), candidates(16)
+	// B lists the replicas in another order: order must not matter.
+	for i, j := 0, len(viewB)-1; i < j; i, j = i+1, j-1 {
+		viewB[i], viewB[j] = viewB[j], viewB[i]
+	}
+	spread := map[string]int{}
+	for conv := uint64(0); conv < 200; conv++ {
+		first := chainOf(nil, 3, conv+100)
+		a := routerA.Pick(request(first), viewA)
+		b := routerB.Pick(request(first), viewB)
+		if viewA[a.Index].ID != viewB[b.Index].ID {
+			t.Fatalf("conversation %d: routers disagree (%s vs %s)", conv, viewA[a.Index].ID, viewB[b.Index].ID)
+		}
+		later := routerB.Pick(request(chainOf(first, 5, conv+1000)), viewB)
+		if viewB[later.Index].ID != viewA[a.Index].ID {
+			t.Fatalf("conversation %d: a later turn hashed elsewhere", conv)
+		}
+		spread[viewA[a.Index].ID]++
+	}
+	if len(spread) < 14 {
+		t.Fatalf("200 cold conversations used only %d of 16 replicas", len(spread))
+	}
+}
+
+func TestFallbackRespectsTheLoadBound(t *testing.T) {
+	cs := candidates(4)
+	req := request(chainOf(nil, 3, 1))
+	first := DefaultPolicy().Pick(req, cs).Index
+	cs[first].InFlight = 5 // bound ceil(1.25*6/4) = 2
+	d := DefaultPolicy().Pick(req, cs)
+	if d.Index == first {
+		t.Fatal("picked a replica over the load bound")
+	}
+}
+
+func TestFallbackStaysInTheNearestTier(t *testing.T) {
+	cs := candidates(6)
+	for i := 3; i < 6; i++ {
+		cs[i].Tier = 1
+	}
+	for s := uint64(0); s < 50; s++ {
+		if d := DefaultPolicy().Pick(request(chainOf(nil, 2, s)), cs); d.Index >= 3 {
+			t.Fatalf("cold request placed in a far tier (%d)", d.Index)
+		}
+	}
+}
+
+func TestPickIsDeterministicAndHandlesEmpty(t *testing.T) {
+	if d := DefaultPolicy().Pick(request(nil), nil); d.Index != -1 || d.Reason != ReasonNone {
+		t.Fatalf("no candidates: %+v", d)
+	}
+	cs := candidates(5)
+	d := DefaultPolicy().Pick(Request{Root: 3}, cs)
+	for i := 0; i < 10; i++ {
+		if again := DefaultPolicy().Pick(Request{Root: 3}, cs); again != d {
+			t.Fatalf("same input, different decision: %+v vs %+v", again, d)
+		}
+	}
+}

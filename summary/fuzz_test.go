@@ -1,0 +1,47 @@
+package summary
+
+import (
+	"testing"
+)
+
+func FuzzDecode(f *testing.F) {
+	c := DefaultContract().Fingerprint()
+	s, _ := New(Params{CapacityBlocks: 64, FalsePositiveRate: 0.01}, 1)
+	s.Add(chain(40, 1))
+	f.Add(s.AppendEncode(nil, c))
+	f.Add([]byte("KVMS\x01\x07\x00\x00"))
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		d, err := Decode(data, c)
+		if err != nil {
+			return
+		}
+		// Anything accepted must be usable and re-encode to itself.
+		d.Match(MakeProbes(nil, chain(10, 1)))
+		d.Add(chain(3, 2))
+		if got := d.AppendEncode(nil, c); len(got) != len(data) {
+			t.Fatalf("re-encoded %d bytes from %d", len(got), len(data))
+		}
+	})
+}
+
+func FuzzRender(f *testing.F) {
+	f.Add([]byte(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`))
+	f.Add([]byte(`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"x"}}]}],"tools":[{"type":"function"}]}`))
+	f.Add([]byte(`{"model":"m","prompt":[[1,2],[3]]}`))
+	f.Add([]byte(`{"model":"m","prompt":"x","stream":true,"stream_options":{"include_usage":true}}`))
+	c := DefaultContract()
+	f.Fuzz(func(t *testing.T, body []byte) {
+		for _, render := range []func([]byte) (Prompt, error){RenderChat, RenderCompletion} {
+			p, err := render(body)
+			if err != nil {
+				continue
+			}
+			if p.Model == "" {
+				t.Fatal("accepted a request without a model")
+			}
+			c.AppendHashes(nil, c.Root(p.Model, p.CacheSalt), p.Text)
+			p.AppendAnswer("x")
+		}
+	})
+}
