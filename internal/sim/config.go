@@ -1,0 +1,138 @@
+package sim
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/kvmesh/kvmesh/route"
+)
+
+// The policies Run knows, in report order.
+const (
+	PolicyRoundRobin     = "round-robin"        // request i goes to replica i mod R
+	PolicyLeastLoaded    = "least-loaded"       // fewest requests in flight, exact
+	PolicyConsistentHash = "consistent-hash"    // route.Policy with no summaries: bounded-load rendezvous only
+	PolicySingle         = "kvmesh-single"      // one router sees every request
+	PolicyIsolated       = "kvmesh-isolated"    // N routers, no gossip
+	PolicyMesh           = "kvmesh-mesh"        // N routers gossiping summaries and load
+	PolicyPartitioned    = "kvmesh-partitioned" // the mesh, cut in two for the middle half of the trace
+	PolicyOracle         = "oracle"             // one router reading every replica's real cache
+)
+
+// AllPolicies lists every policy in report order.
+var AllPolicies = []string{
+	PolicyRoundRobin, PolicyLeastLoaded, PolicyConsistentHash, PolicySingle,
+	PolicyIsolated, PolicyMesh, PolicyPartitioned, PolicyOracle,
+}
+
+// Config describes one simulation: the cluster, the engine model, the mesh
+// timing and which policies to compare. DefaultConfig fills every field.
+type Config struct {
+	// Replicas is the number of inference replicas, R.
+	Replicas int
+	// Routers is the number of routers, N; request i arrives at router
+	// i mod N, and replica j is owned by router j mod N.
+	Routers int
+	// CacheFraction sizes the total replica cache as this share of the
+	// trace's distinct blocks: C = ceil(f × distinct / R) per replica.
+	CacheFraction float64
+	// CacheBlocks, when positive, sets C directly and overrides
+	// CacheFraction.
+	CacheBlocks int
+	// Load, when positive, rescales arrival times so that round-robin's
+	// replicas spend this share of the trace span prefilling. Zero keeps
+	// the trace's own timestamps.
+	Load float64
+	// PrefillTokensPerS is each replica's prefill rate.
+	PrefillTokensPerS float64
+	// DecodeMsPerToken is the decode time of one output token of a running
+	// sequence; decode runs alongside other sequences' prefills.
+	DecodeMsPerToken float64
+	// MaxNumSeqs caps the sequences a replica runs at once (prefilling or
+	// decoding); further requests wait in its FIFO queue.
+	MaxNumSeqs int
+	// PrefillOverheadMs is a fixed cost added to every prefill (scheduling,
+	// the first decode step), so a full cache hit still costs something.
+	PrefillOverheadMs float64
+	// GossipInterval is how often an owner sends its replicas' summary
+	// deltas and load to the other routers.
+	GossipInterval time.Duration
+	// GossipDelay is how long a gossip message takes to arrive.
+	GossipDelay time.Duration
+	// StaleAfter is how long a router keeps counting a copy (and load)
+	// whose owner it has not heard from.
+	StaleAfter time.Duration
+	// FalsePositiveRate sizes every summary.
+	FalsePositiveRate float64
+	// Policies to run, by name (see AllPolicies); empty means all.
+	Policies []string
+	// Seed salts the mapping of trace block ids to block hashes and the
+	// summaries' epochs, which moves Bloom false positives and rendezvous
+	// placements; runs with the same seed are identical.
+	Seed uint64
+	// Route is the routing policy of the route-based policies.
+	Route route.Policy
+}
+
+// DefaultConfig returns the defaults of `kvmesh sim`.
+func DefaultConfig() Config {
+	return Config{
+		Replicas:          8,
+		Routers:           3,
+		CacheFraction:     0.25,
+		Load:              0.7,
+		PrefillTokensPerS: 10000,
+		DecodeMsPerToken:  20,
+		MaxNumSeqs:        32,
+		PrefillOverheadMs: 1,
+		GossipInterval:    200 * time.Millisecond,
+		GossipDelay:       50 * time.Millisecond,
+		StaleAfter:        2 * time.Second,
+		FalsePositiveRate: 0.01,
+		Seed:              1,
+		Route:             route.DefaultPolicy(),
+	}
+}
+
+// Validate reports whether the config can run.
+func (c Config) Validate() error {
+	switch {
+	case c.Replicas < 1:
+		return fmt.Errorf("sim: replicas %d, want at least 1", c.Replicas)
+	case c.Routers < 1:
+		return fmt.Errorf("sim: routers %d, want at least 1", c.Routers)
+	case c.CacheBlocks <= 0 && !(c.CacheFraction > 0):
+		return fmt.Errorf("sim: cache fraction %v, want > 0 (or set cache blocks)", c.CacheFraction)
+	case c.Load < 0:
+		return fmt.Errorf("sim: load %v, want >= 0", c.Load)
+	case !(c.PrefillTokensPerS > 0):
+		return fmt.Errorf("sim: prefill rate %v tokens/s, want > 0", c.PrefillTokensPerS)
+	case c.DecodeMsPerToken < 0:
+		return fmt.Errorf("sim: decode time %v ms/token, want >= 0", c.DecodeMsPerToken)
+	case c.MaxNumSeqs < 1:
+		return fmt.Errorf("sim: max-num-seqs %d, want at least 1", c.MaxNumSeqs)
+	case c.PrefillOverheadMs < 0:
+		return fmt.Errorf("sim: prefill overhead %v ms, want >= 0", c.PrefillOverheadMs)
+	case c.GossipInterval <= 0:
+		return fmt.Errorf("sim: gossip interval %v, want > 0", c.GossipInterval)
+	case c.GossipDelay < 0:
+		return fmt.Errorf("sim: gossip delay %v, want >= 0", c.GossipDelay)
+	case c.StaleAfter <= 0:
+		return fmt.Errorf("sim: stale-after %v, want > 0", c.StaleAfter)
+	}
+	for _, p := range c.Policies {
+		if !knownPolicy(p) {
+			return fmt.Errorf("sim: unknown policy %q (known: %v)", p, AllPolicies)
+		}
+	}
+	return nil
+}
+
+func knownPolicy(name string) bool {
+	for _, p := range AllPolicies {
+		if p == name {
+			return true
+		}
+	}
+	return false
+}

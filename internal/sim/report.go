@@ -1,0 +1,118 @@
+package sim
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"sort"
+	"strings"
+	"text/tabwriter"
+)
+
+// Report is the outcome of Run: one entry per policy, in the order asked
+// for, and the resolved configuration. It marshals to the JSON of
+// `kvmesh sim --json`.
+type Report struct {
+	Policies []PolicyReport `json:"policies"`
+	Config   ConfigReport   `json:"config"`
+}
+
+// PolicyReport is what one policy achieved on the trace.
+type PolicyReport struct {
+	// Name of the policy.
+	Name string `json:"name"`
+	// Requests served.
+	Requests int `json:"requests"`
+	// HitRatio is Σ hit blocks / Σ blocks as the replicas counted them
+	// (leading run of the request's blocks in the replica's cache).
+	HitRatio float64 `json:"hit_ratio"`
+	// TokenHitRatio is Σ cached prompt tokens / Σ prompt tokens.
+	TokenHitRatio float64 `json:"token_hit_ratio"`
+	// TTFT percentiles in virtual milliseconds: arrival to end of prefill.
+	TTFTP50Ms float64 `json:"ttft_p50_ms"`
+	TTFTP90Ms float64 `json:"ttft_p90_ms"`
+	TTFTP99Ms float64 `json:"ttft_p99_ms"`
+	// PrefillMaxOverMean is the busiest replica's computed prefill tokens
+	// over the mean across replicas.
+	PrefillMaxOverMean float64 `json:"prefill_max_over_mean"`
+	// MeanQueueMs is the mean wait from arrival to the start of prefill.
+	MeanQueueMs float64 `json:"mean_queue_ms"`
+	// Reasons counts the route decisions by route.Reason; empty for
+	// policies that do not use route.
+	Reasons map[string]int `json:"reasons"`
+	// FullCopies counts summary copies replaced by a full copy (gap,
+	// divergence or a delta the owner no longer had).
+	FullCopies int `json:"full_copies"`
+}
+
+// ConfigReport is the configuration a Report was made with, after
+// defaults and derived values were resolved.
+type ConfigReport struct {
+	Replicas              int      `json:"replicas"`
+	Routers               int      `json:"routers"`
+	CacheFraction         float64  `json:"cache_fraction"`
+	CacheBlocksPerReplica int      `json:"cache_blocks_per_replica"`
+	DistinctBlocks        int      `json:"distinct_blocks"`
+	Load                  float64  `json:"load"`
+	TimeScale             float64  `json:"time_scale"`
+	SpanMs                float64  `json:"span_ms"`
+	PrefillTokensPerS     float64  `json:"prefill_tokens_per_s"`
+	DecodeMsPerToken      float64  `json:"decode_ms_per_token"`
+	MaxNumSeqs            int      `json:"max_num_seqs"`
+	PrefillOverheadMs     float64  `json:"prefill_overhead_ms"`
+	GossipIntervalMs      float64  `json:"gossip_interval_ms"`
+	GossipDelayMs         float64  `json:"gossip_delay_ms"`
+	StaleAfterMs          float64  `json:"stale_after_ms"`
+	PartitionStartMs      float64  `json:"partition_start_ms"`
+	PartitionEndMs        float64  `json:"partition_end_ms"`
+	Seed                  uint64   `json:"seed"`
+	Policies              []string `json:"policies"`
+}
+
+// WriteTable writes the report as an aligned table and a config line.
+func (r Report) WriteTable(w io.Writer) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "policy\trequests\thit\ttoken hit\tTTFT p50 ms\tp90 ms\tp99 ms\tprefill max/mean\tqueue ms\t reasons")
+	for _, p := range r.Policies {
+		fmt.Fprintf(tw, "%s\t%d\t%.4f\t%.4f\t%.0f\t%.0f\t%.0f\t%.2f\t%.0f\t %s\n",
+			p.Name, p.Requests, p.HitRatio, p.TokenHitRatio, p.TTFTP50Ms, p.TTFTP90Ms, p.TTFTP99Ms,
+			p.PrefillMaxOverMean, p.MeanQueueMs, reasonsString(p.Reasons))
+	}
+	if err := tw.Flush(); err != nil {
+		return fmt.Errorf("sim table: %w", err)
+	}
+	c := r.Config
+	_, err := fmt.Fprintf(w, "config: replicas=%d routers=%d cache=%.3g (%d blocks/replica of %d distinct) load=%.3g (time scale %.4f, span %.0f s) prefill=%.0f tok/s decode=%.3g ms/tok max-num-seqs=%d gossip=%.0fms+%.0fms stale-after=%.0fms partition=[%.0f,%.0f) s seed=%d\n",
+		c.Replicas, c.Routers, c.CacheFraction, c.CacheBlocksPerReplica, c.DistinctBlocks, c.Load,
+		c.TimeScale, c.SpanMs/1000, c.PrefillTokensPerS, c.DecodeMsPerToken, c.MaxNumSeqs,
+		c.GossipIntervalMs, c.GossipDelayMs, c.StaleAfterMs, c.PartitionStartMs/1000, c.PartitionEndMs/1000, c.Seed)
+	if err != nil {
+		return fmt.Errorf("sim table: %w", err)
+	}
+	return nil
+}
+
+func reasonsString(m map[string]int) string {
+	if len(m) == 0 {
+		return "-"
+	}
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = fmt.Sprintf("%s=%d", k, m[k])
+	}
+	return strings.Join(parts, " ")
+}
+
+// percentile returns the nearest-rank p-quantile of sorted values.
+func percentile(sorted []float64, p float64) float64 {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(math.Ceil(p*float64(len(sorted)))) - 1
+	return sorted[min(max(i, 0), len(sorted)-1)]
+}

@@ -1,0 +1,500 @@
+package sim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/kvmesh/kvmesh/internal/trace"
+	"github.com/kvmesh/kvmesh/route"
+	"github.com/kvmesh/kvmesh/summary"
+)
+
+// job is one request's progress under one policy.
+type job struct {
+	replica, router int32
+	dispatch        float64
+	est             float64 // pending prefill blocks the dispatching router predicted
+	prefilled, done bool
+}
+
+// replica is one simulated engine.
+type replica struct {
+	cache    *lru
+	queue    []int32 // FIFO of jobs waiting to prefill
+	qhead    int
+	busy     bool  // a prefill is running
+	cur      int32 // the job being prefilled
+	running  int   // sequences prefilling or decoding
+	inFlight int   // dispatched and not finished
+	pending  float64
+	computed int64 // prefill tokens computed
+}
+
+// loadSnap is a replica's load as its owner told it.
+type loadSnap struct {
+	t        float64
+	inFlight int
+	pending  float64
+	valid    bool
+}
+
+// router is one simulated kvmesh router's knowledge.
+type router struct {
+	copies    []*summary.Summary // per replica; the owner's own summary for owned replicas
+	told      []loadSnap         // per replica, from its owner's gossip
+	lastHeard []float64          // per router: last message delivered from it
+	own       [][]int32          // per replica: own dispatches not yet finished
+}
+
+// message is one owner's gossip about one replica: a summary delta (or a
+// full copy) and the replica's load, sent at t.
+type message struct {
+	from    int32
+	replica int32
+	t       float64
+	epoch   uint64
+	fromV   uint64
+	hashes  []uint64
+	full    []byte
+	load    loadSnap
+	pending int // deliveries outstanding; the message is dropped at zero
+}
+
+// oracleMatcher answers prefix matches from a replica's real cache; ids
+// is the request being routed.
+type oracleMatcher struct {
+	cache *lru
+	ids   []int64
+}
+
+func (o *oracleMatcher) Match([]summary.Probe) int { return o.cache.leadingRun(o.ids) }
+
+// world is one policy's simulation.
+type world struct {
+	p       *prepared
+	policy  string
+	routers []*router // nil for policies without summaries
+	nR      int       // routers receiving requests
+	gossip  bool
+	cut     bool // the partition window applies
+	rep     []*replica
+	jobs    []job
+	q       queue
+	now     float64
+	msgs    []*message
+	free    []int32
+	lastTx  []uint64 // per replica: owner's summary version at the last send
+	cands   []route.Candidate
+	oracle  []oracleMatcher
+	epochs  []uint64
+
+	hitBlocks, blocks, hitTokens, tokens int64
+	ttft                                 []float64
+	queueMs                              float64
+	reasons                              map[string]int
+	fullCopies                           int
+}
+
+func runPolicy(ctx context.Context, p *prepared, name string) (PolicyReport, error) {
+	cfg := p.cfg
+	w := &world{p: p, policy: name, nR: 1, jobs: make([]job, len(p.reqs)),
+		ttft: make([]float64, 0, len(p.reqs)), reasons: map[string]int{}}
+	w.rep = make([]*replica, cfg.Replicas)
+	for j := range w.rep {
+		w.rep[j] = &replica{cache: newLRU(p.cacheBlocks)}
+	}
+	w.cands = make([]route.Candidate, cfg.Replicas)
+	for j := range w.cands {
+		w.cands[j] = route.Candidate{ID: p.ids[j], Hash: p.idHashes[j], BlockMs: p.blockMs}
+	}
+	switch name {
+	case PolicyIsolated, PolicyMesh, PolicyPartitioned:
+		w.nR = cfg.Routers
+	}
+	w.gossip = name == PolicyMesh || name == PolicyPartitioned
+	w.cut = name == PolicyPartitioned
+	switch name {
+	case PolicySingle, PolicyIsolated, PolicyMesh, PolicyPartitioned:
+		if err := w.makeRouters(); err != nil {
+			return PolicyReport{}, err
+		}
+	case PolicyOracle:
+		w.oracle = make([]oracleMatcher, cfg.Replicas)
+		for j := range w.oracle {
+			w.oracle[j].cache = w.rep[j].cache
+		}
+	}
+	if w.gossip {
+		w.lastTx = make([]uint64, cfg.Replicas)
+		w.q.push(p.reqs[0].arrival+ms(cfg.GossipInterval.Seconds()), evGossipTick, 0, 0)
+	}
+
+	next := 0
+	for steps := 0; next < len(p.reqs) || !w.q.empty(); steps++ {
+		if steps&1023 == 0 {
+			if err := ctx.Err(); err != nil {
+				return PolicyReport{}, fmt.Errorf("sim %s: %w", name, err)
+			}
+		}
+		// Arrivals go before events at the same instant.
+		if next < len(p.reqs) && (w.q.empty() || p.reqs[next].arrival <= w.q.peek()) {
+			w.now = p.reqs[next].arrival
+			if err := w.arrive(int32(next)); err != nil {
+				return PolicyReport{}, err
+			}
+			next++
+			continue
+		}
+		e := w.q.pop()
+		w.now = e.t
+		var err error
+		switch e.kind {
+		case evPrefillDone:
+			w.prefillDone(e.a)
+		case evDecodeDone:
+			w.decodeDone(e.a, e.b)
+		case evGossipTick:
+			w.tick(next < len(p.reqs))
+		case evDeliver:
+			err = w.deliver(e.a, e.b)
+		}
+		if err != nil {
+			return PolicyReport{}, fmt.Errorf("sim %s at %.0f ms: %w", name, w.now, err)
+		}
+	}
+	return w.report(), nil
+}
+
+func (w *world) makeRouters() error {
+	cfg := w.p.cfg
+	w.epochs = make([]uint64, cfg.Replicas)
+	for j := range w.epochs {
+		w.epochs[j] = splitmix64(cfg.Seed ^ uint64(j+1)<<32)
+	}
+	w.routers = make([]*router, w.nR)
+	for k := range w.routers {
+		r := &router{copies: make([]*summary.Summary, cfg.Replicas), told: make([]loadSnap, cfg.Replicas),
+			lastHeard: make([]float64, w.nR), own: make([][]int32, cfg.Replicas)}
+		for j := range r.copies {
+			s, err := summary.New(w.p.params(), w.epochs[j])
+			if err != nil {
+				return fmt.Errorf("sim: %w", err)
+			}
+			r.copies[j] = s
+		}
+		for o := range r.lastHeard {
+			r.lastHeard[o] = w.p.reqs[0].arrival
+		}
+		w.routers[k] = r
+	}
+	return nil
+}
+
+func (w *world) owner(j int) int { return j % w.nR }
+
+// partitioned reports whether gossip between routers a and b is cut at t.
+func (w *world) partitioned(a, b int, t float64) bool {
+	if !w.cut || t < w.p.partStart || t >= w.p.partEnd {
+		return false
+	}
+	half := w.nR / 2
+	return (a < half) != (b < half)
+}
+
+// arrive routes request i and dispatches it.
+func (w *world) arrive(i int32) error {
+	r := &w.p.reqs[i]
+	k := int(i) % w.nR
+	var j int
+	est := float64(len(r.ids))
+	switch w.policy {
+	case PolicyRoundRobin:
+		j = int(i) % len(w.rep)
+	case PolicyLeastLoaded:
+		j = w.leastLoaded(int(i))
+	default:
+		w.fillCandidates(k, r)
+		d := w.p.cfg.Route.Pick(r.req, w.cands)
+		if d.Index < 0 {
+			return errors.New("route picked no replica")
+		}
+		j = d.Index
+		est = float64(len(r.ids) - d.Match)
+		w.reasons[string(d.Reason)]++
+	}
+	w.dispatch(k, j, i, est)
+	return nil
+}
+
+func (w *world) leastLoaded(i int) int {
+	best := -1
+	n := len(w.rep)
+	for o := 0; o < n; o++ {
+		j := (i + o) % n // rotate ties so no replica is favoured
+		if best < 0 || w.rep[j].inFlight < w.rep[best].inFlight {
+			best = j
+		}
+	}
+	return best
+}
+
+// fillCandidates writes router k's view of every replica into w.cands.
+func (w *world) fillCandidates(k int, r *simReq) {
+	stale := ms(w.p.cfg.StaleAfter.Seconds())
+	for j := range w.cands {
+		c := &w.cands[j]
+		c.Summary, c.Stale = nil, false
+		rep := w.rep[j]
+		switch w.policy {
+		case PolicyConsistentHash:
+			c.InFlight, c.PendingPrefillBlocks = rep.inFlight, rep.pending
+		case PolicyOracle:
+			w.oracle[j].ids = r.ids
+			c.Summary = &w.oracle[j]
+			c.InFlight, c.PendingPrefillBlocks = rep.inFlight, rep.pending
+		case PolicySingle:
+			c.Summary = w.routers[0].copies[j]
+			c.InFlight, c.PendingPrefillBlocks = rep.inFlight, rep.pending
+		case PolicyIsolated:
+			c.Summary = w.routers[k].copies[j]
+			c.InFlight, c.PendingPrefillBlocks = w.ownLoad(k, j, nil)
+		default: // mesh, partitioned
+			rt := w.routers[k]
+			o := w.owner(j)
+			switch {
+			case o == k:
+				c.Summary = rt.copies[j]
+				c.InFlight, c.PendingPrefillBlocks = rep.inFlight, rep.pending
+			case w.now-rt.lastHeard[o] > stale:
+				c.Stale = true
+				c.InFlight, c.PendingPrefillBlocks = w.ownLoad(k, j, nil)
+			default:
+				c.Summary = rt.copies[j]
+				c.InFlight, c.PendingPrefillBlocks = w.ownLoad(k, j, &rt.told[j])
+			}
+		}
+	}
+}
+
+// ownLoad is router k's estimate of replica j's load: what the owner told
+// it (if anything) plus its own dispatches since that snapshot, or its own
+// unfinished dispatches alone when it was told nothing.
+func (w *world) ownLoad(k, j int, told *loadSnap) (int, float64) {
+	rt := w.routers[k]
+	inFlight, pending := 0, 0.0
+	since := -1.0
+	if told != nil && told.valid {
+		inFlight, pending, since = told.inFlight, told.pending, told.t
+	}
+	own := rt.own[j][:0]
+	for _, ji := range rt.own[j] {
+		jb := &w.jobs[ji]
+		if jb.done {
+			continue
+		}
+		own = append(own, ji)
+		if jb.dispatch > since {
+			inFlight++
+			if !jb.prefilled {
+				pending += jb.est
+			}
+		}
+	}
+	clear(rt.own[j][len(own):])
+	rt.own[j] = own
+	return inFlight, pending
+}
+
+// dispatch sends request i from router k to replica j, records it in the
+// summary its owner keeps, and queues it at the replica.
+func (w *world) dispatch(k, j int, i int32, est float64) {
+	r := &w.p.reqs[i]
+	w.jobs[i] = job{replica: int32(j), router: int32(k), dispatch: w.now, est: est}
+	rep := w.rep[j]
+	rep.inFlight++
+	rep.pending += est
+	switch w.policy {
+	case PolicySingle:
+		w.routers[0].copies[j].Add(r.req.Hashes)
+	case PolicyIsolated:
+		w.routers[k].copies[j].Add(r.req.Hashes)
+		w.routers[k].own[j] = append(w.routers[k].own[j], i)
+	case PolicyMesh, PolicyPartitioned:
+		w.routers[w.owner(j)].copies[j].Add(r.req.Hashes)
+		w.routers[k].own[j] = append(w.routers[k].own[j], i)
+	}
+	rep.queue = append(rep.queue, i)
+	w.tryStart(j)
+}
+
+// tryStart begins the next prefill at replica j if the GPU is free and a
+// sequence slot is open.
+func (w *world) tryStart(j int) {
+	rep := w.rep[j]
+	if rep.busy || rep.running >= w.p.cfg.MaxNumSeqs || rep.qhead == len(rep.queue) {
+		return
+	}
+	i := rep.queue[rep.qhead]
+	rep.qhead++
+	if rep.qhead == len(rep.queue) {
+		rep.queue, rep.qhead = rep.queue[:0], 0
+	} else if rep.qhead > 1024 && rep.qhead*2 > len(rep.queue) {
+		rep.queue = append(rep.queue[:0], rep.queue[rep.qhead:]...)
+		rep.qhead = 0
+	}
+	r := &w.p.reqs[i]
+	hit := rep.cache.leadingRun(r.ids)
+	dur, computed := w.p.prefillMs(r, hit)
+	w.hitBlocks += int64(hit)
+	w.blocks += int64(len(r.ids))
+	w.hitTokens += int64(min(r.input, hit*trace.MooncakeBlockTokens))
+	w.tokens += int64(r.input)
+	rep.computed += int64(computed)
+	w.queueMs += w.now - r.arrival
+	w.ttft = append(w.ttft, w.now+dur-r.arrival)
+	rep.busy, rep.cur = true, i
+	rep.running++
+	w.q.push(w.now+dur, evPrefillDone, int32(j), 0)
+}
+
+func (w *world) prefillDone(j int32) {
+	rep := w.rep[j]
+	i := rep.cur
+	r := &w.p.reqs[i]
+	rep.cache.touchAll(r.ids)
+	jb := &w.jobs[i]
+	jb.prefilled = true
+	rep.pending -= jb.est
+	rep.busy = false
+	w.q.push(w.now+float64(r.output)*w.p.cfg.DecodeMsPerToken, evDecodeDone, j, i)
+	w.tryStart(int(j))
+}
+
+func (w *world) decodeDone(j, i int32) {
+	rep := w.rep[j]
+	rep.running--
+	rep.inFlight--
+	w.jobs[i].done = true
+	w.tryStart(int(j))
+}
+
+// tick sends, from every owner, each owned replica's summary delta since
+// the last tick and its exact load. Ticks stop with the arrivals: after
+// the last one no decision reads a view.
+func (w *world) tick(more bool) {
+	for j := range w.rep {
+		o := w.owner(j)
+		s := w.routers[o].copies[j]
+		m := &message{from: int32(o), replica: int32(j), t: w.now, epoch: s.Epoch(), fromV: w.lastTx[j],
+			load: loadSnap{t: w.now, inFlight: w.rep[j].inFlight, pending: w.rep[j].pending, valid: true}}
+		hashes, ok := s.Since(w.lastTx[j])
+		if ok {
+			m.hashes = hashes
+		} else {
+			m.full = s.AppendEncode(nil, w.p.fingerprint)
+		}
+		w.lastTx[j] = s.Version()
+		mi := w.store(m)
+		for k := range w.routers {
+			if k == o || w.partitioned(o, k, w.now) {
+				continue
+			}
+			m.pending++
+			w.q.push(w.now+ms(w.p.cfg.GossipDelay.Seconds()), evDeliver, int32(k), mi)
+		}
+		if m.pending == 0 {
+			w.release(mi)
+		}
+	}
+	if more {
+		w.q.push(w.now+ms(w.p.cfg.GossipInterval.Seconds()), evGossipTick, 0, 0)
+	}
+}
+
+func (w *world) store(m *message) int32 {
+	if n := len(w.free); n > 0 {
+		i := w.free[n-1]
+		w.free = w.free[:n-1]
+		w.msgs[i] = m
+		return i
+	}
+	w.msgs = append(w.msgs, m)
+	return int32(len(w.msgs) - 1)
+}
+
+func (w *world) release(i int32) {
+	w.msgs[i] = nil
+	w.free = append(w.free, i)
+}
+
+// deliver applies message mi at router k, unless the partition cut it in
+// flight. A delta that does not follow the copy is repaired by a full copy
+// of the owner's summary.
+func (w *world) deliver(k, mi int32) error {
+	m := w.msgs[mi]
+	m.pending--
+	if m.pending == 0 {
+		defer w.release(mi)
+	}
+	if w.partitioned(int(m.from), int(k), w.now) {
+		return nil
+	}
+	rt := w.routers[k]
+	rt.lastHeard[m.from] = w.now
+	j := m.replica
+	if m.load.t >= rt.told[j].t {
+		rt.told[j] = m.load
+	}
+	switch {
+	case m.full != nil:
+		s, err := summary.Decode(m.full, w.p.fingerprint)
+		if err != nil {
+			return fmt.Errorf("full summary of replica %d: %w", j, err)
+		}
+		rt.copies[j] = s
+		w.fullCopies++
+	case len(m.hashes) > 0:
+		err := rt.copies[j].Apply(m.epoch, m.fromV, m.hashes)
+		if errors.Is(err, summary.ErrGap) || errors.Is(err, summary.ErrDiverged) {
+			owner := w.routers[m.from].copies[j]
+			s, derr := summary.Decode(owner.AppendEncode(nil, w.p.fingerprint), w.p.fingerprint)
+			if derr != nil {
+				return fmt.Errorf("repair summary of replica %d: %w", j, derr)
+			}
+			rt.copies[j] = s
+			w.fullCopies++
+		} else if err != nil {
+			return fmt.Errorf("apply delta of replica %d: %w", j, err)
+		}
+	}
+	return nil
+}
+
+func (w *world) report() PolicyReport {
+	rep := PolicyReport{Name: w.policy, Requests: len(w.ttft), Reasons: w.reasons, FullCopies: w.fullCopies}
+	if w.blocks > 0 {
+		rep.HitRatio = float64(w.hitBlocks) / float64(w.blocks)
+	}
+	if w.tokens > 0 {
+		rep.TokenHitRatio = float64(w.hitTokens) / float64(w.tokens)
+	}
+	sorted := slices.Clone(w.ttft)
+	slices.Sort(sorted)
+	rep.TTFTP50Ms = percentile(sorted, 0.50)
+	rep.TTFTP90Ms = percentile(sorted, 0.90)
+	rep.TTFTP99Ms = percentile(sorted, 0.99)
+	if len(w.ttft) > 0 {
+		rep.MeanQueueMs = w.queueMs / float64(len(w.ttft))
+	}
+	var sum, mx int64
+	for _, r := range w.rep {
+		sum += r.computed
+		mx = max(mx, r.computed)
+	}
+	if sum > 0 {
+		rep.PrefillMaxOverMean = float64(mx) / (float64(sum) / float64(len(w.rep)))
+	}
+	return rep
+}
