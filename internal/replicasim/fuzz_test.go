@@ -1,0 +1,50 @@
+package replicasim
+
+import (
+	"errors"
+	"strings"
+	"testing"
+)
+
+// FuzzParseRequest feeds untrusted bodies to the request parser: it must
+// never panic, every failure must be a 400, and a chat render must end with
+// the generation prompt.
+func FuzzParseRequest(f *testing.F) {
+	seeds := []struct {
+		chat bool
+		body string
+	}{
+		{true, `{"model":"kvmesh-sim","messages":[{"role":"user","content":"hi"}],"stream":true,"stream_options":{"include_usage":true}}`},
+		{true, `{"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"x"}}]}],"max_completion_tokens":3}`},
+		{true, `{"messages":[{"role":"assistant","content":null}]}`},
+		{false, `{"prompt":"hello","max_tokens":5}`},
+		{false, `{"prompt":["a","b"]}`},
+		{false, `{"prompt":[1,2,3]}`},
+		{false, `{"prompt":[[1,2],[3]]}`},
+		{false, `{"prompt":[]}`},
+		{true, `{"messages":[`},
+		{false, `null`},
+	}
+	for _, s := range seeds {
+		f.Add(s.chat, []byte(s.body))
+	}
+	f.Fuzz(func(t *testing.T, chat bool, body []byte) {
+		ep := completionEndpoint
+		if chat {
+			ep = chatEndpoint
+		}
+		p, err := parseRequest(ep, body)
+		if err != nil {
+			if !errors.Is(err, errBadRequest) {
+				t.Fatalf("error %v does not wrap errBadRequest", err)
+			}
+			return
+		}
+		if chat && !strings.HasSuffix(p.Prompt, genPrompt) {
+			t.Fatalf("chat render %q lacks the generation prompt", p.Prompt)
+		}
+		if p.MaxTokens < 0 {
+			t.Fatalf("negative max tokens %d", p.MaxTokens)
+		}
+	})
+}
