@@ -1,0 +1,51 @@
+package route
+
+import (
+	"bytes"
+	"fmt"
+	"testing"
+
+	"github.com/kvmesh/kvmesh/summary"
+)
+
+// BenchmarkDecision measures one whole routing decision from canonical
+// text: hashing the prompt, probing every replica's summary and picking.
+// Every replica holds a common system prompt and a distinct set of other
+// conversations; one holds this request's conversation.
+func BenchmarkDecision(b *testing.B) {
+	c := summary.DefaultContract()
+	for _, size := range []int{8 << 10, 32 << 10} {
+		text := bytes.Repeat([]byte("lorem ipsum dolor sit amet "), size/27+1)[:size]
+		hashes := c.AppendHashes(nil, c.Root("m", ""), text)
+		for _, replicas := range []int{8, 64, 1024} {
+			cs := candidates(replicas)
+			for i := range cs {
+				s, err := summary.New(summary.Params{CapacityBlocks: 4096, FalsePositiveRate: 0.01}, 1)
+				if err != nil {
+					b.Fatal(err)
+				}
+				s.Add(hashes[:1])
+				for conv := 0; conv < 100; conv++ {
+					s.Add(chainOf(hashes[:1], 30, uint64(i*1000+conv)))
+				}
+				cs[i].Summary = s
+				cs[i].InFlight = i % 7
+			}
+			cs[replicas/2].Summary.(*summary.Summary).Add(hashes[:len(hashes)/2])
+			cs[replicas/2].InFlight = 0
+			b.Run(fmt.Sprintf("%dKB/%dreplicas", size>>10, replicas), func(b *testing.B) {
+				p := DefaultPolicy()
+				var h []uint64
+				var probes []summary.Probe
+				for b.Loop() {
+					h = c.AppendHashes(h[:0], c.Root("m", ""), text)
+					probes = summary.MakeProbes(probes[:0], h)
+					d := p.Pick(Request{Hashes: h, Probes: probes}, cs)
+					if d.Index != replicas/2 {
+						b.Fatalf("picked %d (%s), want the holder %d", d.Index, d.Reason, replicas/2)
+					}
+				}
+			})
+		}
+	}
+}
