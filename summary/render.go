@@ -7,6 +7,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"unicode/utf16"
+	"unicode/utf8"
 
 	"github.com/zeebo/xxh3"
 )
@@ -78,9 +80,9 @@ type chatRequest struct {
 }
 
 type chatMessage struct {
-	Role       string          `json:"role"`
-	Name       string          `json:"name"`
-	Content    json.RawMessage `json:"content"`
+	Role       string         `json:"role"`
+	Name       string         `json:"name"`
+	Content    messageContent `json:"content"`
 	ToolCalls  []toolCall      `json:"tool_calls"`
 	ToolCallID string          `json:"tool_call_id"`
 }
@@ -95,8 +97,115 @@ type toolCall struct {
 }
 
 type contentPart struct {
-	Type string `json:"type"`
-	Text string `json:"text"`
+	Type string  `json:"type"`
+	Text rawText `json:"text"`
+}
+
+// messageContent is a message's content rendered while the body is
+// decoded. Prompts are mostly one long string, so decoding it once, without
+// a json.RawMessage copy and a second parse, is most of the router's
+// per-request CPU.
+type messageContent struct{ text []byte }
+
+// UnmarshalJSON implements json.Unmarshaler.
+func (c *messageContent) UnmarshalJSON(data []byte) error {
+	text, err := appendContent(nil, data)
+	c.text = text
+	return err
+}
+
+// rawText is a JSON string decoded without a second validation pass.
+type rawText []byte
+
+// UnmarshalJSON implements json.Unmarshaler. The decoder has already
+// validated data as a JSON string, so it is unquoted in one pass; only
+// invalid UTF-8 (which encoding/json replaces) takes the slow path.
+func (t *rawText) UnmarshalJSON(data []byte) error {
+	if len(data) >= 2 && data[0] == '"' && utf8.Valid(data) {
+		if out, ok := unquote((*t)[:0], data[1:len(data)-1]); ok {
+			*t = out
+			return nil
+		}
+	}
+	var s string
+	if err := json.Unmarshal(data, &s); err != nil {
+		return err
+	}
+	*t = append((*t)[:0], s...)
+	return nil
+}
+
+// unquote appends the value of a validated JSON string body to dst.
+func unquote(dst, body []byte) ([]byte, bool) {
+	for len(body) > 0 {
+		i := bytes.IndexByte(body, '\\')
+		if i < 0 {
+			return append(dst, body...), true
+		}
+		dst = append(dst, body[:i]...)
+		if i+1 >= len(body) {
+			return dst, false
+		}
+		c := body[i+1]
+		body = body[i+2:]
+		switch c {
+		case '"', '\\', '/':
+			dst = append(dst, c)
+		case 'b':
+			dst = append(dst, '\b')
+		case 'f':
+			dst = append(dst, '\f')
+		case 'n':
+			dst = append(dst, '\n')
+		case 'r':
+			dst = append(dst, '\r')
+		case 't':
+			dst = append(dst, '\t')
+		case 'u':
+			r, ok := hex4(body)
+			if !ok {
+				return dst, false
+			}
+			body = body[4:]
+			if utf16.IsSurrogate(r) {
+				r2, ok := rune(0), false
+				if len(body) >= 6 && body[0] == '\\' && body[1] == 'u' {
+					r2, ok = hex4(body[2:])
+				}
+				if dec := utf16.DecodeRune(r, r2); ok && dec != utf8.RuneError {
+					r = dec
+					body = body[6:]
+				} else {
+					r = utf8.RuneError
+				}
+			}
+			dst = utf8.AppendRune(dst, r)
+		default:
+			return dst, false
+		}
+	}
+	return dst, true
+}
+
+func hex4(b []byte) (rune, bool) {
+	if len(b) < 4 {
+		return 0, false
+	}
+	var r rune
+	for _, c := range b[:4] {
+		switch {
+		case c >= '0' && c <= '9':
+			c -= '0'
+		case c >= 'a' && c <= 'f':
+			c -= 'a' - 10
+		case c >= 'A' && c <= 'F':
+			c -= 'A' - 10
+		default:
+			return 0, false
+		}
+		r = r<<4 | rune(c)
+	}
+	return r, true
 }
 
 // RenderChat parses a /v1/chat/completions body and renders its prompt:
@@ -120,7 +229,7 @@ func RenderChat(body []byte) (Prompt, error) {
 	}
 	size := 0
 	for _, m := range req.Messages {
-		size += len(m.Content) + 16
+		size += len(m.Content.text) + len(m.Role) + 16
 	}
 	text := make([]byte, 0, size)
 	for _, t := range req.Tools {
@@ -133,7 +242,6 @@ func RenderChat(body []byte) (Prompt, error) {
 		if m.Role == "" {
 			return Prompt{}, fmt.Errorf("%w: messages[%d].role is required", ErrBadRequest, i)
 		}
-		var err error
 		text = append(text, recordSep)
 		text = append(text, m.Role...)
 		if m.Name != "" {
@@ -145,9 +253,7 @@ func RenderChat(body []byte) (Prompt, error) {
 			text = append(text, m.ToolCallID...)
 		}
 		text = append(text, unitSep)
-		if text, err = appendContent(text, m.Content); err != nil {
-			return Prompt{}, fmt.Errorf("%w: messages[%d].content: %v", ErrBadRequest, i, err)
-		}
+		text = append(text, m.Content.text...)
 		for _, c := range m.ToolCalls {
 			text = append(text, groupSep)
 			text = append(text, "call"...)
@@ -175,8 +281,8 @@ func appendContent(dst []byte, raw json.RawMessage) ([]byte, error) {
 	}
 	switch raw[0] {
 	case '"':
-		var s string
-		if err := json.Unmarshal(raw, &s); err != nil {
+		var s rawText
+		if err := s.UnmarshalJSON(raw); err != nil {
 			return dst, err
 		}
 		return append(dst, s...), nil

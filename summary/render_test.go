@@ -193,3 +193,21 @@ func TestContractScopesAndChains(t *testing.T) {
 		t.Error("contract IDs do not pin the block size")
 	}
 }
+
+func TestUnquoteMatchesEncodingJSON(t *testing.T) {
+	for _, s := range []string{"plain", "line\nbreak\ttab \"quoted\" back\\slash /", "emoji 😀 \u00e9 \u2028", "\x01 control", "surrogate \U0001F600 end", ""} {
+		lit, _ := json.Marshal(s)
+		var fast rawText
+		if err := fast.UnmarshalJSON(lit); err != nil || string(fast) != s {
+			t.Errorf("%q: got %q, %v", s, fast, err)
+		}
+	}
+	for _, lit := range []string{`"\ud83d\ude00"`, `"\ud83d x"`, `"\u00E9"`, `"bad \ud800"`} {
+		var want string
+		json.Unmarshal([]byte(lit), &want)
+		var fast rawText
+		if err := fast.UnmarshalJSON([]byte(lit)); err != nil || string(fast) != want {
+			t.Errorf("%s: got %q want %q (%v)", lit, fast, want, err)
+		}
+	}
+}
