@@ -83,8 +83,8 @@ type chatMessage struct {
 	Role       string         `json:"role"`
 	Name       string         `json:"name"`
 	Content    messageContent `json:"content"`
-	ToolCalls  []toolCall      `json:"tool_calls"`
-	ToolCallID string          `json:"tool_call_id"`
+	ToolCalls  []toolCall     `json:"tool_calls"`
+	ToolCallID string         `json:"tool_call_id"`
 }
 
 type toolCall struct {

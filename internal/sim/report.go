@@ -43,6 +43,11 @@ type PolicyReport struct {
 	// FullCopies counts summary copies replaced by a full copy (gap,
 	// divergence or a delta the owner no longer had).
 	FullCopies int `json:"full_copies"`
+	// BelowBestMatch counts route decisions that chose a replica with a
+	// shorter predicted match than the best candidate's (load or the
+	// bound won over the cache), and GivenUpBlocks sums the difference.
+	BelowBestMatch int   `json:"below_best_match"`
+	GivenUpBlocks  int64 `json:"given_up_blocks"`
 }
 
 // ConfigReport is the configuration a Report was made with, after
@@ -72,11 +77,11 @@ type ConfigReport struct {
 // WriteTable writes the report as an aligned table and a config line.
 func (r Report) WriteTable(w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "policy\trequests\thit\ttoken hit\tTTFT p50 ms\tp90 ms\tp99 ms\tprefill max/mean\tqueue ms\t reasons")
+	fmt.Fprintln(tw, "policy\trequests\thit\ttoken hit\tTTFT p50 ms\tp90 ms\tp99 ms\tprefill max/mean\tqueue ms\tbelow best\t reasons")
 	for _, p := range r.Policies {
-		fmt.Fprintf(tw, "%s\t%d\t%.4f\t%.4f\t%.0f\t%.0f\t%.0f\t%.2f\t%.0f\t %s\n",
+		fmt.Fprintf(tw, "%s\t%d\t%.4f\t%.4f\t%.0f\t%.0f\t%.0f\t%.2f\t%.0f\t%d\t %s\n",
 			p.Name, p.Requests, p.HitRatio, p.TokenHitRatio, p.TTFTP50Ms, p.TTFTP90Ms, p.TTFTP99Ms,
-			p.PrefillMaxOverMean, p.MeanQueueMs, reasonsString(p.Reasons))
+			p.PrefillMaxOverMean, p.MeanQueueMs, p.BelowBestMatch, reasonsString(p.Reasons))
 	}
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("sim table: %w", err)

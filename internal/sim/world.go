@@ -24,8 +24,10 @@ type replica struct {
 	cache    *lru
 	queue    []int32 // FIFO of jobs waiting to prefill
 	qhead    int
-	busy     bool  // a prefill is running
-	cur      int32 // the job being prefilled
+	busy     bool    // a prefill is running
+	cur      int32   // the job being prefilled
+	curStart float64 // when it started
+	curEnd   float64 // when it ends
 	running  int   // sequences prefilling or decoding
 	inFlight int   // dispatched and not finished
 	pending  float64
@@ -95,6 +97,8 @@ type world struct {
 	queueMs                              float64
 	reasons                              map[string]int
 	fullCopies                           int
+	belowBest                            int
+	givenUp                              int64
 }
 
 func runPolicy(ctx context.Context, p *prepared, name string) (PolicyReport, error) {
@@ -223,6 +227,10 @@ func (w *world) arrive(i int32) error {
 		j = d.Index
 		est = float64(len(r.ids) - d.Match)
 		w.reasons[string(d.Reason)]++
+		if d.Match < d.BestMatch {
+			w.belowBest++
+			w.givenUp += int64(d.BestMatch - d.Match)
+		}
 	}
 	w.dispatch(k, j, i, est)
 	return nil
@@ -249,14 +257,14 @@ func (w *world) fillCandidates(k int, r *simReq) {
 		rep := w.rep[j]
 		switch w.policy {
 		case PolicyConsistentHash:
-			c.InFlight, c.PendingPrefillBlocks = rep.inFlight, rep.pending
+			c.InFlight, c.PendingPrefillBlocks = rep.inFlight, w.pendingNow(rep)
 		case PolicyOracle:
 			w.oracle[j].ids = r.ids
 			c.Summary = &w.oracle[j]
-			c.InFlight, c.PendingPrefillBlocks = rep.inFlight, rep.pending
+			c.InFlight, c.PendingPrefillBlocks = rep.inFlight, w.pendingNow(rep)
 		case PolicySingle:
 			c.Summary = w.routers[0].copies[j]
-			c.InFlight, c.PendingPrefillBlocks = rep.inFlight, rep.pending
+			c.InFlight, c.PendingPrefillBlocks = rep.inFlight, w.pendingNow(rep)
 		case PolicyIsolated:
 			c.Summary = w.routers[k].copies[j]
 			c.InFlight, c.PendingPrefillBlocks = w.ownLoad(k, j, nil)
@@ -266,7 +274,7 @@ func (w *world) fillCandidates(k int, r *simReq) {
 			switch {
 			case o == k:
 				c.Summary = rt.copies[j]
-				c.InFlight, c.PendingPrefillBlocks = rep.inFlight, rep.pending
+				c.InFlight, c.PendingPrefillBlocks = rep.inFlight, w.pendingNow(rep)
 			case w.now-rt.lastHeard[o] > stale:
 				c.Stale = true
 				c.InFlight, c.PendingPrefillBlocks = w.ownLoad(k, j, nil)
@@ -354,9 +362,20 @@ func (w *world) tryStart(j int) {
 	rep.computed += int64(computed)
 	w.queueMs += w.now - r.arrival
 	w.ttft = append(w.ttft, w.now+dur-r.arrival)
-	rep.busy, rep.cur = true, i
+	rep.busy, rep.cur, rep.curStart, rep.curEnd = true, i, w.now, w.now+dur
 	rep.running++
 	w.q.push(w.now+dur, evPrefillDone, int32(j), 0)
+}
+
+// pendingNow is the prefill work queued at a replica as its owner knows
+// it: the estimates of the requests not yet prefilled, less the part of the
+// running prefill already done.
+func (w *world) pendingNow(rep *replica) float64 {
+	p := rep.pending
+	if rep.busy && rep.curEnd > rep.curStart {
+		p -= w.jobs[rep.cur].est * (w.now - rep.curStart) / (rep.curEnd - rep.curStart)
+	}
+	return max(p, 0)
 }
 
 func (w *world) prefillDone(j int32) {
@@ -388,7 +407,7 @@ func (w *world) tick(more bool) {
 		o := w.owner(j)
 		s := w.routers[o].copies[j]
 		m := &message{from: int32(o), replica: int32(j), t: w.now, epoch: s.Epoch(), fromV: w.lastTx[j],
-			load: loadSnap{t: w.now, inFlight: w.rep[j].inFlight, pending: w.rep[j].pending, valid: true}}
+			load: loadSnap{t: w.now, inFlight: w.rep[j].inFlight, pending: w.pendingNow(w.rep[j]), valid: true}}
 		hashes, ok := s.Since(w.lastTx[j])
 		if ok {
 			m.hashes = hashes
@@ -473,7 +492,8 @@ func (w *world) deliver(k, mi int32) error {
 }
 
 func (w *world) report() PolicyReport {
-	rep := PolicyReport{Name: w.policy, Requests: len(w.ttft), Reasons: w.reasons, FullCopies: w.fullCopies}
+	rep := PolicyReport{Name: w.policy, Requests: len(w.ttft), Reasons: w.reasons, FullCopies: w.fullCopies,
+		BelowBestMatch: w.belowBest, GivenUpBlocks: w.givenUp}
 	if w.blocks > 0 {
 		rep.HitRatio = float64(w.hitBlocks) / float64(w.blocks)
 	}
