@@ -28,8 +28,8 @@ type replica struct {
 	cur      int32   // the job being prefilled
 	curStart float64 // when it started
 	curEnd   float64 // when it ends
-	running  int   // sequences prefilling or decoding
-	inFlight int   // dispatched and not finished
+	running  int     // sequences prefilling or decoding
+	inFlight int     // dispatched and not finished
 	pending  float64
 	computed int64 // prefill tokens computed
 }

@@ -1,0 +1,298 @@
+package sim
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/kvmesh/kvmesh/internal/trace"
+)
+
+func TestLRULeadingRun(t *testing.T) {
+	tests := []struct {
+		name    string
+		cap     int
+		touches [][]int64 // requests admitted in order
+		query   []int64
+		want    int
+	}{
+		{"empty cache", 4, nil, []int64{1, 2}, 0},
+		{"full prefix", 4, [][]int64{{1, 2, 3}}, []int64{1, 2, 3, 4}, 3},
+		{"stops at first miss", 8, [][]int64{{1, 2, 3}, {9}}, []int64{1, 2, 7, 9}, 2},
+		{"later cached block not counted", 8, [][]int64{{2, 3}}, []int64{1, 2, 3}, 0},
+		// Capacity 3: {1,2,3} then {4,5}: touching 5 then 4 evicts the
+		// least recent, 3 then 2 (the tail of the first request went first).
+		{"tail evicted first", 3, [][]int64{{1, 2, 3}, {4, 5}}, []int64{1, 2, 3}, 1},
+		// {1,2} then {3,4}: the head block 1 is the oldest after 2 was
+		// refreshed by {2}; admitting 5 evicts 1, and with it the match.
+		{"evicted head kills match", 4, [][]int64{{1, 2}, {3, 4}, {2}, {5}}, []int64{1, 2, 3}, 0},
+		{"refresh keeps head", 3, [][]int64{{1, 2}, {1}, {7, 8}}, []int64{1, 2}, 1},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newLRU(tc.cap)
+			for _, ids := range tc.touches {
+				c.touchAll(ids)
+				if c.count > tc.cap || len(c.slot) != c.count {
+					t.Fatalf("count %d, map %d, cap %d", c.count, len(c.slot), tc.cap)
+				}
+			}
+			if got := c.leadingRun(tc.query); got != tc.want {
+				t.Fatalf("leadingRun(%v) = %d, want %d", tc.query, got, tc.want)
+			}
+		})
+	}
+}
+
+// conversations builds a trace of n conversations of turns turns each,
+// interleaved, one request every gap: every prompt starts with the global
+// block 0, and turn k of a conversation extends turn k-1 by grow blocks.
+func conversations(n, turns, grow int, gap time.Duration) []trace.Request {
+	var out []trace.Request
+	at := time.Duration(0)
+	for k := 0; k < turns; k++ {
+		for c := 0; c < n; c++ {
+			blocks := 1 + (k+1)*grow
+			ids := make([]int64, blocks)
+			for b := 1; b < blocks; b++ {
+				ids[b] = int64(1 + c*100000 + b)
+			}
+			out = append(out, trace.Request{Arrival: at, InputTokens: blocks * 512, OutputTokens: 10, HashIDs: ids})
+			at += gap
+		}
+	}
+	return out
+}
+
+func policy(t *testing.T, r Report, name string) PolicyReport {
+	t.Helper()
+	for _, p := range r.Policies {
+		if p.Name == name {
+			return p
+		}
+	}
+	t.Fatalf("no policy %q in report", name)
+	return PolicyReport{}
+}
+
+func testConfig() Config {
+	cfg := DefaultConfig()
+	cfg.Load = 0
+	return cfg
+}
+
+func TestTTFTGrowsWithQueueing(t *testing.T) {
+	// One replica, requests of 10 distinct blocks (512 ms of prefill each):
+	// spaced out they never wait; arriving together each waits for all
+	// before it.
+	mk := func(gap time.Duration) []trace.Request {
+		var out []trace.Request
+		for i := 0; i < 10; i++ {
+			ids := make([]int64, 10)
+			for b := range ids {
+				ids[b] = int64(i*100 + b)
+			}
+			out = append(out, trace.Request{Arrival: time.Duration(i) * gap, InputTokens: 5120, OutputTokens: 5, HashIDs: ids})
+		}
+		return out
+	}
+	tests := []struct {
+		name          string
+		gap           time.Duration
+		wantP99, tolP float64
+		wantQueue     float64
+	}{
+		{"spaced", 10 * time.Second, 513, 0.01, 0},
+		{"burst", 0, 10 * 513, 0.01, 513 * 4.5},
+	}
+	cfg := testConfig()
+	cfg.Replicas, cfg.Routers = 1, 1
+	cfg.Policies = []string{PolicyRoundRobin}
+	cfg.CacheBlocks = 1000
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			r, err := Run(context.Background(), cfg, mk(tc.gap))
+			if err != nil {
+				t.Fatal(err)
+			}
+			p := r.Policies[0]
+			if d := p.TTFTP99Ms - tc.wantP99; d > tc.tolP || d < -tc.tolP {
+				t.Errorf("p99 %v ms, want %v", p.TTFTP99Ms, tc.wantP99)
+			}
+			if d := p.MeanQueueMs - tc.wantQueue; d > 0.01 || d < -0.01 {
+				t.Errorf("mean queue %v ms, want %v", p.MeanQueueMs, tc.wantQueue)
+			}
+		})
+	}
+}
+
+func TestMaxNumSeqsQueues(t *testing.T) {
+	// Zero-prefill requests (fully cached after the first) with long decodes:
+	// a cap of 1 makes each wait for the previous decode.
+	reqs := []trace.Request{}
+	for i := 0; i < 3; i++ {
+		reqs = append(reqs, trace.Request{InputTokens: 512, OutputTokens: 100, HashIDs: []int64{1}})
+	}
+	cfg := testConfig()
+	cfg.Replicas, cfg.Routers, cfg.CacheBlocks, cfg.MaxNumSeqs = 1, 1, 10, 1
+	cfg.Policies = []string{PolicyRoundRobin}
+	r, err := Run(context.Background(), cfg, reqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Decode of 100 tokens is 2000 ms; the third waits for two of them
+	// (plus two prefills).
+	if p := r.Policies[0]; p.TTFTP99Ms < 4000 {
+		t.Errorf("p99 %v ms with max-num-seqs 1, want >= 4000", p.TTFTP99Ms)
+	}
+}
+
+func TestOracleBeatsRoundRobinOnConversations(t *testing.T) {
+	cfg := testConfig()
+	cfg.Replicas, cfg.Routers, cfg.CacheFraction = 4, 2, 1
+	r, err := Run(context.Background(), cfg, conversations(41, 5, 4, 300*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rr, or, mesh := policy(t, r, PolicyRoundRobin), policy(t, r, PolicyOracle), policy(t, r, PolicyMesh)
+	t.Logf("hit: round-robin %.3f oracle %.3f mesh %.3f", rr.HitRatio, or.HitRatio, mesh.HitRatio)
+	if or.HitRatio < rr.HitRatio || or.HitRatio < 0.5 {
+		t.Errorf("oracle hit %v, round-robin %v: want oracle >= both round-robin and 0.5", or.HitRatio, rr.HitRatio)
+	}
+	if mesh.HitRatio <= rr.HitRatio {
+		t.Errorf("mesh hit %v <= round-robin %v", mesh.HitRatio, rr.HitRatio)
+	}
+	for _, p := range r.Policies {
+		if p.Requests != 205 {
+			t.Errorf("%s served %d requests, want 205", p.Name, p.Requests)
+		}
+	}
+}
+
+func TestPartitionWindow(t *testing.T) {
+	cfg := testConfig()
+	cfg.Replicas, cfg.Routers, cfg.CacheFraction = 4, 2, 1
+	cfg.Policies = []string{PolicyMesh, PolicyPartitioned}
+	// 600 requests, 100 ms apart: a 60 s trace, cut from 15 s to 45 s.
+	r, err := Run(context.Background(), cfg, conversations(100, 6, 2, 100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := r.Config; c.PartitionStartMs != c.SpanMs/4 || c.PartitionEndMs != 3*c.SpanMs/4 {
+		t.Errorf("partition [%v, %v) of span %v, want the middle half", c.PartitionStartMs, c.PartitionEndMs, c.SpanMs)
+	}
+	mesh, part := policy(t, r, PolicyMesh), policy(t, r, PolicyPartitioned)
+	if mesh.FullCopies != 0 {
+		t.Errorf("mesh needed %d full copies, want 0", mesh.FullCopies)
+	}
+	// After the heal every copy across the cut must be repaired once.
+	if part.FullCopies < 1 {
+		t.Errorf("partitioned mesh made %d full copies, want >= 1", part.FullCopies)
+	}
+
+	p, err := prepare(cfg, conversations(100, 6, 2, 100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &world{p: p, nR: 3, cut: true}
+	for _, tc := range []struct {
+		a, b int
+		t    float64
+		want bool
+	}{
+		{0, 1, 20000, true}, {1, 0, 20000, true}, {1, 2, 20000, false},
+		{0, 2, 10000, false}, {0, 2, p.partEnd, false}, {0, 2, p.partStart, true},
+	} {
+		if got := w.partitioned(tc.a, tc.b, tc.t); got != tc.want {
+			t.Errorf("partitioned(%d, %d, %v) = %v, want %v", tc.a, tc.b, tc.t, got, tc.want)
+		}
+	}
+}
+
+func TestDeterministic(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Replicas, cfg.Routers, cfg.CacheFraction = 4, 3, 0.5
+	reqs := conversations(30, 4, 3, 200*time.Millisecond)
+	var out [2][]byte
+	for i := range out {
+		r, err := Run(context.Background(), cfg, reqs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if out[i], err = json.Marshal(r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !bytes.Equal(out[0], out[1]) {
+		t.Fatalf("two runs differ:\n%s\n%s", out[0], out[1])
+	}
+}
+
+func TestLoadScaling(t *testing.T) {
+	// 10 requests of 10 distinct blocks, 1 s apart: round-robin computes
+	// 10 × 513 ms of prefill over 2 replicas × 9 s.
+	var reqs []trace.Request
+	for i := 0; i < 10; i++ {
+		ids := make([]int64, 10)
+		for b := range ids {
+			ids[b] = int64(i*100 + b)
+		}
+		reqs = append(reqs, trace.Request{Arrival: time.Duration(i) * time.Second, InputTokens: 5120, HashIDs: ids})
+	}
+	for _, load := range []float64{0.25, 0.5, 0.9} {
+		cfg := DefaultConfig()
+		cfg.Replicas, cfg.Load, cfg.Policies = 2, load, []string{PolicyRoundRobin}
+		r, err := Run(context.Background(), cfg, reqs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := 10 * 513.0 / (2 * 9000 * load)
+		if d := r.Config.TimeScale - want; d > 1e-9 || d < -1e-9 {
+			t.Errorf("load %v: time scale %v, want %v", load, r.Config.TimeScale, want)
+		}
+	}
+}
+
+func TestConfigErrors(t *testing.T) {
+	reqs := conversations(2, 1, 1, time.Second)
+	for _, tc := range []struct {
+		name string
+		mod  func(*Config)
+	}{
+		{"unknown policy", func(c *Config) { c.Policies = []string{"nope"} }},
+		{"no replicas", func(c *Config) { c.Replicas = 0 }},
+		{"no cache", func(c *Config) { c.CacheFraction = 0 }},
+		{"zero prefill rate", func(c *Config) { c.PrefillTokensPerS = 0 }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := DefaultConfig()
+			tc.mod(&cfg)
+			if _, err := Run(context.Background(), cfg, reqs); err == nil {
+				t.Fatal("Run accepted a bad config")
+			}
+		})
+	}
+	if _, err := Run(context.Background(), DefaultConfig(), nil); err == nil {
+		t.Fatal("Run accepted an empty trace")
+	}
+}
+
+func TestCancel(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := Run(ctx, DefaultConfig(), conversations(50, 3, 2, time.Second)); err == nil {
+		t.Fatal("Run ignored a cancelled context")
+	}
+}
+
+func BenchmarkRunEmbedded(b *testing.B) {
+	reqs := trace.EmbeddedConversationSlice()
+	cfg := DefaultConfig()
+	for b.Loop() {
+		if _, err := Run(context.Background(), cfg, reqs); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
