@@ -1,0 +1,220 @@
+package mesh
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+)
+
+// delegate adapts memberlist's callbacks to the Mesh. memberlist calls the
+// event and alive delegates while it holds its node lock, so none of these
+// methods may call back into memberlist; they take only the mesh's lock.
+type delegate struct {
+	m    *Mesh
+	meta []byte
+}
+
+var (
+	_ memberlist.Delegate      = (*delegate)(nil)
+	_ memberlist.EventDelegate = (*delegate)(nil)
+	_ memberlist.AliveDelegate = (*delegate)(nil)
+	_ memberlist.MergeDelegate = (*delegate)(nil)
+	_ memberlist.PingDelegate  = (*delegate)(nil)
+)
+
+// NodeMeta returns the router's metadata, checked against the limit in New.
+func (d *delegate) NodeMeta(limit int) []byte {
+	if len(d.meta) > limit {
+		return nil // New refuses this; never panic memberlist
+	}
+	return d.meta
+}
+
+// NotifyMsg hands a copy of the message to the inbox goroutine; it never
+// blocks memberlist's packet handler.
+func (d *delegate) NotifyMsg(b []byte) {
+	if len(b) == 0 {
+		return
+	}
+	select {
+	case d.m.inbox <- bytes.Clone(b):
+	default:
+		d.m.met.dropped.WithLabelValues(dropHandoffFull).Inc()
+	}
+}
+
+// GetBroadcasts drains the mesh's own queue into the gossip packet.
+func (d *delegate) GetBroadcasts(overhead, limit int) [][]byte {
+	out := d.m.queue.GetBroadcasts(overhead, limit)
+	for _, b := range out {
+		d.m.met.out(b[0], len(b))
+	}
+	return out
+}
+
+// LocalState is the router's push/pull state: a state for every replica
+// it declares or owns, with the full summary of those it owns while they
+// fit under maxLocalStateBytes (receivers pull the rest).
+func (d *delegate) LocalState(join bool) []byte {
+	m := d.m
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	b := []byte{kindPushPull}
+	b = appendS8(b, m.cfg.Name)
+	b = binary.BigEndian.AppendUint64(b, m.boot)
+	b = append(b, 0, 0, 0, 0)
+	n := 0
+	for _, r := range m.replicas {
+		if !r.declared && !r.owned {
+			continue
+		}
+		st := m.ownedStateLocked(r)
+		var sum []byte
+		if r.owned && r.sum != nil {
+			sum = r.sum.AppendEncode(nil, m.fp)
+			if len(b)+len(sum) > maxLocalStateBytes {
+				m.met.dropped.WithLabelValues(dropStateFull).Inc()
+				sum = nil
+			}
+		}
+		b = appendStateWithSummary(b, &st, sum)
+		n++
+	}
+	binary.BigEndian.PutUint32(b[2+len(m.cfg.Name)+8:], uint32(n))
+	m.met.out(kindPushPull, len(b))
+	return b
+}
+
+// MergeRemoteState applies a peer's push/pull state; it validates
+// everything and only logs and counts what it cannot decode.
+func (d *delegate) MergeRemoteState(buf []byte, join bool) {
+	m := d.m
+	p, err := decodePushPull(buf)
+	if err != nil {
+		m.met.dropped.WithLabelValues(dropDecode).Inc()
+		m.log.Warn("undecodable push/pull state", "bytes", len(buf), "error", err)
+		return
+	}
+	m.met.in(kindPushPull, len(buf))
+	now := time.Now()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	// States first, so ownership is known before the full copies.
+	for i := range p.Entries {
+		if e := &p.Entries[i]; e.State.Origin == p.Origin {
+			m.handleStateLocked(&e.State, now)
+		}
+	}
+	for i := range p.Entries {
+		if e := &p.Entries[i]; e.State.Origin == p.Origin && len(e.Summary) > 0 {
+			m.handleFullLocked(e, now)
+		}
+	}
+}
+
+// checkPeer refuses a peer whose metadata is not ours to understand or
+// whose hashing contract differs.
+func (d *delegate) checkPeer(n *memberlist.Node) error {
+	m := d.m
+	meta, err := decodeMeta(n.Meta)
+	if err == nil && meta.Contract == m.contractID {
+		return nil
+	}
+	if err == nil {
+		err = fmt.Errorf("peer %s uses hashing contract %q, this router uses %q", n.Name, meta.Contract, m.contractID)
+	} else {
+		err = fmt.Errorf("peer %s: %w", n.Name, err)
+	}
+	m.met.refusals.Inc()
+	m.mu.Lock()
+	last := m.refused[n.Name]
+	logIt := time.Since(last) > time.Minute
+	if logIt {
+		m.refused[n.Name] = time.Now()
+	}
+	m.mu.Unlock()
+	if logIt {
+		m.log.Error("refusing peer with another hashing contract", "peer", n.Name, "peer_contract", meta.Contract,
+			"our_contract", m.contractID, "error", err)
+	}
+	return err
+}
+
+// NotifyAlive filters every alive message (memberlist holds its lock).
+func (d *delegate) NotifyAlive(n *memberlist.Node) error {
+	if n.Name == d.m.cfg.Name {
+		return nil
+	}
+	return d.checkPeer(n)
+}
+
+// NotifyMerge refuses a join with a cluster of another contract.
+func (d *delegate) NotifyMerge(peers []*memberlist.Node) error {
+	for _, n := range peers {
+		if n.Name == d.m.cfg.Name || n.State != memberlist.StateAlive {
+			continue
+		}
+		if err := d.checkPeer(n); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (d *delegate) upsert(n *memberlist.Node, alive bool) {
+	m := d.m
+	meta, _ := decodeMeta(n.Meta) // alive delegate checked it
+	node := *n
+	node.Meta = bytes.Clone(n.Meta)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	mb := m.members[n.Name]
+	if mb == nil {
+		mb = &member{}
+		m.members[n.Name] = mb
+	}
+	mb.node, mb.meta = node, meta
+	if mb.alive && !alive {
+		mb.failedAt = time.Now()
+	}
+	mb.alive = alive
+	var k int64
+	for _, x := range m.members {
+		if x.alive {
+			k++
+		}
+	}
+	if m.members[m.cfg.Name] == nil {
+		k++
+	}
+	m.numAlive.Store(max(k, 1))
+}
+
+// NotifyJoin records a new router (memberlist holds its lock).
+func (d *delegate) NotifyJoin(n *memberlist.Node) { d.upsert(n, true) }
+
+// NotifyUpdate records a router's new metadata.
+func (d *delegate) NotifyUpdate(n *memberlist.Node) { d.upsert(n, true) }
+
+// NotifyLeave records a router that left or failed.
+func (d *delegate) NotifyLeave(n *memberlist.Node) { d.upsert(n, false) }
+
+// AckPayload adds nothing to probe acks.
+func (d *delegate) AckPayload() []byte { return nil }
+
+// NotifyPingComplete records the RTT of a direct probe.
+func (d *delegate) NotifyPingComplete(n *memberlist.Node, rtt time.Duration, _ []byte) {
+	m := d.m
+	m.mu.Lock()
+	if mb := m.members[n.Name]; mb != nil {
+		if mb.rtt == 0 {
+			mb.rtt = rtt
+		} else {
+			mb.rtt = (mb.rtt*7 + rtt) / 8 // smooth: one slow probe should not flip a route
+		}
+	}
+	m.mu.Unlock()
+}

@@ -1,0 +1,79 @@
+package mesh
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
+)
+
+// Drop reasons, the label of kvmesh_gossip_dropped_total.
+const (
+	dropHandoffFull = "handoff_full" // NotifyMsg's hand-off channel was full
+	dropDecode      = "decode"       // bytes that did not decode
+	dropOversize    = "oversize"     // a broadcast that would not fit a packet
+	dropQueuePrune  = "queue_prune"  // the broadcast queue was over its bound
+	dropDuplicate   = "duplicate"    // seen before (not an error; counted to see fan-in)
+	dropRefused     = "refused"      // from a router we do not accept, or not the owner
+	dropStateFull   = "state_full"   // a full summary left out of push/pull state for size
+)
+
+type metrics struct {
+	bytes    *prometheus.CounterVec
+	messages *prometheus.CounterVec
+	dropped  *prometheus.CounterVec
+	resyncs  prometheus.Counter
+	age      *prometheus.GaugeVec
+	refusals prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer, members, queue func() float64) *metrics {
+	f := promauto.With(reg)
+	f.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_mesh_members", Help: "Alive routers in the mesh, this one included."}, members)
+	f.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_gossip_queue_depth", Help: "Broadcasts waiting in this router's gossip queue."}, queue)
+	m := &metrics{
+		bytes: f.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_gossip_bytes_total",
+			Help: "Bytes of kvmesh gossip (broadcasts, direct messages, push/pull state)."}, []string{"direction"}),
+		messages: f.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_gossip_messages_total",
+			Help: "kvmesh gossip messages by kind."}, []string{"kind", "direction"}),
+		dropped: f.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_gossip_dropped_total",
+			Help: "Gossip messages dropped, by reason."}, []string{"reason"}),
+		resyncs: f.NewCounter(prometheus.CounterOpts{Name: "kvmesh_summary_resyncs_total",
+			Help: "Full summary copies requested to repair a gap or divergence."}),
+		age: f.NewGaugeVec(prometheus.GaugeOpts{Name: "kvmesh_summary_age_seconds",
+			Help: "Seconds since the last state or delta from a replica's owner."}, []string{"replica"}),
+		refusals: f.NewCounter(prometheus.CounterOpts{Name: "kvmesh_mesh_contract_refusals_total",
+			Help: "Peers refused because their hashing contract or metadata differs."}),
+	}
+	for _, d := range []string{"in", "out"} {
+		m.bytes.WithLabelValues(d)
+	}
+	for _, r := range []string{dropHandoffFull, dropDecode, dropOversize, dropQueuePrune, dropDuplicate, dropRefused, dropStateFull} {
+		m.dropped.WithLabelValues(r)
+	}
+	return m
+}
+
+func kindName(k byte) string {
+	switch k {
+	case kindState:
+		return "state"
+	case kindDelta:
+		return "delta"
+	case kindFullReq:
+		return "full_request"
+	case kindFullReply:
+		return "full_reply"
+	case kindPushPull:
+		return "push_pull"
+	}
+	return "unknown"
+}
+
+func (m *metrics) in(kind byte, n int) {
+	m.bytes.WithLabelValues("in").Add(float64(n))
+	m.messages.WithLabelValues(kindName(kind), "in").Inc()
+}
+
+func (m *metrics) out(kind byte, n int) {
+	m.bytes.WithLabelValues("out").Add(float64(n))
+	m.messages.WithLabelValues(kindName(kind), "out").Inc()
+}

@@ -1,0 +1,261 @@
+package mesh
+
+import (
+	"slices"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/kvmesh/kvmesh/route"
+)
+
+// DeclareReplica declares a replica (its URL is its ID) at this router.
+func (m *Mesh) DeclareReplica(id string) {
+	if id == "" || len(id) > maxReplicaIDLen {
+		m.log.Error("replica id empty or too long; not declared", "replica", id, "max", maxReplicaIDLen)
+		return
+	}
+	m.mu.Lock()
+	r := m.replicaLocked(id, true)
+	if r != nil {
+		r.declared = true
+		r.declarers[m.cfg.Name] = true
+	}
+	m.mu.Unlock()
+}
+
+// UpdateReplica records the proxy's latest health check of a declared
+// replica; an owner gossips the change at once.
+func (m *Mesh) UpdateReplica(id string, models []string, healthy bool, capacityBlocks int) {
+	models = slices.Clone(models)
+	slices.Sort(models)
+	models = slices.Compact(models)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r := m.replicas[id]
+	if r == nil || !r.declared {
+		return
+	}
+	changed := r.healthy != healthy || !slices.Equal(r.models, models) || r.capacity != capacityBlocks
+	r.models, r.healthy, r.capacity = models, healthy, capacityBlocks
+	if changed && r.owned {
+		m.ensureSummaryLocked(r)
+		st := m.ownedStateLocked(r)
+		m.enqueue(&namedBroadcast{name: stateName(m.cfg.Name, r.id), msg: m.encodeStateLocked(&st)})
+	}
+}
+
+// counts reports whether a remote copy may be used for routing.
+func (m *Mesh) countsLocked(r *replica, now time.Time) bool {
+	return r.sum != nil && !r.wantFull && r.hasState && r.sum.Epoch() == r.st.Epoch &&
+		now.Sub(r.heard) <= m.cfg.Timing.StaleAfter
+}
+
+// Candidates appends the healthy replicas serving model, sorted by ID.
+func (m *Mesh) Candidates(model string, dst []route.Candidate) []route.Candidate {
+	now := time.Now()
+	start := len(dst)
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	for _, r := range m.replicas {
+		owner := m.ownerLocked(r)
+		switch {
+		case owner == "":
+			continue
+		case owner == m.cfg.Name:
+			if !r.healthy || !slices.Contains(r.models, model) {
+				continue
+			}
+			c := route.Candidate{ID: r.id, Hash: r.hash, InFlight: int(max(r.inFlight.Load(), 0)),
+				PendingPrefillBlocks: float64(max(r.pendingK.Load(), 0)) / 1000}
+			if r.sum != nil {
+				c.Summary = r.sum
+			}
+			dst = append(dst, c)
+		default:
+			if !r.hasState || r.st.Origin != owner || !r.st.Healthy || !slices.Contains(r.st.Models, model) {
+				continue
+			}
+			c := route.Candidate{ID: r.id, Hash: r.hash, InFlight: int(r.st.InFlight), PendingPrefillBlocks: r.st.Pending}
+			if m.countsLocked(r, now) {
+				c.Summary = r.sum
+			} else {
+				c.Stale = true
+			}
+			if mb := m.members[owner]; mb != nil {
+				c.NetworkMs = float64(mb.rtt.Microseconds()) / 1000
+				if mb.meta.Region != m.cfg.Region {
+					c.Tier = 1
+				}
+			}
+			dst = append(dst, c)
+		}
+	}
+	out := dst[start:]
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return dst
+}
+
+// Locate says how to reach a replica: directly when this router owns it,
+// else through its owner's API.
+func (m *Mesh) Locate(replicaID string) (ownerAPI string, local bool, ok bool) {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	r := m.replicas[replicaID]
+	if r == nil {
+		return "", false, false
+	}
+	owner := m.ownerLocked(r)
+	switch {
+	case owner == "":
+		return "", false, false
+	case owner == m.cfg.Name:
+		return m.cfg.APIAddr, true, true
+	}
+	mb := m.members[owner]
+	if mb == nil || mb.meta.API == "" {
+		return "", false, false
+	}
+	return mb.meta.API, false, true
+}
+
+// Models lists the models of the healthy replicas anywhere in the mesh.
+func (m *Mesh) Models() []string {
+	m.mu.RLock()
+	var out []string
+	for _, r := range m.replicas {
+		owner := m.ownerLocked(r)
+		switch {
+		case owner == m.cfg.Name && r.healthy:
+			out = append(out, r.models...)
+		case owner != "" && owner != m.cfg.Name && r.hasState && r.st.Origin == owner && r.st.Healthy:
+			out = append(out, r.st.Models...)
+		}
+	}
+	m.mu.RUnlock()
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// Record adds blocks to an owned replica's summary; elsewhere it is a
+// no-op (one writer per summary).
+func (m *Mesh) Record(replicaID string, hashes []uint64) {
+	m.mu.RLock()
+	r := m.replicas[replicaID]
+	if r != nil && r.owned && r.sum != nil {
+		r.sum.Add(hashes)
+		m.mu.RUnlock()
+		return
+	}
+	m.mu.RUnlock()
+	if r == nil || !r.declared {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.ownerLocked(r) != m.cfg.Name {
+		return
+	}
+	m.setOwnedLocked(r, true)
+	m.ensureSummaryLocked(r)
+	if r.sum != nil {
+		r.sum.Add(hashes)
+	}
+}
+
+// Begin accounts a request dispatched to a replica declared here: one
+// more in flight and prefillBlocks more pending prefill, until firstByte
+// and done (both idempotent).
+func (m *Mesh) Begin(replicaID string, prefillBlocks float64) (firstByte, done func()) {
+	m.mu.RLock()
+	r := m.replicas[replicaID]
+	m.mu.RUnlock()
+	if r == nil || !r.declared {
+		return func() {}, func() {}
+	}
+	k := int64(max(prefillBlocks, 0) * 1000)
+	r.inFlight.Add(1)
+	r.pendingK.Add(k)
+	var fb, dn sync.Once
+	firstByte = func() { fb.Do(func() { r.pendingK.Add(-k) }) }
+	done = func() {
+		dn.Do(func() {
+			firstByte()
+			r.inFlight.Add(-1)
+		})
+	}
+	return firstByte, done
+}
+
+// Members lists the routers this router knows, sorted by name.
+func (m *Mesh) Members() []MemberInfo {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	out := make([]MemberInfo, 0, len(m.members))
+	for name, mb := range m.members {
+		st := "failed"
+		if mb.alive {
+			st = "alive"
+		}
+		out = append(out, MemberInfo{Name: name, Region: mb.meta.Region, API: mb.meta.API, Addr: mb.node.Address(),
+			State: st, RTTMs: float64(mb.rtt.Microseconds()) / 1000, Self: name == m.cfg.Name})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// ReplicaDebug describes one replica as this router sees it.
+type ReplicaDebug struct {
+	ID          string   `json:"id"`
+	Owner       string   `json:"owner"`
+	Owned       bool     `json:"owned"`
+	DeclaredBy  []string `json:"declared_by"`
+	Models      []string `json:"models"`
+	Healthy     bool     `json:"healthy"`
+	Counts      bool     `json:"summary_counts"`
+	Epoch       uint64   `json:"summary_epoch"`
+	Version     uint64   `json:"summary_version"`
+	OwnerVer    uint64   `json:"owner_version"`
+	AgeSeconds  float64  `json:"summary_age_seconds"`
+	Bytes       int      `json:"summary_bytes"`
+	InFlight    int      `json:"in_flight"`
+	PendingPref float64  `json:"pending_prefill_blocks"`
+}
+
+// DebugInfo is the JSON-able picture Debug returns.
+type DebugInfo struct {
+	Name     string         `json:"name"`
+	Members  []MemberInfo   `json:"members"`
+	Replicas []ReplicaDebug `json:"replicas"`
+	Queued   int            `json:"queued_broadcasts"`
+}
+
+// Debug returns members and replicas as this router sees them.
+func (m *Mesh) Debug() any {
+	info := DebugInfo{Name: m.cfg.Name, Members: m.Members(), Queued: m.queue.NumQueued()}
+	now := time.Now()
+	m.mu.RLock()
+	for _, r := range m.replicas {
+		d := ReplicaDebug{ID: r.id, Owner: m.ownerLocked(r), Owned: r.owned}
+		for n := range r.declarers {
+			d.DeclaredBy = append(d.DeclaredBy, n)
+		}
+		slices.Sort(d.DeclaredBy)
+		if r.owned {
+			d.Models, d.Healthy, d.Counts = r.models, r.healthy, r.sum != nil
+			d.InFlight, d.PendingPref = int(r.inFlight.Load()), float64(r.pendingK.Load())/1000
+		} else if r.hasState {
+			d.Models, d.Healthy, d.Counts = r.st.Models, r.st.Healthy, m.countsLocked(r, now)
+			d.InFlight, d.PendingPref, d.OwnerVer = int(r.st.InFlight), r.st.Pending, r.st.Version
+			d.AgeSeconds = now.Sub(r.heard).Seconds()
+		}
+		if r.sum != nil {
+			s := r.sum.Stats()
+			d.Epoch, d.Version, d.Bytes = s.Epoch, s.Version, s.Bytes
+		}
+		info.Replicas = append(info.Replicas, d)
+	}
+	m.mu.RUnlock()
+	sort.Slice(info.Replicas, func(i, j int) bool { return info.Replicas[i].ID < info.Replicas[j].ID })
+	return info
+}

@@ -1,0 +1,405 @@
+package mesh
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+)
+
+// Wire formats. Every message and state is hand-encoded, big-endian, and
+// every decoder checks every length against the bytes it holds before it
+// slices or allocates, because the bytes come from the network.
+//
+//	s8  = u8 length + bytes, s16 = u16 length + bytes
+//	meta     : 1 | region s8 | api s16 | contract s8
+//	state    : kindState | origin s8 | boot u64 | seq u64 | replica s16 | flags u8
+//	           | capacity u32 | epoch u64 | version u64 | digest u64
+//	           | in-flight u32 | pending f64 | models u8 × s8 | declared-by u8 × s8
+//	delta    : kindDelta | origin s8 | boot u64 | seq u64 | replica s16 | epoch u64
+//	           | from u64 | n u16 | n × u64
+//	fullReq  : kindFullReq | origin s8 | replica s16
+//	fullReply: kindFullReply | state u16-prefixed | summary u32-prefixed
+//	push/pull: kindPushPull | origin s8 | boot u64 | n u32 × (state u16-prefixed | summary u32-prefixed, 0 = none)
+const (
+	kindState     byte = 1
+	kindDelta     byte = 2
+	kindFullReq   byte = 3
+	kindFullReply byte = 4
+	kindPushPull  byte = 5
+
+	metaVersion byte = 1
+
+	flagOwned   byte = 1
+	flagHealthy byte = 2
+
+	// maxFullBytes is memberlist's limit on one SendReliable message and on
+	// push/pull user state (20 MiB); above it delivery silently fails.
+	maxFullBytes = 20 << 20
+	// maxLocalStateBytes keeps push/pull state well under maxFullBytes.
+	maxLocalStateBytes = 16 << 20
+	// maxReplicaIDLen keeps a state message inside one gossip packet.
+	maxReplicaIDLen = 512
+	maxNameLen      = 128
+)
+
+var errShort = errors.New("truncated")
+
+// reader decodes with bounds checks; the first error sticks.
+type reader struct {
+	b   []byte
+	err error
+}
+
+func (r *reader) fail(err error) {
+	if r.err == nil {
+		r.err = err
+	}
+}
+
+func (r *reader) take(n int) []byte {
+	if r.err != nil {
+		return nil
+	}
+	if n < 0 || n > len(r.b) {
+		r.fail(errShort)
+		return nil
+	}
+	out := r.b[:n]
+	r.b = r.b[n:]
+	return out
+}
+
+func (r *reader) u8() byte {
+	b := r.take(1)
+	if b == nil {
+		return 0
+	}
+	return b[0]
+}
+
+func (r *reader) u16() int {
+	b := r.take(2)
+	if b == nil {
+		return 0
+	}
+	return int(binary.BigEndian.Uint16(b))
+}
+
+func (r *reader) u32() uint32 {
+	b := r.take(4)
+	if b == nil {
+		return 0
+	}
+	return binary.BigEndian.Uint32(b)
+}
+
+func (r *reader) u64() uint64 {
+	b := r.take(8)
+	if b == nil {
+		return 0
+	}
+	return binary.BigEndian.Uint64(b)
+}
+
+func (r *reader) s8() string  { return string(r.take(int(r.u8()))) }
+func (r *reader) s16() string { return string(r.take(r.u16())) }
+
+// bytes32 returns a u32-prefixed slice of at most limit bytes (aliasing b).
+func (r *reader) bytes32(limit int) []byte {
+	n := r.u32()
+	if r.err == nil && int64(n) > int64(limit) {
+		r.fail(fmt.Errorf("length %d over limit %d", n, limit))
+		return nil
+	}
+	return r.take(int(n))
+}
+
+func (r *reader) done() error {
+	if r.err == nil && len(r.b) != 0 {
+		r.fail(fmt.Errorf("%d trailing bytes", len(r.b)))
+	}
+	return r.err
+}
+
+func appendS8(dst []byte, s string) []byte {
+	if len(s) > math.MaxUint8 {
+		s = s[:math.MaxUint8]
+	}
+	return append(append(dst, byte(len(s))), s...)
+}
+
+func appendS16(dst []byte, s string) []byte {
+	if len(s) > math.MaxUint16 {
+		s = s[:math.MaxUint16]
+	}
+	return append(binary.BigEndian.AppendUint16(dst, uint16(len(s))), s...)
+}
+
+// nodeMeta is what a router advertises in memberlist's node metadata.
+type nodeMeta struct {
+	Region, API, Contract string
+}
+
+func (m nodeMeta) encode() []byte {
+	b := []byte{metaVersion}
+	b = appendS8(b, m.Region)
+	b = appendS16(b, m.API)
+	return appendS8(b, m.Contract)
+}
+
+func decodeMeta(b []byte) (nodeMeta, error) {
+	r := reader{b: b}
+	if v := r.u8(); r.err == nil && v != metaVersion {
+		return nodeMeta{}, fmt.Errorf("node meta: unknown version %d", v)
+	}
+	m := nodeMeta{Region: r.s8(), API: r.s16(), Contract: r.s8()}
+	if err := r.done(); err != nil {
+		return nodeMeta{}, fmt.Errorf("node meta: %w", err)
+	}
+	return m, nil
+}
+
+// header names a gossiped message: who originated it, in which process
+// lifetime (boot), and its sequence number there.
+type header struct {
+	Origin    string
+	Boot, Seq uint64
+}
+
+func (h header) append(dst []byte, kind byte) []byte {
+	dst = append(dst, kind)
+	dst = appendS8(dst, h.Origin)
+	dst = binary.BigEndian.AppendUint64(dst, h.Boot)
+	return binary.BigEndian.AppendUint64(dst, h.Seq)
+}
+
+func (r *reader) header() header {
+	return header{Origin: r.s8(), Boot: r.u64(), Seq: r.u64()}
+}
+
+// stateMsg is one router's word on one replica: a declaration, and when
+// the router owns the replica, its health, load and summary position. It is
+// also the owner's heartbeat for that replica.
+type stateMsg struct {
+	header
+	Replica        string
+	Owned, Healthy bool
+	Capacity       uint32
+	Epoch, Version uint64
+	Digest         uint64 // xxh3 of the encoded summary at Version; 0 = unknown
+	InFlight       uint32
+	Pending        float64
+	Models         []string
+	DeclaredBy     []string
+}
+
+func (s *stateMsg) append(dst []byte) []byte {
+	dst = s.header.append(dst, kindState)
+	dst = appendS16(dst, s.Replica)
+	var f byte
+	if s.Owned {
+		f |= flagOwned
+	}
+	if s.Healthy {
+		f |= flagHealthy
+	}
+	dst = append(dst, f)
+	dst = binary.BigEndian.AppendUint32(dst, s.Capacity)
+	dst = binary.BigEndian.AppendUint64(dst, s.Epoch)
+	dst = binary.BigEndian.AppendUint64(dst, s.Version)
+	dst = binary.BigEndian.AppendUint64(dst, s.Digest)
+	dst = binary.BigEndian.AppendUint32(dst, s.InFlight)
+	dst = binary.BigEndian.AppendUint64(dst, math.Float64bits(s.Pending))
+	dst = append(dst, byte(min(len(s.Models), math.MaxUint8)))
+	for _, m := range s.Models[:min(len(s.Models), math.MaxUint8)] {
+		dst = appendS8(dst, m)
+	}
+	dst = append(dst, byte(min(len(s.DeclaredBy), math.MaxUint8)))
+	for _, d := range s.DeclaredBy[:min(len(s.DeclaredBy), math.MaxUint8)] {
+		dst = appendS8(dst, d)
+	}
+	return dst
+}
+
+func (r *reader) state() stateMsg {
+	var s stateMsg
+	s.header = r.header()
+	s.Replica = r.s16()
+	f := r.u8()
+	s.Owned, s.Healthy = f&flagOwned != 0, f&flagHealthy != 0
+	if f&^(flagOwned|flagHealthy) != 0 {
+		r.fail(fmt.Errorf("unknown flags %#x", f))
+	}
+	s.Capacity = r.u32()
+	s.Epoch, s.Version, s.Digest = r.u64(), r.u64(), r.u64()
+	s.InFlight = r.u32()
+	s.Pending = math.Float64frombits(r.u64())
+	if r.err == nil && !(s.Pending >= 0 && s.Pending <= 1e15) {
+		r.fail(fmt.Errorf("pending prefill %v out of range", s.Pending))
+	}
+	if n := int(r.u8()); n > 0 {
+		s.Models = make([]string, 0, n)
+		for i := 0; i < n && r.err == nil; i++ {
+			s.Models = append(s.Models, r.s8())
+		}
+	}
+	if n := int(r.u8()); n > 0 {
+		s.DeclaredBy = make([]string, 0, n)
+		for i := 0; i < n && r.err == nil; i++ {
+			s.DeclaredBy = append(s.DeclaredBy, r.s8())
+		}
+	}
+	if r.err == nil && (s.Replica == "" || len(s.Replica) > maxReplicaIDLen || s.Origin == "") {
+		r.fail(errors.New("empty origin or bad replica id"))
+	}
+	return s
+}
+
+// deltaMsg carries inserts of an owner's summary: the ones that took
+// version From to From+len(Hashes) in Epoch.
+type deltaMsg struct {
+	header
+	Replica string
+	Epoch   uint64
+	From    uint64
+	Hashes  []uint64
+}
+
+func deltaOverhead(origin, replica string) int {
+	return 1 + 1 + len(origin) + 16 + 2 + len(replica) + 16 + 2
+}
+
+func (d *deltaMsg) append(dst []byte) []byte {
+	dst = d.header.append(dst, kindDelta)
+	dst = appendS16(dst, d.Replica)
+	dst = binary.BigEndian.AppendUint64(dst, d.Epoch)
+	dst = binary.BigEndian.AppendUint64(dst, d.From)
+	dst = binary.BigEndian.AppendUint16(dst, uint16(len(d.Hashes)))
+	for _, h := range d.Hashes {
+		dst = binary.BigEndian.AppendUint64(dst, h)
+	}
+	return dst
+}
+
+func (r *reader) delta() deltaMsg {
+	var d deltaMsg
+	d.header = r.header()
+	d.Replica = r.s16()
+	d.Epoch, d.From = r.u64(), r.u64()
+	n := r.u16()
+	raw := r.take(8 * n)
+	if r.err == nil {
+		d.Hashes = make([]uint64, n)
+		for i := range d.Hashes {
+			d.Hashes[i] = binary.BigEndian.Uint64(raw[8*i:])
+		}
+	}
+	if r.err == nil && (d.Replica == "" || d.Origin == "" || d.From > math.MaxUint64-uint64(n)) {
+		r.fail(errors.New("empty origin/replica or version overflow"))
+	}
+	return d
+}
+
+// fullReq asks the owner of Replica for a full copy of its summary.
+type fullReq struct {
+	Origin, Replica string
+}
+
+func (f fullReq) append(dst []byte) []byte {
+	dst = append(dst, kindFullReq)
+	dst = appendS8(dst, f.Origin)
+	return appendS16(dst, f.Replica)
+}
+
+// stateWithSummary is a state plus, optionally, the encoded summary it
+// describes (a full copy). Summary aliases the decoded buffer.
+type stateWithSummary struct {
+	State   stateMsg
+	Summary []byte
+}
+
+func appendStateWithSummary(dst []byte, st *stateMsg, sum []byte) []byte {
+	n := len(dst)
+	dst = append(dst, 0, 0)
+	dst = st.append(dst)
+	binary.BigEndian.PutUint16(dst[n:], uint16(len(dst)-n-2))
+	dst = binary.BigEndian.AppendUint32(dst, uint32(len(sum)))
+	return append(dst, sum...)
+}
+
+func (r *reader) stateWithSummary(limit int) stateWithSummary {
+	var out stateWithSummary
+	sub := reader{b: r.take(r.u16())}
+	if r.err != nil {
+		return out
+	}
+	if sub.u8() != kindState {
+		sub.fail(errors.New("embedded message is not a state"))
+	}
+	out.State = sub.state()
+	if err := sub.done(); err != nil {
+		r.fail(fmt.Errorf("state: %w", err))
+		return out
+	}
+	out.Summary = r.bytes32(limit)
+	return out
+}
+
+// pushPull is a router's full state for memberlist's push/pull exchange.
+type pushPull struct {
+	Origin  string
+	Boot    uint64
+	Entries []stateWithSummary
+}
+
+// decodeMsg decodes one gossiped or direct message; it returns one of
+// stateMsg, deltaMsg, fullReq or stateWithSummary (a full reply).
+func decodeMsg(b []byte) (any, error) {
+	r := reader{b: b}
+	kind := r.u8()
+	var out any
+	switch kind {
+	case kindState:
+		out = r.state()
+	case kindDelta:
+		out = r.delta()
+	case kindFullReq:
+		f := fullReq{Origin: r.s8(), Replica: r.s16()}
+		if r.err == nil && (f.Origin == "" || f.Replica == "") {
+			r.fail(errors.New("empty origin or replica"))
+		}
+		out = f
+	case kindFullReply:
+		out = r.stateWithSummary(maxFullBytes)
+	default:
+		if r.err == nil {
+			return nil, fmt.Errorf("unknown message kind %d", kind)
+		}
+	}
+	if err := r.done(); err != nil {
+		return nil, fmt.Errorf("message kind %d: %w", kind, err)
+	}
+	return out, nil
+}
+
+func decodePushPull(b []byte) (pushPull, error) {
+	r := reader{b: b}
+	var p pushPull
+	if k := r.u8(); r.err == nil && k != kindPushPull {
+		return p, fmt.Errorf("push/pull state: kind %d", k)
+	}
+	p.Origin, p.Boot = r.s8(), r.u64()
+	n := r.u32()
+	// Every entry takes at least 6 bytes, so n is bounded by the input.
+	if r.err == nil && int64(n)*6 > int64(len(r.b)) {
+		r.fail(fmt.Errorf("%d entries in %d bytes", n, len(r.b)))
+	}
+	for i := uint32(0); i < n && r.err == nil; i++ {
+		p.Entries = append(p.Entries, r.stateWithSummary(maxFullBytes))
+	}
+	if err := r.done(); err != nil {
+		return pushPull{}, fmt.Errorf("push/pull state: %w", err)
+	}
+	return p, nil
+}
