@@ -1,0 +1,234 @@
+package proxy
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvmesh/kvmesh/route"
+	"github.com/kvmesh/kvmesh/summary"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// testContract has small blocks so short test prompts span many.
+var testContract = summary.Contract{BlockBytes: 16, Seed: 7}
+
+// fixedMatch is a summary that claims the same prefix match for any request.
+type fixedMatch int
+
+func (m fixedMatch) Match(p []summary.Probe) int { return min(int(m), len(p)) }
+
+// fakeReplica is one replica as the fake view describes it.
+type fakeReplica struct {
+	id       string
+	owner    string // "" for local
+	match    int    // the prefix match its summary claims
+	inFlight int
+}
+
+// fakeView is a View over a fixed set of replicas that records what the
+// proxy tells it.
+type fakeView struct {
+	mu       sync.Mutex
+	replicas []fakeReplica
+	models   []string
+	records  map[string][][]uint64
+	begins   map[string]int
+	dones    chan string
+}
+
+func newFakeView(models []string, rs ...fakeReplica) *fakeView {
+	return &fakeView{replicas: rs, models: models, records: map[string][][]uint64{}, begins: map[string]int{}, dones: make(chan string, 64)}
+}
+
+func (v *fakeView) Candidates(model string, dst []route.Candidate) []route.Candidate {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	for _, r := range v.replicas {
+		c := route.Candidate{ID: r.id, Hash: route.HashID(r.id), InFlight: r.inFlight}
+		c.Summary = fixedMatch(r.match)
+		dst = append(dst, c)
+	}
+	return dst
+}
+
+func (v *fakeView) Locate(id string) (string, bool, bool) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	for _, r := range v.replicas {
+		if r.id == id {
+			return r.owner, r.owner == "", true
+		}
+	}
+	return "", false, false
+}
+
+func (v *fakeView) Models() []string { return v.models }
+
+func (v *fakeView) Record(id string, hashes []uint64) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.records[id] = append(v.records[id], append([]uint64(nil), hashes...))
+}
+
+func (v *fakeView) Begin(id string, prefill float64) (func(), func()) {
+	v.mu.Lock()
+	v.begins[id]++
+	v.mu.Unlock()
+	var once sync.Once
+	return func() {}, func() { once.Do(func() { v.dones <- id }) }
+}
+
+func (v *fakeView) recorded(id string) [][]uint64 {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.records[id]
+}
+
+// waitDone waits for the proxy to finish a request at an owned replica.
+func (v *fakeView) waitDone(t *testing.T) string {
+	t.Helper()
+	select {
+	case id := <-v.dones:
+		return id
+	case <-time.After(10 * time.Second):
+		t.Fatal("request never finished")
+		return ""
+	}
+}
+
+// newTestProxy serves a Proxy over view on 127.0.0.1.
+func newTestProxy(t *testing.T, view View, mod func(*Config)) (*Proxy, *httptest.Server, *prometheus.Registry) {
+	t.Helper()
+	reg := prometheus.NewPedanticRegistry()
+	cfg := Config{RouterName: "test", View: view, Policy: route.DefaultPolicy(), Contract: testContract, Registerer: reg, Gatherer: reg}
+	if mod != nil {
+		mod(&cfg)
+	}
+	p, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(p)
+	t.Cleanup(srv.Close)
+	return p, srv, reg
+}
+
+// deadAddr returns a URL on which nothing listens: connections are refused.
+func deadAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	return "http://" + addr
+}
+
+// chatBody is a chat request whose prompt is long enough for many blocks.
+func chatBody(model string, stream bool, msgs ...string) string {
+	type msg struct {
+		Role    string `json:"role"`
+		Content string `json:"content"`
+	}
+	req := struct {
+		Model    string `json:"model"`
+		Messages []msg  `json:"messages"`
+		Stream   bool   `json:"stream,omitempty"`
+	}{Model: model, Stream: stream}
+	for i, m := range msgs {
+		role := "user"
+		if i%2 == 1 {
+			role = "assistant"
+		}
+		req.Messages = append(req.Messages, msg{role, m})
+	}
+	b, _ := json.Marshal(req)
+	return string(b)
+}
+
+// sseChat writes an OpenAI chat stream of the given deltas.
+func sseChat(w http.ResponseWriter, deltas []string, cached int) {
+	w.Header().Set("Content-Type", "text/event-stream")
+	f := w.(http.Flusher)
+	for _, d := range deltas {
+		b, _ := json.Marshal(map[string]any{"choices": []any{map[string]any{"index": 0, "delta": map[string]any{"content": d}}}})
+		fmt.Fprintf(w, "data: %s\n\n", b)
+		f.Flush()
+	}
+	if cached >= 0 {
+		fmt.Fprintf(w, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":100,\"prompt_tokens_details\":{\"cached_tokens\":%d}}}\n\n", cached)
+	}
+	fmt.Fprint(w, "data: [DONE]\n\n")
+}
+
+// jsonChat writes a non-streaming chat completion.
+func jsonChat(w http.ResponseWriter, answer string, cached int) {
+	w.Header().Set("Content-Type", "application/json")
+	resp := map[string]any{
+		"choices": []any{map[string]any{"index": 0, "message": map[string]any{"role": "assistant", "content": answer}}},
+		"usage":   map[string]any{"prompt_tokens": 100, "prompt_tokens_details": map[string]any{"cached_tokens": cached}},
+	}
+	_ = json.NewEncoder(w).Encode(resp)
+}
+
+// replicaServer is a fake OpenAI replica counting its requests.
+type replicaServer struct {
+	*httptest.Server
+	mu      sync.Mutex
+	hits    int
+	headers []http.Header
+}
+
+func newReplica(t *testing.T, h http.HandlerFunc) *replicaServer {
+	t.Helper()
+	rs := &replicaServer{}
+	rs.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rs.mu.Lock()
+		rs.hits++
+		rs.headers = append(rs.headers, r.Header.Clone())
+		rs.mu.Unlock()
+		h(w, r)
+	}))
+	t.Cleanup(rs.Close)
+	return rs
+}
+
+func (rs *replicaServer) count() int {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	return rs.hits
+}
+
+func post(t *testing.T, ctx context.Context, url, body string) *http.Response {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp
+}
+
+func readAll(t *testing.T, resp *http.Response) string {
+	t.Helper()
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("reading response: %v", err)
+	}
+	return string(b)
+}
