@@ -316,7 +316,9 @@ func TestRecordsPromptAndAnswer(t *testing.T) {
 				sseChat(w, []string{"The answer ", "spans several ", "blocks of text, ", "as answers do."}, 32)
 			}, "The answer spans several blocks of text, as answers do."},
 		{"chat json", "/v1/chat/completions", chatBody("m", false, longPrompt),
-			func(w http.ResponseWriter, r *http.Request) { jsonChat(w, "A non-streamed answer, long enough for blocks.", 32) },
+			func(w http.ResponseWriter, r *http.Request) {
+				jsonChat(w, "A non-streamed answer, long enough for blocks.", 32)
+			},
 			"A non-streamed answer, long enough for blocks."},
 		{"completion stream", "/v1/completions", `{"model":"m","stream":true,"prompt":"` + longPrompt + `"}`,
 			func(w http.ResponseWriter, r *http.Request) {
