@@ -102,16 +102,22 @@ func (d *delegate) MergeRemoteState(buf []byte, join bool) {
 	now := time.Now()
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	// States first, so ownership is known before the full copies.
+	// Declarations first, so ownership is known before the full copies;
+	// the states last, so they find the copies they describe.
+	var valid []*stateWithSummary
 	for i := range p.Entries {
 		if e := &p.Entries[i]; e.State.Origin == p.Origin {
-			m.handleStateLocked(&e.State, now)
+			valid = append(valid, e)
+			m.declareLocked(&e.State)
+		} else {
+			m.met.dropped.WithLabelValues(dropRefused).Inc()
 		}
 	}
-	for i := range p.Entries {
-		if e := &p.Entries[i]; e.State.Origin == p.Origin && len(e.Summary) > 0 {
-			m.handleFullLocked(e, now)
-		}
+	for _, e := range valid {
+		m.handleFullLocked(e, now)
+	}
+	for _, e := range valid {
+		m.handleStateLocked(&e.State, now)
 	}
 }
 

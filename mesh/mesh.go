@@ -452,8 +452,11 @@ func (m *Mesh) handleMsg(b []byte) {
 	case fullReq:
 		m.handleFullReqLocked(v)
 	case stateWithSummary:
-		m.handleStateLocked(&v.State, now)
+		// Declarations first (they decide the owner), then the copy, then
+		// the state, which then finds the copy it describes.
+		m.declareLocked(&v.State)
 		m.handleFullLocked(&v, now)
+		m.handleStateLocked(&v.State, now)
 	}
 }
 
@@ -506,16 +509,10 @@ func (m *Mesh) handleStateLocked(st *stateMsg, now time.Time) bool {
 		clear(m.stateSeen) // bounded memory; states only get re-accepted
 	}
 	m.stateSeen[key] = seenState{st.Boot, st.Seq}
-	r := m.replicaLocked(st.Replica, true)
+	r := m.declareLocked(st)
 	if r == nil {
 		m.met.dropped.WithLabelValues(dropRefused).Inc()
 		return false
-	}
-	r.declarers[st.Origin] = true
-	for _, d := range st.DeclaredBy {
-		if d != "" && len(d) <= maxNameLen && len(r.declarers) < 64 {
-			r.declarers[d] = true
-		}
 	}
 	owner := m.ownerLocked(r)
 	if !st.Owned {
@@ -542,6 +539,24 @@ func (m *Mesh) handleStateLocked(st *stateMsg, now time.Time) bool {
 		m.checkSyncLocked(r, now)
 	}
 	return true
+}
+
+// declareLocked learns who declares the replica a state names.
+func (m *Mesh) declareLocked(st *stateMsg) *replica {
+	if st.Origin == m.cfg.Name {
+		return nil
+	}
+	r := m.replicaLocked(st.Replica, true)
+	if r == nil {
+		return nil
+	}
+	r.declarers[st.Origin] = true
+	for _, d := range st.DeclaredBy {
+		if d != "" && len(d) <= maxNameLen && len(r.declarers) < 64 {
+			r.declarers[d] = true
+		}
+	}
+	return r
 }
 
 // checkSyncLocked compares a copy with the owner's last state: versions
