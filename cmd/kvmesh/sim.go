@@ -34,9 +34,12 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	staleAfter := fs.Duration("stale-after", def.StaleAfter, "stop counting a copy whose owner was silent this long")
 	policies := fs.String("policies", strings.Join(sim.AllPolicies, ","), "comma-separated policies to run")
 	seed := fs.Uint64("seed", def.Seed, "seed of block hashes and summary epochs")
-	loadFactor := fs.Float64("load-factor", def.Route.LoadFactor, "route: bounded-load factor")
+	loadFactor := fs.Float64("load-factor", def.Route.LoadFactor, "route: bounded-load factor on queued prefill work")
 	keyBlocks := fs.Int("key-blocks", def.Route.KeyBlocks, "route: blocks past the common prefix that key a cold request")
 	minExcess := fs.Int("min-excess-blocks", def.Route.MinExcessBlocks, "route: blocks beyond the common prefix a match must hold")
+	iff := fs.Float64("inflight-factor", def.Route.InFlightFactor, "route: in-flight bound as a multiple of the mean (hot-spot guard)")
+	recompute := fs.Float64("recompute-weight", def.Route.RecomputeWeight, "route: score of a block the replica lacks, in units of its prefill time")
+	workload := fs.String("workload", "trace", "trace: the trace as is; no-shared-head: the trace without the blocks every request shares (no global system prompt); hot-prompts: a synthetic trace dominated by a few hot prompts (ignores --trace)")
 	asJSON := fs.Bool("json", false, "print one JSON object instead of a table")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -52,6 +55,8 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	cfg.GossipInterval, cfg.GossipDelay, cfg.StaleAfter = *interval, *delay, *staleAfter
 	cfg.Seed = *seed
 	cfg.Route.LoadFactor, cfg.Route.KeyBlocks, cfg.Route.MinExcessBlocks = *loadFactor, *keyBlocks, *minExcess
+	cfg.Route.RecomputeWeight = *recompute
+	cfg.Route.InFlightFactor = *iff
 	cfg.Policies = nil
 	for _, p := range strings.Split(*policies, ",") {
 		if p = strings.TrimSpace(p); p != "" {
@@ -70,6 +75,15 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		if reqs, err = trace.LoadMooncake(*tracePath); err != nil {
 			return fmt.Errorf("sim: %w", err)
 		}
+	}
+	switch *workload {
+	case "trace":
+	case "no-shared-head":
+		reqs = trace.WithoutSharedHead(reqs)
+	case "hot-prompts":
+		reqs = trace.HotPrompts(trace.DefaultHotPrompts())
+	default:
+		return fmt.Errorf("sim: unknown --workload %q (trace, no-shared-head, hot-prompts)", *workload)
 	}
 	rep, err := sim.Run(ctx, cfg, reqs)
 	if err != nil {
