@@ -396,10 +396,10 @@ func (m *Mesh) repairLoop() {
 			mb, ok := m.members[j.to]
 			var node memberlist.Node
 			if ok {
-				node = mb.node
+				node, ok = mb.node, mb.alive
 			}
 			m.mu.RUnlock()
-			if !ok || !mb.alive {
+			if !ok {
 				continue
 			}
 			if len(j.msg) > maxFullBytes {
