@@ -175,3 +175,82 @@ func TestPickIsDeterministicAndHandlesEmpty(t *testing.T) {
 		}
 	}
 }
+
+func TestPickSpillsOnQueuedPrefill(t *testing.T) {
+	conv := chainOf(nil, 10, 2)
+	cs := candidates(4)
+	for i := range cs {
+		cs[i].Summary = held(t)
+	}
+	cs[0].Summary = held(t, conv)
+	// Far above the mean of queued work (bound 1.25*100/4 + request).
+	cs[0].PendingPrefillBlocks = 100
+	d := DefaultPolicy().Pick(request(chainOf(conv, 2, 5)), cs)
+	if d.Index == 0 || d.Reason != ReasonSpill {
+		t.Fatalf("decision %+v, want a spill off the holder with a long prefill queue", d)
+	}
+	cs[0].PendingPrefillBlocks = 10 // within c*mean + one request's work
+	if d := DefaultPolicy().Pick(request(chainOf(conv, 2, 5)), cs); d.Index != 0 || d.Reason != ReasonPrefix {
+		t.Fatalf("decision %+v, want the holder under a short queue", d)
+	}
+}
+
+// A stale replica's cache and load are unknown: if consistent hashing
+// names it, the request goes there (as on routers that know as little), and
+// its old load does not hold it back.
+func TestStaleHomeFallsBackToHashing(t *testing.T) {
+	system := chainOf(nil, 1, 1)
+	cs := candidates(6)
+	req := request(chainOf(system, 6, 77))
+	home := DefaultPolicy().Pick(req, cs).Index
+	for i := range cs {
+		cs[i].Summary = held(t, system)
+	}
+	other := (home + 1) % len(cs)
+	cs[other].Summary = held(t, chainOf(system, 3, 77)) // a fresh partial holder
+	cs[home].Summary, cs[home].Stale, cs[home].InFlight = nil, true, 50
+	d := DefaultPolicy().Pick(req, cs)
+	if d.Index != home || d.Reason != ReasonFallbackStale {
+		t.Fatalf("decision %+v, want the stale home %d by fallback-stale", d, home)
+	}
+	// When the home is fresh the partial holder wins by prefix.
+	cs[home].Summary, cs[home].Stale, cs[home].InFlight = held(t, system), false, 0
+	if d := DefaultPolicy().Pick(req, cs); d.Index != other || d.Reason != ReasonPrefix {
+		t.Fatalf("decision %+v, want the partial holder %d by prefix", d, other)
+	}
+}
+
+func TestCommonPrefixVote(t *testing.T) {
+	tests := []struct {
+		hist  []int32
+		fresh int
+		want  int
+	}{
+		{[]int32{0, 8}, 8, 1},             // everyone holds block 0
+		{[]int32{3, 5}, 8, 1},             // a majority does
+		{[]int32{5, 3}, 8, 0},             // a minority does
+		{[]int32{0, 4, 0, 4}, 8, 3},       // half hold three blocks
+		{[]int32{1, 0, 0, 0, 0, 0}, 1, 0}, // nobody holds anything
+		{nil, 0, 0},
+	}
+	for _, tc := range tests {
+		h := make([]int32, 65)
+		copy(h, tc.hist)
+		if got := commonPrefix(h, nil, tc.fresh); got != tc.want {
+			t.Errorf("hist %v: common %d, want %d", tc.hist, got, tc.want)
+		}
+	}
+}
+
+// With no global system prompt, a cold key is still deep enough to tell
+// conversations apart, and the same whether or not summaries exist.
+func TestColdKeyDoesNotDependOnTheView(t *testing.T) {
+	p := DefaultPolicy()
+	r := request(chainOf(chainOf(nil, 1, 1), 6, 3))
+	if p.key(r, 0) != p.key(r, 1) {
+		t.Fatal("a one-block common prefix moves the key")
+	}
+	if p.key(r, 4) != r.Hashes[4] || p.key(request(r.Hashes[:1]), 0) != r.Hashes[0] {
+		t.Fatal("key is not the block after the common prefix, nor the last block of a short prompt")
+	}
+}
