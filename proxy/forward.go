@@ -70,7 +70,7 @@ func (p *Proxy) inference(w http.ResponseWriter, r *http.Request, ep string, cha
 	st.hop = r.Header.Get(HeaderHop) != ""
 	hinted, hintMatch := -1, 0
 	if st.hop && len(cands) > 0 {
-		cands, hinted = p.ownCandidates(cands, r.Header.Get(HeaderReplica))
+		cands, hinted = p.ownCandidates(cands, r.Header.Get(HeaderReplica), len(st.hashes))
 		if m, err := strconv.Atoi(r.Header.Get(HeaderMatch)); err == nil {
 			hintMatch = min(max(m, 0), len(st.hashes))
 		}
@@ -139,19 +139,33 @@ func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request) ([]byte, int, e
 
 // ownCandidates keeps the candidates this router owns (a forwarded request
 // never travels further) and finds the hinted replica among them, if it is
-// under the load bound the deciding router applied over all candidates.
-func (p *Proxy) ownCandidates(cands []route.Candidate, hint string) ([]route.Candidate, int) {
-	total := 0
+// within the bounded-load limits the deciding router applied over all
+// candidates. The limits mirror route.Pick's (in-flight within
+// InFlightFactor of the mean, queued prefill within LoadFactor of the mean
+// plus this request's blocks); the common prefix is unknown here, so the
+// request's work is taken whole, which errs towards keeping the hint.
+func (p *Proxy) ownCandidates(cands []route.Candidate, hint string, blocks int) ([]route.Candidate, int) {
+	inFlight, pending, known := 0, 0.0, 0
 	for i := range cands {
-		total += cands[i].InFlight
+		if !cands[i].Stale {
+			inFlight += cands[i].InFlight
+			pending += cands[i].PendingPrefillBlocks
+			known++
+		}
 	}
-	bound := int(math.Ceil(p.cfg.Policy.LoadFactor * float64(total+1) / float64(len(cands))))
+	known = max(known, 1)
+	factor := p.cfg.Policy.InFlightFactor
+	if factor <= 0 {
+		factor = p.cfg.Policy.LoadFactor
+	}
+	maxInFlight := int(math.Ceil(factor * float64(inFlight+1) / float64(known)))
+	maxWork := p.cfg.Policy.LoadFactor*pending/float64(known) + float64(max(1, blocks))
 	own, hinted := cands[:0], -1
 	for _, c := range cands {
 		if _, local, ok := p.cfg.View.Locate(c.ID); !ok || !local {
 			continue
 		}
-		if c.ID == hint && c.InFlight+1 <= bound {
+		if c.ID == hint && c.InFlight+1 <= maxInFlight && c.PendingPrefillBlocks <= maxWork {
 			hinted = len(own)
 		}
 		own = append(own, c)

@@ -32,6 +32,7 @@ type fakeReplica struct {
 	owner    string // "" for local
 	match    int    // the prefix match its summary claims
 	inFlight int
+	pending  float64 // queued prefill blocks
 }
 
 // fakeView is a View over a fixed set of replicas that records what the
@@ -53,7 +54,7 @@ func (v *fakeView) Candidates(model string, dst []route.Candidate) []route.Candi
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	for _, r := range v.replicas {
-		c := route.Candidate{ID: r.id, Hash: route.HashID(r.id), InFlight: r.inFlight}
+		c := route.Candidate{ID: r.id, Hash: route.HashID(r.id), InFlight: r.inFlight, PendingPrefillBlocks: r.pending}
 		c.Summary = fixedMatch(r.match)
 		dst = append(dst, c)
 	}
