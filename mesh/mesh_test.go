@@ -2,6 +2,7 @@ package mesh
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -20,7 +21,7 @@ func TestThreeRoutersGossipSummaries(t *testing.T) {
 	a := newRouter(t, "a", nil)
 	declare(a, "http://a-replica:8000")
 	b := newRouter(t, "b", joining(a))
-	c := newRouter(t, "c", joining(b))
+	c := newRouter(t, "c", func(cfg *Config) { joining(b)(cfg); cfg.Region = "r2" })
 	for _, r := range []*testRouter{a, b, c} {
 		eventually(t, wait, "three members at "+r.cfg.Name, func() error {
 			if n := members(r.Mesh); n != 3 {
@@ -37,6 +38,18 @@ func TestThreeRoutersGossipSummaries(t *testing.T) {
 	if api, local, ok := a.Locate(id); !ok || !local || api != "http://a.test" {
 		t.Fatalf("a.Locate = %q %v %v, want local", api, local, ok)
 	}
+	eventually(t, wait, "b measures its RTT to a", func() error {
+		if c, _ := candidate(b.Mesh, "m", id); c.NetworkMs <= 0 || c.Tier != 0 {
+			return fmt.Errorf("network %vms tier %d", c.NetworkMs, c.Tier)
+		}
+		return nil
+	})
+	eventually(t, wait, "c (another region) sees a's replica in tier 1", func() error {
+		if c, ok := candidate(c.Mesh, "m", id); !ok || c.Tier != 1 {
+			return fmt.Errorf("ok=%v tier %d", ok, c.Tier)
+		}
+		return nil
+	})
 	if got := b.Models(); len(got) != 1 || got[0] != "m" {
 		t.Fatalf("b.Models = %v", got)
 	}
@@ -90,7 +103,6 @@ func TestSharedReplicaOwnershipAndTakeover(t *testing.T) {
 	declare(a, id)
 	b := newRouter(t, "b", joining(a))
 	declare(b, id)
-	routers := map[string]*testRouter{"a": a, "b": b}
 	var owner, other *testRouter
 	eventually(t, wait, "both agree on one owner", func() error {
 		_, la, oka := a.Locate(id)
@@ -107,7 +119,6 @@ func TestSharedReplicaOwnershipAndTakeover(t *testing.T) {
 		}
 		return nil
 	})
-	_ = routers
 	hashes := chain(3, 300)
 	owner.Record(id, hashes)
 	other.Record(id, chain(4, 5)) // no-op: not the owner
@@ -126,12 +137,12 @@ func TestSharedReplicaOwnershipAndTakeover(t *testing.T) {
 		t.Fatalf("the no-op Record reached the summary: %d", got)
 	}
 	// The new owner is the writer now and continues the epoch.
-	more := append(hashes, chain(5, 20)...)
 	other.Record(id, chain(5, 20))
-	if err := matches(other.Mesh, id, hashes); err != nil {
-		t.Fatal(err)
+	for _, h := range [][]uint64{hashes, chain(5, 20)} {
+		if err := matches(other.Mesh, id, h); err != nil {
+			t.Fatal(err)
+		}
 	}
-	_ = more
 }
 
 func TestWrongKeyCannotJoin(t *testing.T) {
@@ -291,19 +302,42 @@ func TestOversizeBroadcastNeverQueued(t *testing.T) {
 	if a.queue.NumQueued() != before {
 		t.Fatal("queue grew")
 	}
-	// A big record is split into deltas that all fit.
-	id := "http://" + string(make([]byte, 0)) + "rep-with-a-long-name-" + fmt.Sprint(make([]int, 40))
+	// A big record is split into deltas that all fit: none is dropped.
+	id := "http://rep-with-a-long-name/" + strings.Repeat("x", 400)
 	declare(a, id)
-	a.Record(id, chain(30, 5000))
-	a.mu.Lock()
-	r := a.replicas[id]
-	hashes, _ := r.sum.Since(r.lastSent)
-	a.gossipOwnedLocked(r)
-	a.mu.Unlock()
-	if len(hashes) == 0 {
-		t.Skip("tick already sent the deltas")
-	}
+	a.Record(id, chain(30, 2000))
+	eventually(t, wait, "all inserts sent as deltas", func() error {
+		a.mu.RLock()
+		defer a.mu.RUnlock()
+		if r := a.replicas[id]; r.sum == nil || r.lastSent != r.sum.Version() {
+			return fmt.Errorf("not yet")
+		}
+		return nil
+	})
 	if got := testutil.ToFloat64(a.met.dropped.WithLabelValues(dropOversize)); got != 1 {
 		t.Fatalf("oversize drops = %v, want only the one above", got)
+	}
+}
+
+// BenchmarkTimeToVisibility measures how long a prefix recorded at one
+// router takes to be matched at another (ns/op is that time).
+func BenchmarkTimeToVisibility(b *testing.B) {
+	for _, tc := range []struct {
+		name   string
+		timing Timing
+	}{{"test-timing", TestTiming()}, {"lan-timing", LANTiming()}} {
+		b.Run(tc.name, func(b *testing.B) {
+			timing := func(c *Config) { c.Timing = tc.timing }
+			a := newRouter(b, "a", timing)
+			id := "http://a-rep"
+			declare(a, id)
+			r := newRouter(b, "b", func(c *Config) { timing(c); joining(a)(c) })
+			eventually(b, wait, "b sees a's replica", func() error { return matches(r.Mesh, id, nil) })
+			for i := 0; b.Loop(); i++ {
+				h := chain(uint64(1000+i), 8)
+				a.Record(id, h)
+				eventually(b, wait, "visible", func() error { return matches(r.Mesh, id, h) })
+			}
+		})
 	}
 }
