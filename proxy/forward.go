@@ -70,7 +70,7 @@ func (p *Proxy) inference(w http.ResponseWriter, r *http.Request, ep string, cha
 	st.hop = r.Header.Get(HeaderHop) != ""
 	hinted, hintMatch := -1, 0
 	if st.hop && len(cands) > 0 {
-		cands, hinted = p.ownCandidates(cands, r.Header.Get(HeaderReplica), len(st.hashes))
+		cands, hinted = p.ownCandidates(cands, r.Header.Get(HeaderReplica))
 		if m, err := strconv.Atoi(r.Header.Get(HeaderMatch)); err == nil {
 			hintMatch = min(max(m, 0), len(st.hashes))
 		}
@@ -138,18 +138,17 @@ func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request) ([]byte, int, e
 }
 
 // ownCandidates keeps the candidates this router owns (a forwarded request
-// never travels further) and finds the hinted replica among them, if it is
-// within the bounded-load limits the deciding router applied over all
-// candidates. The limits mirror route.Pick's (in-flight within
-// InFlightFactor of the mean, queued prefill within LoadFactor of the mean
-// plus this request's blocks); the common prefix is unknown here, so the
-// request's work is taken whole, which errs towards keeping the hint.
-func (p *Proxy) ownCandidates(cands []route.Candidate, hint string, blocks int) ([]route.Candidate, int) {
-	inFlight, pending, known := 0, 0.0, 0
+// never travels further) and finds the hinted replica among them. The
+// deciding router already applied route's load bounds with a view at most
+// a gossip interval old, so the owner keeps the hint unless the replica is
+// gone or full: over twice the in-flight bound the decider applied.
+// Re-deciding on a soft bound here would undo the decider's prefix match
+// for the noise between two load snapshots.
+func (p *Proxy) ownCandidates(cands []route.Candidate, hint string) ([]route.Candidate, int) {
+	inFlight, known := 0, 0
 	for i := range cands {
 		if !cands[i].Stale {
 			inFlight += cands[i].InFlight
-			pending += cands[i].PendingPrefillBlocks
 			known++
 		}
 	}
@@ -158,14 +157,13 @@ func (p *Proxy) ownCandidates(cands []route.Candidate, hint string, blocks int) 
 	if factor <= 0 {
 		factor = p.cfg.Policy.LoadFactor
 	}
-	maxInFlight := int(math.Ceil(factor * float64(inFlight+1) / float64(known)))
-	maxWork := p.cfg.Policy.LoadFactor*pending/float64(known) + float64(max(1, blocks))
+	full := 2 * int(math.Ceil(factor*float64(inFlight+1)/float64(known)))
 	own, hinted := cands[:0], -1
 	for _, c := range cands {
 		if _, local, ok := p.cfg.View.Locate(c.ID); !ok || !local {
 			continue
 		}
-		if c.ID == hint && c.InFlight+1 <= maxInFlight && c.PendingPrefillBlocks <= maxWork {
+		if c.ID == hint && c.InFlight+1 <= full {
 			hinted = len(own)
 		}
 		own = append(own, c)

@@ -388,8 +388,11 @@ func TestHintForwarding(t *testing.T) {
 		{"owner serves the hint", func(r, l string) *fakeView {
 			return newFakeView([]string{"m"}, fakeReplica{id: r}, fakeReplica{id: l})
 		}, "R", 200},
-		{"hint over the load bound: re-pick own", func(r, l string) *fakeView {
-			return newFakeView([]string{"m"}, fakeReplica{id: r, pending: 1e6}, fakeReplica{id: l})
+		{"hinted replica full: re-pick own", func(r, l string) *fakeView {
+			far := "http://127.0.0.1:1"
+			return newFakeView([]string{"m"}, fakeReplica{id: r, inFlight: 100, pending: 1e6}, fakeReplica{id: l},
+				fakeReplica{id: "http://x1", owner: far}, fakeReplica{id: "http://x2", owner: far},
+				fakeReplica{id: "http://x3", owner: far}, fakeReplica{id: "http://x4", owner: far})
 		}, "L", 200},
 		{"hint not owned here: never re-forward", func(r, l string) *fakeView {
 			return newFakeView([]string{"m"}, fakeReplica{id: r, owner: "http://127.0.0.1:1"}, fakeReplica{id: l})

@@ -99,7 +99,7 @@ flags:
 	fs.BoolVar(&cfg.logJSON, "log-json", false, "log JSON lines instead of text")
 	fs.Int64Var(&cfg.maxBodyBytes, "max-body-bytes", proxy.DefaultMaxBodyBytes, "largest accepted request body in bytes (larger: 413)")
 	fs.IntVar(&cfg.capacityBlocks, "capacity-blocks", 16384, "cache capacity in router blocks assumed for replicas whose engine does not report one (vLLM's does)")
-	fs.Float64Var(&cfg.loadFactor, "load-factor", route.DefaultPolicy().LoadFactor, "bounded-load factor: a replica takes a request only while its in-flight count stays within this times the mean")
+	fs.Float64Var(&cfg.loadFactor, "load-factor", route.DefaultPolicy().LoadFactor, "bounded-load factor: a replica takes a request only while its queued prefill stays within this times the mean (plus one request)")
 	fs.StringVar(&cfg.apiAdvertise, "api-advertise", "", "base URL peers forward requests to (default: http://<listen>)")
 	profile := fs.String("gossip-profile", "lan", "gossip timings: lan (one data centre), wan (regions apart) or test (fast, for local experiments)")
 	fs.DurationVar(&cfg.healthInterval, "health-interval", 2*time.Second, "interval of the replicas' health checks")
@@ -239,6 +239,7 @@ func runRouter(ctx context.Context, args []string, stdout, stderr io.Writer) err
 
 // router is one running kvmesh router.
 type router struct {
+	name   string
 	log    hclog.Logger
 	reg    *prometheus.Registry
 	mesh   *mesh.Mesh
@@ -302,7 +303,7 @@ func startRouter(ctx context.Context, cfg routerConfig) (*router, error) {
 		_ = m.Close(context.Background())
 		return nil, fmt.Errorf("router: %w", err)
 	}
-	r := &router{log: log, reg: reg, mesh: m, health: hc, proxy: p, client: client, ln: ln, api: api, serveErr: make(chan error, 1)}
+	r := &router{name: cfg.name, log: log, reg: reg, mesh: m, health: hc, proxy: p, client: client, ln: ln, api: api, serveErr: make(chan error, 1)}
 	r.srv = &http.Server{
 		Handler: p,
 		// No WriteTimeout: a generation streams for minutes.
