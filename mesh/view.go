@@ -119,16 +119,18 @@ func (m *Mesh) Locate(replicaID string) (ownerAPI string, local bool, ok bool) {
 	return mb.meta.API, false, true
 }
 
-// Models lists the models of the healthy replicas anywhere in the mesh.
+// Models lists the models of every replica known anywhere in the mesh,
+// healthy or not: a model whose replicas are all down is known but
+// unavailable (503 with Retry-After), not unknown (404).
 func (m *Mesh) Models() []string {
 	m.mu.RLock()
 	var out []string
 	for _, r := range m.replicas {
 		owner := m.ownerLocked(r)
 		switch {
-		case owner == m.cfg.Name && r.healthy:
+		case owner == m.cfg.Name:
 			out = append(out, r.models...)
-		case owner != "" && owner != m.cfg.Name && r.hasState && r.st.Origin == owner && r.st.Healthy:
+		case owner != "" && owner != m.cfg.Name && r.hasState && r.st.Origin == owner:
 			out = append(out, r.st.Models...)
 		}
 	}
