@@ -48,23 +48,37 @@ cp "$here/package.json" "$here/package-lock.json" "$here/check.mjs" "$work/npm/"
   { cat "$work/npm.log" >&2; die "npm ci failed"; }
 
 # Six ports the OS says are free, each bound on TCP and UDP (gossip uses
-# both) and held until all are chosen so none repeats.
-read -r -a ports < <(python3 - <<'EOF'
-import socket
+# both) and held until all are chosen so none repeats. They are drawn
+# below the kernel's ephemeral range, so programs binding port 0 at the
+# same time (a parallel `go test`) cannot take one before we bind it.
+# A command substitution (not < <(...)) waits for python to exit, and so
+# to release the ports, before anything binds them.
+picked=$(python3 - <<'EOF'
+import random, socket
+try:
+    lo = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+except (OSError, ValueError, IndexError):
+    lo = 32768
+lo = max(lo, 12000)
 held, ports = [], []
-while len(ports) < 6:
+for _ in range(1000):
+    if len(ports) == 6:
+        break
+    port = random.randrange(10000, lo)
+    if port in ports:
+        continue
     t = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    t.bind(("127.0.0.1", 0))
-    port = t.getsockname()[1]
     u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
+        t.bind(("127.0.0.1", port))
         u.bind(("127.0.0.1", port))
     except OSError:
         t.close(); u.close(); continue
     held += [t, u]; ports.append(port)
 print(*ports)
 EOF
-)
+) || die "could not pick free ports"
+read -r -a ports <<<"$picked"
 [ "${#ports[@]}" -eq 6 ] || die "could not pick free ports"
 sim1=${ports[0]} sim2=${ports[1]} api1=${ports[2]} api2=${ports[3]} gossip1=${ports[4]} gossip2=${ports[5]}
 
@@ -86,7 +100,8 @@ wait_http() {
 }
 
 # Short decode (1 ms/token) so the checks take seconds, not minutes.
-sim_flags=(--log-level warn --decode-ms-per-token 1 --max-num-seqs 16)
+model=kvmesh-sim
+sim_flags=(--model "$model" --log-level warn --decode-ms-per-token 1 --max-num-seqs 16)
 start sim1 replica-sim --listen "127.0.0.1:$sim1" "${sim_flags[@]}"
 start sim2 replica-sim --listen "127.0.0.1:$sim2" "${sim_flags[@]}"
 wait_http "http://127.0.0.1:$sim1/health" "replica 1"
@@ -106,8 +121,8 @@ healthy_replicas() { # healthy_replicas PORT: how many replicas the router there
   curl -fsS --max-time 1 "http://127.0.0.1:$1/debug/mesh" 2>/dev/null | node -e '
     let s = ""; process.stdin.on("data", d => s += d).on("end", () => {
       try { const m = JSON.parse(s);
-        console.log((m.replicas || []).filter(r => r.healthy && (r.models || []).includes("kvmesh-sim")).length);
-      } catch { console.log(0); } });'
+        console.log((m.replicas || []).filter(r => r.healthy && (r.models || []).includes(process.argv[1])).length);
+      } catch { console.log(0); } });' "$model"
 }
 for api in "$api1" "$api2"; do
   for ((i = 0; ; i++)); do
@@ -119,6 +134,6 @@ done
 
 for api in "$api1" "$api2"; do
   echo "e2e-openai: check.mjs against router http://127.0.0.1:$api"
-  (cd "$work/npm" && KVMESH_URL="http://127.0.0.1:$api" node check.mjs) || die "check.mjs failed against router http://127.0.0.1:$api"
+  (cd "$work/npm" && KVMESH_URL="http://127.0.0.1:$api" KVMESH_MODEL="$model" node check.mjs) || die "check.mjs failed against router http://127.0.0.1:$api"
 done
 echo "e2e-openai: passed"
