@@ -23,6 +23,7 @@ const (
 var AllPolicies = []string{
 	PolicyRoundRobin, PolicyLeastLoaded, PolicyConsistentHash, PolicySingle,
 	PolicyIsolated, PolicyMesh, PolicyPartitioned, PolicyOracle,
+	PolicySGLang, PolicyDynamo, PolicyLLMD, PolicyProductionStack,
 }
 
 // Config describes one simulation: the cluster, the engine model, the mesh

@@ -46,6 +46,17 @@ func (c *lru) touchAll(ids []int64) {
 	}
 }
 
+// touchInOrder refreshes or inserts every id, first to last, so the
+// request's tail ends most recent and its head is evicted first. This is
+// what a router-side index gets when it adds a request's block hashes to
+// a plain LRU in prompt order (llm-d's approximate prefix indexer does, on
+// a hashicorp/golang-lru per server).
+func (c *lru) touchInOrder(ids []int64) {
+	for _, id := range ids {
+		c.touch(id)
+	}
+}
+
 func (c *lru) touch(id int64) {
 	if s, ok := c.slot[id]; ok {
 		c.unlink(s)

@@ -32,6 +32,11 @@ type replica struct {
 	inFlight int     // dispatched and not finished
 	pending  float64
 	computed int64 // prefill tokens computed
+	// activeBlocks sums the blocks of the requests dispatched here and not
+	// finished (Dynamo's active blocks); runningBlocks those of the
+	// sequences running, prefilling or decoding (the KV blocks in use, as
+	// vllm:kv_cache_usage_perc counts them).
+	activeBlocks, runningBlocks int
 }
 
 // loadSnap is a replica's load as its owner told it.
@@ -91,6 +96,7 @@ type world struct {
 	cands   []route.Candidate
 	oracle  []oracleMatcher
 	epochs  []uint64
+	peer    *peerState // the peer-router models' learned state
 
 	hitBlocks, blocks, hitTokens, tokens int64
 	ttft                                 []float64
@@ -114,7 +120,7 @@ func runPolicy(ctx context.Context, p *prepared, name string) (PolicyReport, err
 		w.cands[j] = route.Candidate{ID: p.ids[j], Hash: p.idHashes[j], BlockMs: p.blockMs}
 	}
 	switch name {
-	case PolicyIsolated, PolicyMesh, PolicyPartitioned:
+	case PolicyIsolated, PolicyMesh, PolicyPartitioned, PolicySGLang:
 		w.nR = cfg.Routers
 	}
 	w.gossip = name == PolicyMesh || name == PolicyPartitioned
@@ -129,6 +135,8 @@ func runPolicy(ctx context.Context, p *prepared, name string) (PolicyReport, err
 		for j := range w.oracle {
 			w.oracle[j].cache = w.rep[j].cache
 		}
+	case PolicySGLang, PolicyDynamo, PolicyLLMD, PolicyProductionStack:
+		w.makePeer()
 	}
 	if w.gossip {
 		w.lastTx = make([]uint64, cfg.Replicas)
@@ -218,6 +226,8 @@ func (w *world) arrive(i int32) error {
 		j = int(i) % len(w.rep)
 	case PolicyLeastLoaded:
 		j = w.leastLoaded(int(i))
+	case PolicySGLang, PolicyDynamo, PolicyLLMD, PolicyProductionStack:
+		j = w.peerArrive(k, i)
 	default:
 		w.fillCandidates(k, r)
 		d := w.p.cfg.Route.Pick(r.req, w.cands)
@@ -323,6 +333,7 @@ func (w *world) dispatch(k, j int, i int32, est float64) {
 	rep := w.rep[j]
 	rep.inFlight++
 	rep.pending += est
+	rep.activeBlocks += len(r.ids)
 	switch w.policy {
 	case PolicySingle:
 		w.routers[0].copies[j].Add(r.req.Hashes)
@@ -364,6 +375,7 @@ func (w *world) tryStart(j int) {
 	w.ttft = append(w.ttft, w.now+dur-r.arrival)
 	rep.busy, rep.cur, rep.curStart, rep.curEnd = true, i, w.now, w.now+dur
 	rep.running++
+	rep.runningBlocks += len(r.ids)
 	w.q.push(w.now+dur, evPrefillDone, int32(j), 0)
 }
 
@@ -395,7 +407,13 @@ func (w *world) decodeDone(j, i int32) {
 	rep := w.rep[j]
 	rep.running--
 	rep.inFlight--
+	n := len(w.p.reqs[i].ids)
+	rep.activeBlocks -= n
+	rep.runningBlocks -= n
 	w.jobs[i].done = true
+	if w.peer != nil {
+		w.peer.peerDone(int(w.jobs[i].router), int(j))
+	}
 	w.tryStart(int(j))
 }
 
