@@ -124,18 +124,21 @@ type Decision struct {
 // workloads (docs/SIMULATION.md).
 type Policy struct {
 	// LoadFactor is the bound c of consistent hashing with bounded loads,
-	// applied to the resource that sets time to first token, queued
-	// prefill: a replica takes a request only while its queued prefill is
-	// within c times the mean plus one request's work. 1.25 is the value of
-	// the original paper's experiments, HAProxy's hash-balance-factor
-	// documentation and SMG's prefix hash.
+	// applied to cold placement and to the resource that sets time to
+	// first token, queued prefill: a replica takes a cold request only
+	// while its queued prefill is within c times the mean plus the
+	// request's own work. 1.25 is the value of the original paper's
+	// experiments, HAProxy's hash-balance-factor documentation and SMG's
+	// prefix hash. Warm requests are not held to it: their score already
+	// weighs queued prefill against the recompute a move would cost.
 	LoadFactor float64
-	// InFlightFactor bounds in-flight requests at that many times the mean.
-	// It is a hot-spot guard, not a balancer: a fully cached hot prefix adds
-	// no prefill work, so only this stops it from collapsing its decode
-	// load onto one replica. 2 allows the ordinary imbalance of a Poisson
-	// arrival stream (with a mean of a few requests per replica its
-	// standard deviation is of the mean's order) without spilling on it.
+	// InFlightFactor bounds in-flight requests at that many times the mean,
+	// for every request. It is a hot-spot guard, not a balancer: a fully
+	// cached hot prefix adds no prefill work, so only this stops its decode
+	// load from collapsing onto one replica. 2 allows the ordinary
+	// imbalance of a Poisson arrival stream (with a mean of a few requests
+	// per replica its standard deviation is of the mean's order) without
+	// spilling on it.
 	InFlightFactor float64
 	// KeyBlocks is the minimum depth, in blocks, of a cold request's key;
 	// the key is the block after the common prefix, and at least block
@@ -211,16 +214,15 @@ func (p Policy) Pick(req Request, cands []Candidate) Decision {
 	}
 	common := commonPrefix(hist[:], histOver, fresh)
 	known = max(known, 1)
-	lim := limits{
-		inFlight: int(math.Ceil(p.InFlightFactor * float64(inFlight+1) / float64(known))),
-		work:     p.LoadFactor*pending/float64(known) + float64(max(1, n-common)),
-	}
+	warm := limits{inFlight: int(math.Ceil(p.InFlightFactor * float64(inFlight+1) / float64(known))), work: math.Inf(1)}
+	cold := warm
+	cold.work = p.LoadFactor*pending/float64(known) + float64(max(1, n-common))
 	d := Decision{BestMatch: best, CommonMatch: common, Key: p.key(req, common)}
 
 	// Cold, or the replica consistent hashing names is one this router
-	// cannot see (its owner is partitioned away or suspect): place it where
-	// every router that knows as little would.
-	home := p.hashPick(cands, d.Key, lim)
+	// cannot see (its owner is partitioned away or suspect): place it by
+	// consistent hashing.
+	home := p.hashPick(cands, d.Key, cold, fresh == len(cands))
 	if fresh == 0 || best-common < max(1, p.MinExcessBlocks) || cands[home].Stale {
 		d.Reason = ReasonFallbackCold
 		if cands[home].Stale {
@@ -244,7 +246,7 @@ func (p Policy) Pick(req Request, cands []Candidate) Decision {
 		if cheapest < 0 || better(cost, w, cheapestCost, cheapestW) {
 			cheapest, cheapestCost, cheapestW = i, cost, w
 		}
-		if !lim.admits(c) {
+		if !warm.admits(c) {
 			continue
 		}
 		if chosen < 0 || better(cost, w, chosenCost, chosenW) {
@@ -313,15 +315,22 @@ func (p Policy) key(req Request, common int) uint64 {
 }
 
 // hashPick is rendezvous hashing with bounded loads over the nearest tier:
-// the candidate with the highest weight for key among those under the load
-// bound.
-func (p Policy) hashPick(cands []Candidate, key uint64, lim limits) int {
+// the candidate with the highest weight for key among those under the
+// limits. With twoChoices it takes the less loaded (by queued prefill) of
+// the two highest (Mitzenmacher's power of two choices, applied to the
+// rendezvous order), which cuts the queueing of cold requests — most
+// requests of a chat trace are a conversation's first turn. Two choices
+// are only safe when every candidate's summary counts: the next turn then
+// finds the prefix by summary wherever it went. Without that (startup, a
+// partition, no summaries) placement must be the one every router
+// computes alone: the first choice.
+func (p Policy) hashPick(cands []Candidate, key uint64, lim limits, twoChoices bool) int {
 	tier := cands[0].Tier
 	for i := range cands {
 		tier = min(tier, cands[i].Tier)
 	}
-	chosen, fallback := -1, -1
-	var chosenW, fallbackW uint64
+	first, second, fallback := -1, -1, -1
+	var firstW, secondW, fallbackW uint64
 	for i := range cands {
 		c := &cands[i]
 		if c.Tier != tier {
@@ -331,14 +340,24 @@ func (p Policy) hashPick(cands []Candidate, key uint64, lim limits) int {
 		if fallback < 0 || w > fallbackW {
 			fallback, fallbackW = i, w
 		}
-		if lim.admits(c) && (chosen < 0 || w > chosenW) {
-			chosen, chosenW = i, w
+		if !lim.admits(c) {
+			continue
+		}
+		switch {
+		case first < 0 || w > firstW:
+			second, secondW = first, firstW
+			first, firstW = i, w
+		case second < 0 || w > secondW:
+			second, secondW = i, w
 		}
 	}
-	if chosen < 0 {
+	switch {
+	case first < 0:
 		return fallback
+	case twoChoices && second >= 0 && cands[second].PendingPrefillBlocks < cands[first].PendingPrefillBlocks:
+		return second
 	}
-	return chosen
+	return first
 }
 
 // weight is the rendezvous weight of a replica for a key.

@@ -176,22 +176,53 @@ func TestPickIsDeterministicAndHandlesEmpty(t *testing.T) {
 	}
 }
 
-func TestPickSpillsOnQueuedPrefill(t *testing.T) {
+// A holder keeps a warm request until its queued prefill costs more than
+// recomputing the missing blocks elsewhere, weighted by RecomputeWeight.
+func TestPickWeighsQueueAgainstRecompute(t *testing.T) {
 	conv := chainOf(nil, 10, 2)
+	req := request(chainOf(conv, 2, 5)) // 12 blocks, 10 held by replica 0
 	cs := candidates(4)
 	for i := range cs {
 		cs[i].Summary = held(t)
 	}
 	cs[0].Summary = held(t, conv)
-	// Far above the mean of queued work (bound 1.25*100/4 + request).
-	cs[0].PendingPrefillBlocks = 100
-	d := DefaultPolicy().Pick(request(chainOf(conv, 2, 5)), cs)
-	if d.Index == 0 || d.Reason != ReasonSpill {
-		t.Fatalf("decision %+v, want a spill off the holder with a long prefill queue", d)
+	w := DefaultPolicy().RecomputeWeight
+	tests := []struct {
+		pending float64
+		holder  bool
+	}{
+		{0, true},
+		{w * 9, true},   // 9w+2w < 12w
+		{w * 11, false}, // 11w+2w > 12w
 	}
-	cs[0].PendingPrefillBlocks = 10 // within c*mean + one request's work
-	if d := DefaultPolicy().Pick(request(chainOf(conv, 2, 5)), cs); d.Index != 0 || d.Reason != ReasonPrefix {
-		t.Fatalf("decision %+v, want the holder under a short queue", d)
+	for _, tc := range tests {
+		cs[0].PendingPrefillBlocks = tc.pending
+		d := DefaultPolicy().Pick(req, cs)
+		if (d.Index == 0) != tc.holder || d.Reason != ReasonPrefix {
+			t.Errorf("holder queue %v blocks: decision %+v, want holder=%v", tc.pending, d, tc.holder)
+		}
+	}
+}
+
+// Cold requests are held to the queued-prefill bound; with every summary
+// fresh they take the less loaded of their two rendezvous choices.
+func TestColdPlacementUsesTwoChoicesOnlyWhenAllIsFresh(t *testing.T) {
+	req := request(chainOf(nil, 4, 9))
+	cs := candidates(6)
+	first := DefaultPolicy().Pick(req, cs).Index // no summaries: strict
+	cs[first].PendingPrefillBlocks = 3
+	if d := DefaultPolicy().Pick(req, cs); d.Index != first {
+		t.Fatalf("without summaries a small queue moved the cold request (%d, want %d)", d.Index, first)
+	}
+	for i := range cs {
+		cs[i].Summary = held(t)
+	}
+	if d := DefaultPolicy().Pick(req, cs); d.Index == first || d.Reason != ReasonFallbackCold {
+		t.Fatalf("with fresh summaries: %+v, want the second choice", d)
+	}
+	cs[first].PendingPrefillBlocks = 0
+	if d := DefaultPolicy().Pick(req, cs); d.Index != first {
+		t.Fatalf("equal queues: %d, want the first choice %d", d.Index, first)
 	}
 }
 

@@ -96,7 +96,7 @@ func BenchmarkSummary(b *testing.B) {
 		for b.Loop() {
 			buf = s.AppendEncode(buf[:0], c)
 		}
-		b.ReportMetric(float64(len(enc))/capBlocks, "bytes/block")
+		b.ReportMetric(float64(len(enc))/float64(s.Stats().MaxBlocks), "bytes/block")
 	})
 	b.Run("Decode", func(b *testing.B) {
 		b.SetBytes(int64(len(enc)))

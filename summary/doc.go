@@ -9,8 +9,8 @@
 //
 // A Summary is an aging Bloom filter over one replica's block hashes. It
 // models the engine's LRU prefix cache: two generations, the newer one
-// taking inserts and the older one forgotten when the newer holds half the
-// capacity. A block found only in the older generation is refreshed into
+// taking inserts and the older one forgotten when the newer holds three
+// quarters of the capacity. A block found only in the older generation is refreshed into
 // the newer one when it is added again, which is what an LRU does on a hit.
 //
 // Design notes (why it is built this way):
@@ -23,7 +23,7 @@
 //     memory access per generation instead of k. A blocked filter needs a few
 //     more bits than a classic one for the same false-positive rate; sizing
 //     accounts for it exactly (see bitsPerKey), and at 1% for the whole
-//     summary it costs 1.45 bytes per block of capacity.
+//     summary it costs 1.45 bytes per block it remembers.
 //   - Longest-prefix match uses the chain: if block i is held, so are blocks
 //     0..i-1, so the match is found by galloping and binary search in
 //     O(log n) tests rather than one test per block.

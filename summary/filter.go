@@ -13,8 +13,8 @@ import (
 type Params struct {
 	// CapacityBlocks is how many blocks the replica's engine can cache.
 	CapacityBlocks int
-	// FalsePositiveRate is the target rate of the whole summary (both
-	// generations full), 0 < rate < 1.
+	// FalsePositiveRate is the target rate of the whole summary when both
+	// generations are full, 0 < rate < 1.
 	FalsePositiveRate float64
 }
 
@@ -52,8 +52,18 @@ type geometry struct {
 	k      uint // bits set per key
 }
 
+// geometry sizes the generations. Each takes 3/4 of the capacity before
+// it rotates, so the summary remembers the last 0.75 to 1.5 capacities of
+// distinct blocks: an LRU of C blocks holds exactly the last C. Erring
+// long is cheaper than erring short: a block the summary remembers but the
+// engine evicted sends a request to a replica that misses it (as any
+// other would) and re-caches it there; a block the engine holds but the
+// summary forgot sends it elsewhere, to recompute and duplicate it.
+// Measured on the Mooncake trace: remembering C/2 to C (two generations
+// of C/2) lost 3.5% of the hit ratio; 0.75C to 1.5C is within 0.2% of the
+// exact view.
 func (p Params) geometry() geometry {
-	perGen := (p.CapacityBlocks + 1) / 2
+	perGen := (3*p.CapacityBlocks + 3) / 4
 	// Two generations are tested; each gets half of the error budget.
 	perGenRate := 1 - math.Sqrt(1-p.FalsePositiveRate)
 	bits, k := bitsPerKey(perGenRate)
@@ -342,6 +352,9 @@ func (s *Summary) Apply(epoch, from uint64, hashes []uint64) error {
 
 // Stats describes a summary for debugging and metrics.
 type Stats struct {
+	// MaxBlocks is the most blocks the summary remembers at its target
+	// false-positive rate (both generations full).
+	MaxBlocks      int    `json:"max_blocks"`
 	Epoch          uint64 `json:"epoch"`
 	Version        uint64 `json:"version"`
 	CapacityBlocks int    `json:"capacity_blocks"`
@@ -354,7 +367,8 @@ func (s *Summary) Stats() Stats {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	return Stats{
-		Epoch: s.epoch, Version: s.version, CapacityBlocks: s.params.CapacityBlocks,
+		MaxBlocks: 2 * s.geo.perGen,
+		Epoch:     s.epoch, Version: s.version, CapacityBlocks: s.params.CapacityBlocks,
 		NewerInserts: s.curCount, Bytes: encodedSize(s.geo),
 	}
 }

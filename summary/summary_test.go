@@ -74,7 +74,7 @@ func TestFalsePositiveRateAtCapacity(t *testing.T) {
 			const capBlocks = 20000
 			s, _ := New(Params{CapacityBlocks: capBlocks, FalsePositiveRate: fpr}, 1)
 			// Fill until both generations are nearly full.
-			s.Add(chain(capBlocks-1, 1))
+			s.Add(chain(s.Stats().MaxBlocks-1, 1))
 			fp, n := 0, 200000
 			for i := 0; i < n; i++ {
 				if s.Has(mix(uint64(i) + 1<<40)) {
@@ -85,8 +85,8 @@ func TestFalsePositiveRateAtCapacity(t *testing.T) {
 			if rate > fpr*1.3 {
 				t.Fatalf("false-positive rate %.4f, target %.4f", rate, fpr)
 			}
-			bpb := float64(s.Stats().Bytes) / capBlocks
-			t.Logf("fpr %.4f (target %.4f), %.3f bytes per block", rate, fpr, bpb)
+			bpb := float64(s.Stats().Bytes) / float64(s.Stats().MaxBlocks)
+			t.Logf("fpr %.4f (target %.4f), %.3f bytes per block remembered", rate, fpr, bpb)
 		})
 	}
 }
