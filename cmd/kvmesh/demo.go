@@ -24,6 +24,7 @@ import (
 	"github.com/kvmesh/kvmesh/internal/lb"
 	"github.com/kvmesh/kvmesh/internal/replicasim"
 	"github.com/kvmesh/kvmesh/internal/trace"
+	"github.com/kvmesh/kvmesh/mesh"
 )
 
 // demoConfig is the parsed command line of `kvmesh demo`.
@@ -361,6 +362,7 @@ func (s *stack) startRouters(ctx context.Context, cfg demoConfig, replicas []str
 		}
 		rc.logOutput = logOut
 		rc.registerProcessGo = false
+		rc.timing = demoTiming()
 		r, err := startRouter(ctx, rc)
 		if err != nil {
 			return nil, fmt.Errorf("demo: %w", err)
@@ -373,6 +375,20 @@ func (s *stack) startRouters(ctx context.Context, cfg demoConfig, replicas []str
 		urls = append(urls, r.api)
 	}
 	return urls, nil
+}
+
+// demoTiming gossips state as often as the test profile, because the
+// replicas run faster than real time and a LAN interval would be several
+// engine-seconds stale; but it detects failures as slowly as a LAN does,
+// because eight replicas, three routers and the load generator share the
+// demo machine's cores and a starved router must not be declared dead.
+func demoTiming() mesh.Timing {
+	t := mesh.LANTiming()
+	fast := mesh.TestTiming()
+	t.GossipInterval, t.StateInterval = fast.GossipInterval, fast.StateInterval
+	t.PushPullInterval = 5 * time.Second
+	t.ReconnectInterval = time.Second
+	return t
 }
 
 func (s *stack) startBalancer(policy string, replicas []string, log hclog.Logger) (string, error) {
