@@ -23,7 +23,7 @@ const (
 var AllPolicies = []string{
 	PolicyRoundRobin, PolicyLeastLoaded, PolicyConsistentHash, PolicySingle,
 	PolicyIsolated, PolicyMesh, PolicyPartitioned, PolicyOracle,
-	PolicySGLang, PolicyDynamo, PolicyLLMD, PolicyProductionStack,
+	PolicySGLang, PolicySMGMesh, PolicyDynamo, PolicyLLMD, PolicyLLMD3, PolicyProductionStack,
 }
 
 // Config describes one simulation: the cluster, the engine model, the mesh

@@ -28,6 +28,8 @@ const (
 	PolicySGLang          = "sglang-router"    // model of SGLang router/SMG cache_aware, one per router, no mesh
 	PolicyDynamo          = "dynamo-kv"        // model of Dynamo's KV router with KV events (exact view)
 	PolicyLLMD            = "llm-d-epp"        // model of the GIE/llm-d EPP with the approximate prefix scorer
+	PolicyLLMD3           = "llm-d-epp-3"      // the same with three active EPPs, each learning alone
+	PolicySMGMesh         = "smg-mesh"         // SGLang's rule with one tree shared by all routers at once
 	PolicyProductionStack = "production-stack" // model of vLLM production-stack prefixaware routing
 )
 
@@ -237,7 +239,7 @@ func (w *world) makePeer() {
 	ps := &peerState{match: make([]int, R), tree: make([]int, R), queue: make([]int, R), active: make([]int, R),
 		usage: make([]float64, R), qps: make([]float64, R), buf: make([]int, 0, R)}
 	switch w.policy {
-	case PolicySGLang, PolicyLLMD:
+	case PolicySGLang, PolicySMGMesh, PolicyLLMD, PolicyLLMD3:
 		ps.idx = make([][]*lru, w.nR)
 		ps.load = make([][]int, w.nR)
 		for k := range ps.idx {
@@ -277,8 +279,15 @@ func (w *world) peerArrive(k int, i int32) int {
 	tie := w.tie(i)
 	var j int
 	switch w.policy {
-	case PolicySGLang:
+	case PolicySGLang, PolicySMGMesh:
+		// sglang-router learns alone per router; smg-mesh models SMG's
+		// mesh optimistically: every router's tree is the same exact
+		// tree, updated at once (no gossip delay), while load stays each
+		// router's own in-flight count, as in SMG.
 		idx := ps.idx[k]
+		if w.policy == PolicySMGMesh {
+			idx = ps.idx[0]
+		}
 		for o := range idx {
 			ps.match[o] = idx[o].leadingRun(r.ids)
 			ps.tree[o] = idx[o].count
@@ -296,9 +305,15 @@ func (w *world) peerArrive(k int, i int32) int {
 			ps.active[o] = rep.activeBlocks
 		}
 		j = dynamoPick(1, ps.match, ps.active, n, tie, ps.buf)
-	case PolicyLLMD:
+	case PolicyLLMD, PolicyLLMD3:
 		head := r.ids[:min(n, eppMaxPrefixBlocks)]
+		// One active EPP (HA is active-passive), or, for llm-d-epp-3,
+		// three active ones: approximate state is not shared between
+		// EPPs (peers.md §3, #1892), so each learns from its own third.
 		idx := ps.idx[0]
+		if w.policy == PolicyLLMD3 {
+			idx = ps.idx[k]
+		}
 		for o, rep := range w.rep {
 			ps.match[o] = idx[o].leadingRun(head)
 			ps.queue[o] = len(rep.queue) - rep.qhead

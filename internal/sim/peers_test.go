@@ -199,7 +199,7 @@ func TestPeerModelsInTheWorld(t *testing.T) {
 	if got := sg.Reasons["cache-hit"] + sg.Reasons["cache-miss"] + sg.Reasons["imbalanced"]; got != len(reqs) {
 		t.Errorf("sglang reasons %v sum to %d, want %d", sg.Reasons, got, len(reqs))
 	}
-	if !slices.Contains(AllPolicies, PolicySGLang) || AllPolicies[len(AllPolicies)-4] != PolicySGLang {
+	if !slices.Contains(AllPolicies, PolicySGLang) || AllPolicies[len(AllPolicies)-6] != PolicySGLang {
 		t.Errorf("AllPolicies %v: the peer models must follow the existing policies", AllPolicies)
 	}
 }

@@ -120,7 +120,7 @@ func runPolicy(ctx context.Context, p *prepared, name string) (PolicyReport, err
 		w.cands[j] = route.Candidate{ID: p.ids[j], Hash: p.idHashes[j], BlockMs: p.blockMs}
 	}
 	switch name {
-	case PolicyIsolated, PolicyMesh, PolicyPartitioned, PolicySGLang:
+	case PolicyIsolated, PolicyMesh, PolicyPartitioned, PolicySGLang, PolicySMGMesh, PolicyLLMD3:
 		w.nR = cfg.Routers
 	}
 	w.gossip = name == PolicyMesh || name == PolicyPartitioned
@@ -135,7 +135,7 @@ func runPolicy(ctx context.Context, p *prepared, name string) (PolicyReport, err
 		for j := range w.oracle {
 			w.oracle[j].cache = w.rep[j].cache
 		}
-	case PolicySGLang, PolicyDynamo, PolicyLLMD, PolicyProductionStack:
+	case PolicySGLang, PolicySMGMesh, PolicyDynamo, PolicyLLMD, PolicyLLMD3, PolicyProductionStack:
 		w.makePeer()
 	}
 	if w.gossip {
@@ -226,7 +226,7 @@ func (w *world) arrive(i int32) error {
 		j = int(i) % len(w.rep)
 	case PolicyLeastLoaded:
 		j = w.leastLoaded(int(i))
-	case PolicySGLang, PolicyDynamo, PolicyLLMD, PolicyProductionStack:
+	case PolicySGLang, PolicySMGMesh, PolicyDynamo, PolicyLLMD, PolicyLLMD3, PolicyProductionStack:
 		j = w.peerArrive(k, i)
 	default:
 		w.fillCandidates(k, r)
