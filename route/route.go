@@ -177,7 +177,7 @@ func (p Policy) Pick(req Request, cands []Candidate) Decision {
 		return Decision{Index: -1, Reason: ReasonNone}
 	}
 	n := len(req.Probes)
-	fresh, best, inFlight, known := 0, 0, 0, 0
+	fresh, stale, best, inFlight, known := 0, 0, 0, 0, 0
 	pending := 0.0
 	var hist [65]int32 // matches capped for the common-prefix vote
 	var histOver []int32
@@ -188,7 +188,9 @@ func (p Policy) Pick(req Request, cands []Candidate) Decision {
 		// counts towards the mean nor is held to the bound (a router that
 		// cannot talk to the owner must place requests as if it knew
 		// nothing, exactly as consistent hashing does).
-		if !c.Stale {
+		if c.Stale {
+			stale++
+		} else {
 			inFlight += c.InFlight
 			pending += c.PendingPrefillBlocks
 			known++
@@ -222,8 +224,12 @@ func (p Policy) Pick(req Request, cands []Candidate) Decision {
 	// Cold, or the replica consistent hashing names is one this router
 	// cannot see (its owner is partitioned away or suspect): place it by
 	// consistent hashing.
-	home := p.hashPick(cands, d.Key, cold, fresh == len(cands))
-	if fresh == 0 || best-common < max(1, p.MinExcessBlocks) || cands[home].Stale {
+	isCold := fresh == 0 || best-common < max(1, p.MinExcessBlocks)
+	home := -1
+	if isCold || stale > 0 { // with no stale candidate the home cannot be stale
+		home = p.hashPick(cands, d.Key, cold, fresh == len(cands))
+	}
+	if isCold || (home >= 0 && cands[home].Stale) {
 		d.Reason = ReasonFallbackCold
 		if cands[home].Stale {
 			d.Reason = ReasonFallbackStale
