@@ -178,7 +178,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		}
 		results = append(results, res)
 		if fe.name == "kvmesh" {
-			stats = st.routerStats()
+			stats = st.routerStats(res.WallSeconds)
 		}
 	}
 
@@ -263,7 +263,7 @@ type routerStats struct {
 	name, decisions string
 }
 
-func (s *stack) routerStats() []routerStats {
+func (s *stack) routerStats(wall float64) []routerStats {
 	var out []routerStats
 	for _, r := range s.routers {
 		mfs, err := r.reg.Gather()
@@ -271,15 +271,25 @@ func (s *stack) routerStats() []routerStats {
 			continue
 		}
 		var parts []string
+		gossipOut := 0.0
 		for _, mf := range mfs {
-			if mf.GetName() != "kvmesh_route_decisions_total" {
-				continue
-			}
-			for _, m := range mf.GetMetric() {
-				if v := m.GetCounter().GetValue(); v > 0 {
-					parts = append(parts, fmt.Sprintf("%s=%.0f", m.GetLabel()[0].GetValue(), v))
+			switch mf.GetName() {
+			case "kvmesh_route_decisions_total":
+				for _, m := range mf.GetMetric() {
+					if v := m.GetCounter().GetValue(); v > 0 {
+						parts = append(parts, fmt.Sprintf("%s=%.0f", m.GetLabel()[0].GetValue(), v))
+					}
+				}
+			case "kvmesh_gossip_bytes_total":
+				for _, m := range mf.GetMetric() {
+					if m.GetLabel()[0].GetValue() == "out" {
+						gossipOut += m.GetCounter().GetValue()
+					}
 				}
 			}
+		}
+		if wall > 0 {
+			parts = append(parts, fmt.Sprintf("(gossip out %.1f KB/s)", gossipOut/wall/1000))
 		}
 		out = append(out, routerStats{name: r.name, decisions: strings.Join(parts, " ")})
 	}
