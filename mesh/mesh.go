@@ -132,9 +132,9 @@ type Mesh struct {
 	numAlive atomic.Int64
 	// fanout is memberlist's GossipNodes: the peers each gossip tick
 	// reaches.
-	fanout int
-	inbox    chan []byte
-	repairs  chan job
+	fanout  int
+	inbox   chan []byte
+	repairs chan job
 
 	mu        sync.RWMutex
 	members   map[string]*member
