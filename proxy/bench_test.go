@@ -6,6 +6,8 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"slices"
 	"strings"
 	"testing"
@@ -17,8 +19,10 @@ import (
 
 // BenchmarkAddedLatency measures what the router adds to a request on
 // loopback: each iteration sends one request straight to a fake replica
-// that answers at once and one through the router to it, and the
-// difference of their latency quantiles is reported.
+// that answers at once, one through a standard reverse proxy
+// (httputil.ReverseProxy, flushing every write, as a plain load balancer
+// would) and one through the router, and reports the differences of their
+// latency quantiles from the direct call, side by side.
 func BenchmarkAddedLatency(b *testing.B) {
 	for _, size := range []int{8 << 10, 32 << 10} {
 		for _, stream := range []bool{false, true} {
@@ -51,6 +55,12 @@ func benchAdded(b *testing.B, size int, stream bool) {
 	}
 	router := httptest.NewServer(p)
 	defer router.Close()
+	target, _ := url.Parse(rep.URL)
+	std := httptest.NewServer(&httputil.ReverseProxy{
+		Rewrite:       func(r *httputil.ProxyRequest) { r.SetURL(target) },
+		FlushInterval: -1,
+	})
+	defer std.Close()
 	body := []byte(chatBody("m", stream, strings.Repeat("lorem ipsum dolor sit amet ", size/27+1)[:size]))
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 16, DisableCompression: true}}
 	do := func(url string) time.Duration {
@@ -68,14 +78,17 @@ func benchAdded(b *testing.B, size int, stream bool) {
 	}
 	for range 50 { // warm connections
 		do(rep.URL)
+		do(std.URL)
 		do(router.URL)
 	}
 	direct := make([]time.Duration, 0, b.N)
+	proxied := make([]time.Duration, 0, b.N)
 	routed := make([]time.Duration, 0, b.N)
 	b.SetBytes(int64(len(body)))
 	b.ResetTimer()
 	for range b.N {
 		direct = append(direct, do(rep.URL))
+		proxied = append(proxied, do(std.URL))
 		routed = append(routed, do(router.URL))
 	}
 	b.StopTimer()
@@ -85,5 +98,7 @@ func benchAdded(b *testing.B, size int, stream bool) {
 	}
 	b.ReportMetric(q(routed, 0.5)-q(direct, 0.5), "added-p50-ms")
 	b.ReportMetric(q(routed, 0.99)-q(direct, 0.99), "added-p99-ms")
+	b.ReportMetric(q(proxied, 0.5)-q(direct, 0.5), "stdproxy-added-p50-ms")
+	b.ReportMetric(q(proxied, 0.99)-q(direct, 0.99), "stdproxy-added-p99-ms")
 	b.ReportMetric(q(direct, 0.5), "direct-p50-ms")
 }
