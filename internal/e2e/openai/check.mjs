@@ -94,6 +94,10 @@ await step("second turn reuses the first turn's cache", async () => {
   const answer = r1.choices?.[0]?.message?.content;
   assert(answer, "turn 1 has no answer");
   const cached1 = r1.usage?.prompt_tokens_details?.cached_tokens ?? 0;
+  // A user reads the answer before replying; give the mesh one gossip
+  // round (the routers run the 50 ms test profile) to tell every router
+  // which replica holds turn 1, as it would have in any real conversation.
+  await new Promise((resolve) => setTimeout(resolve, 500));
   const turn2 = [
     ...turn1,
     { role: "assistant", content: answer },
