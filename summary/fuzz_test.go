@@ -45,3 +45,18 @@ func FuzzRender(f *testing.F) {
 		}
 	})
 }
+
+// FuzzRenderMatchesReference checks the single-pass scanner against the
+// encoding/json reference: it may decline any body, but what it accepts the
+// reference must accept and render identically, and the public functions
+// must agree with the reference on every body.
+func FuzzRenderMatchesReference(f *testing.F) {
+	for _, tc := range renderCases {
+		f.Add([]byte(tc.body))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		for _, r := range renderers {
+			checkAgainstReference(t, r, body)
+		}
+	})
+}

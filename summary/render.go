@@ -212,7 +212,22 @@ func hex4(b []byte) (rune, bool) {
 // tool definitions first (engines render them before the messages), then
 // every message in order. Messages are only appended, never rewritten, so
 // messages[0..k] renders to a prefix of messages[0..k+1].
+//
+// The common shapes are parsed by a single-pass scanner (scanChat), which is
+// several times faster than encoding/json; whatever it is not sure about
+// (an error, an unusual key, invalid UTF-8, ...) is decided by
+// renderChatStd, the encoding/json definition of the result.
 func RenderChat(body []byte) (Prompt, error) {
+	if p, ok := scanChat(body); ok {
+		return p, nil
+	}
+	return renderChatStd(body)
+}
+
+// renderChatStd is RenderChat written with encoding/json. It is the
+// reference: scanChat must agree with it on every body it accepts
+// (FuzzRenderMatchesReference), and it decides every body scanChat declines.
+func renderChatStd(body []byte) (Prompt, error) {
 	var req chatRequest
 	if err := json.Unmarshal(body, &req); err != nil {
 		return Prompt{}, fmt.Errorf("%w: body is not a valid chat completion request: %v", ErrBadRequest, err)
@@ -343,7 +358,19 @@ type completionRequest struct {
 // matches it. Token-id prompts render as their ids (4 bytes each, after a
 // marker, so they never collide with text). A batch (an array of prompts)
 // is routed by its first prompt: one request goes to one replica.
+//
+// Like RenderChat, it takes the single-pass scanner when it can and
+// renderCompletionStd otherwise.
 func RenderCompletion(body []byte) (Prompt, error) {
+	if p, ok := scanCompletion(body); ok {
+		return p, nil
+	}
+	return renderCompletionStd(body)
+}
+
+// renderCompletionStd is RenderCompletion written with encoding/json, the
+// reference for scanCompletion.
+func renderCompletionStd(body []byte) (Prompt, error) {
 	var req completionRequest
 	if err := json.Unmarshal(body, &req); err != nil {
 		return Prompt{}, fmt.Errorf("%w: body is not a valid completion request: %v", ErrBadRequest, err)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 )
@@ -209,5 +210,182 @@ func TestUnquoteMatchesEncodingJSON(t *testing.T) {
 		if err := fast.UnmarshalJSON([]byte(lit)); err != nil || string(fast) != want {
 			t.Errorf("%s: got %q want %q (%v)", lit, fast, want, err)
 		}
+	}
+}
+
+// samePrompt reports how a and b differ, or "" if they are the same Prompt.
+func samePrompt(a, b Prompt) string {
+	switch {
+	case a.Model != b.Model:
+		return fmt.Sprintf("model %q vs %q", a.Model, b.Model)
+	case a.CacheSalt != b.CacheSalt:
+		return fmt.Sprintf("cache salt %q vs %q", a.CacheSalt, b.CacheSalt)
+	case a.Stream != b.Stream || a.IncludeUsage != b.IncludeUsage || a.Chat != b.Chat:
+		return fmt.Sprintf("flags %v/%v/%v vs %v/%v/%v", a.Stream, a.IncludeUsage, a.Chat, b.Stream, b.IncludeUsage, b.Chat)
+	case !bytes.Equal(a.Text, b.Text):
+		return fmt.Sprintf("text %q vs %q", a.Text, b.Text)
+	}
+	return ""
+}
+
+type renderer struct {
+	name        string
+	fast        func([]byte) (Prompt, bool)
+	public, std func([]byte) (Prompt, error)
+}
+
+var renderers = []renderer{
+	{"chat", scanChat, RenderChat, renderChatStd},
+	{"completion", scanCompletion, RenderCompletion, renderCompletionStd},
+}
+
+// checkAgainstReference fails t if the scanner accepts what the reference
+// rejects, renders differently, or the public function disagrees with the
+// reference. It returns whether the scanner took the body and whether the
+// reference accepted it.
+func checkAgainstReference(t *testing.T, r renderer, body []byte) (fast, accepted bool) {
+	t.Helper()
+	want, wantErr := r.std(body)
+	if wantErr != nil && !errors.Is(wantErr, ErrBadRequest) {
+		t.Fatalf("%s: reference error %v does not wrap ErrBadRequest", r.name, wantErr)
+	}
+	got, fast := r.fast(body)
+	if fast {
+		if wantErr != nil {
+			t.Fatalf("%s: scanner accepted %q, reference rejects it: %v", r.name, body, wantErr)
+		}
+		if d := samePrompt(got, want); d != "" {
+			t.Fatalf("%s: scanner and reference differ on %q: %s", r.name, body, d)
+		}
+	}
+	pub, pubErr := r.public(body)
+	if (pubErr != nil) != (wantErr != nil) {
+		t.Fatalf("%s: %q: error %v, reference %v", r.name, body, pubErr, wantErr)
+	}
+	if pubErr != nil && !errors.Is(pubErr, ErrBadRequest) {
+		t.Fatalf("%s: error %v does not wrap ErrBadRequest", r.name, pubErr)
+	}
+	if d := samePrompt(pub, want); pubErr == nil && d != "" {
+		t.Fatalf("%s: %q: %s", r.name, body, d)
+	}
+	return fast, wantErr == nil
+}
+
+var caseText = strings.Repeat("lorem ipsum dolor ", 40)
+
+const (
+	chatCase       = 0
+	completionCase = 1
+)
+
+// renderCases are bodies with what the reference does with them. fast
+// says whether the scanner must take the body itself (so the fast
+// path is not silently always declining); ok is the reference's verdict.
+var renderCases = []struct {
+	name     string
+	kind     int
+	body     string
+	fast, ok bool
+}{
+	{"plain", chatCase, `{"model":"m","messages":[{"role":"user","content":"hi"}]}`, true, true},
+	{"long", chatCase, `{"model":"m","messages":[{"role":"system","content":"be brief"},{"role":"user","content":"` + caseText + `"}]}`, true, true},
+	{"content first", chatCase, `{"messages":[{"content":"x","name":"bob","role":"user"}],"model":"m"}`, true, true},
+	{"whitespace", chatCase, " \r\n\t{ \"model\" : \"m\" , \"messages\" : [ { \"role\" : \"user\" , \"content\" : \"x\" } ] } \n", true, true},
+	{"escapes", chatCase, `{"model":"m\n","messages":[{"role":"us\"er","content":"a\nb\"c\\d\/e\b\f\r\t\u00e9\u20AC"}]}`, true, true},
+	{"surrogate pair", chatCase, `{"model":"m","messages":[{"role":"user","content":"\ud83d\ude00 ok"}]}`, true, true},
+	{"lone high surrogate", chatCase, `{"model":"m","messages":[{"role":"user","content":"a\ud83d b"}]}`, true, true},
+	{"lone low surrogate", chatCase, `{"model":"m","messages":[{"role":"user","content":"a\ude00\ud83d"}]}`, true, true},
+	{"two high surrogates", chatCase, `{"model":"m","messages":[{"role":"user","content":"\ud83d\ud83d\ude00"}]}`, true, true},
+	{"surrogate then escape", chatCase, `{"model":"m","messages":[{"role":"\ud800\u0041","content":"x"}]}`, true, true},
+	{"utf8 text", chatCase, `{"model":"模型","messages":[{"role":"user","content":"héllo 世界 😀 ` + "\ufffd" + `"}]}`, true, true},
+	{"invalid utf8 in content", chatCase, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"a\xffb\xc3\"}]}", false, true},
+	{"invalid utf8 in model", chatCase, "{\"model\":\"m\xed\xa0\x80\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", false, true},
+	{"invalid utf8 in unknown", chatCase, "{\"model\":\"m\",\"user\":\"\xff\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", true, true},
+	{"control char", chatCase, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"a\x01\"}]}", false, false},
+	{"bad escape", chatCase, `{"model":"m","messages":[{"role":"user","content":"\x"}]}`, false, false},
+	{"short unicode escape", chatCase, `{"model":"m","messages":[{"role":"user","content":"\u12"}]}`, false, false},
+	{"duplicate model", chatCase, `{"model":"a","model":"b","messages":[{"role":"user","content":"x"}]}`, false, true},
+	{"duplicate model null", chatCase, `{"model":"a","model":null,"messages":[{"role":"user","content":"x"}]}`, false, true},
+	{"duplicate messages", chatCase, `{"model":"m","messages":[{"role":"user","name":"n","content":"x"}],"messages":[{"role":"user","content":"y"}]}`, false, true},
+	{"duplicate content", chatCase, `{"model":"m","messages":[{"role":"user","content":"x","content":null}]}`, false, true},
+	{"case folded key", chatCase, `{"Model":"m","messages":[{"role":"user","content":"x"}]}`, false, true},
+	{"case folded both", chatCase, `{"model":"a","MODEL":"b","messages":[{"ROLE":"user","content":"x"}]}`, false, true},
+	{"kelvin fold", chatCase, `{"model":"m","messages":[{"role":"user","content":"x"}],"stream":false,"` + "\u017f" + `tream":true}`, false, true},
+	{"escaped key", chatCase, `{"mod\u0065l":"m","messages":[{"role":"user","content":"x"}]}`, false, true},
+	{"unknown fields", chatCase, `{"model":"m","temperature":0.7,"max_tokens":100,"stop":["a",null],"logit_bias":{"1":-1e5},"x":[[{}],true,false,-0.5E-3],"messages":[{"role":"user","content":"x","extra":{"a":[1,2]}}]}`, true, true},
+	{"unknown bad number", chatCase, `{"model":"m","t":01,"messages":[{"role":"user","content":"x"}]}`, false, false},
+	{"unknown bad number 2", chatCase, `{"model":"m","t":1.,"messages":[{"role":"user","content":"x"}]}`, false, false},
+	{"unknown bad number 3", chatCase, `{"model":"m","t":-,"messages":[{"role":"user","content":"x"}]}`, false, false},
+	{"unknown bad literal", chatCase, `{"model":"m","t":nul,"messages":[{"role":"user","content":"x"}]}`, false, false},
+	{"unknown unclosed", chatCase, `{"model":"m","t":[1,"messages":[{"role":"user","content":"x"}]}`, false, false},
+	{"deep unknown", chatCase, `{"model":"m","t":` + strings.Repeat("[", 500) + strings.Repeat("]", 500) + `,"messages":[{"role":"user","content":"x"}]}`, true, true},
+	{"deeper than the scanner", chatCase, `{"model":"m","t":` + strings.Repeat("[", 5000) + strings.Repeat("]", 5000) + `,"messages":[{"role":"user","content":"x"}]}`, false, true},
+	{"deeper than encoding/json", chatCase, `{"model":"m","t":` + strings.Repeat("[", 10001) + strings.Repeat("]", 10001) + `,"messages":[{"role":"user","content":"x"}]}`, false, false},
+	{"nulls", chatCase, `{"model":"m","cache_salt":null,"stream":null,"stream_options":null,"tools":null,"messages":[{"role":"user","name":null,"tool_call_id":null,"content":null,"tool_calls":null}]}`, true, true},
+	{"null model", chatCase, `{"model":null,"messages":[{"role":"user","content":"x"}]}`, false, false},
+	{"model number", chatCase, `{"model":5,"messages":[{"role":"user","content":"x"}]}`, false, false},
+	{"stream string", chatCase, `{"model":"m","stream":"yes","messages":[{"role":"user","content":"x"}]}`, false, false},
+	{"stream options", chatCase, `{"model":"m","stream":true,"stream_options":{"include_usage":true,"x":1},"cache_salt":"s","messages":[{"role":"user","content":"x"}]}`, true, true},
+	{"messages object", chatCase, `{"model":"m","messages":{"role":"user"}}`, false, false},
+	{"null message", chatCase, `{"model":"m","messages":[null]}`, false, false},
+	{"no role", chatCase, `{"model":"m","messages":[{"role":"","content":"x"}]}`, false, false},
+	{"trailing garbage", chatCase, `{"model":"m","messages":[{"role":"user","content":"x"}]}x`, false, false},
+	{"two values", chatCase, `{"model":"m","messages":[{"role":"user","content":"x"}]}{}`, false, false},
+	{"trailing comma", chatCase, `{"model":"m","messages":[{"role":"user","content":"x"},]}`, false, false},
+	{"trailing comma object", chatCase, `{"model":"m","messages":[{"role":"user","content":"x"}],}`, false, false},
+	{"unterminated", chatCase, `{"model":"m","messages":[{"role":"user","content":"x`, false, false},
+	{"top null", chatCase, `null`, false, false},
+	{"top array", chatCase, `[]`, false, false},
+	{"empty", chatCase, ``, false, false},
+	{"content parts", chatCase, `{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a\n"},{"text":"b","type":"text"},{"type":"image_url","image_url":{"url":"data:x"}},{"type":"image_url","text":"ignored","image_url":{ "url" : "data:x" }},null,{"type":"text"},{"type":"text","text":null},{}]}]}`, true, true},
+	{"content empty parts", chatCase, `{"model":"m","messages":[{"role":"user","content":[]}]}`, true, true},
+	{"content part string", chatCase, `{"model":"m","messages":[{"role":"user","content":["x"]}]}`, false, false},
+	{"content part text number", chatCase, `{"model":"m","messages":[{"role":"user","content":[{"type":"image","text":5}]}]}`, false, false},
+	{"content number", chatCase, `{"model":"m","messages":[{"role":"user","content":5}]}`, false, false},
+	{"content object", chatCase, `{"model":"m","messages":[{"role":"user","content":{}}]}`, false, false},
+	{"tool calls", chatCase, `{"model":"m","messages":[{"role":"user","content":"q"},{"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{\"x\":1}"}},null,{}],"role":"assistant","content":null},{"role":"tool","tool_call_id":"c1","content":"42"}]}`, true, true},
+	{"tool call function null", chatCase, `{"model":"m","messages":[{"role":"assistant","tool_calls":[{"id":"c","function":null}]}]}`, true, true},
+	{"tool call bad type", chatCase, `{"model":"m","messages":[{"role":"assistant","tool_calls":[{"type":1}]}]}`, false, false},
+	{"tools first", chatCase, `{"model":"m","tools":[{"type":"function","function":{ "name" : "f", "parameters" : {"type":"object"} }},"x",null,1.50],"messages":[{"role":"user","content":"x"}]}`, true, true},
+	{"tools last", chatCase, `{"model":"m","messages":[{"role":"user","content":"x"},{"role":"user","content":"y"}],"stream":true,"tools":[ {"type" : "function"} ]}`, true, true},
+	{"tools empty", chatCase, `{"model":"m","messages":[{"role":"user","content":"x"}],"tools":[]}`, true, true},
+	{"tools object", chatCase, `{"model":"m","messages":[{"role":"user","content":"x"}],"tools":{}}`, false, false},
+	{"chat prompt is unknown", chatCase, `{"model":"m","prompt":5,"messages":[{"role":"user","content":"x"}]}`, true, true},
+
+	{"string prompt", completionCase, `{"model":"m","prompt":"hello\u00e9"}`, true, true},
+	{"empty prompt", completionCase, `{"model":"m","prompt":""}`, true, true},
+	{"batch", completionCase, `{"model":"m","prompt":["a","b",5,{"x":[]}]}`, true, true},
+	{"ids", completionCase, `{"model":"m","prompt":[1, 2 ,0,4294967295],"stream":true,"stream_options":{"include_usage":false}}`, true, true},
+	{"id batch", completionCase, `{"model":"m","prompt":[[1,2],[3],"x"]}`, true, true},
+	{"negative id", completionCase, `{"model":"m","prompt":[-1]}`, false, false},
+	{"minus zero id", completionCase, `{"model":"m","prompt":[-0]}`, false, true},
+	{"big id", completionCase, `{"model":"m","prompt":[4294967296]}`, false, false},
+	{"huge id", completionCase, `{"model":"m","prompt":[99999999999999999999]}`, false, false},
+	{"fraction id", completionCase, `{"model":"m","prompt":[1.0]}`, false, false},
+	{"exponent id", completionCase, `{"model":"m","prompt":[1e2]}`, false, false},
+	{"null id", completionCase, `{"model":"m","prompt":[1,null]}`, false, true},
+	{"string after id", completionCase, `{"model":"m","prompt":[1,"a"]}`, false, false},
+	{"nested too deeply", completionCase, `{"model":"m","prompt":[["a"]]}`, false, false},
+	{"empty inner", completionCase, `{"model":"m","prompt":[[]]}`, false, false},
+	{"empty batch", completionCase, `{"model":"m","prompt":[]}`, false, false},
+	{"null prompt", completionCase, `{"model":"m","prompt":null}`, false, false},
+	{"no prompt", completionCase, `{"model":"m"}`, false, false},
+	{"object prompt", completionCase, `{"model":"m","prompt":{}}`, false, false},
+	{"completion messages unknown", completionCase, `{"model":"m","prompt":"x","messages":7}`, true, true},
+	{"Prompt folded", completionCase, `{"model":"m","Prompt":"x"}`, false, true},
+	{"invalid utf8 prompt", completionCase, "{\"model\":\"m\",\"prompt\":\"\xff\"}", false, true},
+}
+
+func TestRenderMatchesReference(t *testing.T) {
+	for _, tc := range renderCases {
+		t.Run(tc.name, func(t *testing.T) {
+			fast, ok := checkAgainstReference(t, renderers[tc.kind], []byte(tc.body))
+			if ok != tc.ok {
+				t.Errorf("reference accepted=%v, want %v", ok, tc.ok)
+			}
+			if fast != tc.fast {
+				t.Errorf("fast path taken=%v, want %v", fast, tc.fast)
+			}
+		})
 	}
 }
