@@ -8,8 +8,8 @@
 // The decision, in order:
 //
 //  1. Every candidate with a summary that counts is asked for its prefix
-//     match. The common prefix is the longest match that a strict majority
-//     of them hold (a global system prompt everyone has); only a match beyond
+//     match. The common prefix is the longest match that at least half of
+//     them (and two) hold (a global system prompt); only a match beyond
 //     it says anything about where the request should go.
 //  2. If no summary counts, or no candidate holds more than the common
 //     prefix, the request is cold: it goes by consistent hashing with
@@ -113,7 +113,7 @@ type Decision struct {
 	Match int
 	// BestMatch is the longest match of any candidate.
 	BestMatch int
-	// CommonMatch is the common prefix (held by a strict majority).
+	// CommonMatch is the common prefix (held by at least half, and two).
 	CommonMatch int
 	// Key is the consistent-hashing key of the request.
 	Key uint64
@@ -286,14 +286,16 @@ func better(cost float64, w uint64, bestCost float64, bestW uint64) bool {
 	return w > bestW
 }
 
-// commonPrefix returns the longest match held by a strict majority of the
-// fresh candidates. A strict majority, so that with two replicas the one
-// holding a conversation does not make it "common".
+// commonPrefix returns the longest match held by at least half of the
+// fresh candidates, and by at least two: with two replicas, the one
+// holding a conversation must not make it "common". (A strict majority
+// would do that too, but then a system prompt held by half the replicas
+// while a mesh warms up draws every request to them.)
 func commonPrefix(hist, over []int32, fresh int) int {
 	if fresh == 0 {
 		return 0
 	}
-	need := int32(fresh/2 + 1)
+	need := int32(max(2, (fresh+1)/2))
 	var atLeast int32
 	for m := len(over) - 1; m >= len(hist); m-- {
 		atLeast += over[m]

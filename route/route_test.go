@@ -260,9 +260,10 @@ func TestCommonPrefixVote(t *testing.T) {
 		{[]int32{0, 8}, 8, 1},             // everyone holds block 0
 		{[]int32{3, 5}, 8, 1},             // a majority does
 		{[]int32{5, 3}, 8, 0},             // a minority does
-		{[]int32{0, 4, 0, 4}, 8, 1},       // only half hold three blocks
-		{[]int32{0, 3, 0, 5}, 8, 3},       // a majority holds three
+		{[]int32{0, 4, 0, 4}, 8, 3},       // half hold three blocks
+		{[]int32{0, 5, 0, 3}, 8, 1},       // a minority holds three
 		{[]int32{1, 1}, 2, 0},             // of two replicas, one holder is not common
+		{[]int32{0, 2}, 2, 1},             // both are
 		{[]int32{1, 0, 0, 0, 0, 0}, 1, 0}, // nobody holds anything
 		{nil, 0, 0},
 	}
