@@ -9,7 +9,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"strings"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -66,7 +65,7 @@ flags:
 		fs.Usage()
 		return fmt.Errorf("replica-sim: unexpected arguments %q", fs.Args())
 	}
-	if err := applyEnvReplicaSim(fs); err != nil {
+	if err := applyEnv(fs, os.LookupEnv); err != nil {
 		return err
 	}
 	level := hclog.LevelFromString(*logLevel)
@@ -120,26 +119,4 @@ flags:
 		return fmt.Errorf("replica-sim: serve: %w", err)
 	}
 	return nil
-}
-
-// applyEnvReplicaSim sets every flag not given on the command line from
-// KVMESH_<FLAG> (upper case, dashes to underscores) when that is set.
-func applyEnvReplicaSim(fs *flag.FlagSet) error {
-	given := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
-	var errs []error
-	fs.VisitAll(func(f *flag.Flag) {
-		if given[f.Name] {
-			return
-		}
-		key := "KVMESH_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
-		v, ok := os.LookupEnv(key)
-		if !ok {
-			return
-		}
-		if err := fs.Set(f.Name, v); err != nil {
-			errs = append(errs, fmt.Errorf("replica-sim: %s=%q: %w", key, v, err))
-		}
-	})
-	return errors.Join(errs...)
 }

@@ -55,6 +55,7 @@ type routerConfig struct {
 type repeatedFlag []string
 
 func (l *repeatedFlag) String() string { return strings.Join(*l, ",") }
+func (l *repeatedFlag) isList()        {}
 func (l *repeatedFlag) Set(s string) error {
 	if s = strings.TrimSpace(s); s == "" {
 		return errors.New("empty value")
@@ -109,31 +110,8 @@ flags:
 	if fs.NArg() > 0 {
 		return cfg, fmt.Errorf("router: unexpected arguments %q", fs.Args())
 	}
-	set := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	var envErr error
-	fs.VisitAll(func(f *flag.Flag) {
-		if set[f.Name] || envErr != nil {
-			return
-		}
-		key := "KVMESH_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
-		v, ok := getenv(key)
-		if !ok || v == "" {
-			return
-		}
-		vals := []string{v}
-		if _, isList := f.Value.(*repeatedFlag); isList {
-			vals = strings.Split(v, ",")
-		}
-		for _, s := range vals {
-			if err := f.Value.Set(strings.TrimSpace(s)); err != nil {
-				envErr = fmt.Errorf("router: %s=%q: %w", key, v, err)
-				return
-			}
-		}
-	})
-	if envErr != nil {
-		return cfg, envErr
+	if err := applyEnv(fs, getenv); err != nil {
+		return cfg, err
 	}
 	cfg.join, cfg.replicas = join, replicas
 
