@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"net/http"
 	"net/textproto"
 	"slices"
@@ -145,19 +144,7 @@ func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request) ([]byte, int, e
 // Re-deciding on a soft bound here would undo the decider's prefix match
 // for the noise between two load snapshots.
 func (p *Proxy) ownCandidates(cands []route.Candidate, hint string) ([]route.Candidate, int) {
-	inFlight, known := 0, 0
-	for i := range cands {
-		if !cands[i].Stale {
-			inFlight += cands[i].InFlight
-			known++
-		}
-	}
-	known = max(known, 1)
-	factor := p.cfg.Policy.InFlightFactor
-	if factor <= 0 {
-		factor = p.cfg.Policy.LoadFactor
-	}
-	full := 2 * int(math.Ceil(factor*float64(inFlight+1)/float64(known)))
+	full := 2 * p.cfg.Policy.InFlightBound(cands)
 	own, hinted := cands[:0], -1
 	for _, c := range cands {
 		if _, local, ok := p.cfg.View.Locate(c.ID); !ok || !local {

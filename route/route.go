@@ -216,7 +216,7 @@ func (p Policy) Pick(req Request, cands []Candidate) Decision {
 	}
 	common := commonPrefix(hist[:], histOver, fresh)
 	known = max(known, 1)
-	warm := limits{inFlight: int(math.Ceil(p.InFlightFactor * float64(inFlight+1) / float64(known))), work: math.Inf(1)}
+	warm := limits{inFlight: p.inFlightBound(inFlight, known), work: math.Inf(1)}
 	cold := warm
 	cold.work = p.LoadFactor*pending/float64(known) + float64(max(1, n-common))
 	d := Decision{BestMatch: best, CommonMatch: common, Key: p.key(req, common)}
@@ -267,6 +267,25 @@ func (p Policy) Pick(req Request, cands []Candidate) Decision {
 		d.Reason = ReasonSpill
 	}
 	return d
+}
+
+// InFlightBound is the most requests a candidate may have in flight for
+// Pick to admit one more: the hot-spot guard over cands, stale ones not
+// counted. A router serving a forwarded hint uses it to tell "full" from
+// the decider's snapshot noise.
+func (p Policy) InFlightBound(cands []Candidate) int {
+	inFlight, known := 0, 0
+	for i := range cands {
+		if !cands[i].Stale {
+			inFlight += cands[i].InFlight
+			known++
+		}
+	}
+	return p.inFlightBound(inFlight, max(known, 1))
+}
+
+func (p Policy) inFlightBound(inFlight, known int) int {
+	return int(math.Ceil(p.InFlightFactor * float64(inFlight+1) / float64(known)))
 }
 
 // limits are the bounded-load limits of one decision.
