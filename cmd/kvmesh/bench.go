@@ -16,20 +16,6 @@ import (
 	"github.com/kvmesh/kvmesh/internal/trace"
 )
 
-// listFlag is a repeatable flag whose values may also be comma lists.
-type listFlag []string
-
-func (l *listFlag) String() string { return strings.Join(*l, ",") }
-
-func (l *listFlag) Set(v string) error {
-	for _, p := range strings.Split(v, ",") {
-		if p = strings.TrimSpace(p); p != "" {
-			*l = append(*l, p)
-		}
-	}
-	return nil
-}
-
 // benchGroup is one set of front ends benched together under one name.
 type benchGroup struct {
 	name      string

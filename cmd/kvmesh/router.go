@@ -50,20 +50,6 @@ type routerConfig struct {
 	registerProcessGo bool // Go and process collectors (off in in-process tests: they are per process)
 }
 
-// repeatedFlag is a repeatable flag; from the environment it takes a
-// comma-separated list.
-type repeatedFlag []string
-
-func (l *repeatedFlag) String() string { return strings.Join(*l, ",") }
-func (l *repeatedFlag) isList()        {}
-func (l *repeatedFlag) Set(s string) error {
-	if s = strings.TrimSpace(s); s == "" {
-		return errors.New("empty value")
-	}
-	*l = append(*l, s)
-	return nil
-}
-
 // parseRouterFlags parses args, then fills every flag not given on the
 // command line from KVMESH_<FLAG> in the environment (getenv).
 func parseRouterFlags(args []string, getenv func(string) (string, bool), stderr io.Writer) (routerConfig, error) {
@@ -87,7 +73,7 @@ flags:
 		fs.PrintDefaults()
 	}
 	var cfg routerConfig
-	var join, replicas repeatedFlag
+	var join, replicas listFlag
 	fs.StringVar(&cfg.name, "name", "", "this router's unique name in the mesh (required)")
 	fs.StringVar(&cfg.region, "region", "", "region of this router; routers of one region are the nearest network tier")
 	fs.StringVar(&cfg.listen, "listen", "127.0.0.1:8080", "HOST:PORT of the OpenAI API")
