@@ -15,7 +15,7 @@ const wait = 15 * time.Second
 
 func declare(r *testRouter, id string) {
 	r.DeclareReplica(id)
-	r.UpdateReplica(id, []string{"m"}, true, 2048)
+	r.UpdateReplica(id, ReplicaStatus{Models: []string{"m"}, Healthy: true, CapacityBlocks: 2048})
 }
 
 func TestThreeRoutersGossipSummaries(t *testing.T) {

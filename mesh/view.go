@@ -24,10 +24,21 @@ func (m *Mesh) DeclareReplica(id string) {
 	m.mu.Unlock()
 }
 
+// ReplicaStatus is a health check's view of a replica: what it serves,
+// whether it answers, its cache capacity and the engine's own load.
+type ReplicaStatus struct {
+	Models         []string
+	Healthy        bool
+	CapacityBlocks int
+	// Running, Waiting and Slots are the engine's counts (see
+	// route.Candidate); Slots 0 means unknown.
+	Running, Waiting, Slots int
+}
+
 // UpdateReplica records the proxy's latest health check of a declared
 // replica; an owner gossips the change at once.
-func (m *Mesh) UpdateReplica(id string, models []string, healthy bool, capacityBlocks int) {
-	models = slices.Clone(models)
+func (m *Mesh) UpdateReplica(id string, s ReplicaStatus) {
+	models, healthy, capacityBlocks := slices.Clone(s.Models), s.Healthy, s.CapacityBlocks
 	slices.Sort(models)
 	models = slices.Compact(models)
 	m.mu.Lock()
@@ -164,6 +175,11 @@ func (m *Mesh) Record(replicaID string, hashes []uint64) {
 		r.sum.Add(hashes)
 	}
 }
+
+// Forget records that an owned replica does not hold these blocks.
+// TODO(meshdiss): not yet applied or gossiped; the summary has no negative
+// record yet.
+func (m *Mesh) Forget(replicaID string, hashes []uint64) {}
 
 // Begin accounts a request dispatched to a replica declared here: one
 // more in flight and prefillBlocks more pending prefill, until firstByte

@@ -66,6 +66,7 @@ func FuzzHandler(f *testing.F) {
 type nopRecordView struct{ *fakeView }
 
 func (nopRecordView) Record(string, []uint64) {}
+func (nopRecordView) Forget(string, []uint64) {}
 func (nopRecordView) Begin(string, float64) (func(), func()) {
 	return func() {}, func() {}
 }

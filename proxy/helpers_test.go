@@ -74,6 +74,8 @@ func (v *fakeView) Locate(id string) (string, bool, bool) {
 
 func (v *fakeView) Models() []string { return v.models }
 
+func (v *fakeView) Forget(id string, hashes []uint64) {}
+
 func (v *fakeView) Record(id string, hashes []uint64) {
 	v.mu.Lock()
 	defer v.mu.Unlock()

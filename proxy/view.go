@@ -17,6 +17,10 @@ type View interface {
 	// Record tells the replica's summary that the replica now holds these
 	// blocks. Only the owner's call has an effect.
 	Record(replicaID string, hashes []uint64)
+	// Forget tells the replica's summary that the replica does not hold
+	// these blocks (its engine reported fewer cached tokens than the
+	// summary predicted). Only the owner's call has an effect.
+	Forget(replicaID string, hashes []uint64)
 	// Begin accounts a request dispatched to an owned replica: one more in
 	// flight and prefillBlocks more pending prefill. firstByte ends the
 	// pending prefill; done ends the request. Both are idempotent.

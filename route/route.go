@@ -70,6 +70,14 @@ type Candidate struct {
 	// Tier groups replicas by network distance (0: this router's region).
 	// Cold requests are placed within the nearest tier.
 	Tier int
+	// Running and Waiting are the engine's own counts of sequences it runs
+	// and requests it queues (vLLM num_requests_running/waiting, SGLang
+	// num_running_reqs/num_queue_reqs), as last scraped; InFlight is the
+	// router's faster signal in between scrapes.
+	Running, Waiting int
+	// Slots is how many sequences the engine runs at once (max-num-seqs),
+	// published or learned; 0 means unknown.
+	Slots int
 
 	match int // filled by Pick
 }
@@ -86,6 +94,12 @@ type Request struct {
 	// Root is the chain root (model scope), the key of prompts shorter
 	// than one block.
 	Root uint64
+	// ClientKey is the hash of a routing key the client sent
+	// (prompt_cache_key, a session header, bootstrap_room); 0 when none.
+	// When set it is the cold-placement key, so every router places the
+	// client's requests alike whatever their prompts; prefix summaries still
+	// decide warm requests.
+	ClientKey uint64
 }
 
 // Reason says why a replica was picked; it is a metric label.
@@ -335,6 +349,9 @@ func commonPrefix(hist, over []int32, fresh int) int {
 // KeyBlocks past the common prefix (or the last full block of a shorter
 // prompt), which covers everything before it.
 func (p Policy) key(req Request, common int) uint64 {
+	if req.ClientKey != 0 {
+		return req.ClientKey
+	}
 	idx := min(len(req.Hashes)-1, max(common, p.KeyBlocks-1))
 	if idx < 0 {
 		return req.Root

@@ -254,7 +254,9 @@ func startRouter(ctx context.Context, cfg routerConfig) (*router, error) {
 	}
 	client := proxy.NewClient()
 	hc := proxy.NewHealthChecker(proxy.HealthConfig{Interval: cfg.healthInterval}, cfg.replicas, client,
-		m.UpdateReplica, cfg.contract.BlockBytes, log.Named("health"), reg)
+		func(id string, models []string, healthy bool, capacityBlocks int) {
+			m.UpdateReplica(id, mesh.ReplicaStatus{Models: models, Healthy: healthy, CapacityBlocks: capacityBlocks})
+		}, cfg.contract.BlockBytes, log.Named("health"), reg)
 	policy := route.DefaultPolicy()
 	policy.LoadFactor = cfg.loadFactor
 	p, err := proxy.New(proxy.Config{
