@@ -24,6 +24,24 @@ func (m *Mesh) DeclareReplica(id string) {
 	m.mu.Unlock()
 }
 
+// WithdrawReplica undeclares a replica at this router (discovery saw it
+// go, or the operator removed it): this router stops claiming it, and
+// ownership moves to another declarer, if any.
+// TODO(meshdiss): peers learn it only when the declaration expires.
+func (m *Mesh) WithdrawReplica(id string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r := m.replicas[id]
+	if r == nil || !r.declared {
+		return
+	}
+	r.declared = false
+	delete(r.declarers, m.cfg.Name)
+	if r.owned {
+		m.setOwnedLocked(r, false)
+	}
+}
+
 // ReplicaStatus is a health check's view of a replica: what it serves,
 // whether it answers, its cache capacity and the engine's own load.
 type ReplicaStatus struct {
