@@ -35,10 +35,11 @@ const (
 	dedupeWindow   = 4096 // delta sequence numbers remembered per origin
 	maxOrigins     = 4096 // origins remembered for dedupe
 	declEveryTicks = 10   // a declaration-only state every this many ticks
-	failedPeerTTL  = 30 * time.Minute
-	udpBufferSize  = 1400
-	encryptOverhd  = 29 // AES-GCM: version + nonce + tag (memberlist ≥ v2 protocol)
-	packetOverhead = 5  // compound header (2) + user-message framing (3), see memberlist GetBroadcasts
+	// defaultFailedPeerTimeout is Timing.FailedPeerTimeout's default.
+	defaultFailedPeerTimeout = 30 * time.Minute
+	udpBufferSize            = 1400
+	encryptOverhd            = 29 // AES-GCM: version + nonce + tag (memberlist ≥ v2 protocol)
+	packetOverhead           = 5  // compound header (2) + user-message framing (3), see memberlist GetBroadcasts
 )
 
 // MemberInfo describes one router of the mesh.
@@ -74,6 +75,10 @@ type replica struct {
 	pendingK atomic.Int64 // pending prefill blocks × 1000
 
 	declarers map[string]bool // routers known to declare it
+	// Soft state of the peers' declarations (membership.go): when each
+	// declarer last asserted it itself, and the latest of those.
+	declHeard    map[string]time.Time
+	lastDeclared time.Time
 
 	// The owner's word, when another router owns it.
 	st       stateMsg

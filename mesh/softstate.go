@@ -1,0 +1,137 @@
+package mesh
+
+// Membership as soft state: a peer's declaration of a replica lives while
+// that router re-asserts it (its own states, at least every declaration
+// period, and its push/pull state) and goes DeclarationTTL after it stops,
+// or at once when its push/pull state no longer lists it. A replica with
+// no live declarer has no owner and leaves the candidate list; one no
+// router has declared for FailedPeerTimeout is forgotten. Seeds not all in
+// the mesh are re-joined for as long as they are missing.
+
+import (
+	"net"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/kvmesh/kvmesh/summary"
+)
+
+// maxDeclarers bounds the routers remembered as declaring one replica.
+const maxDeclarers = 64
+
+// declarationHolds is the soft-state rule: this router's own declaration
+// holds while it declares the replica; a peer's, for ttl after the last
+// time that peer asserted it itself.
+func declarationHolds(name, self string, selfDeclares bool, heard time.Time, now time.Time, ttl time.Duration) bool {
+	if name == self {
+		return selfDeclares
+	}
+	return !heard.IsZero() && now.Sub(heard) <= ttl
+}
+
+// declaresLocked reports whether router name's declaration of r holds.
+func (m *Mesh) declaresLocked(r *replica, name string, now time.Time) bool {
+	return r.declarers[name] && declarationHolds(name, m.cfg.Name, r.declared, r.declHeard[name], now, m.cfg.Timing.DeclarationTTL)
+}
+
+// declarersLocked lists, sorted, the routers whose declaration of r holds.
+func (m *Mesh) declarersLocked(r *replica, now time.Time) []string {
+	var out []string
+	for d := range r.declarers {
+		if m.declaresLocked(r, d, now) {
+			out = append(out, d)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// expireDeclarationsLocked drops the declarations that no longer hold;
+// a replica left with no live declarer loses its dead owner's word (so
+// no view lists it healthy), and one no router has declared for
+// FailedPeerTimeout is forgotten.
+func (m *Mesh) expireDeclarationsLocked(now time.Time) {
+	t := m.cfg.Timing
+	for id, r := range m.replicas {
+		for d := range r.declarers {
+			if m.declaresLocked(r, d, now) {
+				continue
+			}
+			delete(r.declarers, d)
+			delete(r.declHeard, d)
+			if d != m.cfg.Name {
+				m.log.Info("declaration expired: its router stopped asserting it", "replica", id, "router", d)
+			}
+		}
+		if !r.owned && r.hasState && m.ownerLocked(r) == "" {
+			r.hasState = false
+		}
+		if len(r.declarers) == 0 && !r.declared && !r.owned && now.Sub(r.lastDeclared) > t.FailedPeerTimeout {
+			delete(m.replicas, id)
+			m.log.Info("replica forgotten: no router declared it", "replica", id, "for", t.FailedPeerTimeout)
+		}
+	}
+}
+
+// retractLocked drops origin's declarations of the replicas its complete
+// push/pull state (asserted) no longer lists: a router restarted without
+// a replica stops claiming it at its first push/pull, not a TTL later.
+func (m *Mesh) retractLocked(origin string, asserted map[string]bool) {
+	if origin == m.cfg.Name {
+		return
+	}
+	for id, r := range m.replicas {
+		if r.declarers[origin] && !asserted[id] {
+			delete(r.declarers, origin)
+			delete(r.declHeard, origin)
+			m.log.Info("declaration retracted: absent from its router's push/pull state", "replica", id, "router", origin)
+		}
+	}
+}
+
+// adoptSummaryLocked lets the owner of r take a full summary a peer sent
+// (a push/pull state or a full reply) when its own is missing or empty:
+// a restarted owner is warm again after one push/pull with the router
+// that held the replica meanwhile, as a new router is. It reports whether
+// it adopted s.
+func (m *Mesh) adoptSummaryLocked(r *replica, owner string, st *stateMsg, s *summary.Summary) bool {
+	if owner != m.cfg.Name || s == nil || st.Origin == m.cfg.Name || s.Version() == 0 ||
+		(r.sum != nil && r.sum.Version() > 0) {
+		return false
+	}
+	m.log.Info("adopting summary of a previous owner", "replica", r.id, "from", st.Origin, "epoch", s.Epoch(), "version", s.Version())
+	r.sum, r.wantFull, r.digestVer, r.digest = s, false, 0, 0
+	if r.owned {
+		r.lastSent = s.Version()
+	}
+	return true
+}
+
+// missingSeeds returns the seeds to re-join: each seed ("host:port", or a
+// host with the default port) whose resolved addresses are not all alive
+// members. A seed that does not resolve now is missing (DNS may be back
+// at the next round); resolve is called for host names only.
+func missingSeeds(seeds []string, defaultPort int, resolve func(host string) ([]string, error), alive map[string]bool) []string {
+	var out []string
+	for _, s := range seeds {
+		host, port, err := net.SplitHostPort(s)
+		if err != nil {
+			host, port = s, strconv.Itoa(defaultPort)
+		}
+		ips := []string{host}
+		if net.ParseIP(host) == nil {
+			if ips, err = resolve(host); err != nil || len(ips) == 0 {
+				out = append(out, s)
+				continue
+			}
+		}
+		for _, ip := range ips {
+			if !alive[net.JoinHostPort(ip, port)] {
+				out = append(out, s)
+				break
+			}
+		}
+	}
+	return out
+}

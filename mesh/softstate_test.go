@@ -1,0 +1,232 @@
+package mesh
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestDeclarationHolds(t *testing.T) {
+	now := time.Unix(1000, 0)
+	ttl := 3 * time.Second
+	tests := []struct {
+		name         string
+		router       string
+		selfDeclares bool
+		heard        time.Time
+		want         bool
+	}{
+		{"own, declared", "me", true, time.Time{}, true},
+		{"own, not declared, though a peer lists it", "me", false, now, false},
+		{"peer, just asserted", "p", false, now, true},
+		{"peer, asserted ttl ago", "p", false, now.Add(-ttl), true},
+		{"peer, silent longer than ttl", "p", false, now.Add(-ttl - time.Millisecond), false},
+		{"peer, never asserted itself", "p", true, time.Time{}, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := declarationHolds(tc.router, "me", tc.selfDeclares, tc.heard, now, ttl); got != tc.want {
+				t.Fatalf("got %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestMissingSeeds(t *testing.T) {
+	dns := map[string][]string{"routers.svc": {"10.0.0.1", "10.0.0.2"}, "one.svc": {"10.0.0.3"}}
+	resolve := func(h string) ([]string, error) {
+		if ips, ok := dns[h]; ok {
+			return ips, nil
+		}
+		return nil, errors.New("no such host")
+	}
+	alive := func(addrs ...string) map[string]bool {
+		m := map[string]bool{}
+		for _, a := range addrs {
+			m[a] = true
+		}
+		return m
+	}
+	tests := []struct {
+		name  string
+		seeds []string
+		alive map[string]bool
+		want  []string
+	}{
+		{"all present", []string{"10.0.0.1:7946", "routers.svc:7946"}, alive("10.0.0.1:7946", "10.0.0.2:7946"), nil},
+		{"an IP seed missing", []string{"10.0.0.1:7946", "10.0.0.9:7946"}, alive("10.0.0.1:7946"), []string{"10.0.0.9:7946"}},
+		{"a DNS seed with one of its routers missing", []string{"routers.svc:7946"}, alive("10.0.0.1:7946"), []string{"routers.svc:7946"}},
+		{"a DNS seed that does not resolve now", []string{"gone.svc:7946"}, alive(), []string{"gone.svc:7946"}},
+		{"no port: the default", []string{"one.svc"}, alive("10.0.0.3:7946"), nil},
+		{"same IP, another port", []string{"10.0.0.1:7000"}, alive("10.0.0.1:7946"), []string{"10.0.0.1:7000"}},
+		{"no seeds", nil, alive(), nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := missingSeeds(tc.seeds, 7946, resolve, tc.alive); !slices.Equal(got, tc.want) {
+				t.Fatalf("got %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+// debugOf returns router m's debug line of replica id.
+func debugOf(m *Mesh, id string) (ReplicaDebug, bool) {
+	for _, r := range m.Debug().(DebugInfo).Replicas {
+		if r.ID == id {
+			return r, true
+		}
+	}
+	return ReplicaDebug{}, false
+}
+
+func TestRestartedWithoutReplicaStopsClaimingIt(t *testing.T) {
+	id := "http://shared:8000"
+	a := newRouter(t, "a", nil)
+	declare(a, id)
+	b := newRouter(t, "b", joining(a))
+	declare(b, id)
+	eventually(t, wait, "both know both declarations", func() error {
+		for _, m := range []*Mesh{a.Mesh, b.Mesh} {
+			if d, _ := debugOf(m, id); strings.Join(d.DeclaredBy, ",") != "a,b" {
+				return fmt.Errorf("%s: declared by %v", m.cfg.Name, d.DeclaredBy)
+			}
+		}
+		return nil
+	})
+	if err := a.Close(t.Context()); err != nil {
+		t.Logf("close: %v", err)
+	}
+	// a comes back without the replica; b's states still list a.
+	a2 := newRouter(t, "a", joining(b))
+	eventually(t, wait, "only b declares and owns the replica, everywhere", func() error {
+		for _, m := range []*Mesh{a2.Mesh, b.Mesh} {
+			d, ok := debugOf(m, id)
+			if !ok || strings.Join(d.DeclaredBy, ",") != "b" || d.Owner != "b" {
+				return fmt.Errorf("%s: %+v", m.cfg.Name, d)
+			}
+		}
+		if _, local, ok := a2.Locate(id); !ok || local {
+			return fmt.Errorf("a2 Locate local=%v ok=%v", local, ok)
+		}
+		return nil
+	})
+}
+
+func TestSoleDeclarerGoneLeavesCandidates(t *testing.T) {
+	id := "http://only-a:8000"
+	a := newRouter(t, "a", nil)
+	declare(a, id)
+	b := newRouter(t, "b", joining(a))
+	eventually(t, wait, "b routes to a's replica", func() error {
+		if _, ok := candidate(b.Mesh, "m", id); !ok {
+			return errors.New("not a candidate")
+		}
+		return nil
+	})
+	if err := a.Close(t.Context()); err != nil {
+		t.Logf("close: %v", err)
+	}
+	eventually(t, wait, "no candidate, no owner, not listed healthy, no declarer once the TTL passed", func() error {
+		if _, ok := candidate(b.Mesh, "m", id); ok {
+			return errors.New("still a candidate")
+		}
+		if d, ok := debugOf(b.Mesh, id); ok && (d.Owner != "" || d.Healthy || len(d.DeclaredBy) > 0) {
+			return fmt.Errorf("%+v", d)
+		}
+		return nil
+	})
+}
+
+func TestPartitionLongerThanFailedPeerTimeoutHeals(t *testing.T) {
+	p := &partitioner{}
+	var rs []*testRouter
+	for i := range 4 {
+		tr, _ := p.transport(t, i/2)
+		var join func(*Config)
+		if i > 0 {
+			join = joining(rs[0]) // the only seed is on one side
+		}
+		rs = append(rs, newRouter(t, fmt.Sprintf("p%d", i), func(c *Config) {
+			c.Transport = tr
+			c.Timing.FailedPeerTimeout = 300 * time.Millisecond
+			if join != nil {
+				join(c)
+			}
+		}))
+	}
+	all := func(n int) func() error {
+		return func() error {
+			for _, r := range rs {
+				if got := members(r.Mesh); got != n {
+					return fmt.Errorf("%s sees %d alive", r.cfg.Name, got)
+				}
+			}
+			return nil
+		}
+	}
+	eventually(t, wait, "mesh of 4", all(4))
+	p.set(true)
+	eventually(t, wait, "two sides of 2", all(2))
+	// Past the failed-peer timeout and memberlist's own gossip to the dead
+	// (30 probe intervals): only the seeds can heal it now.
+	eventually(t, wait, "failed peers forgotten", func() error {
+		for _, r := range rs {
+			if n := len(r.Members()); n != 2 {
+				return fmt.Errorf("%s remembers %d routers", r.cfg.Name, n)
+			}
+		}
+		return nil
+	})
+	time.Sleep(30 * TestTiming().ProbeInterval)
+	p.set(false)
+	eventually(t, wait, "healed into one mesh of 4", all(4))
+}
+
+func TestRestartedOwnerTakesItsSummaryBack(t *testing.T) {
+	id := "http://shared:8000"
+	a := newRouter(t, "a", nil)
+	declare(a, id)
+	b := newRouter(t, "b", joining(a))
+	declare(b, id)
+	var owner, other *testRouter
+	eventually(t, wait, "one owner", func() error {
+		_, la, oka := a.Locate(id)
+		_, lb, okb := b.Locate(id)
+		if !oka || !okb || la == lb {
+			return fmt.Errorf("a local=%v, b local=%v", la, lb)
+		}
+		owner, other = a, b
+		if lb {
+			owner, other = b, a
+		}
+		return nil
+	})
+	hashes := chain(7, 400)
+	owner.Record(id, hashes)
+	eventually(t, wait, "the other's copy matches", func() error { return matches(other.Mesh, id, hashes) })
+	name := owner.cfg.Name
+	if err := owner.Close(t.Context()); err != nil {
+		t.Logf("close: %v", err)
+	}
+	eventually(t, wait, "the other takes over", func() error {
+		if _, local, ok := other.Locate(id); !ok || !local {
+			return fmt.Errorf("local=%v ok=%v", local, ok)
+		}
+		return nil
+	})
+	back := newRouter(t, name, joining(other))
+	declare(back, id)
+	eventually(t, wait, "the restarted owner owns the replica again, warm", func() error {
+		if _, local, ok := back.Locate(id); !ok || !local {
+			return fmt.Errorf("local=%v ok=%v", local, ok)
+		}
+		if err := matches(back.Mesh, id, hashes); err != nil {
+			return err
+		}
+		return matches(other.Mesh, id, hashes)
+	})
+}
