@@ -250,8 +250,8 @@ func (m *Mesh) drainLocked(r *replica) {
 // decodeSummary decodes the summary of a full copy (nil when it carries
 // none or it does not decode). It takes no lock.
 func (m *Mesh) decodeSummary(f *stateWithSummary) *summary.Summary {
-	if len(f.Summary) == 0 || f.State.Origin == m.cfg.Name {
-		return nil
+	if len(f.Summary) == 0 || (f.State.Origin == m.cfg.Name && f.State.Boot == m.boot) {
+		return nil // (a peer may hand back our previous incarnation's summary)
 	}
 	s, err := summary.Decode(f.Summary, m.fp)
 	if err != nil {
@@ -266,7 +266,7 @@ func (m *Mesh) decodeSummary(f *stateWithSummary) *summary.Summary {
 // the owner, or adopts one from the previous owner when ours is fresh and
 // empty.
 func (m *Mesh) handleFullLocked(st *stateMsg, s *summary.Summary, now time.Time) {
-	if s == nil || st.Origin == m.cfg.Name {
+	if s == nil {
 		return
 	}
 	r := m.replicas[st.Replica]
@@ -275,7 +275,7 @@ func (m *Mesh) handleFullLocked(st *stateMsg, s *summary.Summary, now time.Time)
 	}
 	owner := m.ownerLocked(r)
 	switch {
-	case m.adoptSummaryLocked(r, owner, st, s):
+	case m.adoptSummaryLocked(r, owner, st, s) || st.Origin == m.cfg.Name:
 		return
 	case owner != st.Origin || r.owned:
 		m.met.dropped.WithLabelValues(dropRefused).Inc()

@@ -122,17 +122,15 @@ func (d *delegate) MergeRemoteState(buf []byte, join bool) {
 	// Declarations first, so ownership is known before the full copies;
 	// the states last, so they find the copies they describe.
 	var valid []int
-	asserted := map[string]bool{}
 	for i := range p.Entries {
 		if e := &p.Entries[i]; e.State.Origin == p.Origin {
 			valid = append(valid, i)
 			m.declareLocked(&e.State)
-			asserted[e.State.Replica] = true
 		} else {
 			m.met.dropped.WithLabelValues(dropRefused).Inc()
 		}
 	}
-	m.retractLocked(p.Origin, asserted)
+	m.reassertedLocked(&p)
 	for _, i := range valid {
 		m.handleFullLocked(&p.Entries[i].State, sums[i], now)
 	}

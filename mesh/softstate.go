@@ -74,29 +74,50 @@ func (m *Mesh) expireDeclarationsLocked(now time.Time) {
 	}
 }
 
-// retractLocked drops origin's declarations of the replicas its complete
-// push/pull state (asserted) no longer lists: a router restarted without
-// a replica stops claiming it at its first push/pull, not a TTL later.
-func (m *Mesh) retractLocked(origin string, asserted map[string]bool) {
-	if origin == m.cfg.Name {
+// reassertedLocked applies what a peer's complete push/pull state says
+// about membership. The peer's declarations of replicas it no longer lists
+// go at once: a router restarted without a replica stops claiming it at
+// its first push/pull, not a TTL later. And for a replica it owns with an
+// empty summary (it restarted) while this router holds a copy of its
+// previous incarnation's, the copy goes back to it, so a restarted owner
+// is warm after one push/pull even when no other router held the replica
+// meanwhile.
+func (m *Mesh) reassertedLocked(p *pushPull) {
+	if p.Origin == m.cfg.Name {
 		return
 	}
-	for id, r := range m.replicas {
-		if r.declarers[origin] && !asserted[id] {
-			delete(r.declarers, origin)
-			delete(r.declHeard, origin)
-			m.log.Info("declaration retracted: absent from its router's push/pull state", "replica", id, "router", origin)
+	asserted := map[string]*stateMsg{}
+	for i := range p.Entries {
+		if st := &p.Entries[i].State; st.Origin == p.Origin {
+			asserted[st.Replica] = st
 		}
+	}
+	for id, r := range m.replicas {
+		if r.declarers[p.Origin] && asserted[id] == nil {
+			delete(r.declarers, p.Origin)
+			delete(r.declHeard, p.Origin)
+			m.log.Info("declaration retracted: absent from its router's push/pull state", "replica", id, "router", p.Origin)
+		}
+	}
+	for id, st := range asserted {
+		r := m.replicas[id]
+		if r == nil || r.owned || r.sum == nil || r.sum.Version() == 0 || st.Version != 0 ||
+			r.st.Origin != p.Origin || r.st.Boot == p.Boot || r.st.Epoch != r.sum.Epoch() ||
+			m.ownerLocked(r) != p.Origin {
+			continue
+		}
+		m.log.Info("handing a restarted owner its summary back", "replica", id, "to", p.Origin, "epoch", r.sum.Epoch(), "version", r.sum.Version())
+		m.post.replies = append(m.post.replies, fullReplyJob{to: p.Origin, st: r.st, sum: r.sum})
 	}
 }
 
 // adoptSummaryLocked lets the owner of r take a full summary a peer sent
-// (a push/pull state or a full reply) when its own is missing or empty:
-// a restarted owner is warm again after one push/pull with the router
-// that held the replica meanwhile, as a new router is. It reports whether
-// it adopted s.
+// (a push/pull state or a full reply: the router that held the replica
+// meanwhile, or a copy of this router's previous incarnation's summary)
+// when its own is missing or empty: a restarted owner is warm again after
+// one push/pull, as a new router is. It reports whether it adopted s.
 func (m *Mesh) adoptSummaryLocked(r *replica, owner string, st *stateMsg, s *summary.Summary) bool {
-	if owner != m.cfg.Name || s == nil || st.Origin == m.cfg.Name || s.Version() == 0 ||
+	if owner != m.cfg.Name || s == nil || (st.Origin == m.cfg.Name && st.Boot == m.boot) || s.Version() == 0 ||
 		(r.sum != nil && r.sum.Version() > 0) {
 		return false
 	}

@@ -230,3 +230,31 @@ func TestRestartedOwnerTakesItsSummaryBack(t *testing.T) {
 		return matches(other.Mesh, id, hashes)
 	})
 }
+
+func TestRestartedSoleOwnerTakesItsSummaryBackFromACopy(t *testing.T) {
+	id := "http://only-a:8000"
+	a := newRouter(t, "a", nil)
+	declare(a, id)
+	b := newRouter(t, "b", joining(a))
+	hashes := chain(8, 400)
+	a.Record(id, hashes)
+	eventually(t, wait, "b's copy matches", func() error { return matches(b.Mesh, id, hashes) })
+	if err := a.Close(t.Context()); err != nil {
+		t.Logf("close: %v", err)
+	}
+	eventually(t, wait, "b sees a gone", func() error {
+		if members(b.Mesh) != 1 {
+			return errors.New("a still alive")
+		}
+		return nil
+	})
+	// Nobody owned the replica meanwhile: only b's copy has its history.
+	back := newRouter(t, "a", joining(b))
+	declare(back, id)
+	eventually(t, wait, "the restarted owner is warm, and so is b's copy", func() error {
+		if err := matches(back.Mesh, id, hashes); err != nil {
+			return err
+		}
+		return matches(b.Mesh, id, hashes)
+	})
+}
