@@ -185,5 +185,6 @@ func (m *Mesh) declareLocked(st *stateMsg) *replica {
 	r.declarers[st.Origin] = true
 	r.declHeard[st.Origin] = now
 	r.lastDeclared = now
+	m.handBackLocked(r, st)
 	return r
 }

@@ -79,6 +79,7 @@ type replica struct {
 	// declarer last asserted it itself, and the latest of those.
 	declHeard    map[string]time.Time
 	lastDeclared time.Time
+	handedBack   uint64 // the owner boot this router's copy went back to
 
 	// The owner's word, when another router owns it.
 	st       stateMsg

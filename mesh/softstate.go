@@ -74,41 +74,43 @@ func (m *Mesh) expireDeclarationsLocked(now time.Time) {
 	}
 }
 
-// reassertedLocked applies what a peer's complete push/pull state says
-// about membership. The peer's declarations of replicas it no longer lists
-// go at once: a router restarted without a replica stops claiming it at
-// its first push/pull, not a TTL later. And for a replica it owns with an
-// empty summary (it restarted) while this router holds a copy of its
-// previous incarnation's, the copy goes back to it, so a restarted owner
-// is warm after one push/pull even when no other router held the replica
-// meanwhile.
+// reassertedLocked applies a peer's complete push/pull state: its
+// declarations of replicas it no longer lists go at once, so a router
+// restarted without a replica stops claiming it at its first push/pull,
+// not a TTL later.
 func (m *Mesh) reassertedLocked(p *pushPull) {
 	if p.Origin == m.cfg.Name {
 		return
 	}
-	asserted := map[string]*stateMsg{}
+	asserted := map[string]bool{}
 	for i := range p.Entries {
 		if st := &p.Entries[i].State; st.Origin == p.Origin {
-			asserted[st.Replica] = st
+			asserted[st.Replica] = true
 		}
 	}
 	for id, r := range m.replicas {
-		if r.declarers[p.Origin] && asserted[id] == nil {
+		if r.declarers[p.Origin] && !asserted[id] {
 			delete(r.declarers, p.Origin)
 			delete(r.declHeard, p.Origin)
 			m.log.Info("declaration retracted: absent from its router's push/pull state", "replica", id, "router", p.Origin)
 		}
 	}
-	for id, st := range asserted {
-		r := m.replicas[id]
-		if r == nil || r.owned || r.sum == nil || r.sum.Version() == 0 || st.Version != 0 ||
-			r.st.Origin != p.Origin || r.st.Boot == p.Boot || r.st.Epoch != r.sum.Epoch() ||
-			m.ownerLocked(r) != p.Origin {
-			continue
-		}
-		m.log.Info("handing a restarted owner its summary back", "replica", id, "to", p.Origin, "epoch", r.sum.Epoch(), "version", r.sum.Version())
-		m.post.replies = append(m.post.replies, fullReplyJob{to: p.Origin, st: r.st, sum: r.sum})
+}
+
+// handBackLocked runs on the first state of a restarted owner (a new
+// boot, an empty summary) of a replica this router holds a copy of from
+// its previous incarnation: the copy goes back to it, once per boot, so
+// the owner is warm after one exchange even when no other router held the
+// replica meanwhile. (It runs before the state replaces the copy's.)
+func (m *Mesh) handBackLocked(r *replica, st *stateMsg) {
+	if r.owned || r.sum == nil || r.sum.Version() == 0 || st.Version != 0 ||
+		r.st.Origin != st.Origin || r.st.Boot == st.Boot || r.handedBack == st.Boot ||
+		r.st.Epoch != r.sum.Epoch() || m.ownerLocked(r) != st.Origin {
+		return
 	}
+	r.handedBack = st.Boot
+	m.log.Info("handing a restarted owner its summary back", "replica", r.id, "to", st.Origin, "epoch", r.sum.Epoch(), "version", r.sum.Version())
+	m.post.replies = append(m.post.replies, fullReplyJob{to: st.Origin, st: r.st, sum: r.sum})
 }
 
 // adoptSummaryLocked lets the owner of r take a full summary a peer sent
