@@ -113,6 +113,9 @@ func outerMain() int {
 	inner = exec.Command("ip", append([]string{"netns", "exec", clientNS, os.Args[0]}, os.Args[1:]...)...)
 	inner.Env = append(cleanEnv(), "KVF_ROLE=inner", "KVF_DIR="+dir, "KVF_KVMESH="+bin)
 	if d := os.Getenv("KVF_DOC"); d != "" {
+		if !filepath.IsAbs(d) {
+			d = filepath.Join("..", "..", d) // go test runs in internal/fault; the path is from the repo root
+		}
 		if abs, err := filepath.Abs(d); err == nil {
 			inner.Env = append(inner.Env, "KVF_DOC="+abs)
 		}

@@ -27,5 +27,5 @@ cleanup() {
 }
 trap cleanup EXIT INT TERM
 
-if [ "${1:-}" = "--update" ]; then export KVF_DOC=docs/RELIABILITY.md; fi
+if [ "${1:-}" = "--update" ]; then export KVF_DOC=$PWD/docs/RELIABILITY.md; fi
 go test -tags fault -count=1 -timeout 12m -v ./internal/fault
