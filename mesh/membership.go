@@ -121,7 +121,7 @@ func (m *Mesh) reconnect(now time.Time) {
 	m.mu.Unlock()
 	rand.Shuffle(len(addrs), func(i, j int) { addrs[i], addrs[j] = addrs[j], addrs[i] })
 	addrs = addrs[:min(len(addrs), 3)]
-	ctx, cancel := context.WithTimeout(m.ctx, m.cfg.Timing.TCPTimeout)
+	ctx, cancel := context.WithTimeout(m.ctx, min(m.cfg.Timing.TCPTimeout, 5*time.Second))
 	seeds := missingSeeds(m.cfg.Join, int(m.ml.LocalNode().Port), func(host string) ([]string, error) {
 		return net.DefaultResolver.LookupHost(ctx, host)
 	}, alive)

@@ -23,7 +23,10 @@ const (
 	hubNS    = "kvf-hub"
 	clientNS = "kvf-c"
 	clientIP = "10.77.0.2"
-	bridge   = "kvfbr0"
+	// attackerIP is a second address of the client namespace: floods come
+	// from it, so per-client caps tell them from the load.
+	attackerIP = "10.77.0.3"
+	bridge     = "kvfbr0"
 )
 
 // nodeNS lists every namespace but the hub with its address.
@@ -188,6 +191,7 @@ func setup() error {
 			return err
 		}
 	}
+	cmds = append(cmds, []string{"ip", "-n", clientNS, "addr", "add", attackerIP + "/24", "dev", "eth0"})
 	for _, c := range cmds {
 		if err := run(c[0], c[1:]...); err != nil {
 			return err

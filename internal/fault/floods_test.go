@@ -21,14 +21,14 @@ type flood struct {
 	wg     sync.WaitGroup
 }
 
-// openFlood dials n connections to addr (64 at a time) and sends each
+// openFlood dials n connections to addr (64 at a time) from attackerIP and sends each
 // prefix; trickle, when positive, then writes one byte to every open
 // connection that often, as a slow-body client does.
 func openFlood(addr string, n int, prefix func(i int) []byte, trickle time.Duration) *flood {
 	f := &flood{stopc: make(chan struct{})}
 	sem := make(chan struct{}, 64)
 	var dial sync.WaitGroup
-	d := net.Dialer{Timeout: 5 * time.Second}
+	d := net.Dialer{Timeout: 5 * time.Second, LocalAddr: &net.TCPAddr{IP: net.ParseIP(attackerIP)}}
 	for i := 0; i < n; i++ {
 		sem <- struct{}{}
 		dial.Add(1)
