@@ -152,7 +152,6 @@ type cluster struct {
 	dir, bin string
 	flags    map[string]bool // the router's flags in this build
 
-	mu       sync.Mutex
 	routers  [numRouters + 1]*proc
 	replicas [numReplicas + 1]*proc
 	declares map[int][]int // router -> replicas it declares
@@ -540,12 +539,6 @@ func (s *rssSampler) finish() (float64, string) {
 		}
 	}
 	return float64(best) / 1024, who
-}
-
-func (s *rssSampler) of(name string) float64 {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return float64(s.peak[name]) / 1024
 }
 
 // generations counts, over every replica's id log, how many times each
