@@ -98,12 +98,12 @@ func (m *Mesh) reassertedLocked(p *pushPull) {
 }
 
 // handBackLocked runs on the first state of a restarted owner (a new
-// boot, an empty summary) of a replica this router holds a copy of from
-// its previous incarnation: the copy goes back to it, once per boot, so
+// boot, a new epoch) of a replica this router holds a copy of from its
+// previous incarnation: the copy goes back to it, once per boot, so
 // the owner is warm after one exchange even when no other router held the
 // replica meanwhile. (It runs before the state replaces the copy's.)
 func (m *Mesh) handBackLocked(r *replica, st *stateMsg) {
-	if r.owned || r.sum == nil || r.sum.Version() == 0 || st.Version != 0 ||
+	if r.owned || r.sum == nil || r.sum.Version() == 0 || st.Epoch == r.sum.Epoch() ||
 		r.st.Origin != st.Origin || r.st.Boot == st.Boot || r.handedBack == st.Boot ||
 		r.st.Epoch != r.sum.Epoch() || m.ownerLocked(r) != st.Origin {
 		return
@@ -116,17 +116,31 @@ func (m *Mesh) handBackLocked(r *replica, st *stateMsg) {
 // adoptSummaryLocked lets the owner of r take a full summary a peer sent
 // (a push/pull state or a full reply: the router that held the replica
 // meanwhile, or a copy of this router's previous incarnation's summary)
-// when its own is missing or empty: a restarted owner is warm again after
-// one push/pull, as a new router is. It reports whether it adopted s.
+// while its own is young (every insert of it still in its log, as after
+// a restart): it adopts s and re-adds its own inserts, so a restarted
+// owner is warm again after one exchange, as a new router is, and loses
+// nothing it recorded meanwhile. It reports whether it adopted s.
 func (m *Mesh) adoptSummaryLocked(r *replica, owner string, st *stateMsg, s *summary.Summary) bool {
-	if owner != m.cfg.Name || s == nil || (st.Origin == m.cfg.Name && st.Boot == m.boot) || s.Version() == 0 ||
-		(r.sum != nil && r.sum.Version() > 0) {
+	if owner != m.cfg.Name || s == nil || (st.Origin == m.cfg.Name && st.Boot == m.boot) || s.Version() == 0 {
 		return false
 	}
-	m.log.Info("adopting summary of a previous owner", "replica", r.id, "from", st.Origin, "epoch", s.Epoch(), "version", s.Version())
+	var mine []uint64
+	if r.sum != nil {
+		if r.sum.Epoch() == s.Epoch() {
+			return false
+		}
+		hs, ok := r.sum.Since(0)
+		if !ok {
+			return false // ours has a history of its own: keep it
+		}
+		mine = hs
+	}
+	m.log.Info("adopting the summary a peer held", "replica", r.id, "from", st.Origin, "epoch", s.Epoch(), "version", s.Version(), "own_inserts", len(mine))
+	v := s.Version()
+	s.Add(mine)
 	r.sum, r.wantFull, r.digestVer, r.digest = s, false, 0, 0
 	if r.owned {
-		r.lastSent = s.Version()
+		r.lastSent = v // the re-added inserts go out as deltas
 	}
 	return true
 }

@@ -7,6 +7,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/kvmesh/kvmesh/summary"
 )
 
 func TestDeclarationHolds(t *testing.T) {
@@ -251,10 +254,78 @@ func TestRestartedSoleOwnerTakesItsSummaryBackFromACopy(t *testing.T) {
 	// Nobody owned the replica meanwhile: only b's copy has its history.
 	back := newRouter(t, "a", joining(b))
 	declare(back, id)
+	// Requests keep coming while it rejoins: what it records meanwhile
+	// must survive the adoption.
+	fresh := chain(9, 50)
+	eventually(t, wait, "the restarted owner owns it", func() error {
+		if _, local, ok := back.Locate(id); !ok || !local {
+			return fmt.Errorf("local=%v ok=%v", local, ok)
+		}
+		return nil
+	})
+	back.Record(id, fresh)
+	all := append(slices.Clone(hashes), fresh...)
 	eventually(t, wait, "the restarted owner is warm, and so is b's copy", func() error {
-		if err := matches(back.Mesh, id, hashes); err != nil {
+		if err := matches(back.Mesh, id, all); err != nil {
 			return err
 		}
-		return matches(b.Mesh, id, hashes)
+		return matches(b.Mesh, id, all)
 	})
+}
+
+func TestAdoptSummary(t *testing.T) {
+	params := summary.Params{CapacityBlocks: 4096, FalsePositiveRate: summary.DefaultFalsePositiveRate}
+	sum := func(epoch uint64, hashes []uint64) *summary.Summary {
+		s, err := summary.New(params, epoch)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Add(hashes)
+		return s
+	}
+	old, mine := chain(1, 40), chain(2, 5)
+	tests := []struct {
+		name   string
+		owner  string
+		ours   *summary.Summary
+		origin string
+		boot   uint64
+		theirs *summary.Summary
+		adopt  bool
+	}{
+		{"restarted: ours young, a copy of our previous boot", "a", sum(2, mine), "a", 1, sum(1, old), true},
+		{"no summary yet, the previous owner's", "a", nil, "b", 9, sum(1, old), true},
+		{"same epoch already", "a", sum(1, mine), "b", 9, sum(1, old), false},
+		{"not the owner", "b", sum(2, mine), "b", 9, sum(1, old), false},
+		{"our own current boot", "a", sum(2, mine), "a", 7, sum(1, old), false},
+		{"an empty one", "a", sum(2, mine), "b", 9, sum(1, nil), false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			m := &Mesh{cfg: Config{Name: "a"}, log: hclog.NewNullLogger(), boot: 7}
+			r := &replica{id: "r", sum: tc.ours, owned: tc.ours != nil}
+			st := &stateMsg{header: header{Origin: tc.origin, Boot: tc.boot}}
+			before := tc.theirs.Version()
+			got := m.adoptSummaryLocked(r, tc.owner, st, tc.theirs)
+			if got != tc.adopt {
+				t.Fatalf("adopted %v, want %v", got, tc.adopt)
+			}
+			if !got {
+				if r.sum != tc.ours {
+					t.Fatal("the summary changed though not adopted")
+				}
+				return
+			}
+			want := old
+			if tc.ours != nil {
+				want = append(slices.Clone(old), mine...)
+				if r.lastSent != before {
+					t.Fatalf("lastSent %d, want %d (the re-added inserts go out as deltas)", r.lastSent, before)
+				}
+			}
+			if n := r.sum.Match(summary.MakeProbes(nil, want)); n != len(want) || r.sum.Epoch() != 1 {
+				t.Fatalf("adopted summary epoch %d matches %d of %d", r.sum.Epoch(), n, len(want))
+			}
+		})
+	}
 }
