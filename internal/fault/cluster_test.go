@@ -413,7 +413,7 @@ func waitFor(bound time.Duration, check func() error) (time.Duration, error) {
 	return time.Since(t0), fmt.Errorf("not within %s: %w", bound, err)
 }
 
-// ready waits until router i answers /healthz.
+// healthz asks router i for /healthz and times the answer.
 func (c *cluster) healthz(i int) (time.Duration, error) {
 	t0 := time.Now()
 	resp, err := c.http.Get(routerAPI(i) + "/healthz")
@@ -425,6 +425,19 @@ func (c *cluster) healthz(i int) (time.Duration, error) {
 		return time.Since(t0), errors.New(resp.Status)
 	}
 	return time.Since(t0), nil
+}
+
+// ready reports an error unless router i's /readyz answers 200.
+func (c *cluster) ready(i int) error {
+	resp, err := c.http.Get(routerAPI(i) + "/readyz")
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return errors.New(resp.Status)
+	}
+	return nil
 }
 
 // nft loads an nftables script in namespace ns.

@@ -7,6 +7,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -358,7 +359,14 @@ func TestFaults(t *testing.T) {
 		s.converge("mesh after loss", 10*time.Second)
 	})
 
-	scenario(t, "rolling restart of every router", 20*time.Second, allRouters, func(s *sc) {
+	// As a load balancer does, the client keeps sending to a router while
+	// it shuts down (it must drain, and refuse new connections) and sends
+	// to a restarted one only once its /readyz says 200.
+	var notReady sync.Map
+	readyTargets := func() []int {
+		return slices.DeleteFunc(allRouters(), func(j int) bool { _, no := notReady.Load(j); return no })
+	}
+	scenario(t, "rolling restart of every router", 20*time.Second, readyTargets, func(s *sc) {
 		worst := 0.0
 		for i := 1; i <= numRouters; i++ {
 			before := c.ownedVersions(i)
@@ -366,8 +374,15 @@ func TestFaults(t *testing.T) {
 			if err != nil {
 				s.fail("r%d: %v", i, err)
 			}
+			notReady.Store(i, true)
 			s.must(c.startRouter(i))
 			s.mark()
+			if rd, err := waitFor(20*time.Second, func() error { return c.ready(i) }); err != nil {
+				s.fail("r%d /readyz: %v", i, err)
+			} else {
+				s.note("r%d ready %.1fs after its restart", i, rd.Seconds())
+			}
+			notReady.Delete(i)
 			if !s.converge(fmt.Sprintf("r%d restarted", i), 20*time.Second) {
 				return
 			}
