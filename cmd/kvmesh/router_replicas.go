@@ -78,12 +78,12 @@ type replicaSet struct {
 	updateMu sync.Mutex // serialises update; never held by onStatus
 
 	mu       sync.Mutex
-	sources  map[string][]string // by source name
-	declared map[string]bool
+	sources  map[string][]string           // by source name
+	declared map[string]mesh.ReplicaStatus // last status given to the mesh
 }
 
 func newReplicaSet(m *mesh.Mesh, log hclog.Logger) *replicaSet {
-	return &replicaSet{log: log, mesh: m, sources: map[string][]string{}, declared: map[string]bool{}}
+	return &replicaSet{log: log, mesh: m, sources: map[string][]string{}, declared: map[string]mesh.ReplicaStatus{}}
 }
 
 // onStatus is the health checker's callback: it declares a replica at
@@ -92,16 +92,17 @@ func newReplicaSet(m *mesh.Mesh, log hclog.Logger) *replicaSet {
 func (s *replicaSet) onStatus(id string, st proxy.ReplicaStatus) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if !s.declared[id] {
+	if _, ok := s.declared[id]; !ok {
 		if !st.Healthy {
 			return
 		}
 		s.mesh.DeclareReplica(id)
-		s.declared[id] = true
 		s.log.Info("replica declared", "replica", id, "engine", st.Engine)
 	}
-	s.mesh.UpdateReplica(id, mesh.ReplicaStatus{Models: st.Models, Healthy: st.Healthy, CapacityBlocks: st.CapacityBlocks,
-		Running: st.Running, Waiting: st.Waiting, Slots: st.Slots})
+	ms := mesh.ReplicaStatus{Models: st.Models, Healthy: st.Healthy, CapacityBlocks: st.CapacityBlocks,
+		Running: st.Running, Waiting: st.Waiting, Slots: st.Slots}
+	s.declared[id] = ms
+	s.mesh.UpdateReplica(id, ms)
 }
 
 // update replaces source's list, hands the union of all sources to the
@@ -124,12 +125,19 @@ func (s *replicaSet) update(source string, ids []string) {
 	s.health.SetReplicas(all)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for id := range s.declared {
-		if !union[id] {
-			s.mesh.WithdrawReplica(id)
-			delete(s.declared, id)
-			s.log.Info("replica withdrawn", "replica", id)
+	for id, last := range s.declared {
+		if union[id] {
+			continue
 		}
+		// Drain, then withdraw: as owner this router gossips the replica
+		// unhealthy at once, so peers stop sending it new requests
+		// (WithdrawReplica alone reaches them only when the declaration
+		// expires); streams already running on it are not touched.
+		last.Healthy = false
+		s.mesh.UpdateReplica(id, last)
+		s.mesh.WithdrawReplica(id)
+		delete(s.declared, id)
+		s.log.Info("replica drained and withdrawn", "replica", id)
 	}
 }
 
@@ -137,7 +145,11 @@ func (s *replicaSet) update(source string, ids []string) {
 func runDiscovery(ctx context.Context, src replicaSources, set *replicaSet, log hclog.Logger) {
 	var wg sync.WaitGroup
 	if src.dns != "" {
-		d, err := discover.NewDNS(src.dns, src.dnsScheme, discover.NewResolver(src.dnsServer))
+		scheme := src.dnsScheme
+		if scheme == "" {
+			scheme = "http"
+		}
+		d, err := discover.NewDNS(src.dns, scheme, discover.NewResolver(src.dnsServer))
 		if err != nil { // validated with the flags
 			log.Error("replica DNS", "error", err)
 		} else {
