@@ -3,7 +3,9 @@ package proxy
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
@@ -13,7 +15,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	"github.com/kvmesh/kvmesh/internal/engine"
+	"github.com/kvmesh/kvmesh/internal/replicasim"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
@@ -437,4 +441,43 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	t.Fatalf("timed out waiting for %s", what)
+}
+
+// TestHealthCheckerLearnsReplicaSimSlots: kvmesh's replica-sim publishes
+// its running and waiting requests as vLLM does (and, like vLLM, no
+// max_num_seqs); with more streams open than its --max-num-seqs the
+// checker reads the queue and learns the limit.
+func TestHealthCheckerLearnsReplicaSimSlots(t *testing.T) {
+	sim, err := replicasim.New(replicasim.Config{MaxNumSeqs: 2, DecodeMsPerToken: 20}, hclog.NewNullLogger(), prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(sim.Handler())
+	defer srv.Close()
+	defer sim.Close()
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	for i := range 4 {
+		wg.Go(func() {
+			body := fmt.Sprintf(`{"model":"kvmesh-sim","max_tokens":2000,"stream":true,"messages":[{"role":"user","content":"stream %d"}]}`, i)
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/v1/chat/completions", strings.NewReader(body))
+			if resp, err := srv.Client().Do(req); err == nil {
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+		})
+	}
+	var got reports
+	h := NewHealthChecker(HealthConfig{}, []string{srv.URL}, nil, got.add, 1024, nil, nil)
+	waitFor(t, "the checker to see two running and two waiting", func() bool {
+		h.round(t.Context())
+		c, _ := got.last(srv.URL)
+		return c.Running == 2 && c.Waiting == 2
+	})
+	if c, _ := got.last(srv.URL); c.Slots != 2 || c.Engine != "vllm" || c.CapacityBlocks != 8192*16*4/1024 {
+		t.Errorf("got %+v, want 2 learned slots from the vllm adapter", c)
+	}
 }
