@@ -42,6 +42,7 @@ func replicaFlags(fs *flag.FlagSet, src *replicaSources) func() error {
 	fs.StringVar(&src.dnsServer, "replica-dns-server", "", "HOST:PORT of the DNS server for --replica-dns (default: the system's resolver)")
 	fs.StringVar(&src.dnsScheme, "replica-dns-scheme", "http", "scheme of replicas found in DNS: http or https")
 	fs.DurationVar(&src.dnsInterval, "replica-dns-interval", 5*time.Second, "how often --replica-dns is resolved again")
+	fs.DurationVar(&src.loadInterval, "engine-load-interval", time.Second, "how often each healthy replica's /metrics is read for its running and waiting requests")
 	fs.StringVar(&src.file, "replica-file", "", "file listing replica base URLs, one per line (# comments); reloaded when it changes and on SIGHUP")
 	return func() error {
 		k, err := engine.ParseKind(*eng)
@@ -51,6 +52,9 @@ func replicaFlags(fs *flag.FlagSet, src *replicaSources) func() error {
 		src.engine = k
 		if src.dnsInterval <= 0 {
 			return errors.New("router: --replica-dns-interval must be positive")
+		}
+		if src.loadInterval <= 0 {
+			return errors.New("router: --engine-load-interval must be positive")
 		}
 		if src.dns != "" {
 			if _, err := discover.NewDNS(src.dns, src.dnsScheme, nil); err != nil {

@@ -42,7 +42,7 @@ func TestRouterReplicaFlags(t *testing.T) {
 	}{
 		{name: "defaults", args: base, check: func(t *testing.T, c routerConfig) {
 			s := c.sources
-			if s.engine != engine.Auto || s.dns != "" || s.file != "" || s.dnsInterval != 5*time.Second || s.dnsScheme != "http" || !s.hupSignals {
+			if s.engine != engine.Auto || s.dns != "" || s.file != "" || s.dnsInterval != 5*time.Second || s.dnsScheme != "http" || !s.hupSignals || s.loadInterval != time.Second {
 				t.Errorf("%+v", s)
 			}
 		}},
@@ -64,6 +64,7 @@ func TestRouterReplicaFlags(t *testing.T) {
 		{name: "bad engine", args: append([]string{"--engine", "ollama"}, base...), wantErr: "--engine"},
 		{name: "dns without port", args: append([]string{"--replica-dns", "vllm.ns"}, base...), wantErr: "--replica-dns"},
 		{name: "bad interval", args: append([]string{"--replica-dns-interval", "0s"}, base...), wantErr: "--replica-dns-interval"},
+		{name: "bad load interval", args: append([]string{"--engine-load-interval", "-1s"}, base...), wantErr: "--engine-load-interval"},
 		{name: "bad scheme", args: append([]string{"--replica-dns", "v:1", "--replica-dns-scheme", "grpc"}, base...), wantErr: "scheme"},
 	}
 	for _, tc := range tests {

@@ -32,6 +32,15 @@ type Source interface {
 	List(ctx context.Context) ([]string, error)
 }
 
+// Bounds on one listing.
+const (
+	// MaxReplicas is the most replicas one listing may return; more is
+	// an error (the last list stays), not a silent cut.
+	MaxReplicas = 4096
+	// listTimeout bounds one listing (a DNS server that never answers).
+	listTimeout = 10 * time.Second
+)
+
 // Watch lists src at once, then every interval and whenever poke
 // receives, and calls update with every list that differs from the last
 // one (the first always). A failed listing keeps the last list: a DNS
@@ -46,7 +55,12 @@ func Watch(ctx context.Context, src Source, interval time.Duration, poke <-chan 
 	var last []string
 	first, failing := true, false
 	for {
-		l, err := src.List(ctx)
+		lctx, cancel := context.WithTimeout(ctx, listTimeout)
+		l, err := src.List(lctx)
+		cancel()
+		if err == nil && len(l) > MaxReplicas {
+			err = fmt.Errorf("%d replicas listed, more than %d", len(l), MaxReplicas)
+		}
 		switch {
 		case ctx.Err() != nil:
 			return

@@ -230,3 +230,21 @@ func TestParseList(t *testing.T) {
 		t.Errorf("empty file: %#v", urls)
 	}
 }
+
+// FuzzParseList: a replica file of any bytes yields only http(s) URLs
+// without trailing slashes, sorted and unique.
+func FuzzParseList(f *testing.F) {
+	f.Add([]byte("http://a:1/\n# c\nhttps://b\nftp://x\n"))
+	f.Add([]byte("\xff\x00http://[::1]:8000\r\n"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		urls, _ := ParseList(b)
+		if !slices.IsSorted(urls) || len(slices.Compact(slices.Clone(urls))) != len(urls) {
+			t.Fatalf("not sorted and unique: %q", urls)
+		}
+		for _, u := range urls {
+			if (!strings.HasPrefix(u, "http://") && !strings.HasPrefix(u, "https://")) || strings.HasSuffix(u, "/") {
+				t.Fatalf("bad URL %q", u)
+			}
+		}
+	})
+}
