@@ -92,7 +92,7 @@ type ReplicaStatus struct {
 	// unknown, the mesh assumes its default).
 	CapacityBlocks int
 	// Running and Waiting are the engine's running and queued requests
-	// at the last scrape (0 when the engine publishes none).
+	// at the last successful scrape (0 when the engine publishes none).
 	Running, Waiting int
 	// Slots is how many sequences the engine runs at once: published by
 	// the engine, else learned (see HealthChecker); 0 is unknown.
@@ -345,7 +345,8 @@ type pollResult struct {
 	healthErr               error
 	models                  []string
 	metrics                 engine.Stats
-	scraped, infoRead       bool
+	scraped, infoTried      bool
+	infoRead                bool
 	info                    engine.Stats
 }
 
@@ -397,6 +398,7 @@ func (h *HealthChecker) poll(ctx context.Context, id string, s *replicaHealth, f
 		}
 	}
 	if p := a.InfoPath(); p != "" && infoDue && (r.healthOK || healthy) {
+		r.infoTried = true
 		b, err := h.get(ctx, base+p, maxInfoBytes, "")
 		if err == nil {
 			r.info, err = a.FromInfo(b)
@@ -429,8 +431,11 @@ func (h *HealthChecker) apply(id string, s *replicaHealth, r pollResult) {
 			s.learnedSlots = m.Running
 		}
 	}
+	if r.infoTried {
+		s.lastInfo = r.now // a missing info endpoint is not asked every second
+	}
 	if r.infoRead {
-		s.info, s.lastInfo = r.info, r.now
+		s.info = r.info
 	}
 	if r.healthChecked {
 		s.checked, s.lastHealth = true, r.now
