@@ -101,6 +101,7 @@ func TestRender(t *testing.T) {
 		target   string
 		want     []string
 		wantNot  []string
+		ordered  []string // appear in this order
 		wantCode int
 	}{
 		{
@@ -122,8 +123,9 @@ func TestRender(t *testing.T) {
 				`data-ttft="local"`, `>55 ms<`, // p50 of ten 50 ms observations, interpolated within 10..100 ms
 				`data-drop="handoff_full"><span class="badge warn">2</span>`, `rates appear after two refreshes`,
 			},
+			wantNot: []string{`<svg width="160"`, `data-drop="duplicate"`}, // no history yet; zero drops left out
 			// The reasons in the operator's order, good to bad.
-			wantNot: []string{`<svg width="160"`},
+			ordered: []string{`data-reason="prefix"`, `data-reason="spill"`, `data-reason="fallback-cold"`, `data-reason="none"`},
 		},
 		{
 			name: "names are escaped", target: "/",
@@ -192,6 +194,14 @@ func TestRender(t *testing.T) {
 				if strings.Contains(body, s) {
 					t.Errorf("page has %q", s)
 				}
+			}
+			last := -1
+			for _, s := range tc.ordered {
+				i := strings.Index(body, s)
+				if i <= last {
+					t.Errorf("%q out of order (at %d, previous at %d)", s, i, last)
+				}
+				last = i
 			}
 			if t.Failed() {
 				t.Log(body)

@@ -106,8 +106,8 @@ dl{display:grid;grid-template-columns:max-content auto;gap:2px 12px;margin:0}dt{
 <thead><tr><th>reason</th><th class="num">total</th><th class="num">recent</th><th class="num">share</th><th></th><th>rate</th></tr></thead>
 <tbody>
 {{- range .Decisions}}
-<tr class="decision {{.Class}}" data-reason="{{.Reason}}">
-<td><span class="badge">{{.Reason}}</span></td>
+<tr class="decision" data-reason="{{.Reason}}">
+<td><span class="badge {{.Class}}">{{.Reason}}</span></td>
 <td class="num">{{.Total}}</td>
 <td class="num">{{.Recent}}</td>
 <td class="num">{{.Share}}</td>
@@ -160,6 +160,8 @@ dl{display:grid;grid-template-columns:max-content auto;gap:2px 12px;margin:0}dt{
 {{- if .Gossip.Refusals}}<dt>peers refused (contract)</dt><dd>{{.Gossip.Refusals}}</dd>{{end}}
 {{- range .Gossip.Drops}}
 <dt>dropped: {{.Reason}}</dt><dd data-drop="{{.Reason}}">{{if .Benign}}{{.Count}}{{else}}<span class="badge warn">{{.Count}}</span>{{end}}</dd>
+{{- else}}
+<dt>dropped</dt><dd>none</dd>
 {{- end}}
 </dl>
 </section>

@@ -317,7 +317,9 @@ func (v *view) addMetrics(cur sample, older []sample, fams []*dto.MetricFamily) 
 	}
 	slices.Sort(names)
 	for _, r := range names {
-		g.Drops = append(g.Drops, dropRow{Reason: r, Count: humanCount(drops[r]), Benign: r == "duplicate" || drops[r] == 0})
+		if drops[r] > 0 { // zeros are every reason, every time: noise
+			g.Drops = append(g.Drops, dropRow{Reason: r, Count: humanCount(drops[r]), Benign: r == "duplicate"})
+		}
 	}
 	v.Gossip = g
 }
