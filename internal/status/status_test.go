@@ -308,9 +308,9 @@ func TestRecentFigures(t *testing.T) {
 }
 
 func TestHistory(t *testing.T) {
-	f := newFakeMetrics()
-	c := &clock{time.Unix(1_800_000_000, 0)}
-	p, _ := New(Config{Router: "r1", Mesh: &fakeMesh{}, Gatherer: f.reg, Now: c.now, Refresh: 4 * time.Second})
+	p, _ := New(Config{Router: "r1", Mesh: &fakeMesh{}})
+	at, prompt := time.Unix(1_800_000_000, 0), 0.0
+	const refresh = 4 * time.Second
 	tests := []struct {
 		name    string
 		step    time.Duration
@@ -325,13 +325,12 @@ func TestHistory(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			if tc.reset {
-				f = newFakeMetrics()
-				p.cfg.Gatherer = f.reg
+				prompt = 0
 			}
 			for range tc.views {
-				f.prompt.Add(1)
-				get(t, p, http.MethodGet, "/?refresh=4")
-				c.t = c.t.Add(tc.step)
+				prompt++
+				p.record(sample{at: at, prompt: prompt}, refresh)
+				at = at.Add(tc.step)
 			}
 			p.mu.Lock()
 			n := len(p.hist)
@@ -371,5 +370,28 @@ func TestQuantile(t *testing.T) {
 	}
 	if d := h.sub(hist{bounds: []float64{1}, counts: []float64{1}, count: 1}); d.count != 20 {
 		t.Errorf("sub of other buckets: %+v", d)
+	}
+}
+
+// TestConcurrentViews: several viewers at once share the history safely
+// (run with -race).
+func TestConcurrentViews(t *testing.T) {
+	f := newFakeMetrics()
+	p, _ := New(Config{Router: "r1", Mesh: &fakeMesh{threeRouters(), replicas()}, Gatherer: f.reg, Refresh: time.Nanosecond})
+	done := make(chan struct{})
+	for range 4 {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			for range 20 {
+				f.prompt.Inc()
+				if resp, _ := get(t, p, http.MethodGet, "/"); resp.StatusCode != 200 {
+					t.Errorf("status %d", resp.StatusCode)
+					return
+				}
+			}
+		}()
+	}
+	for range 4 {
+		<-done
 	}
 }
