@@ -226,6 +226,7 @@ func (v *view) addMetrics(cur sample, older []sample, fams []*dto.MetricFamily) 
 			dt := b.at.Sub(a.at).Seconds()
 			return (b.decisions[r] - a.decisions[r]) / dt, dt > 0
 		})
+		row.Spark.Has = row.Spark.Has && row.Spark.Max != "0" // a flat zero says nothing
 		v.Decisions = append(v.Decisions, row)
 	}
 	v.DecisionSpark = sparkOf(series, func(a, b sample) (float64, bool) {
