@@ -64,7 +64,7 @@ func parseRouterFlags(args []string, getenv func(string) (string, bool), stderr 
 Serves the OpenAI API (POST /v1/chat/completions, /v1/completions, GET /v1/models)
 in front of the replicas declared here, and joins the mesh of routers that
 gossip which prompt prefixes every replica holds. Also serves /healthz,
-/readyz, /metrics and /debug/mesh.
+/readyz, /metrics, /debug/mesh and a status page for people at /.
 
 Every flag can also be set in the environment as KVMESH_<FLAG> (upper case,
 dashes as underscores, e.g. KVMESH_GOSSIP_BIND); the command line wins.
@@ -274,9 +274,15 @@ func startRouter(ctx context.Context, cfg routerConfig) (*router, error) {
 		_ = m.Close(context.Background())
 		return nil, fmt.Errorf("router: %w", err)
 	}
+	handler, err := withStatusPage(p, cfg.name, m, reg, log.Named("status"))
+	if err != nil {
+		ln.Close()
+		_ = m.Close(context.Background())
+		return nil, err
+	}
 	r := &router{name: cfg.name, log: log, reg: reg, mesh: m, health: hc, proxy: p, client: client, ln: ln, api: api, serveErr: make(chan error, 1)}
 	r.srv = &http.Server{
-		Handler: p,
+		Handler: handler,
 		// No WriteTimeout: a generation streams for minutes.
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
