@@ -71,6 +71,12 @@ type Config struct {
 	// ReportFailure is told of passive failures of owned replicas seen on
 	// the request path (HealthChecker.ReportFailure); nil ignores them.
 	ReportFailure func(replicaID string)
+	// SessionHeader names the request header whose value is a client
+	// routing key ("" means DefaultSessionHeader, "-" none).
+	SessionHeader string
+	// MaxResponses bounds the response ids remembered for
+	// previous_response_id routing (default DefaultMaxResponses).
+	MaxResponses int
 }
 
 // Proxy is the HTTP handler of one router. It is safe for concurrent use.
@@ -80,6 +86,10 @@ type Proxy struct {
 	m       *metrics
 	client  *http.Client
 	metrics http.Handler
+	// sessionHeader is the client routing key header ("" for none).
+	sessionHeader string
+	// responses maps response ids to the replicas that produced them.
+	responses *responseLRU
 }
 
 // NewClient returns the default client to replicas and peers: keep-alive
@@ -122,7 +132,14 @@ func New(cfg Config) (*Proxy, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = hclog.NewNullLogger()
 	}
-	p := &Proxy{cfg: cfg, log: cfg.Logger, m: newMetrics(cfg.Registerer), client: cfg.Client}
+	p := &Proxy{cfg: cfg, log: cfg.Logger, m: newMetrics(cfg.Registerer), client: cfg.Client,
+		sessionHeader: cfg.SessionHeader, responses: newResponseLRU(cfg.MaxResponses)}
+	switch cfg.SessionHeader {
+	case "":
+		p.sessionHeader = DefaultSessionHeader
+	case "-":
+		p.sessionHeader = ""
+	}
 	if cfg.Gatherer != nil {
 		p.metrics = promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{
 			ErrorLog: cfg.Logger.StandardLogger(&hclog.StandardLoggerOptions{ForceLevel: hclog.Error}),
@@ -142,9 +159,15 @@ const (
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch r.URL.Path {
 	case "/v1/chat/completions":
-		p.inference(w, r, epChat, true)
+		p.inference(w, r, &chatAPI)
 	case "/v1/completions":
-		p.inference(w, r, epCompletions, false)
+		p.inference(w, r, &completionAPI)
+	case "/v1/responses":
+		p.serveResponses(w, r)
+	case "/v1/messages":
+		p.inference(w, r, &messagesAPI)
+	case "/v1/embeddings":
+		p.inference(w, r, &embeddingsAPI)
 	case "/v1/models":
 		if !allow(w, r, http.MethodGet) {
 			return
