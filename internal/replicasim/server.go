@@ -29,6 +29,7 @@ type Server struct {
 	created int64 // unix seconds, for /v1/models
 	maxBody int64
 	seq     atomic.Uint64 // request counter, for response IDs
+	stored  *responseStore
 
 	// ctx ends when Close is called; every sequence watches it.
 	ctx      context.Context
@@ -56,6 +57,7 @@ func New(cfg Config, logger hclog.Logger, reg prometheus.Registerer) (*Server, e
 		prefill: make(lane, 1),
 		created: time.Now().Unix(),
 		maxBody: defaultMaxBody,
+		stored:  newResponseStore(maxStoredResponses),
 	}
 	s.m = newMetrics(cfg, func() float64 { return float64(s.cache.len()) / float64(cfg.KVBlocks) })
 	s.sched = &scheduler{max: cfg.MaxNumSeqs, onChange: func(r, w int) {
@@ -84,6 +86,13 @@ func New(cfg Config, logger hclog.Logger, reg prometheus.Registerer) (*Server, e
 	mux.HandleFunc("POST /v1/completions", s.tracked(func(w http.ResponseWriter, r *http.Request) {
 		s.serveGenerate(w, r, completionEndpoint)
 	}))
+	mux.HandleFunc("POST /v1/responses", s.tracked(func(w http.ResponseWriter, r *http.Request) {
+		s.serveGenerate(w, r, responsesEndpoint)
+	}))
+	mux.HandleFunc("POST /v1/messages", s.tracked(func(w http.ResponseWriter, r *http.Request) {
+		s.serveGenerate(w, r, messagesEndpoint)
+	}))
+	mux.HandleFunc("POST /v1/embeddings", s.serveEmbeddings)
 	mux.HandleFunc("GET /v1/models", s.serveModels)
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusOK) })
 	mux.HandleFunc("POST /reset_prefix_cache", func(w http.ResponseWriter, r *http.Request) {
@@ -166,15 +175,8 @@ func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request, ep endpoi
 		writeError(w, http.StatusServiceUnavailable, "The server is shutting down.")
 		return
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.maxBody))
-	if err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			writeError(w, http.StatusRequestEntityTooLarge,
-				fmt.Sprintf("Request body exceeds the limit of %d bytes.", mbe.Limit))
-			return
-		}
-		writeError(w, http.StatusBadRequest, fmt.Sprintf("reading request body: %v", err))
+	body, ok := s.readBody(w, r)
+	if !ok {
 		return
 	}
 	req, err := parseRequest(ep, body)
@@ -187,6 +189,15 @@ func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request, ep endpoi
 		return
 	}
 	req.Model = s.cfg.Model // responses name the served model
+	if id := req.PreviousResponseID; id != "" {
+		// The engine holds the earlier turns; the new input follows them.
+		prev, ok := s.stored.get(id)
+		if !ok {
+			writeError(w, http.StatusNotFound, fmt.Sprintf("Response with id '%s' not found.", id))
+			return
+		}
+		req.Prompt = prev + req.Prompt
+	}
 	seq := &sequence{
 		created:      time.Now().Unix(),
 		req:          req,
@@ -207,8 +218,13 @@ func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request, ep endpoi
 		return
 	}
 	prefix := "chatcmpl-"
-	if ep == completionEndpoint {
+	switch ep {
+	case completionEndpoint:
 		prefix = "cmpl-"
+	case responsesEndpoint:
+		prefix = "resp_"
+	case messagesEndpoint:
+		prefix = "msg_"
 	}
 	seq.id = fmt.Sprintf("%s%016x%08x", prefix, seq.seed, s.seq.Add(1))
 
@@ -272,6 +288,7 @@ func (s *Server) run(ctx context.Context, w http.ResponseWriter, seq *sequence) 
 	var answer strings.Builder
 	answer.Grow(seq.maxTokens * bytesPerToken)
 	out := newOutput(w, seq)
+	out.u = u
 	perToken := s.scaled(s.cfg.DecodeMsPerToken / 1000)
 	// The first token comes out of prefill; each later one costs a decode
 	// step. Deadlines are absolute so timer overhead does not accumulate.
@@ -297,10 +314,13 @@ func (s *Server) run(ctx context.Context, w http.ResponseWriter, seq *sequence) 
 	// The engine keeps the KV of prompt + answer; cache its blocks as the
 	// next turn will render them.
 	full := seq.req.Prompt + answer.String()
-	if seq.ep == chatEndpoint {
+	if seq.ep != completionEndpoint {
 		full += imEnd
 	}
 	s.cache.release(s.cache.acquire(blockHashes(full, s.cfg.BlockSize)))
+	if seq.ep == responsesEndpoint && seq.req.Store {
+		s.stored.add(seq.id, full)
+	}
 	out.finish(answer.String(), u)
 }
 
@@ -310,4 +330,58 @@ func (s *Server) abort(w http.ResponseWriter, out *output, seq *sequence, err er
 	if !seq.req.Stream && s.ctx.Err() != nil {
 		writeError(w, http.StatusServiceUnavailable, "The server is shutting down.")
 	}
+}
+
+// readBody reads a request body under the size limit, answering the
+// client itself when it cannot.
+func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.maxBody))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			writeError(w, http.StatusRequestEntityTooLarge,
+				fmt.Sprintf("Request body exceeds the limit of %d bytes.", mbe.Limit))
+			return nil, false
+		}
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("reading request body: %v", err))
+		return nil, false
+	}
+	return body, true
+}
+
+// maxStoredResponses bounds the Responses conversations kept for
+// previous_response_id (vLLM keeps them in memory too).
+const maxStoredResponses = 4096
+
+// responseStore keeps the conversation text (prompt + answer) of recent
+// responses by id, dropping the oldest beyond its bound.
+type responseStore struct {
+	mu    sync.Mutex
+	max   int
+	texts map[string]string
+	order []string // ids, oldest first
+}
+
+func newResponseStore(max int) *responseStore {
+	return &responseStore{max: max, texts: make(map[string]string)}
+}
+
+func (rs *responseStore) add(id, text string) {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	if _, ok := rs.texts[id]; !ok {
+		rs.order = append(rs.order, id)
+	}
+	rs.texts[id] = text
+	for len(rs.order) > rs.max {
+		delete(rs.texts, rs.order[0])
+		rs.order = rs.order[1:]
+	}
+}
+
+func (rs *responseStore) get(id string) (string, bool) {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	t, ok := rs.texts[id]
+	return t, ok
 }
