@@ -657,7 +657,7 @@ type chatScan struct {
 
 var chatTopFields = []string{"model", "messages", "tools", "stream", "stream_options", "cache_salt", "prompt_cache_key", "bootstrap_room"}
 
-// scanChat is RenderChat's fast path; ok=false means "ask renderChatStd".
+// scanChat is RenderChat's fast path; ok=false means "ask RenderChatStd".
 func scanChat(body []byte) (Prompt, bool) {
 	c := chatScan{jsonScanner: jsonScanner{buf: body}}
 	if !c.eat('{') {
@@ -732,7 +732,7 @@ func scanChat(body []byte) (Prompt, bool) {
 }
 
 // tools renders the tools array: each tool as its compacted JSON, as
-// renderChatStd does with the json.RawMessage.
+// RenderChatStd does with the json.RawMessage.
 func (c *chatScan) tools() bool {
 	switch c.peek() {
 	case 'n':

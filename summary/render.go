@@ -233,13 +233,15 @@ func RenderChat(body []byte) (Prompt, error) {
 	if p, ok := scanChat(body); ok {
 		return p, nil
 	}
-	return renderChatStd(body)
+	return RenderChatStd(body)
 }
 
-// renderChatStd is RenderChat written with encoding/json. It is the
-// reference: scanChat must agree with it on every body it accepts
-// (FuzzRenderMatchesReference), and it decides every body scanChat declines.
-func renderChatStd(body []byte) (Prompt, error) {
+// RenderChatStd is RenderChat written with encoding/json alone. It is the
+// reference: the single-pass scanner must agree with it on every body it
+// accepts (FuzzRenderMatchesReference), and it decides every body the
+// scanner declines. It is exported for the proxy's end-to-end benchmark,
+// which weighs the scanner against it (docs/BENCHMARKS.md).
+func RenderChatStd(body []byte) (Prompt, error) {
 	var req chatRequest
 	if err := json.Unmarshal(body, &req); err != nil {
 		return Prompt{}, fmt.Errorf("%w: body is not a valid chat completion request: %v", ErrBadRequest, err)

@@ -243,7 +243,7 @@ type renderer struct {
 }
 
 var renderers = []renderer{
-	{"chat", scanChat, RenderChat, renderChatStd},
+	{"chat", scanChat, RenderChat, RenderChatStd},
 	{"completion", scanCompletion, RenderCompletion, renderCompletionStd},
 }
 
