@@ -72,12 +72,16 @@ func replicaIn(body string, names ...string) string {
 func TestClientKeyPlacesAlikeWithoutGossip(t *testing.T) {
 	var n atomic.Int64
 	names := []string{"a", "b", "c", "d"}
-	var reps []fakeReplica
-	for _, name := range names {
-		reps = append(reps, fakeReplica{id: newReplica(t, respondsAs(name, &n)).URL})
+	// The two routers see different loads (each counts only its own
+	// requests), within the load bounds.
+	var reps1, reps2 []fakeReplica
+	for i, name := range names {
+		id := newReplica(t, respondsAs(name, &n)).URL
+		reps1 = append(reps1, fakeReplica{id: id, pending: float64(i)})
+		reps2 = append(reps2, fakeReplica{id: id, pending: float64(len(names) - i)})
 	}
-	_, r1, _ := newTestProxy(t, newFakeView([]string{"m"}, reps...), nil)
-	_, r2, _ := newTestProxy(t, newFakeView([]string{"m"}, reps...), func(c *Config) { c.SessionHeader = "X-Conversation" })
+	_, r1, _ := newTestProxy(t, newFakeView([]string{"m"}, reps1...), nil)
+	_, r2, _ := newTestProxy(t, newFakeView([]string{"m"}, reps2...), func(c *Config) { c.SessionHeader = "X-Conversation" })
 	prompt := func(i int) string { return strings.Repeat(fmt.Sprintf("prompt %d is different. ", i), 20) }
 	tests := []struct {
 		name string
