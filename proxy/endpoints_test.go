@@ -193,7 +193,7 @@ func TestPreviousResponseKeepsItsReplica(t *testing.T) {
 			if got := replicaIn(next, "a", "b"); got != "a" {
 				t.Fatalf("turn 2 went to %q, want a, which holds %s", got, id)
 			}
-			other := answer(t, srv.URL, "/v1/responses", `{"model":"m","input":"more","previous_response_id":"resp_unknown"}`, nil)
+			other := answer(t, srv.URL, "/v1/responses", fmt.Sprintf(`{"model":"m","input":%q,"previous_response_id":"resp_unknown"}`, longPrompt), nil)
 			if got := replicaIn(other, "a", "b"); got != "b" {
 				t.Fatalf("an unknown previous response went to %q, want b (the summaries' choice)", got)
 			}
