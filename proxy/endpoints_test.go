@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -339,4 +340,37 @@ func TestMessagesRouteLikeChat(t *testing.T) {
 	if readAll(t, resp); resp.StatusCode != 400 {
 		t.Errorf("empty messages: status %d", resp.StatusCode)
 	}
+}
+
+// FuzzNewEndpoints sends arbitrary bodies through the whole request path of
+// the Responses, Messages and embeddings endpoints.
+func FuzzNewEndpoints(f *testing.F) {
+	f.Add([]byte(`{"model":"m","input":[{"role":"user","content":"x"},{"type":"function_call","call_id":"c","name":"f","arguments":"{}"}],"previous_response_id":"resp_1","stream":true}`), uint8(0))
+	f.Add([]byte(`{"model":"m","max_tokens":3,"system":[{"type":"text","text":"s"}],"messages":[{"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":"1"}]}]}`), uint8(1))
+	f.Add([]byte(`{"model":"m","input":["a","b"],"prompt_cache_key":"k"}`), uint8(2))
+	f.Add([]byte(`{"model":"other","input":"x"}`), uint8(0))
+	view := newFakeView([]string{"m"}, fakeReplica{id: "http://a.invalid", match: 3}, fakeReplica{id: "http://b.invalid"}, fakeReplica{id: "http://c.invalid", owner: "http://peer.invalid"})
+	close(view.dones)
+	view.dones = nil
+	p, err := New(Config{View: nopRecordView{view}, Policy: route.DefaultPolicy(), Contract: testContract,
+		Client: &http.Client{Transport: cannedReplica{}}, MaxBodyBytes: 1 << 16, MaxResponses: 64})
+	if err != nil {
+		f.Fatal(err)
+	}
+	paths := []string{"/v1/responses", "/v1/messages", "/v1/embeddings"}
+	f.Fuzz(func(t *testing.T, body []byte, which uint8) {
+		path := paths[int(which)%len(paths)]
+		w := httptest.NewRecorder()
+		r := httptest.NewRequest(http.MethodPost, path, strings.NewReader(string(body)))
+		r.Header.Set(DefaultSessionHeader, strings.ToValidUTF8(string(body[:min(len(body), 8)]), "?"))
+		p.ServeHTTP(w, r)
+		switch w.Code {
+		case 200, 400, 404, 413:
+		default:
+			t.Fatalf("%s: status %d for %q: %s", path, w.Code, body, w.Body)
+		}
+		if p.responses.len() > 64 {
+			t.Fatalf("%d response ids remembered over the bound 64", p.responses.len())
+		}
+	})
 }
