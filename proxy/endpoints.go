@@ -3,9 +3,13 @@ package proxy
 import (
 	"bytes"
 	"container/list"
+	"fmt"
 	"net/http"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
+	"time"
 
 	"github.com/kvmesh/kvmesh/route"
 	"github.com/kvmesh/kvmesh/summary"
@@ -281,4 +285,84 @@ func (l *responseLRU) len() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.order.Len()
+}
+
+// responsesPrefix starts the paths of one stored response: GET
+// /v1/responses/{id} (retrieve, or ?stream=true to resume a background
+// response), GET .../input_items, DELETE, and POST .../cancel.
+const responsesPrefix = "/v1/responses/"
+
+// serveResponseByID forwards a request about one stored response to the
+// replica that produced it: only its engine has it. An id this router has
+// not seen (or has forgotten) is answered 404, as an engine that does not
+// hold it would.
+func (p *Proxy) serveResponseByID(w http.ResponseWriter, r *http.Request) {
+	st := &reqState{path: r.URL.Path, byLoad: true}
+	defer func() { p.m.requests.WithLabelValues(epResponses, strconv.Itoa(st.code)).Inc() }()
+	rest := strings.TrimPrefix(r.URL.Path, responsesPrefix)
+	id, sub, _ := strings.Cut(rest, "/")
+	method := http.MethodGet
+	switch {
+	case sub == "" && r.Method == http.MethodDelete:
+		method = http.MethodDelete
+	case sub == "cancel":
+		method = http.MethodPost
+	case sub != "" && sub != "input_items":
+		st.code = writeError(w, http.StatusNotFound, fmt.Sprintf("no endpoint %s %s", r.Method, r.URL.Path))
+		return
+	}
+	if r.Method != method && !(method == http.MethodGet && r.Method == http.MethodHead) {
+		w.Header().Set("Allow", method)
+		st.code = writeError(w, http.StatusMethodNotAllowed, fmt.Sprintf("method %s not allowed on %s", r.Method, r.URL.Path))
+		return
+	}
+	replica, ok := p.responses.get(id)
+	if h := r.Header.Get(HeaderReplica); h != "" && r.Header.Get(HeaderHop) != "" {
+		replica, ok = h, true // the deciding router knew it
+	}
+	if !ok || id == "" {
+		st.code = writeError(w, http.StatusNotFound, fmt.Sprintf("Response with id '%s' not found.", id))
+		return
+	}
+	ownerAPI, local, known := p.cfg.View.Locate(replica)
+	if !known || (!local && r.Header.Get(HeaderHop) != "") {
+		st.code = writeError(w, http.StatusNotFound, fmt.Sprintf("Response with id '%s' not found: its replica is gone.", id))
+		return
+	}
+	body, status, err := p.readBody(w, r)
+	if err != nil {
+		st.code = writeError(w, status, err.Error())
+		return
+	}
+	base := replica
+	if !local {
+		base = ownerAPI
+	}
+	url := strings.TrimRight(base, "/") + r.URL.Path
+	if r.URL.RawQuery != "" {
+		url += "?" + r.URL.RawQuery
+	}
+	out, err := http.NewRequestWithContext(r.Context(), r.Method, url, bytes.NewReader(body))
+	if err != nil {
+		st.code = writeError(w, http.StatusBadGateway, fmt.Sprintf("bad upstream URL %s: %v", url, err))
+		return
+	}
+	copyRequestHeader(out.Header, r.Header)
+	if !local {
+		out.Header.Set(HeaderReplica, replica)
+		out.Header.Set(HeaderHop, "1")
+	}
+	start := time.Now()
+	resp, err := p.client.Do(out)
+	if err != nil {
+		if r.Context().Err() != nil {
+			st.code = statusClientGone
+			return
+		}
+		st.code = writeError(w, http.StatusBadGateway, fmt.Sprintf("the replica holding response '%s' failed: %v", id, err))
+		return
+	}
+	defer resp.Body.Close()
+	st.code = resp.StatusCode
+	p.relay(w, r, resp, st, replica, route.Decision{}, local, start, func() {})
 }

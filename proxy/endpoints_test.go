@@ -374,3 +374,76 @@ func FuzzNewEndpoints(f *testing.F) {
 		}
 	})
 }
+
+// TestResponseByIDGoesToItsReplica: retrieving, cancelling or deleting a
+// stored response reaches the replica that produced it, directly or
+// through its owner router; an id the router never saw is a 404.
+func TestResponseByIDGoesToItsReplica(t *testing.T) {
+	var n atomic.Int64
+	type seen struct{ method, path, hop, replica string }
+	got := make(chan seen, 16)
+	handler := func(name string) http.HandlerFunc {
+		inner := respondsAs(name, &n)
+		return func(w http.ResponseWriter, r *http.Request) {
+			got <- seen{r.Method, r.URL.Path, r.Header.Get(HeaderHop), r.Header.Get(HeaderReplica)}
+			inner(w, r)
+		}
+	}
+	a, b := newReplica(t, handler("a")), newReplica(t, handler("b"))
+	// The owner router of remote replica b.
+	ownerProxy, owner, _ := newTestProxy(t, newFakeView([]string{"m"}, fakeReplica{id: b.URL}), nil)
+	view := newFakeView([]string{"m"}, fakeReplica{id: a.URL, match: 100}, fakeReplica{id: b.URL, owner: owner.URL})
+	p, srv, _ := newTestProxy(t, view, nil)
+	p.responses.add("resp_at_a", a.URL)
+	p.responses.add("resp_at_b", b.URL)
+	do := func(method, path string) (int, string) {
+		t.Helper()
+		req, _ := http.NewRequest(method, srv.URL+path, nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.StatusCode, readAll(t, resp)
+	}
+	tests := []struct {
+		method, path string
+		want         string // replica name
+	}{
+		{http.MethodGet, "/v1/responses/resp_at_a", "a"},
+		{http.MethodGet, "/v1/responses/resp_at_a/input_items", "a"},
+		{http.MethodDelete, "/v1/responses/resp_at_a", "a"},
+		{http.MethodPost, "/v1/responses/resp_at_a/cancel", "a"},
+		{http.MethodGet, "/v1/responses/resp_at_b", "b"}, // through its owner router
+	}
+	for _, tc := range tests {
+		code, body := do(tc.method, tc.path)
+		if code != 200 || replicaIn(body, "a", "b") != tc.want {
+			t.Fatalf("%s %s: status %d, body %s; want replica %s", tc.method, tc.path, code, body, tc.want)
+		}
+		// Hints never leave the mesh: the replica sees the client's request.
+		if s := <-got; s.method != tc.method || s.path != tc.path || s.hop != "" || s.replica != "" {
+			t.Errorf("%s %s reached the replica as %+v", tc.method, tc.path, s)
+		}
+	}
+	if got := testutil.ToFloat64(ownerProxy.m.requests.WithLabelValues(epResponses, "200")); got != 1 {
+		t.Errorf("the owner router relayed %v requests for its replica's response, want 1", got)
+	}
+	for _, tc := range []struct {
+		method, path string
+		status       int
+	}{
+		{http.MethodGet, "/v1/responses/resp_never_seen", 404},
+		{http.MethodPost, "/v1/responses/resp_at_a", 405},
+		{http.MethodGet, "/v1/responses/resp_at_a/cancel", 405},
+		{http.MethodGet, "/v1/responses/resp_at_a/other", 404},
+	} {
+		if code, body := do(tc.method, tc.path); code != tc.status {
+			t.Errorf("%s %s: status %d (%s), want %d", tc.method, tc.path, code, body, tc.status)
+		}
+	}
+	select {
+	case s := <-got:
+		t.Errorf("a refused request reached a replica: %+v", s)
+	default:
+	}
+}

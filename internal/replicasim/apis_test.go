@@ -332,3 +332,30 @@ func FuzzParseNewAPIs(f *testing.F) {
 		}
 	})
 }
+
+func TestRetrieveStoredResponse(t *testing.T) {
+	h := newHarness(t, Config{TimeScale: fast})
+	r := h.call("/v1/responses", map[string]any{"model": "kvmesh-sim", "input": "hello", "max_output_tokens": 3, "stream": true})
+	req, _ := http.NewRequest(http.MethodGet, h.ts.URL+"/v1/responses/"+r.ID, nil)
+	resp, err := h.c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var obj responseObject
+	err = json.NewDecoder(resp.Body).Decode(&obj)
+	resp.Body.Close()
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("status %d: %v", resp.StatusCode, err)
+	}
+	if obj.ID != r.ID || obj.Status != "completed" || len(obj.Output) != 1 || obj.Output[0].Content[0].Text != r.Text || obj.Usage == nil {
+		t.Fatalf("retrieved %+v, streamed id %s text %q", obj, r.ID, r.Text)
+	}
+	req, _ = http.NewRequest(http.MethodGet, h.ts.URL+"/v1/responses/resp_unknown", nil)
+	if resp, err = h.c.Do(req); err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 404 {
+		t.Errorf("unknown response: status %d, want 404", resp.StatusCode)
+	}
+}

@@ -63,6 +63,9 @@ type output struct {
 	buf     bytes.Buffer
 	events  int   // Responses: the next sequence_number
 	u       usage // the usage so far (prompt and cached tokens from the start)
+	// store keeps the final Responses object before the client sees it
+	// (nil: not stored).
+	store func(responseObject)
 }
 
 func newOutput(w http.ResponseWriter, seq *sequence) *output {

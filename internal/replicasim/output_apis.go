@@ -127,8 +127,12 @@ func (o *output) responsesToken(tok string) {
 
 func (o *output) responsesFinish(answer string, u usage) {
 	o.u = u
+	final := o.responseObject("completed", &answer)
+	if o.store != nil {
+		o.store(final)
+	}
 	if !o.seq.req.Stream {
-		writeJSON(o.w, http.StatusOK, o.responseObject("completed", &answer))
+		writeJSON(o.w, http.StatusOK, final)
 		return
 	}
 	part := outputText{Type: "output_text", Text: answer, Annotations: []any{}}
@@ -136,7 +140,7 @@ func (o *output) responsesFinish(answer string, u usage) {
 		"text": answer, "logprobs": []any{}})
 	o.namedEvent("response.content_part.done", map[string]any{"item_id": o.itemID(), "output_index": 0, "content_index": 0, "part": part})
 	o.namedEvent("response.output_item.done", map[string]any{"output_index": 0, "item": o.message("completed", answer)})
-	o.namedEvent("response.completed", map[string]any{"response": o.responseObject("completed", &answer)})
+	o.namedEvent("response.completed", map[string]any{"response": final})
 	_ = o.flush()
 }
 

@@ -92,6 +92,7 @@ func New(cfg Config, logger hclog.Logger, reg prometheus.Registerer) (*Server, e
 	mux.HandleFunc("POST /v1/messages", s.tracked(func(w http.ResponseWriter, r *http.Request) {
 		s.serveGenerate(w, r, messagesEndpoint)
 	}))
+	mux.HandleFunc("GET /v1/responses/{id}", s.serveStoredResponse)
 	mux.HandleFunc("POST /v1/embeddings", s.serveEmbeddings)
 	mux.HandleFunc("GET /v1/models", s.serveModels)
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusOK) })
@@ -196,7 +197,7 @@ func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request, ep endpoi
 			writeError(w, http.StatusNotFound, fmt.Sprintf("Response with id '%s' not found.", id))
 			return
 		}
-		req.Prompt = prev + req.Prompt
+		req.Prompt = prev.text + req.Prompt
 	}
 	seq := &sequence{
 		created:      time.Now().Unix(),
@@ -319,7 +320,9 @@ func (s *Server) run(ctx context.Context, w http.ResponseWriter, seq *sequence) 
 	}
 	s.cache.release(s.cache.acquire(blockHashes(full, s.cfg.BlockSize)))
 	if seq.ep == responsesEndpoint && seq.req.Store {
-		s.stored.add(seq.id, full)
+		// Stored before the client can see the response, so that a next
+		// turn naming it always finds it.
+		out.store = func(obj responseObject) { s.stored.add(seq.id, full, obj) }
 	}
 	out.finish(answer.String(), u)
 }
@@ -353,35 +356,52 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool)
 // previous_response_id (vLLM keeps them in memory too).
 const maxStoredResponses = 4096
 
-// responseStore keeps the conversation text (prompt + answer) of recent
-// responses by id, dropping the oldest beyond its bound.
+// responseStore keeps recent stored responses by id, dropping the oldest
+// beyond its bound: the conversation text (prompt + answer) a later turn
+// continues, and the response object GET /v1/responses/{id} returns.
 type responseStore struct {
-	mu    sync.Mutex
-	max   int
-	texts map[string]string
-	order []string // ids, oldest first
+	mu      sync.Mutex
+	max     int
+	entries map[string]storedResponse
+	order   []string // ids, oldest first
+}
+
+type storedResponse struct {
+	text string
+	obj  responseObject
 }
 
 func newResponseStore(max int) *responseStore {
-	return &responseStore{max: max, texts: make(map[string]string)}
+	return &responseStore{max: max, entries: make(map[string]storedResponse)}
 }
 
-func (rs *responseStore) add(id, text string) {
+func (rs *responseStore) add(id, text string, obj responseObject) {
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
-	if _, ok := rs.texts[id]; !ok {
+	if _, ok := rs.entries[id]; !ok {
 		rs.order = append(rs.order, id)
 	}
-	rs.texts[id] = text
+	rs.entries[id] = storedResponse{text: text, obj: obj}
 	for len(rs.order) > rs.max {
-		delete(rs.texts, rs.order[0])
+		delete(rs.entries, rs.order[0])
 		rs.order = rs.order[1:]
 	}
 }
 
-func (rs *responseStore) get(id string) (string, bool) {
+func (rs *responseStore) get(id string) (storedResponse, bool) {
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
-	t, ok := rs.texts[id]
-	return t, ok
+	e, ok := rs.entries[id]
+	return e, ok
+}
+
+// serveStoredResponse serves GET /v1/responses/{id}.
+func (s *Server) serveStoredResponse(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	e, ok := s.stored.get(id)
+	if !ok {
+		writeError(w, http.StatusNotFound, fmt.Sprintf("Response with id '%s' not found.", id))
+		return
+	}
+	writeJSON(w, http.StatusOK, e.obj)
 }

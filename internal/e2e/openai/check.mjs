@@ -121,13 +121,16 @@ await step("second turn reuses the first turn's cache", async () => {
   console.log(`     turn 1: ${r1.usage.prompt_tokens} prompt tokens, ${cached1} cached; turn 2: ${r2.usage.prompt_tokens} prompt tokens, ${details.cached_tokens} cached`);
 });
 
-await step("non-streaming Responses", async () => {
+await step("non-streaming Responses, retrieved by id", async () => {
   const r = await client.responses.create({ model, input: `Run ${run}: say hello.`, max_output_tokens: 8 });
   assert(r.object === "response", `object is ${JSON.stringify(r.object)}`);
   assert(typeof r.id === "string" && r.id.startsWith("resp_"), `id ${JSON.stringify(r.id)}`);
   assert(r.status === "completed", `status ${JSON.stringify(r.status)}`);
   assert(typeof r.output_text === "string" && r.output_text.length > 0, `no output text: ${JSON.stringify(r.output)}`);
   assert(r.usage?.output_tokens === 8, `usage.output_tokens ${r.usage?.output_tokens}, want 8`);
+  // Only the replica that produced it holds it; the router knows which.
+  const again = await client.responses.retrieve(r.id);
+  assert(again.id === r.id && again.output_text === r.output_text, `retrieved ${again.id} ${JSON.stringify(again.output_text)}, want ${r.id}`);
 });
 
 await step("streaming Responses", async () => {

@@ -120,7 +120,7 @@ def _():
     print(f"     turn 1: {r1.usage.prompt_tokens} prompt tokens; turn 2: {r2.usage.prompt_tokens}, {cached} cached")
 
 
-@step("non-streaming Responses")
+@step("non-streaming Responses, retrieved by id")
 def _():
     r = client.responses.create(model=MODEL, input=f"Run {RUN}: say hello.", max_output_tokens=8)
     check(r.object == "response", f"object is {r.object!r}")
@@ -129,6 +129,9 @@ def _():
     check(r.output_text, f"no output text: {r.output}")
     check(r.usage.output_tokens == 8, f"usage.output_tokens {r.usage.output_tokens}, want 8")
     check(r.usage.input_tokens > 0, f"usage.input_tokens {r.usage.input_tokens}")
+    # Only the replica that produced it holds it; the router knows which.
+    again = client.responses.retrieve(r.id)
+    check(again.id == r.id and again.output_text == r.output_text, f"retrieved {again.id} {again.output_text!r}, want {r.id} {r.output_text!r}")
 
 
 @step("streaming Responses")
