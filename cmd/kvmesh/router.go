@@ -60,8 +60,9 @@ func parseRouterFlags(args []string, getenv func(string) (string, bool), stderr 
 		fmt.Fprint(stderr, `usage: kvmesh router --name NAME --region REGION --listen HOST:PORT --gossip-bind HOST:PORT
        [--advertise HOST:PORT] --join SEED [--join SEED ...] --replica URL [--replica URL ...] [flags]
 
-Serves the OpenAI API (POST /v1/chat/completions, /v1/completions, GET /v1/models)
-in front of the replicas declared here, and joins the mesh of routers that
+Serves the OpenAI API (POST /v1/chat/completions, /v1/completions, /v1/responses,
+/v1/embeddings, GET /v1/models) and Anthropic's POST /v1/messages in front of
+the replicas declared here, and joins the mesh of routers that
 gossip which prompt prefixes every replica holds. Also serves /healthz,
 /readyz, /metrics and /debug/mesh.
 
