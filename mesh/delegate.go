@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/memberlist"
+	"github.com/kvmesh/kvmesh/summary"
 )
 
 // delegate adapts memberlist's callbacks to the Mesh. memberlist calls the
@@ -60,30 +61,39 @@ func (d *delegate) GetBroadcasts(overhead, limit int) [][]byte {
 // fit under maxLocalStateBytes (receivers pull the rest).
 func (d *delegate) LocalState(join bool) []byte {
 	m := d.m
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	b := []byte{kindPushPull}
-	b = appendS8(b, m.cfg.Name)
-	b = binary.BigEndian.AppendUint64(b, m.boot)
-	b = append(b, 0, 0, 0, 0)
-	n := 0
+	// Snapshot under the read lock; encode the summaries after it.
+	type entry struct {
+		st  stateMsg
+		sum *summary.Summary
+	}
+	var entries []entry
+	m.mu.RLock()
 	for _, r := range m.replicas {
 		if !r.declared && !r.owned {
 			continue
 		}
-		st := m.ownedStateLocked(r)
+		e := entry{st: m.ownedStateLocked(r)}
+		if r.owned {
+			e.sum = r.sum
+		}
+		entries = append(entries, e)
+	}
+	m.mu.RUnlock()
+	b := []byte{kindPushPull}
+	b = appendS8(b, m.cfg.Name)
+	b = binary.BigEndian.AppendUint64(b, m.boot)
+	b = binary.BigEndian.AppendUint32(b, uint32(len(entries)))
+	for _, e := range entries {
 		var sum []byte
-		if r.owned && r.sum != nil {
-			sum = r.sum.AppendEncode(nil, m.fp)
+		if e.sum != nil {
+			sum = e.sum.AppendEncode(nil, m.fp)
 			if len(b)+len(sum) > maxLocalStateBytes {
 				m.met.dropped.WithLabelValues(dropStateFull).Inc()
 				sum = nil
 			}
 		}
-		b = appendStateWithSummary(b, &st, sum)
-		n++
+		b = appendStateWithSummary(b, &e.st, sum)
 	}
-	binary.BigEndian.PutUint32(b[2+len(m.cfg.Name)+8:], uint32(n))
 	m.met.out(kindPushPull, len(b))
 	return b
 }
@@ -99,25 +109,32 @@ func (d *delegate) MergeRemoteState(buf []byte, join bool) {
 		return
 	}
 	m.met.in(kindPushPull, len(buf))
-	now := time.Now()
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	// Declarations first, so ownership is known before the full copies;
-	// the states last, so they find the copies they describe.
-	var valid []*stateWithSummary
+	// Full summaries are decoded before the lock.
+	sums := make([]*summary.Summary, len(p.Entries))
 	for i := range p.Entries {
 		if e := &p.Entries[i]; e.State.Origin == p.Origin {
-			valid = append(valid, e)
+			sums[i] = m.decodeSummary(e)
+		}
+	}
+	now := time.Now()
+	m.mu.Lock()
+	defer m.unlockAndRun()
+	// Declarations first, so ownership is known before the full copies;
+	// the states last, so they find the copies they describe.
+	var valid []int
+	for i := range p.Entries {
+		if e := &p.Entries[i]; e.State.Origin == p.Origin {
+			valid = append(valid, i)
 			m.declareLocked(&e.State)
 		} else {
 			m.met.dropped.WithLabelValues(dropRefused).Inc()
 		}
 	}
-	for _, e := range valid {
-		m.handleFullLocked(e, now)
+	for _, i := range valid {
+		m.handleFullLocked(&p.Entries[i].State, sums[i], now)
 	}
-	for _, e := range valid {
-		m.handleStateLocked(&e.State, now)
+	for _, i := range valid {
+		m.handleStateLocked(&p.Entries[i].State, now)
 	}
 }
 

@@ -1,11 +1,13 @@
 package mesh
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"reflect"
 	"testing"
 
 	"github.com/kvmesh/kvmesh/summary"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 func sampleMessages(t testing.TB) [][]byte {
@@ -89,14 +91,47 @@ func TestWireTruncated(t *testing.T) {
 }
 
 // Garbage and truncated messages fed to a live router's delegate never
-// panic and are counted.
+// panic, and each one that does not decode is counted exactly once.
 func TestDelegateGarbage(t *testing.T) {
 	a := newRouter(t, "a", nil)
 	declare(a, "http://r:1")
 	d := &delegate{m: a.Mesh}
+	fp := summary.DefaultContract().Fingerprint()
 	rng := rand.New(rand.NewPCG(1, 2))
 	msgs := sampleMessages(t)
-	for i := 0; i < 2000; i++ {
+	// bad counts what the mesh must count as undecodable: the message, or
+	// a full summary inside a message that decodes.
+	badSum := func(st stateMsg, sum []byte, origin string) bool {
+		if len(sum) == 0 || st.Origin == a.cfg.Name || (origin != "" && st.Origin != origin) {
+			return false
+		}
+		_, err := summary.Decode(sum, fp)
+		return err != nil
+	}
+	badMsg := func(b []byte) int {
+		v, err := decodeMsg(b)
+		if err != nil {
+			return 1
+		}
+		if f, ok := v.(stateWithSummary); ok && badSum(f.State, f.Summary, "") {
+			return 1
+		}
+		return 0
+	}
+	badPushPull := func(b []byte) int {
+		p, err := decodePushPull(b)
+		if err != nil {
+			return 1
+		}
+		n := 0
+		for _, e := range p.Entries {
+			if badSum(e.State, e.Summary, p.Origin) {
+				n++
+			}
+		}
+		return n
+	}
+	garbage := func(i int) []byte {
 		b := append([]byte(nil), msgs[i%len(msgs)]...)
 		switch i % 3 {
 		case 0:
@@ -111,9 +146,39 @@ func TestDelegateGarbage(t *testing.T) {
 				b[j] = byte(rng.Uint32())
 			}
 		}
+		return b
+	}
+	decodeDrops := func() float64 { return testutil.ToFloat64(a.met.dropped.WithLabelValues(dropDecode)) }
+	base := decodeDrops()
+	want := 0
+	for i := 0; i < 2000; i++ {
+		b := garbage(i)
 		a.handleMsg(b)
 		d.MergeRemoteState(b, i%2 == 0)
+		want += badMsg(b) + badPushPull(b)
+	}
+	if want == 0 {
+		t.Fatal("the garbage all decoded: the test tests nothing")
+	}
+	if got := decodeDrops() - base; got != float64(want) {
+		t.Fatalf("decode drops = %v, want %d", got, want)
+	}
+	// Through memberlist's entry point: handed to the inbox, then counted.
+	for i := 0; i < 200; i++ {
+		b := garbage(i)
 		d.NotifyMsg(b)
+		if len(b) > 0 {
+			want += badMsg(b)
+		}
+	}
+	eventually(t, wait, "inbox messages counted", func() error {
+		if got := decodeDrops() - base; got != float64(want) {
+			return fmt.Errorf("decode drops = %v, want %d", got, want)
+		}
+		return nil
+	})
+	if got := testutil.ToFloat64(a.met.dropped.WithLabelValues(dropHandoffFull)); got != 0 {
+		t.Fatalf("hand-off drops = %v with a near-empty inbox", got)
 	}
 }
 

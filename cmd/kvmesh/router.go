@@ -49,6 +49,7 @@ type routerConfig struct {
 	contract          summary.Contract
 	logOutput         io.Writer
 	registerProcessGo bool // Go and process collectors (off in in-process tests: they are per process)
+	sources           replicaSources
 }
 
 // parseRouterFlags parses args, then fills every flag not given on the
@@ -58,7 +59,8 @@ func parseRouterFlags(args []string, getenv func(string) (string, bool), stderr 
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
 		fmt.Fprint(stderr, `usage: kvmesh router --name NAME --region REGION --listen HOST:PORT --gossip-bind HOST:PORT
-       [--advertise HOST:PORT] --join SEED [--join SEED ...] --replica URL [--replica URL ...] [flags]
+       [--advertise HOST:PORT] --join SEED [--join SEED ...]
+       [--replica URL ...] [--replica-dns HOST:PORT|_service._proto.name] [--replica-file PATH] [flags]
 
 Serves the OpenAI API (POST /v1/chat/completions, /v1/completions, /v1/responses,
 /v1/embeddings, GET /v1/models) and Anthropic's POST /v1/messages in front of
@@ -93,6 +95,7 @@ flags:
 	fs.StringVar(&cfg.apiAdvertise, "api-advertise", "", "base URL peers forward requests to (default: http://<listen>)")
 	profile := fs.String("gossip-profile", "lan", "gossip timings: lan (one data centre), wan (regions apart) or test (fast, for local experiments)")
 	fs.DurationVar(&cfg.healthInterval, "health-interval", 2*time.Second, "interval of the replicas' health checks")
+	finishReplicaFlags := replicaFlags(fs, &cfg.sources)
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
 	}
@@ -129,6 +132,9 @@ flags:
 			return cfg, fmt.Errorf("router: --replica %q is not an http(s) URL", r)
 		}
 		cfg.replicas[i] = strings.TrimRight(r, "/")
+	}
+	if err := finishReplicaFlags(); err != nil {
+		return cfg, err
 	}
 	if cfg.apiAdvertise != "" {
 		if u, err := url.Parse(cfg.apiAdvertise); err != nil || u.Host == "" {
@@ -252,14 +258,13 @@ func startRouter(ctx context.Context, cfg routerConfig) (*router, error) {
 		ln.Close()
 		return nil, fmt.Errorf("router: %w", err)
 	}
-	for _, id := range cfg.replicas {
-		m.DeclareReplica(id)
-	}
+	// Replicas are declared once they pass a health check (replicaSet).
+	set := newReplicaSet(m, log.Named("replicas"))
 	client := proxy.NewClient()
-	hc := proxy.NewHealthChecker(proxy.HealthConfig{Interval: cfg.healthInterval}, cfg.replicas, client,
-		func(id string, models []string, healthy bool, capacityBlocks int) {
-			m.UpdateReplica(id, mesh.ReplicaStatus{Models: models, Healthy: healthy, CapacityBlocks: capacityBlocks})
-		}, cfg.contract.BlockBytes, log.Named("health"), reg)
+	hc := proxy.NewHealthChecker(proxy.HealthConfig{Interval: cfg.healthInterval, LoadInterval: cfg.sources.loadInterval, Engine: cfg.sources.engine},
+		nil, client, set.onStatus, cfg.contract.BlockBytes, log.Named("health"), reg)
+	set.health = hc
+	set.update("static", cfg.replicas)
 	policy := route.DefaultPolicy()
 	policy.LoadFactor = cfg.loadFactor
 	p, err := proxy.New(proxy.Config{
@@ -284,8 +289,9 @@ func startRouter(ctx context.Context, cfg routerConfig) (*router, error) {
 	}
 	hctx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	r.stopHealth = stop
-	r.wg.Add(2)
+	r.wg.Add(3)
 	go func() { defer r.wg.Done(); hc.Run(hctx) }()
+	go func() { defer r.wg.Done(); runDiscovery(hctx, cfg.sources, set, log.Named("discover")) }()
 	go func() {
 		defer r.wg.Done()
 		if err := r.srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {

@@ -1,0 +1,156 @@
+package mesh
+
+// Membership: the memberlist adapter's configuration and lifecycle
+// (joining, re-joining failed peers), which routers declare which
+// replicas, and who owns each replica (see owner.go for the pure rule).
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"strconv"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/memberlist"
+	"github.com/kvmesh/kvmesh/route"
+)
+
+func (m *Mesh) memberlistConfig() (*memberlist.Config, error) {
+	cfg, t := m.cfg, m.cfg.Timing
+	mc := memberlist.DefaultLANConfig()
+	mc.Name = cfg.Name
+	mc.Logger = cfg.Logger.Named("memberlist").StandardLogger(&hclog.StandardLoggerOptions{InferLevels: true})
+	mc.GossipInterval, mc.PushPullInterval = t.GossipInterval, t.PushPullInterval
+	mc.ProbeInterval, mc.ProbeTimeout, mc.SuspicionMult, mc.TCPTimeout = t.ProbeInterval, t.ProbeTimeout, t.SuspicionMult, t.TCPTimeout
+	mc.GossipToTheDeadTime = 30 * t.ProbeInterval
+	mc.DeadNodeReclaimTime = 30 * t.ProbeInterval // a restarted router may come back on another address
+	mc.UDPBufferSize = udpBufferSize
+	m.fanout = mc.GossipNodes
+	if cfg.SecretKey != nil {
+		mc.SecretKey = append([]byte(nil), cfg.SecretKey...)
+	}
+	if cfg.BindAddr != "" {
+		host, port, err := splitHostPort(cfg.BindAddr)
+		if err != nil {
+			return nil, fmt.Errorf("mesh: bind address %q: %w", cfg.BindAddr, err)
+		}
+		mc.BindAddr, mc.BindPort, mc.AdvertisePort = host, port, port
+	}
+	if cfg.AdvertiseAddr != "" {
+		host, port, err := splitHostPort(cfg.AdvertiseAddr)
+		if err != nil {
+			return nil, fmt.Errorf("mesh: advertise address %q: %w", cfg.AdvertiseAddr, err)
+		}
+		mc.AdvertiseAddr, mc.AdvertisePort = host, port
+	}
+	if cfg.Transport != nil {
+		mc.Transport = cfg.Transport
+	}
+	return mc, nil
+}
+
+func splitHostPort(s string) (string, int, error) {
+	host, p, err := net.SplitHostPort(s)
+	if err != nil {
+		return "", 0, err
+	}
+	port, err := strconv.Atoi(p)
+	if err != nil || port < 0 || port > 65535 {
+		return "", 0, fmt.Errorf("bad port %q", p)
+	}
+	return host, port, nil
+}
+
+// joinLoop joins the seeds with backoff until one answers, then keeps
+// re-joining failed peers (and the seeds, when alone): memberlist never
+// re-joins a dead node by itself, so this is what heals a partition.
+func (m *Mesh) joinLoop() {
+	defer m.wg.Done()
+	if len(m.cfg.Join) > 0 {
+		backoff := m.cfg.Timing.ProbeInterval
+		for {
+			n, err := m.ml.Join(m.cfg.Join)
+			if err == nil && n > 0 {
+				m.log.Info("joined mesh", "seeds", m.cfg.Join, "contacted", n)
+				break
+			}
+			m.log.Warn("join failed; retrying", "seeds", m.cfg.Join, "error", err, "in", backoff)
+			if !m.sleep(backoff) {
+				return
+			}
+			backoff = min(2*backoff, 30*time.Second)
+		}
+	}
+	for m.sleep(m.cfg.Timing.ReconnectInterval) {
+		var addrs []string
+		now := time.Now()
+		m.mu.Lock()
+		for name, mb := range m.members {
+			if mb.alive {
+				continue
+			}
+			if now.Sub(mb.failedAt) > failedPeerTTL {
+				delete(m.members, name)
+				continue
+			}
+			addrs = append(addrs, mb.node.Address())
+		}
+		m.mu.Unlock()
+		rand.Shuffle(len(addrs), func(i, j int) { addrs[i], addrs[j] = addrs[j], addrs[i] })
+		addrs = addrs[:min(len(addrs), 3)]
+		if m.ml.NumMembers() <= 1 {
+			addrs = append(addrs, m.cfg.Join...)
+		}
+		if len(addrs) == 0 {
+			continue
+		}
+		if n, err := m.ml.Join(addrs); n > 0 {
+			m.log.Debug("reconnected", "addrs", addrs, "contacted", n)
+		} else {
+			m.log.Debug("reconnect failed", "addrs", addrs, "error", err)
+		}
+	}
+}
+
+func (m *Mesh) replicaLocked(id string, create bool) *replica {
+	r := m.replicas[id]
+	if r == nil && create && len(m.replicas) < maxReplicas && id != "" && len(id) <= maxReplicaIDLen {
+		r = &replica{id: id, hash: route.HashID(id), declarers: map[string]bool{}}
+		m.replicas[id] = r
+	}
+	return r
+}
+
+// liveLocked reports whether a router counts as alive.
+func (m *Mesh) liveLocked(name string) bool {
+	if name == m.cfg.Name {
+		return true
+	}
+	mb := m.members[name]
+	return mb != nil && mb.alive
+}
+
+// ownerLocked picks the owner of r: rendezvous hashing over the live
+// routers that declare it; "" when none is alive.
+func (m *Mesh) ownerLocked(r *replica) string {
+	return ownerOf(r.id, r.declarers, m.liveLocked)
+}
+
+// declareLocked learns who declares the replica a state names.
+func (m *Mesh) declareLocked(st *stateMsg) *replica {
+	if st.Origin == m.cfg.Name {
+		return nil
+	}
+	r := m.replicaLocked(st.Replica, true)
+	if r == nil {
+		return nil
+	}
+	r.declarers[st.Origin] = true
+	for _, d := range st.DeclaredBy {
+		if d != "" && len(d) <= maxNameLen && len(r.declarers) < 64 {
+			r.declarers[d] = true
+		}
+	}
+	return r
+}
