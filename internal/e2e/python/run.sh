@@ -3,8 +3,10 @@
 # kvmesh, starts 2 simulated replicas and 2 routers (the second joins the
 # first's gossip; each fronts one replica) on 127.0.0.1, installs the pinned
 # client (requirements.txt) into a venv in a temp dir, and runs check.py
-# against each router. Every child is killed on exit. Needs go, python3 >= 3.9
-# (with venv) and curl.
+# against each router; then starts two more routers that cannot gossip,
+# each fronting both replicas, and runs keys.py (client routing keys) across
+# them. Every child is killed on exit. Needs go, python3 >= 3.9 (with venv)
+# and curl.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -48,7 +50,7 @@ python3 -m venv "$work/venv" >"$work/pip.log" 2>&1 || { cat "$work/pip.log" >&2;
   { cat "$work/pip.log" >&2; die "pip install failed"; }
 py="$work/venv/bin/python"
 
-# Six ports the OS says are free, each bound on TCP and UDP (gossip uses
+# Ten ports the OS says are free, each bound on TCP and UDP (gossip uses
 # both) and held until all are chosen so none repeats. They are drawn
 # below the kernel's ephemeral range, so programs binding port 0 at the
 # same time (a parallel `go test`) cannot take one before we bind it.
@@ -63,7 +65,7 @@ except (OSError, ValueError, IndexError):
 lo = max(lo, 12000)
 held, ports = [], []
 for _ in range(1000):
-    if len(ports) == 6:
+    if len(ports) == 10:
         break
     port = random.randrange(10000, lo)
     if port in ports:
@@ -80,8 +82,9 @@ print(*ports)
 EOF
 ) || die "could not pick free ports"
 read -r -a ports <<<"$picked"
-[ "${#ports[@]}" -eq 6 ] || die "could not pick free ports"
+[ "${#ports[@]}" -eq 10 ] || die "could not pick free ports"
 sim1=${ports[0]} sim2=${ports[1]} api1=${ports[2]} api2=${ports[3]} gossip1=${ports[4]} gossip2=${ports[5]}
+api3=${ports[6]} api4=${ports[7]} gossip3=${ports[8]} gossip4=${ports[9]}
 
 start() { # start NAME ARGS...: runs kvmesh ARGS in the background, logging to NAME.log
   local name=$1; shift
@@ -139,4 +142,23 @@ for api in "$api1" "$api2"; do
   echo "e2e-python: check.py against router http://127.0.0.1:$api"
   KVMESH_URL="http://127.0.0.1:$api" KVMESH_MODEL="$model" "$py" "$here/check.py" || die "check.py failed against router http://127.0.0.1:$api"
 done
+# Client routing keys: two more routers that cannot gossip (neither joins
+# anyone), each fronting both replicas, must place requests that carry the
+# same key alike whatever their prompts.
+for n in 3 4; do
+  api_var=api$n gossip_var=gossip$n
+  start "router$n" router --name "r$n" --listen "127.0.0.1:${!api_var}" --gossip-bind "127.0.0.1:${!gossip_var}" \
+    --replica "http://127.0.0.1:$sim1" --replica "http://127.0.0.1:$sim2" "${router_flags[@]}"
+done
+for api in "$api3" "$api4"; do
+  wait_http "http://127.0.0.1:$api/readyz" "router on port $api"
+  for ((i = 0; ; i++)); do
+    [ "$(healthy_replicas "$api")" = 2 ] && break
+    [ "$i" -lt 300 ] || die "router on port $api did not see both replicas healthy (/debug/mesh)"
+    sleep 0.1
+  done
+done
+echo "e2e-python: keys.py against routers that cannot gossip"
+KVMESH_URLS="http://127.0.0.1:$api3 http://127.0.0.1:$api4" KVMESH_REPLICAS="http://127.0.0.1:$sim1 http://127.0.0.1:$sim2" \
+  KVMESH_MODEL="$model" "$py" "$here/keys.py" || die "keys.py failed"
 echo "e2e-python: passed"
