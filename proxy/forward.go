@@ -31,15 +31,16 @@ type reqState struct {
 	root   uint64
 	hashes []uint64
 	hop    bool
+	byLoad bool // placed by load; the response is not read
 }
 
 var copyBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
 
-// inference serves POST /v1/chat/completions and /v1/completions.
-func (p *Proxy) inference(w http.ResponseWriter, r *http.Request, ep string, chat bool) {
-	st := &reqState{path: r.URL.Path}
+// inference serves the inference endpoints (endpoints.go).
+func (p *Proxy) inference(w http.ResponseWriter, r *http.Request, ep *endpoint) {
+	st := &reqState{path: r.URL.Path, byLoad: ep.byLoad}
 	// A deferred count still runs when a dead upstream aborts the handler.
-	defer func() { p.m.requests.WithLabelValues(ep, strconv.Itoa(st.code)).Inc() }()
+	defer func() { p.m.requests.WithLabelValues(ep.label, strconv.Itoa(st.code)).Inc() }()
 	if r.Method != http.MethodPost {
 		w.Header().Set("Allow", http.MethodPost)
 		st.code = writeError(w, http.StatusMethodNotAllowed, fmt.Sprintf("method %s not allowed on %s", r.Method, r.URL.Path))
@@ -51,11 +52,7 @@ func (p *Proxy) inference(w http.ResponseWriter, r *http.Request, ep string, cha
 		return
 	}
 	st.body = body
-	if chat {
-		st.prompt, err = summary.RenderChat(body)
-	} else {
-		st.prompt, err = summary.RenderCompletion(body)
-	}
+	st.prompt, err = ep.render(body)
 	if err != nil {
 		st.code = writeError(w, http.StatusBadRequest, err.Error())
 		return
@@ -63,7 +60,8 @@ func (p *Proxy) inference(w http.ResponseWriter, r *http.Request, ep string, cha
 	c := p.cfg.Contract
 	st.root = c.Root(st.prompt.Model, st.prompt.CacheSalt)
 	st.hashes = c.AppendHashes(nil, st.root, st.prompt.Text)
-	req := route.Request{Hashes: st.hashes, Probes: summary.MakeProbes(nil, st.hashes), Root: st.root}
+	req := route.Request{Hashes: st.hashes, Probes: summary.MakeProbes(nil, st.hashes), Root: st.root,
+		ClientKey: p.clientKey(r, &st.prompt)}
 
 	cands := p.cfg.View.Candidates(st.prompt.Model, nil)
 	st.hop = r.Header.Get(HeaderHop) != ""
@@ -92,7 +90,7 @@ func (p *Proxy) inference(w http.ResponseWriter, r *http.Request, ep string, cha
 			d = route.Decision{Index: hinted, Match: hintMatch}
 			hinted = -1
 		} else {
-			d = p.cfg.Policy.Pick(req, cands)
+			d = p.decide(ep, st, req, cands)
 			if !counted {
 				reason := d.Reason
 				if st.hop {
@@ -104,6 +102,7 @@ func (p *Proxy) inference(w http.ResponseWriter, r *http.Request, ep string, cha
 		}
 		last := attempt >= p.cfg.MaxAttempts || len(cands) == 1
 		if p.attempt(w, r, st, cands[d.Index].ID, d, last) {
+			p.served(w, st, cands[d.Index].ID)
 			return
 		}
 		if last {
@@ -251,7 +250,7 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, resp *http.Respons
 		_ = rc.Flush() // the client sees the headers before the first token
 	}
 	var sink *answerSink
-	if local && resp.StatusCode == http.StatusOK {
+	if local && resp.StatusCode == http.StatusOK && !st.byLoad {
 		sink = &answerSink{sse: sse}
 	}
 	bufp := copyBufs.Get().(*[]byte)

@@ -13,6 +13,7 @@ import (
 	"net"
 	"net/http"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -71,6 +72,12 @@ type Config struct {
 	// ReportFailure is told of passive failures of owned replicas seen on
 	// the request path (HealthChecker.ReportFailure); nil ignores them.
 	ReportFailure func(replicaID string)
+	// SessionHeader names the request header whose value is a client
+	// routing key ("" means DefaultSessionHeader, "-" none).
+	SessionHeader string
+	// MaxResponses bounds the response ids remembered for
+	// previous_response_id routing (default DefaultMaxResponses).
+	MaxResponses int
 }
 
 // Proxy is the HTTP handler of one router. It is safe for concurrent use.
@@ -80,6 +87,10 @@ type Proxy struct {
 	m       *metrics
 	client  *http.Client
 	metrics http.Handler
+	// sessionHeader is the client routing key header ("" for none).
+	sessionHeader string
+	// responses maps response ids to the replicas that produced them.
+	responses *responseLRU
 }
 
 // NewClient returns the default client to replicas and peers: keep-alive
@@ -122,7 +133,14 @@ func New(cfg Config) (*Proxy, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = hclog.NewNullLogger()
 	}
-	p := &Proxy{cfg: cfg, log: cfg.Logger, m: newMetrics(cfg.Registerer), client: cfg.Client}
+	p := &Proxy{cfg: cfg, log: cfg.Logger, m: newMetrics(cfg.Registerer), client: cfg.Client,
+		sessionHeader: cfg.SessionHeader, responses: newResponseLRU(cfg.MaxResponses)}
+	switch cfg.SessionHeader {
+	case "":
+		p.sessionHeader = DefaultSessionHeader
+	case "-":
+		p.sessionHeader = ""
+	}
 	if cfg.Gatherer != nil {
 		p.metrics = promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{
 			ErrorLog: cfg.Logger.StandardLogger(&hclog.StandardLoggerOptions{ForceLevel: hclog.Error}),
@@ -142,9 +160,15 @@ const (
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch r.URL.Path {
 	case "/v1/chat/completions":
-		p.inference(w, r, epChat, true)
+		p.inference(w, r, &chatAPI)
 	case "/v1/completions":
-		p.inference(w, r, epCompletions, false)
+		p.inference(w, r, &completionAPI)
+	case "/v1/responses":
+		p.serveResponses(w, r)
+	case "/v1/messages":
+		p.inference(w, r, &messagesAPI)
+	case "/v1/embeddings":
+		p.inference(w, r, &embeddingsAPI)
 	case "/v1/models":
 		if !allow(w, r, http.MethodGet) {
 			return
@@ -187,6 +211,10 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write(append(b, '\n'))
 	default:
+		if strings.HasPrefix(r.URL.Path, responsesPrefix) {
+			p.serveResponseByID(w, r)
+			return
+		}
 		writeError(w, http.StatusNotFound, fmt.Sprintf("no endpoint %s %s", r.Method, r.URL.Path))
 	}
 }

@@ -40,6 +40,7 @@ type routerConfig struct {
 	logLevel          hclog.Level
 	logJSON           bool
 	maxBodyBytes      int64
+	sessionHeader     string
 	capacityBlocks    int
 	loadFactor        float64
 	apiAdvertise      string
@@ -61,8 +62,9 @@ func parseRouterFlags(args []string, getenv func(string) (string, bool), stderr 
        [--advertise HOST:PORT] --join SEED [--join SEED ...]
        [--replica URL ...] [--replica-dns HOST:PORT|_service._proto.name] [--replica-file PATH] [flags]
 
-Serves the OpenAI API (POST /v1/chat/completions, /v1/completions, GET /v1/models)
-in front of the replicas declared here, and joins the mesh of routers that
+Serves the OpenAI API (POST /v1/chat/completions, /v1/completions, /v1/responses,
+/v1/embeddings, GET /v1/models) and Anthropic's POST /v1/messages in front of
+the replicas declared here, and joins the mesh of routers that
 gossip which prompt prefixes every replica holds. Also serves /healthz,
 /readyz, /metrics, /debug/mesh and a status page for people at /.
 
@@ -87,6 +89,7 @@ flags:
 	logLevel := fs.String("log-level", "info", "log level: trace, debug, info, warn, error or off")
 	fs.BoolVar(&cfg.logJSON, "log-json", false, "log JSON lines instead of text")
 	fs.Int64Var(&cfg.maxBodyBytes, "max-body-bytes", proxy.DefaultMaxBodyBytes, "largest accepted request body in bytes (larger: 413)")
+	fs.StringVar(&cfg.sessionHeader, "session-header", proxy.DefaultSessionHeader, "request header whose value is a client routing key (\"-\": none); prompt_cache_key in the body takes precedence")
 	fs.IntVar(&cfg.capacityBlocks, "capacity-blocks", 16384, "cache capacity in router blocks assumed for replicas whose engine does not report one (vLLM's does)")
 	fs.Float64Var(&cfg.loadFactor, "load-factor", route.DefaultPolicy().LoadFactor, "bounded-load factor: a replica takes a request only while its queued prefill stays within this times the mean (plus one request)")
 	fs.StringVar(&cfg.apiAdvertise, "api-advertise", "", "base URL peers forward requests to (default: http://<listen>)")
@@ -268,6 +271,7 @@ func startRouter(ctx context.Context, cfg routerConfig) (*router, error) {
 		RouterName: cfg.name, View: m, Policy: policy, Contract: cfg.contract,
 		MaxBodyBytes: cfg.maxBodyBytes, Client: client, Logger: log.Named("proxy"),
 		Registerer: reg, Gatherer: reg, Debug: m.Debug, Ready: hc.Ready, ReportFailure: hc.ReportFailure,
+		SessionHeader: cfg.sessionHeader,
 	})
 	if err != nil {
 		ln.Close()
