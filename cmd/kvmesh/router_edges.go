@@ -179,9 +179,11 @@ func (r *router) run(ctx context.Context, hup <-chan os.Signal) error {
 // keeps its previous value.
 func (r *router) reload() {
 	for what, f := range map[string]func() error{
-		"api keys":         func() error { return reloadIf(r.edges.keys != nil, func() error { return r.edges.keys.Reload() }) },
-		"API certificate":  func() error { return reloadIf(r.edges.cert != nil, func() error { return r.edges.cert.reload() }) },
-		"peer certificate": func() error { return reloadIf(r.edges.peerCert != nil, func() error { return r.edges.peerCert.reload() }) },
+		"api keys":        func() error { return reloadIf(r.edges.keys != nil, func() error { return r.edges.keys.Reload() }) },
+		"API certificate": func() error { return reloadIf(r.edges.cert != nil, func() error { return r.edges.cert.reload() }) },
+		"peer certificate": func() error {
+			return reloadIf(r.edges.peerCert != nil, func() error { return r.edges.peerCert.reload() })
+		},
 	} {
 		if err := f(); err != nil {
 			r.log.Error("reload failed; keeping the previous "+what, "error", err)
