@@ -85,6 +85,7 @@ func (p *Proxy) authorize(w http.ResponseWriter, r *http.Request) bool {
 		return true
 	}
 	p.edge.rejected.WithLabelValues(rejectAuth).Inc()
+	abandonBody(w, r)
 	w.Header().Set("WWW-Authenticate", `Bearer realm="kvmesh"`)
 	msg := "Incorrect API key provided."
 	if auth == "" {

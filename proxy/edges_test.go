@@ -183,7 +183,7 @@ func TestClientInflightCap(t *testing.T) {
 	release := make(chan struct{})
 	slow := newReplica(t, func(w http.ResponseWriter, r *http.Request) { <-release; jsonChat(w, "ok", 0) })
 	view := newFakeView([]string{"m"}, fakeReplica{id: slow.URL})
-	_, srv, _ := newEdgeProxy(t, view, func(c *Config) { c.MaxInflightPerClient = 2 })
+	_, srv, _ := newEdgeProxy(t, view, func(c *Config) { c.MaxInflightPerClient = 2; c.BodyTimeout = time.Minute })
 	done := make(chan int, 2)
 	for range 2 {
 		go func() {
@@ -204,6 +204,15 @@ func TestClientInflightCap(t *testing.T) {
 	}
 	if typ, code, _ := openAIError(t, body); typ != "requests" || code == nil || *code != "rate_limit_exceeded" {
 		t.Errorf("429 type %q code %v", typ, code)
+	}
+	// A refused client trickling its body does not keep the connection:
+	// the router answers and closes without reading the rest (the body
+	// deadline is a minute; the read below gives up well before).
+	raw := rawRequest(t, strings.TrimPrefix(srv.URL, "http://"), 4096, `{"model":`)
+	defer raw.Close()
+	_ = raw.SetReadDeadline(time.Now().Add(20 * time.Second))
+	if b, err := io.ReadAll(raw); err != nil || !strings.HasPrefix(string(b), "HTTP/1.1 429") {
+		t.Fatalf("refused slow client: %q, %v (connection kept open?)", b, err)
 	}
 	// Probes are never capped.
 	if r, err := http.Get(srv.URL + "/healthz"); err != nil || r.StatusCode != 200 {
@@ -259,7 +268,18 @@ func TestConnLimiter(t *testing.T) {
 		t.Fatalf("over the cap: %d %v", resp.StatusCode, resp.Header)
 	}
 	openAIError(t, body)
-	if dropped.Load() != 1 {
+	// A liveness probe over the cap is still told the process serves.
+	c2, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = c2.SetReadDeadline(time.Now().Add(30 * time.Second))
+	io.WriteString(c2, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+	if b, err := io.ReadAll(c2); err != nil || !strings.HasPrefix(string(b), "HTTP/1.1 200 OK") {
+		t.Errorf("/healthz over the cap: %q %v", b, err)
+	}
+	c2.Close()
+	if dropped.Load() != 2 {
 		t.Errorf("dropped %d", dropped.Load())
 	}
 	held[0].Close()

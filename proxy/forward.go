@@ -42,6 +42,7 @@ func (p *Proxy) inference(w http.ResponseWriter, r *http.Request, ep string, cha
 	// A deferred count still runs when a dead upstream aborts the handler.
 	defer func() { p.m.requests.WithLabelValues(ep, strconv.Itoa(st.code)).Inc() }()
 	if r.Method != http.MethodPost {
+		abandonBody(w, r)
 		w.Header().Set("Allow", http.MethodPost)
 		st.code = writeError(w, http.StatusMethodNotAllowed, fmt.Sprintf("method %s not allowed on %s", r.Method, r.URL.Path))
 		return
@@ -160,7 +161,7 @@ func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request) ([]byte, int, e
 	limit := p.cfg.MaxBodyBytes
 	tooLarge := fmt.Errorf("request body exceeds %d bytes", limit)
 	if r.ContentLength > limit {
-		w.Header().Set("Connection", "close")
+		abandonBody(w, r)
 		return nil, http.StatusRequestEntityTooLarge, tooLarge
 	}
 	b, err := readLimited(r.Body, limit)
@@ -168,7 +169,7 @@ func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request) ([]byte, int, e
 	case err == nil:
 		return b, 0, nil
 	case errors.Is(err, errTooLarge):
-		w.Header().Set("Connection", "close")
+		abandonBody(w, r)
 		return nil, http.StatusRequestEntityTooLarge, tooLarge
 	case errors.Is(err, os.ErrDeadlineExceeded):
 		p.edge.rejected.WithLabelValues(rejectBodyTimeout).Inc()

@@ -1,6 +1,8 @@
 package proxy
 
 import (
+	"bufio"
+	"bytes"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -106,12 +108,24 @@ func (p *Proxy) admitClient(w http.ResponseWriter, r *http.Request) (release fun
 	if !p.clients.acquire(addr) {
 		p.edge.rejected.WithLabelValues(rejectClientLimit).Inc()
 		p.junk.Printf("client %s over %d requests in flight: 429", addr, p.clients.max)
-		w.Header().Set("Connection", "close")
+		abandonBody(w, r)
 		writeRetryLater(w, http.StatusTooManyRequests, time.Second,
 			fmt.Sprintf("too many concurrent requests from %s (limit %d)", addr, p.clients.max))
 		return nil, false
 	}
 	return func() { p.clients.release(addr) }, true
+}
+
+// abandonBody makes net/http close the connection after this answer
+// instead of reading what is left of an unread body (up to 256 KB, at
+// the client's pace: a refused slow client would keep its connection
+// until the body deadline). A read deadline in the past fails that read
+// at once.
+func abandonBody(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Connection", "close")
+	if r.Body != nil && r.Body != http.NoBody {
+		_ = http.NewResponseController(w).SetReadDeadline(time.Now())
+	}
 }
 
 // setBodyDeadline bounds the time to read r's body. The deadline is on
@@ -198,15 +212,23 @@ func (l *ConnLimiter) Accept() (net.Conn, error) {
 }
 
 // overloaded is the raw HTTP/1.1 answer to a connection over the cap.
-var overloaded = func() []byte {
-	b := errorJSON(http.StatusServiceUnavailable, "", "", "the router is at its connection limit; retry shortly")
-	return append([]byte("HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\nConnection: close\r\nContent-Length: "+strconv.Itoa(len(b))+"\r\n\r\n"), b...)
-}()
+var overloaded = rawAnswer("503 Service Unavailable", "application/json",
+	errorJSON(http.StatusServiceUnavailable, "", "", "the router is at its connection limit; retry shortly"))
+
+// aliveAnswer answers a liveness probe over the cap: the process serves
+// (so it is not restarted under a flood); /readyz gets the 503, so a
+// balancer sends traffic elsewhere.
+var aliveAnswer = rawAnswer("200 OK", "text/plain; charset=utf-8", []byte("ok\n"))
+
+func rawAnswer(status, contentType string, body []byte) []byte {
+	return append([]byte("HTTP/1.1 "+status+"\r\nContent-Type: "+contentType+"\r\nRetry-After: 1\r\nConnection: close\r\nContent-Length: "+
+		strconv.Itoa(len(body))+"\r\n\r\n"), body...)
+}
 
 func (l *ConnLimiter) reject(c net.Conn) {
 	defer func() { <-l.rejects }()
 	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+	_ = c.SetDeadline(time.Now().Add(time.Second))
 	if l.tls != nil {
 		tc := tls.Server(c, l.tls)
 		if tc.Handshake() != nil {
@@ -214,7 +236,13 @@ func (l *ConnLimiter) reject(c net.Conn) {
 		}
 		c = tc
 	}
-	_, _ = c.Write(overloaded)
+	answer := overloaded
+	// The request line tells a liveness probe from the flood.
+	if line, err := bufio.NewReaderSize(c, 256).ReadSlice('\n'); err == nil && bytes.HasPrefix(line, []byte("GET /healthz ")) {
+		answer = aliveAnswer
+	}
+	_ = c.SetWriteDeadline(time.Now().Add(time.Second))
+	_, _ = c.Write(answer)
 }
 
 // limitedConn gives its slot back once, on the first Close.

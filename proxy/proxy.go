@@ -197,6 +197,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case "/healthz", "/readyz":
 		p.probe(w, r)
 	default:
+		abandonBody(w, r)
 		writeError(w, http.StatusNotFound, fmt.Sprintf("no endpoint %s %s", r.Method, r.URL.Path))
 	}
 }
@@ -259,6 +260,7 @@ func allow(w http.ResponseWriter, r *http.Request, method string) bool {
 	if r.Method == method || (method == http.MethodGet && r.Method == http.MethodHead) {
 		return true
 	}
+	abandonBody(w, r)
 	w.Header().Set("Allow", method)
 	writeError(w, http.StatusMethodNotAllowed, fmt.Sprintf("method %s not allowed on %s", r.Method, r.URL.Path))
 	return false

@@ -241,7 +241,9 @@ func run() error {
 	for time.Now().Before(deadline) {
 		d, err := healthz()
 		if err != nil {
-			probeErrs++
+			if probeErrs++; probeErrs <= 3 {
+				fmt.Println("  /healthz:", err)
+			}
 		} else {
 			lat = append(lat, d)
 		}
