@@ -94,10 +94,15 @@ func run() error {
 	if err := os.WriteFile(keyFile, []byte("MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=\n"), 0o600); err != nil {
 		return err
 	}
+	adminPort, err := freePort()
+	if err != nil {
+		return err
+	}
+	admin := fmt.Sprintf("127.0.0.1:%d", adminPort)
 	api := fmt.Sprintf("127.0.0.1:%d", apiPort)
 	gossipAddr := fmt.Sprintf("127.0.0.1:%d", gossipPort)
 	args := append([]string{"router", "--name", "flood", "--listen", api, "--gossip-bind", gossipAddr,
-		"--admin-listen", "", "--gossip-key-file", keyFile, "--log-level", "error"}, flag.Args()...)
+		"--admin-listen", admin, "--gossip-key-file", keyFile, "--log-level", "error"}, flag.Args()...)
 	cmd := exec.Command(*bin, args...)
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
@@ -264,6 +269,17 @@ func run() error {
 		*hold, now, max(peak, hwm), pct(0.5).Round(100*time.Microsecond), pct(0.99).Round(100*time.Microsecond), pct(1).Round(100*time.Microsecond), probeErrs)
 	fmt.Printf("connections still held by the router: %d of %d; answered/closed by it: %d; gossip streams cut: %d of %d\n",
 		held, len(conns), closedBy.Load(), gossipRefused.Load(), *gossip)
+	if resp, err := client.Get("http://" + admin + "/metrics"); err == nil {
+		sc := bufio.NewScanner(resp.Body)
+		for sc.Scan() {
+			for _, m := range []string{"go_memstats_heap_inuse_bytes ", "go_memstats_stack_inuse_bytes ", "go_goroutines "} {
+				if strings.HasPrefix(sc.Text(), m) {
+					fmt.Println("  router", sc.Text())
+				}
+			}
+		}
+		resp.Body.Close()
+	}
 	answers.Range(func(k, v any) bool {
 		fmt.Printf("  %6d × %s\n", v.(*atomic.Int64).Load(), k)
 		return true
