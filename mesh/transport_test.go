@@ -113,3 +113,43 @@ func refusedStreams(t *testing.T, r *testRouter) float64 {
 	}
 	return total
 }
+
+// FuzzStreamHead feeds the guard arbitrary stream heads in arbitrary
+// pieces: it never panics, never admits a frame over memberlist's limit,
+// and gives back every byte of budget it charged.
+func FuzzStreamHead(f *testing.F) {
+	f.Add([]byte{mlEncryptMsg, 0, 0, 0, 16, 1, 2, 3}, uint8(3), true)
+	f.Add([]byte{mlEncryptMsg, 0xff, 0xff, 0xff, 0xff}, uint8(1), true)
+	f.Add([]byte{mlHasLabelMsg, 3, 'a', 'b', 'c', mlEncryptMsg, 0, 1, 0, 0}, uint8(2), true)
+	f.Add([]byte{6, 0x83, 0xa5}, uint8(1), false)
+	f.Add([]byte{0, 1, 2}, uint8(7), false)
+	f.Add([]byte{mlHasLabelMsg}, uint8(1), false)
+	f.Fuzz(func(t *testing.T, head []byte, piece uint8, encrypted bool) {
+		if len(head) == 0 {
+			return
+		}
+		g := &guardedTransport{lim: StreamLimits{MaxStreams: 1, BudgetBytes: 64 << 20}, encrypted: encrypted,
+			slots: make(chan struct{}, 1), logf: func(string, ...any) {}}
+		g.slots <- struct{}{}
+		c := &guardedConn{t: g}
+		step := int(piece%16) + 1
+		for i := 0; i < len(head) && !c.decided; i += step {
+			c.head = append(c.head, head[i:min(i+step, len(head))]...)
+			if len(c.head) > 512 {
+				c.head = c.head[:512]
+			}
+			if c.decide() != "" {
+				break
+			}
+		}
+		if c.decided {
+			if c.limit > 2*mlMaxStateBytes+512 || c.charge <= 0 || g.used != c.charge {
+				t.Fatalf("decided: limit %d charge %d used %d", c.limit, c.charge, g.used)
+			}
+			c.once.Do(func() { g.release(c.charge); <-g.slots })
+		}
+		if g.used != 0 {
+			t.Fatalf("budget %d left charged", g.used)
+		}
+	})
+}
