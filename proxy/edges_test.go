@@ -527,11 +527,11 @@ func TestSafeRetries(t *testing.T) {
 		wantRetry bool
 	}{
 		{"connection refused", nil, time.Minute, 200, true},
-		{"503 before the body", func(w http.ResponseWriter, r *http.Request) { http.Error(w, "busy", 503) }, time.Minute, 200, true},
-		{"429", func(w http.ResponseWriter, r *http.Request) { http.Error(w, "slow down", 429) }, time.Minute, 200, true},
+		{"503 before the body", func(w http.ResponseWriter, r *http.Request) { http.Error(w, "busy", http.StatusServiceUnavailable) }, time.Minute, 200, true},
+		{"429", func(w http.ResponseWriter, r *http.Request) { http.Error(w, "slow down", http.StatusTooManyRequests) }, time.Minute, 200, true},
 		{"reset after the request was read", hangUp, time.Minute, 502, false},
 		{"500", func(w http.ResponseWriter, r *http.Request) { http.Error(w, "boom", 500) }, time.Minute, 500, false},
-		{"budget spent", func(w http.ResponseWriter, r *http.Request) { http.Error(w, "busy", 503) }, time.Nanosecond, 503, false},
+		{"budget spent", func(w http.ResponseWriter, r *http.Request) { http.Error(w, "busy", http.StatusServiceUnavailable) }, time.Nanosecond, 503, false},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -249,8 +249,9 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, st *reqState, id
 	body := st.body
 	// net/http replays the body only when nothing was written (see retry.go).
 	out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
-	firstByte, done := func() {}, func() {}
+	firstByte := func() {}
 	if local {
+		var done func()
 		firstByte, done = p.cfg.View.Begin(id, float64(len(st.hashes)-d.Match))
 		defer done()
 		p.cfg.View.Record(id, st.hashes)

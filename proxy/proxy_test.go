@@ -172,8 +172,8 @@ func TestStreamingIsUnbuffered(t *testing.T) {
 
 func TestRetryBeforeFirstByte(t *testing.T) {
 	failing := map[string]http.HandlerFunc{
-		"503": func(w http.ResponseWriter, r *http.Request) { http.Error(w, "overloaded", 503) },
-		"429": func(w http.ResponseWriter, r *http.Request) { http.Error(w, "slow down", 429) },
+		"503": func(w http.ResponseWriter, r *http.Request) { http.Error(w, "overloaded", http.StatusServiceUnavailable) },
+		"429": func(w http.ResponseWriter, r *http.Request) { http.Error(w, "slow down", http.StatusTooManyRequests) },
 	}
 	for _, name := range []string{"refused", "503", "429"} {
 		t.Run(name, func(t *testing.T) {
@@ -223,7 +223,7 @@ func TestRetryBeforeFirstByte(t *testing.T) {
 func TestLastAttemptPassesStatusThrough(t *testing.T) {
 	busy := newReplica(t, func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Retry-After", "7")
-		http.Error(w, "busy", 429)
+		http.Error(w, "busy", http.StatusTooManyRequests)
 	})
 	view := newFakeView([]string{"m"}, fakeReplica{id: busy.URL})
 	_, srv, _ := newTestProxy(t, view, nil)
