@@ -118,6 +118,11 @@ func TestShutdownLeavesThenDrains(t *testing.T) {
 			}
 			time.Sleep(20 * time.Millisecond)
 		}
+		// ...but a request that still reaches this router is served by
+		// its own replica during the drain...
+		if n := len(a.mesh.Candidates("m", nil)); n != 1 {
+			hookErr = append(hookErr, fmt.Sprintf("a has %d candidates after leaving", n))
+		}
 		// ...while this router still accepts, and says it is not ready.
 		if r, err := client.Get(a.api + "/readyz"); err != nil || r.StatusCode != 503 {
 			hookErr = append(hookErr, fmt.Sprintf("/readyz while leaving: %v %v", r, err))
@@ -331,5 +336,64 @@ func TestEdgeFlags(t *testing.T) {
 		if _, err := parseRouterFlags(append([]string{"--name", "r"}, tc.args...), none, io.Discard); err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 			t.Errorf("%v: error %v, want %q", tc.args, err, tc.wantErr)
 		}
+	}
+}
+
+// TestReadyzNeedsAHealthyReplica is issue 8 item 7 at the router: while
+// its only replica is down /readyz is 503 and a chat request gets 503
+// with Retry-After (not 404 model_not_found); once the replica is healthy
+// both are served, and an unknown model is a 404.
+func TestReadyzNeedsAHealthyReplica(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	var up sync.Map
+	var hits sync.Map
+	healthy := e2eReplica("r1", &hits)
+	defer healthy.Close()
+	rep := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, ok := up.Load("up"); !ok {
+			http.Error(w, "starting", http.StatusInternalServerError)
+			return
+		}
+		healthy.Config.Handler.ServeHTTP(w, r)
+	}))
+	defer rep.Close()
+	cfg := edgeBase(io.Discard)
+	cfg.name, cfg.replicas = "a", []string{rep.URL}
+	a, err := startRouter(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.shutdown()
+	client := &http.Client{Transport: &http.Transport{}}
+	defer client.CloseIdleConnections()
+	status := func(method, path, body string) (int, http.Header, string) {
+		t.Helper()
+		req, _ := http.NewRequest(method, a.api+path, strings.NewReader(body))
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, resp.Header, string(b)
+	}
+	eventually(t, "a first health round", a.health.Ready)
+	if code, _, _ := status(http.MethodGet, "/readyz", ""); code != 503 {
+		t.Errorf("/readyz with the replica down: %d", code)
+	}
+	if code, h, body := status(http.MethodPost, "/v1/chat/completions", chatRequest("hi")); code != 503 || h.Get("Retry-After") == "" {
+		t.Errorf("chat with the replica down: %d %q %s", code, h.Get("Retry-After"), body)
+	}
+	up.Store("up", true)
+	eventually(t, "/readyz 200", func() bool { c, _, _ := status(http.MethodGet, "/readyz", ""); return c == 200 })
+	if code, _, body := status(http.MethodPost, "/v1/chat/completions", chatRequest("hi")); code != 200 {
+		t.Errorf("chat with the replica up: %d %s", code, body)
+	}
+	unknown := strings.Replace(chatRequest("hi"), `"model":"m"`, `"model":"nope"`, 1)
+	if code, _, body := status(http.MethodPost, "/v1/chat/completions", unknown); code != 404 || !strings.Contains(body, "model_not_found") {
+		t.Errorf("unknown model: %d %s", code, body)
+	}
+	if code, _, body := status(http.MethodGet, "/v2/whatever", ""); code != 404 || strings.Contains(body, "model_not_found") {
+		t.Errorf("unknown path: %d %s", code, body)
 	}
 }
