@@ -391,6 +391,15 @@ func TestAPIKeys(t *testing.T) {
 			}
 		}
 	}
+	// Without a mesh key hint headers prove nothing: they skip no key.
+	req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/chat/completions", strings.NewReader(chatBody("m", false, "hi")))
+	req.Header.Set(HeaderHop, "1")
+	req.Header.Set(HeaderReplica, rep.URL)
+	if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode != 401 {
+		t.Fatalf("unkeyed hop without an API key: %v %v", resp, err)
+	} else {
+		readAll(t, resp)
+	}
 	if err := os.WriteFile(file, []byte("sk-three\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}

@@ -47,14 +47,16 @@ func (p *Proxy) inference(w http.ResponseWriter, r *http.Request, ep string, cha
 		st.code = writeError(w, http.StatusMethodNotAllowed, fmt.Sprintf("method %s not allowed on %s", r.Method, r.URL.Path))
 		return
 	}
-	// A peer's authenticated hop is bounded by the peer's own edges; a
-	// client's request must present a key and fit the client's cap.
-	st.hop = p.hopOf(r)
+	// A peer's hop is bounded by the peer's own edges; a client's request
+	// must fit the client's cap. Only a hop a peer provably sent skips
+	// the API key (the client's key was checked where it arrived).
+	hop, authenticated := p.hopOf(r)
+	st.hop = hop
+	if !authenticated && !p.authorize(w, r) {
+		st.code = http.StatusUnauthorized
+		return
+	}
 	if !st.hop {
-		if !p.authorize(w, r) {
-			st.code = http.StatusUnauthorized
-			return
-		}
 		release, ok := p.admitClient(w, r)
 		if !ok {
 			st.code = http.StatusTooManyRequests

@@ -60,23 +60,26 @@ func (p *Proxy) signHop(out *http.Request, replica string, match int) {
 }
 
 // hopOf reports whether r is a forwarded request whose hints this router
-// may trust. With a hop key the MAC must verify within hopSkew; a request
-// over TLS with a client certificate verified against the peer CA is a
-// peer's (when Config.TrustPeerCerts is set). With neither a key nor
-// peer certificates the mesh is unauthenticated and hints are taken as
-// sent (the router warns about it at start). Untrusted hint headers are
-// deleted, so the request is routed as any client's.
-func (p *Proxy) hopOf(r *http.Request) bool {
+// follows, and whether a peer provably sent it (authenticated). With a
+// hop key the MAC must verify within hopSkew; a request over TLS with a
+// client certificate verified against the peer CA is a peer's (when
+// Config.TrustPeerCerts is set). With neither a key nor peer
+// certificates the mesh is unauthenticated: hints are followed as sent
+// (the router warns about it at start) but prove nothing, so the request
+// still needs the client's API key. Untrusted hint headers are deleted,
+// so the request is routed as any client's.
+func (p *Proxy) hopOf(r *http.Request) (hop, authenticated bool) {
 	h := r.Header
 	if h.Get(HeaderHop) == "" && h.Get(HeaderReplica) == "" && h.Get(HeaderMatch) == "" {
-		return false
+		return false, false
 	}
 	ok := false
 	switch {
 	case p.cfg.TrustPeerCerts && r.TLS != nil && len(r.TLS.VerifiedChains) > 0:
-		ok = h.Get(HeaderHop) != ""
+		ok, authenticated = h.Get(HeaderHop) != "", true
 	case len(p.cfg.HopKey) > 0:
 		ok = p.verifyHop(r)
+		authenticated = ok
 	case !p.cfg.TrustPeerCerts:
 		ok = h.Get(HeaderHop) != ""
 	}
@@ -87,7 +90,7 @@ func (p *Proxy) hopOf(r *http.Request) bool {
 			h.Del(k)
 		}
 	}
-	return ok
+	return ok, ok && authenticated
 }
 
 func (p *Proxy) verifyHop(r *http.Request) bool {
