@@ -172,7 +172,9 @@ func TestStreamingIsUnbuffered(t *testing.T) {
 
 func TestRetryBeforeFirstByte(t *testing.T) {
 	failing := map[string]http.HandlerFunc{
-		"503": func(w http.ResponseWriter, r *http.Request) { http.Error(w, "overloaded", http.StatusServiceUnavailable) },
+		"503": func(w http.ResponseWriter, r *http.Request) {
+			http.Error(w, "overloaded", http.StatusServiceUnavailable)
+		},
 		"429": func(w http.ResponseWriter, r *http.Request) { http.Error(w, "slow down", http.StatusTooManyRequests) },
 	}
 	for _, name := range []string{"refused", "503", "429"} {
