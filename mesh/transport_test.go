@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -152,4 +153,41 @@ func FuzzStreamHead(f *testing.F) {
 			t.Fatalf("budget %d left charged", g.used)
 		}
 	})
+}
+
+// TestJunkPacketsLogThrottled is issue 8 item 10's last part: junk
+// gossip packets made memberlist log one ERROR line each; now a burst
+// per second passes and the rest is counted.
+func TestJunkPacketsLogThrottled(t *testing.T) {
+	a := newRouter(t, "a", func(c *Config) { c.SecretKey = []byte("0123456789abcdef") })
+	c, err := net.Dial("udp", a.GossipAddr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	for i := range 500 {
+		_, _ = c.Write([]byte(fmt.Sprintf("junk packet %d that is not encrypted", i)))
+	}
+	// Every packet is read (memberlist's packet counter is not exported,
+	// so wait for the log to go quiet: a bounded poll, not a timing).
+	lines := func() int { return strings.Count(a.logs.String(), "memberlist") }
+	eventually(t, 10*time.Second, "memberlist to log the junk", func() error {
+		if lines() == 0 {
+			return fmt.Errorf("no log line yet")
+		}
+		return nil
+	})
+	prev := -1
+	eventually(t, 10*time.Second, "the log to settle", func() error {
+		n := lines()
+		if n != prev {
+			prev = n
+			time.Sleep(200 * time.Millisecond)
+			return fmt.Errorf("%d lines", n)
+		}
+		return nil
+	})
+	if n := lines(); n > 60 {
+		t.Fatalf("%d memberlist log lines for 500 junk packets", n)
+	}
 }
