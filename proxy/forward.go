@@ -170,7 +170,7 @@ func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request) ([]byte, int, e
 	switch {
 	case err == nil:
 		return b, 0, nil
-	case errors.Is(err, errTooLarge):
+	case errors.Is(err, errBodyTooLarge):
 		abandonBody(w, r)
 		return nil, http.StatusRequestEntityTooLarge, tooLarge
 	case errors.Is(err, os.ErrDeadlineExceeded):

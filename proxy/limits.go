@@ -152,12 +152,12 @@ func readLimited(body io.Reader, limit int64) ([]byte, error) {
 		return nil, err
 	}
 	if int64(len(b)) > limit {
-		return nil, errTooLarge
+		return nil, errBodyTooLarge
 	}
 	return b, nil
 }
 
-var errTooLarge = errors.New("body too large")
+var errBodyTooLarge = errors.New("body too large")
 
 // ConnLimiter is a net.Listener that keeps at most Max connections open.
 // Connections over the cap are answered 503 with Retry-After (over TLS
