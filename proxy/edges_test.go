@@ -96,7 +96,7 @@ func newEdgeProxy(t *testing.T, view View, mod func(*Config)) (*Proxy, *httptest
 	return p, srv, active
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
+func waitUntil(t *testing.T, what string, cond func() bool) {
 	t.Helper()
 	for range 2000 {
 		if cond() {
@@ -126,7 +126,7 @@ func TestBodyFloodBounded(t *testing.T) {
 			c.Close()
 		}
 	})
-	waitFor(t, "100 requests being read", func() bool { return active.Load() >= 100 })
+	waitUntil(t, "100 requests being read", func() bool { return active.Load() >= 100 })
 	resp, err := http.Get(srv.URL + "/healthz")
 	if err != nil || resp.StatusCode != 200 {
 		t.Fatalf("/healthz under the flood: %v", err)
@@ -196,7 +196,7 @@ func TestClientInflightCap(t *testing.T) {
 			done <- resp.StatusCode
 		}()
 	}
-	waitFor(t, "two requests at the replica", func() bool { return slow.count() == 2 })
+	waitUntil(t, "two requests at the replica", func() bool { return slow.count() == 2 })
 	resp := post(t, t.Context(), srv.URL+"/v1/chat/completions", chatBody("m", false, "hi"))
 	body := readAll(t, resp)
 	if resp.StatusCode != 429 || resp.Header.Get("Retry-After") == "" || !resp.Close {
@@ -252,7 +252,7 @@ func TestConnLimiter(t *testing.T) {
 		}
 		held = append(held, c)
 	}
-	waitFor(t, "two connections accepted", func() bool { return lim.Open() == 2 })
+	waitUntil(t, "two connections accepted", func() bool { return lim.Open() == 2 })
 	c, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
@@ -283,7 +283,7 @@ func TestConnLimiter(t *testing.T) {
 		t.Errorf("dropped %d", dropped.Load())
 	}
 	held[0].Close()
-	waitFor(t, "a slot freed", func() bool { return lim.Open() == 1 })
+	waitUntil(t, "a slot freed", func() bool { return lim.Open() == 1 })
 	r2, err := http.Get("http://" + addr + "/")
 	if err != nil || r2.StatusCode != 200 {
 		t.Fatalf("after a slot freed: %v", err)
