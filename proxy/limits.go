@@ -54,11 +54,15 @@ func newEdgeMetrics(reg prometheus.Registerer) *edgeMetrics {
 		Name: "kvmesh_rejected_requests_total",
 		Help: "Requests and connections the router refused at its edge, by reason.",
 	}, []string{"reason"})}
-	for _, r := range []string{rejectClientLimit, rejectAuth, rejectBadHop, rejectBodyTimeout} {
+	for _, r := range []string{rejectClientLimit, rejectConnLimit, rejectAuth, rejectBadHop, rejectBodyTimeout} {
 		m.rejected.WithLabelValues(r)
 	}
 	return m
 }
+
+// ConnRefused counts a connection refused by the connection cap
+// (LimitConns' onDrop), with the other edge refusals.
+func (p *Proxy) ConnRefused() { p.edge.rejected.WithLabelValues(rejectConnLimit).Inc() }
 
 // clientLimiter counts in-flight requests per client address.
 type clientLimiter struct {

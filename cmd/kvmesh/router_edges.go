@@ -114,6 +114,7 @@ func loadEdges(cfg routerConfig, log hclog.Logger) (routerEdges, error) {
 // edgeListener caps the API's connections and adds TLS.
 func (r *router) edgeListener(ln net.Listener, maxConns int) net.Listener {
 	lim := proxy.LimitConns(ln, maxConns, r.edges.serverTLS, func(remote string) {
+		r.proxy.ConnRefused()
 		if ok, n := r.edges.junk.Allow(); ok {
 			r.log.Warn("connection limit reached; refusing connections", "remote", remote, "suppressed_since_last", n)
 		}
