@@ -53,6 +53,7 @@ func TestRouterStatusAndExampleMetrics(t *testing.T) {
 		region: "local", listen: "127.0.0.1:0", gossipBind: "127.0.0.1:0", logLevel: hclog.Warn, logOutput: logs,
 		maxBodyBytes: proxy.DefaultMaxBodyBytes, capacityBlocks: 4096, loadFactor: 1.25,
 		timing: mesh.TestTiming(), healthInterval: 50 * time.Millisecond, contract: summary.DefaultContract(),
+		adminListen: "127.0.0.1:0",
 	}
 	ca := base
 	ca.name, ca.replicas = "a", []string{reps[0].URL}
@@ -99,7 +100,8 @@ func TestRouterStatusAndExampleMetrics(t *testing.T) {
 
 	t.Run("status page", func(t *testing.T) {
 		for _, r := range routers {
-			resp, err := client.Get(r.api + "/")
+			admin := "http://" + r.adminLn.Addr().String()
+			resp, err := client.Get(admin + "/")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -114,8 +116,17 @@ func TestRouterStatusAndExampleMetrics(t *testing.T) {
 					t.Errorf("%s: the status page lacks %s", r.name, want)
 				}
 			}
-			// The rest is still the proxy's.
-			resp, err = client.Get(r.api + "/nothing-here")
+			// The API port serves no status page, and the rest of the
+			// admin address is still the proxy's.
+			resp, err = client.Get(r.api + "/")
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != 404 {
+				t.Errorf("%s: GET / on the API: %d, want 404", r.name, resp.StatusCode)
+			}
+			resp, err = client.Get(admin + "/nothing-here")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -331,9 +342,6 @@ func checkRefs(refs []metricRef, known map[string]familyInfo) []string {
 	return slices.Compact(problems)
 }
 
-// pendingRouterFlags are flags the Kubernetes example sets that other
-// branches are adding; drop each from here once `kvmesh router` has it.
-var pendingRouterFlags = map[string]bool{"replica-dns": true, "admin-listen": true}
 
 // TestKubernetesEnvNamesRouterFlags: every KVMESH_* variable the
 // Kubernetes manifests set names a `kvmesh router` flag (applyEnv ignores
@@ -359,9 +367,7 @@ func TestKubernetesEnvNamesRouterFlags(t *testing.T) {
 			switch {
 			case m[1] != strings.ToUpper(m[1]):
 				t.Errorf("%s: KVMESH_%s is not upper case; applyEnv would never read it", filepath.Base(f), m[1])
-			case known && pendingRouterFlags[flag]:
-				t.Logf("%s: --%s exists now; drop it from pendingRouterFlags", filepath.Base(f), flag)
-			case !known && !pendingRouterFlags[flag]:
+			case !known:
 				t.Errorf("%s: KVMESH_%s names no kvmesh router flag", filepath.Base(f), m[1])
 			}
 		}

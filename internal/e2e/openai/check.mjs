@@ -6,7 +6,9 @@
 // previous_response_id).
 //
 // Environment: KVMESH_URL (router base URL, required), KVMESH_MODEL
-// (default kvmesh-sim). Exits non-zero with a message on the first failure.
+// (default kvmesh-sim), KVMESH_API_KEY (the router's client key, when it
+// wants one; https with a private CA needs NODE_EXTRA_CA_CERTS). Exits
+// non-zero with a message on the first failure.
 import OpenAI from "openai";
 import { randomUUID } from "node:crypto";
 
@@ -17,7 +19,8 @@ if (!base) {
 }
 const model = process.env.KVMESH_MODEL || "kvmesh-sim";
 // No retries: a retried 5xx would hide a router fault this check is for.
-const client = new OpenAI({ baseURL: base + "/v1", apiKey: "unused", maxRetries: 0, timeout: 30_000 });
+const apiKey = process.env.KVMESH_API_KEY || "unused";
+const client = new OpenAI({ baseURL: base + "/v1", apiKey, maxRetries: 0, timeout: 30_000 });
 
 class CheckError extends Error {}
 function assert(cond, msg) {
@@ -200,6 +203,15 @@ async function expectAPIError(fn, status, what) {
   // OpenAI-shaped error body: the client exposes it as err.error.
   assert(typeof err.error?.message === "string" && err.error.message.length > 0, `${what}: no error.message in the body: ${JSON.stringify(err.error)}`);
   assert(typeof err.type === "string", `${what}: no error.type in the body: ${JSON.stringify(err.error)}`);
+  return err;
+}
+
+if (process.env.KVMESH_API_KEY) {
+  await step("a wrong API key is a 401 AuthenticationError", async () => {
+    const wrong = new OpenAI({ baseURL: base + "/v1", apiKey: apiKey + "-wrong", maxRetries: 0, timeout: 30_000 });
+    const err = await expectAPIError(() => wrong.models.list(), 401, "wrong key");
+    assert(err instanceof OpenAI.AuthenticationError, `wrong key: ${err.constructor.name}, want AuthenticationError`);
+  });
 }
 
 await step("unknown model is a 404 APIError", async () => {

@@ -65,7 +65,7 @@ except (OSError, ValueError, IndexError):
 lo = max(lo, 12000)
 held, ports = [], []
 for _ in range(1000):
-    if len(ports) == 10:
+    if len(ports) == 14:
         break
     port = random.randrange(10000, lo)
     if port in ports:
@@ -82,9 +82,10 @@ print(*ports)
 EOF
 ) || die "could not pick free ports"
 read -r -a ports <<<"$picked"
-[ "${#ports[@]}" -eq 10 ] || die "could not pick free ports"
+[ "${#ports[@]}" -eq 14 ] || die "could not pick free ports"
 sim1=${ports[0]} sim2=${ports[1]} api1=${ports[2]} api2=${ports[3]} gossip1=${ports[4]} gossip2=${ports[5]}
 api3=${ports[6]} api4=${ports[7]} gossip3=${ports[8]} gossip4=${ports[9]}
+admin1=${ports[10]} admin2=${ports[11]} admin3=${ports[12]} admin4=${ports[13]}
 
 start() { # start NAME ARGS...: runs kvmesh ARGS in the background, logging to NAME.log
   local name=$1; shift
@@ -112,16 +113,16 @@ wait_http "http://127.0.0.1:$sim1/health" "replica 1"
 wait_http "http://127.0.0.1:$sim2/health" "replica 2"
 
 router_flags=(--region local --gossip-profile test --health-interval 200ms --log-level warn)
-start router1 router --name r1 --listen "127.0.0.1:$api1" --gossip-bind "127.0.0.1:$gossip1" \
+start router1 router --name r1 --listen "127.0.0.1:$api1" --gossip-bind "127.0.0.1:$gossip1" --admin-listen "127.0.0.1:$admin1" \
   --replica "http://127.0.0.1:$sim1" "${router_flags[@]}"
 wait_http "http://127.0.0.1:$api1/readyz" "router 1"
-start router2 router --name r2 --listen "127.0.0.1:$api2" --gossip-bind "127.0.0.1:$gossip2" \
+start router2 router --name r2 --listen "127.0.0.1:$api2" --gossip-bind "127.0.0.1:$gossip2" --admin-listen "127.0.0.1:$admin2" \
   --join "127.0.0.1:$gossip1" --replica "http://127.0.0.1:$sim2" "${router_flags[@]}"
 wait_http "http://127.0.0.1:$api2/readyz" "router 2"
 
 # Both routers must see both replicas healthy, with the model, before the
 # checks: poll each router's mesh view (bounded: 30 s).
-healthy_replicas() { # healthy_replicas PORT: how many replicas the router there sees healthy
+healthy_replicas() { # healthy_replicas ADMIN_PORT: how many replicas the router with that admin port sees healthy
   curl -fsS --max-time 1 "http://127.0.0.1:$1/debug/mesh" 2>/dev/null | "$py" -c '
 import json, sys
 try:
@@ -130,10 +131,10 @@ try:
 except Exception:
     print(0)' "$model"
 }
-for api in "$api1" "$api2"; do
+for admin in "$admin1" "$admin2"; do
   for ((i = 0; ; i++)); do
-    [ "$(healthy_replicas "$api")" = 2 ] && break
-    [ "$i" -lt 300 ] || die "router on port $api did not see both replicas healthy (/debug/mesh)"
+    [ "$(healthy_replicas "$admin")" = 2 ] && break
+    [ "$i" -lt 300 ] || die "router with admin port $admin did not see both replicas healthy (/debug/mesh)"
     sleep 0.1
   done
 done
@@ -146,14 +147,15 @@ done
 # anyone), each fronting both replicas, must place requests that carry the
 # same key alike whatever their prompts.
 for n in 3 4; do
-  api_var=api$n gossip_var=gossip$n
-  start "router$n" router --name "r$n" --listen "127.0.0.1:${!api_var}" --gossip-bind "127.0.0.1:${!gossip_var}" \
+  api_var=api$n gossip_var=gossip$n admin_var=admin$n
+  start "router$n" router --name "r$n" --listen "127.0.0.1:${!api_var}" --gossip-bind "127.0.0.1:${!gossip_var}" --admin-listen "127.0.0.1:${!admin_var}" \
     --replica "http://127.0.0.1:$sim1" --replica "http://127.0.0.1:$sim2" "${router_flags[@]}"
 done
-for api in "$api3" "$api4"; do
+for n in 3 4; do
+  api_var=api$n admin_var=admin$n api=${!api_var}
   wait_http "http://127.0.0.1:$api/readyz" "router on port $api"
   for ((i = 0; ; i++)); do
-    [ "$(healthy_replicas "$api")" = 2 ] && break
+    [ "$(healthy_replicas "${!admin_var}")" = 2 ] && break
     [ "$i" -lt 300 ] || die "router on port $api did not see both replicas healthy (/debug/mesh)"
     sleep 0.1
   done

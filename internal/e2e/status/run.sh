@@ -85,7 +85,7 @@ except (OSError, ValueError, IndexError):
 lo = max(lo, 12000)
 held, ports = [], []
 for _ in range(2000):
-    if len(ports) == 9:
+    if len(ports) == 12:
         break
     port = random.randrange(10000, lo)
     if port in ports:
@@ -102,8 +102,8 @@ print(*ports)
 EOF
 ) || die "could not pick free ports"
 read -r -a ports <<<"$picked"
-[ "${#ports[@]}" -eq 9 ] || die "could not pick free ports"
-sims=("${ports[@]:0:3}") apis=("${ports[@]:3:3}") gossips=("${ports[@]:6:3}")
+[ "${#ports[@]}" -eq 12 ] || die "could not pick free ports"
+sims=("${ports[@]:0:3}") apis=("${ports[@]:3:3}") gossips=("${ports[@]:6:3}") admins=("${ports[@]:9:3}")
 
 start() { # start NAME ARGS...: runs kvmesh ARGS in the background, logging to NAME.log
   local name=$1; shift
@@ -134,7 +134,7 @@ for i in 0 1 2; do
   join=()
   if [ "$i" -gt 0 ]; then join=(--join "127.0.0.1:${gossips[0]}"); fi
   start "router$((i + 1))" router --name "r$((i + 1))" --listen "127.0.0.1:${apis[i]}" \
-    --gossip-bind "127.0.0.1:${gossips[i]}" --replica "http://127.0.0.1:${sims[i]}" "${join[@]}" "${router_flags[@]}"
+    --gossip-bind "127.0.0.1:${gossips[i]}" --admin-listen "127.0.0.1:${admins[i]}" --replica "http://127.0.0.1:${sims[i]}" "${join[@]}" "${router_flags[@]}"
   wait_http "http://127.0.0.1:${apis[i]}/readyz" "router r$((i + 1))"
 done
 
@@ -151,10 +151,10 @@ alive = [x for x in m.get("members") or [] if x.get("state") == "alive"]
 healthy = [r for r in m.get("replicas") or [] if r.get("healthy") and sys.argv[1] in (r.get("models") or [])]
 print("yes" if len(alive) == 3 and len(healthy) == 3 else "no")' "$model" || echo no
 }
-for api in "${apis[@]}"; do
+for admin in "${admins[@]}"; do
   for ((i = 0; ; i++)); do
-    [ "$(converged "$api")" = yes ] && break
-    [ "$i" -lt 300 ] || die "router on port $api did not see 3 routers and 3 healthy replicas (/debug/mesh)"
+    [ "$(converged "$admin")" = yes ] && break
+    [ "$i" -lt 300 ] || die "router with admin port $admin did not see 3 routers and 3 healthy replicas (/debug/mesh)"
     sleep 0.1
   done
 done
@@ -180,13 +180,13 @@ turn() {
 for round in 1 2 3; do
   for api in "${apis[@]}"; do turn "$api" "$round"; done
   sleep 1 # one gossip round or so, so summaries spread
-  for api in "${apis[@]}"; do curl -fsS -o /dev/null --max-time 5 "http://127.0.0.1:$api/"; done
+  for admin in "${admins[@]}"; do curl -fsS -o /dev/null --max-time 5 "http://127.0.0.1:$admin/"; done
   if [ "$round" -lt 3 ]; then sleep 2.6; fi
 done
 
 mkdir -p "$artifacts"
 for i in 0 1 2; do
-  name="r$((i + 1))" url="http://127.0.0.1:${apis[i]}/"
+  name="r$((i + 1))" url="http://127.0.0.1:${admins[i]}/"
   dom="$artifacts/status-$name.html"
   echo "e2e-status: chromium --dump-dom $url"
   browse dom "$url" "$dom" || die "chromium could not load $url (see chromium.log)"
@@ -205,7 +205,7 @@ done
 png="$artifacts/status.png"
 rm -f "$png"
 echo "e2e-status: chromium --screenshot $png"
-browse png "http://127.0.0.1:${apis[0]}/" "$png" || die "chromium could not take the screenshot (see chromium.log)"
+browse png "http://127.0.0.1:${admins[0]}/" "$png" || die "chromium could not take the screenshot (see chromium.log)"
 [ -s "$png" ] && [ "$(head -c 8 "$png" | od -An -tx1 | tr -d ' \n')" = 89504e470d0a1a0a ] ||
   die "no PNG screenshot at $png"
 echo "e2e-status: passed; screenshot $png ($(wc -c <"$png") bytes)"
