@@ -45,8 +45,8 @@ func (m *Mesh) memberlistConfig() (*memberlist.Config, error) {
 		}
 		mc.AdvertiseAddr, mc.AdvertisePort = host, port
 	}
-	if cfg.Transport != nil {
-		mc.Transport = cfg.Transport
+	if err := m.guardTransport(mc); err != nil { // transport.go
+		return nil, err
 	}
 	return mc, nil
 }

@@ -241,7 +241,10 @@ func (p Policy) Pick(req Request, cands []Candidate) Decision {
 	isCold := fresh == 0 || best-common < max(1, p.MinExcessBlocks)
 	home := -1
 	if isCold || stale > 0 { // with no stale candidate the home cannot be stale
-		home = p.hashPick(cands, d.Key, cold, fresh == len(cands))
+		// A client key promises that every router places the client's
+		// requests alike; the second choice would follow this router's
+		// view of the loads, which another router does not share.
+		home = p.hashPick(cands, d.Key, cold, fresh == len(cands) && req.ClientKey == 0)
 	}
 	if isCold || (home >= 0 && cands[home].Stale) {
 		d.Reason = ReasonFallbackCold

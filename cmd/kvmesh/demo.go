@@ -358,7 +358,7 @@ func (s *stack) startRouters(ctx context.Context, cfg demoConfig, replicas []str
 	var seed string
 	for i := 0; i < cfg.routers; i++ {
 		args := []string{"--name", fmt.Sprintf("router-%d", i), "--region", "local",
-			"--listen", "127.0.0.1:0", "--gossip-bind", "127.0.0.1:0", "--gossip-profile", "test",
+			"--listen", "127.0.0.1:0", "--admin-listen", "", "--gossip-bind", "127.0.0.1:0", "--gossip-profile", "test",
 			"--health-interval", "500ms", "--log-level", strings.ToLower(level.String())}
 		if seed != "" {
 			args = append(args, "--join", seed)
