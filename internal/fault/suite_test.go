@@ -625,5 +625,11 @@ func hostInfo() string {
 			n++
 		}
 	}
-	return fmt.Sprintf("%d CPUs", n)
+	load := ""
+	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+		if f := strings.Fields(string(b)); len(f) >= 3 {
+			load = fmt.Sprintf(", load average %s %s %s at the end", f[0], f[1], f[2])
+		}
+	}
+	return fmt.Sprintf("%d CPUs%s", n, load)
 }
