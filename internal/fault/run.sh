@@ -28,4 +28,5 @@ cleanup() {
 trap cleanup EXIT INT TERM
 
 if [ "${1:-}" = "--update" ]; then export KVF_DOC=$PWD/docs/RELIABILITY.md; fi
+go vet -tags fault ./internal/fault
 go test -tags fault -count=1 -timeout 12m -v ./internal/fault
