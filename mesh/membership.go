@@ -102,7 +102,9 @@ func (m *Mesh) joinLoop() {
 	}
 }
 
-// reconnect re-joins up to three failed peers and the missing seeds.
+// reconnect re-joins up to three failed peers (remembered for
+// FailedPeerTimeout) and every seed that is missing; when a peer is
+// missing but no seed is, one seed as well.
 func (m *Mesh) reconnect(now time.Time) {
 	var addrs []string
 	alive := map[string]bool{m.ml.LocalNode().Address(): true}
@@ -126,6 +128,12 @@ func (m *Mesh) reconnect(now time.Time) {
 		return net.DefaultResolver.LookupHost(ctx, host)
 	}, alive)
 	cancel()
+	if len(addrs) > 0 && len(seeds) == 0 && len(m.cfg.Join) > 0 {
+		// A known peer is missing though every seed is here: ask one seed,
+		// which may know where it went (one push/pull per round, not one
+		// per seed: each carries full summaries).
+		seeds = []string{m.cfg.Join[rand.IntN(len(m.cfg.Join))]}
+	}
 	addrs = append(addrs, seeds...)
 	if len(addrs) == 0 {
 		return
