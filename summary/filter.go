@@ -93,20 +93,24 @@ func (p Params) geometry() geometry {
 // unpatterned filter: every pattern bit is a bit per key in every delta,
 // a bit per key of filter only a bit per key of memory.
 func bitsPerKey(target float64) (float64, uint, uint) {
-	plain, _ := bloomBits(target, 0)
-	for pat := uint(8); pat < maxPatternBits; pat++ {
-		if c, k := bloomBits(target, pat); c <= plain*4/3 {
+	plain, _ := bloomBits(target, 0, 0)
+	limit := plain * 4 / 3
+	// The collision term alone must fit under the target at the limit.
+	pat := uint(max(8, math.Ceil(math.Log2(blockBits/limit/target))))
+	for ; pat < maxPatternBits; pat++ {
+		if c, k := bloomBits(target, pat, plain); c <= limit {
 			return c, k, pat
 		}
 	}
-	c, k := bloomBits(target, maxPatternBits)
+	c, k := bloomBits(target, maxPatternBits, plain)
 	return c, k, maxPatternBits
 }
 
-// bloomBits is the smallest bits per key (and its k) that meets target
-// with pat pattern bits (0: positions from the full hash).
-func bloomBits(target float64, pat uint) (float64, uint) {
-	for c := 1.44 * math.Log2(1/target); c < 64; c += 0.05 {
+// bloomBits is the smallest bits per key, on a grid of 0.05 from the
+// classic estimate (and at least from), and its k that meet target with
+// pat pattern bits (0: positions from the whole hash).
+func bloomBits(target float64, pat uint, from float64) (float64, uint) {
+	ok := func(c float64) (uint, bool) {
 		collide := 0.0
 		if pat > 0 {
 			collide = blockBits / c / float64(uint64(1)<<pat)
@@ -114,11 +118,31 @@ func bloomBits(target float64, pat uint) (float64, uint) {
 		kk := uint(math.Round(c * math.Ln2))
 		for k := max(1, min(kk-1, maxK)); k <= min(maxK, kk+1); k++ {
 			if blockedRate(c, k)+collide <= target {
-				return c, k
+				return k, true
 			}
 		}
+		return 0, false
 	}
-	return 64, maxK
+	start := max(1.44*math.Log2(1/target), from)
+	// Feasibility grows with c: bisect the grid steps from start to 64.
+	lo, hi := 0, int(math.Ceil((64-start)/0.05)) // hi is feasible or the end
+	if k, yes := ok(start); yes {
+		return start, k
+	}
+	if _, yes := ok(start + float64(hi)*0.05); !yes {
+		return 64, maxK
+	}
+	for hi-lo > 1 {
+		mid := (lo + hi) / 2
+		if _, yes := ok(start + float64(mid)*0.05); yes {
+			hi = mid
+		} else {
+			lo = mid
+		}
+	}
+	c := start + float64(hi)*0.05
+	k, _ := ok(c)
+	return c, k
 }
 
 func blockedRate(bitsPerKey float64, k uint) float64 {
