@@ -8,7 +8,9 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -26,7 +28,6 @@ func (m *Mesh) memberlistConfig() (*memberlist.Config, error) {
 	mc.GossipToTheDeadTime = 30 * t.ProbeInterval
 	mc.DeadNodeReclaimTime = 30 * t.ProbeInterval // a restarted router may come back on another address
 	mc.UDPBufferSize = udpBufferSize
-	m.fanout = mc.GossipNodes
 	if cfg.SecretKey != nil {
 		mc.SecretKey = append([]byte(nil), cfg.SecretKey...)
 	}
@@ -118,6 +119,9 @@ func (m *Mesh) replicaLocked(id string, create bool) *replica {
 	if r == nil && create && len(m.replicas) < maxReplicas && id != "" && len(id) <= maxReplicaIDLen {
 		r = &replica{id: id, hash: route.HashID(id), declarers: map[string]bool{}}
 		m.replicas[id] = r
+		i, _ := slices.BinarySearchFunc(m.order, id, func(x *replica, id string) int { return strings.Compare(x.id, id) })
+		m.order = slices.Insert(m.order, i, r)
+		m.dirty = true
 	}
 	return r
 }
@@ -131,10 +135,24 @@ func (m *Mesh) liveLocked(name string) bool {
 	return mb != nil && mb.alive
 }
 
-// ownerLocked picks the owner of r: rendezvous hashing over the live
-// routers that declare it; "" when none is alive.
+// ownerLocked returns the owner of r: rendezvous hashing over the live
+// routers that declare it (ownerOf); "" when none is alive. Owners are
+// computed when membership or declarations change, not per request: a
+// writer that changes them sets m.dirty, and unlockAndRun recomputes
+// before it releases the lock, so readers under the read lock always find
+// them current.
 func (m *Mesh) ownerLocked(r *replica) string {
-	return ownerOf(r.id, r.declarers, m.liveLocked)
+	if m.dirty {
+		m.recomputeOwnersLocked() // only ever true under the write lock
+	}
+	return r.owner
+}
+
+func (m *Mesh) recomputeOwnersLocked() {
+	for _, r := range m.order {
+		r.owner = ownerOf(r.id, r.declarers, m.liveLocked)
+	}
+	m.dirty = false
 }
 
 // declareLocked learns who declares the replica a state names.
@@ -146,11 +164,21 @@ func (m *Mesh) declareLocked(st *stateMsg) *replica {
 	if r == nil {
 		return nil
 	}
-	r.declarers[st.Origin] = true
+	delete(r.withdrawn, st.Origin) // its own word, again
+	m.addDeclarerLocked(r, st.Origin)
 	for _, d := range st.DeclaredBy {
-		if d != "" && len(d) <= maxNameLen && len(r.declarers) < 64 {
-			r.declarers[d] = true
+		// Hearsay never overrides a router's own withdrawal, and a router
+		// knows best whether it declares a replica itself.
+		if d != "" && len(d) <= maxNameLen && len(r.declarers) < 64 && !r.withdrawn[d] && d != m.cfg.Name {
+			m.addDeclarerLocked(r, d)
 		}
 	}
 	return r
+}
+
+func (m *Mesh) addDeclarerLocked(r *replica, name string) {
+	if !r.declarers[name] {
+		r.declarers[name] = true
+		m.dirty = true
+	}
 }

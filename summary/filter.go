@@ -238,15 +238,15 @@ type Summary struct {
 
 	mu       sync.RWMutex
 	gens     [2]*bloom.BloomFilter
-	words    [2][]uint64 // the generations' bit words, gens[i].BitSet().Words()
-	cur      int         // index of the newer generation
-	curCount int         // adds applied to gens[cur] since it was cleared
-	epoch    uint64      // names this history; a restarted owner starts a new one
-	version  uint64      // log entries applied since the epoch began
-	rot      uint64      // rotations since the epoch began (ages the negative record)
+	words    [2][]uint64       // the generations' bit words, gens[i].BitSet().Words()
+	cur      int               // index of the newer generation
+	curCount int               // adds applied to gens[cur] since it was cleared
+	epoch    uint64            // names this history; a restarted owner starts a new one
+	version  uint64            // log entries applied since the epoch began
+	rot      uint64            // rotations since the epoch began (ages the negative record)
 	neg      map[uint64]uint64 // forgotten key -> rot when forgotten
-	log      []uint64    // the most recent log entries, for deltas
-	logStart uint64      // version before log[0]
+	log      []uint64          // the most recent log entries, for deltas
+	logStart uint64            // version before log[0]
 	logLimit int
 }
 
