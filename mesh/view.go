@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/route"
+	"github.com/kvmesh/kvmesh/summary"
 )
 
 // DeclareReplica declares a replica (its URL is its ID) at this router.
@@ -305,4 +306,21 @@ func (m *Mesh) Debug() any {
 	m.mu.RUnlock()
 	sort.Slice(info.Replicas, func(i, j int) bool { return info.Replicas[i].ID < info.Replicas[j].ID })
 	return info
+}
+
+// MatchReplica is the prefix match of probes on one replica as this
+// router sees it, or -1 when it has no summary of the replica that counts
+// (tests and the scale harness measure visibility with it).
+func (m *Mesh) MatchReplica(id string, probes []summary.Probe) int {
+	now := time.Now()
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	r := m.replicas[id]
+	switch {
+	case r == nil || r.sum == nil:
+		return -1
+	case r.owner == m.cfg.Name, m.countsLocked(r, now) && r.st.Origin == r.owner:
+		return r.sum.Match(probes)
+	}
+	return -1
 }
