@@ -282,8 +282,8 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	var decisions []time.Duration
 	cands := make([]route.Candidate, 0, cfg.Replicas)
 	newBlocks := make([]float64, cfg.Routers)
-	sampleEvery := max(int(cfg.Rate/200), 1)   // about 200 visibility samples a second
-	turnEvery := max(int(cfg.Rate/100), 1)     // about 100 next turns a second
+	sampleEvery := max(int(cfg.Rate/200), 1) // about 200 visibility samples a second
+	turnEvery := max(int(cfg.Rate/100), 1)   // about 100 next turns a second
 	route1 := func(k int, hashes []uint64) (string, route.Decision, time.Duration) {
 		t0 := time.Now()
 		cands = routers[k].m.Candidates("m", cands[:0])
