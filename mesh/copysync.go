@@ -110,6 +110,10 @@ func (m *Mesh) handleStateLocked(st *stateMsg, now time.Time) bool {
 		m.withdrawLocked(st.Origin, st.Replica)
 		return true
 	}
+	if st.Slim {
+		m.slimStateLocked(st, now)
+		return true
+	}
 	r := m.declareLocked(st)
 	if r == nil {
 		m.met.dropped.WithLabelValues(dropRefused).Inc()
@@ -203,6 +207,11 @@ func (m *Mesh) handleDeltaLocked(origin, id string, d *summary.Delta, now time.T
 	default:
 		m.applyLocked(r, d, origin, now)
 		m.drainLocked(r)
+		// The delta states the owner's version as well as a state would
+		// (states are slim or absent while nothing else changes).
+		if r.hasState && r.st.Origin == origin && r.st.Epoch == d.Epoch && d.To() > r.st.Version {
+			r.st.Version, r.st.Digest = d.To(), 0
+		}
 		m.checkSyncLocked(r, now)
 	}
 }
@@ -245,6 +254,22 @@ func (m *Mesh) drainLocked(r *replica) {
 		}
 		r.pend = keep
 	}
+}
+
+// slimStateLocked moves a copy's idea of its owner's version on: a slim
+// state says nothing else changed since the owner's last full state.
+func (m *Mesh) slimStateLocked(st *stateMsg, now time.Time) {
+	r := m.replicas[st.Replica]
+	if r == nil || r.owned || !r.hasState || r.st.Origin != st.Origin || m.ownerLocked(r) != st.Origin || r.st.Epoch != st.Epoch {
+		return // the owner's next full state (change or heartbeat) sets it up
+	}
+	if st.Version != r.st.Version {
+		r.st.Version, r.st.Digest = st.Version, 0 // the digest was of another version
+	}
+	r.st.header = st.header
+	r.heard = now
+	m.drainLocked(r)
+	m.checkSyncLocked(r, now)
 }
 
 // withdrawLocked forgets that origin declares the replica.

@@ -163,6 +163,20 @@ type cut struct {
 	ok       bool // delta is usable; else everyone gets a full copy
 	cheaper  bool // not usable because a full copy is smaller
 	st       stateMsg
+	changed  bool // the full state goes out (changed, or heartbeat due)
+}
+
+// stateFingerprint hashes what a full state says beyond the summary's
+// position, which deltas and slim states carry.
+func stateFingerprint(st stateMsg) uint64 {
+	st.header, st.Version = header{}, 0
+	return xxh3.Hash(st.append(nil))
+}
+
+// heartbeatTicks is how often an unchanged replica's full state is
+// repeated: four times per StaleAfter.
+func (m *Mesh) heartbeatTicks() int {
+	return max(int(m.cfg.Timing.StaleAfter/(4*m.cfg.Timing.StateInterval)), 1)
 }
 
 // tick re-decides ownership, checks copies, cuts the owned replicas'
@@ -227,6 +241,9 @@ func (m *Mesh) tick(now time.Time) {
 			m.post.digests = append(m.post.digests, ownerDigestJob{r: r, sum: c.sum, version: r.lastSent})
 		}
 		c.st = m.ownedStateLocked(r)
+		if fp := stateFingerprint(c.st); fp != r.stateFP || m.ticks-r.stateTick >= m.heartbeatTicks() {
+			r.stateFP, r.stateTick, c.changed = fp, m.ticks, true
+		}
 		kept = append(kept, c)
 	}
 	m.unlockAndRun()

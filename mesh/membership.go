@@ -28,6 +28,10 @@ func (m *Mesh) memberlistConfig() (*memberlist.Config, error) {
 	mc.GossipToTheDeadTime = 30 * t.ProbeInterval
 	mc.DeadNodeReclaimTime = 30 * t.ProbeInterval // a restarted router may come back on another address
 	mc.UDPBufferSize = udpBufferSize
+	// The mesh's payloads are Rice-coded deltas and Bloom bits, which LZW
+	// does not shrink; compressing every stream cost more CPU than the
+	// batches themselves.
+	mc.EnableCompression = false
 	if cfg.SecretKey != nil {
 		mc.SecretKey = append([]byte(nil), cfg.SecretKey...)
 	}

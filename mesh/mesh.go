@@ -101,6 +101,8 @@ type replica struct {
 
 	// Owner side.
 	lastSent  uint64 // version the last delta reached
+	stateFP   uint64 // fingerprint of the last full state sent (see tick)
+	stateTick int    // tick of the last full state sent
 	digestVer uint64
 	digest    uint64
 

@@ -39,7 +39,7 @@ func newMetrics(reg prometheus.Registerer, members, queue func() float64) *metri
 		resyncs: f.NewCounter(prometheus.CounterOpts{Name: "kvmesh_summary_resyncs_total",
 			Help: "Full summary copies requested to repair a gap or divergence."}),
 		fullCopies: f.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_summary_full_copies_total",
-			Help: "Full summary copies sent to peers, by reason (overflow, send_error, request, cheaper, log)."}, []string{"reason"}),
+			Help: "Full summary copies sent to peers, by reason (overflow, send_error, request, cheaper, log, new_peer)."}, []string{"reason"}),
 		age: f.NewGaugeVec(prometheus.GaugeOpts{Name: "kvmesh_summary_age_seconds",
 			Help: "Seconds since the last state or delta from a replica's owner."}, []string{"replica"}),
 		refusals: f.NewCounter(prometheus.CounterOpts{Name: "kvmesh_mesh_contract_refusals_total",
@@ -48,7 +48,7 @@ func newMetrics(reg prometheus.Registerer, members, queue func() float64) *metri
 	for _, d := range []string{"in", "out"} {
 		m.bytes.WithLabelValues(d)
 	}
-	for _, r := range []string{fullOverflow, fullSendError, fullRequest, fullCheaper, fullLog} {
+	for _, r := range []string{fullOverflow, fullSendError, fullRequest, fullCheaper, fullLog, fullNewPeer} {
 		m.fullCopies.WithLabelValues(r)
 	}
 	for _, r := range []string{dropHandoffFull, dropDecode, dropDuplicate, dropRefused, dropStateFull} {

@@ -32,6 +32,7 @@ const (
 	fullRequest   = "request"    // the peer's copy asked (gap, divergence, new)
 	fullCheaper   = "cheaper"    // the delta was larger than the summary
 	fullLog       = "log"        // the owner's log no longer held the entries
+	fullNewPeer   = "new_peer"   // a router joined (or came back)
 )
 
 // peer is one live peer's send queue.
@@ -48,6 +49,7 @@ type peer struct {
 	fullWhy  string          // why fullAll
 	fullSome map[string]bool // replicas whose copies asked for a full one
 	lastFull time.Time
+	fresh    bool // no batch queued yet: send full states
 }
 
 // fullEvery is the least time between two rounds of full copies to one
@@ -72,7 +74,8 @@ func (m *Mesh) syncPeersLocked() []*peer {
 		switch {
 		case mb.alive && p == nil:
 			ctx, cancel := context.WithCancel(m.ctx)
-			p = &peer{name: name, wake: make(chan struct{}, 1), stop: cancel, node: mb.node, fullSome: map[string]bool{}}
+			p = &peer{name: name, wake: make(chan struct{}, 1), stop: cancel, node: mb.node, fullSome: map[string]bool{},
+				fresh: true, fullAll: true, fullWhy: fullNewPeer}
 			m.peers[name] = p
 			m.wg.Add(1)
 			go m.sendLoop(ctx, p)
@@ -116,15 +119,39 @@ func (m *Mesh) handleFullReqLocked(f fullReq) {
 	p.mu.Unlock()
 }
 
-// entryEnc is one owned replica's entry, encoded once per tick and shared
-// by every peer's batch.
+// entryEnc is one owned replica's share of a tick, encoded once and
+// shared by every peer's batch.
 type entryEnc struct {
-	id        string
-	withDelta []byte // state + delta (or state alone when nothing changed)
-	stateOnly []byte
-	full      []byte // state + full summary, encoded when a peer needs it
-	fullAll   bool   // no usable delta this tick: every peer gets full
-	c         *cut
+	id      string
+	stFull  []byte // the full state
+	stSlim  []byte // the slim state (position only)
+	delta   []byte // nil when nothing changed
+	changed bool   // the full state goes to everyone
+	fullAll bool   // no usable delta this tick: every peer gets full
+	full    []byte // the full summary, encoded when a peer needs it
+	c       *cut
+}
+
+// entry assembles the entry a peer gets.
+func (e *entryEnc) entry(dst []byte, p *peer, wantFull string, due bool, fp uint64) []byte {
+	st := e.stSlim
+	if e.changed || p.fresh {
+		st = e.stFull
+	}
+	switch {
+	case wantFull != "" && due:
+		if e.full == nil {
+			e.full = e.c.sum.AppendEncode(nil, fp)
+		}
+		return appendEntryRaw(dst, e.stFull, payloadFull, e.full)
+	case wantFull != "":
+		return appendEntryRaw(dst, st, payloadNone, nil)
+	case e.delta != nil:
+		return appendEntryRaw(dst, st, payloadDelta, e.delta)
+	case e.changed || p.fresh:
+		return appendEntryRaw(dst, st, payloadNone, nil)
+	}
+	return dst // nothing to say this tick
 }
 
 // offer hands every live peer this tick's batch.
@@ -132,29 +159,22 @@ func (m *Mesh) offer(now time.Time, peers []*peer, cuts []cut, others []stateMsg
 	encs := make([]entryEnc, len(cuts))
 	for i := range cuts {
 		c := &cuts[i]
-		st := m.encodeState(&c.st)
 		e := &encs[i]
-		e.id, e.c = c.r.id, c
-		e.stateOnly = appendEntryRaw(nil, st, payloadNone, nil)
+		e.id, e.c, e.changed = c.r.id, c, c.changed
+		e.stFull = m.encodeState(&c.st)
+		slim := stateMsg{header: c.st.header, Replica: c.st.Replica, Owned: c.st.Owned, Healthy: c.st.Healthy,
+			Slim: true, Epoch: c.st.Epoch, Version: c.st.Version}
+		e.stSlim = slim.append(nil)
 		switch {
 		case !c.ok:
 			e.fullAll = true
-		case c.to == c.from:
-			e.withDelta = e.stateOnly
-		default:
-			e.withDelta = appendEntryRaw(nil, st, payloadDelta, c.delta)
+		case c.to != c.from:
+			e.delta = c.delta
 		}
 	}
-	var rest []byte
+	var rest [][]byte
 	for i := range others {
-		rest = appendEntryRaw(rest, m.encodeState(&others[i]), payloadNone, nil)
-	}
-	fullOf := func(e *entryEnc) []byte {
-		if e.full == nil {
-			st := m.encodeState(&e.c.st)
-			e.full = appendEntryRaw(nil, st, payloadFull, e.c.sum.AppendEncode(nil, m.fp))
-		}
-		return e.full
+		rest = append(rest, appendEntryRaw(nil, m.encodeState(&others[i]), payloadNone, nil))
 	}
 	limit := m.maxPeerMsgs()
 	for _, p := range peers {
@@ -164,16 +184,16 @@ func (m *Mesh) offer(now time.Time, peers []*peer, cuts []cut, others []stateMsg
 		sent := 0
 		for i := range encs {
 			e := &encs[i]
-			switch why := p.wantFull(e); {
-			case why != "" && due:
-				parts = append(parts, fullOf(e))
+			why := p.wantFull(e)
+			b := e.entry(nil, p, why, due, m.fp)
+			if len(b) == 0 {
+				continue
+			}
+			if why != "" && due {
 				m.met.fullCopies.WithLabelValues(why).Inc()
 				sent++
-			case why != "":
-				parts = append(parts, e.stateOnly)
-			default:
-				parts = append(parts, e.withDelta)
 			}
+			parts = append(parts, b)
 		}
 		if sent > 0 {
 			if p.fullAll {
@@ -184,7 +204,8 @@ func (m *Mesh) offer(now time.Time, peers []*peer, cuts []cut, others []stateMsg
 			p.fullAll, p.fullWhy, p.lastFull = false, "", now
 			clear(p.fullSome)
 		}
-		msgs := m.assemble(parts, rest)
+		parts = append(parts, rest...)
+		msgs := m.assemble(parts)
 		if n := msgBytes(msgs); sent == 0 && (len(p.q)+len(msgs) > limit || p.qBytes+n > maxPeerBytes) {
 			// The peer is not keeping up: drop what it has not taken, tell
 			// it where we are (states), and resynchronise it with full
@@ -195,9 +216,14 @@ func (m *Mesh) offer(now time.Time, peers []*peer, cuts []cut, others []stateMsg
 			p.fullAll, p.fullWhy = true, fullOverflow
 			parts = parts[:0]
 			for i := range encs {
-				parts = append(parts, encs[i].stateOnly)
+				if b := encs[i].entry(nil, p, fullOverflow, false, m.fp); len(b) > 0 {
+					parts = append(parts, b)
+				}
 			}
-			msgs = m.assemble(parts, rest)
+			msgs = m.assemble(append(parts, rest...))
+		}
+		if len(msgs) > 0 {
+			p.fresh = false
 		}
 		p.q = append(p.q, msgs...)
 		p.qBytes += msgBytes(msgs)
@@ -226,41 +252,28 @@ func (p *peer) wantFull(e *entryEnc) string {
 }
 
 // assemble packs encoded entries into batch messages under maxBatchBytes
-// and maxBatchEntries each.
-func (m *Mesh) assemble(parts [][]byte, rest []byte) [][]byte {
+// and maxBatchEntries each; no entries, no message.
+func (m *Mesh) assemble(parts [][]byte) [][]byte {
 	var msgs [][]byte
 	var cur []byte
 	n, countAt := 0, 0
-	start := func() {
-		cur = m.nextHeader().append(nil, kindBatch)
-		countAt = len(cur)
-		cur = append(cur, 0, 0)
-		n = 0
-	}
 	finish := func() {
 		binary.BigEndian.PutUint16(cur[countAt:], uint16(n))
 		msgs = append(msgs, cur)
 		cur = nil
 	}
-	add := func(b []byte, entries int) {
-		if cur != nil && (len(cur)+len(b) > maxBatchBytes || n+entries > maxBatchEntries) {
+	for _, b := range parts {
+		if cur != nil && (len(cur)+len(b) > maxBatchBytes || n+1 > maxBatchEntries) {
 			finish()
 		}
 		if cur == nil {
-			start()
+			cur = m.nextHeader().append(nil, kindBatch)
+			countAt = len(cur)
+			cur = append(cur, 0, 0)
+			n = 0
 		}
 		cur = append(cur, b...)
-		n += entries
-	}
-	for _, b := range parts {
-		add(b, 1)
-	}
-	// Declarations are small; each was encoded as one entry.
-	for len(rest) > 0 {
-		l := 2 + int(binary.BigEndian.Uint16(rest)) + 1
-		l += 4 + int(binary.BigEndian.Uint32(rest[l:]))
-		add(rest[:l], 1)
-		rest = rest[l:]
+		n++
 	}
 	if cur != nil {
 		finish()

@@ -14,7 +14,8 @@ import (
 //	s8  = u8 length + bytes, s16 = u16 length + bytes
 //	meta     : 1 | region s8 | api s16 | contract s8
 //	state    : kindState | origin s8 | boot u64 | seq u64 | replica s16 | flags u8
-//	           | capacity u32 | epoch u64 | version u64 | digest u64
+//	           | epoch u64 | version u64 (a slim state ends here)
+//	           | capacity u32 | digest u64
 //	           | in-flight u32 | pending f64 | running u32 | waiting u32 | slots u32
 //	           | models u8 × s8 | declared-by u8 × s8
 //	fullReq  : kindFullReq | origin s8 | replica s16
@@ -40,6 +41,7 @@ const (
 	flagOwned     byte = 1
 	flagHealthy   byte = 2
 	flagWithdrawn byte = 4 // the origin no longer declares the replica
+	flagSlim      byte = 8 // only epoch and version follow: nothing else changed
 
 	// maxFullBytes is memberlist's limit on one SendReliable message and on
 	// push/pull user state (20 MiB); above it delivery silently fails.
@@ -194,6 +196,9 @@ type stateMsg struct {
 	Replica        string
 	Owned, Healthy bool
 	Withdrawn      bool
+	// Slim states carry only the summary's position: the owner sends them
+	// while nothing else about the replica changed.
+	Slim bool
 	Capacity       uint32
 	Epoch, Version uint64
 	Digest         uint64 // xxh3 of the encoded summary at Version; 0 = unknown
@@ -219,10 +224,16 @@ func (s *stateMsg) append(dst []byte) []byte {
 	if s.Withdrawn {
 		f |= flagWithdrawn
 	}
+	if s.Slim {
+		f |= flagSlim
+	}
 	dst = append(dst, f)
-	dst = binary.BigEndian.AppendUint32(dst, s.Capacity)
 	dst = binary.BigEndian.AppendUint64(dst, s.Epoch)
 	dst = binary.BigEndian.AppendUint64(dst, s.Version)
+	if s.Slim {
+		return dst
+	}
+	dst = binary.BigEndian.AppendUint32(dst, s.Capacity)
 	dst = binary.BigEndian.AppendUint64(dst, s.Digest)
 	dst = binary.BigEndian.AppendUint32(dst, s.InFlight)
 	dst = binary.BigEndian.AppendUint64(dst, math.Float64bits(s.Pending))
@@ -245,12 +256,19 @@ func (r *reader) state() stateMsg {
 	s.header = r.header()
 	s.Replica = r.s16()
 	f := r.u8()
-	s.Owned, s.Healthy, s.Withdrawn = f&flagOwned != 0, f&flagHealthy != 0, f&flagWithdrawn != 0
-	if f&^(flagOwned|flagHealthy|flagWithdrawn) != 0 {
+	s.Owned, s.Healthy, s.Withdrawn, s.Slim = f&flagOwned != 0, f&flagHealthy != 0, f&flagWithdrawn != 0, f&flagSlim != 0
+	if f&^(flagOwned|flagHealthy|flagWithdrawn|flagSlim) != 0 {
 		r.fail(fmt.Errorf("unknown flags %#x", f))
 	}
+	s.Epoch, s.Version = r.u64(), r.u64()
+	if s.Slim {
+		if r.err == nil && (s.Replica == "" || len(s.Replica) > maxReplicaIDLen || s.Origin == "") {
+			r.fail(errors.New("empty origin or bad replica id"))
+		}
+		return s
+	}
 	s.Capacity = r.u32()
-	s.Epoch, s.Version, s.Digest = r.u64(), r.u64(), r.u64()
+	s.Digest = r.u64()
 	s.InFlight = r.u32()
 	s.Pending = math.Float64frombits(r.u64())
 	if r.err == nil && !(s.Pending >= 0 && s.Pending <= 1e15) {

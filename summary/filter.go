@@ -150,9 +150,18 @@ func blockedRate(bitsPerKey float64, k uint) float64 {
 	p := math.Exp(-lambda)
 	sum := 0.0
 	limit := int(lambda + 12*math.Sqrt(lambda) + 12)
+	// (1-1/512)^(k·j) by repeated multiplication, (1-that)^k by k
+	// multiplications: no Pow in the loop (a full copy's decoder sizes its
+	// geometry with this).
+	q, qj := math.Pow(1-1.0/blockBits, float64(k)), 1.0
 	for j := 0; j <= limit; j++ {
-		sum += p * math.Pow(1-math.Pow(1-1.0/blockBits, float64(int(k)*j)), float64(k))
+		in, pw := 1-qj, 1.0
+		for range k {
+			pw *= in
+		}
+		sum += p * pw
 		p *= lambda / float64(j+1)
+		qj *= q
 	}
 	return sum
 }

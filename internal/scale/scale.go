@@ -231,7 +231,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		routers[o].m.UpdateReplica(ids[j], mesh.ReplicaStatus{Models: []string{"m"}, Healthy: true, CapacityBlocks: cfg.Capacity})
 	}
 	fmt.Fprintf(cfg.Progress, "scale: %d routers, %d replicas: converging\n", cfg.Routers, cfg.Replicas)
-	if err := converge(ctx, routers, cfg.Replicas, 120*time.Second); err != nil {
+	if err := converge(ctx, routers, cfg.Replicas, 120*time.Second, cfg.Progress); err != nil {
 		return nil, err
 	}
 
@@ -429,11 +429,14 @@ func nextTurnMatched(route1 func(int, []uint64) (string, route.Decision, time.Du
 	return id == p.replica && d.Match >= len(p.hashes)
 }
 
-func converge(ctx context.Context, routers []*router, replicas int, limit time.Duration) error {
-	deadline := time.Now().Add(limit)
+func converge(ctx context.Context, routers []*router, replicas int, limit time.Duration, progress io.Writer) error {
+	start := time.Now()
+	deadline := start.Add(limit)
+	lastLog := start
 	var cands []route.Candidate
 	for {
 		ok := true
+		worst := replicas
 		for _, r := range routers {
 			cands = r.m.Candidates("m", cands[:0])
 			n := 0
@@ -442,13 +445,19 @@ func converge(ctx context.Context, routers []*router, replicas int, limit time.D
 					n++
 				}
 			}
+			worst = min(worst, n)
 			if n < replicas {
 				ok = false
 				break
 			}
 		}
 		if ok {
+			fmt.Fprintf(progress, "scale: converged in %v\n", time.Since(start).Round(time.Millisecond))
 			return nil
+		}
+		if time.Since(lastLog) > 5*time.Second {
+			lastLog = time.Now()
+			fmt.Fprintf(progress, "scale: a router counts %d of %d replicas after %v\n", worst, replicas, time.Since(start).Round(time.Second))
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
 			return errors.New("scale: routers did not converge on every replica")
