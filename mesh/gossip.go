@@ -205,8 +205,9 @@ func (m *Mesh) tick(now time.Time) {
 			others = append(others, m.ownedStateLocked(r))
 		}
 		if r.hasState && owner == r.st.Origin {
-			age := now.Sub(r.heard)
-			m.met.age.WithLabelValues(r.id).Set(age.Seconds())
+			if m.ticks%declEveryTicks == 0 { // a gauge per replica: not every tick
+				m.met.age.WithLabelValues(r.id).Set(now.Sub(r.heard).Seconds())
+			}
 			if r.wantFull || (!r.mismatchSince.IsZero() && now.Sub(r.mismatchSince) > 4*m.cfg.Timing.StateInterval) {
 				m.requestFullLocked(r, owner, now, "copy stays behind the owner's state")
 			}

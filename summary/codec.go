@@ -61,9 +61,17 @@ func (s *Summary) AppendEncode(dst []byte, contract uint64) []byte {
 		dst = binary.BigEndian.AppendUint64(dst, k)
 		dst = append(dst, byte(s.rot-s.neg[k]))
 	}
-	for _, g := range s.gens {
-		b, _ := g.MarshalBinary() // writes to a bytes.Buffer: cannot fail
-		dst = append(dst, b...)
+	// Each generation in bloom/v3's binary encoding (m, k, the bitset's
+	// length, its words; all big-endian), written directly: bloom's own
+	// writer goes through encoding/binary a word at a time.
+	for i := range s.gens {
+		dst = binary.BigEndian.AppendUint64(dst, uint64(s.geo.m))
+		dst = binary.BigEndian.AppendUint64(dst, uint64(s.geo.k))
+		dst = binary.BigEndian.AppendUint64(dst, uint64(s.geo.m))
+		dst = slices.Grow(dst, 8*len(s.words[i]))
+		for _, w := range s.words[i] {
+			dst = binary.BigEndian.AppendUint64(dst, w)
+		}
 	}
 	return dst
 }
@@ -130,15 +138,18 @@ func Decode(data []byte, contract uint64) (*Summary, error) {
 		if m != uint64(g.m) || kk != uint64(g.k) || bits != uint64(g.m) {
 			return nil, fmt.Errorf("%w: generation %d header (m=%d k=%d len=%d) does not match m=%d k=%d", ErrMalformed, i, m, kk, bits, g.m, g.k)
 		}
-		f := &bloom.BloomFilter{}
-		if err := f.UnmarshalBinary(b); err != nil {
-			return nil, fmt.Errorf("%w: generation %d: %v", ErrMalformed, i, err)
+		// The lengths are checked: fill a filter of that geometry directly
+		// (bloom's own decoder reads a word at a time through
+		// encoding/binary).
+		f := bloom.New(g.m, g.k)
+		words := f.BitSet().Words()
+		if uint(len(words))*64 != g.m || len(b) != bloomHeader+8*len(words) {
+			return nil, fmt.Errorf("%w: generation %d has %d words", ErrMalformed, i, len(words))
 		}
-		s.gens[i] = f
-		s.words[i] = f.BitSet().Words()
-		if uint(len(s.words[i]))*64 != g.m {
-			return nil, fmt.Errorf("%w: generation %d has %d words", ErrMalformed, i, len(s.words[i]))
+		for w := range words {
+			words[w] = binary.BigEndian.Uint64(b[bloomHeader+8*w:])
 		}
+		s.gens[i], s.words[i] = f, words
 	}
 	return s, nil
 }

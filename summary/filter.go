@@ -288,12 +288,9 @@ func maxNegOf(g geometry) int { return min(max(g.perGen/4, 256), 1<<16) }
 // Params returns the parameters the summary was sized with.
 func (s *Summary) Params() Params { return s.params }
 
-// Epoch returns the summary's history name.
-func (s *Summary) Epoch() uint64 {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	return s.epoch
-}
+// Epoch returns the summary's history name. It never changes, so it
+// takes no lock (views call it per candidate per request).
+func (s *Summary) Epoch() uint64 { return s.epoch }
 
 // Version returns the number of log entries (adds, forgets, rotations)
 // applied in this epoch.

@@ -116,6 +116,27 @@ func TestEncodeDecodeRoundTrip(t *testing.T) {
 	}
 }
 
+// The direct encoder writes exactly bloom/v3's encoding of each generation.
+func TestEncodingIsBloomsEncoding(t *testing.T) {
+	s, _ := New(Params{CapacityBlocks: 3000, FalsePositiveRate: 0.01}, 42)
+	s.Add(chain(1700, 3))
+	enc := s.AppendEncode(nil, 7)
+	off := headerSize
+	for i, g := range s.gens {
+		want, err := g.MarshalBinary()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := enc[off : off+len(want)]; !bytes.Equal(got, want) {
+			t.Fatalf("generation %d differs from bloom's MarshalBinary", i)
+		}
+		off += len(want)
+	}
+	if off != len(enc) {
+		t.Fatalf("%d trailing bytes", len(enc)-off)
+	}
+}
+
 func TestCopiesStayIdenticalThroughDeltas(t *testing.T) {
 	c := DefaultContract().Fingerprint()
 	owner, _ := New(Params{CapacityBlocks: 2000, FalsePositiveRate: 0.01}, 9)
