@@ -203,7 +203,7 @@ func (d *delegate) upsert(n *memberlist.Node, alive bool) {
 	if mb == nil {
 		mb = &member{}
 		m.members[n.Name] = mb
-		m.dirty = true
+		m.dirty = true // owners and their members
 	}
 	mb.node, mb.meta = node, meta
 	if mb.alive && !alive {

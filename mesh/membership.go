@@ -97,11 +97,12 @@ func (m *Mesh) joinLoop() {
 			}
 			if now.Sub(mb.failedAt) > failedPeerTTL {
 				delete(m.members, name)
+				m.dirty = true
 				continue
 			}
 			addrs = append(addrs, mb.node.Address())
 		}
-		m.mu.Unlock()
+		m.unlockAndRun()
 		rand.Shuffle(len(addrs), func(i, j int) { addrs[i], addrs[j] = addrs[j], addrs[i] })
 		addrs = addrs[:min(len(addrs), 3)]
 		if m.ml.NumMembers() <= 1 {
@@ -155,6 +156,7 @@ func (m *Mesh) ownerLocked(r *replica) string {
 func (m *Mesh) recomputeOwnersLocked() {
 	for _, r := range m.order {
 		r.owner = ownerOf(r.id, r.declarers, m.liveLocked)
+		r.ownerMb = m.members[r.owner]
 	}
 	m.dirty = false
 }

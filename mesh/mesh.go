@@ -89,6 +89,7 @@ type replica struct {
 	declarers map[string]bool // routers known to declare it
 	withdrawn map[string]bool // routers that withdrew it (their word beats hearsay)
 	owner     string          // ownerOf, kept current by recomputeOwnersLocked
+	ownerMb   *member         // members[owner] when another router owns it
 	withdrawT int             // ticks left to repeat this router's withdrawal
 
 	// The owner's word, when another router owns it.

@@ -116,7 +116,7 @@ func (m *Mesh) Candidates(model string, dst []route.Candidate) []route.Candidate
 			} else {
 				c.Stale = true
 			}
-			if mb := m.members[owner]; mb != nil {
+			if mb := r.ownerMb; mb != nil {
 				c.NetworkMs = float64(mb.rtt.Microseconds()) / 1000
 				if mb.meta.Region != m.cfg.Region {
 					c.Tier = 1

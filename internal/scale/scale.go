@@ -125,8 +125,12 @@ type Result struct {
 	// Replays after the load, as issue 9's table, among prompts still
 	// held; ReplaysEvicted were drawn but no longer held by the owner.
 	Replays, ReplaysMatched, ReplaysEvicted int
-	// Decision is Candidates + probes + Pick at the receiving router.
+	// Decision is Candidates + probes + Pick at the receiving router,
+	// during the load (all routers share this process's CPUs).
 	DecisionP50, DecisionP99 time.Duration
+	// IdleDecision is the same on a quiet mesh, before the load: one
+	// router's decision cost, as in a process of its own.
+	IdleDecisionP50, IdleDecisionP99 time.Duration
 	// FullCopies by reason, all routers; Resyncs are copies' requests.
 	FullCopies map[string]float64
 	Resyncs    float64
@@ -236,9 +240,10 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 
 	res := &Result{Config: cfg, FullCopies: map[string]float64{}}
+	policy := route.DefaultPolicy()
+	res.IdleDecisionP50, res.IdleDecisionP99 = idleDecisions(routers[0].m, policy, cfg, rng)
 	before := snapshot(routers)
 	cpu0 := cpuTime()
-	policy := route.DefaultPolicy()
 
 	var mu sync.Mutex
 	var pending []sample
@@ -400,6 +405,27 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	return res, nil
 }
 
+// idleDecisions times 2,000 decisions of new prompts at one router
+// before the load.
+func idleDecisions(m *mesh.Mesh, policy route.Policy, cfg Config, rng *rand.Rand) (p50, p99 time.Duration) {
+	cands := make([]route.Candidate, 0, cfg.Replicas)
+	took := make([]time.Duration, 0, 2000)
+	hashes := make([]uint64, cfg.MaxBlocks)
+	probes := make([]summary.Probe, 0, cfg.MaxBlocks)
+	for range 2000 {
+		for b := range hashes {
+			hashes[b] = rng.Uint64()
+		}
+		t0 := time.Now()
+		cands = m.Candidates("m", cands[:0])
+		probes = summary.MakeProbes(probes[:0], hashes)
+		policy.Pick(route.Request{Hashes: hashes, Probes: probes, Root: 1}, cands)
+		took = append(took, time.Since(t0))
+	}
+	slices.Sort(took)
+	return took[len(took)/2], took[len(took)*99/100]
+}
+
 // held reports whether the owner's own summary still holds all of the
 // prompt: an evicted prompt says nothing about dissemination.
 func held(routers []*router, ownerOf map[string]int, p prompt) bool {
@@ -549,7 +575,9 @@ func (r *Result) Report(w io.Writer) {
 		r.NextTurnsMatched, r.NextTurns, r.ReplaysMatched, r.Replays, r.ReplaysEvicted)
 	fmt.Fprintf(w, "  full copies: overflow %.0f, send_error %.0f, request %.0f, cheaper %.0f, log %.0f; copies' requests %.0f\n",
 		r.FullCopies["overflow"], r.FullCopies["send_error"], r.FullCopies["request"], r.FullCopies["cheaper"], r.FullCopies["log"], r.Resyncs)
-	fmt.Fprintf(w, "  decision p50 %v p99 %v; CPU %v per request (whole process); heap %.1f MB per router, RSS %.0f MB total\n",
+	fmt.Fprintf(w, "  decision on a quiet mesh p50 %v p99 %v (%d-block prompts)\n", r.IdleDecisionP50.Round(time.Microsecond/10),
+		r.IdleDecisionP99.Round(time.Microsecond/10), c.MaxBlocks)
+	fmt.Fprintf(w, "  decision under load p50 %v p99 %v; CPU %v per request (whole process); heap %.1f MB per router, RSS %.0f MB total\n",
 		r.DecisionP50.Round(time.Microsecond/10), r.DecisionP99.Round(time.Microsecond/10), r.CPUPerRequest.Round(time.Microsecond/10),
 		float64(r.HeapPerRouter)/1e6, float64(r.RSS)/1e6)
 }

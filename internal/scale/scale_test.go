@@ -38,6 +38,7 @@ func report(b *testing.B, res *Result) {
 	b.ReportMetric(res.BytesPerBlockPerPeer(), "B/block/peer")
 	b.ReportMetric(float64(res.VisP99)/1e6, "vis-p99-ms")
 	b.ReportMetric(float64(res.DecisionP99)/1e3, "decision-p99-µs")
+	b.ReportMetric(float64(res.IdleDecisionP99)/1e3, "idle-decision-p99-µs")
 	if res.Replays > 0 {
 		b.ReportMetric(100*float64(res.ReplaysMatched)/float64(res.Replays), "%replays-matched")
 	}
