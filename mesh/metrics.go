@@ -21,8 +21,11 @@ type metrics struct {
 	resyncs  prometheus.Counter
 	// fullCopies counts full copies sent to a peer, by reason.
 	fullCopies *prometheus.CounterVec
-	age        *prometheus.GaugeVec
-	refusals   prometheus.Counter
+	// deltaBytes and deltaEntries count delta payloads queued to peers and
+	// the log entries (blocks) they carry: bytes per block per peer.
+	deltaBytes, deltaEntries prometheus.Counter
+	age                      *prometheus.GaugeVec
+	refusals                 prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer, members, queue func() float64) *metrics {
@@ -38,6 +41,10 @@ func newMetrics(reg prometheus.Registerer, members, queue func() float64) *metri
 			Help: "Gossip messages dropped, by reason."}, []string{"reason"}),
 		resyncs: f.NewCounter(prometheus.CounterOpts{Name: "kvmesh_summary_resyncs_total",
 			Help: "Full summary copies requested to repair a gap or divergence."}),
+		deltaBytes: f.NewCounter(prometheus.CounterOpts{Name: "kvmesh_summary_delta_bytes_total",
+			Help: "Bytes of summary deltas queued to peers (each peer counted)."}),
+		deltaEntries: f.NewCounter(prometheus.CounterOpts{Name: "kvmesh_summary_delta_entries_total",
+			Help: "Summary log entries (added or forgotten blocks, rotations) carried by deltas queued to peers."}),
 		fullCopies: f.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_summary_full_copies_total",
 			Help: "Full summary copies sent to peers, by reason (overflow, send_error, request, cheaper, log, new_peer)."}, []string{"reason"}),
 		age: f.NewGaugeVec(prometheus.GaugeOpts{Name: "kvmesh_summary_age_seconds",

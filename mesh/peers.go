@@ -189,9 +189,13 @@ func (m *Mesh) offer(now time.Time, peers []*peer, cuts []cut, others []stateMsg
 			if len(b) == 0 {
 				continue
 			}
-			if why != "" && due {
+			switch {
+			case why != "" && due:
 				m.met.fullCopies.WithLabelValues(why).Inc()
 				sent++
+			case why == "" && e.delta != nil:
+				m.met.deltaBytes.Add(float64(len(e.delta)))
+				m.met.deltaEntries.Add(float64(e.c.to - e.c.from))
 			}
 			parts = append(parts, b)
 		}

@@ -198,7 +198,7 @@ type stateMsg struct {
 	Withdrawn      bool
 	// Slim states carry only the summary's position: the owner sends them
 	// while nothing else about the replica changed.
-	Slim bool
+	Slim           bool
 	Capacity       uint32
 	Epoch, Version uint64
 	Digest         uint64 // xxh3 of the encoded summary at Version; 0 = unknown

@@ -25,10 +25,11 @@ func runScale(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	rates := fs.String("rate", "200", "new prompts per second over all routers; a comma list runs each")
 	duration := fs.Duration("duration", 10*time.Second, "load per run")
 	blocks := fs.String("blocks", "4-8", "blocks per new prompt, min-max (1 block = 1 KB of text)")
-	capacity := fs.Int("capacity", 4096, "cache blocks per replica")
+	capacity := fs.Int("capacity", 16384, "cache blocks per replica (the router's default summary size)")
 	latency := fs.Duration("latency", 0, "one-way latency of the in-memory network")
 	loss := fs.Float64("loss", 0, "packet loss of the in-memory network (0..1)")
 	real := fs.Bool("real", false, "run memberlist over UDP/TCP on 127.0.0.1 instead of in memory")
+	decideEvery := fs.Int("decide-every", 1, "run the routing decision for one request in this many (the rest are placed by consistent hashing, as cold decisions are)")
 	replays := fs.Int("replays", 200, "earlier prompts replayed at another router after each run")
 	timing := fs.String("timing", "lan", "mesh timing: lan or test")
 	seed := fs.Uint64("seed", 1, "seed")
@@ -68,7 +69,7 @@ func runScale(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		for _, rate := range rs {
 			res, err := scale.Run(ctx, scale.Config{Routers: n, Replicas: *replicas, Rate: rate, Duration: *duration,
 				MinBlocks: minB, MaxBlocks: maxB, Capacity: *capacity, Latency: *latency, Loss: *loss, Real: *real,
-				Timing: t, Replays: *replays, Seed: *seed, Progress: stderr})
+				Timing: t, Replays: *replays, Seed: *seed, Progress: stderr, DecideEvery: *decideEvery})
 			if err != nil {
 				return err
 			}

@@ -36,6 +36,8 @@ func report(b *testing.B, res *Result) {
 	res.Report(os.Stderr)
 	b.ReportMetric(res.MeshOutPerRouter()/1e3, "KB/s/router")
 	b.ReportMetric(res.BytesPerBlockPerPeer(), "B/block/peer")
+	b.ReportMetric(res.DeltaBytesPerBlock, "delta-B/block/peer")
+	b.ReportMetric(float64(res.Requests)/res.Elapsed.Seconds(), "req/s")
 	b.ReportMetric(float64(res.VisP99)/1e6, "vis-p99-ms")
 	b.ReportMetric(float64(res.DecisionP99)/1e3, "decision-p99-µs")
 	b.ReportMetric(float64(res.IdleDecisionP99)/1e3, "idle-decision-p99-µs")
@@ -56,7 +58,7 @@ func BenchmarkIssue9Table(b *testing.B) {
 		b.Run(fmt.Sprintf("%.0f-req-s", rate), func(b *testing.B) {
 			for b.Loop() {
 				res, err := Run(b.Context(), Config{Routers: 3, Replicas: 6, Rate: rate, Duration: seconds(10),
-					MinBlocks: 4, MaxBlocks: 8, Capacity: 65536, Real: true, Replays: 200, Seed: 9})
+					MinBlocks: 4, MaxBlocks: 8, Capacity: 16384, Real: true, Replays: 200, Seed: 9})
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -71,7 +73,7 @@ func BenchmarkIssue9Table(b *testing.B) {
 func BenchmarkScale(b *testing.B) {
 	for b.Loop() {
 		res, err := Run(b.Context(), Config{Routers: 16, Replicas: 1024, Rate: 5000, Duration: seconds(10),
-			MinBlocks: 32, MaxBlocks: 32, Capacity: 4096, Replays: 200, Seed: 16})
+			MinBlocks: 32, MaxBlocks: 32, Capacity: 4096, Replays: 200, Seed: 16, DecideEvery: 10})
 		if err != nil {
 			b.Fatal(err)
 		}
