@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/summary"
-	"github.com/zeebo/xxh3"
 )
 
 func (m *Mesh) inboxLoop() {
@@ -168,15 +167,12 @@ func (m *Mesh) checkSyncLocked(r *replica, now time.Time) {
 	}
 }
 
-// digestOf hashes the encoded summary; ok is false when an insert raced
-// the encoding (the version moved).
+// digestOf is the summary's digest; ok is false when an insert raced it
+// (the version moved).
 func digestOf(s *summary.Summary, fp uint64) (uint64, bool) {
 	v := s.Version()
-	b := s.AppendEncode(nil, fp)
-	if s.Version() != v {
-		return 0, false
-	}
-	return xxh3.Hash(b) | 1, true // never 0, which means "unknown"
+	d, at := s.Digest(fp)
+	return d, at == v
 }
 
 func (m *Mesh) requestFullLocked(r *replica, from string, now time.Time, why string) {
@@ -280,7 +276,7 @@ func (m *Mesh) withdrawLocked(origin, id string) {
 	}
 	if r.declarers[origin] {
 		delete(r.declarers, origin)
-		m.dirty = true
+		m.markOwnerLocked(r)
 	}
 	if r.withdrawn == nil {
 		r.withdrawn = map[string]bool{}
@@ -364,7 +360,7 @@ type postLock struct {
 // ownerLocked), releases m.mu and runs the work queued under it. Every
 // section that writes under m.mu ends with it.
 func (m *Mesh) unlockAndRun() {
-	if m.dirty {
+	if m.dirty || len(m.dirtyReps) > 0 {
 		m.recomputeOwnersLocked()
 	}
 	p := m.post

@@ -238,7 +238,9 @@ func (m *Mesh) tick(now time.Time) {
 		default:
 			r.lastSent = c.sum.Version()
 		}
-		if r.digestVer != r.lastSent+1 && c.sum.Version() == r.lastSent {
+		// A digest lets copies catch what versions cannot show; one per
+		// heartbeat is enough, and only of a summary at rest.
+		if r.digestVer != r.lastSent+1 && c.sum.Version() == r.lastSent && m.ticks%m.heartbeatTicks() == 0 {
 			m.post.digests = append(m.post.digests, ownerDigestJob{r: r, sum: c.sum, version: r.lastSent})
 		}
 		c.st = m.ownedStateLocked(r)

@@ -126,7 +126,7 @@ func (m *Mesh) replicaLocked(id string, create bool) *replica {
 		m.replicas[id] = r
 		i, _ := slices.BinarySearchFunc(m.order, id, func(x *replica, id string) int { return strings.Compare(x.id, id) })
 		m.order = slices.Insert(m.order, i, r)
-		m.dirty = true
+		m.markOwnerLocked(r)
 	}
 	return r
 }
@@ -147,18 +147,44 @@ func (m *Mesh) liveLocked(name string) bool {
 // before it releases the lock, so readers under the read lock always find
 // them current.
 func (m *Mesh) ownerLocked(r *replica) string {
-	if m.dirty {
-		m.recomputeOwnersLocked() // only ever true under the write lock
+	switch { // only ever true under the write lock
+	case m.dirty:
+		m.recomputeOwnersLocked()
+	case r.ownerDirty:
+		m.recomputeOwnerLocked(r)
 	}
 	return r.owner
 }
 
-func (m *Mesh) recomputeOwnersLocked() {
-	for _, r := range m.order {
-		r.owner = ownerOf(r.id, r.declarers, m.liveLocked)
-		r.ownerMb = m.members[r.owner]
+// markOwnerLocked notes that r's declarers changed.
+func (m *Mesh) markOwnerLocked(r *replica) {
+	if !r.ownerDirty {
+		r.ownerDirty = true
+		m.dirtyReps = append(m.dirtyReps, r)
 	}
-	m.dirty = false
+}
+
+func (m *Mesh) recomputeOwnerLocked(r *replica) {
+	r.owner = ownerOf(r.id, r.declarers, m.liveLocked)
+	r.ownerMb = m.members[r.owner]
+	r.ownerDirty = false
+}
+
+// recomputeOwnersLocked brings every owner up to date (membership
+// changed), or, when only declarations changed, those replicas'.
+func (m *Mesh) recomputeOwnersLocked() {
+	if m.dirty {
+		for _, r := range m.order {
+			m.recomputeOwnerLocked(r)
+		}
+	} else {
+		for _, r := range m.dirtyReps {
+			if r.ownerDirty {
+				m.recomputeOwnerLocked(r)
+			}
+		}
+	}
+	m.dirty, m.dirtyReps = false, m.dirtyReps[:0]
 }
 
 // declareLocked learns who declares the replica a state names.
@@ -185,6 +211,6 @@ func (m *Mesh) declareLocked(st *stateMsg) *replica {
 func (m *Mesh) addDeclarerLocked(r *replica, name string) {
 	if !r.declarers[name] {
 		r.declarers[name] = true
-		m.dirty = true
+		m.markOwnerLocked(r)
 	}
 }

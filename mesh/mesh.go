@@ -90,7 +90,9 @@ type replica struct {
 	withdrawn map[string]bool // routers that withdrew it (their word beats hearsay)
 	owner     string          // ownerOf, kept current by recomputeOwnersLocked
 	ownerMb   *member         // members[owner] when another router owns it
-	withdrawT int             // ticks left to repeat this router's withdrawal
+	// ownerDirty: the declarers changed since owner was computed.
+	ownerDirty bool
+	withdrawT  int // ticks left to repeat this router's withdrawal
 
 	// The owner's word, when another router owns it.
 	st       stateMsg
@@ -144,7 +146,8 @@ type Mesh struct {
 	members   map[string]*member
 	replicas  map[string]*replica
 	order     []*replica // replicas sorted by ID (Candidates' order)
-	dirty     bool       // owners need recomputing (see ownerLocked)
+	dirty     bool       // every owner needs recomputing (see ownerLocked)
+	dirtyReps []*replica // replicas whose owner needs recomputing
 	stateSeen map[string]seenState
 	refused   map[string]time.Time // last log line per refused peer
 	peers     map[string]*peer     // live peers and their send queues

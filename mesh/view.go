@@ -40,7 +40,7 @@ func (m *Mesh) WithdrawReplica(id string) {
 	}
 	r.declared, r.withdrawT = false, withdrawTicks
 	delete(r.declarers, m.cfg.Name)
-	m.dirty = true
+	m.markOwnerLocked(r)
 	if r.owned {
 		m.setOwnedLocked(r, false)
 	}

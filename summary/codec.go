@@ -42,16 +42,8 @@ func encodedSize(g geometry, forgotten int) int {
 func (s *Summary) AppendEncode(dst []byte, contract uint64) []byte {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	dst = append(dst, magic...)
-	dst = append(dst, formatV2, byte(s.geo.k), byte(s.cur), byte(s.geo.pat))
-	dst = binary.BigEndian.AppendUint64(dst, contract)
-	dst = binary.BigEndian.AppendUint32(dst, uint32(s.params.CapacityBlocks))
-	dst = binary.BigEndian.AppendUint64(dst, math.Float64bits(s.params.FalsePositiveRate))
-	dst = binary.BigEndian.AppendUint64(dst, s.epoch)
-	dst = binary.BigEndian.AppendUint64(dst, s.version)
-	dst = binary.BigEndian.AppendUint32(dst, uint32(s.curCount))
-	dst = binary.BigEndian.AppendUint64(dst, s.rot)
-	dst = binary.BigEndian.AppendUint32(dst, uint32(len(s.neg)))
+	dst = slices.Grow(dst, encodedSize(s.geo, len(s.neg)))
+	dst = s.appendHeader(dst, contract)
 	keys := make([]uint64, 0, len(s.neg))
 	for k := range s.neg {
 		keys = append(keys, k)
@@ -74,6 +66,21 @@ func (s *Summary) AppendEncode(dst []byte, contract uint64) []byte {
 		}
 	}
 	return dst
+}
+
+// appendHeader appends the encoding's fixed header (through the count of
+// forgotten keys). The caller holds s.mu.
+func (s *Summary) appendHeader(dst []byte, contract uint64) []byte {
+	dst = append(dst, magic...)
+	dst = append(dst, formatV2, byte(s.geo.k), byte(s.cur), byte(s.geo.pat))
+	dst = binary.BigEndian.AppendUint64(dst, contract)
+	dst = binary.BigEndian.AppendUint32(dst, uint32(s.params.CapacityBlocks))
+	dst = binary.BigEndian.AppendUint64(dst, math.Float64bits(s.params.FalsePositiveRate))
+	dst = binary.BigEndian.AppendUint64(dst, s.epoch)
+	dst = binary.BigEndian.AppendUint64(dst, s.version)
+	dst = binary.BigEndian.AppendUint32(dst, uint32(s.curCount))
+	dst = binary.BigEndian.AppendUint64(dst, s.rot)
+	return binary.BigEndian.AppendUint32(dst, uint32(len(s.neg)))
 }
 
 // ErrMalformed marks bytes that are not a valid summary encoding.

@@ -180,6 +180,9 @@ func TestCopiesStayIdenticalThroughDeltas(t *testing.T) {
 		if !bytes.Equal(owner.AppendEncode(nil, c), cp.AppendEncode(nil, c)) {
 			t.Fatalf("round %d: copy differs from owner after replaying deltas", round)
 		}
+		if d1, _ := owner.Digest(c); func() bool { d2, _ := cp.Digest(c); return d1 != d2 }() {
+			t.Fatalf("round %d: equal summaries, different digests", round)
+		}
 	}
 	if owner.Stats().Forgotten == 0 || owner.Stats().NewerInserts == 0 {
 		t.Fatalf("the test never forgot or rotated: %+v", owner.Stats())
@@ -197,6 +200,9 @@ func TestCopiesStayIdenticalThroughDeltas(t *testing.T) {
 	}
 	if !bytes.Equal(owner.AppendEncode(nil, c), mid.AppendEncode(nil, c)) {
 		t.Fatal("overlapping delta: copy differs from owner")
+	}
+	if d1, _ := owner.Digest(c); func() bool { d2, _ := cp.Digest(c); return d1 == d2 }() {
+		t.Fatal("different summaries, equal digests")
 	}
 	future := &Delta{Epoch: owner.Epoch(), From: owner.Version() + 5, Count: 1}
 	if err := cp.ApplyDelta(future); !errors.Is(err, ErrGap) {
