@@ -177,24 +177,70 @@ type bitReader struct {
 	pos uint64 // bit position
 }
 
-func (r *bitReader) bit() (uint64, bool) {
-	if r.pos >= uint64(len(r.b))*8 {
-		return 0, false
+// peek returns the 64 bits from pos, zeros past the end.
+func (r *bitReader) peek() uint64 {
+	i, off := r.pos>>3, r.pos&7
+	var w uint64
+	if i+9 <= uint64(len(r.b)) {
+		w = binary.BigEndian.Uint64(r.b[i:])
+		if off > 0 {
+			w = w<<off | uint64(r.b[i+8])>>(8-off)
+		}
+		return w
 	}
-	v := uint64(r.b[r.pos>>3]>>(7-r.pos&7)) & 1
-	r.pos++
-	return v, true
+	// Near the end: the same, a byte at a time, zeros past the end.
+	for j := uint64(0); j < 9; j++ {
+		var c byte
+		if i+j < uint64(len(r.b)) {
+			c = r.b[i+j]
+		}
+		if j < 8 {
+			w = w<<8 | uint64(c)
+		} else if off > 0 {
+			w = w<<off | uint64(c)>>(8-off)
+		}
+	}
+	return w
+}
+
+func (r *bitReader) left() uint64 { return uint64(len(r.b))*8 - r.pos }
+
+// unary reads ones up to a zero; ok is false past the end or over limit.
+func (r *bitReader) unary(limit uint64) (q uint64, ok bool) {
+	for {
+		if r.left() == 0 {
+			return 0, false
+		}
+		w := r.peek()
+		ones := uint64(bits.LeadingZeros64(^w))
+		if ones < 64 {
+			if ones+1 > r.left() {
+				return 0, false
+			}
+			r.pos += ones + 1
+			q += ones
+			return q, q <= limit
+		}
+		if 64 > r.left() {
+			return 0, false
+		}
+		r.pos += 64
+		q += 64
+		if q > limit {
+			return 0, false
+		}
+	}
 }
 
 func (r *bitReader) read(n uint) (uint64, bool) {
-	var v uint64
-	for range n {
-		b, ok := r.bit()
-		if !ok {
-			return 0, false
-		}
-		v = v<<1 | b
+	if n == 0 {
+		return 0, true
 	}
+	if uint64(n) > r.left() {
+		return 0, false
+	}
+	v := r.peek() >> (64 - n)
+	r.pos += uint64(n)
 	return v, true
 }
 
@@ -262,19 +308,9 @@ func DecodeDelta(b []byte) (*Delta, error) {
 		keys := make([]uint64, 0, n)
 		prev := uint64(0)
 		for j := uint64(0); j < n; j++ {
-			q := uint64(0)
-			for {
-				bit, ok := r.bit()
-				if !ok {
-					return bad("segment %d: truncated key %d", i, j)
-				}
-				if bit == 0 {
-					break
-				}
-				q++
-				if q > maxKey>>k {
-					return bad("segment %d: key %d out of range", i, j)
-				}
+			q, ok := r.unary(maxKey >> k)
+			if !ok {
+				return bad("segment %d: key %d truncated or out of range", i, j)
 			}
 			low, ok := r.read(k)
 			if !ok {
