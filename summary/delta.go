@@ -301,7 +301,8 @@ func DecodeDelta(b []byte) (*Delta, error) {
 		k := uint(b[0])
 		b = b[1:]
 		nbytes, ok := uv()
-		if !ok || n == 0 || k > maxRice || nbytes > uint64(len(b)) || n*(uint64(k)+1) > nbytes*8 || total+n > d.Count {
+		// n is bounded by the count before any arithmetic on it (no wrap).
+		if !ok || n == 0 || n > d.Count-total || k > maxRice || nbytes > uint64(len(b)) || n*(uint64(k)+1) > nbytes*8 {
 			return bad("segment %d: %d keys, rice %d, %d bytes", i, n, k, nbytes)
 		}
 		r := bitReader{b: b[:nbytes]}

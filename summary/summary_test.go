@@ -2,8 +2,10 @@ package summary
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"testing"
 )
@@ -262,6 +264,37 @@ func TestDeltaBytesPerBlock(t *testing.T) {
 		t.Logf("capacity %d, %d adds: %.2f bytes per block (pattern %d bits)", tc.capacity, tc.perTick, per, s.geo.pat)
 		if per > tc.maxBytes {
 			t.Errorf("capacity %d, %d adds: %.2f bytes per block, want <= %.1f", tc.capacity, tc.perTick, per, tc.maxBytes)
+		}
+	}
+}
+
+// Hostile counts are refused before anything is allocated from them.
+func TestDecodeDeltaHostileCounts(t *testing.T) {
+	hdr := func(count, nseg uint64) []byte {
+		b := make([]byte, 8)
+		b = binary.AppendUvarint(b, 0)
+		b = binary.AppendUvarint(b, count)
+		return binary.AppendUvarint(b, nseg)
+	}
+	seg := func(b []byte, n uint64, k byte, nbytes uint64) []byte {
+		b = append(b, 0)
+		b = binary.AppendUvarint(b, n)
+		b = append(b, k)
+		return binary.AppendUvarint(b, nbytes)
+	}
+	tests := []struct {
+		name string
+		b    []byte
+	}{
+		{"count over the limit", hdr(maxDeltaEntries+1, 1)},
+		{"segment count wraps", seg(hdr(10, 2), math.MaxUint64-3, 0, 1)},
+		{"segment over the count", seg(hdr(10, 1), 11, 0, 2)},
+		{"keys over the bytes", append(seg(hdr(1000, 1), 1000, 40, 2), 0, 0)},
+		{"rice parameter too large", append(seg(hdr(1, 1), 1, 60, 8), make([]byte, 8)...)},
+	}
+	for _, tc := range tests {
+		if _, err := DecodeDelta(tc.b); !errors.Is(err, ErrBadDelta) {
+			t.Errorf("%s: err %v, want ErrBadDelta", tc.name, err)
 		}
 	}
 }
