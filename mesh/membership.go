@@ -49,9 +49,11 @@ func (m *Mesh) memberlistConfig() (*memberlist.Config, error) {
 		}
 		mc.AdvertiseAddr, mc.AdvertisePort = host, port
 	}
-	if cfg.Transport != nil {
-		mc.Transport = cfg.Transport
+	tr, err := m.transport(mc)
+	if err != nil {
+		return nil, err
 	}
+	mc.Transport = tr
 	return mc, nil
 }
 

@@ -184,17 +184,22 @@ func New(ctx context.Context, cfg Config) (*Mesh, error) {
 
 	meta := nodeMeta{Region: cfg.Region, API: cfg.APIAddr, Contract: m.contractID}.encode()
 	if len(meta) > memberlist.MetaMaxSize {
+		m.cancel()
 		return nil, fmt.Errorf("mesh: node metadata is %d bytes, over memberlist's %d", len(meta), memberlist.MetaMaxSize)
 	}
 
 	mc, err := m.memberlistConfig()
 	if err != nil {
+		m.cancel()
 		return nil, err
 	}
 	d := &delegate{m: m, meta: meta}
 	mc.Delegate, mc.Events, mc.Alive, mc.Merge, mc.Ping = d, d, d, d, d
 	ml, err := memberlist.Create(mc)
 	if err != nil {
+		if cfg.Transport == nil {
+			_ = mc.Transport.Shutdown() // ours: release the sockets
+		}
 		m.cancel()
 		return nil, fmt.Errorf("mesh: creating memberlist: %w", err)
 	}
