@@ -58,3 +58,23 @@ func BenchmarkDecision(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkCandidates1024 is the view's share of a decision.
+func BenchmarkCandidates1024(b *testing.B) {
+	a := newRouter(b, "a", nil)
+	for i := range 1024 {
+		id := fmt.Sprintf("http://replica-%04d:8000", i)
+		a.DeclareReplica(id)
+		a.UpdateReplica(id, ReplicaStatus{Models: []string{"m"}, Healthy: true, CapacityBlocks: 1024})
+	}
+	eventually(b, wait, "all owned", func() error {
+		if n := len(a.Candidates("m", nil)); n != 1024 {
+			return fmt.Errorf("%d candidates", n)
+		}
+		return nil
+	})
+	cands := make([]route.Candidate, 0, 1024)
+	for b.Loop() {
+		cands = a.Candidates("m", cands[:0])
+	}
+}
