@@ -76,10 +76,17 @@ type Candidate struct {
 	// router's faster signal in between scrapes.
 	Running, Waiting int
 	// Slots is how many sequences the engine runs at once (max-num-seqs),
-	// published or learned; 0 means unknown.
+	// published or learned (SlotEstimate); 0 means unknown.
 	Slots int
+	// SeqMs is how long a request holds one of those slots on average
+	// (prefill and decode), as the router measures on the requests it
+	// proxies there; 0 means not measured yet (Policy.DefaultSeqMs).
+	// With Slots it turns a full engine's queue into milliseconds: a slot
+	// frees every SeqMs/Slots.
+	SeqMs float64
 
-	match int // filled by Pick
+	match int     // filled by Pick
+	wait  float64 // filled by Pick: waitMs
 }
 
 // HashID returns the rendezvous hash of a replica ID.
@@ -134,25 +141,24 @@ type Decision struct {
 }
 
 // Policy holds the tunables of the decision. docs/DESIGN.md gives the
-// reason for each default and the simulations that check it on three
-// workloads (docs/SIMULATION.md).
+// reason for each default and the grid of simulations that checks it
+// (docs/SIMULATION.md); DefaultPolicy is the "default" profile.
 type Policy struct {
 	// LoadFactor is the bound c of consistent hashing with bounded loads,
-	// applied to cold placement and to the resource that sets time to
-	// first token, queued prefill: a replica takes a cold request only
-	// while its queued prefill is within c times the mean plus the
-	// request's own work. 1.25 is the value of the original paper's
-	// experiments, HAProxy's hash-balance-factor documentation and SMG's
-	// prefix hash. Warm requests are not held to it: their score already
-	// weighs queued prefill against the recompute a move would cost.
+	// applied to cold placement on queued prefill: a replica takes a cold
+	// request only while its queued prefill is within c times the mean
+	// plus the request's own work. 1.25 is the value of the original
+	// paper's experiments, HAProxy's hash-balance-factor documentation and
+	// SMG's prefix hash. Warm requests are not held to it: their score
+	// already weighs queued work against the recompute a move would cost.
 	LoadFactor float64
-	// InFlightFactor bounds in-flight requests at that many times the mean,
-	// for every request. It is a hot-spot guard, not a balancer: a fully
-	// cached hot prefix adds no prefill work, so only this stops its decode
-	// load from collapsing onto one replica. 2 allows the ordinary
-	// imbalance of a Poisson arrival stream (with a mean of a few requests
-	// per replica its standard deviation is of the mean's order) without
-	// spilling on it.
+	// InFlightFactor bounds in-flight requests at that many times the
+	// mean, counting one more request per replica so that a small cluster
+	// with a handful of requests never trips it (the bound is
+	// ceil(f × (in-flight + replicas) / replicas), 4 with 3 requests on 4
+	// replicas). A replica known to have a free sequence slot is never
+	// held to it: it can start the request at once. It is a hot-spot guard
+	// for engines whose slots are unknown, not a balancer.
 	InFlightFactor float64
 	// KeyBlocks is the minimum depth, in blocks, of a cold request's key;
 	// the key is the block after the common prefix, and at least block
@@ -165,27 +171,32 @@ type Policy struct {
 	// the hashing can see.
 	MinExcessBlocks int
 	// DefaultBlockMs is the prefill time per block used when the view has
-	// no measured one. Only its ratio to NetworkMs matters; 20 ms is 256
-	// tokens at ~13k tokens/s, a mid-size model on one modern GPU.
+	// no measured one. Only its ratio to NetworkMs and SeqMs matters; 20 ms
+	// is 256 tokens at ~13k tokens/s, a mid-size model on one modern GPU.
 	DefaultBlockMs float64
 	// RecomputeWeight is what a block the replica lacks costs in the
 	// score, in units of its prefill time. Recomputing a prefix that
 	// another replica holds costs this request the prefill, and costs the
 	// cluster a second copy of the prefix (evicting someone else's blocks)
 	// and the queueing of every request behind that work; 1 would count
-	// only the first. The simulations show hit ratio rising with it and
-	// TTFT flat from 4 to 32 on all three workloads, and plain consistent
-	// hashing beating kvmesh below 4.
+	// only the first. A warm request moves off its holder only when the
+	// wait it saves exceeds RecomputeWeight times the prefill it adds.
 	RecomputeWeight float64
+	// DefaultSeqMs is how long a request holds a sequence slot when the
+	// router has not measured it yet (Candidate.SeqMs is 0). It only
+	// prices the wait at an engine whose slots are full before the first
+	// request there has finished.
+	DefaultSeqMs float64
 }
 
-// DefaultPolicy returns the documented defaults.
+// DefaultPolicy returns the documented defaults, the "default" profile.
 func DefaultPolicy() Policy {
-	return Policy{LoadFactor: 1.25, InFlightFactor: 2, KeyBlocks: 2, MinExcessBlocks: 1, DefaultBlockMs: 20, RecomputeWeight: 16}
+	return Policy{LoadFactor: 1.25, InFlightFactor: 2, KeyBlocks: 2, MinExcessBlocks: 1, DefaultBlockMs: 20,
+		RecomputeWeight: 16, DefaultSeqMs: 10000}
 }
 
 // Pick chooses a replica for req among cands. It writes only the
-// candidates' private match fields, so callers may reuse the slice.
+// candidates' private fields, so callers may reuse the slice.
 func (p Policy) Pick(req Request, cands []Candidate) Decision {
 	if len(cands) == 0 {
 		return Decision{Index: -1, Reason: ReasonNone}
@@ -198,6 +209,7 @@ func (p Policy) Pick(req Request, cands []Candidate) Decision {
 	for i := range cands {
 		c := &cands[i]
 		c.match = 0
+		c.wait = p.waitMs(c)
 		// A stale candidate's load is as unknown as its cache: it neither
 		// counts towards the mean nor is held to the bound (a router that
 		// cannot talk to the owner must place requests as if it knew
@@ -230,9 +242,10 @@ func (p Policy) Pick(req Request, cands []Candidate) Decision {
 	}
 	common := commonPrefix(hist[:], histOver, fresh)
 	known = max(known, 1)
-	warm := limits{inFlight: p.inFlightBound(inFlight, known), work: math.Inf(1)}
-	cold := warm
+	lim := limits{inFlight: p.inFlightBound(inFlight, known), work: math.Inf(1)}
+	cold := lim
 	cold.work = p.LoadFactor*pending/float64(known) + float64(max(1, n-common))
+	cold.cold = true
 	d := Decision{BestMatch: best, CommonMatch: common, Key: p.key(req, common)}
 
 	// Cold, or the replica consistent hashing names is one this router
@@ -252,21 +265,24 @@ func (p Policy) Pick(req Request, cands []Candidate) Decision {
 		return d
 	}
 
+	// Warm: the estimated time to first token, plus the recompute a
+	// replica lacking part of the prefix would add, weighted. The holder
+	// has the least recompute, so it keeps the request while it can start
+	// it at once (no wait, no queued prefill) and loses it only when the
+	// wait it would impose exceeds RecomputeWeight times the prefill the
+	// move adds; a move goes to the next holder first, whose recompute is
+	// smallest.
 	chosen, cheapest := -1, -1
 	var chosenCost, cheapestCost float64
 	var chosenW, cheapestW uint64
 	for i := range cands {
 		c := &cands[i]
-		bms := c.BlockMs
-		if bms <= 0 {
-			bms = p.DefaultBlockMs
-		}
-		cost := c.NetworkMs + bms*(c.PendingPrefillBlocks+p.RecomputeWeight*float64(n-c.match))
+		cost := c.NetworkMs + c.wait + p.blockMs(c)*p.RecomputeWeight*float64(n-c.match)
 		w := weight(d.Key, c.Hash)
 		if cheapest < 0 || better(cost, w, cheapestCost, cheapestW) {
 			cheapest, cheapestCost, cheapestW = i, cost, w
 		}
-		if !warm.admits(c) {
+		if !lim.admits(c) {
 			continue
 		}
 		if chosen < 0 || better(cost, w, chosenCost, chosenW) {
@@ -283,10 +299,43 @@ func (p Policy) Pick(req Request, cands []Candidate) Decision {
 	return d
 }
 
+// blockMs is a candidate's prefill time per block.
+func (p Policy) blockMs(c *Candidate) float64 {
+	if c.BlockMs > 0 {
+		return c.BlockMs
+	}
+	return p.DefaultBlockMs
+}
+
+// waitMs estimates how long a new request would wait at c before its own
+// prefill starts: the prefill queued ahead of it, plus, when the engine's
+// sequence slots are full, the time for enough of them to free. The
+// router's in-flight count is the fast signal of how many requests the
+// engine holds; with unknown slots the last scrape's waiting count says
+// whether it queues.
+func (p Policy) waitMs(c *Candidate) float64 {
+	w := p.blockMs(c) * c.PendingPrefillBlocks
+	ahead, slots := 0, c.Slots
+	switch {
+	case c.Slots > 0:
+		ahead = c.InFlight + 1 - c.Slots
+	case c.Waiting > 0:
+		ahead, slots = c.Waiting+1, max(c.Running, 1)
+	}
+	if ahead > 0 {
+		seq := c.SeqMs
+		if seq <= 0 {
+			seq = p.DefaultSeqMs
+		}
+		w += float64(ahead) * seq / float64(slots)
+	}
+	return w
+}
+
 // InFlightBound is the most requests a candidate may have in flight for
-// Pick to admit one more: the hot-spot guard over cands, stale ones not
-// counted. A router serving a forwarded hint uses it to tell "full" from
-// the decider's snapshot noise.
+// Pick to admit one more, unless it has a free sequence slot: the
+// hot-spot guard over cands, stale ones not counted. A router serving a
+// forwarded hint uses it to tell "full" from the decider's snapshot noise.
 func (p Policy) InFlightBound(cands []Candidate) int {
 	inFlight, known := 0, 0
 	for i := range cands {
@@ -298,18 +347,46 @@ func (p Policy) InFlightBound(cands []Candidate) int {
 	return p.inFlightBound(inFlight, max(known, 1))
 }
 
+// Admits reports whether c may take one more request under the in-flight
+// bound (InFlightBound(cands)): it has a free sequence slot or is under
+// the bound. The proxy's hint check uses it.
+func (p Policy) Admits(c Candidate, bound int) bool {
+	return c.Stale || freeSlot(&c) || c.InFlight+1 <= bound
+}
+
 func (p Policy) inFlightBound(inFlight, known int) int {
-	return int(math.Ceil(p.InFlightFactor * float64(inFlight+1) / float64(known)))
+	return int(math.Ceil(p.InFlightFactor * float64(inFlight+known) / float64(known)))
+}
+
+// freeSlot reports that c is known to have a free sequence slot.
+func freeSlot(c *Candidate) bool {
+	return c.Slots > 0 && c.InFlight < c.Slots
 }
 
 // limits are the bounded-load limits of one decision.
 type limits struct {
 	inFlight int
 	work     float64
+	cold     bool // placement by hashing: also skip replicas that would queue it
 }
 
 func (l limits) admits(c *Candidate) bool {
-	return c.Stale || (c.InFlight+1 <= l.inFlight && c.PendingPrefillBlocks <= l.work)
+	if c.Stale {
+		return true
+	}
+	if l.cold && (c.PendingPrefillBlocks > l.work || !canStart(c)) {
+		return false
+	}
+	return freeSlot(c) || c.InFlight+1 <= l.inFlight
+}
+
+// canStart reports that c would not queue a new request for a sequence
+// slot, as far as the router knows.
+func canStart(c *Candidate) bool {
+	if c.Slots > 0 {
+		return c.InFlight < c.Slots
+	}
+	return c.Waiting == 0
 }
 
 func better(cost float64, w uint64, bestCost float64, bestW uint64) bool {
@@ -345,9 +422,10 @@ func commonPrefix(hist, over []int32, fresh int) int {
 	return 0
 }
 
-// key is the consistent-hashing key: the chained hash of the block
-// KeyBlocks past the common prefix (or the last full block of a shorter
-// prompt), which covers everything before it.
+// key is the consistent-hashing key: the client's routing key when it
+// sent one, else the chained hash of the block KeyBlocks past the common
+// prefix (or the last full block of a shorter prompt), which covers
+// everything before it.
 func (p Policy) key(req Request, common int) uint64 {
 	if req.ClientKey != 0 {
 		return req.ClientKey
@@ -361,14 +439,16 @@ func (p Policy) key(req Request, common int) uint64 {
 
 // hashPick is rendezvous hashing with bounded loads over the nearest tier:
 // the candidate with the highest weight for key among those under the
-// limits. With twoChoices it takes the less loaded (by queued prefill) of
+// limits (queued prefill, in-flight bound, and a sequence slot to start
+// it). With twoChoices it takes the one with the shorter estimated wait of
 // the two highest (Mitzenmacher's power of two choices, applied to the
 // rendezvous order), which cuts the queueing of cold requests — most
 // requests of a chat trace are a conversation's first turn. Two choices
 // are only safe when every candidate's summary counts: the next turn then
 // finds the prefix by summary wherever it went. Without that (startup, a
 // partition, no summaries) placement must be the one every router
-// computes alone: the first choice.
+// computes alone: the first choice. When no candidate is under the
+// limits, the one with the shortest wait takes it.
 func (p Policy) hashPick(cands []Candidate, key uint64, lim limits, twoChoices bool) int {
 	tier := cands[0].Tier
 	for i := range cands {
@@ -382,7 +462,7 @@ func (p Policy) hashPick(cands []Candidate, key uint64, lim limits, twoChoices b
 			continue
 		}
 		w := weight(key, c.Hash)
-		if fallback < 0 || w > fallbackW {
+		if fallback < 0 || c.wait < cands[fallback].wait || (c.wait == cands[fallback].wait && w > fallbackW) {
 			fallback, fallbackW = i, w
 		}
 		if !lim.admits(c) {
@@ -399,7 +479,7 @@ func (p Policy) hashPick(cands []Candidate, key uint64, lim limits, twoChoices b
 	switch {
 	case first < 0:
 		return fallback
-	case twoChoices && second >= 0 && cands[second].PendingPrefillBlocks < cands[first].PendingPrefillBlocks:
+	case twoChoices && second >= 0 && cands[second].wait < cands[first].wait:
 		return second
 	}
 	return first
@@ -411,4 +491,26 @@ func weight(key, replica uint64) uint64 {
 	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
 	z = (z ^ (z >> 27)) * 0x94d049bb133111eb
 	return z ^ (z >> 31)
+}
+
+// SlotEstimate learns an engine's sequence slots (max-num-seqs) from its
+// scraped running and waiting counts when the engine does not publish
+// them: an engine that queues while running k sequences has k slots; one
+// that runs more than the estimate has at least that many. Until it has
+// queued once, the estimate is 0 (unknown). It is a value: the owner of
+// the scrape keeps it and puts Slots in the candidate.
+type SlotEstimate struct {
+	// Slots is the estimate; 0 until the engine has been seen queueing.
+	Slots int
+}
+
+// Observe returns the estimate updated with one scrape.
+func (e SlotEstimate) Observe(running, waiting int) SlotEstimate {
+	switch {
+	case waiting > 0 && running > 0:
+		e.Slots = running
+	case e.Slots > 0 && running > e.Slots:
+		e.Slots = running
+	}
+	return e
 }

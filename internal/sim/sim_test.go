@@ -149,17 +149,17 @@ func TestMaxNumSeqsQueues(t *testing.T) {
 	}
 }
 
-func TestOracleBeatsRoundRobinOnConversations(t *testing.T) {
+func TestExactViewBeatsRoundRobinOnConversations(t *testing.T) {
 	cfg := testConfig()
 	cfg.Replicas, cfg.Routers, cfg.CacheFraction = 4, 2, 1
 	r, err := Run(context.Background(), cfg, conversations(41, 5, 4, 300*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
-	rr, or, mesh := policy(t, r, PolicyRoundRobin), policy(t, r, PolicyOracle), policy(t, r, PolicyMesh)
-	t.Logf("hit: round-robin %.3f oracle %.3f mesh %.3f", rr.HitRatio, or.HitRatio, mesh.HitRatio)
-	if or.HitRatio < rr.HitRatio || or.HitRatio < 0.5 {
-		t.Errorf("oracle hit %v, round-robin %v: want oracle >= both round-robin and 0.5", or.HitRatio, rr.HitRatio)
+	rr, ex, mesh := policy(t, r, PolicyRoundRobin), policy(t, r, PolicyExactView), policy(t, r, PolicyMesh)
+	t.Logf("hit: round-robin %.3f exact view %.3f mesh %.3f", rr.HitRatio, ex.HitRatio, mesh.HitRatio)
+	if ex.HitRatio < rr.HitRatio || ex.HitRatio < 0.5 {
+		t.Errorf("oracle hit %v, round-robin %v: want exact view >= both round-robin and 0.5", ex.HitRatio, rr.HitRatio)
 	}
 	if mesh.HitRatio <= rr.HitRatio {
 		t.Errorf("mesh hit %v <= round-robin %v", mesh.HitRatio, rr.HitRatio)
