@@ -69,7 +69,7 @@ func (p *Proxy) inference(w http.ResponseWriter, r *http.Request, ep string, cha
 	st.hop = r.Header.Get(HeaderHop) != ""
 	hinted, hintMatch := -1, 0
 	if st.hop && len(cands) > 0 {
-		cands, hinted = p.ownCandidates(cands, r.Header.Get(HeaderReplica))
+		cands, hinted = p.ownCandidates(cands, r.Header.Get(HeaderReplica), len(st.hashes))
 		if m, err := strconv.Atoi(r.Header.Get(HeaderMatch)); err == nil {
 			hintMatch = min(max(m, 0), len(st.hashes))
 		}
@@ -138,19 +138,25 @@ func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request) ([]byte, int, e
 
 // ownCandidates keeps the candidates this router owns (a forwarded request
 // never travels further) and finds the hinted replica among them. The
-// deciding router already applied route's load bounds with a view at most
-// a gossip interval old, so the owner keeps the hint unless the replica is
-// gone or full: over twice the in-flight bound the decider applied.
-// Re-deciding on a soft bound here would undo the decider's prefix match
-// for the noise between two load snapshots.
-func (p *Proxy) ownCandidates(cands []route.Candidate, hint string) ([]route.Candidate, int) {
-	full := 2 * p.cfg.Policy.InFlightBound(cands)
+// deciding router saw this router's replicas as they were up to a gossip
+// interval ago, and not the other routers' dispatches since; this router
+// counts them exactly, so it keeps the hint only while route's rule says
+// the replica can still start the request (route.Policy.KeepHint), and
+// otherwise decides again among its own replicas.
+func (p *Proxy) ownCandidates(cands []route.Candidate, hint string, blocks int) ([]route.Candidate, int) {
+	keep := false
+	for i := range cands {
+		if cands[i].ID == hint {
+			keep = p.cfg.Policy.KeepHint(cands, i, blocks)
+			break
+		}
+	}
 	own, hinted := cands[:0], -1
 	for _, c := range cands {
 		if _, local, ok := p.cfg.View.Locate(c.ID); !ok || !local {
 			continue
 		}
-		if c.ID == hint && c.InFlight+1 <= full {
+		if c.ID == hint && keep {
 			hinted = len(own)
 		}
 		own = append(own, c)

@@ -86,7 +86,8 @@ type Candidate struct {
 	SeqMs float64
 
 	match int     // filled by Pick
-	wait  float64 // filled by Pick: waitMs
+	slot  float64 // filled by Pick: slotWaitMs
+	wait  float64 // filled by Pick: queued prefill and slot wait, ms
 }
 
 // HashID returns the rendezvous hash of a replica ID.
@@ -202,14 +203,15 @@ func (p Policy) Pick(req Request, cands []Candidate) Decision {
 		return Decision{Index: -1, Reason: ReasonNone}
 	}
 	n := len(req.Probes)
-	fresh, stale, best, inFlight, known := 0, 0, 0, 0, 0
+	fresh, stale, best, inFlight, queued, known := 0, 0, 0, 0, 0, 0
 	pending := 0.0
 	var hist [65]int32 // matches capped for the common-prefix vote
 	var histOver []int32
 	for i := range cands {
 		c := &cands[i]
 		c.match = 0
-		c.wait = p.waitMs(c)
+		c.slot = p.slotWaitMs(c)
+		c.wait = p.blockMs(c)*c.PendingPrefillBlocks + c.slot
 		// A stale candidate's load is as unknown as its cache: it neither
 		// counts towards the mean nor is held to the bound (a router that
 		// cannot talk to the owner must place requests as if it knew
@@ -218,6 +220,7 @@ func (p Policy) Pick(req Request, cands []Candidate) Decision {
 			stale++
 		} else {
 			inFlight += c.InFlight
+			queued += queuedAt(c)
 			pending += c.PendingPrefillBlocks
 			known++
 		}
@@ -242,7 +245,7 @@ func (p Policy) Pick(req Request, cands []Candidate) Decision {
 	}
 	common := commonPrefix(hist[:], histOver, fresh)
 	known = max(known, 1)
-	lim := limits{inFlight: p.inFlightBound(inFlight, known), work: math.Inf(1)}
+	lim := limits{inFlight: p.inFlightBound(inFlight, known), queued: p.inFlightBound(queued, known), work: math.Inf(1), blocks: n}
 	cold := lim
 	cold.work = p.LoadFactor*pending/float64(known) + float64(max(1, n-common))
 	cold.cold = true
@@ -254,7 +257,7 @@ func (p Policy) Pick(req Request, cands []Candidate) Decision {
 	isCold := fresh == 0 || best-common < max(1, p.MinExcessBlocks)
 	home := -1
 	if isCold || stale > 0 { // with no stale candidate the home cannot be stale
-		home = p.hashPick(cands, d.Key, cold, fresh == len(cands))
+		home = p.hashPick(cands, d.Key, cold, common, fresh == len(cands))
 	}
 	if isCold || (home >= 0 && cands[home].Stale) {
 		d.Reason = ReasonFallbackCold
@@ -277,7 +280,8 @@ func (p Policy) Pick(req Request, cands []Candidate) Decision {
 	var chosenW, cheapestW uint64
 	for i := range cands {
 		c := &cands[i]
-		cost := c.NetworkMs + c.wait + p.blockMs(c)*p.RecomputeWeight*float64(n-c.match)
+		cost := c.NetworkMs + p.blockMs(c)*c.PendingPrefillBlocks + c.slot +
+			p.RecomputeWeight*p.blockMs(c)*float64(n-c.match)
 		w := weight(d.Key, c.Hash)
 		if cheapest < 0 || better(cost, w, cheapestCost, cheapestW) {
 			cheapest, cheapestCost, cheapestW = i, cost, w
@@ -307,14 +311,12 @@ func (p Policy) blockMs(c *Candidate) float64 {
 	return p.DefaultBlockMs
 }
 
-// waitMs estimates how long a new request would wait at c before its own
-// prefill starts: the prefill queued ahead of it, plus, when the engine's
-// sequence slots are full, the time for enough of them to free. The
-// router's in-flight count is the fast signal of how many requests the
-// engine holds; with unknown slots the last scrape's waiting count says
-// whether it queues.
-func (p Policy) waitMs(c *Candidate) float64 {
-	w := p.blockMs(c) * c.PendingPrefillBlocks
+// slotWaitMs estimates how long a new request would wait at c for a
+// sequence slot: nothing while one is free, else the time for enough of
+// them to free (one every SeqMs/Slots). The router's in-flight count is
+// the fast signal of how many requests the engine holds; with unknown
+// slots the last scrape's waiting count says whether it queues.
+func (p Policy) slotWaitMs(c *Candidate) float64 {
 	ahead, slots := 0, c.Slots
 	switch {
 	case c.Slots > 0:
@@ -322,18 +324,18 @@ func (p Policy) waitMs(c *Candidate) float64 {
 	case c.Waiting > 0:
 		ahead, slots = c.Waiting+1, max(c.Running, 1)
 	}
-	if ahead > 0 {
-		seq := c.SeqMs
-		if seq <= 0 {
-			seq = p.DefaultSeqMs
-		}
-		w += float64(ahead) * seq / float64(slots)
+	if ahead <= 0 {
+		return 0
 	}
-	return w
+	seq := c.SeqMs
+	if seq <= 0 {
+		seq = p.DefaultSeqMs
+	}
+	return float64(ahead) * seq / float64(slots)
 }
 
 // InFlightBound is the most requests a candidate may have in flight for
-// Pick to admit one more, unless it has a free sequence slot: the
+// Pick to admit one more, unless it can start it at once: the
 // hot-spot guard over cands, stale ones not counted. A router serving a
 // forwarded hint uses it to tell "full" from the decider's snapshot noise.
 func (p Policy) InFlightBound(cands []Candidate) int {
@@ -348,28 +350,62 @@ func (p Policy) InFlightBound(cands []Candidate) int {
 }
 
 // Admits reports whether c may take one more request under the in-flight
-// bound (InFlightBound(cands)): it has a free sequence slot or is under
-// the bound. The proxy's hint check uses it.
+// bound (InFlightBound(cands)): it can start it at once (idle) or is under
+// the bound.
 func (p Policy) Admits(c Candidate, bound int) bool {
-	return c.Stale || freeSlot(&c) || c.InFlight+1 <= bound
+	return c.Stale || idle(&c) || c.InFlight+1 <= bound
+}
+
+// KeepHint is the owner's check of a decision another router made for
+// one of its replicas, cands[i], with the owner's exact view of its own
+// replicas (the decider's view of them is up to a gossip interval old, and
+// blind to the other routers' dispatches since): it keeps the hint while
+// the replica can start the request at once (a free sequence slot, nothing
+// waiting) with queued prefill within LoadFactor times the mean plus the
+// request's blocks, and under twice the in-flight bound. Otherwise the
+// owner decides again among its own replicas with Pick. Requests that
+// several routers sent in the same instant then spread at the owner
+// instead of piling on the replica that looked idle to all of them.
+func (p Policy) KeepHint(cands []Candidate, i, blocks int) bool {
+	c := &cands[i]
+	if !canStart(c) {
+		return false
+	}
+	inFlight, known, pending := 0, 0, 0.0
+	for j := range cands {
+		if !cands[j].Stale {
+			inFlight += cands[j].InFlight
+			pending += cands[j].PendingPrefillBlocks
+			known++
+		}
+	}
+	known = max(known, 1)
+	if !idle(c) && c.InFlight+1 > 2*p.inFlightBound(inFlight, known) {
+		return false
+	}
+	return c.PendingPrefillBlocks <= p.LoadFactor*pending/float64(known)+float64(max(1, blocks))
 }
 
 func (p Policy) inFlightBound(inFlight, known int) int {
-	return int(math.Ceil(p.InFlightFactor * float64(inFlight+known) / float64(known)))
-}
-
-// freeSlot reports that c is known to have a free sequence slot.
-func freeSlot(c *Candidate) bool {
-	return c.Slots > 0 && c.InFlight < c.Slots
+	return int(math.Ceil(p.InFlightFactor*float64(inFlight+1)/float64(known)))
 }
 
 // limits are the bounded-load limits of one decision.
 type limits struct {
-	inFlight int
-	work     float64
-	cold     bool // placement by hashing: also skip replicas that would queue it
+	inFlight int     // for engines of unknown slots
+	queued   int     // requests waiting for a slot
+	work     float64 // queued prefill, for cold placement
+	cold     bool    // placement by hashing: also skip replicas that would queue it
+	blocks   int     // the request's blocks
 }
 
+// admits is the hot-spot guard. An engine that can start the request at
+// once (a free slot, nothing waiting, no prefill queued) always admits it.
+// Any other admits it while its in-flight count stays within the in-flight
+// bound and its queue for slots within the same bound on queued requests
+// (InFlightFactor times the mean queue, plus one per replica): a hot
+// prefix whose holder queues far more than the others spills to the next
+// holder, which then holds it too.
 func (l limits) admits(c *Candidate) bool {
 	if c.Stale {
 		return true
@@ -377,7 +413,28 @@ func (l limits) admits(c *Candidate) bool {
 	if l.cold && (c.PendingPrefillBlocks > l.work || !canStart(c)) {
 		return false
 	}
-	return freeSlot(c) || c.InFlight+1 <= l.inFlight
+	if !l.cold && idle(c) && 2*c.match >= l.blocks {
+		return true
+	}
+	q := queuedAt(c)
+	return c.InFlight+1 <= l.inFlight && (q == 0 || q+1 <= l.queued)
+}
+
+// idle reports that c can start a request at once: a sequence slot known
+// to be free and no prefill queued. (With unknown slots an empty waiting
+// queue says too little: the guard applies.)
+func idle(c *Candidate) bool {
+	return canStart(c) && c.PendingPrefillBlocks < 1
+}
+
+// queuedAt is how many requests c's engine holds waiting for a slot, as far
+// as the router knows: its in-flight count over its slots, or with
+// unknown slots the last scrape's waiting count.
+func queuedAt(c *Candidate) int {
+	if c.Slots > 0 {
+		return max(0, c.InFlight-c.Slots)
+	}
+	return c.Waiting
 }
 
 // canStart reports that c would not queue a new request for a sequence
@@ -448,14 +505,44 @@ func (p Policy) key(req Request, common int) uint64 {
 // finds the prefix by summary wherever it went. Without that (startup, a
 // partition, no summaries) placement must be the one every router
 // computes alone: the first choice. When no candidate is under the
-// limits, the one with the shortest wait takes it.
-func (p Policy) hashPick(cands []Candidate, key uint64, lim limits, twoChoices bool) int {
+// limits, the one with the shortest wait takes it. Candidates whose
+// summary holds the common prefix go first (it may be a hot prompt, not
+// only a system prompt, and recomputing it costs); the others take the
+// request when none of those is under the limits, which also spreads a
+// system prompt that only some replicas hold yet.
+func (p Policy) hashPick(cands []Candidate, key uint64, lim limits, common int, twoChoices bool) int {
 	tier := cands[0].Tier
 	for i := range cands {
 		tier = min(tier, cands[i].Tier)
 	}
-	first, second, fallback := -1, -1, -1
-	var firstW, secondW, fallbackW uint64
+	// First among the holders of the common prefix, then among all.
+	for pass := 0; pass < 2; pass++ {
+		first, second := -1, -1
+		var firstW, secondW uint64
+		for i := range cands {
+			c := &cands[i]
+			if c.Tier != tier || (pass == 0 && common > 1 && c.Summary != nil && c.match < common) || !lim.admits(c) {
+				continue
+			}
+			w := weight(key, c.Hash)
+			switch {
+			case first < 0 || w > firstW:
+				second, secondW = first, firstW
+				first, firstW = i, w
+			case second < 0 || w > secondW:
+				second, secondW = i, w
+			}
+		}
+		switch {
+		case first < 0:
+			continue
+		case twoChoices && second >= 0 && cands[second].wait < cands[first].wait:
+			return second
+		}
+		return first
+	}
+	fallback := -1
+	var fallbackW uint64
 	for i := range cands {
 		c := &cands[i]
 		if c.Tier != tier {
@@ -465,24 +552,8 @@ func (p Policy) hashPick(cands []Candidate, key uint64, lim limits, twoChoices b
 		if fallback < 0 || c.wait < cands[fallback].wait || (c.wait == cands[fallback].wait && w > fallbackW) {
 			fallback, fallbackW = i, w
 		}
-		if !lim.admits(c) {
-			continue
-		}
-		switch {
-		case first < 0 || w > firstW:
-			second, secondW = first, firstW
-			first, firstW = i, w
-		case second < 0 || w > secondW:
-			second, secondW = i, w
-		}
 	}
-	switch {
-	case first < 0:
-		return fallback
-	case twoChoices && second >= 0 && cands[second].wait < cands[first].wait:
-		return second
-	}
-	return first
+	return fallback
 }
 
 // weight is the rendezvous weight of a replica for a key.
@@ -514,3 +585,4 @@ func (e SlotEstimate) Observe(running, waiting int) SlotEstimate {
 	}
 	return e
 }
+

@@ -121,3 +121,15 @@ func (pf *policyFlags) Policy() (route.Policy, error) {
 	}
 	return p, nil
 }
+
+// args returns the route flags that were set, as command-line arguments,
+// so a command that starts routers (demo) can pass them on.
+func (pf *policyFlags) args() []string {
+	out := []string{"--route-profile", pf.profile}
+	for _, f := range pf.fields {
+		if f.set {
+			out = append(out, "--"+f.name, f.String())
+		}
+	}
+	return out
+}

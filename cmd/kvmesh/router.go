@@ -42,6 +42,7 @@ type routerConfig struct {
 	maxBodyBytes      int64
 	capacityBlocks    int
 	loadFactor        float64
+	policy            route.Policy // from the route flags (policyflags.go)
 	apiAdvertise      string
 	timing            mesh.Timing
 	healthInterval    time.Duration
@@ -86,7 +87,7 @@ flags:
 	fs.BoolVar(&cfg.logJSON, "log-json", false, "log JSON lines instead of text")
 	fs.Int64Var(&cfg.maxBodyBytes, "max-body-bytes", proxy.DefaultMaxBodyBytes, "largest accepted request body in bytes (larger: 413)")
 	fs.IntVar(&cfg.capacityBlocks, "capacity-blocks", 16384, "cache capacity in router blocks assumed for replicas whose engine does not report one (vLLM's does)")
-	fs.Float64Var(&cfg.loadFactor, "load-factor", route.DefaultPolicy().LoadFactor, "bounded-load factor: a replica takes a request only while its queued prefill stays within this times the mean (plus one request)")
+	pf := bindPolicyFlags(fs)
 	fs.StringVar(&cfg.apiAdvertise, "api-advertise", "", "base URL peers forward requests to (default: http://<listen>)")
 	profile := fs.String("gossip-profile", "lan", "gossip timings: lan (one data centre), wan (regions apart) or test (fast, for local experiments)")
 	fs.DurationVar(&cfg.healthInterval, "health-interval", 2*time.Second, "interval of the replicas' health checks")
@@ -111,9 +112,12 @@ flags:
 	if cfg.maxBodyBytes <= 0 {
 		return cfg, fmt.Errorf("router: --max-body-bytes %d must be positive", cfg.maxBodyBytes)
 	}
-	if cfg.loadFactor < 1 {
-		return cfg, fmt.Errorf("router: --load-factor %v must be at least 1", cfg.loadFactor)
+	policy, err := pf.Policy()
+	if err != nil {
+		return cfg, fmt.Errorf("router: %w", err)
 	}
+	cfg.policy = policy
+	cfg.loadFactor = cfg.policy.LoadFactor
 	if err := (summary.Params{CapacityBlocks: cfg.capacityBlocks, FalsePositiveRate: summary.DefaultFalsePositiveRate}).Validate(); err != nil {
 		return cfg, fmt.Errorf("router: --capacity-blocks: %w", err)
 	}
@@ -257,8 +261,13 @@ func startRouter(ctx context.Context, cfg routerConfig) (*router, error) {
 		func(id string, models []string, healthy bool, capacityBlocks int) {
 			m.UpdateReplica(id, mesh.ReplicaStatus{Models: models, Healthy: healthy, CapacityBlocks: capacityBlocks})
 		}, cfg.contract.BlockBytes, log.Named("health"), reg)
-	policy := route.DefaultPolicy()
-	policy.LoadFactor = cfg.loadFactor
+	policy := cfg.policy
+	if policy == (route.Policy{}) {
+		policy = route.DefaultPolicy()
+	}
+	if cfg.loadFactor > 0 {
+		policy.LoadFactor = cfg.loadFactor
+	}
 	p, err := proxy.New(proxy.Config{
 		RouterName: cfg.name, View: m, Policy: policy, Contract: cfg.contract,
 		MaxBodyBytes: cfg.maxBodyBytes, Client: client, Logger: log.Named("proxy"),

@@ -93,26 +93,27 @@ func (o *exactMatcher) Match([]summary.Probe) int { return o.cache.leadingRun(o.
 
 // world is one policy's simulation.
 type world struct {
-	p       *prepared
-	policy  string
-	routers []*router // nil for policies without summaries
-	nR      int       // routers receiving requests
-	gossip  bool
-	cut     bool // the partition window applies
-	rep     []*replica
-	jobs    []job
-	q       queue
-	now     float64
-	msgs    []*message
-	free    []int32
-	lastTx  []uint64 // per replica: owner's summary version at the last send
-	cands   []route.Candidate
-	exact   []exactMatcher
-	scraped []engSnap            // per replica: engine counts at the last scrape
-	slotEst []route.SlotEstimate // per replica: the owner's learned slots
-	seqMs   []float64            // per replica: the owner's mean request residence, ms
-	epochs  []uint64
-	peer    *peerState // the peer-router models' learned state
+	p        *prepared
+	policy   string
+	routers  []*router // nil for policies without summaries
+	nR       int       // routers receiving requests
+	gossip   bool
+	cut      bool // the partition window applies
+	rep      []*replica
+	jobs     []job
+	q        queue
+	now      float64
+	msgs     []*message
+	free     []int32
+	lastTx   []uint64 // per replica: owner's summary version at the last send
+	cands    []route.Candidate
+	ownCands []route.Candidate
+	exact    []exactMatcher
+	scraped  []engSnap            // per replica: engine counts at the last scrape
+	slotEst  []route.SlotEstimate // per replica: the owner's learned slots
+	seqMs    []float64            // per replica: the owner's mean request residence, ms
+	epochs   []uint64
+	peer     *peerState // the peer-router models' learned state
 
 	hitBlocks, blocks, hitTokens, tokens int64
 	ttft                                 []float64
@@ -268,6 +269,23 @@ func (w *world) arrive(i int32) error {
 			return errors.New("route picked no replica")
 		}
 		j = d.Index
+		if o := w.owner(j); w.gossip && o != k {
+			// The request travels through the replica's owner, which
+			// checks the hint with its exact view and decides again among
+			// its own replicas if it does not keep it (proxy/forward.go).
+			w.fillCandidates(o, r)
+			if !w.p.cfg.Route.KeepHint(w.cands, j, len(r.ids)) {
+				own := w.ownCands[:0]
+				for jj := o; jj < len(w.cands); jj += w.nR {
+					own = append(own, w.cands[jj])
+				}
+				w.ownCands = own
+				d2 := w.p.cfg.Route.Pick(r.req, own)
+				j = o + d2.Index*w.nR
+				d.Match = d2.Match
+				w.reasons["rehint"]++
+			}
+		}
 		est = float64(len(r.ids) - d.Match)
 		w.reasons[string(d.Reason)]++
 		if d.Match < d.BestMatch {
