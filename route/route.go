@@ -387,7 +387,7 @@ func (p Policy) KeepHint(cands []Candidate, i, blocks int) bool {
 }
 
 func (p Policy) inFlightBound(inFlight, known int) int {
-	return int(math.Ceil(p.InFlightFactor*float64(inFlight+1)/float64(known)))
+	return int(math.Ceil(p.InFlightFactor * float64(inFlight+1) / float64(known)))
 }
 
 // limits are the bounded-load limits of one decision.
@@ -585,4 +585,3 @@ func (e SlotEstimate) Observe(running, waiting int) SlotEstimate {
 	}
 	return e
 }
-
