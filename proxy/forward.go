@@ -69,7 +69,7 @@ func (p *Proxy) inference(w http.ResponseWriter, r *http.Request, ep string, cha
 	st.hop = r.Header.Get(HeaderHop) != ""
 	hinted, hintMatch := -1, 0
 	if st.hop && len(cands) > 0 {
-		cands, hinted = p.ownCandidates(cands, r.Header.Get(HeaderReplica), len(st.hashes))
+		cands, hinted = p.ownCandidates(cands, r.Header.Get(HeaderReplica))
 		if m, err := strconv.Atoi(r.Header.Get(HeaderMatch)); err == nil {
 			hintMatch = min(max(m, 0), len(st.hashes))
 		}
@@ -143,11 +143,11 @@ func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request) ([]byte, int, e
 // counts them exactly, so it keeps the hint only while route's rule says
 // the replica can still start the request (route.Policy.KeepHint), and
 // otherwise decides again among its own replicas.
-func (p *Proxy) ownCandidates(cands []route.Candidate, hint string, blocks int) ([]route.Candidate, int) {
+func (p *Proxy) ownCandidates(cands []route.Candidate, hint string) ([]route.Candidate, int) {
 	keep := false
 	for i := range cands {
 		if cands[i].ID == hint {
-			keep = p.cfg.Policy.KeepHint(cands, i, blocks)
+			keep = p.cfg.Policy.KeepHint(cands, i)
 			break
 		}
 	}

@@ -245,9 +245,15 @@ func (p Policy) Pick(req Request, cands []Candidate) Decision {
 	}
 	common := commonPrefix(hist[:], histOver, fresh)
 	known = max(known, 1)
-	lim := limits{inFlight: p.inFlightBound(inFlight, known), queued: p.inFlightBound(queued, known), work: math.Inf(1), blocks: n}
+	lim := limits{inFlight: p.inFlightBound(inFlight, known), queued: p.queueBound(queued, known), work: math.Inf(1), blocks: n}
 	cold := lim
-	cold.work = p.LoadFactor*pending/float64(known) + float64(max(1, n-common))
+	cold.work = p.LoadFactor * pending / float64(known)
+	if fresh < len(cands) {
+		// The next turn cannot count on summaries to find where this
+		// one went: keep placement close to what every router computes
+		// alone, allowing a queue of the request's own size.
+		cold.work += float64(max(1, n-common))
+	}
 	cold.cold = true
 	d := Decision{BestMatch: best, CommonMatch: common, Key: p.key(req, common)}
 
@@ -362,11 +368,11 @@ func (p Policy) Admits(c Candidate, bound int) bool {
 // blind to the other routers' dispatches since): it keeps the hint while
 // the replica can start the request at once (a free sequence slot, nothing
 // waiting) with queued prefill within LoadFactor times the mean plus the
-// request's blocks, and under twice the in-flight bound. Otherwise the
+// under twice the in-flight bound. Otherwise the
 // owner decides again among its own replicas with Pick. Requests that
 // several routers sent in the same instant then spread at the owner
 // instead of piling on the replica that looked idle to all of them.
-func (p Policy) KeepHint(cands []Candidate, i, blocks int) bool {
+func (p Policy) KeepHint(cands []Candidate, i int) bool {
 	c := &cands[i]
 	if !canStart(c) {
 		return false
@@ -383,7 +389,15 @@ func (p Policy) KeepHint(cands []Candidate, i, blocks int) bool {
 	if !idle(c) && c.InFlight+1 > 2*p.inFlightBound(inFlight, known) {
 		return false
 	}
-	return c.PendingPrefillBlocks <= p.LoadFactor*pending/float64(known)+float64(max(1, blocks))
+	return c.PendingPrefillBlocks <= p.LoadFactor*pending/float64(known)
+}
+
+// queueBound is the most requests an engine may queue for slots for Pick
+// to add one more: InFlightFactor times the mean queue with one more
+// request per replica, so that with little queueing anywhere a holder may
+// queue a few before its requests spill.
+func (p Policy) queueBound(queued, known int) int {
+	return int(math.Ceil(p.InFlightFactor * float64(queued+known) / float64(known)))
 }
 
 func (p Policy) inFlightBound(inFlight, known int) int {
@@ -399,13 +413,15 @@ type limits struct {
 	blocks   int     // the request's blocks
 }
 
-// admits is the hot-spot guard. An engine that can start the request at
-// once (a free slot, nothing waiting, no prefill queued) always admits it.
-// Any other admits it while its in-flight count stays within the in-flight
-// bound and its queue for slots within the same bound on queued requests
-// (InFlightFactor times the mean queue, plus one per replica): a hot
-// prefix whose holder queues far more than the others spills to the next
-// holder, which then holds it too.
+// admits is the hot-spot guard. An engine that holds most of the request
+// (at least half its blocks) and can start it at once (a free slot,
+// nothing waiting, no prefill queued) always admits it: a conversation's
+// next turn stays. Any other admits it while its queue for slots stays
+// within the bound on queued requests (InFlightFactor times the mean
+// queue) — a hot prefix whose holder queues far more than the others
+// spills to the next holder, which then holds it too — and, when its
+// slots are unknown, while its in-flight count stays within the same
+// bound on in-flight requests.
 func (l limits) admits(c *Candidate) bool {
 	if c.Stale {
 		return true
@@ -417,7 +433,12 @@ func (l limits) admits(c *Candidate) bool {
 		return true
 	}
 	q := queuedAt(c)
-	return c.InFlight+1 <= l.inFlight && (q == 0 || q+1 <= l.queued)
+	if q > 0 && q+1 > l.queued {
+		return false
+	}
+	// With known slots the queue says all; otherwise the in-flight count
+	// stands in for it.
+	return c.Slots > 0 || c.InFlight+1 <= l.inFlight
 }
 
 // idle reports that c can start a request at once: a sequence slot known

@@ -404,16 +404,19 @@ func TestKeepHint(t *testing.T) {
 		{"slots full", 4, 4, 0, 0, false},
 		{"unknown slots, engine queues", 2, 0, 1, 0, false},
 		{"unknown slots, nothing waiting", 2, 0, 0, 0, true},
-		// mean pending (40+0+0+0)/4 = 10: 1.25×10 + 12 blocks = 24.5 < 40.
+		// The others queue 10 blocks each: mean (40+30)/4 = 17.5, bound 21.9.
 		{"prefill queue far over the mean", 1, 4, 0, 40, false},
-		{"prefill queue within the bound", 1, 4, 0, 15, true}, // 15 < 1.25×3.75 + 12
+		{"prefill queue within the bound", 1, 4, 0, 12, true}, // mean 10.5, bound 13.1
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			cs := candidates(4)
 			cs[0].InFlight, cs[0].Slots, cs[0].Waiting, cs[0].Running = tc.inFlight, tc.slots, tc.waiting, tc.inFlight
 			cs[0].PendingPrefillBlocks = tc.pending
-			if got := DefaultPolicy().KeepHint(cs, 0, 12); got != tc.want {
+			for i := 1; i < len(cs); i++ {
+				cs[i].PendingPrefillBlocks = 10
+			}
+			if got := DefaultPolicy().KeepHint(cs, 0); got != tc.want {
 				t.Fatalf("KeepHint = %v, want %v", got, tc.want)
 			}
 		})

@@ -50,6 +50,14 @@ type PolicyReport struct {
 	// bound won over the cache), and GivenUpBlocks sums the difference.
 	BelowBestMatch int   `json:"below_best_match"`
 	GivenUpBlocks  int64 `json:"given_up_blocks"`
+	// WarmRequests counts the requests that some replica's real cache held
+	// more of than half the replicas' did (a conversation's later turn, a
+	// hot prompt), and Retrace is the share of them sent to a replica
+	// holding the most: whether every router finds where a conversation
+	// lives (kvmesh-mesh against kvmesh-single shows what three routers
+	// lose to one).
+	WarmRequests int     `json:"warm_requests"`
+	Retrace      float64 `json:"retrace"`
 }
 
 // ConfigReport is the configuration a Report was made with, after
@@ -81,11 +89,11 @@ type ConfigReport struct {
 // WriteTable writes the report as an aligned table and a config line.
 func (r Report) WriteTable(w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "policy\trequests\thit\ttoken hit\tTTFT p50 ms\tp90 ms\tp99 ms\tmean ms\tprefill max/mean\tqueue ms\tbelow best\t reasons")
+	fmt.Fprintln(tw, "policy\trequests\thit\ttoken hit\tTTFT p50 ms\tp90 ms\tp99 ms\tmean ms\tprefill max/mean\tqueue ms\tretrace\t reasons")
 	for _, p := range r.Policies {
-		fmt.Fprintf(tw, "%s\t%d\t%.4f\t%.4f\t%.0f\t%.0f\t%.0f\t%.0f\t%.2f\t%.0f\t%d\t %s\n",
+		fmt.Fprintf(tw, "%s\t%d\t%.4f\t%.4f\t%.0f\t%.0f\t%.0f\t%.0f\t%.2f\t%.0f\t%.3f\t %s\n",
 			p.Name, p.Requests, p.HitRatio, p.TokenHitRatio, p.TTFTP50Ms, p.TTFTP90Ms, p.TTFTP99Ms, p.TTFTMeanMs,
-			p.PrefillMaxOverMean, p.MeanQueueMs, p.BelowBestMatch, reasonsString(p.Reasons))
+			p.PrefillMaxOverMean, p.MeanQueueMs, p.Retrace, reasonsString(p.Reasons))
 	}
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("sim table: %w", err)

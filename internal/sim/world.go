@@ -121,6 +121,8 @@ type world struct {
 	reasons                              map[string]int
 	fullCopies                           int
 	belowBest                            int
+	warm, found                          int   // retrace: warm requests, and those sent to a best holder
+	runs, runsSorted                     []int // retrace scratch
 	givenUp                              int64
 }
 
@@ -274,7 +276,7 @@ func (w *world) arrive(i int32) error {
 			// checks the hint with its exact view and decides again among
 			// its own replicas if it does not keep it (proxy/forward.go).
 			w.fillCandidates(o, r)
-			if !w.p.cfg.Route.KeepHint(w.cands, j, len(r.ids)) {
+			if !w.p.cfg.Route.KeepHint(w.cands, j) {
 				own := w.ownCands[:0]
 				for jj := o; jj < len(w.cands); jj += w.nR {
 					own = append(own, w.cands[jj])
@@ -293,8 +295,35 @@ func (w *world) arrive(i int32) error {
 			w.givenUp += int64(d.BestMatch - d.Match)
 		}
 	}
+	w.retrace(j, r)
 	w.dispatch(k, j, i, est)
 	return nil
+}
+
+// retrace counts, for a request that some replica holds more of than half
+// of the replicas do (by their real caches: a conversation's next turn, a
+// hot prompt), whether it went to a replica holding the most of it: how
+// well the policy finds the replica a conversation lives on.
+func (w *world) retrace(j int, r *simReq) {
+	runs := w.runs[:0]
+	best := 0
+	for _, rep := range w.rep {
+		m := rep.cache.leadingRun(r.ids)
+		runs = append(runs, m)
+		best = max(best, m)
+	}
+	w.runs = runs
+	sorted := append(w.runsSorted[:0], runs...)
+	slices.Sort(sorted)
+	w.runsSorted = sorted
+	common := sorted[(len(sorted)-1)/2] // held by at least half
+	if best <= common {
+		return
+	}
+	w.warm++
+	if runs[j] == best {
+		w.found++
+	}
 }
 
 // consistentHash is the classic baseline, independent of kvmesh's rule:
@@ -630,7 +659,10 @@ func (w *world) deliver(k, mi int32) error {
 
 func (w *world) report() PolicyReport {
 	rep := PolicyReport{Name: w.policy, Requests: len(w.ttft), Reasons: w.reasons, FullCopies: w.fullCopies,
-		BelowBestMatch: w.belowBest, GivenUpBlocks: w.givenUp}
+		BelowBestMatch: w.belowBest, GivenUpBlocks: w.givenUp, WarmRequests: w.warm}
+	if w.warm > 0 {
+		rep.Retrace = float64(w.found) / float64(w.warm)
+	}
 	if w.blocks > 0 {
 		rep.HitRatio = float64(w.hitBlocks) / float64(w.blocks)
 	}
