@@ -355,21 +355,14 @@ func (p Policy) InFlightBound(cands []Candidate) int {
 	return p.inFlightBound(inFlight, max(known, 1))
 }
 
-// Admits reports whether c may take one more request under the in-flight
-// bound (InFlightBound(cands)): it can start it at once (idle) or is under
-// the bound.
-func (p Policy) Admits(c Candidate, bound int) bool {
-	return c.Stale || idle(&c) || c.InFlight+1 <= bound
-}
-
 // KeepHint is the owner's check of a decision another router made for
 // one of its replicas, cands[i], with the owner's exact view of its own
 // replicas (the decider's view of them is up to a gossip interval old, and
 // blind to the other routers' dispatches since): it keeps the hint while
 // the replica can start the request at once (a free sequence slot, nothing
-// waiting) with queued prefill within LoadFactor times the mean plus the
-// under twice the in-flight bound. Otherwise the
-// owner decides again among its own replicas with Pick. Requests that
+// waiting), its queued prefill is within LoadFactor times the mean, and
+// it is under twice the in-flight bound. Otherwise the owner decides again
+// among its own replicas with Pick. Requests that
 // several routers sent in the same instant then spread at the owner
 // instead of piling on the replica that looked idle to all of them.
 func (p Policy) KeepHint(cands []Candidate, i int) bool {
