@@ -9,26 +9,36 @@
 //
 //  1. Every candidate with a summary that counts is asked for its prefix
 //     match. The common prefix is the longest match that at least half of
-//     them (and two) hold (a global system prompt); only a match beyond
-//     it says anything about where the request should go.
+//     them (and two) hold (a global system prompt, or a hot prompt); only a
+//     match beyond it says anything about where the request should go.
 //  2. If no summary counts, or no candidate holds more than the common
 //     prefix, the request is cold: it goes by consistent hashing with
-//     bounded loads (rendezvous order over the key, the first replica under
-//     the load bound), keyed by the first KeyBlocks blocks after the common
-//     prefix. Requests that will share a prefix share that key, so they land
+//     bounded loads (rendezvous order over the key, the first replica that
+//     can start it with queued prefill within LoadFactor times the mean),
+//     keyed by the client's routing key or the first KeyBlocks blocks after
+//     the common prefix; holders of a long common prefix go first. With
+//     every summary fresh it takes the shorter wait of its two rendezvous
+//     choices. Requests that will share a prefix share the key, so they land
 //     together, and routers that cannot talk still agree.
 //  3. Otherwise every candidate is scored by an estimate of time to first
-//     token: network cost + the prefill queued ahead of it + the prefill of
-//     the blocks it lacks (Mooncake's scheduler, FAST'25 Algorithm 1). The
-//     cheapest candidate under the load bound wins. When the cheapest
-//     overall is over the bound the request spills to the next cheapest,
-//     which is first another holder of the prefix (its prefill is shorter),
-//     then anyone.
+//     token plus the recompute a move costs the cluster: network + prefill
+//     queued ahead + wait for a sequence slot (from the engine's running,
+//     waiting and slots, with the router's in-flight count as the fast
+//     signal) + RecomputeWeight × the prefill of the blocks it lacks. The
+//     holder keeps the request while it can start it at once; it moves only
+//     when the wait it would impose beats the weighted recompute, and then
+//     to the next holder first.
 //
-// The load bound is consistent hashing with bounded loads (Mirrokni,
-// Thorup, Zadimoghaddam 2018): a replica may take a request only while its
-// in-flight count stays within LoadFactor times the mean. That is what keeps
-// a hot prefix from collapsing onto one replica.
+// The hot-spot guard (consistent hashing with bounded loads, Mirrokni,
+// Thorup, Zadimoghaddam 2018, applied to the queue for slots, and to
+// in-flight requests when slots are unknown) spills a request from a
+// holder that queues far more than the mean, so a hot prefix spreads to a
+// second holder instead of collapsing onto one. A holder that can start
+// the request at once is never held to it.
+//
+// Another router's decision for one of this router's replicas is checked
+// with KeepHint against the exact view and taken again among its own
+// replicas when the replica can no longer start the request.
 package route
 
 import (
