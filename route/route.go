@@ -118,6 +118,24 @@ type Request struct {
 	// client's requests alike whatever their prompts; prefix summaries still
 	// decide warm requests.
 	ClientKey uint64
+	// Concurrent is how many requests sharing this request's HeatKey the
+	// router has in flight, this one included; 0 means unknown (as 1). A
+	// prefix many requests want at once is worth a second copy: the
+	// recompute of a move is shared by the requests that copy will serve,
+	// so the weight of recompute is divided by Concurrent.
+	Concurrent int
+}
+
+// HeatKey is the key a router counts in-flight requests by for
+// Request.Concurrent: the chained hash of block KeyBlocks-1 (the prompt's
+// head, past a one-block system prompt), or the root of a shorter prompt.
+// A hot prompt's requests share it; a conversation's turns share it but
+// arrive one at a time.
+func (p Policy) HeatKey(req Request) uint64 {
+	if len(req.Hashes) == 0 {
+		return req.Root
+	}
+	return req.Hashes[min(len(req.Hashes)-1, max(p.KeyBlocks-1, 0))]
 }
 
 // Reason says why a replica was picked; it is a metric label.
@@ -291,13 +309,26 @@ func (p Policy) Pick(req Request, cands []Candidate) Decision {
 	// wait it would impose exceeds RecomputeWeight times the prefill the
 	// move adds; a move goes to the next holder first, whose recompute is
 	// smallest.
+	rw := p.RecomputeWeight
+	if req.Concurrent > 1 {
+		holders, startable := 0, false
+		for i := range cands {
+			if cands[i].match >= best {
+				holders++
+				startable = startable || canStart(&cands[i])
+			}
+		}
+		if req.Concurrent > holders && !startable {
+			rw = 1
+		}
+	}
 	chosen, cheapest := -1, -1
 	var chosenCost, cheapestCost float64
 	var chosenW, cheapestW uint64
 	for i := range cands {
 		c := &cands[i]
 		cost := c.NetworkMs + p.blockMs(c)*c.PendingPrefillBlocks + c.slot +
-			p.RecomputeWeight*p.blockMs(c)*float64(n-c.match)
+			rw*p.blockMs(c)*float64(n-c.match)
 		w := weight(d.Key, c.Hash)
 		if cheapest < 0 || better(cost, w, cheapestCost, cheapestW) {
 			cheapest, cheapestCost, cheapestW = i, cost, w

@@ -108,6 +108,7 @@ type world struct {
 	lastTx   []uint64 // per replica: owner's summary version at the last send
 	cands    []route.Candidate
 	ownCands []route.Candidate
+	heat     []map[uint64]int // per router: its in-flight requests by route's HeatKey
 	exact    []exactMatcher
 	scraped  []engSnap            // per replica: engine counts at the last scrape
 	slotEst  []route.SlotEstimate // per replica: the owner's learned slots
@@ -169,6 +170,12 @@ func runPolicy(ctx context.Context, p *prepared, name string) (PolicyReport, err
 		w.slotEst = make([]route.SlotEstimate, cfg.Replicas)
 		w.seqMs = make([]float64, cfg.Replicas)
 		w.q.push(p.reqs[0].arrival, evScrape, 0, 0)
+	}
+	if w.routers != nil || w.exact != nil {
+		w.heat = make([]map[uint64]int, w.nR)
+		for k := range w.heat {
+			w.heat[k] = map[uint64]int{}
+		}
 	}
 	if w.gossip {
 		w.lastTx = make([]uint64, cfg.Replicas)
@@ -266,7 +273,13 @@ func (w *world) arrive(i int32) error {
 		j = w.peerArrive(k, i)
 	default:
 		w.fillCandidates(k, r)
-		d := w.p.cfg.Route.Pick(r.req, w.cands)
+		req := r.req
+		if w.heat != nil {
+			hk := w.p.cfg.Route.HeatKey(req)
+			w.heat[k][hk]++
+			req.Concurrent = w.heat[k][hk]
+		}
+		d := w.p.cfg.Route.Pick(req, w.cands)
 		if d.Index < 0 {
 			return errors.New("route picked no replica")
 		}
@@ -282,7 +295,7 @@ func (w *world) arrive(i int32) error {
 					own = append(own, w.cands[jj])
 				}
 				w.ownCands = own
-				d2 := w.p.cfg.Route.Pick(r.req, own)
+				d2 := w.p.cfg.Route.Pick(req, own)
 				j = o + d2.Index*w.nR
 				d.Match = d2.Match
 				w.reasons["rehint"]++
@@ -520,6 +533,13 @@ func (w *world) decodeDone(j, i int32) {
 	rep.activeBlocks -= n
 	rep.runningBlocks -= n
 	w.jobs[i].done = true
+	if w.heat != nil {
+		m := w.heat[w.jobs[i].router]
+		hk := w.p.cfg.Route.HeatKey(w.p.reqs[i].req)
+		if m[hk]--; m[hk] <= 0 {
+			delete(m, hk)
+		}
+	}
 	if w.seqMs != nil {
 		// The owner's running mean of how long a request holds a
 		// sequence slot, prefill to last token (a proxy times it as first
