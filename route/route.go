@@ -17,9 +17,9 @@
 //     can start it with queued prefill within LoadFactor times the mean),
 //     keyed by the client's routing key or the first KeyBlocks blocks after
 //     the common prefix; holders of a long common prefix go first. With
-//     every summary fresh it takes the shorter wait of its two rendezvous
-//     choices. Requests that will share a prefix share the key, so they land
-//     together, and routers that cannot talk still agree.
+//     every summary fresh it takes the shortest wait among them, ties in
+//     rendezvous order. Requests that will share a prefix share the key, so
+//     they land together, and routers that cannot talk still agree.
 //  3. Otherwise every candidate is scored by an estimate of time to first
 //     token plus the recompute a move costs the cluster: network + prefill
 //     queued ahead + wait for a sequence slot (from the engine's running,
@@ -551,48 +551,47 @@ func (p Policy) key(req Request, common int) uint64 {
 
 // hashPick is rendezvous hashing with bounded loads over the nearest tier:
 // the candidate with the highest weight for key among those under the
-// limits (queued prefill, in-flight bound, and a sequence slot to start
-// it). With twoChoices it takes the one with the shorter estimated wait of
-// the two highest (Mitzenmacher's power of two choices, applied to the
-// rendezvous order), which cuts the queueing of cold requests — most
-// requests of a chat trace are a conversation's first turn. Two choices
-// are only safe when every candidate's summary counts: the next turn then
-// finds the prefix by summary wherever it went. Without that (startup, a
+// limits (a slot to start it, queued prefill, the hot-spot guard). With
+// leastWait it takes the shortest estimated wait among them instead, ties
+// in rendezvous order (join-the-shortest-queue; an idle cluster still
+// places by the key), which cuts the queueing of cold requests — most
+// requests of a chat trace are a conversation's first turn. That is only
+// safe when every candidate's summary counts: the next turn then finds
+// the prefix by summary wherever it went. Without that (startup, a
 // partition, no summaries) placement must be the one every router
 // computes alone: the first choice. When no candidate is under the
 // limits, the one with the shortest wait takes it. Candidates whose
-// summary holds the common prefix go first (it may be a hot prompt, not
-// only a system prompt, and recomputing it costs); the others take the
-// request when none of those is under the limits, which also spreads a
-// system prompt that only some replicas hold yet.
-func (p Policy) hashPick(cands []Candidate, key uint64, lim limits, common int, twoChoices bool) int {
+// summary holds a common prefix longer than one block (a hot prompt, not
+// a system prompt still spreading) go first: recomputing it costs.
+func (p Policy) hashPick(cands []Candidate, key uint64, lim limits, common int, leastWait bool) int {
 	tier := cands[0].Tier
 	for i := range cands {
 		tier = min(tier, cands[i].Tier)
 	}
 	// First among the holders of the common prefix, then among all.
 	for pass := 0; pass < 2; pass++ {
-		first, second := -1, -1
-		var firstW, secondW uint64
+		first, shortest := -1, -1
+		var firstW, shortestW uint64
 		for i := range cands {
 			c := &cands[i]
 			if c.Tier != tier || (pass == 0 && common > 1 && c.Summary != nil && c.match < common) || !lim.admits(c) {
 				continue
 			}
 			w := weight(key, c.Hash)
-			switch {
-			case first < 0 || w > firstW:
-				second, secondW = first, firstW
+			if first < 0 || w > firstW {
 				first, firstW = i, w
-			case second < 0 || w > secondW:
-				second, secondW = i, w
+			}
+			// The shortest estimated wait, ties in rendezvous order: an
+			// idle cluster still places exactly by the key.
+			if shortest < 0 || c.wait < cands[shortest].wait || (c.wait == cands[shortest].wait && w > shortestW) {
+				shortest, shortestW = i, w
 			}
 		}
 		switch {
 		case first < 0:
 			continue
-		case twoChoices && second >= 0 && cands[second].wait < cands[first].wait:
-			return second
+		case leastWait:
+			return shortest
 		}
 		return first
 	}

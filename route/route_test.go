@@ -205,8 +205,8 @@ func TestPickWeighsQueueAgainstRecompute(t *testing.T) {
 }
 
 // Cold requests are held to the queued-prefill bound; with every summary
-// fresh they take the less loaded of their two rendezvous choices.
-func TestColdPlacementUsesTwoChoicesOnlyWhenAllIsFresh(t *testing.T) {
+// fresh they take the shortest wait, ties in rendezvous order.
+func TestColdPlacementFollowsLoadOnlyWhenAllIsFresh(t *testing.T) {
 	req := request(chainOf(nil, 4, 9))
 	cs := candidates(6)
 	first := DefaultPolicy().Pick(req, cs).Index // no summaries: strict
