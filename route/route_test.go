@@ -450,3 +450,45 @@ func TestColdPlacementSkipsFullReplicasAndNonHolders(t *testing.T) {
 		t.Fatalf("decision %+v, want a holder of the hot prompt %v by fallback-cold", d, holders)
 	}
 }
+
+// A client routing key places every request of the client alike on
+// routers that see no summaries, whatever the prompts: the cold key is the
+// client's.
+func TestClientKeyPlacesAlikeAcrossRouters(t *testing.T) {
+	viewA, viewB := candidates(8), candidates(8)
+	for i, j := 0, len(viewB)-1; i < j; i, j = i+1, j-1 {
+		viewB[i], viewB[j] = viewB[j], viewB[i]
+	}
+	for k := uint64(1); k <= 50; k++ {
+		a := request(chainOf(nil, 4, k))
+		b := request(chainOf(nil, 6, k+1000)) // another prompt, same client
+		a.ClientKey, b.ClientKey = k*7919, k*7919
+		da, db := DefaultPolicy().Pick(a, viewA), DefaultPolicy().Pick(b, viewB)
+		if viewA[da.Index].ID != viewB[db.Index].ID || da.Key != a.ClientKey {
+			t.Fatalf("client %d: %s vs %s (key %x)", k, viewA[da.Index].ID, viewB[db.Index].ID, da.Key)
+		}
+	}
+}
+
+// Concurrent requests for a prefix whose only holder cannot start them
+// make a second copy worth its recompute; one request alone waits.
+func TestHotPrefixReplicatesWhenItsHolderIsFull(t *testing.T) {
+	hot := chainOf(nil, 20, 4)
+	req := request(chainOf(hot, 1, 5))
+	cs := candidates(4)
+	for i := range cs {
+		cs[i].Summary, cs[i].Slots, cs[i].SeqMs = held(t), 4, 4000
+	}
+	cs[0].Summary, cs[0].InFlight = held(t, hot), 5 // 2 ahead: 2 s of slot wait
+	for _, tc := range []struct {
+		concurrent int
+		holder     bool
+	}{{1, true}, {3, false}} {
+		r := req
+		r.Concurrent = tc.concurrent
+		d := DefaultPolicy().Pick(r, cs)
+		if (d.Index == 0) != tc.holder {
+			t.Errorf("%d concurrent: decision %+v, want holder=%v", tc.concurrent, d, tc.holder)
+		}
+	}
+}
