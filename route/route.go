@@ -447,15 +447,16 @@ type limits struct {
 	blocks   int     // the request's blocks
 }
 
-// admits is the hot-spot guard. An engine that holds most of the request
-// (at least half its blocks) and can start it at once (a free slot,
-// nothing waiting, no prefill queued) always admits it: a conversation's
-// next turn stays. Any other admits it while its queue for slots stays
-// within the bound on queued requests (InFlightFactor times the mean
-// queue) — a hot prefix whose holder queues far more than the others
-// spills to the next holder, which then holds it too — and, when its
-// slots are unknown, while its in-flight count stays within the same
-// bound on in-flight requests.
+// admits is the hot-spot guard. An engine that holds at least half of the
+// request and can start it at once (a free slot, nothing waiting) with
+// less prefill queued than the blocks it holds — so it is still the
+// quickest place for the request, and no prefill hot spot — always admits
+// it: a conversation's next turn stays. Any other admits it while its
+// queue for slots stays within the bound on queued requests
+// (InFlightFactor times the mean queue, plus one per replica) — a hot
+// prefix whose holder queues far more than the others spills to the next
+// holder, which then holds it too — and, when its slots are unknown, while
+// its in-flight count stays within InFlightFactor times the mean.
 func (l limits) admits(c *Candidate) bool {
 	if c.Stale {
 		return true
@@ -463,7 +464,7 @@ func (l limits) admits(c *Candidate) bool {
 	if l.cold && (c.PendingPrefillBlocks > l.work || !canStart(c)) {
 		return false
 	}
-	if !l.cold && idle(c) && 2*c.match >= l.blocks {
+	if !l.cold && canStart(c) && 2*c.match >= l.blocks && c.PendingPrefillBlocks <= float64(c.match) {
 		return true
 	}
 	q := queuedAt(c)
