@@ -397,3 +397,23 @@ func TestGridVerdict(t *testing.T) {
 		t.Fatal("judged a run without the mesh")
 	}
 }
+
+// Three gossiping routers find a conversation's replica almost as often as
+// one router that sees every request; three that cannot gossip do not.
+func TestThreeRoutersAsGoodAsOne(t *testing.T) {
+	cfg := testConfig()
+	cfg.Replicas, cfg.Routers, cfg.CacheFraction = 6, 3, 1
+	cfg.Policies = []string{PolicyMesh, PolicySingle, PolicyIsolated}
+	r, err := Run(context.Background(), cfg, conversations(60, 5, 3, 150*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mesh, single, iso := policy(t, r, PolicyMesh), policy(t, r, PolicySingle), policy(t, r, PolicyIsolated)
+	t.Logf("retrace: mesh %.3f single %.3f isolated %.3f; hit %.3f %.3f %.3f", mesh.Retrace, single.Retrace, iso.Retrace, mesh.HitRatio, single.HitRatio, iso.HitRatio)
+	if mesh.WarmRequests == 0 || mesh.Retrace < single.Retrace-0.03 || mesh.HitRatio < 0.95*single.HitRatio {
+		t.Errorf("mesh retrace %v hit %v against one router's %v, %v", mesh.Retrace, mesh.HitRatio, single.Retrace, single.HitRatio)
+	}
+	if iso.Retrace >= mesh.Retrace {
+		t.Errorf("isolated routers retrace %v >= mesh %v: the measure sees nothing", iso.Retrace, mesh.Retrace)
+	}
+}
