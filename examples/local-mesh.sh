@@ -30,6 +30,7 @@
 #   REPLICA_PORT [8101]   first replica port (replica k on REPLICA_PORT+k-1)
 #   ROUTER_PORT  [8081]   first router API port
 #   GOSSIP_PORT  [7941]   first router gossip port (TCP and UDP)
+#   ADMIN_PORT   [9191]   first router admin port (/metrics, /debug/mesh)
 #   RR_PORT      [8091]   HAProxy round-robin port
 #   LC_PORT      [8092]   HAProxy least-connections port
 #   KV_BLOCKS    [34850]  KV cache of each replica, in 16-token blocks
@@ -50,6 +51,7 @@ HOST=127.0.0.1
 REPLICA_PORT=${REPLICA_PORT:-8101}
 ROUTER_PORT=${ROUTER_PORT:-8081}
 GOSSIP_PORT=${GOSSIP_PORT:-7941}
+ADMIN_PORT=${ADMIN_PORT:-9191}
 RR_PORT=${RR_PORT:-8091}
 LC_PORT=${LC_PORT:-8092}
 KV_BLOCKS=${KV_BLOCKS:-34850}
@@ -164,8 +166,10 @@ for ((k = 0; k < REPLICAS; k++)); do
 	replica_urls+=("http://$HOST:$((REPLICA_PORT + k))")
 done
 router_urls=()
+admin_urls=()
 for ((i = 0; i < ROUTERS; i++)); do
 	router_urls+=("http://$HOST:$((ROUTER_PORT + i))")
+	admin_urls+=("http://$HOST:$((ADMIN_PORT + i))")
 done
 
 for ((k = 0; k < REPLICAS; k++)); do
@@ -181,7 +185,7 @@ for ((i = 0; i < ROUTERS; i++)); do
 	p=$((ROUTER_PORT + i))
 	port_free "$p" || { echo "local-mesh.sh: port $p is in use (set ROUTER_PORT)" >&2; exit 1; }
 	args=(router --name "router-$((i + 1))" --region local
-		--listen "$HOST:$p" --gossip-bind "$HOST:$((GOSSIP_PORT + i))"
+		--listen "$HOST:$p" --gossip-bind "$HOST:$((GOSSIP_PORT + i))" --admin-listen "$HOST:$((ADMIN_PORT + i))"
 		--gossip-profile test --health-interval 500ms --log-level warn)
 	if ((i > 0)); then args+=(--join "$seed"); fi
 	for ((k = i; k < REPLICAS; k += ROUTERS)); do
@@ -201,7 +205,7 @@ for ((k = 0; k < REPLICAS; k++)); do
 done
 echo "try: curl -s ${router_urls[0]}/v1/chat/completions -H 'Content-Type: application/json' \\"
 echo "       -d '{\"model\":\"kvmesh-sim\",\"messages\":[{\"role\":\"user\",\"content\":\"hello\"}],\"max_tokens\":8}'"
-echo "     curl -s ${router_urls[0]}/debug/mesh ; curl -s ${router_urls[0]}/metrics | grep ^kvmesh_"
+echo "     curl -s ${admin_urls[0]}/debug/mesh ; curl -s ${admin_urls[0]}/metrics | grep ^kvmesh_"
 echo
 
 if ((!bench)); then
@@ -253,7 +257,7 @@ for g in "${groups[@]}"; do
 		# What each router decided, from its own metrics (as the demo prints).
 		for ((i = 0; i < ROUTERS; i++)); do
 			printf 'router-%d decisions:' "$((i + 1))" >"$dir/decisions-$i.txt"
-			curl -fsS "${router_urls[i]}/metrics" |
+			curl -fsS "${admin_urls[i]}/metrics" |
 				awk '/^kvmesh_route_decisions_total\{/ && $2 > 0 { match($1, /"[^"]*"/); printf " %s=%d", substr($1, RSTART+1, RLENGTH-2), $2 }' >>"$dir/decisions-$i.txt"
 			echo >>"$dir/decisions-$i.txt"
 		done

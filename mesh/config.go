@@ -87,6 +87,9 @@ type Config struct {
 	Timing Timing
 	// Transport, when set, replaces memberlist's network transport.
 	Transport memberlist.NodeAwareTransport
+	// Streams bounds inbound gossip streams (transport.go); zero fields
+	// take the defaults. Unused with Transport.
+	Streams StreamLimits
 	// Logger receives the mesh's and memberlist's logs; nil discards.
 	Logger hclog.Logger
 	// Registerer receives the mesh's metrics; nil registers nowhere.

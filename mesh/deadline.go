@@ -3,7 +3,6 @@ package mesh
 import (
 	"fmt"
 	"net"
-	"strings"
 	"time"
 
 	"github.com/hashicorp/memberlist"
@@ -36,30 +35,10 @@ func (t *deadlineTransport) DialTimeout(addr string, to time.Duration) (net.Conn
 	return t.DialAddressTimeout(memberlist.Address{Addr: addr}, to)
 }
 
-// transport returns the configured transport, or memberlist's network
-// transport on mc's bind address (as memberlist would create it, dynamic
-// port included), wrapped with stream deadlines.
-func (m *Mesh) transport(mc *memberlist.Config) (memberlist.NodeAwareTransport, error) {
-	var tr memberlist.NodeAwareTransport = m.cfg.Transport
-	if tr == nil {
-		nc := &memberlist.NetTransportConfig{BindAddrs: []string{mc.BindAddr}, BindPort: mc.BindPort, Logger: mc.Logger}
-		var nt *memberlist.NetTransport
-		var err error
-		// A dynamic port is bound for UDP and TCP separately: retry a
-		// race with another process, as memberlist does.
-		for range 10 {
-			if nt, err = memberlist.NewNetTransport(nc); err == nil || mc.BindPort != 0 || !strings.Contains(err.Error(), "address already in use") {
-				break
-			}
-		}
-		if err != nil {
-			return nil, fmt.Errorf("mesh: gossip transport on %s:%d: %w", mc.BindAddr, mc.BindPort, err)
-		}
-		if mc.BindPort == 0 {
-			mc.BindPort = nt.GetAutoBindPort()
-			mc.AdvertisePort = mc.BindPort
-		}
-		tr = nt
+// withDeadlines wraps mc's transport (guarded, or the configured one)
+// with stream deadlines.
+func (m *Mesh) withDeadlines(mc *memberlist.Config) {
+	if nat, ok := mc.Transport.(memberlist.NodeAwareTransport); ok {
+		mc.Transport = &deadlineTransport{NodeAwareTransport: nat, timeout: m.cfg.Timing.TCPTimeout}
 	}
-	return &deadlineTransport{NodeAwareTransport: tr, timeout: m.cfg.Timing.TCPTimeout}, nil
 }

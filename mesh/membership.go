@@ -49,11 +49,10 @@ func (m *Mesh) memberlistConfig() (*memberlist.Config, error) {
 		}
 		mc.AdvertiseAddr, mc.AdvertisePort = host, port
 	}
-	tr, err := m.transport(mc)
-	if err != nil {
+	if err := m.guardTransport(mc); err != nil { // transport.go
 		return nil, err
 	}
-	mc.Transport = tr
+	m.withDeadlines(mc) // deadline.go
 	return mc, nil
 }
 

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/textproto"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -31,31 +32,47 @@ type reqState struct {
 	root   uint64
 	hashes []uint64
 	hop    bool
+	byLoad bool // placed by load; the response is not read
 }
 
 var copyBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
 
-// inference serves POST /v1/chat/completions and /v1/completions.
-func (p *Proxy) inference(w http.ResponseWriter, r *http.Request, ep string, chat bool) {
-	st := &reqState{path: r.URL.Path}
+// inference serves the inference endpoints (endpoints.go).
+func (p *Proxy) inference(w http.ResponseWriter, r *http.Request, ep *endpoint) {
+	st := &reqState{path: r.URL.Path, byLoad: ep.byLoad}
 	// A deferred count still runs when a dead upstream aborts the handler.
-	defer func() { p.m.requests.WithLabelValues(ep, strconv.Itoa(st.code)).Inc() }()
+	defer func() { p.m.requests.WithLabelValues(ep.label, strconv.Itoa(st.code)).Inc() }()
 	if r.Method != http.MethodPost {
+		abandonBody(w, r)
 		w.Header().Set("Allow", http.MethodPost)
 		st.code = writeError(w, http.StatusMethodNotAllowed, fmt.Sprintf("method %s not allowed on %s", r.Method, r.URL.Path))
 		return
+	}
+	// A peer's hop is bounded by the peer's own edges; a client's request
+	// must fit the client's cap. Only a hop a peer provably sent skips
+	// the API key (the client's key was checked where it arrived).
+	hop, authenticated := p.hopOf(r)
+	st.hop = hop
+	if !authenticated && !p.authorize(w, r) {
+		st.code = http.StatusUnauthorized
+		return
+	}
+	if !st.hop {
+		release, ok := p.admitClient(w, r)
+		if !ok {
+			st.code = http.StatusTooManyRequests
+			return
+		}
+		defer release()
 	}
 	body, status, err := p.readBody(w, r)
 	if err != nil {
 		st.code = writeError(w, status, err.Error())
 		return
 	}
+	p.clearBodyDeadline(w, r)
 	st.body = body
-	if chat {
-		st.prompt, err = summary.RenderChat(body)
-	} else {
-		st.prompt, err = summary.RenderCompletion(body)
-	}
+	st.prompt, err = ep.render(body)
 	if err != nil {
 		st.code = writeError(w, http.StatusBadRequest, err.Error())
 		return
@@ -63,10 +80,10 @@ func (p *Proxy) inference(w http.ResponseWriter, r *http.Request, ep string, cha
 	c := p.cfg.Contract
 	st.root = c.Root(st.prompt.Model, st.prompt.CacheSalt)
 	st.hashes = c.AppendHashes(nil, st.root, st.prompt.Text)
-	req := route.Request{Hashes: st.hashes, Probes: summary.MakeProbes(nil, st.hashes), Root: st.root}
+	req := route.Request{Hashes: st.hashes, Probes: summary.MakeProbes(nil, st.hashes), Root: st.root,
+		ClientKey: p.clientKey(r, &st.prompt)}
 
 	cands := p.cfg.View.Candidates(st.prompt.Model, nil)
-	st.hop = r.Header.Get(HeaderHop) != ""
 	hinted, hintMatch := -1, 0
 	if st.hop && len(cands) > 0 {
 		cands, hinted = p.ownCandidates(cands, r.Header.Get(HeaderReplica))
@@ -75,24 +92,26 @@ func (p *Proxy) inference(w http.ResponseWriter, r *http.Request, ep string, cha
 		}
 	}
 	if len(cands) == 0 {
-		if !st.hop && !p.modelKnown(st.prompt.Model) {
-			st.code = writeError(w, http.StatusNotFound, fmt.Sprintf("The model '%s' does not exist.", st.prompt.Model))
-			return
-		}
-		w.Header().Set("Retry-After", "1")
-		st.code = writeError(w, http.StatusServiceUnavailable, fmt.Sprintf("no healthy replica serves the model '%s'", st.prompt.Model))
+		st.code = p.noCandidate(w, st)
 		return
 	}
 
 	counted := false
-	for attempt := 1; ; attempt++ {
+	start := p.now()
+	// more reports whether another attempt may follow this one: another
+	// candidate, under the attempt cap and within the retry budget.
+	attempt := 1
+	more := func() bool {
+		return attempt < p.cfg.MaxAttempts && len(cands) > 1 && p.now().Sub(start) < p.cfg.RetryBudget
+	}
+	for ; ; attempt++ {
 		var d route.Decision
 		if hinted >= 0 {
 			// The deciding router counted this decision; the owner serves it.
 			d = route.Decision{Index: hinted, Match: hintMatch}
 			hinted = -1
 		} else {
-			d = p.cfg.Policy.Pick(req, cands)
+			d = p.decide(ep, st, req, cands)
 			if !counted {
 				reason := d.Reason
 				if st.hop {
@@ -102,11 +121,15 @@ func (p *Proxy) inference(w http.ResponseWriter, r *http.Request, ep string, cha
 				counted = true
 			}
 		}
-		last := attempt >= p.cfg.MaxAttempts || len(cands) == 1
-		if p.attempt(w, r, st, cands[d.Index].ID, d, last) {
+		switch p.attempt(w, r, st, cands[d.Index].ID, d, more) {
+		case attemptDone:
+			p.served(w, st, cands[d.Index].ID)
+			return
+		case attemptFailed:
+			st.code = writeError(w, http.StatusBadGateway, fmt.Sprintf("the upstream for the model '%s' failed after the request was sent; not retried, since a generation may be running", st.prompt.Model))
 			return
 		}
-		if last {
+		if !more() {
 			st.code = writeError(w, http.StatusBadGateway, fmt.Sprintf("all %d upstream attempts for the model '%s' failed", attempt, st.prompt.Model))
 			return
 		}
@@ -115,42 +138,71 @@ func (p *Proxy) inference(w http.ResponseWriter, r *http.Request, ep string, cha
 	}
 }
 
-// readBody reads the request body once, under the size limit.
+// noCandidate answers a request no replica can take now: 404
+// model_not_found only when the mesh's models are known and none is this
+// one; otherwise 503 with Retry-After, which a client can act on.
+func (p *Proxy) noCandidate(w http.ResponseWriter, st *reqState) int {
+	model := st.prompt.Model
+	switch {
+	case st.hop:
+		return writeRetryLater(w, http.StatusServiceUnavailable, time.Second, fmt.Sprintf("no healthy replica of this router serves the model '%s'", model))
+	case p.modelKnown(model):
+		return writeRetryLater(w, http.StatusServiceUnavailable, time.Second, fmt.Sprintf("no healthy replica serves the model '%s'", model))
+	case !p.modelsKnown():
+		return writeRetryLater(w, http.StatusServiceUnavailable, time.Second, "the router does not know the mesh's models yet")
+	default:
+		return writeModelNotFound(w, model)
+	}
+}
+
+// readBody reads the request body once, under the size limit, as its
+// bytes arrive: a Content-Length is only checked against the limit, never
+// allocated, and the body deadline (setBodyDeadline) ends a trickle.
 func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request) ([]byte, int, error) {
 	limit := p.cfg.MaxBodyBytes
 	tooLarge := fmt.Errorf("request body exceeds %d bytes", limit)
 	if r.ContentLength > limit {
+		abandonBody(w, r)
 		return nil, http.StatusRequestEntityTooLarge, tooLarge
 	}
-	var buf bytes.Buffer
-	if r.ContentLength > 0 {
-		buf.Grow(int(r.ContentLength) + bytes.MinRead)
-	}
-	_, err := buf.ReadFrom(http.MaxBytesReader(w, r.Body, limit))
-	if err != nil {
-		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
-			return nil, http.StatusRequestEntityTooLarge, tooLarge
-		}
+	b, err := readLimited(r.Body, limit)
+	switch {
+	case err == nil:
+		return b, 0, nil
+	case errors.Is(err, errBodyTooLarge):
+		abandonBody(w, r)
+		return nil, http.StatusRequestEntityTooLarge, tooLarge
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		p.edge.rejected.WithLabelValues(rejectBodyTimeout).Inc()
+		p.junk.Printf("request body from %s not read within %v", r.RemoteAddr, p.cfg.BodyTimeout)
+		w.Header().Set("Connection", "close")
+		return nil, http.StatusRequestTimeout, fmt.Errorf("request body not received within %v", p.cfg.BodyTimeout)
+	default:
 		return nil, http.StatusBadRequest, fmt.Errorf("reading request body: %v", err)
 	}
-	return buf.Bytes(), 0, nil
 }
 
 // ownCandidates keeps the candidates this router owns (a forwarded request
 // never travels further) and finds the hinted replica among them. The
-// deciding router already applied route's load bounds with a view at most
-// a gossip interval old, so the owner keeps the hint unless the replica is
-// gone or full: over twice the in-flight bound the decider applied.
-// Re-deciding on a soft bound here would undo the decider's prefix match
-// for the noise between two load snapshots.
+// deciding router saw this router's replicas as they were up to a gossip
+// interval ago, and not the other routers' dispatches since; this router
+// counts them exactly, so it keeps the hint only while route's rule says
+// the replica can still start the request (route.Policy.KeepHint), and
+// otherwise decides again among its own replicas.
 func (p *Proxy) ownCandidates(cands []route.Candidate, hint string) ([]route.Candidate, int) {
-	full := 2 * p.cfg.Policy.InFlightBound(cands)
+	keep := false
+	for i := range cands {
+		if cands[i].ID == hint {
+			keep = p.cfg.Policy.KeepHint(cands, i)
+			break
+		}
+	}
 	own, hinted := cands[:0], -1
 	for _, c := range cands {
 		if _, local, ok := p.cfg.View.Locate(c.ID); !ok || !local {
 			continue
 		}
-		if c.ID == hint && c.InFlight+1 <= full {
+		if c.ID == hint && keep {
 			hinted = len(own)
 		}
 		own = append(own, c)
@@ -158,19 +210,36 @@ func (p *Proxy) ownCandidates(cands []route.Candidate, hint string) ([]route.Can
 	return own, hinted
 }
 
-// attempt sends the request to one candidate. It reports whether the
-// request is finished (answered, relayed or abandoned by its client);
-// false means nothing reached the client and another candidate may be
-// tried.
-func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, st *reqState, id string, d route.Decision, last bool) bool {
+// Outcomes of one upstream attempt.
+type attemptResult int
+
+const (
+	// attemptDone: the request is finished (answered, relayed or
+	// abandoned by its client).
+	attemptDone attemptResult = iota
+	// attemptNotReached: the request provably never reached a replica;
+	// nothing reached the client and another candidate may be tried.
+	attemptNotReached
+	// attemptFailed: the request may have reached the replica and may be
+	// running; nothing reached the client, and it must not be retried.
+	attemptFailed
+)
+
+// attempt sends the request to one candidate. more reports whether
+// another attempt may follow; when not, an upstream's refusal is passed
+// through to the client (its own Retry-After is more useful than a 502).
+func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, st *reqState, id string, d route.Decision, more func() bool) attemptResult {
 	ownerAPI, local, ok := p.cfg.View.Locate(id)
 	if !ok || (st.hop && !local) {
 		p.log.Warn("candidate vanished before dispatch", "replica", id)
-		return false
+		return attemptNotReached
 	}
 	base := ownerAPI
 	if local {
 		base = id
+	} else if p.cfg.RequirePeerTLS && !strings.HasPrefix(strings.ToLower(ownerAPI), "https://") {
+		p.junk.Printf("not forwarding to %s: peer TLS is required and its API is %s", id, ownerAPI)
+		return attemptNotReached
 	}
 	url := strings.TrimRight(base, "/") + st.path
 	if r.URL.RawQuery != "" {
@@ -181,20 +250,20 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, st *reqState, id
 	out, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(st.body))
 	if err != nil {
 		p.log.Warn("bad upstream URL", "replica", id, "url", url, "error", err)
-		return false
+		return attemptNotReached
 	}
 	copyRequestHeader(out.Header, r.Header)
 	body := st.body
+	// net/http replays the body only when nothing was written (see retry.go).
 	out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
-	firstByte, done := func() {}, func() {}
+	firstByte := func() {}
 	if local {
+		var done func()
 		firstByte, done = p.cfg.View.Begin(id, float64(len(st.hashes)-d.Match))
 		defer done()
 		p.cfg.View.Record(id, st.hashes)
 	} else {
-		out.Header.Set(HeaderReplica, id)
-		out.Header.Set(HeaderHop, "1")
-		out.Header.Set(HeaderMatch, strconv.Itoa(d.Match))
+		p.signHop(out, id, d.Match)
 	}
 	g := p.m.inflight.WithLabelValues(id)
 	g.Inc()
@@ -205,27 +274,31 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, st *reqState, id
 	if err != nil {
 		if r.Context().Err() != nil {
 			st.code = statusClientGone
-			return true
+			return attemptDone
 		}
-		p.log.Warn("upstream request failed", "replica", id, "url", url, "error", err)
 		if local {
 			p.reportFailure(id)
 		}
-		return false
+		if neverReached(err) {
+			p.log.Warn("upstream unreachable, trying another", "replica", id, "url", url, "error", err)
+			return attemptNotReached
+		}
+		p.log.Warn("upstream failed after the request was sent; not retrying", "replica", id, "url", url, "error", err)
+		return attemptFailed
 	}
 	defer resp.Body.Close()
-	if (resp.StatusCode >= 500 || resp.StatusCode == http.StatusTooManyRequests) && !last {
+	if refused(resp.StatusCode) && more() {
 		// Drain a little so the connection can be reused.
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 		p.log.Warn("upstream refused the request, trying another", "replica", id, "status", resp.StatusCode)
 		if local && resp.StatusCode >= 500 {
 			p.reportFailure(id)
 		}
-		return false
+		return attemptNotReached
 	}
 	st.code = resp.StatusCode
 	p.relay(w, r, resp, st, id, d, local, start, firstByte)
-	return true
+	return attemptDone
 }
 
 // relay streams the upstream response to the client as it arrives. For
@@ -251,7 +324,7 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, resp *http.Respons
 		_ = rc.Flush() // the client sees the headers before the first token
 	}
 	var sink *answerSink
-	if local && resp.StatusCode == http.StatusOK {
+	if local && resp.StatusCode == http.StatusOK && !st.byLoad {
 		sink = &answerSink{sse: sse}
 	}
 	bufp := copyBufs.Get().(*[]byte)

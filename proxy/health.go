@@ -1,48 +1,68 @@
 package proxy
 
 import (
-	"bufio"
-	"bytes"
 	"context"
-	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/kvmesh/kvmesh/internal/engine"
 	"github.com/kvmesh/kvmesh/summary"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
 )
 
+// Size limits of what the checker reads from a replica.
+const (
+	maxModelsBytes  = 1 << 20
+	maxInfoBytes    = 1 << 20
+	maxHealthBytes  = 64 << 10
+	maxMetricsBytes = 8 << 20
+)
+
 // HealthConfig tunes the active health checks of a router's replicas.
 type HealthConfig struct {
-	// Interval between check rounds (default 2s).
+	// Interval between health checks (the engine's health endpoint and
+	// GET /v1/models; default 2s).
 	Interval time.Duration
-	// Timeout of one check (default 1s).
+	// LoadInterval between scrapes of a healthy replica's /metrics for
+	// its running and waiting requests (default 1s: the load rule wants
+	// fresh counts; the router's own in-flight count covers the gaps).
+	LoadInterval time.Duration
+	// InfoInterval between reads of the engine's info endpoint (slots,
+	// cache size; default 30s: they change only on restart).
+	InfoInterval time.Duration
+	// Timeout of one request to a replica (default 1s).
 	Timeout time.Duration
 	// FailThreshold consecutive failures eject a healthy replica (default 3).
 	FailThreshold int
 	// PassThreshold consecutive passes re-admit an ejected one (default 2).
-	// A replica never seen failing is admitted at its first pass.
+	// A replica never admitted is admitted at its first pass.
 	PassThreshold int
 	// BytesPerToken converts engine cache tokens into router blocks
 	// (default 4).
 	BytesPerToken int
-	// MetricsInterval is how often the engine's /metrics is read for its
-	// cache size (default 30s).
-	MetricsInterval time.Duration
+	// Engine is the kind of engine behind every replica; "" or auto
+	// detects each replica's from its /metrics.
+	Engine engine.Kind
 }
 
 func (c HealthConfig) withDefaults() HealthConfig {
 	if c.Interval <= 0 {
 		c.Interval = 2 * time.Second
+	}
+	if c.LoadInterval <= 0 {
+		c.LoadInterval = time.Second
+	}
+	if c.InfoInterval <= 0 {
+		c.InfoInterval = 30 * time.Second
 	}
 	if c.Timeout <= 0 {
 		c.Timeout = time.Second
@@ -56,51 +76,94 @@ func (c HealthConfig) withDefaults() HealthConfig {
 	if c.BytesPerToken <= 0 {
 		c.BytesPerToken = 4
 	}
-	if c.MetricsInterval <= 0 {
-		c.MetricsInterval = 30 * time.Second
+	if c.Engine == "" {
+		c.Engine = engine.Auto
 	}
 	return c
 }
 
-// HealthChecker checks the replicas declared at this router: their model
-// list (GET /v1/models) every Interval and their cache size (vLLM's
-// vllm:cache_config_info on GET /metrics) now and then. It tells the mesh
-// through onChange, only when something changed. Passive failures seen on
-// the request path count like failed checks.
+// ReplicaStatus is the health checker's report on one replica.
+type ReplicaStatus struct {
+	// Models the replica serves, sorted.
+	Models []string
+	// Healthy: the replica passes its checks.
+	Healthy bool
+	// CapacityBlocks is the engine's KV cache in router blocks (0:
+	// unknown, the mesh assumes its default).
+	CapacityBlocks int
+	// Running and Waiting are the engine's running and queued requests
+	// at the last successful scrape (0 when the engine publishes none).
+	Running, Waiting int
+	// Slots is how many sequences the engine runs at once: published by
+	// the engine, else learned (see HealthChecker); 0 is unknown.
+	Slots int
+	// Engine is the adapter reading the replica (vllm, sglang, llamacpp,
+	// tgi, or openai for an unknown OpenAI-compatible server).
+	Engine string
+}
+
+func (s ReplicaStatus) equal(o ReplicaStatus) bool {
+	return s.Healthy == o.Healthy && slices.Equal(s.Models, o.Models) && s.CapacityBlocks == o.CapacityBlocks &&
+		s.Running == o.Running && s.Waiting == o.Waiting && s.Slots == o.Slots && s.Engine == o.Engine
+}
+
+// HealthChecker checks the replicas declared at this router, each in its
+// own loop: the engine's health endpoint and model list every Interval,
+// its load (/metrics) every LoadInterval while it is healthy, and its info
+// endpoint every InfoInterval, through an engine adapter (fixed, or
+// detected per replica from /metrics). It tells its owner through
+// onChange, only when something changed. Passive failures seen on the
+// request path count like failed checks.
+//
+// The replica set is dynamic (SetReplicas): a new replica is reported
+// only once it passes a check (admission); a removed one stops being
+// checked and is never reported again.
+//
+// Learned slots: vLLM and TGI 3 publish no concurrency limit. For them
+// the checker takes the most sequences it saw running in a scrape that
+// also showed requests waiting: an engine that queues while running n has
+// reached its limit at n (max_num_seqs, or the room in its KV cache,
+// which caps it as well). Later scrapes that run more raise it; a full
+// cache that runs fewer for a while does not lower it. Until the engine
+// has queued once, Slots is 0 (unknown).
 type HealthChecker struct {
 	cfg        HealthConfig
-	replicas   []string
 	client     *http.Client
-	onChange   func(id string, models []string, healthy bool, capacityBlocks int)
+	onChange   func(id string, s ReplicaStatus)
 	blockBytes int
 	log        hclog.Logger
 	healthy    *prometheus.GaugeVec
+	requests   *prometheus.GaugeVec
+	slots      *prometheus.GaugeVec
 	rounds     atomic.Int64
+	ready      atomic.Bool
 
-	mu    sync.Mutex // guards state and serialises onChange
-	state map[string]*replicaHealth
+	mu      sync.Mutex // guards the fields below and serialises onChange
+	state   map[string]*replicaHealth
+	running bool            // Run is active: SetReplicas starts loops
+	started bool            // checks began (Run or round): readiness may latch
+	runCtx  context.Context // Run's context, for loops started later
+	wg      sync.WaitGroup  // the replicas' loops
 }
 
 type replicaHealth struct {
-	healthy, ejected, reported bool
-	fails, passes              int
-	models                     []string
-	capacity                   int
-	scraped                    time.Time
-	last                       lastReport // what onChange was last told
-}
-
-// lastReport is the state a replica was last reported in.
-type lastReport struct {
-	healthy  bool
-	models   []string
-	capacity int
+	adapter                   engine.Adapter // nil until detected
+	healthy, ejected, checked bool
+	admitted, warned          bool
+	fails, passes             int
+	models                    []string
+	metrics, info             engine.Stats
+	learnedSlots              int
+	lastHealth, lastInfo      time.Time
+	lastLoad                  time.Time
+	last                      ReplicaStatus // what onChange was last told
+	stop                      context.CancelFunc
 }
 
 // NewHealthChecker returns a checker of replicas (their base URLs). onChange
-// is called, serialised, with a replica's new state; it must not call back
+// is called, serialised, with a replica's new status; it must not call back
 // into the checker. blockBytes is the contract's block size.
-func NewHealthChecker(cfg HealthConfig, replicas []string, client *http.Client, onChange func(id string, models []string, healthy bool, capacityBlocks int), blockBytes int, logger hclog.Logger, reg prometheus.Registerer) *HealthChecker {
+func NewHealthChecker(cfg HealthConfig, replicas []string, client *http.Client, onChange func(id string, s ReplicaStatus), blockBytes int, logger hclog.Logger, reg prometheus.Registerer) *HealthChecker {
 	if client == nil {
 		client = NewClient()
 	}
@@ -108,39 +171,140 @@ func NewHealthChecker(cfg HealthConfig, replicas []string, client *http.Client, 
 		logger = hclog.NewNullLogger()
 	}
 	if onChange == nil {
-		onChange = func(string, []string, bool, int) {}
+		onChange = func(string, ReplicaStatus) {}
 	}
+	f := promauto.With(reg)
 	h := &HealthChecker{
-		cfg: cfg.withDefaults(), replicas: slices.Clone(replicas), client: client, onChange: onChange,
-		blockBytes: max(blockBytes, 1), log: logger, state: make(map[string]*replicaHealth, len(replicas)),
-		healthy: promauto.With(reg).NewGaugeVec(prometheus.GaugeOpts{
+		cfg: cfg.withDefaults(), client: client, onChange: onChange,
+		blockBytes: max(blockBytes, 1), log: logger, state: map[string]*replicaHealth{},
+		healthy: f.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "kvmesh_replica_healthy",
 			Help: "Whether each replica declared at this router passes its health checks (1) or not (0).",
 		}, []string{"replica"}),
+		requests: f.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "kvmesh_replica_engine_requests",
+			Help: "Requests running and waiting in each replica's engine, as its metrics last said.",
+		}, []string{"replica", "state"}),
+		slots: f.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "kvmesh_replica_engine_slots",
+			Help: "Sequences each replica's engine runs at once, published or learned (0: unknown).",
+		}, []string{"replica"}),
 	}
-	for _, id := range h.replicas {
-		h.state[id] = &replicaHealth{}
-		h.healthy.WithLabelValues(id).Set(0)
-	}
+	h.SetReplicas(replicas)
 	return h
 }
 
-// Run checks every replica each Interval until ctx is done.
-func (h *HealthChecker) Run(ctx context.Context) {
-	t := time.NewTicker(h.cfg.Interval)
-	defer t.Stop()
-	for {
-		h.round(ctx)
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
+// SetReplicas makes ids the set of replicas checked. New ones are checked
+// at once (when Run is active) and reported once they pass; removed ones
+// stop being checked, and once SetReplicas returns onChange is not called
+// for them again.
+func (h *HealthChecker) SetReplicas(ids []string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	keep := make(map[string]bool, len(ids))
+	for _, id := range ids {
+		keep[id] = true
+		if h.state[id] != nil {
+			continue
+		}
+		s := &replicaHealth{}
+		if h.cfg.Engine != engine.Auto {
+			s.adapter, _ = engine.For(h.cfg.Engine)
+		}
+		h.state[id] = s
+		h.healthy.WithLabelValues(id).Set(0)
+		if h.running {
+			h.startLocked(id, s)
 		}
 	}
+	for id, s := range h.state {
+		if keep[id] {
+			continue
+		}
+		if s.stop != nil {
+			s.stop()
+		}
+		delete(h.state, id)
+		h.healthy.DeleteLabelValues(id)
+		h.slots.DeleteLabelValues(id)
+		h.requests.DeletePartialMatch(prometheus.Labels{"replica": id})
+		h.log.Info("replica no longer checked", "replica", id)
+	}
+	h.updateReadyLocked()
 }
 
-// Ready reports whether the first round of checks is complete.
-func (h *HealthChecker) Ready() bool { return h.rounds.Load() > 0 }
+// Replicas returns the replicas checked, sorted.
+func (h *HealthChecker) Replicas() []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	ids := make([]string, 0, len(h.state))
+	for id := range h.state {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+// Run checks every replica, each in its own loop, until ctx is done, and
+// returns once every loop has stopped.
+func (h *HealthChecker) Run(ctx context.Context) {
+	h.mu.Lock()
+	h.running, h.runCtx, h.started = true, ctx, true
+	for id, s := range h.state {
+		h.startLocked(id, s)
+	}
+	h.updateReadyLocked()
+	h.mu.Unlock()
+	<-ctx.Done()
+	h.mu.Lock()
+	h.running = false
+	for _, s := range h.state {
+		if s.stop != nil {
+			s.stop()
+			s.stop = nil
+		}
+	}
+	h.mu.Unlock()
+	h.wg.Wait()
+}
+
+// startLocked starts replica id's loop; h.mu is held.
+func (h *HealthChecker) startLocked(id string, s *replicaHealth) {
+	ctx, stop := context.WithCancel(h.runCtx)
+	s.stop = stop
+	h.wg.Go(func() {
+		period := min(h.cfg.LoadInterval, h.cfg.Interval)
+		t := time.NewTicker(period)
+		defer t.Stop()
+		for {
+			h.poll(ctx, id, s, false)
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+	})
+}
+
+// Ready reports whether every replica known when the checks began has
+// had its first check (at once for an empty set: a router whose replicas
+// come from discovery is ready before the first answer). Once true it
+// stays true, so replicas discovered later do not flap readiness.
+func (h *HealthChecker) Ready() bool { return h.ready.Load() }
+
+// updateReadyLocked latches readiness; h.mu is held.
+func (h *HealthChecker) updateReadyLocked() {
+	if h.ready.Load() || !h.started {
+		return
+	}
+	for _, s := range h.state {
+		if !s.checked {
+			return
+		}
+	}
+	h.ready.Store(true)
+}
 
 // ReportFailure counts a passive failure of replica id (a refused
 // connection, a 5xx, a stream that broke) like a failed check.
@@ -154,10 +318,18 @@ func (h *HealthChecker) ReportFailure(id string) {
 	h.fail(id, s, "passive failure")
 }
 
+// round checks every replica once, fully and at once (tests).
 func (h *HealthChecker) round(ctx context.Context) {
+	h.mu.Lock()
+	h.started = true
+	states := make(map[string]*replicaHealth, len(h.state))
+	for id, s := range h.state {
+		states[id] = s
+	}
+	h.mu.Unlock()
 	var wg sync.WaitGroup
-	for _, id := range h.replicas {
-		wg.Go(func() { h.check(ctx, id) })
+	for id, s := range states {
+		wg.Go(func() { h.poll(ctx, id, s, true) })
 	}
 	wg.Wait()
 	if ctx.Err() == nil {
@@ -165,35 +337,120 @@ func (h *HealthChecker) round(ctx context.Context) {
 	}
 }
 
-func (h *HealthChecker) check(ctx context.Context, id string) {
-	models, err := h.fetchModels(ctx, id)
+// pollResult is what one poll read, applied under h.mu.
+type pollResult struct {
+	now                     time.Time
+	adapter                 engine.Adapter
+	healthChecked, healthOK bool
+	healthErr               error
+	models                  []string
+	metrics                 engine.Stats
+	scraped, infoTried      bool
+	infoRead                bool
+	info                    engine.Stats
+}
+
+// poll does what is due for replica id (everything when force): its
+// health check, its load scrape, its info read.
+func (h *HealthChecker) poll(ctx context.Context, id string, s *replicaHealth, force bool) {
+	now := time.Now()
+	h.mu.Lock()
+	if h.state[id] != s {
+		h.mu.Unlock()
+		return
+	}
+	healthDue := force || !s.checked || now.Sub(s.lastHealth) >= h.cfg.Interval
+	loadDue := s.healthy && now.Sub(s.lastLoad) >= h.cfg.LoadInterval
+	infoDue := force || now.Sub(s.lastInfo) >= h.cfg.InfoInterval
+	r := pollResult{now: now, adapter: s.adapter}
+	healthy := s.healthy
+	h.mu.Unlock()
+
+	base := strings.TrimRight(id, "/")
+	detecting := r.adapter == nil
+	if (healthDue || loadDue) && (detecting || r.adapter.Kind() != engine.Generic) {
+		if fams, err := h.fetchMetrics(ctx, base); err == nil || len(fams) > 0 {
+			if detecting {
+				if k, ok := engine.Detect(fams); ok {
+					r.adapter, _ = engine.For(k)
+					h.log.Info("engine detected", "replica", id, "engine", string(k))
+				}
+			}
+			if r.adapter != nil {
+				r.metrics, r.scraped = r.adapter.FromMetrics(fams), true
+			}
+		} else {
+			h.log.Debug("reading engine metrics", "replica", id, "error", err)
+		}
+	}
+	a := r.adapter
+	if a == nil {
+		// Not detected (yet): an OpenAI-compatible server; detection is
+		// tried again at the next check.
+		a, _ = engine.For(engine.Generic)
+	}
+	if healthDue {
+		r.healthChecked = true
+		r.models, r.healthErr = h.checkHealth(ctx, base, a)
+		r.healthOK = r.healthErr == nil
+		if ctx.Err() != nil {
+			return
+		}
+	}
+	if p := a.InfoPath(); p != "" && infoDue && (r.healthOK || healthy) {
+		r.infoTried = true
+		b, err := h.get(ctx, base+p, maxInfoBytes, "")
+		if err == nil {
+			r.info, err = a.FromInfo(b)
+		}
+		if err != nil {
+			h.log.Debug("reading engine info", "replica", id, "error", err)
+		} else {
+			r.infoRead = true
+		}
+	}
 	if ctx.Err() != nil {
 		return
 	}
-	h.mu.Lock()
-	scrape := err == nil && time.Since(h.state[id].scraped) >= h.cfg.MetricsInterval
-	h.mu.Unlock()
-	capacity, scraped := 0, false
-	if scrape {
-		capacity, scraped = h.fetchCapacity(ctx, id)
-	}
+	h.apply(id, s, r)
+}
 
+// apply records one poll's findings and reports any change.
+func (h *HealthChecker) apply(id string, s *replicaHealth, r pollResult) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	s := h.state[id]
-	if err != nil {
-		h.fail(id, s, err.Error())
-		return
+	if h.state[id] != s {
+		return // removed meanwhile
 	}
-	s.fails = 0
-	s.passes++
-	s.models = models
-	if scraped {
-		s.capacity, s.scraped = capacity, time.Now()
+	if s.adapter == nil && r.adapter != nil {
+		s.adapter = r.adapter
 	}
-	if !s.healthy && (!s.ejected || s.passes >= h.cfg.PassThreshold) {
-		s.healthy, s.ejected = true, false
-		h.log.Info("replica admitted", "replica", id, "models", strings.Join(models, ","))
+	if r.scraped {
+		s.metrics, s.lastLoad = r.metrics, r.now
+		if m := r.metrics; m.HasLoad && (m.Waiting > 0 || s.learnedSlots > 0) && m.Running > s.learnedSlots {
+			s.learnedSlots = m.Running
+		}
+	}
+	if r.infoTried {
+		s.lastInfo = r.now // a missing info endpoint is not asked every second
+	}
+	if r.infoRead {
+		s.info = r.info
+	}
+	if r.healthChecked {
+		s.checked, s.lastHealth = true, r.now
+		if r.healthErr != nil {
+			h.fail(id, s, r.healthErr.Error())
+		} else {
+			s.fails = 0
+			s.passes++
+			s.models = r.models
+			if !s.healthy && (!s.ejected || s.passes >= h.cfg.PassThreshold) {
+				s.healthy, s.ejected, s.admitted = true, false, true
+				h.log.Info("replica admitted", "replica", id, "engine", h.kindLocked(s), "models", strings.Join(r.models, ","))
+			}
+		}
+		h.updateReadyLocked()
 	}
 	h.notify(id, s)
 }
@@ -202,44 +459,105 @@ func (h *HealthChecker) check(ctx context.Context, id string) {
 func (h *HealthChecker) fail(id string, s *replicaHealth, why string) {
 	s.passes = 0
 	s.fails++
-	if (s.healthy && s.fails >= h.cfg.FailThreshold) || !s.reported {
-		if s.healthy || !s.reported {
-			h.log.Warn("replica unhealthy", "replica", id, "error", why)
+	switch {
+	case !s.admitted:
+		if !s.warned {
+			h.log.Warn("replica not admitted: failing its health check", "replica", id, "error", why)
+			s.warned = true
 		}
+	case s.healthy && s.fails >= h.cfg.FailThreshold:
+		h.log.Warn("replica unhealthy", "replica", id, "error", why)
 		s.healthy, s.ejected = false, true
 	}
 	h.notify(id, s)
 }
 
-// notify reports s if it changed since the last report; h.mu is held.
-func (h *HealthChecker) notify(id string, s *replicaHealth) {
-	g := h.healthy.WithLabelValues(id)
-	if s.healthy {
-		g.Set(1)
-	} else {
-		g.Set(0)
+func (h *HealthChecker) kindLocked(s *replicaHealth) string {
+	if s.adapter == nil {
+		return string(engine.Generic)
 	}
-	if s.reported && s.healthy == s.last.healthy && slices.Equal(s.models, s.last.models) && s.capacity == s.last.capacity {
+	return string(s.adapter.Kind())
+}
+
+// statusLocked is s as reported; h.mu is held.
+func (h *HealthChecker) statusLocked(s *replicaHealth) ReplicaStatus {
+	st := s.metrics.Merge(s.info)
+	out := ReplicaStatus{Models: s.models, Healthy: s.healthy, Engine: h.kindLocked(s), Slots: st.Slots}
+	if st.HasLoad {
+		out.Running, out.Waiting = st.Running, st.Waiting
+	}
+	if out.Slots == 0 {
+		out.Slots = s.learnedSlots
+	}
+	if st.CacheTokens > 0 {
+		c := float64(st.CacheTokens) * float64(h.cfg.BytesPerToken) / float64(h.blockBytes)
+		out.CapacityBlocks = int(min(c, summary.MaxCapacityBlocks))
+	}
+	return out
+}
+
+// notify reports s if it changed since the last report; h.mu is held.
+// A replica not yet admitted is not reported.
+func (h *HealthChecker) notify(id string, s *replicaHealth) {
+	st := h.statusLocked(s)
+	healthy := 0.0
+	if st.Healthy {
+		healthy = 1
+	}
+	h.healthy.WithLabelValues(id).Set(healthy)
+	h.requests.WithLabelValues(id, "running").Set(float64(st.Running))
+	h.requests.WithLabelValues(id, "waiting").Set(float64(st.Waiting))
+	h.slots.WithLabelValues(id).Set(float64(st.Slots))
+	if !s.admitted || st.equal(s.last) {
 		return
 	}
-	s.reported = true
-	s.last = lastReport{healthy: s.healthy, models: s.models, capacity: s.capacity}
-	h.onChange(id, slices.Clone(s.models), s.healthy, s.capacity)
+	s.last = st
+	st.Models = slices.Clone(st.Models)
+	h.onChange(id, st)
 }
 
-// modelsResponse is the OpenAI GET /v1/models response, as far as read.
-type modelsResponse struct {
-	Data []struct {
-		ID string `json:"id"`
-	} `json:"data"`
+// checkHealth reads the adapter's health endpoint, then the model list.
+func (h *HealthChecker) checkHealth(ctx context.Context, base string, a engine.Adapter) ([]string, error) {
+	if p := a.HealthPath(); p != "" {
+		if _, err := h.get(ctx, base+p, maxHealthBytes, ""); err != nil {
+			return nil, err
+		}
+	}
+	b, err := h.get(ctx, base+"/v1/models", maxModelsBytes, "")
+	if err != nil {
+		return nil, err
+	}
+	models, err := engine.ParseModels(b)
+	if err != nil {
+		return nil, fmt.Errorf("GET %s/v1/models: %w", base, err)
+	}
+	return models, nil
 }
 
-func (h *HealthChecker) get(ctx context.Context, url string, limit int64) ([]byte, error) {
+// fetchMetrics reads and parses the replica's /metrics, asking for the
+// text format (engines built on prometheus_client would otherwise be free
+// to answer in OpenMetrics or protobuf).
+func (h *HealthChecker) fetchMetrics(ctx context.Context, base string) (engine.Families, error) {
+	b, err := h.get(ctx, base+"/metrics", maxMetricsBytes, "text/plain;version=0.0.4")
+	if err != nil {
+		return nil, err
+	}
+	return engine.ParseMetrics(b)
+}
+
+// errTooLarge marks a body over its limit.
+var errTooLarge = errors.New("body over its size limit")
+
+// get reads url within the check timeout and limit bytes.
+func (h *HealthChecker) get(ctx context.Context, url string, limit int64, accept string) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, h.cfg.Timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return nil, err
+	}
+	if accept != "" {
+		req.Header.Set("Accept", accept)
 	}
 	resp, err := h.client.Do(req)
 	if err != nil {
@@ -250,118 +568,15 @@ func (h *HealthChecker) get(ctx context.Context, url string, limit int64) ([]byt
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 		return nil, fmt.Errorf("GET %s: status %d", url, resp.StatusCode)
 	}
-	b, err := io.ReadAll(io.LimitReader(resp.Body, limit))
+	if resp.ContentLength > limit {
+		return nil, fmt.Errorf("GET %s: %w (%d > %d bytes)", url, errTooLarge, resp.ContentLength, limit)
+	}
+	b, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
 	if err != nil {
 		return nil, fmt.Errorf("GET %s: %w", url, err)
+	}
+	if int64(len(b)) > limit {
+		return nil, fmt.Errorf("GET %s: %w (over %d bytes)", url, errTooLarge, limit)
 	}
 	return b, nil
-}
-
-// fetchModels lists the models the replica serves, sorted.
-func (h *HealthChecker) fetchModels(ctx context.Context, id string) ([]string, error) {
-	url := strings.TrimRight(id, "/") + "/v1/models"
-	b, err := h.get(ctx, url, 1<<20)
-	if err != nil {
-		return nil, err
-	}
-	var l modelsResponse
-	if err := json.Unmarshal(b, &l); err != nil {
-		return nil, fmt.Errorf("GET %s: %w", url, err)
-	}
-	models := make([]string, 0, len(l.Data))
-	for _, m := range l.Data {
-		if m.ID != "" {
-			models = append(models, m.ID)
-		}
-	}
-	slices.Sort(models)
-	return slices.Compact(models), nil
-}
-
-// fetchCapacity reads the engine's KV cache size in router blocks: 0 when
-// the engine does not export vllm:cache_config_info (the mesh then uses its
-// default); ok is false when the metrics could not be read at all.
-func (h *HealthChecker) fetchCapacity(ctx context.Context, id string) (blocks int, ok bool) {
-	b, err := h.get(ctx, strings.TrimRight(id, "/")+"/metrics", 16<<20)
-	if err != nil {
-		h.log.Debug("reading engine metrics", "replica", id, "error", err)
-		return 0, false
-	}
-	blockSize, numBlocks, found := parseCacheConfig(b)
-	if !found {
-		return 0, true
-	}
-	tokens := float64(blockSize) * float64(numBlocks)
-	c := tokens * float64(h.cfg.BytesPerToken) / float64(h.blockBytes)
-	return int(min(c, summary.MaxCapacityBlocks)), true
-}
-
-// parseCacheConfig finds vLLM's cache_config_info in a Prometheus text
-// exposition and returns its block_size and num_gpu_blocks labels.
-func parseCacheConfig(text []byte) (blockSize, numBlocks int64, ok bool) {
-	sc := bufio.NewScanner(bytes.NewReader(text))
-	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
-	for sc.Scan() {
-		line := sc.Bytes()
-		rest, found := bytes.CutPrefix(line, []byte("vllm:cache_config_info{"))
-		if !found {
-			continue
-		}
-		labels, found := parseLabels(rest)
-		if !found {
-			continue
-		}
-		bs, err1 := strconv.ParseInt(labels["block_size"], 10, 64)
-		nb, err2 := strconv.ParseInt(labels["num_gpu_blocks"], 10, 64)
-		if err1 != nil || err2 != nil || bs <= 0 || nb <= 0 || bs > 1<<20 || nb > 1<<40 {
-			continue
-		}
-		return bs, nb, true
-	}
-	return 0, 0, false
-}
-
-// parseLabels parses `name="value",...}` (the text after the opening
-// brace) with the exposition format's escapes.
-func parseLabels(b []byte) (map[string]string, bool) {
-	labels := map[string]string{}
-	for {
-		b = bytes.TrimLeft(b, " ,")
-		if len(b) == 0 {
-			return nil, false
-		}
-		if b[0] == '}' {
-			return labels, true
-		}
-		eq := bytes.IndexByte(b, '=')
-		if eq <= 0 || eq+1 >= len(b) || b[eq+1] != '"' {
-			return nil, false
-		}
-		name := string(bytes.TrimSpace(b[:eq]))
-		b = b[eq+2:]
-		var v []byte
-		closed := false
-		for i := 0; i < len(b); i++ {
-			c := b[i]
-			if c == '\\' && i+1 < len(b) {
-				i++
-				switch b[i] {
-				case 'n':
-					v = append(v, '\n')
-				default:
-					v = append(v, b[i])
-				}
-				continue
-			}
-			if c == '"' {
-				b, closed = b[i+1:], true
-				break
-			}
-			v = append(v, c)
-		}
-		if !closed {
-			return nil, false
-		}
-		labels[name] = string(v)
-	}
 }

@@ -3,13 +3,21 @@ package proxy
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
+	"github.com/kvmesh/kvmesh/internal/engine"
+	"github.com/kvmesh/kvmesh/internal/replicasim"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
@@ -18,44 +26,83 @@ const vllmMetrics = `# HELP vllm:cache_config_info Information of the LLMEngine 
 # TYPE vllm:cache_config_info gauge
 vllm:cache_config_info{block_size="16",cache_dtype="auto",enable_prefix_caching="True",gpu_memory_utilization="0.9",num_cpu_blocks="None",num_gpu_blocks="2048",engine="0"} 1.0
 # HELP vllm:num_requests_running Number of requests in model execution batches.
-vllm:num_requests_running{engine="0",model_name="m"} 0.0
+vllm:num_requests_running{engine="0",model_name="m"} %d
+vllm:num_requests_waiting{engine="0",model_name="m"} %d
 `
 
-type change struct {
-	models   []string
-	healthy  bool
-	capacity int
+// reports collects a checker's onChange calls.
+type reports struct {
+	mu   sync.Mutex
+	byID map[string][]ReplicaStatus
+}
+
+func (r *reports) add(id string, s ReplicaStatus) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.byID == nil {
+		r.byID = map[string][]ReplicaStatus{}
+	}
+	r.byID[id] = append(r.byID[id], s)
+}
+
+// last returns id's last report and how many it had.
+func (r *reports) last(id string) (ReplicaStatus, int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	l := r.byID[id]
+	if len(l) == 0 {
+		return ReplicaStatus{}, 0
+	}
+	return l[len(l)-1], len(l)
+}
+
+// engineReplica serves an engine's endpoints: /health, models and a
+// metrics page with the current load.
+type engineReplica struct {
+	failing          atomic.Bool
+	mu               sync.Mutex
+	metrics          string
+	running, waiting int
+}
+
+func (e *engineReplica) set(running, waiting int) {
+	e.mu.Lock()
+	e.running, e.waiting = running, waiting
+	e.mu.Unlock()
+}
+
+func (e *engineReplica) serve(w http.ResponseWriter, r *http.Request) {
+	if e.failing.Load() {
+		http.Error(w, "down", 500)
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	switch r.URL.Path {
+	case "/health":
+		w.WriteHeader(200)
+	case "/v1/models":
+		fmt.Fprint(w, `{"object":"list","data":[{"id":"m2"},{"id":"m1"}]}`)
+	case "/metrics":
+		if strings.Contains(e.metrics, "%d") {
+			fmt.Fprintf(w, e.metrics, e.running, e.waiting)
+		} else {
+			fmt.Fprint(w, e.metrics)
+		}
+	default:
+		http.NotFound(w, r)
+	}
 }
 
 func TestHealthCheckerEjectsAndReadmits(t *testing.T) {
-	var failing atomic.Bool
-	rep := newReplica(t, func(w http.ResponseWriter, r *http.Request) {
-		if failing.Load() {
-			http.Error(w, "down", 500)
-			return
-		}
-		switch r.URL.Path {
-		case "/v1/models":
-			fmt.Fprint(w, `{"object":"list","data":[{"id":"m2"},{"id":"m1"}]}`)
-		case "/metrics":
-			fmt.Fprint(w, vllmMetrics)
-		}
-	})
-	var mu sync.Mutex
-	var changes []change
+	e := &engineReplica{metrics: vllmMetrics}
+	e.set(3, 1)
+	rep := newReplica(t, e.serve)
+	var got reports
 	reg := prometheus.NewPedanticRegistry()
 	h := NewHealthChecker(HealthConfig{Timeout: 5 * time.Second, FailThreshold: 2, PassThreshold: 3}, []string{rep.URL}, nil,
-		func(id string, models []string, healthy bool, capacity int) {
-			mu.Lock()
-			defer mu.Unlock()
-			changes = append(changes, change{models, healthy, capacity})
-		}, 1024, nil, reg)
+		got.add, 1024, nil, reg)
 	ctx := t.Context()
-	last := func() (change, int) {
-		mu.Lock()
-		defer mu.Unlock()
-		return changes[len(changes)-1], len(changes)
-	}
 	healthyGauge := func() float64 { return testutil.ToFloat64(h.healthy.WithLabelValues(rep.URL)) }
 
 	if h.Ready() {
@@ -63,14 +110,15 @@ func TestHealthCheckerEjectsAndReadmits(t *testing.T) {
 	}
 	h.round(ctx)
 	// 2048 blocks × 16 tokens × 4 bytes / 1024 = 128 router blocks.
-	if c, n := last(); n != 1 || !c.healthy || !slices.Equal(c.models, []string{"m1", "m2"}) || c.capacity != 128 {
-		t.Fatalf("after first round: %+v (%d changes)", c, n)
+	want := ReplicaStatus{Models: []string{"m1", "m2"}, Healthy: true, CapacityBlocks: 128, Running: 3, Waiting: 1, Slots: 3, Engine: "vllm"}
+	if c, n := got.last(rep.URL); n != 1 || !c.equal(want) {
+		t.Fatalf("after first round: %+v (%d reports), want %+v", c, n, want)
 	}
 	if !h.Ready() || healthyGauge() != 1 {
 		t.Fatal("not ready or not healthy after the first round")
 	}
 	h.round(ctx)
-	if _, n := last(); n != 1 {
+	if _, n := got.last(rep.URL); n != 1 {
 		t.Fatal("onChange called without a change")
 	}
 	steps := []struct {
@@ -85,77 +133,351 @@ func TestHealthCheckerEjectsAndReadmits(t *testing.T) {
 		{false, true}, // PassThreshold: re-admitted
 	}
 	for i, s := range steps {
-		failing.Store(s.fail)
+		e.failing.Store(s.fail)
 		h.round(ctx)
-		if c, _ := last(); c.healthy != s.wantHealthy {
-			t.Fatalf("step %d: healthy %v, want %v", i, c.healthy, s.wantHealthy)
+		if c, _ := got.last(rep.URL); c.Healthy != s.wantHealthy {
+			t.Fatalf("step %d: healthy %v, want %v", i, c.Healthy, s.wantHealthy)
 		}
 		if want := map[bool]float64{true: 1, false: 0}[s.wantHealthy]; healthyGauge() != want {
 			t.Fatalf("step %d: gauge %v", i, healthyGauge())
 		}
 	}
-	if _, n := last(); n != 3 {
-		t.Errorf("%d changes, want 3 (admitted, ejected, re-admitted)", n)
+	if _, n := got.last(rep.URL); n != 3 {
+		t.Errorf("%d reports, want 3 (admitted, ejected, re-admitted)", n)
 	}
 	// Passive failures eject too.
 	h.ReportFailure(rep.URL)
 	h.ReportFailure(rep.URL)
-	if c, _ := last(); c.healthy {
+	if c, _ := got.last(rep.URL); c.Healthy {
 		t.Error("passive failures did not eject")
 	}
 	h.ReportFailure("http://unknown") // ignored
-}
-
-func TestHealthCheckerUnreachableAtStart(t *testing.T) {
-	dead := deadAddr(t)
-	var got []change
-	h := NewHealthChecker(HealthConfig{}, []string{dead}, nil, func(id string, models []string, healthy bool, capacity int) {
-		got = append(got, change{models, healthy, capacity})
-	}, 1024, nil, nil)
-	h.round(t.Context())
-	if len(got) != 1 || got[0].healthy {
-		t.Fatalf("changes %+v, want one unhealthy report", got)
+	problems, err := testutil.GatherAndLint(reg)
+	if err != nil || len(problems) > 0 {
+		t.Errorf("lint: %v %v", problems, err)
 	}
 }
 
+// TestHealthCheckerAdmitsOnlyAfterAPass: a replica that fails from the
+// start is never reported (so never declared); it is reported at its
+// first pass.
+func TestHealthCheckerAdmitsOnlyAfterAPass(t *testing.T) {
+	e := &engineReplica{metrics: vllmMetrics}
+	e.failing.Store(true)
+	rep := newReplica(t, e.serve)
+	dead := deadAddr(t)
+	var got reports
+	h := NewHealthChecker(HealthConfig{}, []string{dead, rep.URL}, nil, got.add, 1024, nil, nil)
+	h.round(t.Context())
+	h.ReportFailure(rep.URL)
+	if _, n := got.last(dead); n != 0 {
+		t.Errorf("unreachable replica reported")
+	}
+	if _, n := got.last(rep.URL); n != 0 {
+		t.Errorf("failing replica reported")
+	}
+	if !h.Ready() {
+		t.Error("not ready after a round")
+	}
+	e.failing.Store(false)
+	h.round(t.Context())
+	if c, n := got.last(rep.URL); n != 1 || !c.Healthy {
+		t.Errorf("after its first pass: %+v (%d reports)", c, n)
+	}
+}
+
+// TestHealthCheckerLearnsSlots: without a published limit, the slot count
+// is the most sequences seen running while requests waited; a published
+// one wins.
+func TestHealthCheckerLearnsSlots(t *testing.T) {
+	e := &engineReplica{metrics: vllmMetrics}
+	rep := newReplica(t, e.serve)
+	var got reports
+	h := NewHealthChecker(HealthConfig{}, []string{rep.URL}, nil, got.add, 1024, nil, nil)
+	steps := []struct{ running, waiting, slots int }{
+		{2, 0, 0}, // never queued: unknown
+		{4, 3, 4}, // queued while running 4
+		{3, 1, 4}, // a full cache runs fewer for a while: kept
+		{2, 0, 4},
+		{6, 0, 6}, // runs more: raised
+	}
+	for i, s := range steps {
+		e.set(s.running, s.waiting)
+		h.round(t.Context())
+		if c, _ := got.last(rep.URL); c.Running != s.running || c.Waiting != s.waiting || c.Slots != s.slots {
+			t.Errorf("step %d: %+v, want running %d waiting %d slots %d", i, c, s.running, s.waiting, s.slots)
+		}
+	}
+
+	// llama.cpp publishes its slots in /props.
+	l := &engineReplica{metrics: "llamacpp:requests_processing %d\nllamacpp:requests_deferred %d\n"}
+	lrep := newReplica(t, func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/props" {
+			fmt.Fprint(w, `{"total_slots":2,"default_generation_settings":{"n_ctx":1024}}`)
+			return
+		}
+		l.serve(w, r)
+	})
+	l.set(2, 5)
+	h.SetReplicas([]string{lrep.URL})
+	h.round(t.Context())
+	// 2 slots × 1024 tokens × 4 bytes / 1024.
+	want := ReplicaStatus{Models: []string{"m1", "m2"}, Healthy: true, CapacityBlocks: 8, Running: 2, Waiting: 5, Slots: 2, Engine: "llamacpp"}
+	if c, _ := got.last(lrep.URL); !c.equal(want) {
+		t.Errorf("llama.cpp: %+v, want %+v", c, want)
+	}
+}
+
+// TestHealthCheckerEngines: against each engine's recorded pages the
+// checker picks the engine's adapter on its own and reports the page's
+// load, slots and cache.
+func TestHealthCheckerEngines(t *testing.T) {
+	page := func(name string) string {
+		b, err := os.ReadFile(filepath.Join("..", "internal", "engine", "testdata", name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+	tests := []struct {
+		kind           engine.Kind
+		metrics        string
+		infoPath, info string
+		want           ReplicaStatus
+	}{
+		{engine.VLLM, "vllm.metrics.txt", "", "",
+			ReplicaStatus{Running: 3, Waiting: 2, Slots: 3, CapacityBlocks: 27644 * 16 * 4 / 1024}},
+		{engine.SGLang, "sglang.metrics.txt", "/get_server_info", "sglang.server_info.json",
+			ReplicaStatus{Running: 12, Waiting: 5, Slots: 48, CapacityBlocks: 489602 * 4 / 1024}},
+		{engine.LlamaCpp, "llamacpp.metrics.txt", "/props", "llamacpp.props.json",
+			ReplicaStatus{Running: 4, Waiting: 3, Slots: 4, CapacityBlocks: 4 * 8192 * 4 / 1024}},
+		{engine.TGI, "tgi.metrics.txt", "/info", "tgi.info.json",
+			ReplicaStatus{Running: 7, Waiting: 2, Slots: 7, CapacityBlocks: 153104 * 4 / 1024}},
+	}
+	for _, tc := range tests {
+		for _, cfgKind := range []engine.Kind{engine.Auto, tc.kind} {
+			t.Run(string(tc.kind)+"/"+string(cfgKind), func(t *testing.T) {
+				metrics := page(tc.metrics)
+				info := ""
+				if tc.info != "" {
+					info = page(tc.info)
+				}
+				rep := newReplica(t, func(w http.ResponseWriter, r *http.Request) {
+					switch r.URL.Path {
+					case "/health":
+					case "/v1/models":
+						fmt.Fprint(w, `{"data":[{"id":"m"}]}`)
+					case "/metrics":
+						if a := r.Header.Get("Accept"); !strings.HasPrefix(a, "text/plain") {
+							t.Errorf("metrics asked with Accept %q", a)
+						}
+						fmt.Fprint(w, metrics)
+					case tc.infoPath:
+						fmt.Fprint(w, info)
+					default:
+						http.NotFound(w, r)
+					}
+				})
+				var got reports
+				h := NewHealthChecker(HealthConfig{Engine: cfgKind}, []string{rep.URL}, nil, got.add, 1024, nil, nil)
+				h.round(t.Context())
+				want := tc.want
+				want.Models, want.Healthy, want.Engine = []string{"m"}, true, string(tc.kind)
+				if c, _ := got.last(rep.URL); !c.equal(want) {
+					t.Errorf("got %+v, want %+v", c, want)
+				}
+			})
+		}
+	}
+}
+
+// TestHealthCheckerUnknownEngine: an OpenAI-compatible server with no
+// known metrics (and no /health) is checked by its model list alone.
+func TestHealthCheckerUnknownEngine(t *testing.T) {
+	rep := newReplica(t, func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/v1/models":
+			fmt.Fprint(w, `{"data":[{"id":"m"}]}`)
+		case "/metrics":
+			fmt.Fprint(w, "up 1\n")
+		default:
+			http.NotFound(w, r)
+		}
+	})
+	var got reports
+	h := NewHealthChecker(HealthConfig{}, []string{rep.URL}, nil, got.add, 1024, nil, nil)
+	h.round(t.Context())
+	if c, n := got.last(rep.URL); n != 1 || !c.Healthy || c.Engine != "openai" || c.Running != 0 || c.CapacityBlocks != 0 {
+		t.Errorf("got %+v (%d reports)", c, n)
+	}
+	// A fixed engine whose health path is missing fails the check.
+	var got2 reports
+	h2 := NewHealthChecker(HealthConfig{Engine: engine.VLLM}, []string{rep.URL}, nil, got2.add, 1024, nil, nil)
+	h2.round(t.Context())
+	if _, n := got2.last(rep.URL); n != 0 {
+		t.Error("vllm replica without /health admitted")
+	}
+}
+
+// TestHealthCheckerBoundsBodies: a replica answering more than the limits
+// fails its check instead of filling the router's memory.
+func TestHealthCheckerBoundsBodies(t *testing.T) {
+	big := `{"data":[{"id":"` + strings.Repeat("m", maxModelsBytes) + `"}]}`
+	for _, chunked := range []bool{false, true} {
+		rep := newReplica(t, func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == "/v1/models" {
+				if chunked {
+					w.(http.Flusher).Flush() // no Content-Length
+				}
+				fmt.Fprint(w, big)
+			}
+		})
+		var got reports
+		h := NewHealthChecker(HealthConfig{}, []string{rep.URL}, nil, got.add, 1024, nil, nil)
+		h.round(t.Context())
+		if _, n := got.last(rep.URL); n != 0 {
+			t.Errorf("chunked %v: oversized models list admitted", chunked)
+		}
+		_, err := h.get(t.Context(), rep.URL+"/v1/models", maxModelsBytes, "")
+		if err == nil || !strings.Contains(err.Error(), "size limit") {
+			t.Errorf("chunked %v: %v", chunked, err)
+		}
+	}
+}
+
+// TestHealthCheckerSetReplicas: replicas join and leave the checked set;
+// a removed one is not polled or reported again, and its series go.
+func TestHealthCheckerSetReplicas(t *testing.T) {
+	ea, eb := &engineReplica{metrics: vllmMetrics}, &engineReplica{metrics: vllmMetrics}
+	a, b := newReplica(t, ea.serve), newReplica(t, eb.serve)
+	var got reports
+	reg := prometheus.NewPedanticRegistry()
+	h := NewHealthChecker(HealthConfig{}, []string{a.URL}, nil, got.add, 1024, nil, reg)
+	h.round(t.Context())
+	h.SetReplicas([]string{a.URL, b.URL})
+	if !slices.Equal(h.Replicas(), sorted(a.URL, b.URL)) {
+		t.Fatalf("replicas %v", h.Replicas())
+	}
+	h.round(t.Context())
+	if _, n := got.last(b.URL); n != 1 {
+		t.Fatal("added replica not reported after its check")
+	}
+	h.SetReplicas([]string{b.URL})
+	hits := a.count()
+	ea.set(5, 5) // a change that would be reported
+	h.round(t.Context())
+	h.ReportFailure(a.URL)
+	if a.count() != hits {
+		t.Error("removed replica still polled")
+	}
+	if _, n := got.last(a.URL); n != 1 {
+		t.Errorf("removed replica reported again (%d reports)", n)
+	}
+	if n := testutil.CollectAndCount(h.healthy); n != 1 {
+		t.Errorf("%d healthy series, want 1", n)
+	}
+	if n := testutil.CollectAndCount(h.requests); n != 2 {
+		t.Errorf("%d request series, want 2", n)
+	}
+}
+
+func sorted(s ...string) []string { slices.Sort(s); return s }
+
+// TestHealthCheckerRunDynamic: under Run, a replica added later is
+// checked and reported on its own, one removed stops, and Run returns
+// once cancelled.
+func TestHealthCheckerRunDynamic(t *testing.T) {
+	ea, eb := &engineReplica{metrics: vllmMetrics}, &engineReplica{metrics: vllmMetrics}
+	a, b := newReplica(t, ea.serve), newReplica(t, eb.serve)
+	var got reports
+	h := NewHealthChecker(HealthConfig{Interval: 5 * time.Millisecond, LoadInterval: 5 * time.Millisecond}, []string{a.URL}, nil, got.add, 1024, nil, nil)
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { h.Run(ctx); close(done) }()
+	waitFor(t, "the first replica", func() bool { _, n := got.last(a.URL); return n > 0 && h.Ready() })
+	h.SetReplicas([]string{b.URL})
+	waitFor(t, "the added replica", func() bool { _, n := got.last(b.URL); return n > 0 })
+	eb.set(2, 0)
+	waitFor(t, "the added replica's load", func() bool { c, _ := got.last(b.URL); return c.Running == 2 })
+	hits := a.count()
+	eb.set(3, 0)
+	waitFor(t, "another scrape", func() bool { c, _ := got.last(b.URL); return c.Running == 3 })
+	if a.count() != hits {
+		t.Error("removed replica polled under Run")
+	}
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return after cancel")
+	}
+}
+
+// TestHealthCheckerRunStops: Run checks at once and returns when its
+// context ends.
 func TestHealthCheckerRunStops(t *testing.T) {
 	rep := newReplica(t, func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, `{"data":[{"id":"m"}]}`) })
 	h := NewHealthChecker(HealthConfig{Interval: time.Millisecond}, []string{rep.URL}, nil, nil, 1024, nil, nil)
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan struct{})
 	go func() { h.Run(ctx); close(done) }()
-	for !h.Ready() {
-		time.Sleep(time.Millisecond)
-	}
+	waitFor(t, "readiness", h.Ready)
 	cancel()
-	<-done
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return after cancel")
+	}
 }
 
-func TestParseCacheConfig(t *testing.T) {
-	tests := []struct {
-		name   string
-		text   string
-		bs, nb int64
-		ok     bool
-	}{
-		{"vllm", vllmMetrics, 16, 2048, true},
-		{"escaped label first", `vllm:cache_config_info{a="x\"}y",block_size="32",num_gpu_blocks="10"} 1` + "\n", 32, 10, true},
-		{"not initialised", `vllm:cache_config_info{block_size="16",num_gpu_blocks="None"} 1`, 0, 0, false},
-		{"absent", "other_metric 1\n", 0, 0, false},
-		{"truncated", `vllm:cache_config_info{block_size="16",num_gpu_bl`, 0, 0, false},
-		{"negative", `vllm:cache_config_info{block_size="-16",num_gpu_blocks="10"} 1`, 0, 0, false},
+// waitFor polls cond every 5ms for up to 10s (a liveness bound, not a
+// speed assertion).
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for range 2000 {
+		if cond() {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			bs, nb, ok := parseCacheConfig([]byte(tc.text))
-			if bs != tc.bs || nb != tc.nb || ok != tc.ok {
-				t.Errorf("got %d %d %v", bs, nb, ok)
+	t.Fatalf("timed out waiting for %s", what)
+}
+
+// TestHealthCheckerLearnsReplicaSimSlots: kvmesh's replica-sim publishes
+// its running and waiting requests as vLLM does (and, like vLLM, no
+// max_num_seqs); with more streams open than its --max-num-seqs the
+// checker reads the queue and learns the limit.
+func TestHealthCheckerLearnsReplicaSimSlots(t *testing.T) {
+	sim, err := replicasim.New(replicasim.Config{MaxNumSeqs: 2, DecodeMsPerToken: 20}, hclog.NewNullLogger(), prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(sim.Handler())
+	defer srv.Close()
+	defer sim.Close()
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	for i := range 4 {
+		wg.Go(func() {
+			body := fmt.Sprintf(`{"model":"kvmesh-sim","max_tokens":2000,"stream":true,"messages":[{"role":"user","content":"stream %d"}]}`, i)
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/v1/chat/completions", strings.NewReader(body))
+			if resp, err := srv.Client().Do(req); err == nil {
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
 			}
 		})
 	}
-}
-
-func FuzzParseCacheConfig(f *testing.F) {
-	f.Add([]byte(vllmMetrics))
-	f.Fuzz(func(t *testing.T, b []byte) { parseCacheConfig(b) })
+	var got reports
+	h := NewHealthChecker(HealthConfig{}, []string{srv.URL}, nil, got.add, 1024, nil, nil)
+	waitFor(t, "the checker to see two running and two waiting", func() bool {
+		h.round(t.Context())
+		c, _ := got.last(srv.URL)
+		return c.Running == 2 && c.Waiting == 2
+	})
+	if c, _ := got.last(srv.URL); c.Slots != 2 || c.Engine != "vllm" || c.CapacityBlocks != 8192*16*4/1024 {
+		t.Errorf("got %+v, want 2 learned slots from the vllm adapter", c)
+	}
 }

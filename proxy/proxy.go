@@ -13,9 +13,11 @@ import (
 	"net"
 	"net/http"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/kvmesh/kvmesh/internal/ratelog"
 	"github.com/kvmesh/kvmesh/route"
 	"github.com/kvmesh/kvmesh/summary"
 	"github.com/prometheus/client_golang/prometheus"
@@ -55,22 +57,54 @@ type Config struct {
 	MaxBodyBytes int64
 	// Client reaches replicas and peer routers (default: NewClient()).
 	Client *http.Client
-	// MaxAttempts is how many candidates are tried before the first byte
-	// of a response (default 3).
+	// MaxAttempts caps the upstream attempts of one request (default 3).
 	MaxAttempts int
+	// RetryBudget is the time from the first attempt within which another
+	// may start (default DefaultRetryBudget). Only requests that provably
+	// never reached a replica are retried (see retry.go).
+	RetryBudget time.Duration
+	// BodyTimeout bounds reading a request body (default
+	// DefaultBodyTimeout; negative: none).
+	BodyTimeout time.Duration
+	// MaxInflightPerClient caps concurrent inference requests per client
+	// IP address (0: no cap).
+	MaxInflightPerClient int
+	// HopKey authenticates the hints of forwarded requests (HopKey of the
+	// gossip key); nil leaves hints unauthenticated unless TrustPeerCerts.
+	HopKey []byte
+	// TrustPeerCerts accepts hints on requests that came over TLS with a
+	// client certificate the server verified (the peer CA's).
+	TrustPeerCerts bool
+	// RequirePeerTLS refuses to forward to a peer whose API is not https,
+	// so no prompt crosses the network in plain text.
+	RequirePeerTLS bool
+	// APIKeys, when set, are the bearer keys clients must present on the
+	// /v1 endpoints (401 otherwise). Authenticated hops skip the check.
+	APIKeys *KeySet
 	// Logger logs (default: null logger).
 	Logger hclog.Logger
 	// Registerer registers the proxy's metrics (default: none).
 	Registerer prometheus.Registerer
-	// Gatherer serves GET /metrics (nil: 404).
+	// Gatherer serves GET /metrics on the admin handler (nil: 404).
 	Gatherer prometheus.Gatherer
-	// Debug serves GET /debug/mesh as JSON (nil: 404).
+	// Debug serves GET /debug/mesh as JSON on the admin handler (nil: 404).
 	Debug func() any
 	// Ready answers GET /readyz (nil: always ready).
 	Ready func() bool
+	// ModelsKnown reports whether the models of the mesh are known (the
+	// first health checks are done); until then a request for a model no
+	// replica is known to serve gets 503 + Retry-After, not 404. Nil:
+	// known once any model is.
+	ModelsKnown func() bool
 	// ReportFailure is told of passive failures of owned replicas seen on
 	// the request path (HealthChecker.ReportFailure); nil ignores them.
 	ReportFailure func(replicaID string)
+	// SessionHeader names the request header whose value is a client
+	// routing key ("" means DefaultSessionHeader, "-" none).
+	SessionHeader string
+	// MaxResponses bounds the response ids remembered for
+	// previous_response_id routing (default DefaultMaxResponses).
+	MaxResponses int
 }
 
 // Proxy is the HTTP handler of one router. It is safe for concurrent use.
@@ -78,8 +112,16 @@ type Proxy struct {
 	cfg     Config
 	log     hclog.Logger
 	m       *metrics
+	edge    *edgeMetrics
 	client  *http.Client
 	metrics http.Handler
+	// sessionHeader is the client routing key header ("" for none).
+	sessionHeader string
+	// responses maps response ids to the replicas that produced them.
+	responses *responseLRU
+	clients   *clientLimiter // nil: no per-client cap
+	junk      junkLog
+	now       func() time.Time
 }
 
 // NewClient returns the default client to replicas and peers: keep-alive
@@ -119,10 +161,27 @@ func New(cfg Config) (*Proxy, error) {
 	if cfg.MaxAttempts <= 0 {
 		cfg.MaxAttempts = 3
 	}
+	if cfg.RetryBudget <= 0 {
+		cfg.RetryBudget = DefaultRetryBudget
+	}
+	if cfg.BodyTimeout == 0 {
+		cfg.BodyTimeout = DefaultBodyTimeout
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = hclog.NewNullLogger()
 	}
-	p := &Proxy{cfg: cfg, log: cfg.Logger, m: newMetrics(cfg.Registerer), client: cfg.Client}
+	p := &Proxy{cfg: cfg, log: cfg.Logger, m: newMetrics(cfg.Registerer), edge: newEdgeMetrics(cfg.Registerer), client: cfg.Client,
+		junk: junkLog{log: cfg.Logger, lim: ratelog.New(5, time.Second)}, now: time.Now,
+		sessionHeader: cfg.SessionHeader, responses: newResponseLRU(cfg.MaxResponses)}
+	if cfg.MaxInflightPerClient > 0 {
+		p.clients = &clientLimiter{max: cfg.MaxInflightPerClient, n: map[string]int{}}
+	}
+	switch cfg.SessionHeader {
+	case "":
+		p.sessionHeader = DefaultSessionHeader
+	case "-":
+		p.sessionHeader = ""
+	}
 	if cfg.Gatherer != nil {
 		p.metrics = promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{
 			ErrorLog: cfg.Logger.StandardLogger(&hclog.StandardLoggerOptions{ForceLevel: hclog.Error}),
@@ -138,63 +197,98 @@ const (
 	epModels      = "models"
 )
 
-// ServeHTTP serves the OpenAI endpoints and the router's own ones.
+// ServeHTTP serves the OpenAI endpoints, /healthz and /readyz. Every
+// other path is a plain 404; /metrics and /debug/mesh are on
+// AdminHandler, which the router serves on its own (loopback) address.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	p.setBodyDeadline(w, r)
 	switch r.URL.Path {
 	case "/v1/chat/completions":
-		p.inference(w, r, epChat, true)
+		p.inference(w, r, &chatAPI)
 	case "/v1/completions":
-		p.inference(w, r, epCompletions, false)
+		p.inference(w, r, &completionAPI)
+	case "/v1/responses":
+		p.serveResponses(w, r)
+	case "/v1/messages":
+		p.inference(w, r, &messagesAPI)
+	case "/v1/embeddings":
+		p.inference(w, r, &embeddingsAPI)
 	case "/v1/models":
-		if !allow(w, r, http.MethodGet) {
+		if !allow(w, r, http.MethodGet) || !p.authorize(w, r) {
 			return
 		}
 		p.models(w)
-	case "/healthz":
-		if allow(w, r, http.MethodGet) {
-			writeText(w, http.StatusOK, "ok")
-		}
-	case "/readyz":
-		if !allow(w, r, http.MethodGet) {
-			return
-		}
-		if p.cfg.Ready == nil || p.cfg.Ready() {
-			writeText(w, http.StatusOK, "ready")
-		} else {
-			writeText(w, http.StatusServiceUnavailable, "not ready")
-		}
-	case "/metrics":
-		if p.metrics == nil {
-			writeError(w, http.StatusNotFound, "metrics are not enabled")
-			return
-		}
-		if allow(w, r, http.MethodGet) {
-			p.metrics.ServeHTTP(w, r)
-		}
-	case "/debug/mesh":
-		if p.cfg.Debug == nil {
-			writeError(w, http.StatusNotFound, "no debug view")
-			return
-		}
-		if !allow(w, r, http.MethodGet) {
-			return
-		}
-		b, err := json.MarshalIndent(p.cfg.Debug(), "", "  ")
-		if err != nil {
-			writeError(w, http.StatusInternalServerError, "debug view: "+err.Error())
-			return
-		}
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = w.Write(append(b, '\n'))
+	case "/healthz", "/readyz":
+		p.probe(w, r)
 	default:
+		if strings.HasPrefix(r.URL.Path, responsesPrefix) {
+			p.serveResponseByID(w, r)
+			return
+		}
+		abandonBody(w, r)
 		writeError(w, http.StatusNotFound, fmt.Sprintf("no endpoint %s %s", r.Method, r.URL.Path))
 	}
+}
+
+// AdminHandler serves what operators read and strangers must not:
+// /metrics, /debug/mesh, and the probes again.
+func (p *Proxy) AdminHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/healthz", "/readyz":
+			p.probe(w, r)
+		case "/metrics":
+			if p.metrics == nil {
+				writeError(w, http.StatusNotFound, "metrics are not enabled")
+				return
+			}
+			if allow(w, r, http.MethodGet) {
+				p.metrics.ServeHTTP(w, r)
+			}
+		case "/debug/mesh":
+			if p.cfg.Debug == nil {
+				writeError(w, http.StatusNotFound, "no debug view")
+				return
+			}
+			if !allow(w, r, http.MethodGet) {
+				return
+			}
+			b, err := json.MarshalIndent(p.cfg.Debug(), "", "  ")
+			if err != nil {
+				writeError(w, http.StatusInternalServerError, "debug view: "+err.Error())
+				return
+			}
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = w.Write(append(b, '\n'))
+		default:
+			writeError(w, http.StatusNotFound, fmt.Sprintf("no endpoint %s %s", r.Method, r.URL.Path))
+		}
+	})
+}
+
+// probe answers /healthz (the process serves) and /readyz (Config.Ready:
+// the router can route a request now).
+func (p *Proxy) probe(w http.ResponseWriter, r *http.Request) {
+	if !allow(w, r, http.MethodGet) {
+		return
+	}
+	if r.URL.Path == "/healthz" {
+		writeText(w, http.StatusOK, "ok")
+		return
+	}
+	if p.cfg.Ready == nil || p.cfg.Ready() {
+		writeText(w, http.StatusOK, "ready")
+		return
+	}
+	w.Header().Set("Retry-After", "1")
+	writeText(w, http.StatusServiceUnavailable, "not ready")
 }
 
 func allow(w http.ResponseWriter, r *http.Request, method string) bool {
 	if r.Method == method || (method == http.MethodGet && r.Method == http.MethodHead) {
 		return true
 	}
+	abandonBody(w, r)
 	w.Header().Set("Allow", method)
 	writeError(w, http.StatusMethodNotAllowed, fmt.Sprintf("method %s not allowed on %s", r.Method, r.URL.Path))
 	return false
@@ -229,6 +323,14 @@ func (p *Proxy) models(w http.ResponseWriter) {
 	w.Header().Set("Content-Type", "application/json")
 	_, _ = w.Write(append(b, '\n'))
 	p.m.requests.WithLabelValues(epModels, "200").Inc()
+}
+
+// modelsKnown reports whether the mesh's models are known yet.
+func (p *Proxy) modelsKnown() bool {
+	if p.cfg.ModelsKnown != nil {
+		return p.cfg.ModelsKnown()
+	}
+	return len(p.cfg.View.Models()) > 0
 }
 
 // modelKnown reports whether any replica in the mesh serves model.

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strings"
 	"testing"
@@ -90,17 +91,20 @@ func TestErrors(t *testing.T) {
 func TestOwnEndpoints(t *testing.T) {
 	ready := false
 	view := newFakeView([]string{"a", "b"})
-	_, srv, _ := newTestProxy(t, view, func(c *Config) {
+	p, srv, _ := newTestProxy(t, view, func(c *Config) {
 		c.Ready = func() bool { return ready }
 		c.Debug = func() any { return map[string]int{"peers": 2} }
 	})
-	get := func(path string) (int, string) {
-		resp, err := http.Get(srv.URL + path)
+	admin := httptest.NewServer(p.AdminHandler())
+	t.Cleanup(admin.Close)
+	getFrom := func(base, path string) (int, string) {
+		resp, err := http.Get(base + path)
 		if err != nil {
 			t.Fatal(err)
 		}
 		return resp.StatusCode, readAll(t, resp)
 	}
+	get := func(path string) (int, string) { return getFrom(srv.URL, path) }
 	if code, body := get("/v1/models"); code != 200 || body != `{"object":"list","data":[{"id":"a","object":"model","created":0,"owned_by":"kvmesh"},{"id":"b","object":"model","created":0,"owned_by":"kvmesh"}]}`+"\n" {
 		t.Errorf("/v1/models: %d %s", code, body)
 	}
@@ -114,11 +118,20 @@ func TestOwnEndpoints(t *testing.T) {
 	if code, _ := get("/readyz"); code != 200 {
 		t.Errorf("/readyz when ready: %d", code)
 	}
-	if code, body := get("/debug/mesh"); code != 200 || !strings.Contains(body, `"peers": 2`) {
-		t.Errorf("/debug/mesh: %d %s", code, body)
+	// Operators' endpoints are on the admin handler only.
+	if code, body := getFrom(admin.URL, "/debug/mesh"); code != 200 || !strings.Contains(body, `"peers": 2`) {
+		t.Errorf("admin /debug/mesh: %d %s", code, body)
 	}
-	if code, body := get("/metrics"); code != 200 || !strings.Contains(body, "kvmesh_requests_total") {
-		t.Errorf("/metrics: %d %s", code, body)
+	if code, body := getFrom(admin.URL, "/metrics"); code != 200 || !strings.Contains(body, "kvmesh_requests_total") {
+		t.Errorf("admin /metrics: %d %s", code, body)
+	}
+	if code, _ := getFrom(admin.URL, "/readyz"); code != 200 {
+		t.Errorf("admin /readyz: %d", code)
+	}
+	for _, path := range []string{"/metrics", "/debug/mesh"} {
+		if code, _ := get(path); code != 404 {
+			t.Errorf("API %s: %d, want 404", path, code)
+		}
 	}
 }
 
@@ -159,8 +172,10 @@ func TestStreamingIsUnbuffered(t *testing.T) {
 
 func TestRetryBeforeFirstByte(t *testing.T) {
 	failing := map[string]http.HandlerFunc{
-		"503": func(w http.ResponseWriter, r *http.Request) { http.Error(w, "overloaded", 503) },
-		"429": func(w http.ResponseWriter, r *http.Request) { http.Error(w, "slow down", 429) },
+		"503": func(w http.ResponseWriter, r *http.Request) {
+			http.Error(w, "overloaded", http.StatusServiceUnavailable)
+		},
+		"429": func(w http.ResponseWriter, r *http.Request) { http.Error(w, "slow down", http.StatusTooManyRequests) },
 	}
 	for _, name := range []string{"refused", "503", "429"} {
 		t.Run(name, func(t *testing.T) {
@@ -210,7 +225,7 @@ func TestRetryBeforeFirstByte(t *testing.T) {
 func TestLastAttemptPassesStatusThrough(t *testing.T) {
 	busy := newReplica(t, func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Retry-After", "7")
-		http.Error(w, "busy", 429)
+		http.Error(w, "busy", http.StatusTooManyRequests)
 	})
 	view := newFakeView([]string{"m"}, fakeReplica{id: busy.URL})
 	_, srv, _ := newTestProxy(t, view, nil)

@@ -31,7 +31,7 @@ func BenchmarkRenderAndHash(b *testing.B) {
 	renders := []struct {
 		name   string
 		render func([]byte) (Prompt, error)
-	}{{"std", renderChatStd}, {"fast", RenderChat}}
+	}{{"std", RenderChatStd}, {"fast", RenderChat}}
 	// "escaped" is code-like text: a newline, quotes and a non-ASCII rune
 	// every few dozen bytes, each breaking the scanner's 8-byte stride.
 	shapes := []struct{ suffix, unit string }{

@@ -545,6 +545,7 @@ func once(seen *uint32, bit uint32) bool {
 // topFields is what both request kinds share.
 type topFields struct {
 	model, salt          []byte
+	cacheKey, room       []byte
 	stream, includeUsage bool
 }
 
@@ -607,6 +608,23 @@ func (s *jsonScanner) common(key []byte, seen *uint32, t *topFields) (handled, o
 			return true, false
 		}
 		t.includeUsage, ok = s.streamOptions(1)
+	case "prompt_cache_key":
+		if !once(seen, 1<<8) {
+			return true, false
+		}
+		t.cacheKey, ok = s.stringValue()
+	case "bootstrap_room":
+		// An integer, as SGLang sends it; anything else (null, a batch's
+		// array) is left to the reference.
+		if !once(seen, 1<<9) {
+			return true, false
+		}
+		if c := s.peek(); c != '-' && (c < '0' || c > '9') {
+			return true, false
+		}
+		start := s.pos
+		ok = s.number()
+		t.room = s.buf[start:s.pos]
 	default:
 		return false, false
 	}
@@ -615,12 +633,14 @@ func (s *jsonScanner) common(key []byte, seen *uint32, t *topFields) (handled, o
 
 func (t *topFields) prompt(chat bool, text []byte) Prompt {
 	return Prompt{
-		Model:        string(t.model),
-		CacheSalt:    string(t.salt),
-		Stream:       t.stream,
-		IncludeUsage: t.includeUsage,
-		Text:         text,
-		Chat:         chat,
+		Model:         string(t.model),
+		CacheSalt:     string(t.salt),
+		Stream:        t.stream,
+		IncludeUsage:  t.includeUsage,
+		Text:          text,
+		Chat:          chat,
+		CacheKey:      string(t.cacheKey),
+		BootstrapRoom: string(t.room),
 	}
 }
 
@@ -635,9 +655,9 @@ type chatScan struct {
 	calls []byte
 }
 
-var chatTopFields = []string{"model", "messages", "tools", "stream", "stream_options", "cache_salt"}
+var chatTopFields = []string{"model", "messages", "tools", "stream", "stream_options", "cache_salt", "prompt_cache_key", "bootstrap_room"}
 
-// scanChat is RenderChat's fast path; ok=false means "ask renderChatStd".
+// scanChat is RenderChat's fast path; ok=false means "ask RenderChatStd".
 func scanChat(body []byte) (Prompt, bool) {
 	c := chatScan{jsonScanner: jsonScanner{buf: body}}
 	if !c.eat('{') {
@@ -712,7 +732,7 @@ func scanChat(body []byte) (Prompt, bool) {
 }
 
 // tools renders the tools array: each tool as its compacted JSON, as
-// renderChatStd does with the json.RawMessage.
+// RenderChatStd does with the json.RawMessage.
 func (c *chatScan) tools() bool {
 	switch c.peek() {
 	case 'n':
@@ -1058,7 +1078,7 @@ func (c *chatScan) function() (name, args []byte, ok bool) {
 	}
 }
 
-var completionTopFields = []string{"model", "prompt", "stream", "stream_options", "cache_salt"}
+var completionTopFields = []string{"model", "prompt", "stream", "stream_options", "cache_salt", "prompt_cache_key", "bootstrap_room"}
 
 // scanCompletion is RenderCompletion's fast path; ok=false means "ask
 // renderCompletionStd".

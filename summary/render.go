@@ -33,7 +33,18 @@ type Prompt struct {
 	// earlier turn.
 	Text []byte
 	// Chat reports a chat request (messages) rather than a completion.
+	// Responses and Messages requests render as chat and set it too.
 	Chat bool
+	// CacheKey is the body's prompt_cache_key (OpenAI's routing hint for
+	// requests that share a prefix), "" when absent.
+	CacheKey string
+	// BootstrapRoom is SGLang's bootstrap_room as compact JSON text (the
+	// prefill/decode pairing of a disaggregated request), "" when absent.
+	BootstrapRoom string
+	// PreviousResponseID is a Responses request's previous_response_id:
+	// its earlier turns are held by the engine that produced that response
+	// and are not in Text.
+	PreviousResponseID string
 }
 
 // AppendAnswer returns the canonical text of the prompt followed by the
@@ -77,6 +88,7 @@ type chatRequest struct {
 		IncludeUsage bool `json:"include_usage"`
 	} `json:"stream_options"`
 	CacheSalt string `json:"cache_salt"`
+	clientKeys
 }
 
 type chatMessage struct {
@@ -221,13 +233,15 @@ func RenderChat(body []byte) (Prompt, error) {
 	if p, ok := scanChat(body); ok {
 		return p, nil
 	}
-	return renderChatStd(body)
+	return RenderChatStd(body)
 }
 
-// renderChatStd is RenderChat written with encoding/json. It is the
-// reference: scanChat must agree with it on every body it accepts
-// (FuzzRenderMatchesReference), and it decides every body scanChat declines.
-func renderChatStd(body []byte) (Prompt, error) {
+// RenderChatStd is RenderChat written with encoding/json alone. It is the
+// reference: the single-pass scanner must agree with it on every body it
+// accepts (FuzzRenderMatchesReference), and it decides every body the
+// scanner declines. It is exported for the proxy's end-to-end benchmark,
+// which weighs the scanner against it (docs/BENCHMARKS.md).
+func RenderChatStd(body []byte) (Prompt, error) {
 	var req chatRequest
 	if err := json.Unmarshal(body, &req); err != nil {
 		return Prompt{}, fmt.Errorf("%w: body is not a valid chat completion request: %v", ErrBadRequest, err)
@@ -242,17 +256,13 @@ func renderChatStd(body []byte) (Prompt, error) {
 	if req.StreamOptions != nil {
 		p.IncludeUsage = req.StreamOptions.IncludeUsage
 	}
+	req.clientKeys.apply(&p)
 	size := 0
 	for _, m := range req.Messages {
 		size += len(m.Content.text) + len(m.Role) + 16
 	}
 	text := make([]byte, 0, size)
-	for _, t := range req.Tools {
-		text = append(text, recordSep)
-		text = append(text, "tool"...)
-		text = append(text, unitSep)
-		text = appendCompactJSON(text, t)
-	}
+	text = appendTools(text, req.Tools)
 	for i, m := range req.Messages {
 		if m.Role == "" {
 			return Prompt{}, fmt.Errorf("%w: messages[%d].role is required", ErrBadRequest, i)
@@ -270,14 +280,7 @@ func renderChatStd(body []byte) (Prompt, error) {
 		text = append(text, unitSep)
 		text = append(text, m.Content.text...)
 		for _, c := range m.ToolCalls {
-			text = append(text, groupSep)
-			text = append(text, "call"...)
-			text = append(text, unitSep)
-			text = append(text, c.ID...)
-			text = append(text, unitSep)
-			text = append(text, c.Function.Name...)
-			text = append(text, unitSep)
-			text = append(text, c.Function.Arguments...)
+			text = appendCall(text, c.ID, c.Function.Name, c.Function.Arguments)
 		}
 	}
 	p.Text = text
@@ -351,6 +354,7 @@ type completionRequest struct {
 		IncludeUsage bool `json:"include_usage"`
 	} `json:"stream_options"`
 	CacheSalt string `json:"cache_salt"`
+	clientKeys
 }
 
 // RenderCompletion parses a /v1/completions body. A string prompt renders
@@ -382,6 +386,7 @@ func renderCompletionStd(body []byte) (Prompt, error) {
 	if req.StreamOptions != nil {
 		p.IncludeUsage = req.StreamOptions.IncludeUsage
 	}
+	req.clientKeys.apply(&p)
 	text, err := renderPrompt(req.Prompt, true)
 	if err != nil {
 		return Prompt{}, fmt.Errorf("%w: 'prompt': %v", ErrBadRequest, err)

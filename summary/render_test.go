@@ -112,7 +112,13 @@ func TestRenderDistinguishesWhatEnginesDistinguish(t *testing.T) {
 			t.Errorf("%s: different requests render the same", tc.name)
 		}
 	}
-	if render(img("data:x")) != render(img("data:x")) {
+	// The same image sent again, spaced differently, must render the same:
+	// the digest is of the compacted part.
+	spaced, err := RenderChat([]byte(`{"model":"m","messages":[{"role":"user","content":[ { "image_url" : { "url" : "data:x" } , "type" : "image_url" } ]}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(spaced.Text) != render(img("data:x")) {
 		t.Error("the same image renders differently")
 	}
 }
@@ -220,6 +226,8 @@ func samePrompt(a, b Prompt) string {
 		return fmt.Sprintf("model %q vs %q", a.Model, b.Model)
 	case a.CacheSalt != b.CacheSalt:
 		return fmt.Sprintf("cache salt %q vs %q", a.CacheSalt, b.CacheSalt)
+	case a.CacheKey != b.CacheKey || a.BootstrapRoom != b.BootstrapRoom || a.PreviousResponseID != b.PreviousResponseID:
+		return fmt.Sprintf("keys %q/%q/%q vs %q/%q/%q", a.CacheKey, a.BootstrapRoom, a.PreviousResponseID, b.CacheKey, b.BootstrapRoom, b.PreviousResponseID)
 	case a.Stream != b.Stream || a.IncludeUsage != b.IncludeUsage || a.Chat != b.Chat:
 		return fmt.Sprintf("flags %v/%v/%v vs %v/%v/%v", a.Stream, a.IncludeUsage, a.Chat, b.Stream, b.IncludeUsage, b.Chat)
 	case !bytes.Equal(a.Text, b.Text):
@@ -235,7 +243,7 @@ type renderer struct {
 }
 
 var renderers = []renderer{
-	{"chat", scanChat, RenderChat, renderChatStd},
+	{"chat", scanChat, RenderChat, RenderChatStd},
 	{"completion", scanCompletion, RenderCompletion, renderCompletionStd},
 }
 
@@ -350,6 +358,11 @@ var renderCases = []struct {
 	{"tools last", chatCase, `{"model":"m","messages":[{"role":"user","content":"x"},{"role":"user","content":"y"}],"stream":true,"tools":[ {"type" : "function"} ]}`, true, true},
 	{"tools empty", chatCase, `{"model":"m","messages":[{"role":"user","content":"x"}],"tools":[]}`, true, true},
 	{"tools object", chatCase, `{"model":"m","messages":[{"role":"user","content":"x"}],"tools":{}}`, false, false},
+	{"client keys", chatCase, `{"model":"m","prompt_cache_key":"conv-1","bootstrap_room":-12e3,"messages":[{"role":"user","content":"x"}]}`, true, true},
+	{"client keys null", chatCase, `{"model":"m","prompt_cache_key":null,"bootstrap_room":null,"messages":[{"role":"user","content":"x"}]}`, false, true},
+	{"bootstrap room batch", chatCase, `{"model":"m","bootstrap_room":[1, 2],"messages":[{"role":"user","content":"x"}]}`, false, true},
+	{"prompt cache key number", chatCase, `{"model":"m","prompt_cache_key":5,"messages":[{"role":"user","content":"x"}]}`, false, false},
+	{"prompt cache key folded", chatCase, `{"model":"m","Prompt_Cache_Key":"k","messages":[{"role":"user","content":"x"}]}`, false, true},
 	{"chat prompt is unknown", chatCase, `{"model":"m","prompt":5,"messages":[{"role":"user","content":"x"}]}`, true, true},
 
 	{"string prompt", completionCase, `{"model":"m","prompt":"hello\u00e9"}`, true, true},
@@ -371,6 +384,7 @@ var renderCases = []struct {
 	{"null prompt", completionCase, `{"model":"m","prompt":null}`, false, false},
 	{"no prompt", completionCase, `{"model":"m"}`, false, false},
 	{"object prompt", completionCase, `{"model":"m","prompt":{}}`, false, false},
+	{"completion client keys", completionCase, `{"model":"m","prompt":"x","prompt_cache_key":"k\u00e9","bootstrap_room":7}`, true, true},
 	{"completion messages unknown", completionCase, `{"model":"m","prompt":"x","messages":7}`, true, true},
 	{"Prompt folded", completionCase, `{"model":"m","Prompt":"x"}`, false, true},
 	{"invalid utf8 prompt", completionCase, "{\"model\":\"m\",\"prompt\":\"\xff\"}", false, true},

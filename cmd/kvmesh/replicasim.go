@@ -48,8 +48,10 @@ Serve a simulated vLLM-like OpenAI engine for machines without a GPU: a real
 LRU prefix cache of KV blocks (one token per 4 bytes of text), a FIFO waiting
 queue, one serialized prefill lane and per-token decode time, so TTFT and
 usage.prompt_tokens_details.cached_tokens respond to routing. Endpoints:
-POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health,
-POST /reset_prefix_cache, GET /metrics (vLLM metric names).
+POST /v1/chat/completions, POST /v1/completions, POST /v1/responses (and
+GET /v1/responses/{id}), POST /v1/messages (Anthropic), POST /v1/embeddings,
+GET /v1/models, GET /health, POST /reset_prefix_cache, GET /metrics (vLLM
+metric names).
 
 Every flag can also be set by the environment variable KVMESH_<FLAG>
 (upper case, dashes to underscores, e.g. KVMESH_KV_BLOCKS); the command line wins.

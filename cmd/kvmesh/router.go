@@ -11,8 +11,11 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"os/signal"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -25,9 +28,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 )
 
-// drainTimeout bounds how long a stopping router waits for in-flight
-// requests (streams included) before cutting them.
-const drainTimeout = 10 * time.Second
+// defaultDrainTimeout bounds how long a stopping router waits for
+// in-flight requests before cutting them: long enough for a long stream.
+const defaultDrainTimeout = 60 * time.Second
 
 // routerConfig is the parsed command line of `kvmesh router`.
 type routerConfig struct {
@@ -40,14 +43,33 @@ type routerConfig struct {
 	logLevel          hclog.Level
 	logJSON           bool
 	maxBodyBytes      int64
+	sessionHeader     string
 	capacityBlocks    int
 	loadFactor        float64
+	policy            route.Policy // from the route flags (policyflags.go)
 	apiAdvertise      string
 	timing            mesh.Timing
 	healthInterval    time.Duration
 	contract          summary.Contract
 	logOutput         io.Writer
 	registerProcessGo bool // Go and process collectors (off in in-process tests: they are per process)
+	sources           replicaSources
+
+	// Edges (router_edges.go); zero values mean no cap or the default.
+	adminListen          string // "" : no admin server
+	tlsCert, tlsKey      string
+	peerTLSCA            string
+	peerCert, peerKey    string
+	apiKeyFile           string
+	maxConns             int
+	maxInflightPerClient int
+	headerTimeout        time.Duration
+	bodyTimeout          time.Duration
+	idleTimeout          time.Duration
+	retryBudget          time.Duration
+	maxAttempts          int
+	drainTimeout         time.Duration
+	gossipStreams        mesh.StreamLimits
 }
 
 // parseRouterFlags parses args, then fills every flag not given on the
@@ -57,12 +79,17 @@ func parseRouterFlags(args []string, getenv func(string) (string, bool), stderr 
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
 		fmt.Fprint(stderr, `usage: kvmesh router --name NAME --region REGION --listen HOST:PORT --gossip-bind HOST:PORT
-       [--advertise HOST:PORT] --join SEED [--join SEED ...] --replica URL [--replica URL ...] [flags]
+       [--advertise HOST:PORT] --join SEED [--join SEED ...]
+       [--replica URL ...] [--replica-dns HOST:PORT|_service._proto.name] [--replica-file PATH] [flags]
 
-Serves the OpenAI API (POST /v1/chat/completions, /v1/completions, GET /v1/models)
-in front of the replicas declared here, and joins the mesh of routers that
-gossip which prompt prefixes every replica holds. Also serves /healthz,
-/readyz, /metrics and /debug/mesh.
+Serves the OpenAI API (POST /v1/chat/completions, /v1/completions, /v1/responses,
+/v1/embeddings, GET /v1/models) and Anthropic's POST /v1/messages in front of
+the replicas declared here, and joins the mesh of routers that
+gossip which prompt prefixes every replica holds. Also serves /healthz and
+/readyz; /metrics, /debug/mesh and a status page for people (at /) are on
+--admin-listen (loopback by default).
+SIGHUP reloads --api-key-file, --replica-file and the TLS certificates;
+SIGTERM leaves the mesh, stops accepting, and drains for --drain-timeout.
 
 Every flag can also be set in the environment as KVMESH_<FLAG> (upper case,
 dashes as underscores, e.g. KVMESH_GOSSIP_BIND); the command line wins.
@@ -85,11 +112,14 @@ flags:
 	logLevel := fs.String("log-level", "info", "log level: trace, debug, info, warn, error or off")
 	fs.BoolVar(&cfg.logJSON, "log-json", false, "log JSON lines instead of text")
 	fs.Int64Var(&cfg.maxBodyBytes, "max-body-bytes", proxy.DefaultMaxBodyBytes, "largest accepted request body in bytes (larger: 413)")
+	fs.StringVar(&cfg.sessionHeader, "session-header", proxy.DefaultSessionHeader, "request header whose value is a client routing key (\"-\": none); prompt_cache_key in the body takes precedence")
 	fs.IntVar(&cfg.capacityBlocks, "capacity-blocks", 16384, "cache capacity in router blocks assumed for replicas whose engine does not report one (vLLM's does)")
-	fs.Float64Var(&cfg.loadFactor, "load-factor", route.DefaultPolicy().LoadFactor, "bounded-load factor: a replica takes a request only while its queued prefill stays within this times the mean (plus one request)")
+	pf := bindPolicyFlags(fs)
 	fs.StringVar(&cfg.apiAdvertise, "api-advertise", "", "base URL peers forward requests to (default: http://<listen>)")
 	profile := fs.String("gossip-profile", "lan", "gossip timings: lan (one data centre), wan (regions apart) or test (fast, for local experiments)")
 	fs.DurationVar(&cfg.healthInterval, "health-interval", 2*time.Second, "interval of the replicas' health checks")
+	finishReplicaFlags := replicaFlags(fs, &cfg.sources)
+	edgeFlags(fs, &cfg)
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
 	}
@@ -111,9 +141,12 @@ flags:
 	if cfg.maxBodyBytes <= 0 {
 		return cfg, fmt.Errorf("router: --max-body-bytes %d must be positive", cfg.maxBodyBytes)
 	}
-	if cfg.loadFactor < 1 {
-		return cfg, fmt.Errorf("router: --load-factor %v must be at least 1", cfg.loadFactor)
+	policy, err := pf.Policy()
+	if err != nil {
+		return cfg, fmt.Errorf("router: %w", err)
 	}
+	cfg.policy = policy
+	cfg.loadFactor = cfg.policy.LoadFactor
 	if err := (summary.Params{CapacityBlocks: cfg.capacityBlocks, FalsePositiveRate: summary.DefaultFalsePositiveRate}).Validate(); err != nil {
 		return cfg, fmt.Errorf("router: --capacity-blocks: %w", err)
 	}
@@ -126,6 +159,9 @@ flags:
 			return cfg, fmt.Errorf("router: --replica %q is not an http(s) URL", r)
 		}
 		cfg.replicas[i] = strings.TrimRight(r, "/")
+	}
+	if err := finishReplicaFlags(); err != nil {
+		return cfg, err
 	}
 	if cfg.apiAdvertise != "" {
 		if u, err := url.Parse(cfg.apiAdvertise); err != nil || u.Host == "" {
@@ -148,6 +184,9 @@ flags:
 			return cfg, err
 		}
 		cfg.gossipKey = key
+	}
+	if err := checkEdgeFlags(&cfg); err != nil {
+		return cfg, err
 	}
 	cfg.contract = summary.DefaultContract()
 	cfg.registerProcessGo = true
@@ -186,19 +225,22 @@ func readGossipKey(path string) ([]byte, error) {
 }
 
 // runRouter serves the OpenAI API, fronts the declared replicas and joins
-// the mesh until ctx is cancelled, then drains and leaves.
+// the mesh until ctx is cancelled, then leaves and drains. A listener
+// that fails stops the router at once with the listener's error.
 func runRouter(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	cfg, err := parseRouterFlags(args, os.LookupEnv, stderr)
 	if err != nil {
 		return err
 	}
 	cfg.logOutput = stderr
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
 	r, err := startRouter(ctx, cfg)
 	if err != nil {
 		return err
 	}
-	<-ctx.Done()
-	return r.shutdown()
+	return r.run(ctx, hup)
 }
 
 // router is one running kvmesh router.
@@ -214,9 +256,17 @@ type router struct {
 	ln     net.Listener
 	api    string
 
+	admin    *http.Server // nil without --admin-listen
+	adminLn  net.Listener
+	edges    routerEdges
+	draining atomic.Bool
+
 	stopHealth context.CancelFunc
 	wg         sync.WaitGroup
 	serveErr   chan error
+	// beforeStopAccepting runs in shutdown after the mesh is left and
+	// before the API stops accepting (tests observe the order).
+	beforeStopAccepting func()
 }
 
 // startRouter wires and starts a router: registry, logger, mesh, health
@@ -231,65 +281,104 @@ func startRouter(ctx context.Context, cfg routerConfig) (*router, error) {
 	if cfg.registerProcessGo {
 		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	}
+	edges, err := loadEdges(cfg, log)
+	if err != nil {
+		return nil, err
+	}
 	ln, err := net.Listen("tcp", cfg.listen)
 	if err != nil {
 		return nil, fmt.Errorf("router: listen %s: %w", cfg.listen, err)
 	}
 	api := cfg.apiAdvertise
 	if api == "" {
-		api = "http://" + advertisedHostPort(ln.Addr().(*net.TCPAddr))
+		scheme := "http://"
+		if edges.serverTLS != nil {
+			scheme = "https://"
+		}
+		api = scheme + advertisedHostPort(ln.Addr().(*net.TCPAddr))
+	}
+	var adminLn net.Listener
+	if cfg.adminListen != "" {
+		if adminLn, err = net.Listen("tcp", cfg.adminListen); err != nil {
+			ln.Close()
+			return nil, fmt.Errorf("router: admin listen %s: %w", cfg.adminListen, err)
+		}
+	}
+	closeLns := func() {
+		ln.Close()
+		if adminLn != nil {
+			adminLn.Close()
+		}
 	}
 	m, err := mesh.New(ctx, mesh.Config{
 		Name: cfg.name, Region: cfg.region, APIAddr: api,
 		BindAddr: cfg.gossipBind, AdvertiseAddr: cfg.advertise, Join: cfg.join, SecretKey: cfg.gossipKey,
 		Contract: cfg.contract, DefaultCapacityBlocks: cfg.capacityBlocks, Timing: cfg.timing,
-		Logger: log, Registerer: reg,
+		Streams: cfg.gossipStreams, Logger: log, Registerer: reg,
 	})
 	if err != nil {
-		ln.Close()
+		closeLns()
 		return nil, fmt.Errorf("router: %w", err)
 	}
-	for _, id := range cfg.replicas {
-		m.DeclareReplica(id)
-	}
+	// Replicas are declared once they pass a health check (replicaSet).
+	set := newReplicaSet(m, log.Named("replicas"))
 	client := proxy.NewClient()
-	hc := proxy.NewHealthChecker(proxy.HealthConfig{Interval: cfg.healthInterval}, cfg.replicas, client,
-		func(id string, models []string, healthy bool, capacityBlocks int) {
-			m.UpdateReplica(id, mesh.ReplicaStatus{Models: models, Healthy: healthy, CapacityBlocks: capacityBlocks})
-		}, cfg.contract.BlockBytes, log.Named("health"), reg)
-	policy := route.DefaultPolicy()
-	policy.LoadFactor = cfg.loadFactor
+	if edges.peerTLS != nil {
+		client.Transport.(*http.Transport).TLSClientConfig = edges.peerTLS
+	}
+	hc := proxy.NewHealthChecker(proxy.HealthConfig{Interval: cfg.healthInterval, LoadInterval: cfg.sources.loadInterval, Engine: cfg.sources.engine},
+		nil, client, set.onStatus, cfg.contract.BlockBytes, log.Named("health"), reg)
+	set.health = hc
+	set.update("static", cfg.replicas)
+	policy := cfg.policy
+	if policy == (route.Policy{}) {
+		policy = route.DefaultPolicy()
+	}
+	if cfg.loadFactor > 0 {
+		policy.LoadFactor = cfg.loadFactor
+	}
+	r := &router{name: cfg.name, log: log, reg: reg, mesh: m, health: hc, client: client, api: api, edges: edges, serveErr: make(chan error, 2)}
 	p, err := proxy.New(proxy.Config{
 		RouterName: cfg.name, View: m, Policy: policy, Contract: cfg.contract,
 		MaxBodyBytes: cfg.maxBodyBytes, Client: client, Logger: log.Named("proxy"),
-		Registerer: reg, Gatherer: reg, Debug: m.Debug, Ready: hc.Ready, ReportFailure: hc.ReportFailure,
+		Registerer: reg, Gatherer: reg, Debug: m.Debug, Ready: r.ready, ModelsKnown: r.modelsKnown, ReportFailure: hc.ReportFailure,
+		MaxAttempts: cfg.maxAttempts, RetryBudget: cfg.retryBudget, BodyTimeout: cfg.bodyTimeout,
+		MaxInflightPerClient: cfg.maxInflightPerClient, HopKey: proxy.HopKey(cfg.gossipKey),
+		TrustPeerCerts: edges.serverTLS != nil && edges.peerCA != nil, RequirePeerTLS: edges.peerCA != nil, APIKeys: edges.keys,
+		SessionHeader: cfg.sessionHeader,
 	})
 	if err != nil {
-		ln.Close()
+		closeLns()
 		_ = m.Close(context.Background())
 		return nil, fmt.Errorf("router: %w", err)
 	}
-	r := &router{name: cfg.name, log: log, reg: reg, mesh: m, health: hc, proxy: p, client: client, ln: ln, api: api, serveErr: make(chan error, 1)}
-	r.srv = &http.Server{
-		Handler: p,
-		// No WriteTimeout: a generation streams for minutes.
-		ReadHeaderTimeout: 10 * time.Second,
-		IdleTimeout:       2 * time.Minute,
-		MaxHeaderBytes:    1 << 20,
-		ErrorLog:          log.Named("http").StandardLogger(&hclog.StandardLoggerOptions{InferLevels: true}),
+	r.proxy = p
+	r.ln = r.edgeListener(ln, cfg.maxConns)
+	r.srv = r.apiServer(cfg, p)
+	if adminLn != nil {
+		admin, err := withStatusPage(p.AdminHandler(), cfg.name, m, reg, log.Named("status"))
+		if err != nil {
+			closeLns()
+			_ = m.Close(context.Background())
+			return nil, err
+		}
+		r.adminLn = adminLn
+		r.admin = &http.Server{Handler: admin, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: time.Minute, ErrorLog: r.srv.ErrorLog}
 	}
 	hctx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	r.stopHealth = stop
 	r.wg.Add(2)
 	go func() { defer r.wg.Done(); hc.Run(hctx) }()
-	go func() {
-		defer r.wg.Done()
-		if err := r.srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
-			r.serveErr <- err
-		}
-	}()
-	log.Info("router serving", "listen", ln.Addr().String(), "api", api, "gossip", m.GossipAddr(),
+	go func() { defer r.wg.Done(); runDiscovery(hctx, cfg.sources, set, log.Named("discover")) }()
+	r.serve("API", r.srv, r.ln)
+	if r.admin != nil {
+		r.serve("admin", r.admin, r.adminLn)
+	}
+	log.Info("router serving", "listen", ln.Addr().String(), "api", api, "admin", cfg.adminListen, "gossip", m.GossipAddr(),
 		"replicas", strings.Join(cfg.replicas, ","), "seeds", strings.Join(cfg.join, ","))
+	if len(cfg.gossipKey) == 0 && !(edges.serverTLS != nil && edges.peerCA != nil) {
+		log.Warn("no --gossip-key-file: gossip is unauthenticated and forwarded requests' X-Kvmesh-Hop hints cannot be verified, so clients can send them too; set a gossip key (or mutual peer TLS) on any network you do not fully trust")
+	}
 	return r, nil
 }
 
@@ -305,27 +394,45 @@ func advertisedHostPort(a *net.TCPAddr) string {
 	return net.JoinHostPort(host, fmt.Sprint(a.Port))
 }
 
-// shutdown stops accepting, drains in-flight requests for up to
-// drainTimeout, stops the health checks and leaves the mesh.
+// shutdown stops the router in the order that loses no request: it
+// turns /readyz to 503, leaves the mesh (peers stop forwarding here and
+// route around this router's replicas), then stops accepting and drains
+// in-flight requests (streams included) for the drain timeout, then stops
+// the health checks. Safe to call more than once.
 func (r *router) shutdown() error {
-	ctx, cancel := context.WithTimeout(context.Background(), drainTimeout)
-	defer cancel()
 	var errs []error
+	r.draining.Store(true)
+	lctx, lcancel := context.WithTimeout(context.Background(), 2*time.Second)
+	if err := r.mesh.Close(lctx); err != nil {
+		errs = append(errs, err)
+	}
+	lcancel()
+	r.log.Info("left the mesh; draining in-flight requests", "timeout", r.edges.drainTimeout)
+	if r.beforeStopAccepting != nil {
+		r.beforeStopAccepting()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), r.edges.drainTimeout)
+	defer cancel()
 	if err := r.srv.Shutdown(ctx); err != nil {
 		r.log.Warn("drain timed out; closing remaining connections", "error", err)
 		_ = r.srv.Close()
 	}
+	if r.admin != nil {
+		actx, acancel := context.WithTimeout(context.Background(), time.Second)
+		if r.admin.Shutdown(actx) != nil {
+			_ = r.admin.Close()
+		}
+		acancel()
+	}
 	r.stopHealth()
 	r.wg.Wait()
-	select {
-	case err := <-r.serveErr:
-		errs = append(errs, fmt.Errorf("router: serve: %w", err))
-	default:
-	}
-	lctx, lcancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer lcancel()
-	if err := r.mesh.Close(lctx); err != nil {
-		errs = append(errs, err)
+	for done := false; !done; {
+		select {
+		case err := <-r.serveErr:
+			errs = append(errs, err)
+		default:
+			done = true
+		}
 	}
 	r.client.CloseIdleConnections()
 	r.log.Info("router stopped")

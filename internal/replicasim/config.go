@@ -1,6 +1,7 @@
 // Package replicasim is a vLLM-like OpenAI-compatible inference engine for
 // machines without a GPU. It serves the same endpoints and Prometheus metrics
-// as vLLM, keeps a real LRU prefix cache of KV blocks, and spends modelled
+// as vLLM (chat, completions, the Responses API with stored responses,
+// Anthropic's Messages API and embeddings), keeps a real LRU prefix cache of KV blocks, and spends modelled
 // time on queueing, prefill of the uncached prompt and decode, so that a
 // router in front of it sees TTFT and cached tokens respond to where
 // requests go. The text it generates is deterministic filler.

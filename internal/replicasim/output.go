@@ -61,6 +61,11 @@ type output struct {
 	seq     *sequence
 	started bool
 	buf     bytes.Buffer
+	events  int   // Responses: the next sequence_number
+	u       usage // the usage so far (prompt and cached tokens from the start)
+	// store keeps the final Responses object before the client sees it
+	// (nil: not stored).
+	store func(responseObject)
 }
 
 func newOutput(w http.ResponseWriter, seq *sequence) *output {
@@ -89,12 +94,25 @@ func (o *output) token(tok string, last bool) error {
 		h.Set("Content-Type", "text/event-stream; charset=utf-8")
 		h.Set("Cache-Control", "no-cache")
 		o.w.WriteHeader(http.StatusOK)
-		if o.seq.ep == chatEndpoint {
+		switch o.seq.ep {
+		case responsesEndpoint:
+			o.responsesStart()
+		case messagesEndpoint:
+			o.messagesStart()
+		case chatEndpoint:
 			empty := ""
 			r := o.base("chat.completion.chunk")
 			r.Choices = []chatChoice{{Delta: &chatDelta{Role: "assistant", Content: &empty}}}
 			o.event(r)
 		}
+	}
+	switch o.seq.ep {
+	case responsesEndpoint:
+		o.responsesToken(tok)
+		return o.flush()
+	case messagesEndpoint:
+		o.messagesToken(tok)
+		return o.flush()
 	}
 	var r response
 	if o.seq.ep == chatEndpoint {
@@ -110,6 +128,14 @@ func (o *output) token(tok string, last bool) error {
 
 // finish completes the response with the whole answer and usage.
 func (o *output) finish(answer string, u usage) {
+	switch o.seq.ep {
+	case responsesEndpoint:
+		o.responsesFinish(answer, u)
+		return
+	case messagesEndpoint:
+		o.messagesFinish(answer, u)
+		return
+	}
 	if !o.seq.req.Stream {
 		var r response
 		if o.seq.ep == chatEndpoint {

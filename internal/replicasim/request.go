@@ -14,6 +14,8 @@ type endpoint int
 const (
 	chatEndpoint       endpoint = iota // POST /v1/chat/completions
 	completionEndpoint                 // POST /v1/completions
+	responsesEndpoint                  // POST /v1/responses (OpenAI Responses API)
+	messagesEndpoint                   // POST /v1/messages (Anthropic Messages API)
 )
 
 // chatMessage is one message with its content flattened to text.
@@ -29,6 +31,10 @@ type parsedRequest struct {
 	MaxTokens    int    // 0 when the request gives none
 	Stream       bool
 	IncludeUsage bool
+	// PreviousResponseID (Responses) names a stored response whose
+	// conversation precedes Prompt; Store says whether to store this one.
+	PreviousResponseID string
+	Store              bool
 }
 
 // wireRequest is the subset of the OpenAI request body the simulator reads;
@@ -43,6 +49,14 @@ type wireRequest struct {
 	StreamOptions       *struct {
 		IncludeUsage bool `json:"include_usage"`
 	} `json:"stream_options"`
+	// Responses API.
+	Instructions       string          `json:"instructions"`
+	Input              json.RawMessage `json:"input"`
+	MaxOutputTokens    *int            `json:"max_output_tokens"`
+	PreviousResponseID string          `json:"previous_response_id"`
+	Store              *bool           `json:"store"`
+	// Messages API (messages and max_tokens are shared with chat).
+	System json.RawMessage `json:"system"`
 }
 
 type wireMessage struct {
@@ -77,6 +91,9 @@ func parseRequest(ep endpoint, body []byte) (parsedRequest, error) {
 	if w.MaxCompletionTokens != nil {
 		mt = w.MaxCompletionTokens
 	}
+	if ep == responsesEndpoint {
+		mt = w.MaxOutputTokens
+	}
 	if mt != nil {
 		if *mt < 1 {
 			return parsedRequest{}, badRequest("max_tokens must be at least 1, got %d", *mt)
@@ -106,8 +123,104 @@ func parseRequest(ep endpoint, body []byte) (parsedRequest, error) {
 			return parsedRequest{}, badRequest("prompt: %v", err)
 		}
 		p.Prompt = s
+	case responsesEndpoint:
+		var msgs []chatMessage
+		if w.Instructions != "" {
+			msgs = append(msgs, chatMessage{Role: "system", Content: w.Instructions})
+		}
+		in, err := inputMessages(w.Input)
+		if err != nil {
+			return parsedRequest{}, badRequest("input: %v", err)
+		}
+		p.Prompt = renderChat(append(msgs, in...))
+		p.PreviousResponseID = w.PreviousResponseID
+		p.Store = w.Store == nil || *w.Store
+	case messagesEndpoint:
+		if len(w.Messages) == 0 {
+			return parsedRequest{}, badRequest("messages: at least one message is required")
+		}
+		if mt == nil {
+			return parsedRequest{}, badRequest("max_tokens: Field required")
+		}
+		var msgs []chatMessage
+		if sys := bytes.TrimSpace(w.System); len(sys) > 0 && !bytes.Equal(sys, []byte("null")) {
+			c, err := contentText(sys)
+			if err != nil {
+				return parsedRequest{}, badRequest("system: %v", err)
+			}
+			msgs = append(msgs, chatMessage{Role: "system", Content: c})
+		}
+		for i, m := range w.Messages {
+			if m.Role != "user" && m.Role != "assistant" {
+				return parsedRequest{}, badRequest("messages[%d].role must be user or assistant", i)
+			}
+			c, err := contentText(m.Content)
+			if err != nil {
+				return parsedRequest{}, badRequest("messages[%d].content: %v", i, err)
+			}
+			msgs = append(msgs, chatMessage{Role: m.Role, Content: c})
+		}
+		p.Prompt = renderChat(msgs)
 	}
 	return p, nil
+}
+
+// responseItem is one item of a Responses input array.
+type responseItem struct {
+	Type      string          `json:"type"`
+	Role      string          `json:"role"`
+	Content   json.RawMessage `json:"content"`
+	CallID    string          `json:"call_id"`
+	Name      string          `json:"name"`
+	Arguments string          `json:"arguments"`
+	Output    json.RawMessage `json:"output"`
+}
+
+// inputMessages flattens a Responses input (a string, or an array of
+// items) into chat messages: function calls become assistant messages and
+// their outputs tool messages, as vLLM's chat template sees them. Other
+// item types (reasoning, references) are ignored.
+func inputMessages(raw json.RawMessage) ([]chatMessage, error) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
+		return nil, errors.New("is required")
+	}
+	if raw[0] == '"' {
+		var s string
+		if err := json.Unmarshal(raw, &s); err != nil {
+			return nil, err
+		}
+		return []chatMessage{{Role: "user", Content: s}}, nil
+	}
+	var items []responseItem
+	if err := json.Unmarshal(raw, &items); err != nil {
+		return nil, errors.New("must be a string or an array of items")
+	}
+	var msgs []chatMessage
+	for i, it := range items {
+		switch {
+		case it.Type == "message" || (it.Type == "" && it.Role != ""):
+			if it.Role == "" {
+				return nil, fmt.Errorf("[%d].role is required", i)
+			}
+			c, err := contentText(it.Content)
+			if err != nil {
+				return nil, fmt.Errorf("[%d].content: %v", i, err)
+			}
+			msgs = append(msgs, chatMessage{Role: it.Role, Content: c})
+		case it.Type == "function_call":
+			msgs = append(msgs, chatMessage{Role: "assistant", Content: it.Name + "(" + it.Arguments + ")"})
+		case it.Type == "function_call_output":
+			c, err := contentText(it.Output)
+			if err != nil {
+				return nil, fmt.Errorf("[%d].output: %v", i, err)
+			}
+			msgs = append(msgs, chatMessage{Role: "tool", Content: c})
+		case it.Type == "":
+			return nil, fmt.Errorf("[%d] has neither a type nor a role", i)
+		}
+	}
+	return msgs, nil
 }
 
 // contentText flattens message content: a string, null, or an array of
@@ -132,7 +245,8 @@ func contentText(raw json.RawMessage) (string, error) {
 	}
 	var b bytes.Buffer
 	for _, pt := range parts {
-		if pt.Type == "text" || pt.Type == "" {
+		switch pt.Type {
+		case "text", "", "input_text", "output_text":
 			b.WriteString(pt.Text)
 		}
 	}

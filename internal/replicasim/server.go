@@ -29,6 +29,7 @@ type Server struct {
 	created int64 // unix seconds, for /v1/models
 	maxBody int64
 	seq     atomic.Uint64 // request counter, for response IDs
+	stored  *responseStore
 
 	// ctx ends when Close is called; every sequence watches it.
 	ctx      context.Context
@@ -56,6 +57,7 @@ func New(cfg Config, logger hclog.Logger, reg prometheus.Registerer) (*Server, e
 		prefill: make(lane, 1),
 		created: time.Now().Unix(),
 		maxBody: defaultMaxBody,
+		stored:  newResponseStore(maxStoredResponses),
 	}
 	s.m = newMetrics(cfg, func() float64 { return float64(s.cache.len()) / float64(cfg.KVBlocks) })
 	s.sched = &scheduler{max: cfg.MaxNumSeqs, onChange: func(r, w int) {
@@ -84,6 +86,14 @@ func New(cfg Config, logger hclog.Logger, reg prometheus.Registerer) (*Server, e
 	mux.HandleFunc("POST /v1/completions", s.tracked(func(w http.ResponseWriter, r *http.Request) {
 		s.serveGenerate(w, r, completionEndpoint)
 	}))
+	mux.HandleFunc("POST /v1/responses", s.tracked(func(w http.ResponseWriter, r *http.Request) {
+		s.serveGenerate(w, r, responsesEndpoint)
+	}))
+	mux.HandleFunc("POST /v1/messages", s.tracked(func(w http.ResponseWriter, r *http.Request) {
+		s.serveGenerate(w, r, messagesEndpoint)
+	}))
+	mux.HandleFunc("GET /v1/responses/{id}", s.serveStoredResponse)
+	mux.HandleFunc("POST /v1/embeddings", s.serveEmbeddings)
 	mux.HandleFunc("GET /v1/models", s.serveModels)
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusOK) })
 	mux.HandleFunc("POST /reset_prefix_cache", func(w http.ResponseWriter, r *http.Request) {
@@ -166,15 +176,8 @@ func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request, ep endpoi
 		writeError(w, http.StatusServiceUnavailable, "The server is shutting down.")
 		return
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.maxBody))
-	if err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			writeError(w, http.StatusRequestEntityTooLarge,
-				fmt.Sprintf("Request body exceeds the limit of %d bytes.", mbe.Limit))
-			return
-		}
-		writeError(w, http.StatusBadRequest, fmt.Sprintf("reading request body: %v", err))
+	body, ok := s.readBody(w, r)
+	if !ok {
 		return
 	}
 	req, err := parseRequest(ep, body)
@@ -187,6 +190,15 @@ func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request, ep endpoi
 		return
 	}
 	req.Model = s.cfg.Model // responses name the served model
+	if id := req.PreviousResponseID; id != "" {
+		// The engine holds the earlier turns; the new input follows them.
+		prev, ok := s.stored.get(id)
+		if !ok {
+			writeError(w, http.StatusNotFound, fmt.Sprintf("Response with id '%s' not found.", id))
+			return
+		}
+		req.Prompt = prev.text + req.Prompt
+	}
 	seq := &sequence{
 		created:      time.Now().Unix(),
 		req:          req,
@@ -207,8 +219,13 @@ func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request, ep endpoi
 		return
 	}
 	prefix := "chatcmpl-"
-	if ep == completionEndpoint {
+	switch ep {
+	case completionEndpoint:
 		prefix = "cmpl-"
+	case responsesEndpoint:
+		prefix = "resp_"
+	case messagesEndpoint:
+		prefix = "msg_"
 	}
 	seq.id = fmt.Sprintf("%s%016x%08x", prefix, seq.seed, s.seq.Add(1))
 
@@ -272,6 +289,7 @@ func (s *Server) run(ctx context.Context, w http.ResponseWriter, seq *sequence) 
 	var answer strings.Builder
 	answer.Grow(seq.maxTokens * bytesPerToken)
 	out := newOutput(w, seq)
+	out.u = u
 	perToken := s.scaled(s.cfg.DecodeMsPerToken / 1000)
 	// The first token comes out of prefill; each later one costs a decode
 	// step. Deadlines are absolute so timer overhead does not accumulate.
@@ -297,10 +315,15 @@ func (s *Server) run(ctx context.Context, w http.ResponseWriter, seq *sequence) 
 	// The engine keeps the KV of prompt + answer; cache its blocks as the
 	// next turn will render them.
 	full := seq.req.Prompt + answer.String()
-	if seq.ep == chatEndpoint {
+	if seq.ep != completionEndpoint {
 		full += imEnd
 	}
 	s.cache.release(s.cache.acquire(blockHashes(full, s.cfg.BlockSize)))
+	if seq.ep == responsesEndpoint && seq.req.Store {
+		// Stored before the client can see the response, so that a next
+		// turn naming it always finds it.
+		out.store = func(obj responseObject) { s.stored.add(seq.id, full, obj) }
+	}
 	out.finish(answer.String(), u)
 }
 
@@ -310,4 +333,75 @@ func (s *Server) abort(w http.ResponseWriter, out *output, seq *sequence, err er
 	if !seq.req.Stream && s.ctx.Err() != nil {
 		writeError(w, http.StatusServiceUnavailable, "The server is shutting down.")
 	}
+}
+
+// readBody reads a request body under the size limit, answering the
+// client itself when it cannot.
+func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.maxBody))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			writeError(w, http.StatusRequestEntityTooLarge,
+				fmt.Sprintf("Request body exceeds the limit of %d bytes.", mbe.Limit))
+			return nil, false
+		}
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("reading request body: %v", err))
+		return nil, false
+	}
+	return body, true
+}
+
+// maxStoredResponses bounds the Responses conversations kept for
+// previous_response_id (vLLM keeps them in memory too).
+const maxStoredResponses = 4096
+
+// responseStore keeps recent stored responses by id, dropping the oldest
+// beyond its bound: the conversation text (prompt + answer) a later turn
+// continues, and the response object GET /v1/responses/{id} returns.
+type responseStore struct {
+	mu      sync.Mutex
+	max     int
+	entries map[string]storedResponse
+	order   []string // ids, oldest first
+}
+
+type storedResponse struct {
+	text string
+	obj  responseObject
+}
+
+func newResponseStore(max int) *responseStore {
+	return &responseStore{max: max, entries: make(map[string]storedResponse)}
+}
+
+func (rs *responseStore) add(id, text string, obj responseObject) {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	if _, ok := rs.entries[id]; !ok {
+		rs.order = append(rs.order, id)
+	}
+	rs.entries[id] = storedResponse{text: text, obj: obj}
+	for len(rs.order) > rs.max {
+		delete(rs.entries, rs.order[0])
+		rs.order = rs.order[1:]
+	}
+}
+
+func (rs *responseStore) get(id string) (storedResponse, bool) {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	e, ok := rs.entries[id]
+	return e, ok
+}
+
+// serveStoredResponse serves GET /v1/responses/{id}.
+func (s *Server) serveStoredResponse(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	e, ok := s.stored.get(id)
+	if !ok {
+		writeError(w, http.StatusNotFound, fmt.Sprintf("Response with id '%s' not found.", id))
+		return
+	}
+	writeJSON(w, http.StatusOK, e.obj)
 }

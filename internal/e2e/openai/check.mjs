@@ -1,10 +1,14 @@
 // End-to-end check of one kvmesh router with the official openai client:
-// the router must look like any OpenAI-compatible server to it, streaming
-// and errors included, and a conversation's second turn must find the
-// first turn's prompt and answer in a replica's prefix cache.
+// the router must look like any OpenAI-compatible server to it, chat and
+// the Responses API, streaming and errors included, and a conversation's
+// second turn must find the first turn's prompt and answer in a replica's
+// prefix cache (chat, and Responses by items sent again or by
+// previous_response_id).
 //
 // Environment: KVMESH_URL (router base URL, required), KVMESH_MODEL
-// (default kvmesh-sim). Exits non-zero with a message on the first failure.
+// (default kvmesh-sim), KVMESH_API_KEY (the router's client key, when it
+// wants one; https with a private CA needs NODE_EXTRA_CA_CERTS). Exits
+// non-zero with a message on the first failure.
 import OpenAI from "openai";
 import { randomUUID } from "node:crypto";
 
@@ -15,7 +19,8 @@ if (!base) {
 }
 const model = process.env.KVMESH_MODEL || "kvmesh-sim";
 // No retries: a retried 5xx would hide a router fault this check is for.
-const client = new OpenAI({ baseURL: base + "/v1", apiKey: "unused", maxRetries: 0, timeout: 30_000 });
+const apiKey = process.env.KVMESH_API_KEY || "unused";
+const client = new OpenAI({ baseURL: base + "/v1", apiKey, maxRetries: 0, timeout: 30_000 });
 
 class CheckError extends Error {}
 function assert(cond, msg) {
@@ -119,6 +124,65 @@ await step("second turn reuses the first turn's cache", async () => {
   console.log(`     turn 1: ${r1.usage.prompt_tokens} prompt tokens, ${cached1} cached; turn 2: ${r2.usage.prompt_tokens} prompt tokens, ${details.cached_tokens} cached`);
 });
 
+await step("non-streaming Responses, retrieved by id", async () => {
+  const r = await client.responses.create({ model, input: `Run ${run}: say hello.`, max_output_tokens: 8 });
+  assert(r.object === "response", `object is ${JSON.stringify(r.object)}`);
+  assert(typeof r.id === "string" && r.id.startsWith("resp_"), `id ${JSON.stringify(r.id)}`);
+  assert(r.status === "completed", `status ${JSON.stringify(r.status)}`);
+  assert(typeof r.output_text === "string" && r.output_text.length > 0, `no output text: ${JSON.stringify(r.output)}`);
+  assert(r.usage?.output_tokens === 8, `usage.output_tokens ${r.usage?.output_tokens}, want 8`);
+  // Only the replica that produced it holds it; the router knows which.
+  const again = await client.responses.retrieve(r.id);
+  assert(again.id === r.id && again.output_text === r.output_text, `retrieved ${again.id} ${JSON.stringify(again.output_text)}, want ${r.id}`);
+});
+
+await step("streaming Responses", async () => {
+  const stream = await client.responses.create({ model, input: `Run ${run}: stream a few words.`, max_output_tokens: 16, stream: true });
+  const types = [];
+  let text = "";
+  let final = null;
+  for await (const ev of stream) {
+    types.push(ev.type);
+    if (ev.type === "response.output_text.delta") text += ev.delta;
+    if (ev.type === "response.completed") final = ev.response;
+  }
+  assert(types[0] === "response.created", `first event ${types[0]}, want response.created`);
+  const deltas = types.filter((t) => t === "response.output_text.delta").length;
+  assert(deltas >= 2, `${deltas} text deltas, want at least 2`);
+  assert(final !== null, `no response.completed among ${JSON.stringify([...new Set(types)])}`);
+  const finalText = final.output?.[0]?.content?.[0]?.text;
+  assert(finalText === text, `streamed ${JSON.stringify(text)}, completed response says ${JSON.stringify(finalText)}`);
+  assert(final.usage?.output_tokens === 16, `usage.output_tokens ${final.usage?.output_tokens}, want 16`);
+});
+
+await step("Responses second turn reuses the first turn's cache", async () => {
+  // Own instructions: the chat conversation above renders the same way.
+  const instructions = "Responses. " + system;
+  const first = [{ role: "user", content: question }];
+  const r1 = await client.responses.create({ model, instructions, input: first, max_output_tokens: 32 });
+  assert(r1.output_text, "turn 1 has no answer");
+  const cached1 = r1.usage?.input_tokens_details?.cached_tokens ?? 0;
+  assert(cached1 === 0, `turn 1 already cached ${cached1} tokens`);
+  await new Promise((resolve) => setTimeout(resolve, 500));
+  const r2 = await client.responses.create({
+    model,
+    instructions,
+    input: [...first, ...r1.output, { role: "user", content: "And how do they fail under partitions? ".repeat(4) }],
+    max_output_tokens: 8,
+  });
+  const cached = r2.usage?.input_tokens_details?.cached_tokens;
+  assert(typeof cached === "number", `turn 2 usage has no input_tokens_details.cached_tokens: ${JSON.stringify(r2.usage)}`);
+  assert(cached >= r1.usage.input_tokens, `turn 2 cached ${cached} tokens, less than turn 1's input (${r1.usage.input_tokens})`);
+  // The same conversation carried on by previous_response_id instead.
+  const r3 = await client.responses.create({ model, previous_response_id: r2.id, input: "One more thing. ", max_output_tokens: 8 });
+  // The engine's cache works in 16-token blocks: all of turn 2's prompt
+  // and answer but at most one partial block.
+  const cached3 = r3.usage?.input_tokens_details?.cached_tokens ?? 0;
+  const want3 = r2.usage.input_tokens + r2.usage.output_tokens - 16;
+  assert(cached3 >= want3, `turn 3 (previous_response_id) cached ${cached3} tokens, want at least ${want3} (turn 2: ${r2.usage.input_tokens} in, ${r2.usage.output_tokens} out)`);
+  console.log(`     turn 1: ${r1.usage.input_tokens} input tokens; turn 2: ${r2.usage.input_tokens}, ${cached} cached; turn 3: ${r3.usage.input_tokens}, ${cached3} cached`);
+});
+
 await step("models.list contains the model", async () => {
   const ids = [];
   for await (const m of client.models.list()) ids.push(m.id);
@@ -139,6 +203,15 @@ async function expectAPIError(fn, status, what) {
   // OpenAI-shaped error body: the client exposes it as err.error.
   assert(typeof err.error?.message === "string" && err.error.message.length > 0, `${what}: no error.message in the body: ${JSON.stringify(err.error)}`);
   assert(typeof err.type === "string", `${what}: no error.type in the body: ${JSON.stringify(err.error)}`);
+  return err;
+}
+
+if (process.env.KVMESH_API_KEY) {
+  await step("a wrong API key is a 401 AuthenticationError", async () => {
+    const wrong = new OpenAI({ baseURL: base + "/v1", apiKey: apiKey + "-wrong", maxRetries: 0, timeout: 30_000 });
+    const err = await expectAPIError(() => wrong.models.list(), 401, "wrong key");
+    assert(err instanceof OpenAI.AuthenticationError, `wrong key: ${err.constructor.name}, want AuthenticationError`);
+  });
 }
 
 await step("unknown model is a 404 APIError", async () => {

@@ -3,7 +3,10 @@
 # kvmesh, starts 2 simulated replicas and 2 routers (the second joins the
 # first's gossip; each fronts one replica) on 127.0.0.1, installs the pinned
 # client from package-lock.json into a temp dir, and runs check.mjs against
-# each router. Every child is killed on exit. Needs go, node >= 20 and npm.
+# each router. Then it does it again with the routers secured: HTTPS with a
+# throwaway CA (made here with openssl), mutual TLS between the routers, a
+# gossip key, and a client API key. Every child is killed on exit. Needs go,
+# node >= 20, npm and openssl.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -32,7 +35,7 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 
 die() { echo "e2e-openai: $*" >&2; exit 1; }
-for tool in go node npm python3 curl; do
+for tool in go node npm python3 curl openssl; do
   command -v "$tool" >/dev/null || die "$tool is not installed"
 done
 node -e 'process.exit(Number(process.versions.node.split(".")[0]) >= 20 ? 0 : 1)' ||
@@ -47,7 +50,7 @@ cp "$here/package.json" "$here/package-lock.json" "$here/check.mjs" "$work/npm/"
 (cd "$work/npm" && npm ci --no-audit --no-fund --loglevel=error) >"$work/npm.log" 2>&1 ||
   { cat "$work/npm.log" >&2; die "npm ci failed"; }
 
-# Six ports the OS says are free, each bound on TCP and UDP (gossip uses
+# Twelve ports the OS says are free, each bound on TCP and UDP (gossip uses
 # both) and held until all are chosen so none repeats. They are drawn
 # below the kernel's ephemeral range, so programs binding port 0 at the
 # same time (a parallel `go test`) cannot take one before we bind it.
@@ -62,7 +65,7 @@ except (OSError, ValueError, IndexError):
 lo = max(lo, 12000)
 held, ports = [], []
 for _ in range(1000):
-    if len(ports) == 6:
+    if len(ports) == 12:
         break
     port = random.randrange(10000, lo)
     if port in ports:
@@ -79,20 +82,23 @@ print(*ports)
 EOF
 ) || die "could not pick free ports"
 read -r -a ports <<<"$picked"
-[ "${#ports[@]}" -eq 6 ] || die "could not pick free ports"
+[ "${#ports[@]}" -eq 12 ] || die "could not pick free ports"
 sim1=${ports[0]} sim2=${ports[1]} api1=${ports[2]} api2=${ports[3]} gossip1=${ports[4]} gossip2=${ports[5]}
+admin1=${ports[6]} admin2=${ports[7]} tapi1=${ports[8]} tapi2=${ports[9]} tgossip1=${ports[10]} tgossip2=${ports[11]}
 
 start() { # start NAME ARGS...: runs kvmesh ARGS in the background, logging to NAME.log
   local name=$1; shift
   "$work/kvmesh" "$@" >"$work/$name.log" 2>&1 &
   pids+=($!)
+  last_pid=$!
 }
 
+curl_tls=()
 # wait_http URL WHAT: polls URL until it answers 200 (bounded: 30 s).
 wait_http() {
   local url=$1 what=$2 i
   for ((i = 0; i < 300; i++)); do
-    if curl -fsS -o /dev/null --max-time 1 "$url" 2>/dev/null; then return 0; fi
+    if curl -fsS -o /dev/null --max-time 1 "${curl_tls[@]}" "$url" 2>/dev/null; then return 0; fi
     for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null || die "a child exited while waiting for $what"; done
     sleep 0.1
   done
@@ -108,32 +114,73 @@ wait_http "http://127.0.0.1:$sim1/health" "replica 1"
 wait_http "http://127.0.0.1:$sim2/health" "replica 2"
 
 router_flags=(--region local --gossip-profile test --health-interval 200ms --log-level warn)
-start router1 router --name r1 --listen "127.0.0.1:$api1" --gossip-bind "127.0.0.1:$gossip1" \
-  --replica "http://127.0.0.1:$sim1" "${router_flags[@]}"
-wait_http "http://127.0.0.1:$api1/readyz" "router 1"
-start router2 router --name r2 --listen "127.0.0.1:$api2" --gossip-bind "127.0.0.1:$gossip2" \
-  --join "127.0.0.1:$gossip1" --replica "http://127.0.0.1:$sim2" "${router_flags[@]}"
-wait_http "http://127.0.0.1:$api2/readyz" "router 2"
+
+# start_routers SCHEME API1 API2 GOSSIP1 GOSSIP2 [FLAGS...]: router r1
+# fronts replica 1, r2 replica 2 and joins r1; both ready and both seeing
+# both replicas healthy (their /debug/mesh, on the admin port) on return.
+start_routers() {
+  local scheme=$1 a1=$2 a2=$3 g1=$4 g2=$5; shift 5
+  start router1 router --name r1 --listen "127.0.0.1:$a1" --gossip-bind "127.0.0.1:$g1" --admin-listen "127.0.0.1:$admin1" \
+    --replica "http://127.0.0.1:$sim1" "${router_flags[@]}" "$@"
+  router_pids=("$last_pid")
+  wait_http "$scheme://127.0.0.1:$a1/readyz" "router 1"
+  start router2 router --name r2 --listen "127.0.0.1:$a2" --gossip-bind "127.0.0.1:$g2" --admin-listen "127.0.0.1:$admin2" \
+    --join "127.0.0.1:$g1" --replica "http://127.0.0.1:$sim2" "${router_flags[@]}" "$@"
+  router_pids+=("$last_pid")
+  wait_http "$scheme://127.0.0.1:$a2/readyz" "router 2"
+  local admin i
+  for admin in "$admin1" "$admin2"; do
+    for ((i = 0; ; i++)); do
+      [ "$(healthy_replicas "$admin")" = 2 ] && break
+      [ "$i" -lt 300 ] || die "router with admin port $admin did not see both replicas healthy (/debug/mesh)"
+      sleep 0.1
+    done
+  done
+}
 
 # Both routers must see both replicas healthy, with the model, before the
 # checks: poll each router's mesh view (bounded: 30 s).
-healthy_replicas() { # healthy_replicas PORT: how many replicas the router there sees healthy
+healthy_replicas() { # healthy_replicas ADMIN_PORT: how many replicas the router there sees healthy
   curl -fsS --max-time 1 "http://127.0.0.1:$1/debug/mesh" 2>/dev/null | node -e '
     let s = ""; process.stdin.on("data", d => s += d).on("end", () => {
       try { const m = JSON.parse(s);
         console.log((m.replicas || []).filter(r => r.healthy && (r.models || []).includes(process.argv[1])).length);
       } catch { console.log(0); } });' "$model"
 }
-for api in "$api1" "$api2"; do
-  for ((i = 0; ; i++)); do
-    [ "$(healthy_replicas "$api")" = 2 ] && break
-    [ "$i" -lt 300 ] || die "router on port $api did not see both replicas healthy (/debug/mesh)"
-    sleep 0.1
-  done
-done
 
+start_routers http "$api1" "$api2" "$gossip1" "$gossip2"
 for api in "$api1" "$api2"; do
   echo "e2e-openai: check.mjs against router http://127.0.0.1:$api"
   (cd "$work/npm" && KVMESH_URL="http://127.0.0.1:$api" KVMESH_MODEL="$model" node check.mjs) || die "check.mjs failed against router http://127.0.0.1:$api"
+done
+
+# The same over TLS with an API key: stop the plain routers (SIGTERM: they
+# leave, drain and exit), make a throwaway CA and a certificate for
+# 127.0.0.1 that serves and authenticates each router, a gossip key and a
+# client key.
+for pid in "${router_pids[@]}"; do kill -TERM "$pid"; wait "$pid" || die "a router exited non-zero on SIGTERM"; done
+pids=("${pids[@]:0:2}") # the replicas; the routers have exited
+pki="$work/pki"
+mkdir "$pki"
+(
+  cd "$pki"
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout ca.key -out ca.pem -days 1 \
+    -subj /CN=kvmesh-e2e-ca -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign
+  openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout router.key -out router.csr -subj /CN=127.0.0.1
+  printf 'subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\nkeyUsage=critical,digitalSignature\n' >ext.cnf
+  openssl x509 -req -in router.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out router.pem -days 1 -extfile ext.cnf
+  openssl rand -base64 32 >gossip.key
+  echo "sk-e2e-$(openssl rand -hex 16)" >api.keys
+) >"$work/pki.log" 2>&1 || { cat "$work/pki.log" >&2; die "openssl failed"; }
+api_key=$(cat "$pki/api.keys")
+curl_tls=(--cacert "$pki/ca.pem")
+start_routers https "$tapi1" "$tapi2" "$tgossip1" "$tgossip2" \
+  --tls-cert "$pki/router.pem" --tls-key "$pki/router.key" --peer-tls-ca "$pki/ca.pem" \
+  --peer-tls-cert "$pki/router.pem" --peer-tls-key "$pki/router.key" \
+  --gossip-key-file "$pki/gossip.key" --api-key-file "$pki/api.keys"
+for api in "$tapi1" "$tapi2"; do
+  echo "e2e-openai: check.mjs against router https://127.0.0.1:$api (API key, TLS between routers)"
+  (cd "$work/npm" && NODE_EXTRA_CA_CERTS="$pki/ca.pem" KVMESH_URL="https://127.0.0.1:$api" KVMESH_API_KEY="$api_key" KVMESH_MODEL="$model" node check.mjs) ||
+    die "check.mjs failed against router https://127.0.0.1:$api"
 done
 echo "e2e-openai: passed"

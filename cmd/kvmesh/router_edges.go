@@ -1,0 +1,223 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"flag"
+	"fmt"
+	"log"
+	"net"
+	"net/http"
+	"os"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/kvmesh/kvmesh/internal/ratelog"
+	"github.com/kvmesh/kvmesh/mesh"
+	"github.com/kvmesh/kvmesh/proxy"
+)
+
+// edgeFlags binds the flags that bound what strangers can make the
+// router hold, and its TLS, authentication and admin split.
+func edgeFlags(fs *flag.FlagSet, cfg *routerConfig) {
+	fs.StringVar(&cfg.adminListen, "admin-listen", "127.0.0.1:9090", `HOST:PORT serving /metrics, /debug/mesh, /healthz and /readyz, apart from the API ("" disables)`)
+	fs.StringVar(&cfg.tlsCert, "tls-cert", "", "PEM certificate of the API (with --tls-key: serve HTTPS; reloaded on SIGHUP)")
+	fs.StringVar(&cfg.tlsKey, "tls-key", "", "PEM private key of --tls-cert")
+	fs.StringVar(&cfg.peerTLSCA, "peer-tls-ca", "", "PEM CA that signs the routers' API certificates: forwarding then uses TLS only (never plain HTTP), and a client certificate it signed authenticates a peer")
+	fs.StringVar(&cfg.peerCert, "peer-tls-cert", "", "PEM client certificate presented to peers when forwarding (mutual TLS)")
+	fs.StringVar(&cfg.peerKey, "peer-tls-key", "", "PEM private key of --peer-tls-cert")
+	fs.StringVar(&cfg.apiKeyFile, "api-key-file", "", "file of client bearer keys, one per line (# comments): /v1 then needs 'Authorization: Bearer KEY' (401 otherwise); reloaded on SIGHUP")
+	fs.IntVar(&cfg.maxConns, "max-conns", proxy.DefaultMaxConns, "most open API connections; more are answered 503 with Retry-After and closed (0: no cap)")
+	fs.IntVar(&cfg.maxInflightPerClient, "max-inflight-per-client", proxy.DefaultMaxInflightPerClient, "most concurrent inference requests from one client IP; more get 429 with Retry-After (0: no cap; use 0 behind an L7 load balancer)")
+	fs.DurationVar(&cfg.headerTimeout, "header-timeout", 10*time.Second, "time a client has to send a request's headers")
+	fs.DurationVar(&cfg.bodyTimeout, "body-timeout", proxy.DefaultBodyTimeout, "time a client has to send a request's body (then 408 and the connection is closed)")
+	fs.DurationVar(&cfg.idleTimeout, "idle-timeout", 2*time.Minute, "time an idle keep-alive connection is kept")
+	fs.DurationVar(&cfg.retryBudget, "retry-budget", proxy.DefaultRetryBudget, "time from a request's first upstream attempt within which another may start (only requests that never reached a replica are retried)")
+	fs.IntVar(&cfg.maxAttempts, "max-attempts", 3, "most upstream attempts per request")
+	fs.DurationVar(&cfg.drainTimeout, "drain-timeout", defaultDrainTimeout, "on SIGTERM, time in-flight requests (streams included) have to finish after the router has left the mesh and stopped accepting")
+	fs.IntVar(&cfg.gossipStreams.MaxStreams, "gossip-max-streams", mesh.DefaultMaxStreams, "most inbound gossip TCP streams read at once; more are closed unread")
+	fs.Int64Var(&cfg.gossipStreams.BudgetBytes, "gossip-stream-budget", mesh.DefaultStreamBytes, "bytes inbound gossip streams may make the router buffer at once, before they are authenticated")
+}
+
+func checkEdgeFlags(cfg *routerConfig) error {
+	if (cfg.tlsCert == "") != (cfg.tlsKey == "") {
+		return errors.New("router: --tls-cert and --tls-key go together")
+	}
+	if (cfg.peerCert == "") != (cfg.peerKey == "") {
+		return errors.New("router: --peer-tls-cert and --peer-tls-key go together")
+	}
+	if cfg.maxConns < 0 || cfg.maxInflightPerClient < 0 || cfg.maxAttempts < 1 {
+		return errors.New("router: --max-conns and --max-inflight-per-client must be ≥ 0, --max-attempts ≥ 1")
+	}
+	for name, d := range map[string]time.Duration{"header-timeout": cfg.headerTimeout, "body-timeout": cfg.bodyTimeout,
+		"idle-timeout": cfg.idleTimeout, "retry-budget": cfg.retryBudget, "drain-timeout": cfg.drainTimeout} {
+		if d <= 0 {
+			return fmt.Errorf("router: --%s must be positive", name)
+		}
+	}
+	if cfg.gossipStreams.MaxStreams < 1 || cfg.gossipStreams.BudgetBytes < 1<<20 {
+		return errors.New("router: --gossip-max-streams must be ≥ 1 and --gossip-stream-budget ≥ 1 MiB")
+	}
+	return nil
+}
+
+// routerEdges is what the edge flags load: certificates, keys, CA.
+type routerEdges struct {
+	serverTLS    *tls.Config // nil: plain HTTP
+	cert         *certFile
+	peerCA       *x509.CertPool
+	peerTLS      *tls.Config
+	peerCert     *certFile
+	keys         *proxy.KeySet
+	drainTimeout time.Duration
+	junk         *ratelog.Limiter
+}
+
+func loadEdges(cfg routerConfig, log hclog.Logger) (routerEdges, error) {
+	e := routerEdges{drainTimeout: cfg.drainTimeout, junk: ratelog.New(10, time.Second)}
+	if e.drainTimeout <= 0 {
+		e.drainTimeout = defaultDrainTimeout
+	}
+	var err error
+	if cfg.peerTLSCA != "" {
+		if e.peerCA, err = readCAPool(cfg.peerTLSCA); err != nil {
+			return e, err
+		}
+	}
+	if cfg.tlsCert != "" {
+		if e.cert, err = loadCertFile(cfg.tlsCert, cfg.tlsKey); err != nil {
+			return e, err
+		}
+		e.serverTLS = serverTLS(e.cert, e.peerCA)
+	}
+	if cfg.peerCert != "" {
+		if e.peerCert, err = loadCertFile(cfg.peerCert, cfg.peerKey); err != nil {
+			return e, err
+		}
+	}
+	if e.peerCA != nil || e.peerCert != nil {
+		if e.peerTLS, err = peerTLS(e.peerCA, cfg.peerTLSCA, e.peerCert); err != nil {
+			return e, err
+		}
+	}
+	if cfg.apiKeyFile != "" {
+		if e.keys, err = proxy.LoadKeySet(cfg.apiKeyFile); err != nil {
+			return e, fmt.Errorf("router: %w", err)
+		}
+		log.Info("client API keys loaded", "keys", e.keys.Len())
+	}
+	return e, nil
+}
+
+// edgeListener caps the API's connections and adds TLS.
+func (r *router) edgeListener(ln net.Listener, maxConns int) net.Listener {
+	lim := proxy.LimitConns(ln, maxConns, r.edges.serverTLS, func(remote string) {
+		r.proxy.ConnRefused()
+		if ok, n := r.edges.junk.Allow(); ok {
+			r.log.Warn("connection limit reached; refusing connections", "remote", remote, "suppressed_since_last", n)
+		}
+	})
+	if r.edges.serverTLS != nil {
+		return tls.NewListener(lim, r.edges.serverTLS)
+	}
+	return lim
+}
+
+// apiServer is the API's http.Server. It has no ReadTimeout or
+// WriteTimeout: a generation streams for minutes, and net/http cancels a
+// request whose connection hits a read deadline while it is being served.
+// The proxy bounds each body read instead (--body-timeout).
+func (r *router) apiServer(cfg routerConfig, h http.Handler) *http.Server {
+	header, idle := cfg.headerTimeout, cfg.idleTimeout
+	if header <= 0 {
+		header = 10 * time.Second
+	}
+	if idle <= 0 {
+		idle = 2 * time.Minute
+	}
+	w := ratelog.Writer{W: r.log.Named("http").StandardWriter(&hclog.StandardLoggerOptions{InferLevels: true}), L: ratelog.New(10, time.Second)}
+	return &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: header,
+		IdleTimeout:       idle,
+		MaxHeaderBytes:    1 << 20,
+		TLSConfig:         r.edges.serverTLS,
+		ErrorLog:          log.New(w, "", 0), // TLS handshake junk and the like, throttled
+	}
+}
+
+// serve runs srv on ln; a failure other than shutdown is reported on
+// serveErr, which stops the router.
+func (r *router) serve(what string, srv *http.Server, ln net.Listener) {
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			r.serveErr <- fmt.Errorf("router: %s listener on %s failed: %w", what, ln.Addr(), err)
+		}
+	}()
+}
+
+// run waits for the end: ctx cancelled (SIGTERM) or a listener failing,
+// and reloads keys and certificates on hup.
+func (r *router) run(ctx context.Context, hup <-chan os.Signal) error {
+	for {
+		select {
+		case <-ctx.Done():
+			return r.shutdown()
+		case err := <-r.serveErr:
+			r.log.Error("stopping the router", "error", err)
+			return errors.Join(err, r.shutdown())
+		case <-hup:
+			r.reload()
+		}
+	}
+}
+
+// reload re-reads the API keys and certificates; what fails to load
+// keeps its previous value.
+func (r *router) reload() {
+	for what, f := range map[string]func() error{
+		"api keys":        func() error { return reloadIf(r.edges.keys != nil, func() error { return r.edges.keys.Reload() }) },
+		"API certificate": func() error { return reloadIf(r.edges.cert != nil, func() error { return r.edges.cert.reload() }) },
+		"peer certificate": func() error {
+			return reloadIf(r.edges.peerCert != nil, func() error { return r.edges.peerCert.reload() })
+		},
+	} {
+		if err := f(); err != nil {
+			r.log.Error("reload failed; keeping the previous "+what, "error", err)
+		}
+	}
+	r.log.Info("reloaded keys and certificates")
+}
+
+func reloadIf(ok bool, f func() error) error {
+	if !ok {
+		return nil
+	}
+	return f()
+}
+
+// ready is /readyz: 200 only while the router serves (not draining, its
+// health checks have run) and at least one replica of the mesh is
+// healthy, so a load balancer or Kubernetes sends it traffic it can route.
+func (r *router) ready() bool {
+	if r.draining.Load() || !r.health.Ready() {
+		return false
+	}
+	for _, model := range r.mesh.Models() {
+		if len(r.mesh.Candidates(model, nil)) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// modelsKnown: the first health checks are done and some model is known,
+// so a model missing from the mesh is really missing (404), not unknown
+// yet (503).
+func (r *router) modelsKnown() bool {
+	return r.health.Ready() && len(r.mesh.Models()) > 0
+}

@@ -1,0 +1,192 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"maps"
+	"os"
+	"os/signal"
+	"slices"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/kvmesh/kvmesh/internal/discover"
+	"github.com/kvmesh/kvmesh/internal/engine"
+	"github.com/kvmesh/kvmesh/mesh"
+	"github.com/kvmesh/kvmesh/proxy"
+)
+
+// replicaSources is where a router learns its replicas beyond the static
+// --replica list, and how it reads their engines.
+type replicaSources struct {
+	engine       engine.Kind
+	dns          string        // HOST:PORT or _service._proto.name
+	dnsServer    string        // HOST:PORT of the DNS server ("": the system's)
+	dnsScheme    string        // scheme of discovered replicas
+	dnsInterval  time.Duration // re-resolve period
+	file         string        // one URL per line
+	filePoll     time.Duration // how often the file's mtime is checked
+	hupSignals   bool          // reload the file on SIGHUP
+	loadInterval time.Duration // engine load scrape period (0: the checker's default)
+}
+
+// replicaFlags registers the discovery and engine flags on fs; the
+// returned function validates them after parsing.
+func replicaFlags(fs *flag.FlagSet, src *replicaSources) func() error {
+	eng := fs.String("engine", "auto", "engine behind the replicas, read through its own endpoints and metric names: auto (detected per replica from /metrics), vllm, sglang, llamacpp, tgi or openai (none of these)")
+	fs.StringVar(&src.dns, "replica-dns", "", "discover replicas in DNS: HOST:PORT (one replica per A/AAAA record of HOST, e.g. a Kubernetes headless Service) or _service._proto.name (SRV records)")
+	fs.StringVar(&src.dnsServer, "replica-dns-server", "", "HOST:PORT of the DNS server for --replica-dns (default: the system's resolver)")
+	fs.StringVar(&src.dnsScheme, "replica-dns-scheme", "http", "scheme of replicas found in DNS: http or https")
+	fs.DurationVar(&src.dnsInterval, "replica-dns-interval", 5*time.Second, "how often --replica-dns is resolved again")
+	fs.DurationVar(&src.loadInterval, "engine-load-interval", time.Second, "how often each healthy replica's /metrics is read for its running and waiting requests")
+	fs.StringVar(&src.file, "replica-file", "", "file listing replica base URLs, one per line (# comments); reloaded when it changes and on SIGHUP")
+	return func() error {
+		k, err := engine.ParseKind(*eng)
+		if err != nil {
+			return fmt.Errorf("router: --engine: %w", err)
+		}
+		src.engine = k
+		if src.dnsInterval <= 0 {
+			return errors.New("router: --replica-dns-interval must be positive")
+		}
+		if src.loadInterval <= 0 {
+			return errors.New("router: --engine-load-interval must be positive")
+		}
+		if src.dns != "" {
+			if _, err := discover.NewDNS(src.dns, src.dnsScheme, nil); err != nil {
+				return fmt.Errorf("router: --replica-dns: %w", err)
+			}
+		}
+		if src.filePoll <= 0 {
+			src.filePoll = time.Second
+		}
+		src.hupSignals = true
+		return nil
+	}
+}
+
+// replicaSet joins the replica sources (static, DNS, file) into the set
+// the health checker checks, and keeps the mesh in step with the
+// checker: a replica is declared once it passes a check and withdrawn
+// when no source lists it any more. Withdrawal only stops new requests;
+// the proxy does not cut streams already running on the replica.
+type replicaSet struct {
+	log    hclog.Logger
+	mesh   *mesh.Mesh
+	health *proxy.HealthChecker
+
+	updateMu sync.Mutex // serialises update; never held by onStatus
+
+	mu       sync.Mutex
+	sources  map[string][]string           // by source name
+	declared map[string]mesh.ReplicaStatus // last status given to the mesh
+}
+
+func newReplicaSet(m *mesh.Mesh, log hclog.Logger) *replicaSet {
+	return &replicaSet{log: log, mesh: m, sources: map[string][]string{}, declared: map[string]mesh.ReplicaStatus{}}
+}
+
+// onStatus is the health checker's callback: it declares a replica at
+// its first report (the checker reports only admitted replicas) and
+// passes every status on to the mesh.
+func (s *replicaSet) onStatus(id string, st proxy.ReplicaStatus) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.declared[id]; !ok {
+		if !st.Healthy {
+			return
+		}
+		s.mesh.DeclareReplica(id)
+		s.log.Info("replica declared", "replica", id, "engine", st.Engine)
+	}
+	ms := mesh.ReplicaStatus{Models: st.Models, Healthy: st.Healthy, CapacityBlocks: st.CapacityBlocks,
+		Running: st.Running, Waiting: st.Waiting, Slots: st.Slots}
+	s.declared[id] = ms
+	s.mesh.UpdateReplica(id, ms)
+}
+
+// update replaces source's list, hands the union of all sources to the
+// health checker and withdraws the replicas no source lists any more.
+func (s *replicaSet) update(source string, ids []string) {
+	s.updateMu.Lock()
+	defer s.updateMu.Unlock()
+	s.mu.Lock()
+	s.sources[source] = slices.Clone(ids)
+	union := map[string]bool{}
+	for _, l := range s.sources {
+		for _, id := range l {
+			union[id] = true
+		}
+	}
+	s.mu.Unlock()
+	all := slices.Sorted(maps.Keys(union))
+	// After SetReplicas returns the checker reports nothing more on the
+	// replicas it dropped, so they cannot be declared again below.
+	s.health.SetReplicas(all)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for id, last := range s.declared {
+		if union[id] {
+			continue
+		}
+		// Drain, then withdraw: as owner this router gossips the replica
+		// unhealthy at once, so peers stop sending it new requests
+		// (WithdrawReplica alone reaches them only when the declaration
+		// expires); streams already running on it are not touched.
+		last.Healthy = false
+		s.mesh.UpdateReplica(id, last)
+		s.mesh.WithdrawReplica(id)
+		delete(s.declared, id)
+		s.log.Info("replica drained and withdrawn", "replica", id)
+	}
+}
+
+// runDiscovery watches the DNS and file sources until ctx is done.
+func runDiscovery(ctx context.Context, src replicaSources, set *replicaSet, log hclog.Logger) {
+	var wg sync.WaitGroup
+	if src.dns != "" {
+		scheme := src.dnsScheme
+		if scheme == "" {
+			scheme = "http"
+		}
+		d, err := discover.NewDNS(src.dns, scheme, discover.NewResolver(src.dnsServer))
+		if err != nil { // validated with the flags
+			log.Error("replica DNS", "error", err)
+		} else {
+			wg.Go(func() {
+				discover.Watch(ctx, d, src.dnsInterval, nil, func(ids []string) { set.update("dns", ids) }, log)
+			})
+		}
+	}
+	if src.file != "" {
+		poke := make(chan struct{}, 1)
+		if src.hupSignals {
+			hup := make(chan os.Signal, 1)
+			signal.Notify(hup, syscall.SIGHUP)
+			defer signal.Stop(hup)
+			wg.Go(func() {
+				for {
+					select {
+					case <-ctx.Done():
+						return
+					case <-hup:
+						log.Info("SIGHUP: reloading the replica file", "file", src.file)
+						select {
+						case poke <- struct{}{}:
+						default:
+						}
+					}
+				}
+			})
+		}
+		f := discover.NewFile(src.file, log)
+		wg.Go(func() {
+			discover.Watch(ctx, f, src.filePoll, poke, func(ids []string) { set.update("file", ids) }, log)
+		})
+	}
+	wg.Wait()
+}

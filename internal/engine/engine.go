@@ -1,0 +1,319 @@
+// Package engine reads what a router needs to know about an inference
+// engine (vLLM, SGLang, llama.cpp's server, TGI) from the engine's own
+// endpoints and metric names: whether it is up, its load (running and
+// waiting requests), its concurrency limit where it publishes one, and its
+// KV cache capacity and block size.
+//
+// The package does no I/O: an Adapter names the paths to read and turns
+// their bodies into Stats; the caller fetches them with its own client,
+// timeouts and size limits. Every parser takes untrusted bytes and is
+// fuzzed.
+package engine
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+)
+
+// Kind names an engine.
+type Kind string
+
+// The engines with adapters, and Generic for any other OpenAI-compatible
+// server (health from /v1/models only, no load).
+const (
+	VLLM     Kind = "vllm"
+	SGLang   Kind = "sglang"
+	LlamaCpp Kind = "llamacpp"
+	TGI      Kind = "tgi"
+	Generic  Kind = "openai"
+	// Auto is not an engine: it asks the caller to Detect the kind from
+	// the replica's /metrics.
+	Auto Kind = "auto"
+)
+
+// Kinds lists the engines with adapters, in the order Detect tries them.
+var kinds = []Kind{SGLang, LlamaCpp, TGI, VLLM}
+
+// ParseKind parses an --engine value: auto or one of the engines.
+func ParseKind(s string) (Kind, error) {
+	k := Kind(strings.ToLower(strings.TrimSpace(s)))
+	if k == Auto || k == Generic || slices.Contains(kinds, k) {
+		return k, nil
+	}
+	return "", fmt.Errorf("engine %q is not auto, vllm, sglang, llamacpp, tgi or openai", s)
+}
+
+// Stats is what an engine tells about itself. Zero means unknown for
+// every field but Running and Waiting, which are valid when HasLoad.
+type Stats struct {
+	// Running and Waiting are the engine's requests in its running batch
+	// and in its queue.
+	Running, Waiting int
+	HasLoad          bool
+	// Slots is the most sequences the engine runs at once (vLLM's
+	// max_num_seqs, SGLang's max_running_requests, llama.cpp's slots).
+	Slots int
+	// BlockSize is the engine's KV cache block (page) in tokens.
+	BlockSize int
+	// CacheTokens is the engine's KV cache capacity in tokens.
+	CacheTokens int64
+}
+
+// Merge returns s with its unknown fields taken from o.
+func (s Stats) Merge(o Stats) Stats {
+	if !s.HasLoad && o.HasLoad {
+		s.Running, s.Waiting, s.HasLoad = o.Running, o.Waiting, true
+	}
+	if s.Slots == 0 {
+		s.Slots = o.Slots
+	}
+	if s.BlockSize == 0 {
+		s.BlockSize = o.BlockSize
+	}
+	if s.CacheTokens == 0 {
+		s.CacheTokens = o.CacheTokens
+	}
+	return s
+}
+
+// Adapter reads one kind of engine.
+type Adapter interface {
+	// Kind names the engine.
+	Kind() Kind
+	// HealthPath is the GET path that answers 200 when the engine can
+	// serve ("" when only /v1/models tells).
+	HealthPath() string
+	// InfoPath is a GET path with JSON facts the metrics lack, such as
+	// the slot count ("" when none).
+	InfoPath() string
+	// FromMetrics reads load and cache facts from parsed /metrics.
+	FromMetrics(Families) Stats
+	// FromInfo reads the body of InfoPath.
+	FromInfo(body []byte) (Stats, error)
+}
+
+// For returns the adapter of kind k (not Auto).
+func For(k Kind) (Adapter, error) {
+	switch k {
+	case VLLM:
+		return vllm{}, nil
+	case SGLang:
+		return sglang{}, nil
+	case LlamaCpp:
+		return llamacpp{}, nil
+	case TGI:
+		return tgi{}, nil
+	case Generic:
+		return generic{}, nil
+	}
+	return nil, fmt.Errorf("no adapter for engine %q", k)
+}
+
+// Families are the metric families of one /metrics page, by name.
+type Families map[string]*dto.MetricFamily
+
+// ParseMetrics parses a Prometheus text exposition (what every supported
+// engine serves on /metrics). On a malformed page it returns the families
+// read before the error together with the error, so one odd line late in a
+// page does not hide the load gauges before it.
+func ParseMetrics(b []byte) (Families, error) {
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(bytes.NewReader(b))
+	if err != nil {
+		return Families(fams), fmt.Errorf("parse metrics: %w", err)
+	}
+	return Families(fams), nil
+}
+
+// Detect names the engine that wrote fams, from the metric names only it
+// uses; ok is false when none matches.
+func Detect(fams Families) (k Kind, ok bool) {
+	markers := map[Kind][]string{
+		SGLang:   {"sglang:num_running_reqs", "sglang:num_queue_reqs"},
+		LlamaCpp: {"llamacpp:requests_processing", "llamacpp:requests_deferred"},
+		TGI:      {"tgi_queue_size", "tgi_batch_current_size"},
+		VLLM:     {"vllm:num_requests_running", "vllm:num_requests_waiting"},
+	}
+	for _, k := range kinds {
+		for _, name := range markers[k] {
+			if fams[name] != nil {
+				return k, true
+			}
+		}
+	}
+	// A page without the load gauges (an engine still starting) may still
+	// carry the engine's prefix.
+	for _, k := range kinds {
+		prefix := string(k) + ":"
+		if k == TGI {
+			prefix = "tgi_"
+		}
+		for name := range fams {
+			if strings.HasPrefix(name, prefix) {
+				return k, true
+			}
+		}
+	}
+	return "", false
+}
+
+// modelsResponse is the OpenAI GET /v1/models response, as far as read.
+type modelsResponse struct {
+	Data []struct {
+		ID string `json:"id"`
+	} `json:"data"`
+}
+
+// ParseModels reads the model IDs of an OpenAI GET /v1/models body
+// (every supported engine serves one), sorted and without duplicates.
+func ParseModels(b []byte) ([]string, error) {
+	var l modelsResponse
+	if err := json.Unmarshal(b, &l); err != nil {
+		return nil, fmt.Errorf("parse models: %w", err)
+	}
+	models := make([]string, 0, len(l.Data))
+	for _, m := range l.Data {
+		if m.ID != "" {
+			models = append(models, m.ID)
+		}
+	}
+	slices.Sort(models)
+	return slices.Compact(models), nil
+}
+
+// Bounds on what an engine may claim; beyond them a value is junk.
+const (
+	maxCount       = 1 << 24 // requests or slots
+	maxBlockSize   = 1 << 20 // tokens per block
+	maxCacheTokens = 1 << 50
+)
+
+// value reads a sample of any scalar type.
+func value(m *dto.Metric) (float64, bool) {
+	var v float64
+	switch {
+	case m.GetGauge() != nil:
+		v = m.GetGauge().GetValue()
+	case m.GetCounter() != nil:
+		v = m.GetCounter().GetValue()
+	case m.GetUntyped() != nil:
+		v = m.GetUntyped().GetValue()
+	default:
+		return 0, false
+	}
+	if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
+		return 0, false
+	}
+	return v, true
+}
+
+// sum adds the samples of family name over all its series (one per
+// engine core or data-parallel rank); ok is false when it has none.
+func (f Families) sum(name string) (float64, bool) {
+	fam := f[name]
+	if fam == nil {
+		return 0, false
+	}
+	total, ok := 0.0, false
+	for _, m := range fam.GetMetric() {
+		if v, vok := value(m); vok {
+			total, ok = total+v, true
+		}
+	}
+	return total, ok
+}
+
+// count reads a summed family as a request or slot count.
+func (f Families) count(name string) (int, bool) {
+	v, ok := f.sum(name)
+	if !ok || v > maxCount {
+		return 0, false
+	}
+	return int(math.Round(v)), true
+}
+
+// load reads the running and waiting gauges.
+func (f Families) load(running, waiting string) Stats {
+	var s Stats
+	r, okR := f.count(running)
+	w, okW := f.count(waiting)
+	if okR || okW {
+		s.Running, s.Waiting, s.HasLoad = r, w, true
+	}
+	return s
+}
+
+// labels returns the label values of each series of family name.
+func (f Families) labels(name string) []map[string]string {
+	fam := f[name]
+	if fam == nil {
+		return nil
+	}
+	out := make([]map[string]string, 0, len(fam.GetMetric()))
+	for _, m := range fam.GetMetric() {
+		l := make(map[string]string, len(m.GetLabel()))
+		for _, p := range m.GetLabel() {
+			l[p.GetName()] = p.GetValue()
+		}
+		out = append(out, l)
+	}
+	return out
+}
+
+// infoCache reads an info gauge whose labels carry the block size and
+// block count (vLLM's cache_config_info, SGLang's): the block size of
+// its first good series, and the blocks of all good series (one per
+// engine core) as tokens.
+func (f Families) infoCache(name, sizeLabel, blocksLabel string) (blockSize int, tokens int64) {
+	for _, l := range f.labels(name) {
+		bs, ok1 := parseCount(l[sizeLabel], maxBlockSize)
+		nb, ok2 := parseCount(l[blocksLabel], maxCacheTokens)
+		if !ok1 || !ok2 || bs == 0 || nb == 0 {
+			continue
+		}
+		if blockSize == 0 {
+			blockSize = int(bs)
+		}
+		tokens = min(tokens+bs*nb, maxCacheTokens)
+	}
+	return blockSize, tokens
+}
+
+// parseCount parses a label value as a whole number in [0, limit]
+// ("None" and the like are not).
+func parseCount(s string, limit int64) (int64, bool) {
+	v, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
+	if err != nil || math.IsNaN(v) || v < 0 || v > float64(limit) || v != math.Trunc(v) {
+		return 0, false
+	}
+	return int64(v), true
+}
+
+// jsonCount reads a JSON number as a count in [0, limit]; null, absent
+// and junk are not.
+func jsonCount(v any, limit int64) (int64, bool) {
+	f, ok := v.(float64)
+	if !ok || math.IsNaN(f) || f < 0 || f > float64(limit) {
+		return 0, false
+	}
+	return int64(f), true
+}
+
+// generic is any OpenAI-compatible server: /v1/models answers, nothing
+// else is known.
+type generic struct{}
+
+func (generic) Kind() Kind                     { return Generic }
+func (generic) HealthPath() string             { return "" }
+func (generic) InfoPath() string               { return "" }
+func (generic) FromMetrics(Families) Stats     { return Stats{} }
+func (generic) FromInfo([]byte) (Stats, error) { return Stats{}, nil }

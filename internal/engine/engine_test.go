@@ -1,0 +1,280 @@
+package engine
+
+import (
+	"io"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvmesh/kvmesh/internal/replicasim"
+)
+
+func readPage(t *testing.T, name string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("testdata", name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// TestRecordedPages: each engine's recorded /metrics page is detected as
+// that engine, and its adapter reads the load and cache the page holds,
+// completed by the engine's info endpoint.
+func TestRecordedPages(t *testing.T) {
+	tests := []struct {
+		metrics, info string
+		kind          Kind
+		fromMetrics   Stats
+		fromInfo      Stats
+		health        string
+	}{
+		{"vllm.metrics.txt", "", VLLM,
+			Stats{Running: 3, Waiting: 2, HasLoad: true, BlockSize: 16, CacheTokens: 27644 * 16}, Stats{}, "/health"},
+		{"sglang.metrics.txt", "sglang.server_info.json", SGLang,
+			Stats{Running: 12, Waiting: 5, HasLoad: true, CacheTokens: 489602},
+			Stats{Slots: 48, BlockSize: 1, CacheTokens: 489602}, "/health"},
+		{"llamacpp.metrics.txt", "llamacpp.props.json", LlamaCpp,
+			Stats{Running: 4, Waiting: 3, HasLoad: true},
+			Stats{Slots: 4, CacheTokens: 4 * 8192}, "/health"},
+		{"tgi.metrics.txt", "tgi.info.json", TGI,
+			Stats{Running: 7, Waiting: 2, HasLoad: true},
+			Stats{CacheTokens: 153104}, "/health"},
+	}
+	for _, tc := range tests {
+		t.Run(string(tc.kind), func(t *testing.T) {
+			fams, err := ParseMetrics(readPage(t, tc.metrics))
+			if err != nil {
+				t.Fatal(err)
+			}
+			k, ok := Detect(fams)
+			if !ok || k != tc.kind {
+				t.Fatalf("detected %q %v, want %q", k, ok, tc.kind)
+			}
+			a, err := For(k)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if a.Kind() != tc.kind || a.HealthPath() != tc.health {
+				t.Errorf("adapter %q health %q", a.Kind(), a.HealthPath())
+			}
+			if got := a.FromMetrics(fams); got != tc.fromMetrics {
+				t.Errorf("from metrics %+v, want %+v", got, tc.fromMetrics)
+			}
+			if tc.info == "" {
+				if a.InfoPath() != "" {
+					t.Errorf("info path %q, want none", a.InfoPath())
+				}
+				return
+			}
+			if a.InfoPath() == "" {
+				t.Fatal("no info path")
+			}
+			got, err := a.FromInfo(readPage(t, tc.info))
+			if err != nil || got != tc.fromInfo {
+				t.Errorf("from info %+v %v, want %+v", got, err, tc.fromInfo)
+			}
+			if _, err := a.FromInfo([]byte("<html>")); err == nil {
+				t.Error("junk info parsed")
+			}
+		})
+	}
+}
+
+// TestDetectEachPageOnlyOnce: no recorded page carries another engine's
+// load gauges, so auto cannot mistake one engine for another.
+func TestDetectEachPageOnlyOnce(t *testing.T) {
+	pages := map[Kind]string{VLLM: "vllm.metrics.txt", SGLang: "sglang.metrics.txt", LlamaCpp: "llamacpp.metrics.txt", TGI: "tgi.metrics.txt"}
+	for k, page := range pages {
+		fams, _ := ParseMetrics(readPage(t, page))
+		for other := range pages {
+			a, _ := For(other)
+			if s := a.FromMetrics(fams); other != k && s.HasLoad {
+				t.Errorf("%s adapter reads load from the %s page", other, k)
+			}
+		}
+	}
+}
+
+func TestMetricsVariants(t *testing.T) {
+	tests := []struct {
+		name string
+		kind Kind
+		page string
+		want Stats
+	}{
+		{"vllm kv_cache_size_tokens only", VLLM,
+			`vllm:cache_config_info{block_size="16",kv_cache_size_tokens="123433",num_gpu_blocks="None"} 1.0` + "\n",
+			Stats{CacheTokens: 123433}},
+		{"vllm not initialised", VLLM,
+			`vllm:cache_config_info{block_size="16",num_gpu_blocks="None"} 1.0` + "\nvllm:num_requests_running 0\n",
+			Stats{HasLoad: true}},
+		{"vllm two engine cores are summed", VLLM, `# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 3.0
+vllm:num_requests_running{engine="1",model_name="m"} 4.0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="m"} 0.0
+vllm:num_requests_waiting{engine="1",model_name="m"} 1.0
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="100"} 1.0
+vllm:cache_config_info{block_size="16",engine="1",num_gpu_blocks="100"} 1.0
+`, Stats{Running: 7, Waiting: 1, HasLoad: true, BlockSize: 16, CacheTokens: 3200}},
+		{"vllm junk values are unknown", VLLM,
+			"vllm:num_requests_running NaN\nvllm:num_requests_waiting -3\n" +
+				`vllm:cache_config_info{block_size="-16",num_gpu_blocks="10"} 1` + "\n",
+			Stats{}},
+		{"vllm fractional label", VLLM, `vllm:cache_config_info{block_size="16.5",num_gpu_blocks="10"} 1` + "\n", Stats{}},
+		{"sglang cache_config_info", SGLang,
+			`sglang:cache_config_info{model_name="m",num_pages="2000",page_size="64"} 1` + "\nsglang:max_total_num_tokens 5\n",
+			Stats{BlockSize: 64, CacheTokens: 128000}},
+		{"sglang page gauges", SGLang,
+			"sglang:page_size 16\nsglang:num_pages 1000\nsglang:num_running_reqs 1\n",
+			Stats{Running: 1, HasLoad: true, BlockSize: 16, CacheTokens: 16000}},
+		{"llamacpp waiting only", LlamaCpp, "llamacpp:requests_deferred 2\n", Stats{Waiting: 2, HasLoad: true}},
+		{"tgi absent", TGI, "other 1\n", Stats{}},
+		{"generic knows nothing", Generic, "vllm:num_requests_running 1\n", Stats{}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			fams, err := ParseMetrics([]byte(tc.page))
+			if err != nil {
+				t.Fatal(err)
+			}
+			a, _ := For(tc.kind)
+			if got := a.FromMetrics(fams); got != tc.want {
+				t.Errorf("got %+v, want %+v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestInfoVariants(t *testing.T) {
+	tests := []struct {
+		name string
+		kind Kind
+		body string
+		want Stats
+	}{
+		{"sglang per-rank states override", SGLang,
+			`{"max_running_requests":null,"max_total_num_tokens":900,"page_size":16,"internal_states":[{"max_running_requests":32,"max_total_num_tokens":400},{"max_running_requests":32,"max_total_num_tokens":400}]}`,
+			Stats{Slots: 64, BlockSize: 16, CacheTokens: 800}},
+		{"sglang unset slots", SGLang, `{"max_running_requests":null,"max_total_num_tokens":900}`, Stats{CacheTokens: 900}},
+		{"tgi 3.x has no batch fields", TGI, `{"model_id":"m","max_concurrent_requests":128,"max_total_tokens":4096}`, Stats{}},
+		{"tgi batch size set", TGI, `{"max_batch_size":32,"max_batch_total_tokens":null}`, Stats{Slots: 32}},
+		{"llamacpp slots without context", LlamaCpp, `{"total_slots":2}`, Stats{Slots: 2}},
+		{"llamacpp junk types", LlamaCpp, `{"total_slots":"four","default_generation_settings":{"n_ctx":-1}}`, Stats{}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			a, _ := For(tc.kind)
+			got, err := a.FromInfo([]byte(tc.body))
+			if err != nil || got != tc.want {
+				t.Errorf("got %+v %v, want %+v", got, err, tc.want)
+			}
+		})
+	}
+}
+
+func TestDetect(t *testing.T) {
+	tests := []struct {
+		page string
+		want Kind
+		ok   bool
+	}{
+		{"# no engine here\nup 1\n", "", false},
+		{"", "", false},
+		{"sglang:token_usage 0.1\n", SGLang, true},   // prefix only: still starting
+		{"tgi_request_count 3\n", TGI, true},         // prefix only
+		{"vllm:kv_cache_usage_perc 0\n", VLLM, true}, // prefix only
+		{"llamacpp:prompt_tokens_total 1\n", LlamaCpp, true},
+	}
+	for _, tc := range tests {
+		fams, _ := ParseMetrics([]byte(tc.page))
+		if k, ok := Detect(fams); k != tc.want || ok != tc.ok {
+			t.Errorf("%q: %q %v, want %q %v", tc.page, k, ok, tc.want, tc.ok)
+		}
+	}
+}
+
+// TestParseKeepsFamiliesBeforeAnError: a malformed line late in a page
+// leaves the gauges before it readable.
+func TestParseKeepsFamiliesBeforeAnError(t *testing.T) {
+	page := "vllm:num_requests_running 2\nvllm:num_requests_waiting 1\nthis is { not a metric\n"
+	fams, err := ParseMetrics([]byte(page))
+	if err == nil {
+		t.Fatal("no error for a malformed page")
+	}
+	if got := (vllm{}).FromMetrics(fams); got != (Stats{Running: 2, Waiting: 1, HasLoad: true}) {
+		t.Errorf("got %+v", got)
+	}
+}
+
+func TestParseKind(t *testing.T) {
+	for _, s := range []string{"auto", "VLLM", " sglang", "llamacpp", "tgi", "openai"} {
+		if _, err := ParseKind(s); err != nil {
+			t.Errorf("%q: %v", s, err)
+		}
+	}
+	for _, s := range []string{"", "ollama", "vllm:"} {
+		if _, err := ParseKind(s); err == nil {
+			t.Errorf("%q accepted", s)
+		}
+	}
+	if _, err := For(Auto); err == nil {
+		t.Error("an adapter for auto")
+	}
+}
+
+func TestParseModels(t *testing.T) {
+	got, err := ParseModels([]byte(`{"object":"list","data":[{"id":"b"},{"id":"a"},{"id":""},{"id":"b"}]}`))
+	if err != nil || !slices.Equal(got, []string{"a", "b"}) {
+		t.Errorf("got %v %v", got, err)
+	}
+	if _, err := ParseModels([]byte("not json")); err == nil {
+		t.Error("junk parsed")
+	}
+}
+
+func TestMerge(t *testing.T) {
+	a := Stats{Running: 1, HasLoad: true, CacheTokens: 5}
+	b := Stats{Running: 9, Waiting: 9, HasLoad: true, Slots: 4, BlockSize: 16, CacheTokens: 7}
+	if got := a.Merge(b); got != (Stats{Running: 1, HasLoad: true, Slots: 4, BlockSize: 16, CacheTokens: 5}) {
+		t.Errorf("got %+v", got)
+	}
+	if got := (Stats{}).Merge(b); got != b {
+		t.Errorf("got %+v", got)
+	}
+}
+
+// TestReplicaSimReadsAsVLLM: kvmesh's replica-sim publishes its load and
+// cache under vLLM's names, so auto picks the vLLM adapter for it.
+func TestReplicaSimReadsAsVLLM(t *testing.T) {
+	sim, err := replicasim.New(replicasim.Config{BlockSize: 16, KVBlocks: 1000, MaxNumSeqs: 8}, hclog.NewNullLogger(), prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sim.Close()
+	srv := httptest.NewServer(sim.Handler())
+	defer srv.Close()
+	resp, err := srv.Client().Get(srv.URL + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	fams, err := ParseMetrics(b)
+	if err != nil {
+		t.Fatalf("%v in\n%s", err, b)
+	}
+	if k, ok := Detect(fams); !ok || k != VLLM {
+		t.Fatalf("detected %q", k)
+	}
+	if got := (vllm{}).FromMetrics(fams); got != (Stats{HasLoad: true, BlockSize: 16, CacheTokens: 16000}) {
+		t.Errorf("got %+v", got)
+	}
+}

@@ -1,0 +1,430 @@
+package status
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/kvmesh/kvmesh/mesh"
+	dto "github.com/prometheus/client_model/go"
+)
+
+// Geometry of the inline SVG.
+const (
+	barWidth   = 120 // px of a full bar
+	sparkWidth = 160
+	sparkHigh  = 28
+)
+
+// view is everything the template shows, already formatted: the template
+// only places strings (html/template escapes them).
+type view struct {
+	Router, Region, Generated string
+	RefreshSeconds            int
+	Problems                  []string
+
+	Members      []memberRow
+	MembersAlive int
+
+	Replicas        []replicaRow
+	ReplicasHealthy int
+	ReplicasStale   int
+
+	HasMetrics bool
+	Window     string // span of the recent figures; "" before the second sample
+
+	Decisions       []decisionRow
+	DecisionsTotal  string
+	DecisionsRecent string
+	DecisionSpark   spark
+
+	Cache    cacheView
+	TTFT     []ttftRow
+	Gossip   gossipView
+	Requests string
+	Retries  string
+}
+
+type memberRow struct {
+	Name, Region, State, API, Addr, RTT string
+	Self, Alive                         bool
+	Bar                                 string // px
+}
+
+type replicaRow struct {
+	ID, Owner, DeclaredBy, Models string
+	Health, HealthClass           string
+	InFlight, Pending             string
+	LoadBar                       string // px
+	Summary, Age, AgeClass        string
+	Owned                         bool
+}
+
+type decisionRow struct {
+	Reason, Class        string
+	Total, Recent, Share string
+	Bar                  string // px
+	Spark                spark
+}
+
+// spark is an inline SVG polyline of a series, scaled to its maximum.
+type spark struct {
+	Points string
+	Max    string
+	Has    bool
+}
+
+type cacheView struct {
+	Has                          bool
+	Predicted, Reported, Prompt  string
+	PredictedBar, ReportedBar    string // px
+	HitRatio, PredictionError    string // since start
+	RecentHit, RecentError       string // over the window
+	RecentPredicted, RecentRepor string
+	HitSpark                     spark
+}
+
+type ttftRow struct {
+	Target, P50, P95, P99, Count string
+}
+
+type gossipView struct {
+	In, Out, Queue, Resyncs, Refusals string
+	Drops                             []dropRow
+}
+
+type dropRow struct {
+	Reason, Count string
+	Benign        bool
+}
+
+func (v *view) addMembers(ms []mesh.MemberInfo) {
+	maxRTT := 1.0
+	for _, m := range ms {
+		maxRTT = max(maxRTT, m.RTTMs)
+	}
+	for _, m := range ms {
+		r := memberRow{Name: m.Name, Region: m.Region, State: m.State, API: m.API, Addr: m.Addr,
+			Self: m.Self, Alive: m.State == "alive", RTT: "—", Bar: "0"}
+		if r.Region == "" {
+			r.Region = "—"
+		}
+		if m.Self {
+			v.Region = m.Region
+		} else if m.RTTMs > 0 {
+			r.RTT = fmt.Sprintf("%.1f ms", m.RTTMs)
+			r.Bar = px(m.RTTMs / maxRTT)
+		}
+		if r.Alive {
+			v.MembersAlive++
+		}
+		v.Members = append(v.Members, r)
+	}
+}
+
+func (v *view) addReplicas(d mesh.DebugInfo, now time.Time) {
+	maxLoad := 1
+	for _, r := range d.Replicas {
+		maxLoad = max(maxLoad, r.InFlight)
+	}
+	for _, r := range d.Replicas {
+		row := replicaRow{ID: r.ID, Owner: r.Owner, DeclaredBy: strings.Join(r.DeclaredBy, ", "),
+			Models: strings.Join(r.Models, ", "), Owned: r.Owned,
+			InFlight: fmt.Sprint(r.InFlight), Pending: trimFloat(r.PendingPref), LoadBar: px(float64(r.InFlight) / float64(maxLoad))}
+		switch {
+		case r.Owner == "":
+			row.Owner, row.Health, row.HealthClass = "none", "NO OWNER", "down"
+		case r.Healthy:
+			row.Health, row.HealthClass = "UP", "up"
+			v.ReplicasHealthy++
+		default:
+			row.Health, row.HealthClass = "DOWN", "down"
+		}
+		if row.Models == "" {
+			row.Models = "—"
+		}
+		row.Summary = "—"
+		if r.Bytes > 0 {
+			row.Summary = fmt.Sprintf("%s · v%d", humanBytes(float64(r.Bytes)), r.Version)
+		}
+		switch {
+		case r.Owned:
+			row.Age, row.AgeClass = "own", "up"
+		case r.AgeSeconds > 0 && r.Counts:
+			row.Age, row.AgeClass = humanSeconds(r.AgeSeconds), "up"
+		case r.AgeSeconds > 0:
+			row.Age, row.AgeClass = humanSeconds(r.AgeSeconds)+" stale", "warn"
+			v.ReplicasStale++
+		default:
+			row.Age, row.AgeClass = "never heard", "warn"
+			v.ReplicasStale++
+		}
+		v.Replicas = append(v.Replicas, row)
+	}
+}
+
+// reasonOrder puts the decision reasons in the order an operator reads
+// them: good, tolerable, bad.
+var reasonOrder = []string{"prefix", "spill", "rehint", "fallback-cold", "fallback-stale", "none"}
+
+func reasonClass(r string) string {
+	switch r {
+	case "prefix":
+		return "up"
+	case "spill", "fallback-stale", "rehint":
+		return "warn"
+	case "none":
+		return "down"
+	}
+	return "info"
+}
+
+// addMetrics fills the decision, cache, latency and gossip sections from
+// the current sample, the history before it and the gathered families.
+func (v *view) addMetrics(cur sample, older []sample, fams []*dto.MetricFamily) {
+	v.HasMetrics = true
+	base, ok := baseline(older, cur.at)
+	if ok {
+		v.Window = humanSeconds(cur.at.Sub(base.at).Seconds())
+	}
+	series := append(slices.Clone(older), cur)
+
+	// Decisions by reason.
+	reasons := make([]string, 0, len(cur.decisions))
+	for r := range cur.decisions {
+		reasons = append(reasons, r)
+	}
+	sort.Slice(reasons, func(i, j int) bool {
+		a, b := orderOf(reasons[i]), orderOf(reasons[j])
+		if a != b {
+			return a < b
+		}
+		return reasons[i] < reasons[j]
+	})
+	total := cur.decisionsTotal()
+	v.DecisionsTotal = humanCount(total)
+	recentTotal := 0.0
+	if ok {
+		recentTotal = cur.decisionsTotal() - base.decisionsTotal()
+		v.DecisionsRecent = humanCount(recentTotal)
+	}
+	for _, r := range reasons {
+		row := decisionRow{Reason: r, Class: reasonClass(r), Total: humanCount(cur.decisions[r]), Recent: "—", Share: "—", Bar: "0"}
+		share, n := cur.decisions[r], total
+		if ok {
+			share, n = cur.decisions[r]-base.decisions[r], recentTotal
+			row.Recent = humanCount(share)
+		}
+		if n > 0 {
+			row.Share = pct(share / n)
+			row.Bar = px(share / n)
+		}
+		row.Spark = sparkOf(series, func(a, b sample) (float64, bool) {
+			dt := b.at.Sub(a.at).Seconds()
+			return (b.decisions[r] - a.decisions[r]) / dt, dt > 0
+		})
+		row.Spark.Has = row.Spark.Has && row.Spark.Max != "0" // a flat zero says nothing
+		v.Decisions = append(v.Decisions, row)
+	}
+	v.DecisionSpark = sparkOf(series, func(a, b sample) (float64, bool) {
+		dt := b.at.Sub(a.at).Seconds()
+		return (b.decisionsTotal() - a.decisionsTotal()) / dt, dt > 0
+	})
+	if v.DecisionSpark.Has {
+		v.DecisionSpark.Max += "/s"
+	}
+
+	// Predicted against reported cached tokens, and the hit ratio.
+	c := cacheView{Has: true, Predicted: humanCount(cur.predicted), Reported: humanCount(cur.reported), Prompt: humanCount(cur.prompt),
+		HitRatio: "—", PredictionError: "—", RecentHit: "—", RecentError: "—", RecentPredicted: "—", RecentRepor: "—"}
+	top := max(cur.predicted, cur.reported, 1)
+	c.PredictedBar, c.ReportedBar = px(cur.predicted/top), px(cur.reported/top)
+	if cur.prompt > 0 {
+		c.HitRatio = pct(cur.reported / cur.prompt)
+	}
+	if cur.predicted > 0 {
+		c.PredictionError = signedPct((cur.predicted - cur.reported) / cur.predicted)
+	}
+	if ok {
+		dp, dr, dq := cur.predicted-base.predicted, cur.reported-base.reported, cur.prompt-base.prompt
+		c.RecentPredicted, c.RecentRepor = humanCount(dp), humanCount(dr)
+		if dq > 0 {
+			c.RecentHit = pct(dr / dq)
+		}
+		if dp > 0 {
+			c.RecentError = signedPct((dp - dr) / dp)
+		}
+	}
+	c.HitSpark = sparkOf(series, func(a, b sample) (float64, bool) {
+		dq := b.prompt - a.prompt
+		return 100 * (b.reported - a.reported) / dq, dq > 0
+	})
+	if c.HitSpark.Has {
+		c.HitSpark.Max += " %"
+	}
+	v.Cache = c
+
+	// Time to first byte, recent when there is history.
+	targets := make([]string, 0, len(cur.ttft))
+	for t := range cur.ttft {
+		targets = append(targets, t)
+	}
+	slices.Sort(targets)
+	for _, t := range targets {
+		h := cur.ttft[t]
+		if ok {
+			if b, found := base.ttft[t]; found {
+				h = h.sub(b)
+			}
+		}
+		row := ttftRow{Target: t, Count: humanCount(h.count), P50: "—", P95: "—", P99: "—"}
+		if q, ok := h.quantile(0.5); ok {
+			row.P50 = humanSeconds(q)
+		}
+		if q, ok := h.quantile(0.95); ok {
+			row.P95 = humanSeconds(q)
+		}
+		if q, ok := h.quantile(0.99); ok {
+			row.P99 = humanSeconds(q)
+		}
+		v.TTFT = append(v.TTFT, row)
+	}
+
+	v.Requests = humanCount(cur.requests)
+	if f := family(fams, metricRetries); f != nil {
+		v.Retries = humanCount(sum(f))
+	}
+
+	// Gossip.
+	g := gossipView{}
+	bytes := byLabel(family(fams, metricGossipB), "direction")
+	g.In, g.Out = humanBytes(bytes["in"]), humanBytes(bytes["out"])
+	if f := family(fams, metricQueue); f != nil {
+		g.Queue = humanCount(sum(f))
+	}
+	if f := family(fams, metricResyncs); f != nil {
+		g.Resyncs = humanCount(sum(f))
+	}
+	if f := family(fams, metricRefusals); f != nil {
+		g.Refusals = humanCount(sum(f))
+	}
+	drops := byLabel(family(fams, metricDropped), "reason")
+	names := make([]string, 0, len(drops))
+	for r := range drops {
+		names = append(names, r)
+	}
+	slices.Sort(names)
+	for _, r := range names {
+		if drops[r] > 0 { // zeros are every reason, every time: noise
+			g.Drops = append(g.Drops, dropRow{Reason: r, Count: humanCount(drops[r]), Benign: r == "duplicate"})
+		}
+	}
+	v.Gossip = g
+}
+
+// baseline is the oldest sample within recentWindow of now.
+func baseline(older []sample, now time.Time) (sample, bool) {
+	for _, s := range older {
+		if now.Sub(s.at) <= recentWindow && now.After(s.at) {
+			return s, true
+		}
+	}
+	return sample{}, false
+}
+
+func orderOf(r string) int {
+	if i := slices.Index(reasonOrder, r); i >= 0 {
+		return i
+	}
+	return len(reasonOrder)
+}
+
+// sparkOf draws f over consecutive pairs of samples; pairs where f is
+// undefined are left out.
+func sparkOf(series []sample, f func(a, b sample) (float64, bool)) spark {
+	var ys []float64
+	for i := 1; i < len(series); i++ {
+		if y, ok := f(series[i-1], series[i]); ok && !math.IsNaN(y) && !math.IsInf(y, 0) {
+			ys = append(ys, max(y, 0))
+		}
+	}
+	if len(ys) < 2 {
+		return spark{}
+	}
+	top := slices.Max(ys)
+	scale := 1.0
+	if top > 0 {
+		scale = 1 / top
+	}
+	var b strings.Builder
+	step := float64(sparkWidth-2) / float64(len(ys)-1)
+	for i, y := range ys {
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		fmt.Fprintf(&b, "%.1f,%.1f", 1+float64(i)*step, float64(sparkHigh-2)-y*scale*float64(sparkHigh-4))
+	}
+	return spark{Points: b.String(), Max: trimFloat(top), Has: true}
+}
+
+// px is a bar's width for a fraction of a full bar.
+func px(frac float64) string {
+	if math.IsNaN(frac) || frac < 0 {
+		frac = 0
+	}
+	return fmt.Sprintf("%.1f", min(frac, 1)*barWidth)
+}
+
+func pct(f float64) string { return fmt.Sprintf("%.1f %%", 100*f) }
+
+func signedPct(f float64) string { return fmt.Sprintf("%+.1f %%", 100*f) }
+
+func trimFloat(f float64) string {
+	switch {
+	case f == math.Trunc(f) && math.Abs(f) < 1e15:
+		return fmt.Sprintf("%.0f", f)
+	case math.Abs(f) >= 100:
+		return fmt.Sprintf("%.0f", f)
+	case math.Abs(f) >= 10:
+		return fmt.Sprintf("%.1f", f)
+	}
+	return fmt.Sprintf("%.2f", f)
+}
+
+func humanCount(f float64) string {
+	a := math.Abs(f)
+	switch {
+	case a >= 1e9:
+		return fmt.Sprintf("%.2fG", f/1e9)
+	case a >= 1e6:
+		return fmt.Sprintf("%.2fM", f/1e6)
+	case a >= 1e4:
+		return fmt.Sprintf("%.1fk", f/1e3)
+	}
+	return trimFloat(f)
+}
+
+func humanBytes(f float64) string {
+	switch {
+	case f >= 1<<30:
+		return fmt.Sprintf("%.1f GiB", f/(1<<30))
+	case f >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", f/(1<<20))
+	case f >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", f/(1<<10))
+	}
+	return fmt.Sprintf("%.0f B", f)
+}
+
+func humanSeconds(s float64) string {
+	switch {
+	case s < 1:
+		return fmt.Sprintf("%.0f ms", s*1000)
+	case s < 60:
+		return fmt.Sprintf("%.1f s", s)
+	}
+	return (time.Duration(s) * time.Second).Round(time.Second).String()
+}

@@ -1,0 +1,368 @@
+package proxy
+
+import (
+	"bytes"
+	"container/list"
+	"fmt"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/kvmesh/kvmesh/route"
+	"github.com/kvmesh/kvmesh/summary"
+	"github.com/zeebo/xxh3"
+)
+
+// DefaultSessionHeader is the request header whose value is a client
+// routing key unless Config.SessionHeader names another.
+const DefaultSessionHeader = "X-Session-ID"
+
+// DefaultMaxResponses bounds how many response ids a router remembers
+// with the replica that produced them (previous_response_id routing). An
+// entry is about 100 bytes.
+const DefaultMaxResponses = 1 << 16
+
+// Decision labels of kvmesh_route_decisions_total that route does not make.
+const (
+	// ReasonPreviousResponse is a Responses request sent to the replica
+	// that produced its previous_response_id, which holds the conversation.
+	ReasonPreviousResponse route.Reason = "previous-response"
+	// ReasonLoad is a request placed by load alone (embeddings).
+	ReasonLoad route.Reason = "load"
+)
+
+// Endpoint labels of kvmesh_requests_total for the newer APIs.
+const (
+	epResponses  = "responses"
+	epMessages   = "messages"
+	epEmbeddings = "embeddings"
+)
+
+// endpoint is one inference API: how its body renders, and how its
+// requests are placed.
+type endpoint struct {
+	// label is the endpoint label of kvmesh_requests_total.
+	label string
+	// render parses a body and renders its canonical prompt.
+	render func([]byte) (summary.Prompt, error)
+	// byLoad places requests on the least loaded replica, without prefix
+	// matching, and does not read their responses (embeddings: there is
+	// no prompt cache to model, and the answers are large).
+	byLoad bool
+}
+
+// The inference endpoints. They are read-only after initialisation.
+var (
+	chatAPI       = endpoint{label: epChat, render: summary.RenderChat}
+	completionAPI = endpoint{label: epCompletions, render: summary.RenderCompletion}
+	responsesAPI  = endpoint{label: epResponses, render: summary.RenderResponses}
+	messagesAPI   = endpoint{label: epMessages, render: summary.RenderMessages}
+	embeddingsAPI = endpoint{label: epEmbeddings, render: summary.RenderEmbeddings, byLoad: true}
+)
+
+// serveResponses serves POST /v1/responses: routed like chat, and the id
+// of each successful response is remembered with its replica, so that a
+// later request naming it as previous_response_id goes where the engine
+// stored the conversation.
+func (p *Proxy) serveResponses(w http.ResponseWriter, r *http.Request) {
+	p.inference(&responseIDSniffer{ResponseWriter: w}, r, &responsesAPI)
+}
+
+// served is called by inference once a replica has answered the request.
+func (p *Proxy) served(w http.ResponseWriter, st *reqState, replicaID string) {
+	s, ok := w.(*responseIDSniffer)
+	if !ok || st.code != http.StatusOK || s.id == "" {
+		return
+	}
+	p.responses.add(s.id, replicaID)
+}
+
+// decide picks the candidate for a request this router decides.
+func (p *Proxy) decide(ep *endpoint, st *reqState, req route.Request, cands []route.Candidate) route.Decision {
+	if ep.byLoad {
+		return leastLoaded(cands, req.ClientKey, st.body)
+	}
+	if id := st.prompt.PreviousResponseID; id != "" {
+		// Not a preference but a requirement: an engine keeps the
+		// responses it stored to itself, and any other answers 404. So the
+		// load bounds do not apply; when the replica is gone (or this
+		// router never saw the response) the request is routed as usual.
+		if rep, ok := p.responses.get(id); ok {
+			if i := slices.IndexFunc(cands, func(c route.Candidate) bool { return c.ID == rep }); i >= 0 {
+				return route.Decision{Index: i, Reason: ReasonPreviousResponse}
+			}
+		}
+	}
+	return p.cfg.Policy.Pick(req, cands)
+}
+
+// leastLoaded picks, within the nearest tier, the candidate with the
+// fewest requests in flight (then the fewest the engine queues). Ties are
+// broken by rendezvous hashing on the client key, or on the body, so that
+// equal replicas share the load without a shared counter.
+func leastLoaded(cands []route.Candidate, clientKey uint64, body []byte) route.Decision {
+	key := clientKey
+	if key == 0 {
+		key = xxh3.Hash(body)
+	}
+	best := -1
+	var bestW uint64
+	for i := range cands {
+		c := &cands[i]
+		w := mix64(route.HashID(c.ID) ^ key)
+		if best < 0 {
+			best, bestW = i, w
+			continue
+		}
+		b := &cands[best]
+		switch {
+		case c.Tier != b.Tier:
+			if c.Tier < b.Tier {
+				best, bestW = i, w
+			}
+		case c.InFlight != b.InFlight:
+			if c.InFlight < b.InFlight {
+				best, bestW = i, w
+			}
+		case c.Waiting != b.Waiting:
+			if c.Waiting < b.Waiting {
+				best, bestW = i, w
+			}
+		case w > bestW:
+			best, bestW = i, w
+		}
+	}
+	return route.Decision{Index: best, Reason: ReasonLoad}
+}
+
+// mix64 is splitmix64's finaliser: rendezvous weights must not be
+// correlated across replicas for one key.
+func mix64(x uint64) uint64 {
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	return x ^ x>>31
+}
+
+// clientKey hashes the routing key a client sent, in order of precedence:
+// the body's prompt_cache_key, then the session header, then SGLang's
+// bootstrap_room. 0 means none. The kind is hashed in, so one value sent
+// as two kinds of key does not collide.
+func (p *Proxy) clientKey(r *http.Request, pr *summary.Prompt) uint64 {
+	var kind uint64
+	var v string
+	switch {
+	case pr.CacheKey != "":
+		kind, v = 1, pr.CacheKey
+	case p.sessionHeader != "" && r.Header.Get(p.sessionHeader) != "":
+		kind, v = 2, r.Header.Get(p.sessionHeader)
+	case pr.BootstrapRoom != "":
+		kind, v = 3, pr.BootstrapRoom
+	default:
+		return 0
+	}
+	h := xxh3.HashStringSeed(v, 0x6b65790000000000|kind)
+	if h == 0 {
+		h = 1
+	}
+	return h
+}
+
+// maxSniff bounds how much of a Responses answer is searched for its id;
+// engines put it first.
+const maxSniff = 4 << 10
+
+// responseIDSniffer passes a response through unchanged and finds its
+// response id on the way: the first "id" member, which is the response's
+// own both in a JSON body ({"id":"resp_...",...}) and in the first event of
+// a stream (response.created, whose response object starts with its id).
+type responseIDSniffer struct {
+	http.ResponseWriter
+	head []byte
+	id   string
+	done bool
+}
+
+// Write implements http.ResponseWriter.
+func (s *responseIDSniffer) Write(b []byte) (int, error) {
+	if !s.done {
+		s.head = append(s.head, b[:min(len(b), maxSniff-len(s.head))]...)
+		if id, ok := findID(s.head); ok {
+			s.id, s.done, s.head = id, true, nil
+		} else if len(s.head) >= maxSniff {
+			s.done, s.head = true, nil
+		}
+	}
+	return s.ResponseWriter.Write(b)
+}
+
+// Unwrap lets http.ResponseController reach the connection (Flush).
+func (s *responseIDSniffer) Unwrap() http.ResponseWriter { return s.ResponseWriter }
+
+// findID returns the value of the first "id" member in b, if b holds all
+// of it. An id with escapes is not one an engine makes and is ignored.
+func findID(b []byte) (string, bool) {
+	for {
+		i := bytes.Index(b, []byte(`"id"`))
+		if i < 0 {
+			return "", false
+		}
+		b = b[i+4:]
+		j := skipSpace(b, 0)
+		if j >= len(b) || b[j] != ':' {
+			continue // a value "id", not a key
+		}
+		j = skipSpace(b, j+1)
+		if j >= len(b) || b[j] != '"' {
+			return "", false
+		}
+		v := b[j+1:]
+		k := bytes.IndexByte(v, '"')
+		if k < 0 || bytes.IndexByte(v[:k], '\\') >= 0 || k == 0 {
+			return "", false
+		}
+		return string(v[:k]), true
+	}
+}
+
+func skipSpace(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// responseLRU remembers which replica produced each recent response id,
+// up to a bound, forgetting the least recently used first.
+type responseLRU struct {
+	mu    sync.Mutex
+	max   int
+	order *list.List // of *responseEntry, most recent first
+	byID  map[string]*list.Element
+}
+
+type responseEntry struct{ id, replica string }
+
+func newResponseLRU(max int) *responseLRU {
+	if max <= 0 {
+		max = DefaultMaxResponses
+	}
+	return &responseLRU{max: max, order: list.New(), byID: make(map[string]*list.Element)}
+}
+
+func (l *responseLRU) add(id, replica string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if e, ok := l.byID[id]; ok {
+		e.Value.(*responseEntry).replica = replica
+		l.order.MoveToFront(e)
+		return
+	}
+	l.byID[id] = l.order.PushFront(&responseEntry{id: id, replica: replica})
+	for l.order.Len() > l.max {
+		e := l.order.Back()
+		l.order.Remove(e)
+		delete(l.byID, e.Value.(*responseEntry).id)
+	}
+}
+
+func (l *responseLRU) get(id string) (string, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	e, ok := l.byID[id]
+	if !ok {
+		return "", false
+	}
+	l.order.MoveToFront(e)
+	return e.Value.(*responseEntry).replica, true
+}
+
+func (l *responseLRU) len() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.order.Len()
+}
+
+// responsesPrefix starts the paths of one stored response: GET
+// /v1/responses/{id} (retrieve, or ?stream=true to resume a background
+// response), GET .../input_items, DELETE, and POST .../cancel.
+const responsesPrefix = "/v1/responses/"
+
+// serveResponseByID forwards a request about one stored response to the
+// replica that produced it: only its engine has it. An id this router has
+// not seen (or has forgotten) is answered 404, as an engine that does not
+// hold it would.
+func (p *Proxy) serveResponseByID(w http.ResponseWriter, r *http.Request) {
+	st := &reqState{path: r.URL.Path, byLoad: true}
+	defer func() { p.m.requests.WithLabelValues(epResponses, strconv.Itoa(st.code)).Inc() }()
+	rest := strings.TrimPrefix(r.URL.Path, responsesPrefix)
+	id, sub, _ := strings.Cut(rest, "/")
+	method := http.MethodGet
+	switch {
+	case sub == "" && r.Method == http.MethodDelete:
+		method = http.MethodDelete
+	case sub == "cancel":
+		method = http.MethodPost
+	case sub != "" && sub != "input_items":
+		st.code = writeError(w, http.StatusNotFound, fmt.Sprintf("no endpoint %s %s", r.Method, r.URL.Path))
+		return
+	}
+	if r.Method != method && !(method == http.MethodGet && r.Method == http.MethodHead) {
+		w.Header().Set("Allow", method)
+		st.code = writeError(w, http.StatusMethodNotAllowed, fmt.Sprintf("method %s not allowed on %s", r.Method, r.URL.Path))
+		return
+	}
+	replica, ok := p.responses.get(id)
+	if h := r.Header.Get(HeaderReplica); h != "" && r.Header.Get(HeaderHop) != "" {
+		replica, ok = h, true // the deciding router knew it
+	}
+	if !ok || id == "" {
+		st.code = writeError(w, http.StatusNotFound, fmt.Sprintf("Response with id '%s' not found.", id))
+		return
+	}
+	ownerAPI, local, known := p.cfg.View.Locate(replica)
+	if !known || (!local && r.Header.Get(HeaderHop) != "") {
+		st.code = writeError(w, http.StatusNotFound, fmt.Sprintf("Response with id '%s' not found: its replica is gone.", id))
+		return
+	}
+	body, status, err := p.readBody(w, r)
+	if err != nil {
+		st.code = writeError(w, status, err.Error())
+		return
+	}
+	base := replica
+	if !local {
+		base = ownerAPI
+	}
+	url := strings.TrimRight(base, "/") + r.URL.Path
+	if r.URL.RawQuery != "" {
+		url += "?" + r.URL.RawQuery
+	}
+	out, err := http.NewRequestWithContext(r.Context(), r.Method, url, bytes.NewReader(body))
+	if err != nil {
+		st.code = writeError(w, http.StatusBadGateway, fmt.Sprintf("bad upstream URL %s: %v", url, err))
+		return
+	}
+	copyRequestHeader(out.Header, r.Header)
+	if !local {
+		out.Header.Set(HeaderReplica, replica)
+		out.Header.Set(HeaderHop, "1")
+	}
+	start := time.Now()
+	resp, err := p.client.Do(out)
+	if err != nil {
+		if r.Context().Err() != nil {
+			st.code = statusClientGone
+			return
+		}
+		st.code = writeError(w, http.StatusBadGateway, fmt.Sprintf("the replica holding response '%s' failed: %v", id, err))
+		return
+	}
+	defer resp.Body.Close()
+	st.code = resp.StatusCode
+	p.relay(w, r, resp, st, replica, route.Decision{}, local, start, func() {})
+}

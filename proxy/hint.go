@@ -1,0 +1,112 @@
+package proxy
+
+import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
+	"net/http"
+	"strconv"
+	"time"
+)
+
+// Headers authenticating a forwarded request's hints.
+const (
+	// HeaderHopTime is the forwarding router's clock (Unix seconds).
+	HeaderHopTime = "X-Kvmesh-Hop-Time"
+	// HeaderHopMAC is base64 HMAC-SHA256, under a key derived from the
+	// mesh's gossip key, of the hints, method, path and HeaderHopTime.
+	HeaderHopMAC = "X-Kvmesh-Hop-Mac"
+)
+
+// hopSkew is how far a hop's timestamp may be from this router's clock:
+// a captured forwarded request cannot be replayed after it (and with
+// --peer-tls-ca none can be captured).
+const hopSkew = 60 * time.Second
+
+// HopKey derives the key that authenticates hints from the mesh's gossip
+// key, so the gossip key itself is used by one primitive only.
+func HopKey(gossipKey []byte) []byte {
+	if len(gossipKey) == 0 {
+		return nil
+	}
+	m := hmac.New(sha256.New, gossipKey)
+	m.Write([]byte("kvmesh hop mac v1"))
+	return m.Sum(nil)
+}
+
+func hopMAC(key []byte, method, path, replica, hop, match, ts string) []byte {
+	m := hmac.New(sha256.New, key)
+	for _, s := range []string{method, path, replica, hop, match, ts} {
+		m.Write([]byte(s))
+		m.Write([]byte{0})
+	}
+	return m.Sum(nil)
+}
+
+// signHop sets the hint headers of a request forwarded to a replica's
+// owner, with their MAC when the mesh has a key.
+func (p *Proxy) signHop(out *http.Request, replica string, match int) {
+	h := out.Header
+	ms := strconv.Itoa(match)
+	h.Set(HeaderReplica, replica)
+	h.Set(HeaderHop, "1")
+	h.Set(HeaderMatch, ms)
+	if len(p.cfg.HopKey) == 0 {
+		return
+	}
+	ts := strconv.FormatInt(p.now().Unix(), 10)
+	h.Set(HeaderHopTime, ts)
+	h.Set(HeaderHopMAC, base64.RawStdEncoding.EncodeToString(hopMAC(p.cfg.HopKey, out.Method, out.URL.Path, replica, "1", ms, ts)))
+}
+
+// hopOf reports whether r is a forwarded request whose hints this router
+// follows, and whether a peer provably sent it (authenticated). With a
+// hop key the MAC must verify within hopSkew; a request over TLS with a
+// client certificate verified against the peer CA is a peer's (when
+// Config.TrustPeerCerts is set). With neither a key nor peer
+// certificates the mesh is unauthenticated: hints are followed as sent
+// (the router warns about it at start) but prove nothing, so the request
+// still needs the client's API key. Untrusted hint headers are deleted,
+// so the request is routed as any client's.
+func (p *Proxy) hopOf(r *http.Request) (hop, authenticated bool) {
+	h := r.Header
+	if h.Get(HeaderHop) == "" && h.Get(HeaderReplica) == "" && h.Get(HeaderMatch) == "" {
+		return false, false
+	}
+	ok := false
+	switch {
+	case p.cfg.TrustPeerCerts && r.TLS != nil && len(r.TLS.VerifiedChains) > 0:
+		ok, authenticated = h.Get(HeaderHop) != "", true
+	case len(p.cfg.HopKey) > 0:
+		ok = p.verifyHop(r)
+		authenticated = ok
+	case !p.cfg.TrustPeerCerts:
+		ok = h.Get(HeaderHop) != ""
+	}
+	if !ok {
+		p.edge.rejected.WithLabelValues(rejectBadHop).Inc()
+		p.junk.Printf("dropping unauthenticated hint headers from %s", r.RemoteAddr)
+		for _, k := range []string{HeaderHop, HeaderReplica, HeaderMatch, HeaderHopTime, HeaderHopMAC} {
+			h.Del(k)
+		}
+	}
+	return ok, ok && authenticated
+}
+
+func (p *Proxy) verifyHop(r *http.Request) bool {
+	h := r.Header
+	ts := h.Get(HeaderHopTime)
+	sec, err := strconv.ParseInt(ts, 10, 64)
+	if err != nil || h.Get(HeaderHop) == "" {
+		return false
+	}
+	if d := p.now().Sub(time.Unix(sec, 0)); d > hopSkew || d < -hopSkew {
+		return false
+	}
+	got, err := base64.RawStdEncoding.DecodeString(h.Get(HeaderHopMAC))
+	if err != nil {
+		return false
+	}
+	want := hopMAC(p.cfg.HopKey, r.Method, r.URL.Path, h.Get(HeaderReplica), h.Get(HeaderHop), h.Get(HeaderMatch), ts)
+	return hmac.Equal(got, want)
+}

@@ -1,0 +1,67 @@
+package proxy
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"net"
+	"net/http"
+	"time"
+)
+
+// DefaultRetryBudget is the default time from a request's first upstream
+// attempt within which another attempt may start.
+const DefaultRetryBudget = 10 * time.Second
+
+// A POST to an LLM is not idempotent: a generation that started once and
+// is started again costs a second generation, and a client that saw an
+// error retries a third. So, like Caddy's reverse proxy (which retries a
+// non-idempotent request only when the dial failed), the router tries
+// another candidate only when the request provably never reached a
+// replica:
+//
+//   - the connection was never made (dial error: refused, unreachable,
+//     DNS, dial timeout) or its TLS handshake failed: not a byte of the
+//     request was written;
+//   - the upstream answered 429 or 503 before the router sent anything
+//     more: a refusal, by RFC 9110 and by every OpenAI server, means the
+//     request was not processed;
+//   - the router itself gave up before sending (the candidate vanished,
+//     or a peer's API is not https while peer TLS is required).
+//
+// Every other failure (reset or EOF after the request was written, a
+// response-header timeout, a 500/502/504) may mean a generation is
+// running, and is reported to the client instead. net/http's own replay
+// of a request on a reused keep-alive connection that the server closed
+// first is safe by the same rule: it replays a POST only when nothing
+// was written (or the client sent an Idempotency-Key).
+
+// neverReached reports whether err from http.Client.Do proves the request
+// never reached the upstream.
+func neverReached(err error) bool {
+	if op, ok := errors.AsType[*net.OpError](err); ok && op.Op == "dial" {
+		return true
+	}
+	if _, ok := errors.AsType[*tls.CertificateVerificationError](err); ok {
+		return true
+	}
+	if _, ok := errors.AsType[tls.RecordHeaderError](err); ok {
+		return true // an upstream speaking plain HTTP to our TLS
+	}
+	if _, ok := errors.AsType[x509.UnknownAuthorityError](err); ok {
+		return true
+	}
+	if _, ok := errors.AsType[x509.HostnameError](err); ok {
+		return true
+	}
+	if _, ok := errors.AsType[*net.DNSError](err); ok {
+		return true
+	}
+	return false
+}
+
+// refused reports whether an upstream status says the request was refused
+// unprocessed, so another replica may take it.
+func refused(status int) bool {
+	return status == http.StatusServiceUnavailable || status == http.StatusTooManyRequests
+}
