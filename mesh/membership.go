@@ -8,7 +8,9 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -26,7 +28,10 @@ func (m *Mesh) memberlistConfig() (*memberlist.Config, error) {
 	mc.GossipToTheDeadTime = 30 * t.ProbeInterval
 	mc.DeadNodeReclaimTime = 30 * t.ProbeInterval // a restarted router may come back on another address
 	mc.UDPBufferSize = udpBufferSize
-	m.fanout = mc.GossipNodes
+	// The mesh's payloads are Rice-coded deltas and Bloom bits, which LZW
+	// does not shrink; compressing every stream cost more CPU than the
+	// batches themselves.
+	mc.EnableCompression = false
 	if cfg.SecretKey != nil {
 		mc.SecretKey = append([]byte(nil), cfg.SecretKey...)
 	}
@@ -47,6 +52,7 @@ func (m *Mesh) memberlistConfig() (*memberlist.Config, error) {
 	if err := m.guardTransport(mc); err != nil { // transport.go
 		return nil, err
 	}
+	m.withDeadlines(mc) // deadline.go
 	return mc, nil
 }
 
@@ -92,11 +98,12 @@ func (m *Mesh) joinLoop() {
 			}
 			if now.Sub(mb.failedAt) > failedPeerTTL {
 				delete(m.members, name)
+				m.dirty = true
 				continue
 			}
 			addrs = append(addrs, mb.node.Address())
 		}
-		m.mu.Unlock()
+		m.unlockAndRun()
 		rand.Shuffle(len(addrs), func(i, j int) { addrs[i], addrs[j] = addrs[j], addrs[i] })
 		addrs = addrs[:min(len(addrs), 3)]
 		if m.ml.NumMembers() <= 1 {
@@ -118,6 +125,9 @@ func (m *Mesh) replicaLocked(id string, create bool) *replica {
 	if r == nil && create && len(m.replicas) < maxReplicas && id != "" && len(id) <= maxReplicaIDLen {
 		r = &replica{id: id, hash: route.HashID(id), declarers: map[string]bool{}}
 		m.replicas[id] = r
+		i, _ := slices.BinarySearchFunc(m.order, id, func(x *replica, id string) int { return strings.Compare(x.id, id) })
+		m.order = slices.Insert(m.order, i, r)
+		m.markOwnerLocked(r)
 	}
 	return r
 }
@@ -131,10 +141,51 @@ func (m *Mesh) liveLocked(name string) bool {
 	return mb != nil && mb.alive
 }
 
-// ownerLocked picks the owner of r: rendezvous hashing over the live
-// routers that declare it; "" when none is alive.
+// ownerLocked returns the owner of r: rendezvous hashing over the live
+// routers that declare it (ownerOf); "" when none is alive. Owners are
+// computed when membership or declarations change, not per request: a
+// writer that changes them sets m.dirty, and unlockAndRun recomputes
+// before it releases the lock, so readers under the read lock always find
+// them current.
 func (m *Mesh) ownerLocked(r *replica) string {
-	return ownerOf(r.id, r.declarers, m.liveLocked)
+	switch { // only ever true under the write lock
+	case m.dirty:
+		m.recomputeOwnersLocked()
+	case r.ownerDirty:
+		m.recomputeOwnerLocked(r)
+	}
+	return r.owner
+}
+
+// markOwnerLocked notes that r's declarers changed.
+func (m *Mesh) markOwnerLocked(r *replica) {
+	if !r.ownerDirty {
+		r.ownerDirty = true
+		m.dirtyReps = append(m.dirtyReps, r)
+	}
+}
+
+func (m *Mesh) recomputeOwnerLocked(r *replica) {
+	r.owner = ownerOf(r.id, r.declarers, m.liveLocked)
+	r.ownerMb = m.members[r.owner]
+	r.ownerDirty = false
+}
+
+// recomputeOwnersLocked brings every owner up to date (membership
+// changed), or, when only declarations changed, those replicas'.
+func (m *Mesh) recomputeOwnersLocked() {
+	if m.dirty {
+		for _, r := range m.order {
+			m.recomputeOwnerLocked(r)
+		}
+	} else {
+		for _, r := range m.dirtyReps {
+			if r.ownerDirty {
+				m.recomputeOwnerLocked(r)
+			}
+		}
+	}
+	m.dirty, m.dirtyReps = false, m.dirtyReps[:0]
 }
 
 // declareLocked learns who declares the replica a state names.
@@ -146,11 +197,21 @@ func (m *Mesh) declareLocked(st *stateMsg) *replica {
 	if r == nil {
 		return nil
 	}
-	r.declarers[st.Origin] = true
+	delete(r.withdrawn, st.Origin) // its own word, again
+	m.addDeclarerLocked(r, st.Origin)
 	for _, d := range st.DeclaredBy {
-		if d != "" && len(d) <= maxNameLen && len(r.declarers) < 64 {
-			r.declarers[d] = true
+		// Hearsay never overrides a router's own withdrawal, and a router
+		// knows best whether it declares a replica itself.
+		if d != "" && len(d) <= maxNameLen && len(r.declarers) < 64 && !r.withdrawn[d] && d != m.cfg.Name {
+			m.addDeclarerLocked(r, d)
 		}
 	}
 	return r
+}
+
+func (m *Mesh) addDeclarerLocked(r *replica, name string) {
+	if !r.declarers[name] {
+		r.declarers[name] = true
+		m.markOwnerLocked(r)
+	}
 }
