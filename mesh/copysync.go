@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/summary"
-	"github.com/zeebo/xxh3"
 )
 
 func (m *Mesh) inboxLoop() {
@@ -24,7 +23,7 @@ func (m *Mesh) inboxLoop() {
 	}
 }
 
-// handleMsg decodes and applies one message (gossiped or direct).
+// handleMsg decodes and applies one direct message.
 func (m *Mesh) handleMsg(b []byte) {
 	msg, err := decodeMsg(b)
 	if err != nil {
@@ -33,32 +32,61 @@ func (m *Mesh) handleMsg(b []byte) {
 		return
 	}
 	m.met.in(b[0], len(b))
-	// A full copy is decoded before the lock: decoding a large summary
-	// must not hold up the readers (every request's Candidates).
-	var full *summary.Summary
-	if v, ok := msg.(stateWithSummary); ok {
-		full = m.decodeSummary(&v)
+	if v, ok := msg.(batchMsg); ok {
+		m.handleBatch(&v)
+		return
 	}
 	now := time.Now()
 	m.mu.Lock()
 	defer m.unlockAndRun()
 	switch v := msg.(type) {
 	case stateMsg:
-		if m.handleStateLocked(&v, now) && m.relay() {
-			m.enqueue(&namedBroadcast{name: stateName(v.Origin, v.Replica), msg: b})
-		}
-	case deltaMsg:
-		if m.handleDeltaLocked(&v, now) && m.relay() {
-			m.enqueue(&uniqueBroadcast{msg: b})
-		}
+		m.handleStateLocked(&v, now)
 	case fullReq:
 		m.handleFullReqLocked(v)
-	case stateWithSummary:
-		// Declarations first (they decide the owner), then the copy, then
-		// the state, which then finds the copy it describes.
-		m.declareLocked(&v.State)
-		m.handleFullLocked(&v.State, full, now)
-		m.handleStateLocked(&v.State, now)
+	}
+}
+
+// handleBatch applies an owner's batch: payloads are decoded first,
+// without the lock; then, per entry, the declaration (it decides the
+// owner), a full copy, the delta, and last the state, which then finds the
+// copy it describes.
+func (m *Mesh) handleBatch(b *batchMsg) {
+	if b.Origin == m.cfg.Name {
+		return
+	}
+	deltas := make([]*summary.Delta, len(b.Entries))
+	fulls := make([]*summary.Summary, len(b.Entries))
+	for i := range b.Entries {
+		e := &b.Entries[i]
+		switch e.Kind {
+		case payloadDelta:
+			d, err := summary.DecodeDelta(e.Payload)
+			if err != nil {
+				m.met.dropped.WithLabelValues(dropDecode).Inc()
+				m.log.Debug("undecodable delta", "replica", e.State.Replica, "from", b.Origin, "error", err)
+				continue
+			}
+			deltas[i] = d
+		case payloadFull:
+			fulls[i] = m.decodeSummary(&stateWithSummary{State: e.State, Summary: e.Payload})
+		}
+	}
+	now := time.Now()
+	m.mu.Lock()
+	defer m.unlockAndRun()
+	for i := range b.Entries {
+		st := &b.Entries[i].State
+		if !st.Withdrawn {
+			m.declareLocked(st)
+		}
+		if fulls[i] != nil {
+			m.handleFullLocked(st, fulls[i], now)
+		}
+		if deltas[i] != nil {
+			m.handleDeltaLocked(st.Origin, st.Replica, deltas[i], now)
+		}
+		m.handleStateLocked(st, now)
 	}
 }
 
@@ -77,6 +105,14 @@ func (m *Mesh) handleStateLocked(st *stateMsg, now time.Time) bool {
 		clear(m.stateSeen) // bounded memory; states only get re-accepted
 	}
 	m.stateSeen[key] = seenState{st.Boot, st.Seq}
+	if st.Withdrawn {
+		m.withdrawLocked(st.Origin, st.Replica)
+		return true
+	}
+	if st.Slim {
+		m.slimStateLocked(st, now)
+		return true
+	}
 	r := m.declareLocked(st)
 	if r == nil {
 		m.met.dropped.WithLabelValues(dropRefused).Inc()
@@ -131,15 +167,12 @@ func (m *Mesh) checkSyncLocked(r *replica, now time.Time) {
 	}
 }
 
-// digestOf hashes the encoded summary; ok is false when an insert raced
-// the encoding (the version moved).
+// digestOf is the summary's digest; ok is false when an insert raced it
+// (the version moved).
 func digestOf(s *summary.Summary, fp uint64) (uint64, bool) {
 	v := s.Version()
-	b := s.AppendEncode(nil, fp)
-	if s.Version() != v {
-		return 0, false
-	}
-	return xxh3.Hash(b) | 1, true // never 0, which means "unknown"
+	d, at := s.Digest(fp)
+	return d, at == v
 }
 
 func (m *Mesh) requestFullLocked(r *replica, from string, now time.Time, why string) {
@@ -153,78 +186,50 @@ func (m *Mesh) requestFullLocked(r *replica, from string, now time.Time, why str
 	m.send(from, fullReq{Origin: m.cfg.Name, Replica: r.id}.append(nil))
 }
 
-func (m *Mesh) acceptDeltaLocked(d *deltaMsg) bool {
-	w := m.deltaSeen[d.Origin]
-	if w == nil || d.Boot > w.boot {
-		if w == nil && len(m.deltaSeen) >= maxOrigins {
-			clear(m.deltaSeen)
-		}
-		w = &window{boot: d.Boot, seen: map[uint64]struct{}{}}
-		m.deltaSeen[d.Origin] = w
-	}
-	if d.Boot < w.boot || d.Seq+dedupeWindow < w.max {
-		return false
-	}
-	if _, ok := w.seen[d.Seq]; ok {
-		return false
-	}
-	w.seen[d.Seq] = struct{}{}
-	w.max = max(w.max, d.Seq)
-	if len(w.seen) > 2*dedupeWindow {
-		for s := range w.seen {
-			if s+dedupeWindow < w.max {
-				delete(w.seen, s)
-			}
-		}
-	}
-	return true
-}
-
-// handleDeltaLocked applies a delta to the copy; it reports whether the
-// delta was new (and so should be re-broadcast).
-func (m *Mesh) handleDeltaLocked(d *deltaMsg, now time.Time) bool {
-	if d.Origin == m.cfg.Name {
-		return false
-	}
-	if !m.acceptDeltaLocked(d) {
-		m.met.dropped.WithLabelValues(dropDuplicate).Inc()
-		return false
-	}
-	r := m.replicas[d.Replica]
-	if r == nil || r.owned || m.ownerLocked(r) != d.Origin {
-		return true
+// handleDeltaLocked applies an owner's delta to the copy.
+func (m *Mesh) handleDeltaLocked(origin, id string, d *summary.Delta, now time.Time) {
+	r := m.replicas[id]
+	if r == nil || r.owned || m.ownerLocked(r) != origin {
+		return
 	}
 	r.heard = now
 	switch {
 	case r.sum == nil:
-		m.requestFullLocked(r, d.Origin, now, "delta without a copy")
+		m.requestFullLocked(r, origin, now, "delta without a copy")
 	case r.sum.Epoch() != d.Epoch:
 		if r.hasState && r.st.Epoch == d.Epoch {
-			m.requestFullLocked(r, d.Origin, now, "copy of an old epoch")
+			m.requestFullLocked(r, origin, now, "copy of an old epoch")
 		}
 	default:
-		m.applyLocked(r, *d, now)
+		m.applyLocked(r, d, origin, now)
 		m.drainLocked(r)
+		// The delta states the owner's version as well as a state would
+		// (states are slim or absent while nothing else changes).
+		if r.hasState && r.st.Origin == origin && r.st.Epoch == d.Epoch && d.To() > r.st.Version {
+			r.st.Version, r.st.Digest = d.To(), 0
+		}
 		m.checkSyncLocked(r, now)
 	}
-	return true
 }
 
-func (m *Mesh) applyLocked(r *replica, d deltaMsg, now time.Time) {
-	switch err := r.sum.Apply(d.Epoch, d.From, d.Hashes); {
+func (m *Mesh) applyLocked(r *replica, d *summary.Delta, origin string, now time.Time) {
+	switch err := r.sum.ApplyDelta(d); {
 	case err == nil:
 	case errors.Is(err, summary.ErrGap):
-		// Deltas arrive in any order: keep it until the ones before it
-		// come, or a state shows the copy stays behind.
+		// Streams to a peer are ordered, but each batch is its own
+		// connection: keep an early one until the ones before it come, or
+		// a state shows the copy stays behind.
 		if len(r.pend) < maxPending {
 			r.pend = append(r.pend, d)
+		} else {
+			m.requestFullLocked(r, origin, now, "too many deltas out of order")
 		}
 	default:
-		m.requestFullLocked(r, d.Origin, now, err.Error())
+		m.requestFullLocked(r, origin, now, err.Error())
 	}
 }
 
-// drainLocked applies kept deltas that now follow the copy.
+// drainLocked applies kept deltas that now reach the copy.
 func (m *Mesh) drainLocked(r *replica) {
 	for progress := true; progress && len(r.pend) > 0; {
 		progress = false
@@ -232,10 +237,10 @@ func (m *Mesh) drainLocked(r *replica) {
 		keep := r.pend[:0]
 		for _, d := range r.pend {
 			switch {
-			case d.Epoch != e || d.From+uint64(len(d.Hashes)) <= v:
+			case d.Epoch != e || d.To() <= v:
 				// obsolete
 			case d.From <= v:
-				if err := r.sum.Apply(d.Epoch, d.From, d.Hashes); err != nil && !errors.Is(err, summary.ErrGap) {
+				if err := r.sum.ApplyDelta(d); err != nil {
 					r.wantFull = true
 				}
 				progress = true
@@ -247,11 +252,48 @@ func (m *Mesh) drainLocked(r *replica) {
 	}
 }
 
+// slimStateLocked moves a copy's idea of its owner's version on: a slim
+// state says nothing else changed since the owner's last full state.
+func (m *Mesh) slimStateLocked(st *stateMsg, now time.Time) {
+	r := m.replicas[st.Replica]
+	if r == nil || r.owned || !r.hasState || r.st.Origin != st.Origin || m.ownerLocked(r) != st.Origin || r.st.Epoch != st.Epoch {
+		return // the owner's next full state (change or heartbeat) sets it up
+	}
+	if st.Version != r.st.Version {
+		r.st.Version, r.st.Digest = st.Version, 0 // the digest was of another version
+	}
+	r.st.header = st.header
+	r.heard = now
+	m.drainLocked(r)
+	m.checkSyncLocked(r, now)
+}
+
+// withdrawLocked forgets that origin declares the replica.
+func (m *Mesh) withdrawLocked(origin, id string) {
+	r := m.replicas[id]
+	if r == nil {
+		return
+	}
+	if r.declarers[origin] {
+		delete(r.declarers, origin)
+		m.markOwnerLocked(r)
+	}
+	if r.withdrawn == nil {
+		r.withdrawn = map[string]bool{}
+	}
+	if len(r.withdrawn) < 64 {
+		r.withdrawn[origin] = true
+	}
+	if r.hasState && r.st.Origin == origin {
+		r.hasState = false
+	}
+}
+
 // decodeSummary decodes the summary of a full copy (nil when it carries
 // none or it does not decode). It takes no lock.
 func (m *Mesh) decodeSummary(f *stateWithSummary) *summary.Summary {
-	if len(f.Summary) == 0 || (f.State.Origin == m.cfg.Name && f.State.Boot == m.boot) {
-		return nil // (a peer may hand back our previous incarnation's summary)
+	if len(f.Summary) == 0 || f.State.Origin == m.cfg.Name {
+		return nil
 	}
 	s, err := summary.Decode(f.Summary, m.fp)
 	if err != nil {
@@ -266,7 +308,7 @@ func (m *Mesh) decodeSummary(f *stateWithSummary) *summary.Summary {
 // the owner, or adopts one from the previous owner when ours is fresh and
 // empty.
 func (m *Mesh) handleFullLocked(st *stateMsg, s *summary.Summary, now time.Time) {
-	if s == nil {
+	if s == nil || st.Origin == m.cfg.Name {
 		return
 	}
 	r := m.replicas[st.Replica]
@@ -275,7 +317,7 @@ func (m *Mesh) handleFullLocked(st *stateMsg, s *summary.Summary, now time.Time)
 	}
 	owner := m.ownerLocked(r)
 	switch {
-	case m.adoptSummaryLocked(r, owner, st, s) || st.Origin == m.cfg.Name:
+	case m.adoptSummaryLocked(r, owner, st, s):
 		return
 	case owner != st.Origin || r.owned:
 		m.met.dropped.WithLabelValues(dropRefused).Inc()
@@ -304,33 +346,26 @@ type ownerDigestJob struct {
 	version uint64
 }
 
-// fullReplyJob encodes a full copy for a peer, off the lock.
-type fullReplyJob struct {
-	to  string
-	st  stateMsg
-	sum *summary.Summary
-}
-
 // postLock is work found under the lock that encodes or hashes a whole
 // summary: it runs after the lock is released, so readers never wait on
 // it.
 type postLock struct {
 	verify  []verifyJob
 	digests []ownerDigestJob
-	replies []fullReplyJob
 }
 
-// unlockAndRun releases m.mu and runs the work queued under it.
+// unlockAndRun brings owners up to date (readers rely on it, see
+// ownerLocked), releases m.mu and runs the work queued under it. Every
+// section that writes under m.mu ends with it.
 func (m *Mesh) unlockAndRun() {
+	if m.dirty || len(m.dirtyReps) > 0 {
+		m.recomputeOwnersLocked()
+	}
 	p := m.post
 	m.post = postLock{}
 	m.mu.Unlock()
-	if len(p.verify)+len(p.digests)+len(p.replies) == 0 {
+	if len(p.verify)+len(p.digests) == 0 {
 		return
-	}
-	for _, j := range p.replies {
-		msg := appendStateWithSummary([]byte{kindFullReply}, &j.st, j.sum.AppendEncode(nil, m.fp))
-		m.send(j.to, msg)
 	}
 	type result struct {
 		d  uint64
@@ -348,7 +383,7 @@ func (m *Mesh) unlockAndRun() {
 	}
 	now := time.Now()
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	defer m.unlockAndRun() // requests only send; nothing is queued again
 	for i, j := range p.verify {
 		r := j.r
 		if !vr[i].ok || r.sum != j.sum || r.owned || !r.hasState || r.st.Version != j.version || r.st.Digest != j.want {

@@ -34,27 +34,33 @@ func (d *delegate) NodeMeta(limit int) []byte {
 	return d.meta
 }
 
-// NotifyMsg hands a copy of the message to the inbox goroutine; it never
-// blocks memberlist's packet handler.
+// NotifyMsg hands a copy of the message to the inbox goroutine. The mesh
+// sends its messages over streams, so a full inbox holds up the sender's
+// stream (back-pressure) for up to a second before the message is dropped
+// and counted; the copy then sees the gap and asks for a full copy.
 func (d *delegate) NotifyMsg(b []byte) {
 	if len(b) == 0 {
 		return
 	}
+	msg := bytes.Clone(b)
 	select {
-	case d.m.inbox <- bytes.Clone(b):
+	case d.m.inbox <- msg:
+		return
 	default:
+	}
+	t := time.NewTimer(time.Second)
+	defer t.Stop()
+	select {
+	case d.m.inbox <- msg:
+	case <-t.C:
 		d.m.met.dropped.WithLabelValues(dropHandoffFull).Inc()
+	case <-d.m.ctx.Done():
 	}
 }
 
-// GetBroadcasts drains the mesh's own queue into the gossip packet.
-func (d *delegate) GetBroadcasts(overhead, limit int) [][]byte {
-	out := d.m.queue.GetBroadcasts(overhead, limit)
-	for _, b := range out {
-		d.m.met.out(b[0], len(b))
-	}
-	return out
-}
+// GetBroadcasts adds nothing to memberlist's gossip packets: the mesh
+// sends over its own per-peer streams (peers.go).
+func (d *delegate) GetBroadcasts(overhead, limit int) [][]byte { return nil }
 
 // LocalState is the router's push/pull state: a state for every replica
 // it declares or owns, with the full summary of those it owns while they
@@ -194,15 +200,18 @@ func (d *delegate) upsert(n *memberlist.Node, alive bool) {
 	node := *n
 	node.Meta = bytes.Clone(n.Meta)
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	mb := m.members[n.Name]
 	if mb == nil {
 		mb = &member{}
 		m.members[n.Name] = mb
+		m.dirty = true // owners and their members
 	}
 	mb.node, mb.meta = node, meta
 	if mb.alive && !alive {
 		mb.failedAt = time.Now()
+	}
+	if mb.alive != alive {
+		m.dirty = true
 	}
 	mb.alive = alive
 	var k int64
@@ -215,6 +224,7 @@ func (d *delegate) upsert(n *memberlist.Node, alive bool) {
 		k++
 	}
 	m.numAlive.Store(max(k, 1))
+	m.unlockAndRun()
 }
 
 // NotifyJoin records a new router (memberlist holds its lock).

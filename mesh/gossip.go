@@ -1,7 +1,9 @@
 package mesh
 
-// Owner side of dissemination: what an owner sends about the replicas it
-// owns, and the transport of direct messages.
+// Owner side of dissemination: every tick, the owner cuts each owned
+// summary's new log entries into one compact delta, encodes every replica's
+// state once, and hands each live peer a batch assembled from those
+// encodings (see peers.go for the queues and back-pressure).
 
 import (
 	"slices"
@@ -12,51 +14,16 @@ import (
 	"github.com/zeebo/xxh3"
 )
 
-// enqueue validates a broadcast's size and queues it: memberlist would
-// keep an oversize one queued forever and never send it.
-func (m *Mesh) enqueue(b memberlist.Broadcast) bool {
-	msg := b.Message()
-	if len(msg) > m.maxMsg {
-		m.met.dropped.WithLabelValues(dropOversize).Inc()
-		m.log.Warn("broadcast too large for one packet; dropped", "kind", kindName(msg[0]), "bytes", len(msg), "limit", m.maxMsg)
-		return false
-	}
-	m.queue.QueueBroadcast(b)
-	return true
-}
+const (
+	// maxStateBytes bounds one encoded state (a batch entry's state is
+	// u16-prefixed); models and declarers beyond it are left out.
+	maxStateBytes = 8 << 10
+	// maxBatchBytes is the size a batch message is split at, well under
+	// memberlist's 20 MiB limit on one reliable message.
+	maxBatchBytes = 4 << 20
+)
 
-// namedBroadcast replaces a queued broadcast of the same name (a newer
-// state of the same replica from the same origin).
-type namedBroadcast struct {
-	name string
-	msg  []byte
-}
-
-func (b *namedBroadcast) Invalidates(o memberlist.Broadcast) bool {
-	nb, ok := o.(*namedBroadcast)
-	return ok && nb.name == b.name
-}
-
-func (b *namedBroadcast) Name() string { return b.name }
-
-func (b *namedBroadcast) Message() []byte { return b.msg }
-
-func (b *namedBroadcast) Finished() {}
-
-// uniqueBroadcast never replaces another (a summary delta).
-type uniqueBroadcast struct{ msg []byte }
-
-func (b *uniqueBroadcast) Invalidates(memberlist.Broadcast) bool { return false }
-
-func (b *uniqueBroadcast) UniqueBroadcast() {}
-
-func (b *uniqueBroadcast) Message() []byte { return b.msg }
-
-func (b *uniqueBroadcast) Finished() {}
-
-func stateName(origin, replica string) string { return "s/" + origin + "\x00" + replica }
-
-// send queues a direct message (full request or reply) for repairLoop.
+// send queues a direct message (a full-copy request) for repairLoop.
 func (m *Mesh) send(to string, msg []byte) {
 	select {
 	case m.repairs <- job{to: to, msg: msg}:
@@ -82,11 +49,6 @@ func (m *Mesh) repairLoop() {
 			if !ok {
 				continue
 			}
-			if len(j.msg) > maxFullBytes {
-				m.met.dropped.WithLabelValues(dropOversize).Inc()
-				m.log.Warn("direct message over memberlist's 20 MiB limit; dropped", "to", j.to, "bytes", len(j.msg))
-				continue
-			}
 			if err := m.ml.SendReliable(&node, j.msg); err != nil {
 				m.log.Debug("direct send failed", "to", j.to, "kind", kindName(j.msg[0]), "error", err)
 				continue
@@ -94,16 +56,6 @@ func (m *Mesh) repairLoop() {
 			m.met.out(j.msg[0], len(j.msg))
 		}
 	}
-}
-
-// relay reports whether a new message should be re-broadcast. memberlist
-// does not re-gossip user messages, so in a mesh larger than one gossip
-// tick's fanout receivers must; in a smaller one every tick of the
-// originator already reaches every peer, and a relay would only multiply
-// the bytes (measured in `kvmesh demo`: 147 KB/s per router relaying,
-// 56-84 KB/s not, at the same hit ratio; push/pull repairs a lost packet).
-func (m *Mesh) relay() bool {
-	return int(m.numAlive.Load())-1 > m.fanout
 }
 
 // setOwnedLocked flips r between writer and copy.
@@ -159,6 +111,7 @@ func (m *Mesh) ownedStateLocked(r *replica) stateMsg {
 		st.Epoch, st.Version = r.sum.Epoch(), r.lastSent
 		st.InFlight = uint32(max(r.inFlight.Load(), 0))
 		st.Pending = float64(max(r.pendingK.Load(), 0)) / 1000
+		st.Running, st.Waiting, st.Slots = u32(r.running), u32(r.waiting), u32(r.slots)
 		if r.digestVer == r.lastSent+1 {
 			st.Digest = r.digest
 		}
@@ -166,19 +119,22 @@ func (m *Mesh) ownedStateLocked(r *replica) stateMsg {
 	return st
 }
 
-// encodeStateLocked encodes a state, dropping models that do not fit one
-// packet (a replica with hundreds of models is not routed for all).
-func (m *Mesh) encodeStateLocked(st *stateMsg) []byte {
+func u32(n int) uint32 { return uint32(min(max(n, 0), 1<<31)) }
+
+// encodeState encodes a state within maxStateBytes, dropping declarers
+// then models that do not fit (a replica with hundreds of models is not
+// routed for all).
+func (m *Mesh) encodeState(st *stateMsg) []byte {
 	b := st.append(nil)
-	for len(b) > m.maxMsg && len(st.DeclaredBy) > 1 {
+	for len(b) > maxStateBytes && len(st.DeclaredBy) > 1 {
 		st.DeclaredBy = st.DeclaredBy[:len(st.DeclaredBy)-1]
 		b = st.append(b[:0])
 	}
-	for len(b) > m.maxMsg && len(st.Models) > 0 {
+	for len(b) > maxStateBytes && len(st.Models) > 0 {
 		st.Models = st.Models[:len(st.Models)-1]
 		b = st.append(b[:0])
-		if len(b) <= m.maxMsg {
-			m.log.Warn("replica state over one packet; models left out", "replica", st.Replica, "kept", len(st.Models))
+		if len(b) <= maxStateBytes {
+			m.log.Warn("replica state over its bound; models left out", "replica", st.Replica, "kept", len(st.Models))
 		}
 	}
 	return b
@@ -198,70 +154,101 @@ func (m *Mesh) tickLoop() {
 	}
 }
 
-// tick re-decides ownership, gossips the owned replicas' deltas and
-// states, checks copies, and bounds the queue.
+// cut is one owned replica's share of a tick.
+type cut struct {
+	r        *replica
+	sum      *summary.Summary
+	from, to uint64
+	delta    []byte
+	ok       bool // delta is usable; else everyone gets a full copy
+	cheaper  bool // not usable because a full copy is smaller
+	st       stateMsg
+	changed  bool // the full state goes out (changed, or heartbeat due)
+}
+
+// stateFingerprint hashes what a full state says beyond the summary's
+// position, which deltas and slim states carry.
+func stateFingerprint(st stateMsg) uint64 {
+	st.header, st.Version = header{}, 0
+	return xxh3.Hash(st.append(nil))
+}
+
+// heartbeatTicks is how often an unchanged replica's full state is
+// repeated: four times per StaleAfter.
+func (m *Mesh) heartbeatTicks() int {
+	return max(int(m.cfg.Timing.StaleAfter/(4*m.cfg.Timing.StateInterval)), 1)
+}
+
+// tick re-decides ownership, checks copies, cuts the owned replicas'
+// deltas and hands every live peer its batch.
 func (m *Mesh) tick(now time.Time) {
 	m.mu.Lock()
 	m.ticks++
 	decl := m.ticks%declEveryTicks == 1
-	for _, r := range m.replicas {
+	var cuts []cut
+	var others []stateMsg // declarations and withdrawals
+	for _, r := range m.order {
 		owner := m.ownerLocked(r)
 		m.setOwnedLocked(r, owner == m.cfg.Name)
 		if r.owned {
 			m.ensureSummaryLocked(r)
-			m.gossipOwnedLocked(r)
+			if r.sum != nil {
+				cuts = append(cuts, cut{r: r, sum: r.sum, from: r.lastSent})
+			}
 			continue
 		}
-		if r.declared && decl {
-			st := m.ownedStateLocked(r)
-			m.enqueue(&namedBroadcast{name: stateName(m.cfg.Name, r.id), msg: m.encodeStateLocked(&st)})
+		switch {
+		case r.withdrawT > 0:
+			r.withdrawT--
+			others = append(others, stateMsg{header: m.nextHeader(), Replica: r.id, Withdrawn: true})
+		case r.declared && decl:
+			others = append(others, m.ownedStateLocked(r))
 		}
 		if r.hasState && owner == r.st.Origin {
-			age := now.Sub(r.heard)
-			m.met.age.WithLabelValues(r.id).Set(age.Seconds())
+			if m.ticks%declEveryTicks == 0 { // a gauge per replica: not every tick
+				m.met.age.WithLabelValues(r.id).Set(now.Sub(r.heard).Seconds())
+			}
 			if r.wantFull || (!r.mismatchSince.IsZero() && now.Sub(r.mismatchSince) > 4*m.cfg.Timing.StateInterval) {
 				m.requestFullLocked(r, owner, now, "copy stays behind the owner's state")
 			}
 		}
 	}
+	peers := m.syncPeersLocked()
 	m.unlockAndRun()
-	if n := m.queue.NumQueued(); n > maxQueued {
-		m.met.dropped.WithLabelValues(dropQueuePrune).Add(float64(n - maxQueued))
-		m.queue.Prune(maxQueued) // n > 0, so the queue has been used
-	}
-}
 
-// gossipOwnedLocked queues the summary's new inserts, split to fit one
-// packet each, then the replica's state.
-func (m *Mesh) gossipOwnedLocked(r *replica) {
-	if r.sum == nil {
-		return
-	}
-	if hashes, ok := r.sum.Since(r.lastSent); ok && len(hashes) > 0 {
-		per := max((m.maxMsg-deltaOverhead(m.cfg.Name, r.id))/8, 1)
-		epoch := r.sum.Epoch()
-		for from := 0; from < len(hashes); from += per {
-			d := deltaMsg{header: m.nextHeader(), Replica: r.id, Epoch: epoch, From: r.lastSent + uint64(from),
-				Hashes: hashes[from:min(from+per, len(hashes))]}
-			m.enqueue(&uniqueBroadcast{msg: d.append(nil)})
+	// Off the lock: cut the deltas (copying and coding the log).
+	for i := range cuts {
+		c := &cuts[i]
+		c.delta, c.to, c.ok = c.sum.AppendDelta(nil, c.from)
+		if c.ok && len(c.delta) > c.sum.Stats().Bytes {
+			c.ok, c.cheaper = false, true // a full copy is cheaper
 		}
-		r.lastSent += uint64(len(hashes))
-	} else if !ok {
-		// Too many inserts for the log since the last tick: copies see the
-		// state's version ahead of them and ask for a full copy.
-		r.lastSent = r.sum.Version()
 	}
-	if r.digestVer != r.lastSent+1 && r.sum.Version() == r.lastSent {
-		m.post.digests = append(m.post.digests, ownerDigestJob{r: r, sum: r.sum, version: r.lastSent})
-	}
-	st := m.ownedStateLocked(r)
-	m.enqueue(&namedBroadcast{name: stateName(m.cfg.Name, r.id), msg: m.encodeStateLocked(&st)})
-}
 
-func (m *Mesh) handleFullReqLocked(f fullReq) {
-	r := m.replicas[f.Replica]
-	if r == nil || !r.owned || r.sum == nil {
-		return
+	m.mu.Lock()
+	kept := cuts[:0]
+	for _, c := range cuts {
+		r := c.r
+		if !r.owned || r.sum != c.sum || r.lastSent != c.from {
+			continue // ownership or summary changed meanwhile: next tick
+		}
+		switch {
+		case c.ok:
+			r.lastSent = c.to
+		default:
+			r.lastSent = c.sum.Version()
+		}
+		// A digest lets copies catch what versions cannot show; one per
+		// heartbeat is enough, and only of a summary at rest.
+		if r.digestVer != r.lastSent+1 && c.sum.Version() == r.lastSent && m.ticks%m.heartbeatTicks() == 0 {
+			m.post.digests = append(m.post.digests, ownerDigestJob{r: r, sum: c.sum, version: r.lastSent})
+		}
+		c.st = m.ownedStateLocked(r)
+		if fp := stateFingerprint(c.st); fp != r.stateFP || m.ticks-r.stateTick >= m.heartbeatTicks() {
+			r.stateFP, r.stateTick, c.changed = fp, m.ticks, true
+		}
+		kept = append(kept, c)
 	}
-	m.post.replies = append(m.post.replies, fullReplyJob{to: f.Origin, st: m.ownedStateLocked(r), sum: r.sum})
+	m.unlockAndRun()
+	m.offer(now, peers, kept, others)
 }

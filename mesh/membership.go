@@ -9,7 +9,9 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -27,7 +29,10 @@ func (m *Mesh) memberlistConfig() (*memberlist.Config, error) {
 	mc.GossipToTheDeadTime = 30 * t.ProbeInterval
 	mc.DeadNodeReclaimTime = 30 * t.ProbeInterval // a restarted router may come back on another address
 	mc.UDPBufferSize = udpBufferSize
-	m.fanout = mc.GossipNodes
+	// The mesh's payloads are Rice-coded deltas and Bloom bits, which LZW
+	// does not shrink; compressing every stream cost more CPU than the
+	// batches themselves.
+	mc.EnableCompression = false
 	if cfg.SecretKey != nil {
 		mc.SecretKey = append([]byte(nil), cfg.SecretKey...)
 	}
@@ -48,6 +53,7 @@ func (m *Mesh) memberlistConfig() (*memberlist.Config, error) {
 	if err := m.guardTransport(mc); err != nil { // transport.go
 		return nil, err
 	}
+	m.withDeadlines(mc) // deadline.go
 	return mc, nil
 }
 
@@ -93,7 +99,7 @@ func (m *Mesh) joinLoop() {
 		now := time.Now()
 		m.mu.Lock()
 		m.expireDeclarationsLocked(now)
-		m.mu.Unlock()
+		m.unlockAndRun()
 		if now.Sub(lastReconnect) < t.ReconnectInterval {
 			continue
 		}
@@ -116,11 +122,12 @@ func (m *Mesh) reconnect(now time.Time) {
 		}
 		if now.Sub(mb.failedAt) > m.cfg.Timing.FailedPeerTimeout {
 			delete(m.members, name)
+			m.dirty = true
 			continue
 		}
 		addrs = append(addrs, mb.node.Address())
 	}
-	m.mu.Unlock()
+	m.unlockAndRun()
 	rand.Shuffle(len(addrs), func(i, j int) { addrs[i], addrs[j] = addrs[j], addrs[i] })
 	addrs = addrs[:min(len(addrs), 3)]
 	ctx, cancel := context.WithTimeout(m.ctx, min(m.cfg.Timing.TCPTimeout, 5*time.Second))
@@ -150,6 +157,9 @@ func (m *Mesh) replicaLocked(id string, create bool) *replica {
 	if r == nil && create && len(m.replicas) < maxReplicas && id != "" && len(id) <= maxReplicaIDLen {
 		r = &replica{id: id, hash: route.HashID(id), declarers: map[string]bool{}, declHeard: map[string]time.Time{}}
 		m.replicas[id] = r
+		i, _ := slices.BinarySearchFunc(m.order, id, func(x *replica, id string) int { return strings.Compare(x.id, id) })
+		m.order = slices.Insert(m.order, i, r)
+		m.markOwnerLocked(r)
 	}
 	return r
 }
@@ -163,21 +173,59 @@ func (m *Mesh) liveLocked(name string) bool {
 	return mb != nil && mb.alive
 }
 
-// ownerLocked picks the owner of r: rendezvous hashing over the live
-// routers whose declaration of it holds; "" when there is none.
+// ownerLocked returns the owner of r: rendezvous hashing over the live
+// routers that declare it (ownerOf); "" when none is alive. Owners are
+// computed when membership or declarations change, not per request: a
+// writer that changes them sets m.dirty, and unlockAndRun recomputes
+// before it releases the lock, so readers under the read lock always find
+// them current.
 func (m *Mesh) ownerLocked(r *replica) string {
-	now := time.Now()
-	return ownerOf(r.id, r.declarers, func(d string) bool {
-		return m.liveLocked(d) && m.declaresLocked(r, d, now)
-	})
+	switch { // only ever true under the write lock
+	case m.dirty:
+		m.recomputeOwnersLocked()
+	case r.ownerDirty:
+		m.recomputeOwnerLocked(r)
+	}
+	return r.owner
+}
+
+// markOwnerLocked notes that r's declarers changed.
+func (m *Mesh) markOwnerLocked(r *replica) {
+	if !r.ownerDirty {
+		r.ownerDirty = true
+		m.dirtyReps = append(m.dirtyReps, r)
+	}
+}
+
+func (m *Mesh) recomputeOwnerLocked(r *replica) {
+	r.owner = ownerOf(r.id, r.declarers, m.liveLocked)
+	r.ownerMb = m.members[r.owner]
+	r.ownerDirty = false
+}
+
+// recomputeOwnersLocked brings every owner up to date (membership
+// changed), or, when only declarations changed, those replicas'.
+func (m *Mesh) recomputeOwnersLocked() {
+	if m.dirty {
+		for _, r := range m.order {
+			m.recomputeOwnerLocked(r)
+		}
+	} else {
+		for _, r := range m.dirtyReps {
+			if r.ownerDirty {
+				m.recomputeOwnerLocked(r)
+			}
+		}
+	}
+	m.dirty, m.dirtyReps = false, m.dirtyReps[:0]
 }
 
 // declareLocked records that a state's origin declares the replica it
-// names, for DeclarationTTL from now. It is the only way a peer's
-// declaration is learned or renewed: the DeclaredBy list a state carries
-// is another router's hearsay, and adopting it let a declaration outlive
-// its router (two routers re-teach each other a dead one's claim; a
-// restarted router took its own old claim back from a peer).
+// names, for DeclarationTTL from now (softstate.go). It is the only way a
+// peer's declaration is learned or renewed: the DeclaredBy list a state
+// carries is another router's hearsay, and adopting it let a declaration
+// outlive its router (two routers re-teach each other a claim its router
+// no longer makes; a restarted router took its own old claim back).
 func (m *Mesh) declareLocked(st *stateMsg) *replica {
 	if st.Origin == m.cfg.Name {
 		return nil
@@ -186,13 +234,19 @@ func (m *Mesh) declareLocked(st *stateMsg) *replica {
 	if r == nil {
 		return nil
 	}
+	delete(r.withdrawn, st.Origin) // its own word, again
 	if !r.declarers[st.Origin] && len(r.declarers) >= maxDeclarers {
 		return r
 	}
-	now := time.Now()
-	r.declarers[st.Origin] = true
-	r.declHeard[st.Origin] = now
-	r.lastDeclared = now
+	m.addDeclarerLocked(r, st.Origin)
+	r.declHeard[st.Origin] = time.Now()
 	m.handBackLocked(r, st)
 	return r
+}
+
+func (m *Mesh) addDeclarerLocked(r *replica, name string) {
+	if !r.declarers[name] {
+		r.declarers[name] = true
+		m.markOwnerLocked(r)
+	}
 }

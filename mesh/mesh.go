@@ -2,15 +2,25 @@
 // hashicorp/memberlist. Each router declares its replicas; the mesh agrees
 // on one owner per replica (rendezvous hashing over the live routers that
 // declare it), and the owner is the only writer of the replica's summary.
-// Owners gossip each replica's state (health, load, summary position; it is
-// also the heartbeat) and the summary's new inserts as memberlist user
-// broadcasts; receivers re-broadcast what they have not seen, because
-// memberlist does not. Full summaries travel in push/pull state and, on
-// demand, as reliable direct messages when a copy misses a delta: a gap is
-// repaired by a full copy, never guessed.
+//
+// memberlist does membership and failure detection. Dissemination is the
+// mesh's own: every tick, an owner cuts each owned summary's new log
+// entries into a compact delta (summary.AppendDelta, under 2 bytes per
+// block at load) and sends each live peer one batch, over a reliable
+// stream, of the states (health, load, summary position; also the
+// heartbeat) and deltas of the replicas it owns. Batches to a peer queue
+// in order behind a bounded per-peer queue; a peer that cannot keep up, or
+// whose stream failed, gets full copies instead, at a bounded rate, never
+// a silent gap. A copy that sees a gap asks for a full copy too. Full
+// summaries also travel in memberlist's push/pull state.
+//
+// Files: membership.go (memberlist adapter, lifecycle, declarations),
+// owner.go (the pure ownership rule), gossip.go (the owner side of a
+// tick), peers.go (per-peer queues and streams), copysync.go (the copy
+// side), view.go (what the proxy reads), wire.go (formats).
 //
 // Mesh implements the view the proxy reads (Candidates, Locate, Models,
-// Record, Begin).
+// Record, Forget, Begin).
 package mesh
 
 import (
@@ -29,17 +39,18 @@ import (
 const (
 	inboxSize      = 4096
 	repairSize     = 256
-	maxQueued      = 4096 // broadcasts kept before the oldest are pruned
 	maxReplicas    = 1 << 16
 	maxPending     = 64   // out-of-order deltas kept per copy
-	dedupeWindow   = 4096 // delta sequence numbers remembered per origin
 	maxOrigins     = 4096 // origins remembered for dedupe
 	declEveryTicks = 10   // a declaration-only state every this many ticks
+	withdrawTicks  = 10   // ticks a withdrawal is repeated
 	// defaultFailedPeerTimeout is Timing.FailedPeerTimeout's default.
 	defaultFailedPeerTimeout = 30 * time.Minute
 	udpBufferSize            = 1400
-	encryptOverhd            = 29 // AES-GCM: version + nonce + tag (memberlist ≥ v2 protocol)
-	packetOverhead           = 5  // compound header (2) + user-message framing (3), see memberlist GetBroadcasts
+	// protocol names the dissemination protocol in the contract ID peers
+	// compare: routers of protocol 1 (raw hashes on the broadcast queue,
+	// summary encoding v1) cannot read these summaries.
+	protocol = "-p2"
 )
 
 // MemberInfo describes one router of the mesh.
@@ -71,15 +82,23 @@ type replica struct {
 	models   []string
 	healthy  bool
 	capacity int
-	inFlight atomic.Int64
-	pendingK atomic.Int64 // pending prefill blocks × 1000
+	// The engine's load from the last health check (see ReplicaStatus).
+	running, waiting, slots int
+	inFlight                atomic.Int64
+	pendingK                atomic.Int64 // pending prefill blocks × 1000
 
 	declarers map[string]bool // routers known to declare it
-	// Soft state of the peers' declarations (membership.go): when each
-	// declarer last asserted it itself, and the latest of those.
-	declHeard    map[string]time.Time
-	lastDeclared time.Time
-	handedBack   uint64 // the owner boot this router's copy went back to
+	// Soft state of the peers' declarations (softstate.go): when each
+	// declarer last asserted it itself, and the owner boot this router's
+	// copy was handed back to.
+	declHeard  map[string]time.Time
+	handedBack uint64
+	withdrawn  map[string]bool // routers that withdrew it (their word beats hearsay)
+	owner      string          // ownerOf, kept current by recomputeOwnersLocked
+	ownerMb    *member         // members[owner] when another router owns it
+	// ownerDirty: the declarers changed since owner was computed.
+	ownerDirty bool
+	withdrawT  int // ticks left to repeat this router's withdrawal
 
 	// The owner's word, when another router owns it.
 	st       stateMsg
@@ -90,24 +109,21 @@ type replica struct {
 	owned bool             // this router is the writer
 
 	// Owner side.
-	lastSent  uint64
+	lastSent  uint64 // version the last delta reached
+	stateFP   uint64 // fingerprint of the last full state sent (see tick)
+	stateTick int    // tick of the last full state sent
 	digestVer uint64
 	digest    uint64
 
 	// Copy side.
-	pend          []deltaMsg // deltas that arrived before the ones they follow
-	mismatchSince time.Time  // copy version differs from the owner's state
-	verified      uint64     // version+1 whose digest matched
+	pend          []*summary.Delta // deltas that arrived before the ones they follow
+	mismatchSince time.Time        // copy version differs from the owner's state
+	verified      uint64           // version+1 whose digest matched
 	wantFull      bool
 	lastFullReq   time.Time
 }
 
 type seenState struct{ boot, seq uint64 }
-
-type window struct {
-	boot, max uint64
-	seen      map[uint64]struct{}
-}
 
 type job struct {
 	to  string
@@ -125,23 +141,22 @@ type Mesh struct {
 	contractID string
 	boot       uint64
 	seq        atomic.Uint64
-	maxMsg     int
 
-	queue    *memberlist.TransmitLimitedQueue
 	ml       *memberlist.Memberlist
 	numAlive atomic.Int64
-	// fanout is memberlist's GossipNodes: the peers each gossip tick
-	// reaches.
-	fanout  int
-	inbox   chan []byte
-	repairs chan job
+	inbox    chan []byte
+	repairs  chan job
+	queued   atomic.Int64 // batches waiting in peer queues
 
 	mu        sync.RWMutex
 	members   map[string]*member
 	replicas  map[string]*replica
+	order     []*replica // replicas sorted by ID (Candidates' order)
+	dirty     bool       // every owner needs recomputing (see ownerLocked)
+	dirtyReps []*replica // replicas whose owner needs recomputing
 	stateSeen map[string]seenState
-	deltaSeen map[string]*window
 	refused   map[string]time.Time // last log line per refused peer
+	peers     map[string]*peer     // live peers and their send queues
 	ticks     int
 	post      postLock // work for after the lock, see unlockAndRun
 
@@ -160,43 +175,43 @@ func New(ctx context.Context, cfg Config) (*Mesh, error) {
 		return nil, err
 	}
 	m := &Mesh{
-		cfg: cfg, log: cfg.Logger.Named("mesh"), fp: cfg.Contract.Fingerprint(), contractID: cfg.Contract.ID(),
+		cfg: cfg, log: cfg.Logger.Named("mesh"), fp: cfg.Contract.Fingerprint(), contractID: cfg.Contract.ID() + protocol,
 		boot:    uint64(time.Now().UnixNano()),
 		inbox:   make(chan []byte, inboxSize),
 		repairs: make(chan job, repairSize),
 		members: map[string]*member{}, replicas: map[string]*replica{},
-		stateSeen: map[string]seenState{}, deltaSeen: map[string]*window{}, refused: map[string]time.Time{},
-	}
-	m.maxMsg = udpBufferSize - packetOverhead
-	if cfg.SecretKey != nil {
-		m.maxMsg -= encryptOverhd
+		stateSeen: map[string]seenState{}, refused: map[string]time.Time{}, peers: map[string]*peer{},
 	}
 	m.numAlive.Store(1)
-	// The queue must work before Create: memberlist gossips right away.
-	m.queue = &memberlist.TransmitLimitedQueue{NumNodes: func() int { return int(m.numAlive.Load()) }}
+	// Before memberlist starts: its delegates may use the context at once.
+	m.ctx, m.cancel = context.WithCancel(context.WithoutCancel(ctx))
 	m.met = newMetrics(cfg.Registerer, func() float64 { return float64(m.numAlive.Load()) },
-		func() float64 { return float64(m.queue.NumQueued()) })
+		func() float64 { return float64(m.queued.Load()) })
 
 	meta := nodeMeta{Region: cfg.Region, API: cfg.APIAddr, Contract: m.contractID}.encode()
 	if len(meta) > memberlist.MetaMaxSize {
+		m.cancel()
 		return nil, fmt.Errorf("mesh: node metadata is %d bytes, over memberlist's %d", len(meta), memberlist.MetaMaxSize)
 	}
 
 	mc, err := m.memberlistConfig()
 	if err != nil {
+		m.cancel()
 		return nil, err
 	}
-	m.queue.RetransmitMult = mc.RetransmitMult
 	d := &delegate{m: m, meta: meta}
 	mc.Delegate, mc.Events, mc.Alive, mc.Merge, mc.Ping = d, d, d, d, d
 	ml, err := memberlist.Create(mc)
 	if err != nil {
+		if cfg.Transport == nil {
+			_ = mc.Transport.Shutdown() // ours: release the sockets
+		}
+		m.cancel()
 		return nil, fmt.Errorf("mesh: creating memberlist: %w", err)
 	}
 	m.ml = ml
-	m.ctx, m.cancel = context.WithCancel(context.WithoutCancel(ctx))
 	m.log.Info("mesh started", "name", cfg.Name, "gossip", m.GossipAddr(), "contract", m.contractID,
-		"encrypted", cfg.SecretKey != nil, "max_broadcast_bytes", m.maxMsg)
+		"encrypted", cfg.SecretKey != nil)
 	m.wg.Add(4)
 	go m.inboxLoop()
 	go m.repairLoop()

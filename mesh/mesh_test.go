@@ -150,9 +150,6 @@ func TestWrongKeyCannotJoin(t *testing.T) {
 	key1 := []byte("0123456789abcdef0123456789abcdef")
 	key2 := []byte("fedcba9876543210fedcba9876543210")
 	a := newRouter(t, "a", func(c *Config) { c.SecretKey = key1 })
-	if a.maxMsg != 1400-5-29 {
-		t.Fatalf("max broadcast with encryption = %d", a.maxMsg)
-	}
 	tests := []struct {
 		name string
 		key  []byte
@@ -294,29 +291,23 @@ func TestMetricsLint(t *testing.T) {
 	}
 }
 
-func TestOversizeBroadcastNeverQueued(t *testing.T) {
+func TestLargeRecordTravelsAsDeltas(t *testing.T) {
 	a := newRouter(t, "a", nil)
-	before := a.queue.NumQueued()
-	if a.enqueue(&uniqueBroadcast{msg: make([]byte, a.maxMsg+1)}) {
-		t.Fatal("oversize broadcast queued")
-	}
-	if a.queue.NumQueued() != before {
-		t.Fatal("queue grew")
-	}
-	// A big record is split into deltas that all fit: none is dropped.
 	id := "http://rep-with-a-long-name/" + strings.Repeat("x", 400)
 	declare(a, id)
-	a.Record(id, chain(30, 2000))
-	eventually(t, wait, "all inserts sent as deltas", func() error {
-		a.mu.RLock()
-		defer a.mu.RUnlock()
-		if r := a.replicas[id]; r.sum == nil || r.lastSent != r.sum.Version() {
-			return fmt.Errorf("not yet")
+	b := newRouter(t, "b", joining(a))
+	eventually(t, wait, "b sees a's replica", func() error { return matches(b.Mesh, id, nil) })
+	// Rounds of 1000: under the summary's log of 1024 entries and its
+	// memory of 1536 blocks (capacity 2048).
+	for i := range 5 {
+		h := chain(uint64(30+i), 1000)
+		a.Record(id, h)
+		eventually(t, wait, "b matches a's large record", func() error { return matches(b.Mesh, id, h) })
+	}
+	for _, why := range []string{fullOverflow, fullSendError, fullLog, fullCheaper} {
+		if got := testutil.ToFloat64(a.met.fullCopies.WithLabelValues(why)); got != 0 {
+			t.Errorf("full copies (%s) = %v, want 0", why, got)
 		}
-		return nil
-	})
-	if got := testutil.ToFloat64(a.met.dropped.WithLabelValues(dropOversize)); got != 1 {
-		t.Fatalf("oversize drops = %v, want only the one above", got)
 	}
 }
 

@@ -9,8 +9,6 @@ import (
 const (
 	dropHandoffFull = "handoff_full" // NotifyMsg's hand-off channel was full
 	dropDecode      = "decode"       // bytes that did not decode
-	dropOversize    = "oversize"     // a broadcast that would not fit a packet
-	dropQueuePrune  = "queue_prune"  // the broadcast queue was over its bound
 	dropDuplicate   = "duplicate"    // seen before (not an error; counted to see fan-in)
 	dropRefused     = "refused"      // from a router we do not accept, or not the owner
 	dropStateFull   = "state_full"   // a full summary left out of push/pull state for size
@@ -21,14 +19,19 @@ type metrics struct {
 	messages *prometheus.CounterVec
 	dropped  *prometheus.CounterVec
 	resyncs  prometheus.Counter
-	age      *prometheus.GaugeVec
-	refusals prometheus.Counter
+	// fullCopies counts full copies sent to a peer, by reason.
+	fullCopies *prometheus.CounterVec
+	// deltaBytes and deltaEntries count delta payloads queued to peers and
+	// the log entries (blocks) they carry: bytes per block per peer.
+	deltaBytes, deltaEntries prometheus.Counter
+	age                      *prometheus.GaugeVec
+	refusals                 prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer, members, queue func() float64) *metrics {
 	f := promauto.With(reg)
 	f.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_mesh_members", Help: "Alive routers in the mesh, this one included."}, members)
-	f.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_gossip_queue_depth", Help: "Broadcasts waiting in this router's gossip queue."}, queue)
+	f.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvmesh_gossip_queue_depth", Help: "Batches waiting in this router's per-peer send queues."}, queue)
 	m := &metrics{
 		bytes: f.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_gossip_bytes_total",
 			Help: "Bytes of kvmesh gossip (broadcasts, direct messages, push/pull state)."}, []string{"direction"}),
@@ -38,6 +41,12 @@ func newMetrics(reg prometheus.Registerer, members, queue func() float64) *metri
 			Help: "Gossip messages dropped, by reason."}, []string{"reason"}),
 		resyncs: f.NewCounter(prometheus.CounterOpts{Name: "kvmesh_summary_resyncs_total",
 			Help: "Full summary copies requested to repair a gap or divergence."}),
+		deltaBytes: f.NewCounter(prometheus.CounterOpts{Name: "kvmesh_summary_delta_bytes_total",
+			Help: "Bytes of summary deltas queued to peers (each peer counted)."}),
+		deltaEntries: f.NewCounter(prometheus.CounterOpts{Name: "kvmesh_summary_delta_entries_total",
+			Help: "Summary log entries (added or forgotten blocks, rotations) carried by deltas queued to peers."}),
+		fullCopies: f.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_summary_full_copies_total",
+			Help: "Full summary copies sent to peers, by reason (overflow, send_error, request, cheaper, log, new_peer)."}, []string{"reason"}),
 		age: f.NewGaugeVec(prometheus.GaugeOpts{Name: "kvmesh_summary_age_seconds",
 			Help: "Seconds since the last state or delta from a replica's owner."}, []string{"replica"}),
 		refusals: f.NewCounter(prometheus.CounterOpts{Name: "kvmesh_mesh_contract_refusals_total",
@@ -46,7 +55,10 @@ func newMetrics(reg prometheus.Registerer, members, queue func() float64) *metri
 	for _, d := range []string{"in", "out"} {
 		m.bytes.WithLabelValues(d)
 	}
-	for _, r := range []string{dropHandoffFull, dropDecode, dropOversize, dropQueuePrune, dropDuplicate, dropRefused, dropStateFull} {
+	for _, r := range []string{fullOverflow, fullSendError, fullRequest, fullCheaper, fullLog, fullNewPeer} {
+		m.fullCopies.WithLabelValues(r)
+	}
+	for _, r := range []string{dropHandoffFull, dropDecode, dropDuplicate, dropRefused, dropStateFull} {
 		m.dropped.WithLabelValues(r)
 	}
 	return m
@@ -56,12 +68,10 @@ func kindName(k byte) string {
 	switch k {
 	case kindState:
 		return "state"
-	case kindDelta:
-		return "delta"
+	case kindBatch:
+		return "batch"
 	case kindFullReq:
 		return "full_request"
-	case kindFullReply:
-		return "full_reply"
 	case kindPushPull:
 		return "push_pull"
 	}

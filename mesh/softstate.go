@@ -3,10 +3,10 @@ package mesh
 // Membership as soft state: a peer's declaration of a replica lives while
 // that router re-asserts it (its own states, at least every declaration
 // period, and its push/pull state) and goes DeclarationTTL after it stops,
-// or at once when its push/pull state no longer lists it. A replica with
-// no live declarer has no owner and leaves the candidate list; one no
-// router has declared for FailedPeerTimeout is forgotten. Seeds not all in
-// the mesh are re-joined for as long as they are missing.
+// or at once when its push/pull state no longer lists it (or it gossips a
+// withdrawal). A replica with no live declarer has no owner and leaves the
+// candidate list. Seeds not all in the mesh are re-joined for as long as
+// they are missing.
 
 import (
 	"net"
@@ -47,12 +47,11 @@ func (m *Mesh) declarersLocked(r *replica, now time.Time) []string {
 	return out
 }
 
-// expireDeclarationsLocked drops the declarations that no longer hold;
-// a replica left with no live declarer loses its dead owner's word (so
-// no view lists it healthy), and one no router has declared for
-// FailedPeerTimeout is forgotten.
+// expireDeclarationsLocked drops the declarations that no longer hold
+// (owners are recomputed as the lock is released); a replica left with
+// no live declarer loses its dead owner's word, so no view lists it
+// healthy.
 func (m *Mesh) expireDeclarationsLocked(now time.Time) {
-	t := m.cfg.Timing
 	for id, r := range m.replicas {
 		for d := range r.declarers {
 			if m.declaresLocked(r, d, now) {
@@ -60,16 +59,13 @@ func (m *Mesh) expireDeclarationsLocked(now time.Time) {
 			}
 			delete(r.declarers, d)
 			delete(r.declHeard, d)
+			m.markOwnerLocked(r)
 			if d != m.cfg.Name {
 				m.log.Info("declaration expired: its router stopped asserting it", "replica", id, "router", d)
 			}
 		}
 		if !r.owned && r.hasState && m.ownerLocked(r) == "" {
 			r.hasState = false
-		}
-		if len(r.declarers) == 0 && !r.declared && !r.owned && now.Sub(r.lastDeclared) > t.FailedPeerTimeout {
-			delete(m.replicas, id)
-			m.log.Info("replica forgotten: no router declared it", "replica", id, "for", t.FailedPeerTimeout)
 		}
 	}
 }
@@ -92,6 +88,7 @@ func (m *Mesh) reassertedLocked(p *pushPull) {
 		if r.declarers[p.Origin] && !asserted[id] {
 			delete(r.declarers, p.Origin)
 			delete(r.declHeard, p.Origin)
+			m.markOwnerLocked(r)
 			m.log.Info("declaration retracted: absent from its router's push/pull state", "replica", id, "router", p.Origin)
 		}
 	}
@@ -108,9 +105,28 @@ func (m *Mesh) handBackLocked(r *replica, st *stateMsg) {
 		r.st.Epoch != r.sum.Epoch() || m.ownerLocked(r) != st.Origin {
 		return
 	}
+	p := m.peers[st.Origin]
+	if p == nil {
+		m.syncPeersLocked() // it may have come back before the next tick
+		if p = m.peers[st.Origin]; p == nil {
+			return // not alive here yet: a later full state tries again
+		}
+	}
 	r.handedBack = st.Boot
 	m.log.Info("handing a restarted owner its summary back", "replica", r.id, "to", st.Origin, "epoch", r.sum.Epoch(), "version", r.sum.Version())
-	m.post.replies = append(m.post.replies, fullReplyJob{to: st.Origin, st: r.st, sum: r.sum})
+	// A batch entry's state is its sender's: a withdrawn one says, truly,
+	// that this router does not declare the replica, and carries the copy.
+	st2 := stateMsg{header: m.nextHeader(), Replica: r.id, Withdrawn: true}
+	msgs := m.assemble([][]byte{appendEntryRaw(nil, st2.append(nil), payloadFull, r.sum.AppendEncode(nil, m.fp))})
+	p.mu.Lock()
+	p.q = append(p.q, msgs...)
+	p.qBytes += msgBytes(msgs)
+	m.queued.Add(int64(len(msgs)))
+	p.mu.Unlock()
+	select {
+	case p.wake <- struct{}{}:
+	default:
+	}
 }
 
 // adoptSummaryLocked lets the owner of r take a full summary a peer sent
@@ -135,9 +151,17 @@ func (m *Mesh) adoptSummaryLocked(r *replica, owner string, st *stateMsg, s *sum
 		}
 		mine = hs
 	}
-	m.log.Info("adopting the summary a peer held", "replica", r.id, "from", st.Origin, "epoch", s.Epoch(), "version", s.Version(), "own_inserts", len(mine))
+	m.log.Info("adopting the summary a peer held", "replica", r.id, "from", st.Origin, "epoch", s.Epoch(), "version", s.Version(), "own_entries", len(mine))
 	v := s.Version()
-	s.Add(mine)
+	if len(mine) > 0 {
+		// Log entries are keys of the summary's geometry: they replay on
+		// one of the same parameters.
+		if r.sum.Params() != s.Params() {
+			m.log.Warn("adopted summary has other parameters; this router's own recent inserts are not carried over", "replica", r.id)
+		} else if err := s.Apply(s.Epoch(), v, mine); err != nil {
+			m.log.Warn("replaying own inserts on the adopted summary", "replica", r.id, "error", err)
+		}
+	}
 	r.sum, r.wantFull, r.digestVer, r.digest = s, false, 0, 0
 	if r.owned {
 		r.lastSent = v // the re-added inserts go out as deltas

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/route"
+	"github.com/kvmesh/kvmesh/summary"
 )
 
 // DeclareReplica declares a replica (its URL is its ID) at this router.
@@ -18,25 +19,28 @@ func (m *Mesh) DeclareReplica(id string) {
 	m.mu.Lock()
 	r := m.replicaLocked(id, true)
 	if r != nil {
-		r.declared = true
-		r.declarers[m.cfg.Name] = true
+		r.declared, r.withdrawT = true, 0
+		m.addDeclarerLocked(r, m.cfg.Name)
 	}
-	m.mu.Unlock()
+	m.unlockAndRun()
 }
 
 // WithdrawReplica undeclares a replica at this router (discovery saw it
 // go, or the operator removed it): this router stops claiming it, and
-// ownership moves to another declarer, if any.
-// TODO(meshdiss): peers learn it only when the declaration expires.
+// ownership moves to another declarer, if any. Peers learn it from the
+// next tick's batch (the withdrawal is repeated for a few ticks, and a
+// peer then ignores hearsay naming this router as a declarer until this
+// router declares the replica again).
 func (m *Mesh) WithdrawReplica(id string) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	defer m.unlockAndRun()
 	r := m.replicas[id]
 	if r == nil || !r.declared {
 		return
 	}
-	r.declared = false
+	r.declared, r.withdrawT = false, withdrawTicks
 	delete(r.declarers, m.cfg.Name)
+	m.markOwnerLocked(r)
 	if r.owned {
 		m.setOwnedLocked(r, false)
 	}
@@ -54,23 +58,21 @@ type ReplicaStatus struct {
 }
 
 // UpdateReplica records the proxy's latest health check of a declared
-// replica; an owner gossips the change at once.
+// replica; an owner gossips it with the next tick's batch.
 func (m *Mesh) UpdateReplica(id string, s ReplicaStatus) {
 	models, healthy, capacityBlocks := slices.Clone(s.Models), s.Healthy, s.CapacityBlocks
 	slices.Sort(models)
 	models = slices.Compact(models)
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	defer m.unlockAndRun()
 	r := m.replicas[id]
 	if r == nil || !r.declared {
 		return
 	}
-	changed := r.healthy != healthy || !slices.Equal(r.models, models) || r.capacity != capacityBlocks
 	r.models, r.healthy, r.capacity = models, healthy, capacityBlocks
-	if changed && r.owned {
-		m.ensureSummaryLocked(r)
-		st := m.ownedStateLocked(r)
-		m.enqueue(&namedBroadcast{name: stateName(m.cfg.Name, r.id), msg: m.encodeStateLocked(&st)})
+	r.running, r.waiting, r.slots = s.Running, s.Waiting, s.Slots
+	if r.owned {
+		m.ensureSummaryLocked(r) // the next tick's batch carries the change
 	}
 }
 
@@ -81,13 +83,14 @@ func (m *Mesh) countsLocked(r *replica, now time.Time) bool {
 }
 
 // Candidates appends the healthy replicas serving model, sorted by ID.
+// It holds the read lock only and does no hashing: owners and the order
+// are kept current by the writers.
 func (m *Mesh) Candidates(model string, dst []route.Candidate) []route.Candidate {
 	now := time.Now()
-	start := len(dst)
 	m.mu.RLock()
 	defer m.mu.RUnlock()
-	for _, r := range m.replicas {
-		owner := m.ownerLocked(r)
+	for _, r := range m.order {
+		owner := r.owner
 		switch {
 		case owner == "":
 			continue
@@ -96,7 +99,8 @@ func (m *Mesh) Candidates(model string, dst []route.Candidate) []route.Candidate
 				continue
 			}
 			c := route.Candidate{ID: r.id, Hash: r.hash, InFlight: int(max(r.inFlight.Load(), 0)),
-				PendingPrefillBlocks: float64(max(r.pendingK.Load(), 0)) / 1000}
+				PendingPrefillBlocks: float64(max(r.pendingK.Load(), 0)) / 1000,
+				Running:              r.running, Waiting: r.waiting, Slots: r.slots}
 			if r.sum != nil {
 				c.Summary = r.sum
 			}
@@ -105,13 +109,14 @@ func (m *Mesh) Candidates(model string, dst []route.Candidate) []route.Candidate
 			if !r.hasState || r.st.Origin != owner || !r.st.Healthy || !slices.Contains(r.st.Models, model) {
 				continue
 			}
-			c := route.Candidate{ID: r.id, Hash: r.hash, InFlight: int(r.st.InFlight), PendingPrefillBlocks: r.st.Pending}
+			c := route.Candidate{ID: r.id, Hash: r.hash, InFlight: int(r.st.InFlight), PendingPrefillBlocks: r.st.Pending,
+				Running: int(r.st.Running), Waiting: int(r.st.Waiting), Slots: int(r.st.Slots)}
 			if m.countsLocked(r, now) {
 				c.Summary = r.sum
 			} else {
 				c.Stale = true
 			}
-			if mb := m.members[owner]; mb != nil {
+			if mb := r.ownerMb; mb != nil {
 				c.NetworkMs = float64(mb.rtt.Microseconds()) / 1000
 				if mb.meta.Region != m.cfg.Region {
 					c.Tier = 1
@@ -120,8 +125,6 @@ func (m *Mesh) Candidates(model string, dst []route.Candidate) []route.Candidate
 			dst = append(dst, c)
 		}
 	}
-	out := dst[start:]
-	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
 	return dst
 }
 
@@ -183,7 +186,7 @@ func (m *Mesh) Record(replicaID string, hashes []uint64) {
 		return
 	}
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	defer m.unlockAndRun()
 	if m.ownerLocked(r) != m.cfg.Name {
 		return
 	}
@@ -194,10 +197,19 @@ func (m *Mesh) Record(replicaID string, hashes []uint64) {
 	}
 }
 
-// Forget records that an owned replica does not hold these blocks.
-// TODO(meshdiss): not yet applied or gossiped; the summary has no negative
-// record yet.
-func (m *Mesh) Forget(replicaID string, hashes []uint64) {}
+// Forget records that an owned replica does not hold these blocks (its
+// engine reported fewer cached tokens than the summary predicted): the
+// summary stops claiming them (Match stops at the first) until they are
+// recorded again. The forgets travel to the copies in the same ordered
+// deltas as the inserts. Elsewhere it is a no-op (one writer per summary).
+func (m *Mesh) Forget(replicaID string, hashes []uint64) {
+	m.mu.RLock()
+	r := m.replicas[replicaID]
+	if r != nil && r.owned && r.sum != nil {
+		r.sum.Forget(hashes)
+	}
+	m.mu.RUnlock()
+}
 
 // Begin accounts a request dispatched to a replica declared here: one
 // more in flight and prefillBlocks more pending prefill, until firstByte
@@ -263,12 +275,12 @@ type DebugInfo struct {
 	Name     string         `json:"name"`
 	Members  []MemberInfo   `json:"members"`
 	Replicas []ReplicaDebug `json:"replicas"`
-	Queued   int            `json:"queued_broadcasts"`
+	Queued   int            `json:"queued_batches"`
 }
 
 // Debug returns members and replicas as this router sees them.
 func (m *Mesh) Debug() any {
-	info := DebugInfo{Name: m.cfg.Name, Members: m.Members(), Queued: m.queue.NumQueued()}
+	info := DebugInfo{Name: m.cfg.Name, Members: m.Members(), Queued: int(m.queued.Load())}
 	now := time.Now()
 	m.mu.RLock()
 	for _, r := range m.replicas {
@@ -290,4 +302,21 @@ func (m *Mesh) Debug() any {
 	m.mu.RUnlock()
 	sort.Slice(info.Replicas, func(i, j int) bool { return info.Replicas[i].ID < info.Replicas[j].ID })
 	return info
+}
+
+// MatchReplica is the prefix match of probes on one replica as this
+// router sees it, or -1 when it has no summary of the replica that counts
+// (tests and the scale harness measure visibility with it).
+func (m *Mesh) MatchReplica(id string, probes []summary.Probe) int {
+	now := time.Now()
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	r := m.replicas[id]
+	switch {
+	case r == nil || r.sum == nil:
+		return -1
+	case r.owner == m.cfg.Name, m.countsLocked(r, now) && r.st.Origin == r.owner:
+		return r.sum.Match(probes)
+	}
+	return -1
 }

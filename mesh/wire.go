@@ -14,24 +14,34 @@ import (
 //	s8  = u8 length + bytes, s16 = u16 length + bytes
 //	meta     : 1 | region s8 | api s16 | contract s8
 //	state    : kindState | origin s8 | boot u64 | seq u64 | replica s16 | flags u8
-//	           | capacity u32 | epoch u64 | version u64 | digest u64
-//	           | in-flight u32 | pending f64 | models u8 × s8 | declared-by u8 × s8
-//	delta    : kindDelta | origin s8 | boot u64 | seq u64 | replica s16 | epoch u64
-//	           | from u64 | n u16 | n × u64
+//	           | epoch u64 | version u64 (a slim state ends here)
+//	           | capacity u32 | digest u64
+//	           | in-flight u32 | pending f64 | running u32 | waiting u32 | slots u32
+//	           | models u8 × s8 | declared-by u8 × s8
 //	fullReq  : kindFullReq | origin s8 | replica s16
-//	fullReply: kindFullReply | state u16-prefixed | summary u32-prefixed
+//	batch    : kindBatch | origin s8 | boot u64 | seq u64 | n u16 × entry
+//	entry    : state u16-prefixed | payload kind u8 (0 none, 1 delta, 2 full summary)
+//	           | payload u32-prefixed (summary.DecodeDelta or summary.Decode)
 //	push/pull: kindPushPull | origin s8 | boot u64 | n u32 × (state u16-prefixed | summary u32-prefixed, 0 = none)
+//
+// Kinds 2 (a delta of raw 64-bit hashes on the UDP broadcast queue) and 4
+// (a full reply) belonged to protocol 1 and are refused.
 const (
-	kindState     byte = 1
-	kindDelta     byte = 2
-	kindFullReq   byte = 3
-	kindFullReply byte = 4
-	kindPushPull  byte = 5
+	kindState    byte = 1
+	kindFullReq  byte = 3
+	kindPushPull byte = 5
+	kindBatch    byte = 6
+
+	payloadNone  byte = 0
+	payloadDelta byte = 1
+	payloadFull  byte = 2
 
 	metaVersion byte = 1
 
-	flagOwned   byte = 1
-	flagHealthy byte = 2
+	flagOwned     byte = 1
+	flagHealthy   byte = 2
+	flagWithdrawn byte = 4 // the origin no longer declares the replica
+	flagSlim      byte = 8 // only epoch and version follow: nothing else changed
 
 	// maxFullBytes is memberlist's limit on one SendReliable message and on
 	// push/pull user state (20 MiB); above it delivery silently fails.
@@ -185,13 +195,20 @@ type stateMsg struct {
 	header
 	Replica        string
 	Owned, Healthy bool
+	Withdrawn      bool
+	// Slim states carry only the summary's position: the owner sends them
+	// while nothing else about the replica changed.
+	Slim           bool
 	Capacity       uint32
 	Epoch, Version uint64
 	Digest         uint64 // xxh3 of the encoded summary at Version; 0 = unknown
 	InFlight       uint32
 	Pending        float64
-	Models         []string
-	DeclaredBy     []string
+	// Running, Waiting and Slots are the engine's own load (see
+	// route.Candidate); Slots 0 means unknown.
+	Running, Waiting, Slots uint32
+	Models                  []string
+	DeclaredBy              []string
 }
 
 func (s *stateMsg) append(dst []byte) []byte {
@@ -204,13 +221,25 @@ func (s *stateMsg) append(dst []byte) []byte {
 	if s.Healthy {
 		f |= flagHealthy
 	}
+	if s.Withdrawn {
+		f |= flagWithdrawn
+	}
+	if s.Slim {
+		f |= flagSlim
+	}
 	dst = append(dst, f)
-	dst = binary.BigEndian.AppendUint32(dst, s.Capacity)
 	dst = binary.BigEndian.AppendUint64(dst, s.Epoch)
 	dst = binary.BigEndian.AppendUint64(dst, s.Version)
+	if s.Slim {
+		return dst
+	}
+	dst = binary.BigEndian.AppendUint32(dst, s.Capacity)
 	dst = binary.BigEndian.AppendUint64(dst, s.Digest)
 	dst = binary.BigEndian.AppendUint32(dst, s.InFlight)
 	dst = binary.BigEndian.AppendUint64(dst, math.Float64bits(s.Pending))
+	dst = binary.BigEndian.AppendUint32(dst, s.Running)
+	dst = binary.BigEndian.AppendUint32(dst, s.Waiting)
+	dst = binary.BigEndian.AppendUint32(dst, s.Slots)
 	dst = append(dst, byte(min(len(s.Models), math.MaxUint8)))
 	for _, m := range s.Models[:min(len(s.Models), math.MaxUint8)] {
 		dst = appendS8(dst, m)
@@ -227,17 +256,25 @@ func (r *reader) state() stateMsg {
 	s.header = r.header()
 	s.Replica = r.s16()
 	f := r.u8()
-	s.Owned, s.Healthy = f&flagOwned != 0, f&flagHealthy != 0
-	if f&^(flagOwned|flagHealthy) != 0 {
+	s.Owned, s.Healthy, s.Withdrawn, s.Slim = f&flagOwned != 0, f&flagHealthy != 0, f&flagWithdrawn != 0, f&flagSlim != 0
+	if f&^(flagOwned|flagHealthy|flagWithdrawn|flagSlim) != 0 {
 		r.fail(fmt.Errorf("unknown flags %#x", f))
 	}
+	s.Epoch, s.Version = r.u64(), r.u64()
+	if s.Slim {
+		if r.err == nil && (s.Replica == "" || len(s.Replica) > maxReplicaIDLen || s.Origin == "") {
+			r.fail(errors.New("empty origin or bad replica id"))
+		}
+		return s
+	}
 	s.Capacity = r.u32()
-	s.Epoch, s.Version, s.Digest = r.u64(), r.u64(), r.u64()
+	s.Digest = r.u64()
 	s.InFlight = r.u32()
 	s.Pending = math.Float64frombits(r.u64())
 	if r.err == nil && !(s.Pending >= 0 && s.Pending <= 1e15) {
 		r.fail(fmt.Errorf("pending prefill %v out of range", s.Pending))
 	}
+	s.Running, s.Waiting, s.Slots = r.u32(), r.u32(), r.u32()
 	if n := int(r.u8()); n > 0 {
 		s.Models = make([]string, 0, n)
 		for i := 0; i < n && r.err == nil; i++ {
@@ -254,51 +291,6 @@ func (r *reader) state() stateMsg {
 		r.fail(errors.New("empty origin or bad replica id"))
 	}
 	return s
-}
-
-// deltaMsg carries inserts of an owner's summary: the ones that took
-// version From to From+len(Hashes) in Epoch.
-type deltaMsg struct {
-	header
-	Replica string
-	Epoch   uint64
-	From    uint64
-	Hashes  []uint64
-}
-
-func deltaOverhead(origin, replica string) int {
-	return 1 + 1 + len(origin) + 16 + 2 + len(replica) + 16 + 2
-}
-
-func (d *deltaMsg) append(dst []byte) []byte {
-	dst = d.header.append(dst, kindDelta)
-	dst = appendS16(dst, d.Replica)
-	dst = binary.BigEndian.AppendUint64(dst, d.Epoch)
-	dst = binary.BigEndian.AppendUint64(dst, d.From)
-	dst = binary.BigEndian.AppendUint16(dst, uint16(len(d.Hashes)))
-	for _, h := range d.Hashes {
-		dst = binary.BigEndian.AppendUint64(dst, h)
-	}
-	return dst
-}
-
-func (r *reader) delta() deltaMsg {
-	var d deltaMsg
-	d.header = r.header()
-	d.Replica = r.s16()
-	d.Epoch, d.From = r.u64(), r.u64()
-	n := r.u16()
-	raw := r.take(8 * n)
-	if r.err == nil {
-		d.Hashes = make([]uint64, n)
-		for i := range d.Hashes {
-			d.Hashes[i] = binary.BigEndian.Uint64(raw[8*i:])
-		}
-	}
-	if r.err == nil && (d.Replica == "" || d.Origin == "" || d.From > math.MaxUint64-uint64(n)) {
-		r.fail(errors.New("empty origin/replica or version overflow"))
-	}
-	return d
 }
 
 // fullReq asks the owner of Replica for a full copy of its summary.
@@ -346,6 +338,86 @@ func (r *reader) stateWithSummary(limit int) stateWithSummary {
 	return out
 }
 
+// batchEntry is one replica's state in a batch, with the delta that
+// brings a copy to the state's version, or a full summary. Payload aliases
+// the decoded buffer.
+type batchEntry struct {
+	State   stateMsg
+	Kind    byte
+	Payload []byte
+}
+
+// batchMsg is what an owner sends each peer each tick over a reliable
+// stream: the states of the replicas it owns or declares, with their
+// deltas.
+type batchMsg struct {
+	header
+	Entries []batchEntry
+}
+
+func (b *batchMsg) append(dst []byte) []byte {
+	dst = b.header.append(dst, kindBatch)
+	dst = binary.BigEndian.AppendUint16(dst, uint16(len(b.Entries)))
+	for i := range b.Entries {
+		dst = appendEntry(dst, &b.Entries[i])
+	}
+	return dst
+}
+
+// appendEntry appends one entry; a batch is assembled from entries
+// encoded once and shared by every peer's batch.
+func appendEntry(dst []byte, e *batchEntry) []byte {
+	return appendEntryRaw(dst, e.State.append(nil), e.Kind, e.Payload)
+}
+
+// appendEntryRaw appends an entry of an encoded state (under 64 KiB).
+func appendEntryRaw(dst, state []byte, kind byte, payload []byte) []byte {
+	dst = binary.BigEndian.AppendUint16(dst, uint16(len(state)))
+	dst = append(dst, state...)
+	dst = append(dst, kind)
+	dst = binary.BigEndian.AppendUint32(dst, uint32(len(payload)))
+	return append(dst, payload...)
+}
+
+// maxBatchEntries is the most entries one batch holds (a u16 count).
+const maxBatchEntries = 1<<16 - 1
+
+func (r *reader) batch() batchMsg {
+	var b batchMsg
+	b.header = r.header()
+	n := r.u16()
+	// Every entry takes at least 7 bytes, so n is bounded by the input.
+	if r.err == nil && n*7 > len(r.b) {
+		r.fail(fmt.Errorf("%d entries in %d bytes", n, len(r.b)))
+	}
+	for i := 0; i < n && r.err == nil; i++ {
+		var e batchEntry
+		sub := reader{b: r.take(r.u16())}
+		if r.err != nil {
+			break
+		}
+		if sub.u8() != kindState {
+			sub.fail(errors.New("embedded message is not a state"))
+		}
+		e.State = sub.state()
+		if err := sub.done(); err != nil {
+			r.fail(fmt.Errorf("entry %d state: %w", i, err))
+			break
+		}
+		e.Kind = r.u8()
+		e.Payload = r.bytes32(maxFullBytes)
+		if r.err == nil && (e.Kind > payloadFull || (e.Kind == payloadNone) != (len(e.Payload) == 0) ||
+			e.State.Origin != b.Origin) {
+			r.fail(fmt.Errorf("entry %d: payload kind %d with %d bytes, origin %q", i, e.Kind, len(e.Payload), e.State.Origin))
+		}
+		b.Entries = append(b.Entries, e)
+	}
+	if r.err == nil && b.Origin == "" {
+		r.fail(errors.New("empty origin"))
+	}
+	return b
+}
+
 // pushPull is a router's full state for memberlist's push/pull exchange.
 type pushPull struct {
 	Origin  string
@@ -353,8 +425,8 @@ type pushPull struct {
 	Entries []stateWithSummary
 }
 
-// decodeMsg decodes one gossiped or direct message; it returns one of
-// stateMsg, deltaMsg, fullReq or stateWithSummary (a full reply).
+// decodeMsg decodes one direct message; it returns one of stateMsg,
+// fullReq or batchMsg.
 func decodeMsg(b []byte) (any, error) {
 	r := reader{b: b}
 	kind := r.u8()
@@ -362,16 +434,14 @@ func decodeMsg(b []byte) (any, error) {
 	switch kind {
 	case kindState:
 		out = r.state()
-	case kindDelta:
-		out = r.delta()
+	case kindBatch:
+		out = r.batch()
 	case kindFullReq:
 		f := fullReq{Origin: r.s8(), Replica: r.s16()}
 		if r.err == nil && (f.Origin == "" || f.Replica == "") {
 			r.fail(errors.New("empty origin or replica"))
 		}
 		out = f
-	case kindFullReply:
-		out = r.stateWithSummary(maxFullBytes)
 	default:
 		if r.err == nil {
 			return nil, fmt.Errorf("unknown message kind %d", kind)

@@ -11,28 +11,37 @@ import (
 )
 
 func sampleMessages(t testing.TB) [][]byte {
-	st := stateMsg{header: header{Origin: "a", Boot: 7, Seq: 9}, Replica: "http://r:1", Owned: true, Healthy: true,
-		Capacity: 2048, Epoch: 3, Version: 4, Digest: 5, InFlight: 2, Pending: 1.5,
-		Models: []string{"m1", "m2"}, DeclaredBy: []string{"a", "b"}}
-	d := deltaMsg{header: header{Origin: "a", Boot: 7, Seq: 10}, Replica: "http://r:1", Epoch: 3, From: 4, Hashes: []uint64{1, 2, 3}}
+	st := sampleState()
 	s, err := summary.New(summary.Params{CapacityBlocks: 64, FalsePositiveRate: 0.01}, 3)
 	if err != nil {
 		t.Fatal(err)
 	}
 	s.Add([]uint64{1, 2, 3, 4})
+	delta, _, _ := s.AppendDelta(nil, 0)
 	sum := s.AppendEncode(nil, summary.DefaultContract().Fingerprint())
+	withdrawn := stateMsg{header: header{Origin: "a", Boot: 7, Seq: 11}, Replica: "http://r:2", Withdrawn: true}
+	b := batchMsg{header: header{Origin: "a", Boot: 7, Seq: 10}, Entries: []batchEntry{
+		{State: st, Kind: payloadDelta, Payload: delta},
+		{State: st, Kind: payloadFull, Payload: sum},
+		{State: withdrawn},
+	}}
 	pp := []byte{kindPushPull}
 	pp = appendS8(pp, "a")
 	pp = append(pp, 0, 0, 0, 0, 0, 0, 0, 7, 0, 0, 0, 1)
 	pp = appendStateWithSummary(pp, &st, sum)
 	return [][]byte{
 		st.append(nil),
-		d.append(nil),
+		b.append(nil),
 		fullReq{Origin: "b", Replica: "http://r:1"}.append(nil),
-		appendStateWithSummary([]byte{kindFullReply}, &st, sum),
 		pp,
 		nodeMeta{Region: "eu", API: "http://a:8080", Contract: summary.DefaultContract().ID()}.encode(),
 	}
+}
+
+func sampleState() stateMsg {
+	return stateMsg{header: header{Origin: "a", Boot: 7, Seq: 9}, Replica: "http://r:1", Owned: true, Healthy: true,
+		Capacity: 2048, Epoch: 3, Version: 4, Digest: 5, InFlight: 2, Pending: 1.5, Running: 3, Waiting: 1, Slots: 8,
+		Models: []string{"m1", "m2"}, DeclaredBy: []string{"a", "b"}}
 }
 
 func TestWireRoundTrip(t *testing.T) {
@@ -42,10 +51,7 @@ func TestWireRoundTrip(t *testing.T) {
 		b    []byte
 		want any
 	}{
-		{"state", msgs[0], stateMsg{header: header{Origin: "a", Boot: 7, Seq: 9}, Replica: "http://r:1", Owned: true, Healthy: true,
-			Capacity: 2048, Epoch: 3, Version: 4, Digest: 5, InFlight: 2, Pending: 1.5,
-			Models: []string{"m1", "m2"}, DeclaredBy: []string{"a", "b"}}},
-		{"delta", msgs[1], deltaMsg{header: header{Origin: "a", Boot: 7, Seq: 10}, Replica: "http://r:1", Epoch: 3, From: 4, Hashes: []uint64{1, 2, 3}}},
+		{"state", msgs[0], sampleState()},
 		{"full request", msgs[2], fullReq{Origin: "b", Replica: "http://r:1"}},
 	}
 	for _, tc := range tests {
@@ -59,20 +65,34 @@ func TestWireRoundTrip(t *testing.T) {
 			}
 		})
 	}
-	full, err := decodeMsg(msgs[3])
+	v, err := decodeMsg(msgs[1])
 	if err != nil {
 		t.Fatal(err)
 	}
-	if f := full.(stateWithSummary); f.State.Replica != "http://r:1" || len(f.Summary) == 0 {
-		t.Fatalf("full reply %+v", f.State)
+	b := v.(batchMsg)
+	if b.Origin != "a" || len(b.Entries) != 3 || !reflect.DeepEqual(b.Entries[0].State, sampleState()) ||
+		b.Entries[0].Kind != payloadDelta || b.Entries[1].Kind != payloadFull || !b.Entries[2].State.Withdrawn {
+		t.Fatalf("batch %+v", b)
 	}
-	p, err := decodePushPull(msgs[4])
+	if _, err := summary.DecodeDelta(b.Entries[0].Payload); err != nil {
+		t.Fatalf("batch delta: %v", err)
+	}
+	if _, err := summary.Decode(b.Entries[1].Payload, summary.DefaultContract().Fingerprint()); err != nil {
+		t.Fatalf("batch full summary: %v", err)
+	}
+	p, err := decodePushPull(msgs[3])
 	if err != nil || p.Origin != "a" || p.Boot != 7 || len(p.Entries) != 1 {
 		t.Fatalf("push/pull %+v %v", p, err)
 	}
-	m, err := decodeMeta(msgs[5])
+	m, err := decodeMeta(msgs[4])
 	if err != nil || m.Region != "eu" || m.API != "http://a:8080" {
 		t.Fatalf("meta %+v %v", m, err)
+	}
+	// Protocol 1's kinds are refused.
+	for _, kind := range []byte{2, 4} {
+		if _, err := decodeMsg([]byte{kind, 1, 'a'}); err == nil {
+			t.Fatalf("kind %d decoded", kind)
+		}
 	}
 }
 
@@ -102,7 +122,7 @@ func TestDelegateGarbage(t *testing.T) {
 	// bad counts what the mesh must count as undecodable: the message, or
 	// a full summary inside a message that decodes.
 	badSum := func(st stateMsg, sum []byte, origin string) bool {
-		if len(sum) == 0 || (st.Origin == a.cfg.Name && st.Boot == a.boot) || (origin != "" && st.Origin != origin) {
+		if len(sum) == 0 || st.Origin == a.cfg.Name || (origin != "" && st.Origin != origin) {
 			return false
 		}
 		_, err := summary.Decode(sum, fp)
@@ -113,10 +133,22 @@ func TestDelegateGarbage(t *testing.T) {
 		if err != nil {
 			return 1
 		}
-		if f, ok := v.(stateWithSummary); ok && badSum(f.State, f.Summary, "") {
-			return 1
+		n := 0
+		if b, ok := v.(batchMsg); ok && b.Origin != a.cfg.Name {
+			for _, e := range b.Entries {
+				switch e.Kind {
+				case payloadFull:
+					if badSum(e.State, e.Payload, "") {
+						n++
+					}
+				case payloadDelta:
+					if _, err := summary.DecodeDelta(e.Payload); err != nil {
+						n++
+					}
+				}
+			}
 		}
-		return 0
+		return n
 	}
 	badPushPull := func(b []byte) int {
 		p, err := decodePushPull(b)
@@ -197,12 +229,10 @@ func FuzzDecodeMsg(f *testing.F) {
 		switch m := v.(type) {
 		case stateMsg:
 			out = m.append(nil)
-		case deltaMsg:
+		case batchMsg:
 			out = m.append(nil)
 		case fullReq:
 			out = m.append(nil)
-		case stateWithSummary:
-			out = appendStateWithSummary([]byte{kindFullReply}, &m.State, m.Summary)
 		}
 		if string(out) != string(b) {
 			t.Fatalf("re-encoding differs:\n%x\n%x", b, out)
@@ -222,6 +252,31 @@ func FuzzDecodePushPull(f *testing.F) {
 		}
 		for _, e := range p.Entries {
 			_, _ = summary.Decode(e.Summary, fp)
+		}
+	})
+}
+
+// FuzzBatchPayloads feeds batch payloads to the summary decoders the mesh
+// calls on them.
+func FuzzBatchPayloads(f *testing.F) {
+	for _, b := range sampleMessages(f) {
+		f.Add(b)
+	}
+	fp := summary.DefaultContract().Fingerprint()
+	f.Fuzz(func(t *testing.T, b []byte) {
+		v, err := decodeMsg(b)
+		if err != nil {
+			return
+		}
+		if bm, ok := v.(batchMsg); ok {
+			for _, e := range bm.Entries {
+				if d, err := summary.DecodeDelta(e.Payload); err == nil {
+					if s, err := summary.New(summary.Params{CapacityBlocks: 64, FalsePositiveRate: 0.01}, d.Epoch); err == nil {
+						_ = s.ApplyDelta(d)
+					}
+				}
+				_, _ = summary.Decode(e.Payload, fp)
+			}
 		}
 	})
 }

@@ -184,19 +184,25 @@ func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request) ([]byte, int, e
 
 // ownCandidates keeps the candidates this router owns (a forwarded request
 // never travels further) and finds the hinted replica among them. The
-// deciding router already applied route's load bounds with a view at most
-// a gossip interval old, so the owner keeps the hint unless the replica is
-// gone or full: over twice the in-flight bound the decider applied.
-// Re-deciding on a soft bound here would undo the decider's prefix match
-// for the noise between two load snapshots.
+// deciding router saw this router's replicas as they were up to a gossip
+// interval ago, and not the other routers' dispatches since; this router
+// counts them exactly, so it keeps the hint only while route's rule says
+// the replica can still start the request (route.Policy.KeepHint), and
+// otherwise decides again among its own replicas.
 func (p *Proxy) ownCandidates(cands []route.Candidate, hint string) ([]route.Candidate, int) {
-	full := 2 * p.cfg.Policy.InFlightBound(cands)
+	keep := false
+	for i := range cands {
+		if cands[i].ID == hint {
+			keep = p.cfg.Policy.KeepHint(cands, i)
+			break
+		}
+	}
 	own, hinted := cands[:0], -1
 	for _, c := range cands {
 		if _, local, ok := p.cfg.View.Locate(c.ID); !ok || !local {
 			continue
 		}
-		if c.ID == hint && c.InFlight+1 <= full {
+		if c.ID == hint && keep {
 			hinted = len(own)
 		}
 		own = append(own, c)

@@ -9,26 +9,36 @@
 //
 //  1. Every candidate with a summary that counts is asked for its prefix
 //     match. The common prefix is the longest match that at least half of
-//     them (and two) hold (a global system prompt); only a match beyond
-//     it says anything about where the request should go.
+//     them (and two) hold (a global system prompt, or a hot prompt); only a
+//     match beyond it says anything about where the request should go.
 //  2. If no summary counts, or no candidate holds more than the common
 //     prefix, the request is cold: it goes by consistent hashing with
-//     bounded loads (rendezvous order over the key, the first replica under
-//     the load bound), keyed by the first KeyBlocks blocks after the common
-//     prefix. Requests that will share a prefix share that key, so they land
-//     together, and routers that cannot talk still agree.
+//     bounded loads (rendezvous order over the key, the first replica that
+//     can start it with queued prefill within LoadFactor times the mean),
+//     keyed by the client's routing key or the first KeyBlocks blocks after
+//     the common prefix; holders of a long common prefix go first. With
+//     every summary fresh it takes the shortest wait among them, ties in
+//     rendezvous order. Requests that will share a prefix share the key, so
+//     they land together, and routers that cannot talk still agree.
 //  3. Otherwise every candidate is scored by an estimate of time to first
-//     token: network cost + the prefill queued ahead of it + the prefill of
-//     the blocks it lacks (Mooncake's scheduler, FAST'25 Algorithm 1). The
-//     cheapest candidate under the load bound wins. When the cheapest
-//     overall is over the bound the request spills to the next cheapest,
-//     which is first another holder of the prefix (its prefill is shorter),
-//     then anyone.
+//     token plus the recompute a move costs the cluster: network + prefill
+//     queued ahead + wait for a sequence slot (from the engine's running,
+//     waiting and slots, with the router's in-flight count as the fast
+//     signal) + RecomputeWeight × the prefill of the blocks it lacks. The
+//     holder keeps the request while it can start it at once; it moves only
+//     when the wait it would impose beats the weighted recompute, and then
+//     to the next holder first.
 //
-// The load bound is consistent hashing with bounded loads (Mirrokni,
-// Thorup, Zadimoghaddam 2018): a replica may take a request only while its
-// in-flight count stays within LoadFactor times the mean. That is what keeps
-// a hot prefix from collapsing onto one replica.
+// The hot-spot guard (consistent hashing with bounded loads, Mirrokni,
+// Thorup, Zadimoghaddam 2018, applied to the queue for slots, and to
+// in-flight requests when slots are unknown) spills a request from a
+// holder that queues far more than the mean, so a hot prefix spreads to a
+// second holder instead of collapsing onto one. A holder that can start
+// the request at once is never held to it.
+//
+// Another router's decision for one of this router's replicas is checked
+// with KeepHint against the exact view and taken again among its own
+// replicas when the replica can no longer start the request.
 package route
 
 import (
@@ -76,10 +86,18 @@ type Candidate struct {
 	// router's faster signal in between scrapes.
 	Running, Waiting int
 	// Slots is how many sequences the engine runs at once (max-num-seqs),
-	// published or learned; 0 means unknown.
+	// published or learned (SlotEstimate); 0 means unknown.
 	Slots int
+	// SeqMs is how long a request holds one of those slots on average
+	// (prefill and decode), as the router measures on the requests it
+	// proxies there; 0 means not measured yet (Policy.DefaultSeqMs).
+	// With Slots it turns a full engine's queue into milliseconds: a slot
+	// frees every SeqMs/Slots.
+	SeqMs float64
 
-	match int // filled by Pick
+	match int     // filled by Pick
+	slot  float64 // filled by Pick: slotWaitMs
+	wait  float64 // filled by Pick: queued prefill and slot wait, ms
 }
 
 // HashID returns the rendezvous hash of a replica ID.
@@ -100,6 +118,24 @@ type Request struct {
 	// client's requests alike whatever their prompts; prefix summaries still
 	// decide warm requests.
 	ClientKey uint64
+	// Concurrent is how many requests sharing this request's HeatKey the
+	// router has in flight, this one included; 0 means unknown (as 1). A
+	// prefix many requests want at once is worth a second copy: the
+	// recompute of a move is shared by the requests that copy will serve,
+	// so the weight of recompute is divided by Concurrent.
+	Concurrent int
+}
+
+// HeatKey is the key a router counts in-flight requests by for
+// Request.Concurrent: the chained hash of block KeyBlocks-1 (the prompt's
+// head, past a one-block system prompt), or the root of a shorter prompt.
+// A hot prompt's requests share it; a conversation's turns share it but
+// arrive one at a time.
+func (p Policy) HeatKey(req Request) uint64 {
+	if len(req.Hashes) == 0 {
+		return req.Root
+	}
+	return req.Hashes[min(len(req.Hashes)-1, max(p.KeyBlocks-1, 0))]
 }
 
 // Reason says why a replica was picked; it is a metric label.
@@ -134,25 +170,24 @@ type Decision struct {
 }
 
 // Policy holds the tunables of the decision. docs/DESIGN.md gives the
-// reason for each default and the simulations that check it on three
-// workloads (docs/SIMULATION.md).
+// reason for each default and the grid of simulations that checks it
+// (docs/SIMULATION.md); DefaultPolicy is the "default" profile.
 type Policy struct {
 	// LoadFactor is the bound c of consistent hashing with bounded loads,
-	// applied to cold placement and to the resource that sets time to
-	// first token, queued prefill: a replica takes a cold request only
-	// while its queued prefill is within c times the mean plus the
-	// request's own work. 1.25 is the value of the original paper's
-	// experiments, HAProxy's hash-balance-factor documentation and SMG's
-	// prefix hash. Warm requests are not held to it: their score already
-	// weighs queued prefill against the recompute a move would cost.
+	// applied to cold placement on queued prefill: a replica takes a cold
+	// request only while its queued prefill is within c times the mean
+	// plus the request's own work. 1.25 is the value of the original
+	// paper's experiments, HAProxy's hash-balance-factor documentation and
+	// SMG's prefix hash. Warm requests are not held to it: their score
+	// already weighs queued work against the recompute a move would cost.
 	LoadFactor float64
-	// InFlightFactor bounds in-flight requests at that many times the mean,
-	// for every request. It is a hot-spot guard, not a balancer: a fully
-	// cached hot prefix adds no prefill work, so only this stops its decode
-	// load from collapsing onto one replica. 2 allows the ordinary
-	// imbalance of a Poisson arrival stream (with a mean of a few requests
-	// per replica its standard deviation is of the mean's order) without
-	// spilling on it.
+	// InFlightFactor bounds in-flight requests at that many times the
+	// mean, counting one more request per replica so that a small cluster
+	// with a handful of requests never trips it (the bound is
+	// ceil(f × (in-flight + replicas) / replicas), 4 with 3 requests on 4
+	// replicas). A replica known to have a free sequence slot is never
+	// held to it: it can start the request at once. It is a hot-spot guard
+	// for engines whose slots are unknown, not a balancer.
 	InFlightFactor float64
 	// KeyBlocks is the minimum depth, in blocks, of a cold request's key;
 	// the key is the block after the common prefix, and at least block
@@ -165,39 +200,46 @@ type Policy struct {
 	// the hashing can see.
 	MinExcessBlocks int
 	// DefaultBlockMs is the prefill time per block used when the view has
-	// no measured one. Only its ratio to NetworkMs matters; 20 ms is 256
-	// tokens at ~13k tokens/s, a mid-size model on one modern GPU.
+	// no measured one. Only its ratio to NetworkMs and SeqMs matters; 20 ms
+	// is 256 tokens at ~13k tokens/s, a mid-size model on one modern GPU.
 	DefaultBlockMs float64
 	// RecomputeWeight is what a block the replica lacks costs in the
 	// score, in units of its prefill time. Recomputing a prefix that
 	// another replica holds costs this request the prefill, and costs the
 	// cluster a second copy of the prefix (evicting someone else's blocks)
 	// and the queueing of every request behind that work; 1 would count
-	// only the first. The simulations show hit ratio rising with it and
-	// TTFT flat from 4 to 32 on all three workloads, and plain consistent
-	// hashing beating kvmesh below 4.
+	// only the first. A warm request moves off its holder only when the
+	// wait it saves exceeds RecomputeWeight times the prefill it adds.
 	RecomputeWeight float64
+	// DefaultSeqMs is how long a request holds a sequence slot when the
+	// router has not measured it yet (Candidate.SeqMs is 0). It only
+	// prices the wait at an engine whose slots are full before the first
+	// request there has finished.
+	DefaultSeqMs float64
 }
 
-// DefaultPolicy returns the documented defaults.
+// DefaultPolicy returns the documented defaults, the "default" profile.
 func DefaultPolicy() Policy {
-	return Policy{LoadFactor: 1.25, InFlightFactor: 2, KeyBlocks: 2, MinExcessBlocks: 1, DefaultBlockMs: 20, RecomputeWeight: 16}
+	return Policy{LoadFactor: 1.25, InFlightFactor: 2, KeyBlocks: 2, MinExcessBlocks: 1, DefaultBlockMs: 20,
+		RecomputeWeight: 16, DefaultSeqMs: 10000}
 }
 
 // Pick chooses a replica for req among cands. It writes only the
-// candidates' private match fields, so callers may reuse the slice.
+// candidates' private fields, so callers may reuse the slice.
 func (p Policy) Pick(req Request, cands []Candidate) Decision {
 	if len(cands) == 0 {
 		return Decision{Index: -1, Reason: ReasonNone}
 	}
 	n := len(req.Probes)
-	fresh, stale, best, inFlight, known := 0, 0, 0, 0, 0
+	fresh, stale, best, inFlight, queued, known := 0, 0, 0, 0, 0, 0
 	pending := 0.0
 	var hist [65]int32 // matches capped for the common-prefix vote
 	var histOver []int32
 	for i := range cands {
 		c := &cands[i]
 		c.match = 0
+		c.slot = p.slotWaitMs(c)
+		c.wait = p.blockMs(c)*c.PendingPrefillBlocks + c.slot
 		// A stale candidate's load is as unknown as its cache: it neither
 		// counts towards the mean nor is held to the bound (a router that
 		// cannot talk to the owner must place requests as if it knew
@@ -206,6 +248,7 @@ func (p Policy) Pick(req Request, cands []Candidate) Decision {
 			stale++
 		} else {
 			inFlight += c.InFlight
+			queued += queuedAt(c)
 			pending += c.PendingPrefillBlocks
 			known++
 		}
@@ -230,9 +273,18 @@ func (p Policy) Pick(req Request, cands []Candidate) Decision {
 	}
 	common := commonPrefix(hist[:], histOver, fresh)
 	known = max(known, 1)
-	warm := limits{inFlight: p.inFlightBound(inFlight, known), work: math.Inf(1)}
-	cold := warm
-	cold.work = p.LoadFactor*pending/float64(known) + float64(max(1, n-common))
+	lim := limits{inFlight: p.inFlightBound(inFlight, known), queued: p.queueBound(queued, known), work: math.Inf(1), blocks: n}
+	cold := lim
+	cold.work = p.LoadFactor * pending / float64(known)
+	if fresh < len(cands) || req.ClientKey != 0 {
+		// The next turn cannot count on summaries to find where this
+		// one went (or the client's key promises that every router
+		// places its requests alike): keep placement close to what every
+		// router computes alone, allowing a queue of the request's own
+		// size.
+		cold.work += float64(max(1, n-common))
+	}
+	cold.cold = true
 	d := Decision{BestMatch: best, CommonMatch: common, Key: p.key(req, common)}
 
 	// Cold, or the replica consistent hashing names is one this router
@@ -242,9 +294,9 @@ func (p Policy) Pick(req Request, cands []Candidate) Decision {
 	home := -1
 	if isCold || stale > 0 { // with no stale candidate the home cannot be stale
 		// A client key promises that every router places the client's
-		// requests alike; the second choice would follow this router's
+		// requests alike; the shortest wait would follow this router's
 		// view of the loads, which another router does not share.
-		home = p.hashPick(cands, d.Key, cold, fresh == len(cands) && req.ClientKey == 0)
+		home = p.hashPick(cands, d.Key, cold, common, fresh == len(cands) && req.ClientKey == 0)
 	}
 	if isCold || (home >= 0 && cands[home].Stale) {
 		d.Reason = ReasonFallbackCold
@@ -255,21 +307,38 @@ func (p Policy) Pick(req Request, cands []Candidate) Decision {
 		return d
 	}
 
+	// Warm: the estimated time to first token, plus the recompute a
+	// replica lacking part of the prefix would add, weighted. The holder
+	// has the least recompute, so it keeps the request while it can start
+	// it at once (no wait, no queued prefill) and loses it only when the
+	// wait it would impose exceeds RecomputeWeight times the prefill the
+	// move adds; a move goes to the next holder first, whose recompute is
+	// smallest.
+	rw := p.RecomputeWeight
+	if req.Concurrent > 1 {
+		holders, startable := 0, false
+		for i := range cands {
+			if cands[i].match >= best {
+				holders++
+				startable = startable || canStart(&cands[i])
+			}
+		}
+		if req.Concurrent > holders && !startable {
+			rw = 1
+		}
+	}
 	chosen, cheapest := -1, -1
 	var chosenCost, cheapestCost float64
 	var chosenW, cheapestW uint64
 	for i := range cands {
 		c := &cands[i]
-		bms := c.BlockMs
-		if bms <= 0 {
-			bms = p.DefaultBlockMs
-		}
-		cost := c.NetworkMs + bms*(c.PendingPrefillBlocks+p.RecomputeWeight*float64(n-c.match))
+		cost := c.NetworkMs + p.blockMs(c)*c.PendingPrefillBlocks + c.slot +
+			rw*p.blockMs(c)*float64(n-c.match)
 		w := weight(d.Key, c.Hash)
 		if cheapest < 0 || better(cost, w, cheapestCost, cheapestW) {
 			cheapest, cheapestCost, cheapestW = i, cost, w
 		}
-		if !warm.admits(c) {
+		if !lim.admits(c) {
 			continue
 		}
 		if chosen < 0 || better(cost, w, chosenCost, chosenW) {
@@ -286,10 +355,41 @@ func (p Policy) Pick(req Request, cands []Candidate) Decision {
 	return d
 }
 
+// blockMs is a candidate's prefill time per block.
+func (p Policy) blockMs(c *Candidate) float64 {
+	if c.BlockMs > 0 {
+		return c.BlockMs
+	}
+	return p.DefaultBlockMs
+}
+
+// slotWaitMs estimates how long a new request would wait at c for a
+// sequence slot: nothing while one is free, else the time for enough of
+// them to free (one every SeqMs/Slots). The router's in-flight count is
+// the fast signal of how many requests the engine holds; with unknown
+// slots the last scrape's waiting count says whether it queues.
+func (p Policy) slotWaitMs(c *Candidate) float64 {
+	ahead, slots := 0, c.Slots
+	switch {
+	case c.Slots > 0:
+		ahead = c.InFlight + 1 - c.Slots
+	case c.Waiting > 0:
+		ahead, slots = c.Waiting+1, max(c.Running, 1)
+	}
+	if ahead <= 0 {
+		return 0
+	}
+	seq := c.SeqMs
+	if seq <= 0 {
+		seq = p.DefaultSeqMs
+	}
+	return float64(ahead) * seq / float64(slots)
+}
+
 // InFlightBound is the most requests a candidate may have in flight for
-// Pick to admit one more: the hot-spot guard over cands, stale ones not
-// counted. A router serving a forwarded hint uses it to tell "full" from
-// the decider's snapshot noise.
+// Pick to admit one more, unless it can start it at once: the
+// hot-spot guard over cands, stale ones not counted. A router serving a
+// forwarded hint uses it to tell "full" from the decider's snapshot noise.
 func (p Policy) InFlightBound(cands []Candidate) int {
 	inFlight, known := 0, 0
 	for i := range cands {
@@ -301,18 +401,110 @@ func (p Policy) InFlightBound(cands []Candidate) int {
 	return p.inFlightBound(inFlight, max(known, 1))
 }
 
+// KeepHint is the owner's check of a decision another router made for
+// one of its replicas, cands[i], with the owner's exact view of its own
+// replicas (the decider's view of them is up to a gossip interval old, and
+// blind to the other routers' dispatches since): it keeps the hint while
+// the replica can start the request at once (a free sequence slot, nothing
+// waiting), its queued prefill is within LoadFactor times the mean, and
+// it is under twice the in-flight bound. Otherwise the owner decides again
+// among its own replicas with Pick. Requests that
+// several routers sent in the same instant then spread at the owner
+// instead of piling on the replica that looked idle to all of them.
+func (p Policy) KeepHint(cands []Candidate, i int) bool {
+	c := &cands[i]
+	if !canStart(c) {
+		return false
+	}
+	inFlight, known, pending := 0, 0, 0.0
+	for j := range cands {
+		if !cands[j].Stale {
+			inFlight += cands[j].InFlight
+			pending += cands[j].PendingPrefillBlocks
+			known++
+		}
+	}
+	known = max(known, 1)
+	if !idle(c) && c.InFlight+1 > 2*p.inFlightBound(inFlight, known) {
+		return false
+	}
+	return c.PendingPrefillBlocks <= p.LoadFactor*pending/float64(known)
+}
+
+// queueBound is the most requests an engine may queue for slots for Pick
+// to add one more: InFlightFactor times the mean queue with one more
+// request per replica, so that with little queueing anywhere a holder may
+// queue a few before its requests spill.
+func (p Policy) queueBound(queued, known int) int {
+	return int(math.Ceil(p.InFlightFactor * float64(queued+known) / float64(known)))
+}
+
 func (p Policy) inFlightBound(inFlight, known int) int {
 	return int(math.Ceil(p.InFlightFactor * float64(inFlight+1) / float64(known)))
 }
 
 // limits are the bounded-load limits of one decision.
 type limits struct {
-	inFlight int
-	work     float64
+	inFlight int     // for engines of unknown slots
+	queued   int     // requests waiting for a slot
+	work     float64 // queued prefill, for cold placement
+	cold     bool    // placement by hashing: also skip replicas that would queue it
+	blocks   int     // the request's blocks
 }
 
+// admits is the hot-spot guard. An engine that holds at least half of the
+// request and can start it at once (a free slot, nothing waiting) with
+// less prefill queued than the blocks it holds — so it is still the
+// quickest place for the request, and no prefill hot spot — always admits
+// it: a conversation's next turn stays. Any other admits it while its
+// queue for slots stays within the bound on queued requests
+// (InFlightFactor times the mean queue, plus one per replica) — a hot
+// prefix whose holder queues far more than the others spills to the next
+// holder, which then holds it too — and, when its slots are unknown, while
+// its in-flight count stays within InFlightFactor times the mean.
 func (l limits) admits(c *Candidate) bool {
-	return c.Stale || (c.InFlight+1 <= l.inFlight && c.PendingPrefillBlocks <= l.work)
+	if c.Stale {
+		return true
+	}
+	if l.cold && (c.PendingPrefillBlocks > l.work || !canStart(c)) {
+		return false
+	}
+	if !l.cold && canStart(c) && 2*c.match >= l.blocks && c.PendingPrefillBlocks <= float64(c.match) {
+		return true
+	}
+	q := queuedAt(c)
+	if q > 0 && q+1 > l.queued {
+		return false
+	}
+	// With known slots the queue says all; otherwise the in-flight count
+	// stands in for it.
+	return c.Slots > 0 || c.InFlight+1 <= l.inFlight
+}
+
+// idle reports that c can start a request at once: a sequence slot known
+// to be free and no prefill queued. (With unknown slots an empty waiting
+// queue says too little: the guard applies.)
+func idle(c *Candidate) bool {
+	return canStart(c) && c.PendingPrefillBlocks < 1
+}
+
+// queuedAt is how many requests c's engine holds waiting for a slot, as far
+// as the router knows: its in-flight count over its slots, or with
+// unknown slots the last scrape's waiting count.
+func queuedAt(c *Candidate) int {
+	if c.Slots > 0 {
+		return max(0, c.InFlight-c.Slots)
+	}
+	return c.Waiting
+}
+
+// canStart reports that c would not queue a new request for a sequence
+// slot, as far as the router knows.
+func canStart(c *Candidate) bool {
+	if c.Slots > 0 {
+		return c.InFlight < c.Slots
+	}
+	return c.Waiting == 0
 }
 
 func better(cost float64, w uint64, bestCost float64, bestW uint64) bool {
@@ -348,9 +540,10 @@ func commonPrefix(hist, over []int32, fresh int) int {
 	return 0
 }
 
-// key is the consistent-hashing key: the chained hash of the block
-// KeyBlocks past the common prefix (or the last full block of a shorter
-// prompt), which covers everything before it.
+// key is the consistent-hashing key: the client's routing key when it
+// sent one, else the chained hash of the block KeyBlocks past the common
+// prefix (or the last full block of a shorter prompt), which covers
+// everything before it.
 func (p Policy) key(req Request, common int) uint64 {
 	if req.ClientKey != 0 {
 		return req.ClientKey
@@ -364,48 +557,63 @@ func (p Policy) key(req Request, common int) uint64 {
 
 // hashPick is rendezvous hashing with bounded loads over the nearest tier:
 // the candidate with the highest weight for key among those under the
-// limits. With twoChoices it takes the less loaded (by queued prefill) of
-// the two highest (Mitzenmacher's power of two choices, applied to the
-// rendezvous order), which cuts the queueing of cold requests — most
-// requests of a chat trace are a conversation's first turn. Two choices
-// are only safe when every candidate's summary counts: the next turn then
-// finds the prefix by summary wherever it went. Without that (startup, a
+// limits (a slot to start it, queued prefill, the hot-spot guard). With
+// leastWait it takes the shortest estimated wait among them instead, ties
+// in rendezvous order (join-the-shortest-queue; an idle cluster still
+// places by the key), which cuts the queueing of cold requests — most
+// requests of a chat trace are a conversation's first turn. That is only
+// safe when every candidate's summary counts: the next turn then finds
+// the prefix by summary wherever it went. Without that (startup, a
 // partition, no summaries) placement must be the one every router
-// computes alone: the first choice.
-func (p Policy) hashPick(cands []Candidate, key uint64, lim limits, twoChoices bool) int {
+// computes alone: the first choice. When no candidate is under the
+// limits, the one with the shortest wait takes it. Candidates whose
+// summary holds a common prefix longer than one block (a hot prompt, not
+// a system prompt still spreading) go first: recomputing it costs.
+func (p Policy) hashPick(cands []Candidate, key uint64, lim limits, common int, leastWait bool) int {
 	tier := cands[0].Tier
 	for i := range cands {
 		tier = min(tier, cands[i].Tier)
 	}
-	first, second, fallback := -1, -1, -1
-	var firstW, secondW, fallbackW uint64
+	// First among the holders of the common prefix, then among all.
+	for pass := 0; pass < 2; pass++ {
+		first, shortest := -1, -1
+		var firstW, shortestW uint64
+		for i := range cands {
+			c := &cands[i]
+			if c.Tier != tier || (pass == 0 && common > 1 && c.Summary != nil && c.match < common) || !lim.admits(c) {
+				continue
+			}
+			w := weight(key, c.Hash)
+			if first < 0 || w > firstW {
+				first, firstW = i, w
+			}
+			// The shortest estimated wait, ties in rendezvous order: an
+			// idle cluster still places exactly by the key.
+			if shortest < 0 || c.wait < cands[shortest].wait || (c.wait == cands[shortest].wait && w > shortestW) {
+				shortest, shortestW = i, w
+			}
+		}
+		switch {
+		case first < 0:
+			continue
+		case leastWait:
+			return shortest
+		}
+		return first
+	}
+	fallback := -1
+	var fallbackW uint64
 	for i := range cands {
 		c := &cands[i]
 		if c.Tier != tier {
 			continue
 		}
 		w := weight(key, c.Hash)
-		if fallback < 0 || w > fallbackW {
+		if fallback < 0 || c.wait < cands[fallback].wait || (c.wait == cands[fallback].wait && w > fallbackW) {
 			fallback, fallbackW = i, w
 		}
-		if !lim.admits(c) {
-			continue
-		}
-		switch {
-		case first < 0 || w > firstW:
-			second, secondW = first, firstW
-			first, firstW = i, w
-		case second < 0 || w > secondW:
-			second, secondW = i, w
-		}
 	}
-	switch {
-	case first < 0:
-		return fallback
-	case twoChoices && second >= 0 && cands[second].PendingPrefillBlocks < cands[first].PendingPrefillBlocks:
-		return second
-	}
-	return first
+	return fallback
 }
 
 // weight is the rendezvous weight of a replica for a key.
@@ -414,4 +622,26 @@ func weight(key, replica uint64) uint64 {
 	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
 	z = (z ^ (z >> 27)) * 0x94d049bb133111eb
 	return z ^ (z >> 31)
+}
+
+// SlotEstimate learns an engine's sequence slots (max-num-seqs) from its
+// scraped running and waiting counts when the engine does not publish
+// them: an engine that queues while running k sequences has k slots; one
+// that runs more than the estimate has at least that many. Until it has
+// queued once, the estimate is 0 (unknown). It is a value: the owner of
+// the scrape keeps it and puts Slots in the candidate.
+type SlotEstimate struct {
+	// Slots is the estimate; 0 until the engine has been seen queueing.
+	Slots int
+}
+
+// Observe returns the estimate updated with one scrape.
+func (e SlotEstimate) Observe(running, waiting int) SlotEstimate {
+	switch {
+	case waiting > 0 && running > 0:
+		e.Slots = running
+	case e.Slots > 0 && running > e.Slots:
+		e.Slots = running
+	}
+	return e
 }

@@ -64,18 +64,18 @@ func TestPickSpillsFromAnOverloadedHolder(t *testing.T) {
 	}
 	cs[1].Summary = held(t, conv)
 	cs[3].Summary = held(t, conv[:6])
-	cs[1].InFlight = 10 // mean 2.5+: bound ceil(1.25*12/4)=4
+	cs[1].InFlight, cs[1].Running, cs[1].Waiting = 10, 4, 6 // the engine queues: bound ceil(2*7/4)=4 on its queue
 	cs[0].InFlight = 1
 	cs[2].InFlight = 1
 	d := DefaultPolicy().Pick(request(chainOf(conv, 3, 4)), cs)
-	if d.Index != 3 || d.Reason != ReasonSpill {
-		t.Fatalf("decision %+v, want a spill to the other holder (3)", d)
+	if d.Index != 3 {
+		t.Fatalf("decision %+v, want a move to the other holder (3)", d)
 	}
 	// Nobody else holds it: spill to anyone under the bound.
 	cs[3].Summary = held(t)
 	d = DefaultPolicy().Pick(request(chainOf(conv, 3, 4)), cs)
-	if d.Index == 1 || d.Reason != ReasonSpill {
-		t.Fatalf("decision %+v, want a spill away from 1", d)
+	if d.Index == 1 {
+		t.Fatalf("decision %+v, want a move away from 1", d)
 	}
 }
 
@@ -205,8 +205,8 @@ func TestPickWeighsQueueAgainstRecompute(t *testing.T) {
 }
 
 // Cold requests are held to the queued-prefill bound; with every summary
-// fresh they take the less loaded of their two rendezvous choices.
-func TestColdPlacementUsesTwoChoicesOnlyWhenAllIsFresh(t *testing.T) {
+// fresh they take the shortest wait, ties in rendezvous order.
+func TestColdPlacementFollowsLoadOnlyWhenAllIsFresh(t *testing.T) {
 	req := request(chainOf(nil, 4, 9))
 	cs := candidates(6)
 	first := DefaultPolicy().Pick(req, cs).Index // no summaries: strict
@@ -286,5 +286,209 @@ func TestColdKeyDoesNotDependOnTheView(t *testing.T) {
 	}
 	if p.key(r, 4) != r.Hashes[4] || p.key(request(r.Hashes[:1]), 0) != r.Hashes[0] {
 		t.Fatal("key is not the block after the common prefix, nor the last block of a short prompt")
+	}
+}
+
+// The chat of issue 7: 4 replicas running 4 sequences each, 3 requests in
+// the cluster. A conversation's second turn stays on the replica holding
+// it while that replica can start it, however the in-flight count looks
+// against the mean.
+func TestSecondTurnStaysWhileTheHolderCanStartIt(t *testing.T) {
+	system := chainOf(nil, 1, 1)
+	conv := chainOf(system, 3, 2)
+	next := request(chainOf(conv, 2, 3))
+	tests := []struct {
+		name     string
+		inFlight []int // holder is replica 0
+		slots    int
+		waiting  int
+		want     int
+		reason   Reason
+	}{
+		{"slots known, holder runs 2 of 4", []int{2, 1, 0, 0}, 4, 0, 0, ReasonPrefix},
+		{"slots known, holder runs 3 of 4", []int{3, 0, 0, 0}, 4, 0, 0, ReasonPrefix},
+		{"slots unknown, nothing waiting", []int{2, 1, 0, 0}, 0, 0, 0, ReasonPrefix},
+		{"slots unknown, 3 in flight on the holder", []int{3, 0, 0, 0}, 0, 0, 0, ReasonPrefix},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cs := candidates(4)
+			for i := range cs {
+				cs[i].Summary = held(t, system)
+				cs[i].InFlight, cs[i].Slots, cs[i].Running = tc.inFlight[i], tc.slots, tc.inFlight[i]
+			}
+			cs[0].Summary = held(t, conv)
+			cs[0].Waiting = tc.waiting
+			d := DefaultPolicy().Pick(next, cs)
+			if d.Index != tc.want || d.Reason != tc.reason {
+				t.Fatalf("decision %+v, want replica %d by %s", d, tc.want, tc.reason)
+			}
+		})
+	}
+}
+
+// A holder whose slots are full keeps a warm request only while the wait
+// for a slot costs less than recomputing elsewhere (both weighted by
+// RecomputeWeight, so the comparison is plain time); the move goes to the
+// next holder first.
+func TestPickSpillsWhenTheHolderQueuesForSlots(t *testing.T) {
+	conv := chainOf(nil, 10, 2)
+	req := request(chainOf(conv, 2, 5)) // 12 blocks
+	tests := []struct {
+		name        string
+		seqMs       float64
+		otherHolder bool
+		want        int
+		reason      Reason
+	}{
+		// 1 ahead × 100 ms / 4 slots = 25 ms < 10 blocks × 20 ms (and
+		// 5 in flight is within the guard, ceil(2 × (4+6+4) / 4) = 7).
+		{"short wait: stay", 100, false, 0, ReasonPrefix},
+		// 1 ahead × 40 s / 4 = 10 s > 200 ms: move to anyone free.
+		{"long wait: move", 40000, false, -1, ReasonPrefix},
+		// Replica 3 holds 8 of the blocks: it recomputes least.
+		{"long wait: next holder first", 40000, true, 3, ReasonPrefix},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cs := candidates(4)
+			for i := range cs {
+				cs[i].Summary, cs[i].Slots, cs[i].SeqMs, cs[i].InFlight = held(t), 4, tc.seqMs, 2
+			}
+			cs[0].Summary, cs[0].InFlight = held(t, conv), 4
+			if tc.otherHolder {
+				cs[3].Summary = held(t, conv[:8])
+			}
+			d := DefaultPolicy().Pick(req, cs)
+			if tc.want >= 0 && d.Index != tc.want || tc.want < 0 && d.Index == 0 || d.Reason != tc.reason {
+				t.Fatalf("decision %+v, want replica %d (-1: not 0) by %s", d, tc.want, tc.reason)
+			}
+		})
+	}
+}
+
+func TestSlotEstimate(t *testing.T) {
+	tests := []struct {
+		name    string
+		scrapes [][2]int // running, waiting
+		want    int
+	}{
+		{"never queued: unknown", [][2]int{{1, 0}, {3, 0}, {2, 0}}, 0},
+		{"queued at 4", [][2]int{{1, 0}, {4, 2}, {2, 0}}, 4},
+		{"ran more than the estimate", [][2]int{{4, 1}, {6, 0}}, 6},
+		{"queue with nothing running says nothing", [][2]int{{0, 3}}, 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var e SlotEstimate
+			for _, s := range tc.scrapes {
+				e = e.Observe(s[0], s[1])
+			}
+			if e.Slots != tc.want {
+				t.Fatalf("slots %d, want %d", e.Slots, tc.want)
+			}
+		})
+	}
+}
+
+func TestKeepHint(t *testing.T) {
+	tests := []struct {
+		name     string
+		inFlight int
+		slots    int
+		waiting  int
+		pending  float64
+		want     bool
+	}{
+		{"free slot", 3, 4, 0, 0, true},
+		{"slots full", 4, 4, 0, 0, false},
+		{"unknown slots, engine queues", 2, 0, 1, 0, false},
+		{"unknown slots, nothing waiting", 2, 0, 0, 0, true},
+		// The others queue 10 blocks each: mean (40+30)/4 = 17.5, bound 21.9.
+		{"prefill queue far over the mean", 1, 4, 0, 40, false},
+		{"prefill queue within the bound", 1, 4, 0, 12, true}, // mean 10.5, bound 13.1
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cs := candidates(4)
+			cs[0].InFlight, cs[0].Slots, cs[0].Waiting, cs[0].Running = tc.inFlight, tc.slots, tc.waiting, tc.inFlight
+			cs[0].PendingPrefillBlocks = tc.pending
+			for i := 1; i < len(cs); i++ {
+				cs[i].PendingPrefillBlocks = 10
+			}
+			if got := DefaultPolicy().KeepHint(cs, 0); got != tc.want {
+				t.Fatalf("KeepHint = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+// Cold placement skips a replica that would queue the request for a slot
+// and one lacking the prefix half the replicas hold (a hot prompt).
+func TestColdPlacementSkipsFullReplicasAndNonHolders(t *testing.T) {
+	hot := chainOf(nil, 6, 1)
+	req := request(chainOf(hot, 1, 9))
+	cs := candidates(4)
+	for i := range cs {
+		cs[i].Slots = 4
+	}
+	first := DefaultPolicy().Pick(req, cs).Index
+	cs[first].InFlight = 4
+	if d := DefaultPolicy().Pick(req, cs); d.Index == first {
+		t.Fatalf("cold request placed on a replica with no free slot: %+v", d)
+	}
+	cs[first].InFlight = 0
+	for i := range cs {
+		cs[i].Summary = held(t)
+	}
+	holders := map[int]bool{(first + 1) % 4: true, (first + 2) % 4: true}
+	for i := range holders {
+		cs[i].Summary = held(t, hot)
+	}
+	d := DefaultPolicy().Pick(req, cs)
+	if !holders[d.Index] || d.Reason != ReasonFallbackCold || d.CommonMatch != 6 {
+		t.Fatalf("decision %+v, want a holder of the hot prompt %v by fallback-cold", d, holders)
+	}
+}
+
+// A client routing key places every request of the client alike on
+// routers that see no summaries, whatever the prompts: the cold key is the
+// client's.
+func TestClientKeyPlacesAlikeAcrossRouters(t *testing.T) {
+	viewA, viewB := candidates(8), candidates(8)
+	for i, j := 0, len(viewB)-1; i < j; i, j = i+1, j-1 {
+		viewB[i], viewB[j] = viewB[j], viewB[i]
+	}
+	for k := uint64(1); k <= 50; k++ {
+		a := request(chainOf(nil, 4, k))
+		b := request(chainOf(nil, 6, k+1000)) // another prompt, same client
+		a.ClientKey, b.ClientKey = k*7919, k*7919
+		da, db := DefaultPolicy().Pick(a, viewA), DefaultPolicy().Pick(b, viewB)
+		if viewA[da.Index].ID != viewB[db.Index].ID || da.Key != a.ClientKey {
+			t.Fatalf("client %d: %s vs %s (key %x)", k, viewA[da.Index].ID, viewB[db.Index].ID, da.Key)
+		}
+	}
+}
+
+// Concurrent requests for a prefix whose only holder cannot start them
+// make a second copy worth its recompute; one request alone waits.
+func TestHotPrefixReplicatesWhenItsHolderIsFull(t *testing.T) {
+	hot := chainOf(nil, 20, 4)
+	req := request(chainOf(hot, 1, 5))
+	cs := candidates(4)
+	for i := range cs {
+		cs[i].Summary, cs[i].Slots, cs[i].SeqMs = held(t), 4, 4000
+	}
+	cs[0].Summary, cs[0].InFlight = held(t, hot), 5 // 2 ahead: 2 s of slot wait
+	for _, tc := range []struct {
+		concurrent int
+		holder     bool
+	}{{1, true}, {3, false}} {
+		r := req
+		r.Concurrent = tc.concurrent
+		d := DefaultPolicy().Pick(r, cs)
+		if (d.Index == 0) != tc.holder {
+			t.Errorf("%d concurrent: decision %+v, want holder=%v", tc.concurrent, d, tc.holder)
+		}
 	}
 }

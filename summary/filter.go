@@ -47,11 +47,21 @@ func (p Params) Validate() error {
 
 // geometry is the derived shape of one generation.
 type geometry struct {
-	perGen int  // inserts per generation before rotation
-	m      uint // bits per generation, a multiple of blockBits
-	k      uint // bits set per key
+	perGen  int    // inserts per generation before rotation
+	m       uint   // bits per generation, a multiple of blockBits
+	k       uint   // bits set per key
+	nblocks uint64 // m / blockBits
+	pat     uint   // pattern bits: a key's bit positions derive from these alone
 }
 
+// A key's place in a generation is its 512-bit block and a pattern of pat
+// bits, from which its k bit positions are derived. A copy therefore needs
+// only (block, pattern), log2(nblocks)+pat bits per key, to set the same
+// bits as the owner: that is what deltas carry (see delta.go). Two keys with
+// the same block and pattern are one key to the filter; the collision adds
+// λ/2^pat to the rate of a generation holding λ keys per block, which
+// geometry counts against the target.
+//
 // geometry sizes the generations. Each takes 3/4 of the capacity before
 // it rotates, so the summary remembers the last 0.75 to 1.5 capacities of
 // distinct blocks: an LRU of C blocks holds exactly the last C. Erring
@@ -66,28 +76,73 @@ func (p Params) geometry() geometry {
 	perGen := (3*p.CapacityBlocks + 3) / 4
 	// Two generations are tested; each gets half of the error budget.
 	perGenRate := 1 - math.Sqrt(1-p.FalsePositiveRate)
-	bits, k := bitsPerKey(perGenRate)
+	bits, k, pat := bitsPerKey(perGenRate)
 	nblocks := uint(math.Ceil(float64(perGen) * bits / blockBits))
 	if nblocks == 0 {
 		nblocks = 1
 	}
-	return geometry{perGen: perGen, m: nblocks * blockBits, k: k}
+	return geometry{perGen: perGen, m: nblocks * blockBits, k: k, nblocks: uint64(nblocks), pat: pat}
 }
 
-// bitsPerKey returns the bits per key and the number of bits set per key
-// that give a blocked Bloom filter the target false-positive rate. The rate
-// of a blocked filter is the classic rate averaged over the Poisson number
-// of keys that land in one block (Putze, Sanders, Singler 2007).
-func bitsPerKey(target float64) (float64, uint) {
-	for c := 1.44 * math.Log2(1/target); c < 64; c += 0.05 {
-		kk := uint(math.Round(c * math.Ln2))
-		for k := max(1, min(kk-1, maxK)); k <= min(maxK, kk+1); k++ {
-			if blockedRate(c, k) <= target {
-				return c, k
-			}
+// bitsPerKey returns the bits per key, the number of bits set per key and
+// the pattern width that give a blocked Bloom filter the target
+// false-positive rate. The rate of a blocked filter is the classic rate
+// averaged over the Poisson number of keys that land in one block (Putze,
+// Sanders, Singler 2007), plus the pattern collisions. The pattern is the
+// narrowest that costs at most a third more bits per key than an
+// unpatterned filter: every pattern bit is a bit per key in every delta,
+// a bit per key of filter only a bit per key of memory.
+func bitsPerKey(target float64) (float64, uint, uint) {
+	plain, _ := bloomBits(target, 0, 0)
+	limit := plain * 4 / 3
+	// The collision term alone must fit under the target at the limit.
+	pat := uint(max(8, math.Ceil(math.Log2(blockBits/limit/target))))
+	for ; pat < maxPatternBits; pat++ {
+		if c, k := bloomBits(target, pat, plain); c <= limit {
+			return c, k, pat
 		}
 	}
-	return 64, maxK
+	c, k := bloomBits(target, maxPatternBits, plain)
+	return c, k, maxPatternBits
+}
+
+// bloomBits is the smallest bits per key, on a grid of 0.05 from the
+// classic estimate (and at least from), and its k that meet target with
+// pat pattern bits (0: positions from the whole hash).
+func bloomBits(target float64, pat uint, from float64) (float64, uint) {
+	ok := func(c float64) (uint, bool) {
+		collide := 0.0
+		if pat > 0 {
+			collide = blockBits / c / float64(uint64(1)<<pat)
+		}
+		kk := uint(math.Round(c * math.Ln2))
+		for k := max(1, min(kk-1, maxK)); k <= min(maxK, kk+1); k++ {
+			if blockedRate(c, k)+collide <= target {
+				return k, true
+			}
+		}
+		return 0, false
+	}
+	start := max(1.44*math.Log2(1/target), from)
+	// Feasibility grows with c: bisect the grid steps from start to 64.
+	lo, hi := 0, int(math.Ceil((64-start)/0.05)) // hi is feasible or the end
+	if k, yes := ok(start); yes {
+		return start, k
+	}
+	if _, yes := ok(start + float64(hi)*0.05); !yes {
+		return 64, maxK
+	}
+	for hi-lo > 1 {
+		mid := (lo + hi) / 2
+		if _, yes := ok(start + float64(mid)*0.05); yes {
+			hi = mid
+		} else {
+			lo = mid
+		}
+	}
+	c := start + float64(hi)*0.05
+	k, _ := ok(c)
+	return c, k
 }
 
 func blockedRate(bitsPerKey float64, k uint) float64 {
@@ -95,18 +150,30 @@ func blockedRate(bitsPerKey float64, k uint) float64 {
 	p := math.Exp(-lambda)
 	sum := 0.0
 	limit := int(lambda + 12*math.Sqrt(lambda) + 12)
+	// (1-1/512)^(k·j) by repeated multiplication, (1-that)^k by k
+	// multiplications: no Pow in the loop (a full copy's decoder sizes its
+	// geometry with this).
+	q, qj := math.Pow(1-1.0/blockBits, float64(k)), 1.0
 	for j := 0; j <= limit; j++ {
-		sum += p * math.Pow(1-math.Pow(1-1.0/blockBits, float64(int(k)*j)), float64(k))
+		in, pw := 1-qj, 1.0
+		for range k {
+			pw *= in
+		}
+		sum += p * pw
 		p *= lambda / float64(j+1)
+		qj *= q
 	}
 	return sum
 }
 
+// maxPatternBits bounds the pattern; a key (block, pattern) stays under
+// 2^48 for every capacity.
+const maxPatternBits = 24
+
 // Probe is a block hash prepared for testing against any number of
 // summaries: hash a request once, then test it against every replica.
 type Probe struct {
-	block uint64 // picks the 512-bit block (scaled by each filter's size)
-	bits  uint64 // 9 bits per position
+	x uint64 // the mixed hash: block selector in the high half, pattern in the low bits
 }
 
 // MakeProbes appends the probes of hashes to dst.
@@ -117,10 +184,7 @@ func MakeProbes(dst []Probe, hashes []uint64) []Probe {
 	return dst
 }
 
-func probeOf(h uint64) Probe {
-	x := mix(h)
-	return Probe{block: x >> 32, bits: mix(x ^ 0x9e3779b97f4a7c15)}
-}
+func probeOf(h uint64) Probe { return Probe{x: mix(h)} }
 
 // mix is the splitmix64 finalizer: keys from the simulator are small
 // integers, and a full avalanche makes them as good as real hashes.
@@ -130,14 +194,22 @@ func mix(z uint64) uint64 {
 	return z ^ (z >> 31)
 }
 
-func (g geometry) word(p Probe) uint64 {
-	nblocks := uint64(g.m / blockBits)
-	return (p.block * nblocks >> 32) * (blockBits / 64)
+// key is a probe's place in a generation: block << pat | pattern. Keys are
+// what the owner logs, deltas carry and the negative record holds.
+func (g geometry) key(p Probe) uint64 {
+	return ((p.x>>32)*g.nblocks>>32)<<g.pat | p.x&(1<<g.pat-1)
 }
 
-func test(words []uint64, g geometry, p Probe) bool {
-	base := g.word(p)
-	bits := p.bits
+// universe is one past the largest key.
+func (g geometry) universe() uint64 { return g.nblocks << g.pat }
+
+// locate returns the first word of a key's block and its bit positions
+// (9 bits each).
+func (g geometry) locate(key uint64) (base uint64, bits uint64) {
+	return (key >> g.pat) * (blockBits / 64), mix(key&(1<<g.pat-1) ^ 0x9e3779b97f4a7c15)
+}
+
+func test(words []uint64, g geometry, base, bits uint64) bool {
 	for i := uint(0); i < g.k; i++ {
 		pos := bits & (blockBits - 1)
 		if words[base+pos>>6]&(1<<(pos&63)) == 0 {
@@ -148,9 +220,7 @@ func test(words []uint64, g geometry, p Probe) bool {
 	return true
 }
 
-func set(words []uint64, g geometry, p Probe) {
-	base := g.word(p)
-	bits := p.bits
+func set(words []uint64, g geometry, base, bits uint64) {
 	for i := uint(0); i < g.k; i++ {
 		pos := bits & (blockBits - 1)
 		words[base+pos>>6] |= 1 << (pos & 63)
@@ -158,22 +228,34 @@ func set(words []uint64, g geometry, p Probe) {
 	}
 }
 
-// Summary is an aging Bloom filter of the block hashes one replica holds.
-// It is safe for concurrent readers and writers; it is meant to have one
-// writer, the replica's owner, and copies elsewhere fed by Apply.
+// Ops of the summary's log. A log entry is a key with the op in its top
+// bits; the version counts entries.
+const (
+	opAdd    uint64 = 0
+	opForget uint64 = 1 << 62
+	opRotate uint64 = 2 << 62
+	opMask   uint64 = 3 << 62
+)
+
+// Summary is an aging Bloom filter of the block hashes one replica holds,
+// with a bounded negative record of blocks the replica was found not to
+// hold. It is safe for concurrent readers and writers; it is meant to have
+// one writer, the replica's owner, and copies elsewhere fed by ApplyDelta.
 type Summary struct {
 	params Params
 	geo    geometry
 
 	mu       sync.RWMutex
 	gens     [2]*bloom.BloomFilter
-	words    [2][]uint64 // the generations' bit words, gens[i].BitSet().Words()
-	cur      int         // index of the newer generation
-	curCount int         // inserts applied to gens[cur] since it was cleared
-	epoch    uint64      // names this history; a restarted owner starts a new one
-	version  uint64      // inserts applied since the epoch began
-	log      []uint64    // the most recent applied inserts, for deltas
-	logStart uint64      // version before log[0]
+	words    [2][]uint64       // the generations' bit words, gens[i].BitSet().Words()
+	cur      int               // index of the newer generation
+	curCount int               // adds applied to gens[cur] since it was cleared
+	epoch    uint64            // names this history; a restarted owner starts a new one
+	version  uint64            // log entries applied since the epoch began
+	rot      uint64            // rotations since the epoch began (ages the negative record)
+	neg      map[uint64]uint64 // forgotten key -> rot when forgotten
+	log      []uint64          // the most recent log entries, for deltas
+	logStart uint64            // version before log[0]
 	logLimit int
 }
 
@@ -190,23 +272,28 @@ func New(p Params, epoch uint64) (*Summary, error) {
 		s.gens[i] = bloom.New(g.m, g.k)
 		s.words[i] = s.gens[i].BitSet().Words()
 	}
-	// Keep enough history to repair a copy that missed a few gossip rounds;
-	// anything older is repaired with a full copy.
-	s.logLimit = min(max(g.perGen/4, 1024), 1<<16)
+	s.logLimit = logLimitOf(g)
 	return s, nil
 }
+
+// logLimitOf is how many log entries a summary keeps: enough for a few
+// gossip rounds of a busy replica; an owner that falls further behind its
+// own log sends full copies.
+func logLimitOf(g geometry) int { return min(max(g.perGen/4, 1024), 1<<16) }
+
+// maxNegOf bounds the negative record: forgets beyond it are refused (the
+// blocks then age out with their generation, as before).
+func maxNegOf(g geometry) int { return min(max(g.perGen/4, 256), 1<<16) }
 
 // Params returns the parameters the summary was sized with.
 func (s *Summary) Params() Params { return s.params }
 
-// Epoch returns the summary's history name.
-func (s *Summary) Epoch() uint64 {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	return s.epoch
-}
+// Epoch returns the summary's history name. It never changes, so it
+// takes no lock (views call it per candidate per request).
+func (s *Summary) Epoch() uint64 { return s.epoch }
 
-// Version returns the number of inserts applied in this epoch.
+// Version returns the number of log entries (adds, forgets, rotations)
+// applied in this epoch.
 func (s *Summary) Version() uint64 {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
@@ -215,46 +302,90 @@ func (s *Summary) Version() uint64 {
 
 // Add records that the replica now holds the blocks with these hashes.
 // Blocks already in the newer generation cost nothing; blocks only in the
-// older one are refreshed into the newer one. It returns how many inserts
-// it applied.
+// older one are refreshed into the newer one; a forgotten block is
+// remembered again. It returns how many adds it logged.
 func (s *Summary) Add(hashes []uint64) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	n := 0
 	for _, h := range hashes {
-		if s.insert(probeOf(h)) {
-			s.record(h)
-			n++
+		key := s.geo.key(probeOf(h))
+		base, bits := s.geo.locate(key)
+		_, forgotten := s.neg[key]
+		if !forgotten && test(s.words[s.cur], s.geo, base, bits) {
+			continue
+		}
+		s.applyAdd(key)
+		s.version++
+		s.curCount++
+		s.record(key | opAdd)
+		n++
+		if s.curCount >= s.geo.perGen {
+			s.rotate()
+			s.version++
+			s.record(opRotate)
 		}
 	}
 	return n
 }
 
-// insert applies one key; it reports false when the key was already in the
-// newer generation (a no-op that copies skip the same way).
-func (s *Summary) insert(p Probe) bool {
-	if test(s.words[s.cur], s.geo, p) {
-		return false
+// Forget records that the replica does not hold these blocks (its engine
+// reported fewer cached tokens than the summary predicted): Has and Match
+// stop at them until they are added again. Blocks the summary does not
+// claim cost nothing; once the negative record is full, further forgets are
+// refused. It returns how many forgets it logged.
+func (s *Summary) Forget(hashes []uint64) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, h := range hashes {
+		key := s.geo.key(probeOf(h))
+		if !s.hasKey(key) || len(s.neg) >= maxNegOf(s.geo) {
+			continue
+		}
+		s.applyForget(key)
+		s.version++
+		s.record(key | opForget)
+		n++
 	}
-	set(s.words[s.cur], s.geo, p)
-	s.version++
-	s.curCount++
-	if s.curCount >= s.geo.perGen {
-		old := 1 - s.cur
-		s.gens[old].ClearAll()
-		s.cur = old
-		s.curCount = 0
-	}
-	return true
+	return n
 }
 
-func (s *Summary) record(h uint64) {
+func (s *Summary) applyAdd(key uint64) {
+	base, bits := s.geo.locate(key)
+	set(s.words[s.cur], s.geo, base, bits)
+	delete(s.neg, key)
+}
+
+func (s *Summary) applyForget(key uint64) {
+	if s.neg == nil {
+		s.neg = map[uint64]uint64{}
+	}
+	s.neg[key] = s.rot
+}
+
+// rotate clears the older generation and makes it the newer one. Negative
+// entries older than two rotations go: every add they could hide is gone.
+func (s *Summary) rotate() {
+	old := 1 - s.cur
+	s.gens[old].ClearAll()
+	s.cur = old
+	s.curCount = 0
+	s.rot++
+	for k, r := range s.neg {
+		if s.rot-r >= 2 {
+			delete(s.neg, k)
+		}
+	}
+}
+
+func (s *Summary) record(e uint64) {
 	if len(s.log) >= 2*s.logLimit {
 		drop := len(s.log) - s.logLimit
 		s.logStart += uint64(drop)
 		s.log = append(s.log[:0], s.log[drop:]...)
 	}
-	s.log = append(s.log, h)
+	s.log = append(s.log, e)
 }
 
 // Has reports whether the summary (probably) holds the block.
@@ -264,8 +395,30 @@ func (s *Summary) Has(h uint64) bool {
 	return s.has(probeOf(h))
 }
 
-func (s *Summary) has(p Probe) bool {
-	return test(s.words[s.cur], s.geo, p) || test(s.words[1-s.cur], s.geo, p)
+func (s *Summary) has(p Probe) bool { return s.hasKey(s.geo.key(p)) }
+
+func (s *Summary) hasKey(key uint64) bool {
+	base, bits := s.geo.locate(key)
+	newer, older := s.words[s.cur], s.words[1-s.cur]
+	// Load the first position's word of both generations before either
+	// is tested: two independent loads, so their cache misses overlap
+	// (over a thousand replicas a decision is bound by these misses), and
+	// both blocks are in cache for the full tests.
+	pos := bits & (blockBits - 1)
+	i, bit := base+pos>>6, uint64(1)<<(pos&63)
+	wn, wo := newer[i], older[i]
+	if wn&bit == 0 && wo&bit == 0 {
+		return false
+	}
+	if !test(newer, s.geo, base, bits) && !test(older, s.geo, base, bits) {
+		return false
+	}
+	if len(s.neg) > 0 {
+		if _, ok := s.neg[key]; ok {
+			return false
+		}
+	}
+	return true
 }
 
 // Match returns the number of leading probes the summary holds: the
@@ -307,48 +460,10 @@ func (s *Summary) Match(probes []Probe) int {
 	return lo + 1
 }
 
-// ErrGap is returned by Apply when a delta does not start at the copy's
-// version or epoch: the copy needs a full summary.
+// ErrGap is returned by ApplyDelta when a delta does not reach the copy's
+// version or is of another epoch: the copy needs a full summary (or the
+// deltas before this one).
 var ErrGap = errors.New("summary: delta does not follow this copy")
-
-// ErrDiverged is returned by Apply when a replayed insert was a no-op on
-// the copy, which proves the copy's bits differ from the owner's.
-var ErrDiverged = errors.New("summary: copy diverged from its owner")
-
-// Since returns the inserts applied after version v, in order, if the
-// summary still remembers them; ok is false when v is too old (send a full
-// copy) or in the future.
-func (s *Summary) Since(v uint64) (hashes []uint64, ok bool) {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	if v < s.logStart || v > s.version {
-		return nil, false
-	}
-	return append([]uint64(nil), s.log[v-s.logStart:]...), true
-}
-
-// Apply replays an owner's delta on a copy: the inserts that took the
-// owner's summary of this epoch from version from to from+len(hashes).
-// Deltas the copy already has are ignored; a delta beyond the copy's
-// version returns ErrGap.
-func (s *Summary) Apply(epoch, from uint64, hashes []uint64) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if epoch != s.epoch || from > s.version {
-		return ErrGap
-	}
-	skip := s.version - from
-	if skip >= uint64(len(hashes)) {
-		return nil // old news
-	}
-	for _, h := range hashes[skip:] {
-		if !s.insert(probeOf(h)) {
-			return ErrDiverged
-		}
-		s.record(h)
-	}
-	return nil
-}
 
 // Stats describes a summary for debugging and metrics.
 type Stats struct {
@@ -360,6 +475,10 @@ type Stats struct {
 	CapacityBlocks int    `json:"capacity_blocks"`
 	NewerInserts   int    `json:"newer_generation_inserts"`
 	Bytes          int    `json:"bytes"`
+	// Forgotten is the size of the negative record.
+	Forgotten int `json:"forgotten"`
+	// PatternBits is the width of a key's pattern (see geometry).
+	PatternBits int `json:"pattern_bits"`
 }
 
 // Stats returns the summary's size and position.
@@ -369,6 +488,7 @@ func (s *Summary) Stats() Stats {
 	return Stats{
 		MaxBlocks: 2 * s.geo.perGen,
 		Epoch:     s.epoch, Version: s.version, CapacityBlocks: s.params.CapacityBlocks,
-		NewerInserts: s.curCount, Bytes: encodedSize(s.geo),
+		NewerInserts: s.curCount, Bytes: encodedSize(s.geo, len(s.neg)), Forgotten: len(s.neg),
+		PatternBits: int(s.geo.pat),
 	}
 }

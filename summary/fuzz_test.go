@@ -25,6 +25,35 @@ func FuzzDecode(f *testing.F) {
 	})
 }
 
+func FuzzDecodeDelta(f *testing.F) {
+	s, _ := New(Params{CapacityBlocks: 64, FalsePositiveRate: 0.01}, 1)
+	s.Add(chain(40, 1))
+	s.Forget(chain(5, 1))
+	enc, _, _ := s.AppendDelta(nil, 0)
+	f.Add(enc)
+	f.Add([]byte{})
+	f.Add(make([]byte, 12))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		d, err := DecodeDelta(data)
+		if err != nil {
+			return
+		}
+		// Anything accepted re-encodes to a delta that decodes the same,
+		// and applies (or is refused) without harm.
+		again, err := DecodeDelta(d.AppendEncode(nil))
+		if err != nil || again.Count != d.Count || again.From != d.From || len(again.segs) != len(d.segs) {
+			t.Fatalf("re-encoded delta: %v", err)
+		}
+		cp, _ := New(Params{CapacityBlocks: 64, FalsePositiveRate: 0.01}, d.Epoch)
+		if cp.ApplyDelta(d) == nil {
+			cp.Match(MakeProbes(nil, chain(10, 1)))
+			if _, err := Decode(cp.AppendEncode(nil, 1), 1); err != nil {
+				t.Fatalf("applied delta left an unencodable summary: %v", err)
+			}
+		}
+	})
+}
+
 func FuzzRender(f *testing.F) {
 	f.Add([]byte(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`))
 	f.Add([]byte(`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"x"}}]}],"tools":[{"type":"function"}]}`))

@@ -30,6 +30,7 @@ import (
 // demoConfig is the parsed command line of `kvmesh demo`.
 type demoConfig struct {
 	replicas, routers int
+	route             *policyFlags // routing tunables passed on to the routers
 	tracePath         string
 	minutes           float64
 	speedup           float64
@@ -76,6 +77,7 @@ flags:
 	fs.StringVar(&c.report, "report", "", "also write an HTML report with TTFT distributions to this file")
 	fs.BoolVar(&c.asJSON, "json", false, `print {"frontends":[...]} as one JSON object instead of a table`)
 	fs.BoolVar(&c.verbose, "verbose", false, "log the routers and replicas at info level")
+	c.route = bindPolicyFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}
@@ -365,6 +367,9 @@ func (s *stack) startRouters(ctx context.Context, cfg demoConfig, replicas []str
 		}
 		for j := i; j < len(replicas); j += cfg.routers {
 			args = append(args, "--replica", replicas[j])
+		}
+		if cfg.route != nil {
+			args = append(args, cfg.route.args()...)
 		}
 		rc, err := parseRouterFlags(args, func(string) (string, bool) { return "", false }, io.Discard)
 		if err != nil {

@@ -342,7 +342,6 @@ func checkRefs(refs []metricRef, known map[string]familyInfo) []string {
 	return slices.Compact(problems)
 }
 
-
 // TestKubernetesEnvNamesRouterFlags: every KVMESH_* variable the
 // Kubernetes manifests set names a `kvmesh router` flag (applyEnv ignores
 // the others silently, so a typo would go unnoticed).

@@ -34,6 +34,7 @@ func commands() map[string]command {
 		"replica-sim": {"run a simulated vLLM-like replica (no GPU needed)", runReplicaSim},
 		"bench":       {"replay a trace against OpenAI endpoints and measure TTFT and cache hits", runBench},
 		"demo":        {"start a local mesh and compare it with standard load balancers", runDemo},
+		"scale":       {"run many routers in one process and measure gossip, visibility and decisions", runScale},
 	}
 }
 

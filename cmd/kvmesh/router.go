@@ -46,6 +46,7 @@ type routerConfig struct {
 	sessionHeader     string
 	capacityBlocks    int
 	loadFactor        float64
+	policy            route.Policy // from the route flags (policyflags.go)
 	apiAdvertise      string
 	timing            mesh.Timing
 	healthInterval    time.Duration
@@ -113,7 +114,7 @@ flags:
 	fs.Int64Var(&cfg.maxBodyBytes, "max-body-bytes", proxy.DefaultMaxBodyBytes, "largest accepted request body in bytes (larger: 413)")
 	fs.StringVar(&cfg.sessionHeader, "session-header", proxy.DefaultSessionHeader, "request header whose value is a client routing key (\"-\": none); prompt_cache_key in the body takes precedence")
 	fs.IntVar(&cfg.capacityBlocks, "capacity-blocks", 16384, "cache capacity in router blocks assumed for replicas whose engine does not report one (vLLM's does)")
-	fs.Float64Var(&cfg.loadFactor, "load-factor", route.DefaultPolicy().LoadFactor, "bounded-load factor: a replica takes a request only while its queued prefill stays within this times the mean (plus one request)")
+	pf := bindPolicyFlags(fs)
 	fs.StringVar(&cfg.apiAdvertise, "api-advertise", "", "base URL peers forward requests to (default: http://<listen>)")
 	profile := fs.String("gossip-profile", "lan", "gossip timings: lan (one data centre), wan (regions apart) or test (fast, for local experiments)")
 	fs.DurationVar(&cfg.healthInterval, "health-interval", 2*time.Second, "interval of the replicas' health checks")
@@ -141,9 +142,12 @@ flags:
 	if cfg.maxBodyBytes <= 0 {
 		return cfg, fmt.Errorf("router: --max-body-bytes %d must be positive", cfg.maxBodyBytes)
 	}
-	if cfg.loadFactor < 1 {
-		return cfg, fmt.Errorf("router: --load-factor %v must be at least 1", cfg.loadFactor)
+	policy, err := pf.Policy()
+	if err != nil {
+		return cfg, fmt.Errorf("router: %w", err)
 	}
+	cfg.policy = policy
+	cfg.loadFactor = cfg.policy.LoadFactor
 	if err := (summary.Params{CapacityBlocks: cfg.capacityBlocks, FalsePositiveRate: summary.DefaultFalsePositiveRate}).Validate(); err != nil {
 		return cfg, fmt.Errorf("router: --capacity-blocks: %w", err)
 	}
@@ -331,8 +335,13 @@ func startRouter(ctx context.Context, cfg routerConfig) (*router, error) {
 		nil, client, set.onStatus, cfg.contract.BlockBytes, log.Named("health"), reg)
 	set.health = hc
 	set.update("static", cfg.replicas)
-	policy := route.DefaultPolicy()
-	policy.LoadFactor = cfg.loadFactor
+	policy := cfg.policy
+	if policy == (route.Policy{}) {
+		policy = route.DefaultPolicy()
+	}
+	if cfg.loadFactor > 0 {
+		policy.LoadFactor = cfg.loadFactor
+	}
 	r := &router{name: cfg.name, log: log, reg: reg, mesh: m, health: hc, client: client, api: api, edges: edges, serveErr: make(chan error, 2)}
 	p, err := proxy.New(proxy.Config{
 		RouterName: cfg.name, View: m, Policy: policy, Contract: cfg.contract,

@@ -134,9 +134,9 @@ func (s *replicaSet) update(source string, ids []string) {
 			continue
 		}
 		// Drain, then withdraw: as owner this router gossips the replica
-		// unhealthy at once, so peers stop sending it new requests
-		// (WithdrawReplica alone reaches them only when the declaration
-		// expires); streams already running on it are not touched.
+		// unhealthy at once, so peers stop sending it new requests even
+		// if another router still declares it (and takes it over);
+		// streams already running on it are not touched.
 		last.Healthy = false
 		s.mesh.UpdateReplica(id, last)
 		s.mesh.WithdrawReplica(id)

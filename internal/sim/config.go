@@ -11,18 +11,19 @@ import (
 const (
 	PolicyRoundRobin     = "round-robin"        // request i goes to replica i mod R
 	PolicyLeastLoaded    = "least-loaded"       // fewest requests in flight, exact
-	PolicyConsistentHash = "consistent-hash"    // route.Policy with no summaries: bounded-load rendezvous only
+	PolicyConsistentHash = "consistent-hash"    // rendezvous hashing of the first two blocks, bounded loads (c = 1.25) on in-flight
 	PolicySingle         = "kvmesh-single"      // one router sees every request
 	PolicyIsolated       = "kvmesh-isolated"    // N routers, no gossip
 	PolicyMesh           = "kvmesh-mesh"        // N routers gossiping summaries and load
 	PolicyPartitioned    = "kvmesh-partitioned" // the mesh, cut in two for the middle half of the trace
-	PolicyOracle         = "oracle"             // one router reading every replica's real cache
+	PolicyExactView      = "kvmesh-exact-view"  // kvmesh's rule, one router reading every replica's real cache
+	PolicyPooled         = "pooled-bound"       // upper bound: one pooled cache of R×C blocks (exact LRU) under kvmesh's load rule
 )
 
 // AllPolicies lists every policy in report order.
 var AllPolicies = []string{
 	PolicyRoundRobin, PolicyLeastLoaded, PolicyConsistentHash, PolicySingle,
-	PolicyIsolated, PolicyMesh, PolicyPartitioned, PolicyOracle,
+	PolicyIsolated, PolicyMesh, PolicyPartitioned, PolicyExactView, PolicyPooled,
 	PolicySGLang, PolicySMGMesh, PolicyDynamo, PolicyLLMD, PolicyLLMD3, PolicyProductionStack,
 }
 
@@ -40,9 +41,13 @@ type Config struct {
 	// CacheBlocks, when positive, sets C directly and overrides
 	// CacheFraction.
 	CacheBlocks int
-	// Load, when positive, rescales arrival times so that round-robin's
-	// replicas spend this share of the trace span prefilling. Zero keeps
-	// the trace's own timestamps.
+	// Load, when positive, rescales arrival times so that the binding
+	// resource of round-robin's replicas is busy this share of the trace
+	// span: the prefill GPU (round-robin's prefill time over R × span) or
+	// the sequence slots (each request holds a slot for its prefill and
+	// decode; slot time over R × MaxNumSeqs × span), whichever is higher.
+	// Below 1 every cell is then a stable queue. Zero keeps the trace's
+	// own timestamps.
 	Load float64
 	// PrefillTokensPerS is each replica's prefill rate.
 	PrefillTokensPerS float64
@@ -60,6 +65,15 @@ type Config struct {
 	GossipInterval time.Duration
 	// GossipDelay is how long a gossip message takes to arrive.
 	GossipDelay time.Duration
+	// ScrapeInterval is how often an owner reads its replicas' engine
+	// counts (running, waiting), as a router scrapes /metrics: candidates'
+	// Running and Waiting are stale by up to this much, while InFlight is
+	// the routers' own fast count.
+	ScrapeInterval time.Duration
+	// SlotsPublished makes the engines publish max-num-seqs; otherwise the
+	// owner learns it from the scrapes (route.SlotEstimate), as a router
+	// must for vLLM.
+	SlotsPublished bool
 	// StaleAfter is how long a router keeps counting a copy (and load)
 	// whose owner it has not heard from.
 	StaleAfter time.Duration
@@ -89,6 +103,7 @@ func DefaultConfig() Config {
 		GossipInterval:    200 * time.Millisecond,
 		GossipDelay:       50 * time.Millisecond,
 		StaleAfter:        2 * time.Second,
+		ScrapeInterval:    time.Second,
 		FalsePositiveRate: 0.01,
 		Seed:              1,
 		Route:             route.DefaultPolicy(),
@@ -118,6 +133,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("sim: gossip interval %v, want > 0", c.GossipInterval)
 	case c.GossipDelay < 0:
 		return fmt.Errorf("sim: gossip delay %v, want >= 0", c.GossipDelay)
+	case c.ScrapeInterval <= 0:
+		return fmt.Errorf("sim: scrape interval %v, want > 0", c.ScrapeInterval)
 	case c.StaleAfter <= 0:
 		return fmt.Errorf("sim: stale-after %v, want > 0", c.StaleAfter)
 	}

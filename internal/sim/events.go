@@ -8,6 +8,7 @@ const (
 	evDecodeDone               // a: replica, b: job
 	evGossipTick               // every owner sends deltas and load
 	evDeliver                  // a: recipient router, b: message
+	evScrape                   // owners read their engines' counts
 )
 
 // event is one scheduled happening in virtual time. seq breaks ties in

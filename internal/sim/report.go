@@ -32,6 +32,8 @@ type PolicyReport struct {
 	TTFTP50Ms float64 `json:"ttft_p50_ms"`
 	TTFTP90Ms float64 `json:"ttft_p90_ms"`
 	TTFTP99Ms float64 `json:"ttft_p99_ms"`
+	// TTFTMeanMs is the mean TTFT.
+	TTFTMeanMs float64 `json:"ttft_mean_ms"`
 	// PrefillMaxOverMean is the busiest replica's computed prefill tokens
 	// over the mean across replicas.
 	PrefillMaxOverMean float64 `json:"prefill_max_over_mean"`
@@ -48,6 +50,14 @@ type PolicyReport struct {
 	// bound won over the cache), and GivenUpBlocks sums the difference.
 	BelowBestMatch int   `json:"below_best_match"`
 	GivenUpBlocks  int64 `json:"given_up_blocks"`
+	// WarmRequests counts the requests that some replica's real cache held
+	// more of than half the replicas' did (a conversation's later turn, a
+	// hot prompt), and Retrace is the share of them sent to a replica
+	// holding the most: whether every router finds where a conversation
+	// lives (kvmesh-mesh against kvmesh-single shows what three routers
+	// lose to one).
+	WarmRequests int     `json:"warm_requests"`
+	Retrace      float64 `json:"retrace"`
 }
 
 // ConfigReport is the configuration a Report was made with, after
@@ -68,6 +78,8 @@ type ConfigReport struct {
 	GossipIntervalMs      float64  `json:"gossip_interval_ms"`
 	GossipDelayMs         float64  `json:"gossip_delay_ms"`
 	StaleAfterMs          float64  `json:"stale_after_ms"`
+	ScrapeIntervalMs      float64  `json:"scrape_interval_ms"`
+	SlotsPublished        bool     `json:"slots_published"`
 	PartitionStartMs      float64  `json:"partition_start_ms"`
 	PartitionEndMs        float64  `json:"partition_end_ms"`
 	Seed                  uint64   `json:"seed"`
@@ -77,20 +89,23 @@ type ConfigReport struct {
 // WriteTable writes the report as an aligned table and a config line.
 func (r Report) WriteTable(w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "policy\trequests\thit\ttoken hit\tTTFT p50 ms\tp90 ms\tp99 ms\tprefill max/mean\tqueue ms\tbelow best\t reasons")
+	fmt.Fprintln(tw, "policy\trequests\thit\ttoken hit\tTTFT p50 ms\tp90 ms\tp99 ms\tmean ms\tprefill max/mean\tqueue ms\tretrace\t reasons")
 	for _, p := range r.Policies {
-		fmt.Fprintf(tw, "%s\t%d\t%.4f\t%.4f\t%.0f\t%.0f\t%.0f\t%.2f\t%.0f\t%d\t %s\n",
-			p.Name, p.Requests, p.HitRatio, p.TokenHitRatio, p.TTFTP50Ms, p.TTFTP90Ms, p.TTFTP99Ms,
-			p.PrefillMaxOverMean, p.MeanQueueMs, p.BelowBestMatch, reasonsString(p.Reasons))
+		fmt.Fprintf(tw, "%s\t%d\t%.4f\t%.4f\t%.0f\t%.0f\t%.0f\t%.0f\t%.2f\t%.0f\t%.3f\t %s\n",
+			p.Name, p.Requests, p.HitRatio, p.TokenHitRatio, p.TTFTP50Ms, p.TTFTP90Ms, p.TTFTP99Ms, p.TTFTMeanMs,
+			p.PrefillMaxOverMean, p.MeanQueueMs, p.Retrace, reasonsString(p.Reasons))
 	}
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("sim table: %w", err)
 	}
+	if b := r.Best(); b.HitRatio != "" {
+		fmt.Fprintf(w, "best of run (upper bound excluded): hit %s, TTFT p50 %s, p99 %s, mean %s\n", b.HitRatio, b.P50, b.P99, b.Mean)
+	}
 	c := r.Config
-	_, err := fmt.Fprintf(w, "config: replicas=%d routers=%d cache=%.3g (%d blocks/replica of %d distinct) load=%.3g (time scale %.4f, span %.0f s) prefill=%.0f tok/s decode=%.3g ms/tok max-num-seqs=%d gossip=%.0fms+%.0fms stale-after=%.0fms partition=[%.0f,%.0f) s seed=%d\n",
+	_, err := fmt.Fprintf(w, "config: replicas=%d routers=%d cache=%.3g (%d blocks/replica of %d distinct) load=%.3g (time scale %.4f, span %.0f s) prefill=%.0f tok/s decode=%.3g ms/tok max-num-seqs=%d gossip=%.0fms+%.0fms scrape=%.0fms slots-published=%v stale-after=%.0fms partition=[%.0f,%.0f) s seed=%d\n",
 		c.Replicas, c.Routers, c.CacheFraction, c.CacheBlocksPerReplica, c.DistinctBlocks, c.Load,
 		c.TimeScale, c.SpanMs/1000, c.PrefillTokensPerS, c.DecodeMsPerToken, c.MaxNumSeqs,
-		c.GossipIntervalMs, c.GossipDelayMs, c.StaleAfterMs, c.PartitionStartMs/1000, c.PartitionEndMs/1000, c.Seed)
+		c.GossipIntervalMs, c.GossipDelayMs, c.ScrapeIntervalMs, c.SlotsPublished, c.StaleAfterMs, c.PartitionStartMs/1000, c.PartitionEndMs/1000, c.Seed)
 	if err != nil {
 		return fmt.Errorf("sim table: %w", err)
 	}
@@ -120,4 +135,32 @@ func percentile(sorted []float64, p float64) float64 {
 	}
 	i := int(math.Ceil(p*float64(len(sorted)))) - 1
 	return sorted[min(max(i, 0), len(sorted)-1)]
+}
+
+// Best names the best policy of a run on each measure, the pooled upper
+// bound excluded (it is not a router).
+type Best struct{ HitRatio, P50, P99, Mean string }
+
+// Best returns the best policy of the run on hit ratio and TTFT.
+func (r Report) Best() Best {
+	var b Best
+	var hit, p50, p99, mean float64
+	for _, p := range r.Policies {
+		if p.Name == PolicyPooled {
+			continue
+		}
+		if b.HitRatio == "" || p.HitRatio > hit {
+			b.HitRatio, hit = p.Name, p.HitRatio
+		}
+		if b.P50 == "" || p.TTFTP50Ms < p50 {
+			b.P50, p50 = p.Name, p.TTFTP50Ms
+		}
+		if b.P99 == "" || p.TTFTP99Ms < p99 {
+			b.P99, p99 = p.Name, p.TTFTP99Ms
+		}
+		if b.Mean == "" || p.TTFTMeanMs < mean {
+			b.Mean, mean = p.Name, p.TTFTMeanMs
+		}
+	}
+	return b
 }

@@ -116,7 +116,7 @@ func Run(ctx context.Context, cfg Config, reqs []trace.Request) (Report, error) 
 		PrefillTokensPerS: c.PrefillTokensPerS, DecodeMsPerToken: c.DecodeMsPerToken,
 		MaxNumSeqs: c.MaxNumSeqs, PrefillOverheadMs: c.PrefillOverheadMs,
 		GossipIntervalMs: ms(c.GossipInterval.Seconds()), GossipDelayMs: ms(c.GossipDelay.Seconds()),
-		StaleAfterMs: ms(c.StaleAfter.Seconds()), PartitionStartMs: p.partStart, PartitionEndMs: p.partEnd,
+		StaleAfterMs: ms(c.StaleAfter.Seconds()), ScrapeIntervalMs: ms(c.ScrapeInterval.Seconds()), SlotsPublished: c.SlotsPublished, PartitionStartMs: p.partStart, PartitionEndMs: p.partEnd,
 		Seed: c.Seed, Policies: slices.Clone(policies),
 	}}, nil
 }
@@ -173,9 +173,11 @@ func prepare(cfg Config, in []trace.Request) (*prepared, error) {
 	span := last - first
 	p.scale = 1
 	if cfg.Load > 0 && span > 0 {
-		// LRU hits do not depend on time, so round-robin's prefill work
-		// follows from the order alone.
-		busy := p.roundRobinPrefillMs()
+		// LRU hits do not depend on time, so round-robin's work follows
+		// from the order alone. The binding resource is the prefill GPU
+		// or, under a small max-num-seqs, the sequence slots.
+		prefill, slot := p.roundRobinBusyMs()
+		busy := max(prefill, slot/float64(cfg.MaxNumSeqs))
 		p.scale = busy / (float64(cfg.Replicas) * span * cfg.Load)
 	}
 	for i := range p.reqs {
@@ -199,20 +201,21 @@ func (p *prepared) prefillMs(r *simReq, hit int) (ms float64, computed int) {
 	return float64(computed)/p.cfg.PrefillTokensPerS*1000 + p.cfg.PrefillOverheadMs, computed
 }
 
-// roundRobinPrefillMs is the total prefill time of round-robin in arrival
-// order, with no timing model.
-func (p *prepared) roundRobinPrefillMs() float64 {
+// roundRobinBusyMs is the total prefill time of round-robin in arrival
+// order, with no timing model, and the total time its requests hold a
+// sequence slot (prefill and decode).
+func (p *prepared) roundRobinBusyMs() (prefill, slot float64) {
 	caches := make([]*lru, p.cfg.Replicas)
 	for j := range caches {
 		caches[j] = newLRU(p.cacheBlocks)
 	}
-	total := 0.0
 	for i := range p.reqs {
 		r := &p.reqs[i]
 		c := caches[i%len(caches)]
 		d, _ := p.prefillMs(r, c.leadingRun(r.ids))
-		total += d
+		prefill += d
+		slot += d + float64(r.output)*p.cfg.DecodeMsPerToken
 		c.touchAll(r.ids)
 	}
-	return total
+	return prefill, slot
 }

@@ -149,17 +149,17 @@ func TestMaxNumSeqsQueues(t *testing.T) {
 	}
 }
 
-func TestOracleBeatsRoundRobinOnConversations(t *testing.T) {
+func TestExactViewBeatsRoundRobinOnConversations(t *testing.T) {
 	cfg := testConfig()
 	cfg.Replicas, cfg.Routers, cfg.CacheFraction = 4, 2, 1
 	r, err := Run(context.Background(), cfg, conversations(41, 5, 4, 300*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
-	rr, or, mesh := policy(t, r, PolicyRoundRobin), policy(t, r, PolicyOracle), policy(t, r, PolicyMesh)
-	t.Logf("hit: round-robin %.3f oracle %.3f mesh %.3f", rr.HitRatio, or.HitRatio, mesh.HitRatio)
-	if or.HitRatio < rr.HitRatio || or.HitRatio < 0.5 {
-		t.Errorf("oracle hit %v, round-robin %v: want oracle >= both round-robin and 0.5", or.HitRatio, rr.HitRatio)
+	rr, ex, mesh := policy(t, r, PolicyRoundRobin), policy(t, r, PolicyExactView), policy(t, r, PolicyMesh)
+	t.Logf("hit: round-robin %.3f exact view %.3f mesh %.3f", rr.HitRatio, ex.HitRatio, mesh.HitRatio)
+	if ex.HitRatio < rr.HitRatio || ex.HitRatio < 0.5 {
+		t.Errorf("oracle hit %v, round-robin %v: want exact view >= both round-robin and 0.5", ex.HitRatio, rr.HitRatio)
 	}
 	if mesh.HitRatio <= rr.HitRatio {
 		t.Errorf("mesh hit %v <= round-robin %v", mesh.HitRatio, rr.HitRatio)
@@ -294,5 +294,126 @@ func BenchmarkRunEmbedded(b *testing.B) {
 		if _, err := Run(context.Background(), cfg, reqs); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+func TestLoadScalesOnTheBindingResource(t *testing.T) {
+	// 10 requests of one 512-token block (51.2+1 ms of prefill) with 100
+	// output tokens (2 s of decode), 1 s apart, on 2 replicas: prefill
+	// binds with many slots, the slots bind with one.
+	var reqs []trace.Request
+	for i := 0; i < 10; i++ {
+		reqs = append(reqs, trace.Request{Arrival: time.Duration(i) * time.Second, InputTokens: 512, OutputTokens: 100, HashIDs: []int64{int64(i)}})
+	}
+	prefill := 512/10000.0*1000 + 1
+	tests := []struct {
+		mns  int
+		busy float64 // per request, ms of the binding resource
+	}{
+		{256, prefill},              // slot time / 256 < prefill
+		{1, prefill + 100*20},       // one slot: prefill and decode
+		{4, (prefill + 100*20) / 4}, // four slots
+	}
+	for _, tc := range tests {
+		cfg := DefaultConfig()
+		cfg.Replicas, cfg.Load, cfg.MaxNumSeqs, cfg.Policies = 2, 0.5, tc.mns, []string{PolicyRoundRobin}
+		r, err := Run(context.Background(), cfg, reqs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := 10 * tc.busy / (2 * 9000 * 0.5)
+		if d := r.Config.TimeScale - want; d > 1e-9 || d < -1e-9 {
+			t.Errorf("max-num-seqs %d: time scale %v, want %v", tc.mns, r.Config.TimeScale, want)
+		}
+	}
+}
+
+func TestPooledBoundAndExactView(t *testing.T) {
+	cfg := testConfig()
+	cfg.Replicas, cfg.Routers, cfg.CacheFraction = 4, 2, 0.25
+	cfg.Policies = []string{PolicyRoundRobin, PolicyExactView, PolicyPooled, PolicyMesh}
+	r, err := Run(context.Background(), cfg, conversations(41, 5, 4, 300*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rr, ex, pool := policy(t, r, PolicyRoundRobin), policy(t, r, PolicyExactView), policy(t, r, PolicyPooled)
+	t.Logf("hit: round-robin %.3f exact view %.3f pooled %.3f", rr.HitRatio, ex.HitRatio, pool.HitRatio)
+	if pool.HitRatio < ex.HitRatio || pool.HitRatio <= rr.HitRatio {
+		t.Errorf("pooled bound hit %v below exact view %v or round-robin %v", pool.HitRatio, ex.HitRatio, rr.HitRatio)
+	}
+	if b := r.Best(); b.HitRatio == PolicyPooled || b.HitRatio == "" {
+		t.Errorf("best of run %+v: the pooled bound is not a router and must not be named", b)
+	}
+	for _, p := range r.Policies {
+		if p.TTFTMeanMs <= 0 || p.TTFTMeanMs < p.TTFTP50Ms/10 {
+			t.Errorf("%s: mean TTFT %v with p50 %v", p.Name, p.TTFTMeanMs, p.TTFTP50Ms)
+		}
+	}
+}
+
+func TestGridVerdict(t *testing.T) {
+	rep := func(mesh PolicyReport) Report {
+		ps := []PolicyReport{
+			{Name: PolicyRoundRobin, HitRatio: 0.1, TTFTP50Ms: 100, TTFTP99Ms: 1000},
+			{Name: PolicyLeastLoaded, HitRatio: 0.1, TTFTP50Ms: 90, TTFTP99Ms: 1100},
+			{Name: PolicyConsistentHash, HitRatio: 0.3, TTFTP50Ms: 80, TTFTP99Ms: 1200},
+			{Name: PolicyLLMD, HitRatio: 0.5, TTFTP50Ms: 60, TTFTP99Ms: 900},
+			{Name: PolicyDynamo, HitRatio: 0.4, TTFTP50Ms: 70, TTFTP99Ms: 800},
+		}
+		mesh.Name = PolicyMesh
+		return Report{Policies: append(ps, mesh), Config: ConfigReport{Load: 0.6, MaxNumSeqs: 4, CacheFraction: 1}}
+	}
+	tests := []struct {
+		name string
+		mesh PolicyReport
+		want Verdict
+	}{
+		{"wins everything", PolicyReport{HitRatio: 0.5, TTFTP50Ms: 60, TTFTP99Ms: 800},
+			Verdict{true, true, true, true, true, true}},
+		{"loses p50 to consistent hashing", PolicyReport{HitRatio: 0.5, TTFTP50Ms: 81, TTFTP99Ms: 800},
+			Verdict{false, true, true, false, true, false}},
+		{"low hit, p99 within 1.05x of the best peer", PolicyReport{HitRatio: 0.48, TTFTP50Ms: 60, TTFTP99Ms: 840},
+			Verdict{true, true, false, true, false, true}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := judge("w", rep(tc.mesh))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.PeerHit.Name != PolicyLLMD || c.PeerP99.Name != PolicyDynamo || c.BaseP50.Name != PolicyConsistentHash {
+				t.Fatalf("best peer/baseline %+v %+v %+v", c.PeerHit, c.PeerP99, c.BaseP50)
+			}
+			if got := c.Verdict(); got != tc.want {
+				t.Fatalf("verdict %+v, want %+v", got, tc.want)
+			}
+			var html bytes.Buffer
+			if err := WriteHeatmap(&html, "t", []Cell{c}); err != nil || !bytes.Contains(html.Bytes(), []byte("<svg")) {
+				t.Fatalf("heat-map: %v", err)
+			}
+		})
+	}
+	if _, err := judge("w", Report{Policies: []PolicyReport{{Name: PolicyRoundRobin}}}); err == nil {
+		t.Fatal("judged a run without the mesh")
+	}
+}
+
+// Three gossiping routers find a conversation's replica almost as often as
+// one router that sees every request; three that cannot gossip do not.
+func TestThreeRoutersAsGoodAsOne(t *testing.T) {
+	cfg := testConfig()
+	cfg.Replicas, cfg.Routers, cfg.CacheFraction = 6, 3, 1
+	cfg.Policies = []string{PolicyMesh, PolicySingle, PolicyIsolated}
+	r, err := Run(context.Background(), cfg, conversations(60, 5, 3, 150*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mesh, single, iso := policy(t, r, PolicyMesh), policy(t, r, PolicySingle), policy(t, r, PolicyIsolated)
+	t.Logf("retrace: mesh %.3f single %.3f isolated %.3f; hit %.3f %.3f %.3f", mesh.Retrace, single.Retrace, iso.Retrace, mesh.HitRatio, single.HitRatio, iso.HitRatio)
+	if mesh.WarmRequests == 0 || mesh.Retrace < single.Retrace-0.03 || mesh.HitRatio < 0.95*single.HitRatio {
+		t.Errorf("mesh retrace %v hit %v against one router's %v, %v", mesh.Retrace, mesh.HitRatio, single.Retrace, single.HitRatio)
+	}
+	if iso.Retrace >= mesh.Retrace {
+		t.Errorf("isolated routers retrace %v >= mesh %v: the measure sees nothing", iso.Retrace, mesh.Retrace)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 
 	"github.com/kvmesh/kvmesh/internal/trace"
@@ -16,6 +17,7 @@ type job struct {
 	replica, router int32
 	dispatch        float64
 	est             float64 // pending prefill blocks the dispatching router predicted
+	start           float64 // when its prefill started
 	prefilled, done bool
 }
 
@@ -44,7 +46,18 @@ type loadSnap struct {
 	t        float64
 	inFlight int
 	pending  float64
+	eng      engSnap
 	valid    bool
+}
+
+// engSnap is what a router knows of a replica's engine: its running and
+// waiting counts at the last scrape (vLLM semantics: a request the engine
+// admitted counts as running while it prefills), its sequence slots
+// (published or learned) and the mean time a request holds it, as the
+// owner measured on its own requests.
+type engSnap struct {
+	running, waiting, slots int
+	seqMs                   float64
 }
 
 // router is one simulated kvmesh router's knowledge.
@@ -69,34 +82,39 @@ type message struct {
 	pending int // deliveries outstanding; the message is dropped at zero
 }
 
-// oracleMatcher answers prefix matches from a replica's real cache; ids
+// exactMatcher answers prefix matches from a replica's real cache; ids
 // is the request being routed.
-type oracleMatcher struct {
+type exactMatcher struct {
 	cache *lru
 	ids   []int64
 }
 
-func (o *oracleMatcher) Match([]summary.Probe) int { return o.cache.leadingRun(o.ids) }
+func (o *exactMatcher) Match([]summary.Probe) int { return o.cache.leadingRun(o.ids) }
 
 // world is one policy's simulation.
 type world struct {
-	p       *prepared
-	policy  string
-	routers []*router // nil for policies without summaries
-	nR      int       // routers receiving requests
-	gossip  bool
-	cut     bool // the partition window applies
-	rep     []*replica
-	jobs    []job
-	q       queue
-	now     float64
-	msgs    []*message
-	free    []int32
-	lastTx  []uint64 // per replica: owner's summary version at the last send
-	cands   []route.Candidate
-	oracle  []oracleMatcher
-	epochs  []uint64
-	peer    *peerState // the peer-router models' learned state
+	p        *prepared
+	policy   string
+	routers  []*router // nil for policies without summaries
+	nR       int       // routers receiving requests
+	gossip   bool
+	cut      bool // the partition window applies
+	rep      []*replica
+	jobs     []job
+	q        queue
+	now      float64
+	msgs     []*message
+	free     []int32
+	lastTx   []uint64 // per replica: owner's summary version at the last send
+	cands    []route.Candidate
+	ownCands []route.Candidate
+	heat     []map[uint64]int // per router: its in-flight requests by route's HeatKey
+	exact    []exactMatcher
+	scraped  []engSnap            // per replica: engine counts at the last scrape
+	slotEst  []route.SlotEstimate // per replica: the owner's learned slots
+	seqMs    []float64            // per replica: the owner's mean request residence, ms
+	epochs   []uint64
+	peer     *peerState // the peer-router models' learned state
 
 	hitBlocks, blocks, hitTokens, tokens int64
 	ttft                                 []float64
@@ -104,6 +122,8 @@ type world struct {
 	reasons                              map[string]int
 	fullCopies                           int
 	belowBest                            int
+	warm, found                          int   // retrace: warm requests, and those sent to a best holder
+	runs, runsSorted                     []int // retrace scratch
 	givenUp                              int64
 }
 
@@ -130,13 +150,32 @@ func runPolicy(ctx context.Context, p *prepared, name string) (PolicyReport, err
 		if err := w.makeRouters(); err != nil {
 			return PolicyReport{}, err
 		}
-	case PolicyOracle:
-		w.oracle = make([]oracleMatcher, cfg.Replicas)
-		for j := range w.oracle {
-			w.oracle[j].cache = w.rep[j].cache
+	case PolicyExactView, PolicyPooled:
+		if name == PolicyPooled {
+			pool := newLRU(p.cacheBlocks * cfg.Replicas)
+			for _, r := range w.rep {
+				r.cache = pool
+			}
+		}
+		w.exact = make([]exactMatcher, cfg.Replicas)
+		for j := range w.exact {
+			w.exact[j].cache = w.rep[j].cache
 		}
 	case PolicySGLang, PolicySMGMesh, PolicyDynamo, PolicyLLMD, PolicyLLMD3, PolicyProductionStack:
 		w.makePeer()
+	}
+	switch name {
+	case PolicySingle, PolicyMesh, PolicyPartitioned, PolicyExactView, PolicyPooled:
+		w.scraped = make([]engSnap, cfg.Replicas)
+		w.slotEst = make([]route.SlotEstimate, cfg.Replicas)
+		w.seqMs = make([]float64, cfg.Replicas)
+		w.q.push(p.reqs[0].arrival, evScrape, 0, 0)
+	}
+	if w.routers != nil || w.exact != nil {
+		w.heat = make([]map[uint64]int, w.nR)
+		for k := range w.heat {
+			w.heat[k] = map[uint64]int{}
+		}
 	}
 	if w.gossip {
 		w.lastTx = make([]uint64, cfg.Replicas)
@@ -169,6 +208,8 @@ func runPolicy(ctx context.Context, p *prepared, name string) (PolicyReport, err
 			w.decodeDone(e.a, e.b)
 		case evGossipTick:
 			w.tick(next < len(p.reqs))
+		case evScrape:
+			w.scrape(next < len(p.reqs))
 		case evDeliver:
 			err = w.deliver(e.a, e.b)
 		}
@@ -226,15 +267,40 @@ func (w *world) arrive(i int32) error {
 		j = int(i) % len(w.rep)
 	case PolicyLeastLoaded:
 		j = w.leastLoaded(int(i))
+	case PolicyConsistentHash:
+		j = w.consistentHash(r)
 	case PolicySGLang, PolicySMGMesh, PolicyDynamo, PolicyLLMD, PolicyLLMD3, PolicyProductionStack:
 		j = w.peerArrive(k, i)
 	default:
 		w.fillCandidates(k, r)
-		d := w.p.cfg.Route.Pick(r.req, w.cands)
+		req := r.req
+		if w.heat != nil {
+			hk := w.p.cfg.Route.HeatKey(req)
+			w.heat[k][hk]++
+			req.Concurrent = w.heat[k][hk]
+		}
+		d := w.p.cfg.Route.Pick(req, w.cands)
 		if d.Index < 0 {
 			return errors.New("route picked no replica")
 		}
 		j = d.Index
+		if o := w.owner(j); w.gossip && o != k {
+			// The request travels through the replica's owner, which
+			// checks the hint with its exact view and decides again among
+			// its own replicas if it does not keep it (proxy/forward.go).
+			w.fillCandidates(o, r)
+			if !w.p.cfg.Route.KeepHint(w.cands, j) {
+				own := w.ownCands[:0]
+				for jj := o; jj < len(w.cands); jj += w.nR {
+					own = append(own, w.cands[jj])
+				}
+				w.ownCands = own
+				d2 := w.p.cfg.Route.Pick(req, own)
+				j = o + d2.Index*w.nR
+				d.Match = d2.Match
+				w.reasons["rehint"]++
+			}
+		}
 		est = float64(len(r.ids) - d.Match)
 		w.reasons[string(d.Reason)]++
 		if d.Match < d.BestMatch {
@@ -242,8 +308,59 @@ func (w *world) arrive(i int32) error {
 			w.givenUp += int64(d.BestMatch - d.Match)
 		}
 	}
+	w.retrace(j, r)
 	w.dispatch(k, j, i, est)
 	return nil
+}
+
+// retrace counts, for a request that some replica holds more of than half
+// of the replicas do (by their real caches: a conversation's next turn, a
+// hot prompt), whether it went to a replica holding the most of it: how
+// well the policy finds the replica a conversation lives on.
+func (w *world) retrace(j int, r *simReq) {
+	runs := w.runs[:0]
+	best := 0
+	for _, rep := range w.rep {
+		m := rep.cache.leadingRun(r.ids)
+		runs = append(runs, m)
+		best = max(best, m)
+	}
+	w.runs = runs
+	sorted := append(w.runsSorted[:0], runs...)
+	slices.Sort(sorted)
+	w.runsSorted = sorted
+	common := sorted[(len(sorted)-1)/2] // held by at least half
+	if best <= common {
+		return
+	}
+	w.warm++
+	if runs[j] == best {
+		w.found++
+	}
+}
+
+// consistentHash is the classic baseline, independent of kvmesh's rule:
+// rendezvous hashing of the prompt's first two blocks (1,024 tokens) with
+// bounded loads on exact in-flight counts (Mirrokni et al.; c = 1.25, as
+// HAProxy's hash-balance-factor and SMG's prefix hash use): the first
+// replica in the key's order with in-flight + 1 <= ceil(c × (total+1) / R).
+func (w *world) consistentHash(r *simReq) int {
+	key := r.req.Hashes[min(len(r.req.Hashes)-1, 1)]
+	total := 0
+	for _, rep := range w.rep {
+		total += rep.inFlight
+	}
+	bound := int(math.Ceil(1.25 * float64(total+1) / float64(len(w.rep))))
+	best, bestW := -1, uint64(0)
+	for j, rep := range w.rep {
+		if rep.inFlight+1 > bound {
+			continue
+		}
+		if wt := splitmix64(key ^ w.p.idHashes[j]); best < 0 || wt > bestW {
+			best, bestW = j, wt
+		}
+	}
+	return best // someone is at or below the mean, so under the bound
 }
 
 func (w *world) leastLoaded(i int) int {
@@ -265,16 +382,17 @@ func (w *world) fillCandidates(k int, r *simReq) {
 		c := &w.cands[j]
 		c.Summary, c.Stale = nil, false
 		rep := w.rep[j]
+		var eng engSnap
 		switch w.policy {
-		case PolicyConsistentHash:
+		case PolicyExactView, PolicyPooled:
+			w.exact[j].ids = r.ids
+			c.Summary = &w.exact[j]
 			c.InFlight, c.PendingPrefillBlocks = rep.inFlight, w.pendingNow(rep)
-		case PolicyOracle:
-			w.oracle[j].ids = r.ids
-			c.Summary = &w.oracle[j]
-			c.InFlight, c.PendingPrefillBlocks = rep.inFlight, w.pendingNow(rep)
+			eng = w.ownerEng(j)
 		case PolicySingle:
 			c.Summary = w.routers[0].copies[j]
 			c.InFlight, c.PendingPrefillBlocks = rep.inFlight, w.pendingNow(rep)
+			eng = w.ownerEng(j)
 		case PolicyIsolated:
 			c.Summary = w.routers[k].copies[j]
 			c.InFlight, c.PendingPrefillBlocks = w.ownLoad(k, j, nil)
@@ -285,14 +403,17 @@ func (w *world) fillCandidates(k int, r *simReq) {
 			case o == k:
 				c.Summary = rt.copies[j]
 				c.InFlight, c.PendingPrefillBlocks = rep.inFlight, w.pendingNow(rep)
+				eng = w.ownerEng(j)
 			case w.now-rt.lastHeard[o] > stale:
 				c.Stale = true
 				c.InFlight, c.PendingPrefillBlocks = w.ownLoad(k, j, nil)
 			default:
 				c.Summary = rt.copies[j]
 				c.InFlight, c.PendingPrefillBlocks = w.ownLoad(k, j, &rt.told[j])
+				eng = rt.told[j].eng
 			}
 		}
+		c.Running, c.Waiting, c.Slots, c.SeqMs = eng.running, eng.waiting, eng.slots, eng.seqMs
 	}
 }
 
@@ -374,6 +495,7 @@ func (w *world) tryStart(j int) {
 	w.queueMs += w.now - r.arrival
 	w.ttft = append(w.ttft, w.now+dur-r.arrival)
 	rep.busy, rep.cur, rep.curStart, rep.curEnd = true, i, w.now, w.now+dur
+	w.jobs[i].start = w.now
 	rep.running++
 	rep.runningBlocks += len(r.ids)
 	w.q.push(w.now+dur, evPrefillDone, int32(j), 0)
@@ -411,6 +533,24 @@ func (w *world) decodeDone(j, i int32) {
 	rep.activeBlocks -= n
 	rep.runningBlocks -= n
 	w.jobs[i].done = true
+	if w.heat != nil {
+		m := w.heat[w.jobs[i].router]
+		hk := w.p.cfg.Route.HeatKey(w.p.reqs[i].req)
+		if m[hk]--; m[hk] <= 0 {
+			delete(m, hk)
+		}
+	}
+	if w.seqMs != nil {
+		// The owner's running mean of how long a request holds a
+		// sequence slot, prefill to last token (a proxy times it as first
+		// token to last plus the prefill it estimated).
+		d := w.now - w.jobs[i].start
+		if w.seqMs[j] == 0 {
+			w.seqMs[j] = d
+		} else {
+			w.seqMs[j] += (d - w.seqMs[j]) / 16
+		}
+	}
 	if w.peer != nil {
 		w.peer.peerDone(int(w.jobs[i].router), int(j))
 	}
@@ -425,7 +565,7 @@ func (w *world) tick(more bool) {
 		o := w.owner(j)
 		s := w.routers[o].copies[j]
 		m := &message{from: int32(o), replica: int32(j), t: w.now, epoch: s.Epoch(), fromV: w.lastTx[j],
-			load: loadSnap{t: w.now, inFlight: w.rep[j].inFlight, pending: w.pendingNow(w.rep[j]), valid: true}}
+			load: loadSnap{t: w.now, inFlight: w.rep[j].inFlight, pending: w.pendingNow(w.rep[j]), eng: w.ownerEng(j), valid: true}}
 		hashes, ok := s.Since(w.lastTx[j])
 		if ok {
 			m.hashes = hashes
@@ -448,6 +588,34 @@ func (w *world) tick(more bool) {
 	if more {
 		w.q.push(w.now+ms(w.p.cfg.GossipInterval.Seconds()), evGossipTick, 0, 0)
 	}
+}
+
+// scrape reads every replica's engine counts, as an owner scrapes
+// /metrics, and learns its slots when the engine does not publish them.
+// Scrapes stop with the arrivals.
+func (w *world) scrape(more bool) {
+	cfg := w.p.cfg
+	for j, rep := range w.rep {
+		in := rep.running + len(rep.queue) - rep.qhead
+		run, wait := min(in, cfg.MaxNumSeqs), max(0, in-cfg.MaxNumSeqs)
+		slots := cfg.MaxNumSeqs
+		if !cfg.SlotsPublished {
+			w.slotEst[j] = w.slotEst[j].Observe(run, wait)
+			slots = w.slotEst[j].Slots
+		}
+		w.scraped[j] = engSnap{running: run, waiting: wait, slots: slots}
+	}
+	if more {
+		w.q.push(w.now+ms(cfg.ScrapeInterval.Seconds()), evScrape, 0, 0)
+	}
+}
+
+// ownerEng is what replica j's owner knows of its engine now: the last
+// scrape and its own running mean of request residence.
+func (w *world) ownerEng(j int) engSnap {
+	e := w.scraped[j]
+	e.seqMs = w.seqMs[j]
+	return e
 }
 
 func (w *world) store(m *message) int32 {
@@ -511,7 +679,10 @@ func (w *world) deliver(k, mi int32) error {
 
 func (w *world) report() PolicyReport {
 	rep := PolicyReport{Name: w.policy, Requests: len(w.ttft), Reasons: w.reasons, FullCopies: w.fullCopies,
-		BelowBestMatch: w.belowBest, GivenUpBlocks: w.givenUp}
+		BelowBestMatch: w.belowBest, GivenUpBlocks: w.givenUp, WarmRequests: w.warm}
+	if w.warm > 0 {
+		rep.Retrace = float64(w.found) / float64(w.warm)
+	}
 	if w.blocks > 0 {
 		rep.HitRatio = float64(w.hitBlocks) / float64(w.blocks)
 	}
@@ -523,6 +694,12 @@ func (w *world) report() PolicyReport {
 	rep.TTFTP50Ms = percentile(sorted, 0.50)
 	rep.TTFTP90Ms = percentile(sorted, 0.90)
 	rep.TTFTP99Ms = percentile(sorted, 0.99)
+	for _, v := range w.ttft {
+		rep.TTFTMeanMs += v
+	}
+	if len(w.ttft) > 0 {
+		rep.TTFTMeanMs /= float64(len(w.ttft))
+	}
 	if len(w.ttft) > 0 {
 		rep.MeanQueueMs = w.queueMs / float64(len(w.ttft))
 	}

@@ -1,5 +1,5 @@
 // Package trace reads LLM-serving workload traces (the Mooncake JSONL
-// format and MT-Bench questions) and turns their block hash ids into
+// format, LMBench's variant of it, and MT-Bench questions) and turns their block hash ids into
 // deterministic prompt text, so a trace can be replayed against real
 // OpenAI-compatible endpoints with the trace's exact prefix sharing.
 package trace
@@ -14,7 +14,11 @@ import (
 	"math"
 	"os"
 	"sort"
+	"strconv"
+	"strings"
 	"time"
+
+	"github.com/zeebo/xxh3"
 )
 
 // MooncakeBlockTokens is the number of prompt tokens covered by one entry of
@@ -33,31 +37,51 @@ type Request struct {
 	HashIDs      []int64 // chained block ids, one per MooncakeBlockTokens tokens of prompt
 }
 
-// mooncakeRecord is the wire shape of one Mooncake line. Pointers tell a
-// missing field from a zero one.
+// mooncakeRecord is the wire shape of one Mooncake or LMBench line.
+// Pointers tell a missing field from a zero one; the timestamp and the ids
+// are kept raw because LMBench writes them differently.
 type mooncakeRecord struct {
-	Timestamp    *float64 `json:"timestamp"`
-	InputLength  *int64   `json:"input_length"`
-	OutputLength *int64   `json:"output_length"`
-	HashIDs      []int64  `json:"hash_ids"`
+	Timestamp    json.RawMessage `json:"timestamp"`
+	InputLength  *int64          `json:"input_length"`
+	OutputLength *int64          `json:"output_length"`
+	HashIDs      []json.Number   `json:"hash_ids"`
 }
+
+// absoluteNs is the smallest numeric timestamp read as absolute Unix
+// nanoseconds rather than milliseconds from the trace start: 1e14 ms would
+// be a trace over three thousand years long, while any Unix time in
+// nanoseconds since 1973 is above it.
+const absoluteNs = 1e14
 
 // ReadMooncake parses Mooncake JSONL records (one JSON object per line; blank
 // lines are skipped) and returns them sorted by arrival, keeping file order
 // among equal timestamps. It rejects missing or negative timestamp,
 // input_length and output_length, and empty hash_ids; errors name the line.
 // It does not require len(hash_ids) == ceil(input_length/512).
+//
+// It also reads LMBench's trace-replayer format, the same fields with the
+// timestamp as absolute Unix nanoseconds in a string (or a number of
+// absoluteNs or more) and hash ids of any width: such arrivals are taken
+// from the first record's, and ids that do not fit an int64 are mapped to
+// one by hashing their decimal text (equal ids stay equal).
 func ReadMooncake(r io.Reader) ([]Request, error) {
 	var out []Request
-	sorted := true
+	sorted, absolute, base := true, false, int64(math.MaxInt64)
 	err := eachLine(r, func(lineNo int, line []byte) error {
 		var rec mooncakeRecord
 		if err := json.Unmarshal(line, &rec); err != nil {
 			return fmt.Errorf("mooncake line %d: %w", lineNo, err)
 		}
-		req, err := rec.request()
+		req, ns, err := rec.request()
 		if err != nil {
 			return fmt.Errorf("mooncake line %d: %w", lineNo, err)
+		}
+		if n := len(out); n > 0 && (ns >= 0) != absolute {
+			return fmt.Errorf("mooncake line %d: absolute and relative timestamps mixed", lineNo)
+		}
+		if ns >= 0 {
+			absolute, base = true, min(base, ns)
+			req.Arrival = time.Duration(ns) // rebased below
 		}
 		if n := len(out); n > 0 && req.Arrival < out[n-1].Arrival {
 			sorted = false
@@ -68,42 +92,106 @@ func ReadMooncake(r io.Reader) ([]Request, error) {
 	if err != nil {
 		return nil, err
 	}
+	if absolute {
+		for i := range out {
+			out[i].Arrival -= time.Duration(base)
+		}
+	}
 	if !sorted {
 		sort.SliceStable(out, func(i, j int) bool { return out[i].Arrival < out[j].Arrival })
 	}
 	return out, nil
 }
 
-func (rec *mooncakeRecord) request() (Request, error) {
-	switch {
-	case rec.Timestamp == nil:
-		return Request{}, errors.New("missing timestamp")
-	case rec.InputLength == nil:
-		return Request{}, errors.New("missing input_length")
-	case rec.OutputLength == nil:
-		return Request{}, errors.New("missing output_length")
-	case math.IsNaN(*rec.Timestamp) || *rec.Timestamp < 0:
-		return Request{}, fmt.Errorf("negative timestamp %v", *rec.Timestamp)
-	case *rec.Timestamp > float64(math.MaxInt64/int64(time.Millisecond)):
-		return Request{}, fmt.Errorf("timestamp %v ms out of range", *rec.Timestamp)
-	case *rec.InputLength < 0:
-		return Request{}, fmt.Errorf("negative input_length %d", *rec.InputLength)
-	case *rec.OutputLength < 0:
-		return Request{}, fmt.Errorf("negative output_length %d", *rec.OutputLength)
-	case *rec.InputLength > math.MaxInt32 || *rec.OutputLength > math.MaxInt32:
-		return Request{}, errors.New("token count out of range")
-	case len(rec.HashIDs) == 0:
-		return Request{}, errors.New("empty hash_ids")
+// timestamp parses a record's timestamp: milliseconds from the trace start
+// (Mooncake), or absolute nanoseconds (LMBench: a string, or a number of
+// absoluteNs or more), returned as ns >= 0; ns is -1 for the first kind.
+func (rec *mooncakeRecord) timestamp() (ms float64, ns int64, err error) {
+	raw := bytes.TrimSpace(rec.Timestamp)
+	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
+		return 0, -1, errors.New("missing timestamp")
 	}
-	return Request{
-		Arrival:      time.Duration(*rec.Timestamp * float64(time.Millisecond)),
-		InputTokens:  int(*rec.InputLength),
-		OutputTokens: int(*rec.OutputLength),
-		HashIDs:      rec.HashIDs,
-	}, nil
+	if raw[0] == '"' {
+		var s string
+		if err := json.Unmarshal(raw, &s); err != nil {
+			return 0, -1, fmt.Errorf("timestamp: %w", err)
+		}
+		v, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64)
+		if err != nil {
+			return 0, -1, fmt.Errorf("timestamp %q: want integer nanoseconds", s)
+		}
+		if v < 0 {
+			return 0, -1, fmt.Errorf("negative timestamp %d", v)
+		}
+		return 0, v, nil
+	}
+	var f float64
+	if err := json.Unmarshal(raw, &f); err != nil {
+		return 0, -1, fmt.Errorf("timestamp: %w", err)
+	}
+	switch {
+	case math.IsNaN(f) || f < 0:
+		return 0, -1, fmt.Errorf("negative timestamp %v", f)
+	case f >= absoluteNs && f < math.MaxInt64:
+		return 0, int64(f), nil
+	case f > float64(math.MaxInt64/int64(time.Millisecond)):
+		return 0, -1, fmt.Errorf("timestamp %v ms out of range", f)
+	}
+	return f, -1, nil
 }
 
-// LoadMooncake reads a Mooncake JSONL file; see ReadMooncake.
+// hashID maps a hash id of any width to an int64: itself when it fits,
+// else a hash of its decimal text.
+func hashID(n json.Number) (int64, error) {
+	s := n.String()
+	if v, err := strconv.ParseInt(s, 10, 64); err == nil {
+		return v, nil
+	}
+	for i := 0; i < len(s); i++ {
+		if (s[i] < '0' || s[i] > '9') && !(i == 0 && s[i] == '-') {
+			return 0, fmt.Errorf("hash id %q is not an integer", s)
+		}
+	}
+	return int64(xxh3.HashString(s) | 1<<62), nil
+}
+
+func (rec *mooncakeRecord) request() (Request, int64, error) {
+	ms, ns, err := rec.timestamp()
+	if err != nil {
+		return Request{}, -1, err
+	}
+	switch {
+	case rec.InputLength == nil:
+		return Request{}, -1, errors.New("missing input_length")
+	case rec.OutputLength == nil:
+		return Request{}, -1, errors.New("missing output_length")
+	case *rec.InputLength < 0:
+		return Request{}, -1, fmt.Errorf("negative input_length %d", *rec.InputLength)
+	case *rec.OutputLength < 0:
+		return Request{}, -1, fmt.Errorf("negative output_length %d", *rec.OutputLength)
+	case *rec.InputLength > math.MaxInt32 || *rec.OutputLength > math.MaxInt32:
+		return Request{}, -1, errors.New("token count out of range")
+	case len(rec.HashIDs) == 0:
+		return Request{}, -1, errors.New("empty hash_ids")
+	}
+	ids := make([]int64, len(rec.HashIDs))
+	for i, n := range rec.HashIDs {
+		if ids[i], err = hashID(n); err != nil {
+			return Request{}, -1, err
+		}
+	}
+	return Request{
+		Arrival:      time.Duration(ms * float64(time.Millisecond)),
+		InputTokens:  int(*rec.InputLength),
+		OutputTokens: int(*rec.OutputLength),
+		HashIDs:      ids,
+	}, ns, nil
+}
+
+// Load reads a Mooncake or LMBench JSONL trace file; see ReadMooncake.
+func Load(path string) ([]Request, error) { return LoadMooncake(path) }
+
+// LoadMooncake reads a Mooncake (or LMBench) JSONL file; see ReadMooncake.
 func LoadMooncake(path string) ([]Request, error) {
 	f, err := os.Open(path)
 	if err != nil {

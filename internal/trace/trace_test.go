@@ -54,6 +54,25 @@ func TestReadMooncake(t *testing.T) {
 		{name: "missing output", in: `{"timestamp": 0, "input_length": 1, "hash_ids": [1]}`, wantErr: "missing output_length"},
 		{name: "string length", in: `{"timestamp": 0, "input_length": "5", "output_length": 1, "hash_ids": [1]}`, wantErr: "line 1"},
 		{name: "huge timestamp", in: `{"timestamp": 1e300, "input_length": 5, "output_length": 1, "hash_ids": [1]}`, wantErr: "out of range"},
+		{
+			name: "lmbench: string nanoseconds rebased, wide ids",
+			in: `{"timestamp": "1753780607550317897", "input_length": 2101, "output_length": 84, "hash_ids": [2843241808, 137021281]}
+{"timestamp": "1753780607050317897", "input_length": 10, "output_length": 1, "hash_ids": [2843241808]}`,
+			want: []Request{
+				{Arrival: 0, InputTokens: 10, OutputTokens: 1, HashIDs: []int64{2843241808}},
+				{Arrival: 500 * time.Millisecond, InputTokens: 2101, OutputTokens: 84, HashIDs: []int64{2843241808, 137021281}},
+			},
+		},
+		{
+			name: "lmbench: numeric absolute nanoseconds",
+			in:   `{"timestamp": 1753780607550317897, "input_length": 1, "output_length": 1, "hash_ids": [7]}`,
+			want: []Request{{Arrival: 0, InputTokens: 1, OutputTokens: 1, HashIDs: []int64{7}}},
+		},
+		{name: "lmbench: bad string timestamp", in: `{"timestamp": "soon", "input_length": 1, "output_length": 1, "hash_ids": [1]}`, wantErr: "want integer nanoseconds"},
+		{name: "lmbench: negative string timestamp", in: `{"timestamp": "-5", "input_length": 1, "output_length": 1, "hash_ids": [1]}`, wantErr: "negative timestamp"},
+		{name: "mixed absolute and relative", in: `{"timestamp": "1753780607550317897", "input_length": 1, "output_length": 1, "hash_ids": [1]}` + "\n" + `{"timestamp": 5, "input_length": 1, "output_length": 1, "hash_ids": [1]}`, wantErr: "mixed"},
+		{name: "fractional hash id", in: `{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [1.5]}`, wantErr: "not an integer"},
+		{name: "null timestamp", in: `{"timestamp": null, "input_length": 1, "output_length": 1, "hash_ids": [1]}`, wantErr: "missing timestamp"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -153,11 +172,36 @@ func TestReadMTBench(t *testing.T) {
 	}
 }
 
-func TestReadMTBenchSharedFile(t *testing.T) {
-	const p = "/work/shared/traces/mtbench_questions.jsonl"
-	f, err := os.Open(p)
+// sharedFile returns the path of name in the team's shared folder, ../shared
+// next to the repository root (found by walking up to go.mod), or skips the
+// test when it is not there: CI checkouts have no shared folder.
+func sharedFile(t *testing.T, name string) string {
+	t.Helper()
+	dir, err := os.Getwd()
 	if err != nil {
-		t.Skipf("shared file not present: %v", err)
+		t.Fatal(err)
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			break
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			t.Skip("no go.mod above the test directory, so no shared folder to find")
+		}
+		dir = parent
+	}
+	p := filepath.Join(dir, "..", "shared", name)
+	if _, err := os.Stat(p); err != nil {
+		t.Skipf("shared file %s not present next to the repository: %v", p, err)
+	}
+	return p
+}
+
+func TestReadMTBenchSharedFile(t *testing.T) {
+	f, err := os.Open(sharedFile(t, filepath.Join("traces", "mtbench_questions.jsonl")))
+	if err != nil {
+		t.Fatal(err)
 	}
 	defer f.Close()
 	qs, err := ReadMTBench(f)
@@ -188,4 +232,22 @@ func FuzzReadMooncake(f *testing.F) {
 			}
 		}
 	})
+}
+
+func TestWideHashIDs(t *testing.T) {
+	// Ids wider than 63 bits map to int64s: equal stays equal, different
+	// stays different.
+	in := `{"timestamp": "1", "input_length": 1, "output_length": 1, "hash_ids": [340282366920938463463374607431768211455, 18446744073709551615]}
+{"timestamp": "2", "input_length": 1, "output_length": 1, "hash_ids": [340282366920938463463374607431768211455, 18446744073709551614]}`
+	got, err := ReadMooncake(strings.NewReader(in))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := got[0].HashIDs, got[1].HashIDs
+	if a[0] != b[0] || a[1] == b[1] || a[0] == a[1] {
+		t.Fatalf("ids %v and %v: want equal heads and different tails", a, b)
+	}
+	if got[1].Arrival != time.Nanosecond {
+		t.Fatalf("arrival %v, want 1ns", got[1].Arrival)
+	}
 }

@@ -1,0 +1,135 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/kvmesh/kvmesh/route"
+)
+
+// routeProfiles are the named sets of route.Policy tunables. "default" is
+// route.DefaultPolicy, the values docs/DESIGN.md justifies over the whole
+// simulation grid.
+var routeProfiles = map[string]func() route.Policy{
+	"default": route.DefaultPolicy,
+}
+
+// policyFlags binds every tunable of route.Policy to a flag set, so the
+// router, the simulator and the benchmark configure the routing rule
+// alike (and, through applyEnv, from KVMESH_<FLAG>). A profile gives the
+// starting values; a flag given on the command line or in the environment
+// overrides its field.
+type policyFlags struct {
+	profile string
+	fields  []*policyField
+}
+
+// policyField is one tunable: a flag that remembers whether it was set.
+type policyField struct {
+	name, usage string
+	isInt       bool
+	val         float64
+	set         bool
+	get         func(route.Policy) float64
+	put         func(*route.Policy, float64)
+}
+
+func (f *policyField) String() string {
+	if f == nil {
+		return ""
+	}
+	return strconv.FormatFloat(f.val, 'g', -1, 64)
+}
+
+// Set implements flag.Value.
+func (f *policyField) Set(s string) error {
+	v, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
+	if err != nil {
+		return fmt.Errorf("not a number: %q", s)
+	}
+	if f.isInt && v != float64(int(v)) {
+		return fmt.Errorf("not an integer: %q", s)
+	}
+	if v < 0 {
+		return fmt.Errorf("negative: %q", s)
+	}
+	f.val, f.set = v, true
+	return nil
+}
+
+// bindPolicyFlags defines --route-profile and one flag per route.Policy
+// tunable on fs, with the default profile's values as defaults.
+func bindPolicyFlags(fs *flag.FlagSet) *policyFlags {
+	pf := &policyFlags{}
+	names := make([]string, 0, len(routeProfiles))
+	for n := range routeProfiles {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	fs.StringVar(&pf.profile, "route-profile", "default", "named set of routing tunables ("+strings.Join(names, ", ")+"); the flags below override single fields")
+	def := route.DefaultPolicy()
+	add := func(name string, isInt bool, usage string, get func(route.Policy) float64, put func(*route.Policy, float64)) {
+		f := &policyField{name: name, usage: usage, isInt: isInt, val: get(def), get: get, put: put}
+		pf.fields = append(pf.fields, f)
+		fs.Var(f, name, "route: "+usage)
+	}
+	add("load-factor", false, "bounded-load factor on queued prefill for cold placement (consistent hashing with bounded loads)",
+		func(p route.Policy) float64 { return p.LoadFactor }, func(p *route.Policy, v float64) { p.LoadFactor = v })
+	add("inflight-factor", false, "hot-spot guard: in-flight bound as a multiple of the mean (plus one per replica); replicas with a free slot are exempt",
+		func(p route.Policy) float64 { return p.InFlightFactor }, func(p *route.Policy, v float64) { p.InFlightFactor = v })
+	add("key-blocks", true, "minimum depth in blocks of a cold request's placement key",
+		func(p route.Policy) float64 { return float64(p.KeyBlocks) }, func(p *route.Policy, v float64) { p.KeyBlocks = int(v) })
+	add("min-excess-blocks", true, "blocks beyond the common prefix a match must hold to count",
+		func(p route.Policy) float64 { return float64(p.MinExcessBlocks) }, func(p *route.Policy, v float64) { p.MinExcessBlocks = int(v) })
+	add("default-block-ms", false, "prefill time per block when the view has no measured one",
+		func(p route.Policy) float64 { return p.DefaultBlockMs }, func(p *route.Policy, v float64) { p.DefaultBlockMs = v })
+	add("recompute-weight", false, "score of a block the replica lacks, in units of its prefill time; a warm request moves only when the wait saved exceeds this times the prefill added",
+		func(p route.Policy) float64 { return p.RecomputeWeight }, func(p *route.Policy, v float64) { p.RecomputeWeight = v })
+	add("default-seq-ms", false, "time a request holds a sequence slot before the router has measured it",
+		func(p route.Policy) float64 { return p.DefaultSeqMs }, func(p *route.Policy, v float64) { p.DefaultSeqMs = v })
+	return pf
+}
+
+// Policy returns the profile with the flags that were set applied.
+func (pf *policyFlags) Policy() (route.Policy, error) {
+	mk, ok := routeProfiles[pf.profile]
+	if !ok {
+		return route.Policy{}, fmt.Errorf("unknown --route-profile %q", pf.profile)
+	}
+	p := mk()
+	for _, f := range pf.fields {
+		if f.set {
+			f.put(&p, f.val)
+		}
+	}
+	switch {
+	case p.LoadFactor < 1:
+		return p, fmt.Errorf("--load-factor %v, want >= 1", p.LoadFactor)
+	case p.InFlightFactor < 1:
+		return p, fmt.Errorf("--inflight-factor %v, want >= 1", p.InFlightFactor)
+	case p.KeyBlocks < 1:
+		return p, fmt.Errorf("--key-blocks %d, want >= 1", p.KeyBlocks)
+	case p.DefaultBlockMs <= 0:
+		return p, fmt.Errorf("--default-block-ms %v, want > 0", p.DefaultBlockMs)
+	case p.RecomputeWeight < 1:
+		return p, fmt.Errorf("--recompute-weight %v, want >= 1", p.RecomputeWeight)
+	case p.DefaultSeqMs <= 0:
+		return p, fmt.Errorf("--default-seq-ms %v, want > 0", p.DefaultSeqMs)
+	}
+	return p, nil
+}
+
+// args returns the route flags that were set, as command-line arguments,
+// so a command that starts routers (demo) can pass them on.
+func (pf *policyFlags) args() []string {
+	out := []string{"--route-profile", pf.profile}
+	for _, f := range pf.fields {
+		if f.set {
+			out = append(out, "--"+f.name, f.String())
+		}
+	}
+	return out
+}

@@ -1,0 +1,151 @@
+package mesh
+
+import (
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+	"github.com/kvmesh/kvmesh/summary"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+func TestEngineLoadReachesEveryRouter(t *testing.T) {
+	a := newRouter(t, "a", nil)
+	id := "http://a-rep"
+	declare(a, id)
+	b := newRouter(t, "b", joining(a))
+	a.UpdateReplica(id, ReplicaStatus{Models: []string{"m"}, Healthy: true, CapacityBlocks: 2048, Running: 3, Waiting: 2, Slots: 8})
+	for _, r := range []*testRouter{a, b} {
+		eventually(t, wait, r.cfg.Name+" sees the engine's load", func() error {
+			c, ok := candidate(r.Mesh, "m", id)
+			if !ok || c.Running != 3 || c.Waiting != 2 || c.Slots != 8 {
+				return fmt.Errorf("ok=%v running %d waiting %d slots %d", ok, c.Running, c.Waiting, c.Slots)
+			}
+			return nil
+		})
+	}
+}
+
+func TestForgetReachesCopies(t *testing.T) {
+	a := newRouter(t, "a", nil)
+	id := "http://a-rep"
+	declare(a, id)
+	b := newRouter(t, "b", joining(a))
+	h := chain(40, 20)
+	a.Record(id, h)
+	eventually(t, wait, "b matches", func() error { return matches(b.Mesh, id, h) })
+	b.Forget(id, h[5:]) // not the owner: no-op
+	a.Forget(id, h[10:])
+	matchLen := func(r *testRouter) int {
+		c, _ := candidate(r.Mesh, "m", id)
+		if c.Summary == nil {
+			return -1
+		}
+		return c.Summary.Match(probes(h))
+	}
+	for _, r := range []*testRouter{a, b} {
+		eventually(t, wait, r.cfg.Name+" stops at the forgotten block", func() error {
+			if got := matchLen(r); got != 10 {
+				return fmt.Errorf("match %d, want 10", got)
+			}
+			return nil
+		})
+	}
+	a.Record(id, h[10:]) // the engine caches them again
+	eventually(t, wait, "b matches all again", func() error { return matches(b.Mesh, id, h) })
+}
+
+func TestWithdrawReachesPeers(t *testing.T) {
+	a := newRouter(t, "a", nil)
+	b := newRouter(t, "b", joining(a))
+	shared, alone := "http://shared", "http://alone"
+	declare(a, shared)
+	declare(b, shared)
+	declare(a, alone)
+	eventually(t, wait, "b sees both replicas", func() error {
+		for _, id := range []string{shared, alone} {
+			if _, _, ok := b.Locate(id); !ok {
+				return fmt.Errorf("%s not located", id)
+			}
+		}
+		return nil
+	})
+	a.WithdrawReplica(shared)
+	a.WithdrawReplica(alone)
+	eventually(t, wait, "b owns the shared replica and drops the other", func() error {
+		if _, local, ok := b.Locate(shared); !ok || !local {
+			return fmt.Errorf("shared: local=%v ok=%v", local, ok)
+		}
+		if _, _, ok := b.Locate(alone); ok {
+			return fmt.Errorf("withdrawn replica still located")
+		}
+		return nil
+	})
+	// b's own declarations, which name a from before, do not bring a back.
+	time.Sleep(10 * a.cfg.Timing.StateInterval)
+	if _, local, ok := a.Locate(shared); !ok || local {
+		t.Fatalf("a after withdrawing: local=%v ok=%v, want b's", local, ok)
+	}
+}
+
+// slowTransport delays every stream dial while slow is set: a peer that
+// cannot keep up.
+type slowTransport struct {
+	*memberlist.NetTransport
+	slow atomic.Bool
+}
+
+func (s *slowTransport) DialAddressTimeout(a memberlist.Address, to time.Duration) (net.Conn, error) {
+	if s.slow.Load() {
+		time.Sleep(300 * time.Millisecond)
+	}
+	return s.NetTransport.DialAddressTimeout(a, to)
+}
+
+func (s *slowTransport) DialTimeout(addr string, to time.Duration) (net.Conn, error) {
+	return s.DialAddressTimeout(memberlist.Address{Addr: addr}, to)
+}
+
+func TestSlowPeerGetsFullCopiesNeverGaps(t *testing.T) {
+	nt, err := memberlist.NewNetTransport(&memberlist.NetTransportConfig{
+		BindAddrs: []string{"127.0.0.1"}, Logger: log.New(io.Discard, "", 0)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := &slowTransport{NetTransport: nt}
+	a := newRouter(t, "a", func(c *Config) { c.Transport = st })
+	id := "http://a-rep"
+	declare(a, id)
+	b := newRouter(t, "b", joining(a))
+	eventually(t, wait, "b sees a's replica", func() error { return matches(b.Mesh, id, nil) })
+	st.slow.Store(true)
+	overflow := func() float64 { return testutil.ToFloat64(a.met.fullCopies.WithLabelValues(fullOverflow)) }
+	var last []uint64
+	for i := 0; overflow() == 0; i++ {
+		if i > 2000 {
+			t.Fatal("the queue to a slow peer never overflowed")
+		}
+		last = chain(uint64(100+i), 8)
+		a.Record(id, last)
+		time.Sleep(5 * time.Millisecond)
+	}
+	st.slow.Store(false)
+	eventually(t, wait, "b catches up with the latest record", func() error { return matches(b.Mesh, id, last) })
+	eventually(t, wait, "b's copy is the owner's", func() error {
+		sa, sb := a.sumOf(id), b.sumOf(id)
+		if string(sa.AppendEncode(nil, 1)) != string(sb.AppendEncode(nil, 1)) {
+			return fmt.Errorf("copy differs: owner v%d, copy v%d", sa.Version(), sb.Version())
+		}
+		return nil
+	})
+	if n := a.queued.Load(); n > int64(a.maxPeerMsgs()) {
+		t.Fatalf("%d batches queued, over the bound %d", n, a.maxPeerMsgs())
+	}
+}
+
+func probes(h []uint64) []summary.Probe { return summary.MakeProbes(nil, h) }

@@ -1,0 +1,329 @@
+package mesh
+
+// Per-peer dissemination: one ordered queue and one sender goroutine per
+// live peer. Back-pressure is explicit: a peer whose queue would exceed
+// maxPeerLag of batches (or maxPeerBytes), or whose stream failed, loses
+// its queued batches and gets full copies of every owned replica instead,
+// at most one round per fullEvery; until then it gets states only (the
+// heartbeat, and the version its copy is behind). It never gets a delta
+// after a gap it was not told about.
+
+import (
+	"context"
+	"encoding/binary"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+)
+
+const (
+	// maxPeerLag is how far, in time, a peer's queue may fall behind
+	// before it is resynchronised with full copies: a copy that old is
+	// worth less than a fresh one.
+	maxPeerLag   = 2 * time.Second
+	maxPeerBytes = 32 << 20
+)
+
+// Reasons for a full copy, the label of kvmesh_summary_full_copies_total.
+const (
+	fullOverflow  = "overflow"   // the peer's queue overflowed
+	fullSendError = "send_error" // a stream to the peer failed
+	fullRequest   = "request"    // the peer's copy asked (gap, divergence, new)
+	fullCheaper   = "cheaper"    // the delta was larger than the summary
+	fullLog       = "log"        // the owner's log no longer held the entries
+	fullNewPeer   = "new_peer"   // a router joined (or came back)
+)
+
+// peer is one live peer's send queue.
+type peer struct {
+	name string
+	wake chan struct{}
+	stop context.CancelFunc
+
+	mu       sync.Mutex // after m.mu when both are held, never before
+	node     memberlist.Node
+	q        [][]byte
+	qBytes   int
+	fullAll  bool            // every owned replica needs a full copy
+	fullWhy  string          // why fullAll
+	fullSome map[string]bool // replicas whose copies asked for a full one
+	lastFull time.Time
+	fresh    bool // no batch queued yet: send full states
+}
+
+// fullEvery is the least time between two rounds of full copies to one
+// peer: the bounded rate of resynchronisation.
+func (m *Mesh) fullEvery() time.Duration {
+	return max(5*m.cfg.Timing.StateInterval, 250*time.Millisecond)
+}
+
+// maxPeerMsgs is maxPeerLag in batches.
+func (m *Mesh) maxPeerMsgs() int {
+	return max(int(maxPeerLag/m.cfg.Timing.StateInterval), 4)
+}
+
+// syncPeersLocked starts a sender for every live peer and stops those of
+// peers gone; it returns the live ones.
+func (m *Mesh) syncPeersLocked() []*peer {
+	for name, mb := range m.members {
+		if name == m.cfg.Name {
+			continue
+		}
+		p := m.peers[name]
+		switch {
+		case mb.alive && p == nil:
+			ctx, cancel := context.WithCancel(m.ctx)
+			p = &peer{name: name, wake: make(chan struct{}, 1), stop: cancel, node: mb.node, fullSome: map[string]bool{},
+				fresh: true, fullAll: true, fullWhy: fullNewPeer}
+			m.peers[name] = p
+			m.wg.Add(1)
+			go m.sendLoop(ctx, p)
+		case mb.alive:
+			p.mu.Lock()
+			p.node = mb.node
+			p.mu.Unlock()
+		case p != nil:
+			m.dropPeerLocked(p)
+		}
+	}
+	out := make([]*peer, 0, len(m.peers))
+	for name, p := range m.peers {
+		if m.members[name] == nil {
+			m.dropPeerLocked(p)
+			continue
+		}
+		out = append(out, p)
+	}
+	return out
+}
+
+func (m *Mesh) dropPeerLocked(p *peer) {
+	p.stop()
+	p.mu.Lock()
+	m.queued.Add(-int64(len(p.q)))
+	p.q, p.qBytes = nil, 0
+	p.mu.Unlock()
+	delete(m.peers, p.name)
+}
+
+// handleFullReqLocked marks a replica's copy at the requesting peer for a
+// full copy in a coming batch (bounded by fullEvery).
+func (m *Mesh) handleFullReqLocked(f fullReq) {
+	r, p := m.replicas[f.Replica], m.peers[f.Origin]
+	if r == nil || !r.owned || r.sum == nil || p == nil {
+		return
+	}
+	p.mu.Lock()
+	p.fullSome[r.id] = true
+	p.mu.Unlock()
+}
+
+// entryEnc is one owned replica's share of a tick, encoded once and
+// shared by every peer's batch.
+type entryEnc struct {
+	id      string
+	stFull  []byte // the full state
+	stSlim  []byte // the slim state (position only)
+	delta   []byte // nil when nothing changed
+	changed bool   // the full state goes to everyone
+	fullAll bool   // no usable delta this tick: every peer gets full
+	full    []byte // the full summary, encoded when a peer needs it
+	c       *cut
+}
+
+// entry assembles the entry a peer gets.
+func (e *entryEnc) entry(dst []byte, p *peer, wantFull string, due bool, fp uint64) []byte {
+	st := e.stSlim
+	if e.changed || p.fresh {
+		st = e.stFull
+	}
+	switch {
+	case wantFull != "" && due:
+		if e.full == nil {
+			e.full = e.c.sum.AppendEncode(nil, fp)
+		}
+		return appendEntryRaw(dst, e.stFull, payloadFull, e.full)
+	case wantFull != "":
+		return appendEntryRaw(dst, st, payloadNone, nil)
+	case e.delta != nil:
+		return appendEntryRaw(dst, st, payloadDelta, e.delta)
+	case e.changed || p.fresh:
+		return appendEntryRaw(dst, st, payloadNone, nil)
+	}
+	return dst // nothing to say this tick
+}
+
+// offer hands every live peer this tick's batch.
+func (m *Mesh) offer(now time.Time, peers []*peer, cuts []cut, others []stateMsg) {
+	encs := make([]entryEnc, len(cuts))
+	for i := range cuts {
+		c := &cuts[i]
+		e := &encs[i]
+		e.id, e.c, e.changed = c.r.id, c, c.changed
+		e.stFull = m.encodeState(&c.st)
+		slim := stateMsg{header: c.st.header, Replica: c.st.Replica, Owned: c.st.Owned, Healthy: c.st.Healthy,
+			Slim: true, Epoch: c.st.Epoch, Version: c.st.Version}
+		e.stSlim = slim.append(nil)
+		switch {
+		case !c.ok:
+			e.fullAll = true
+		case c.to != c.from:
+			e.delta = c.delta
+		}
+	}
+	var rest [][]byte
+	for i := range others {
+		rest = append(rest, appendEntryRaw(nil, m.encodeState(&others[i]), payloadNone, nil))
+	}
+	limit := m.maxPeerMsgs()
+	for _, p := range peers {
+		p.mu.Lock()
+		due := now.Sub(p.lastFull) >= m.fullEvery()
+		var parts [][]byte
+		sent := 0
+		for i := range encs {
+			e := &encs[i]
+			why := p.wantFull(e)
+			b := e.entry(nil, p, why, due, m.fp)
+			if len(b) == 0 {
+				continue
+			}
+			switch {
+			case why != "" && due:
+				m.met.fullCopies.WithLabelValues(why).Inc()
+				sent++
+			case why == "" && e.delta != nil:
+				m.met.deltaBytes.Add(float64(len(e.delta)))
+				m.met.deltaEntries.Add(float64(e.c.to - e.c.from))
+			}
+			parts = append(parts, b)
+		}
+		if sent > 0 {
+			if p.fullAll {
+				// Every replica is in this round: older batches are moot.
+				m.queued.Add(-int64(len(p.q)))
+				p.q, p.qBytes = nil, 0
+			}
+			p.fullAll, p.fullWhy, p.lastFull = false, "", now
+			clear(p.fullSome)
+		}
+		parts = append(parts, rest...)
+		msgs := m.assemble(parts)
+		if n := msgBytes(msgs); sent == 0 && (len(p.q)+len(msgs) > limit || p.qBytes+n > maxPeerBytes) {
+			// The peer is not keeping up: drop what it has not taken, tell
+			// it where we are (states), and resynchronise it with full
+			// copies at the bounded rate.
+			m.log.Debug("peer not keeping up; resynchronising with full copies", "peer", p.name, "queued", len(p.q))
+			m.queued.Add(-int64(len(p.q)))
+			p.q, p.qBytes = nil, 0
+			p.fullAll, p.fullWhy = true, fullOverflow
+			parts = parts[:0]
+			for i := range encs {
+				if b := encs[i].entry(nil, p, fullOverflow, false, m.fp); len(b) > 0 {
+					parts = append(parts, b)
+				}
+			}
+			msgs = m.assemble(append(parts, rest...))
+		}
+		if len(msgs) > 0 {
+			p.fresh = false
+		}
+		p.q = append(p.q, msgs...)
+		p.qBytes += msgBytes(msgs)
+		m.queued.Add(int64(len(msgs)))
+		p.mu.Unlock()
+		select {
+		case p.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// wantFull says why the peer needs a full copy of e, or "".
+func (p *peer) wantFull(e *entryEnc) string {
+	switch {
+	case p.fullAll:
+		return p.fullWhy
+	case p.fullSome[e.id]:
+		return fullRequest
+	case e.fullAll && e.c.cheaper:
+		return fullCheaper
+	case e.fullAll:
+		return fullLog
+	}
+	return ""
+}
+
+// assemble packs encoded entries into batch messages under maxBatchBytes
+// and maxBatchEntries each; no entries, no message.
+func (m *Mesh) assemble(parts [][]byte) [][]byte {
+	var msgs [][]byte
+	var cur []byte
+	n, countAt := 0, 0
+	finish := func() {
+		binary.BigEndian.PutUint16(cur[countAt:], uint16(n))
+		msgs = append(msgs, cur)
+		cur = nil
+	}
+	for _, b := range parts {
+		if cur != nil && (len(cur)+len(b) > maxBatchBytes || n+1 > maxBatchEntries) {
+			finish()
+		}
+		if cur == nil {
+			cur = m.nextHeader().append(nil, kindBatch)
+			countAt = len(cur)
+			cur = append(cur, 0, 0)
+			n = 0
+		}
+		cur = append(cur, b...)
+		n++
+	}
+	if cur != nil {
+		finish()
+	}
+	return msgs
+}
+
+func msgBytes(msgs [][]byte) int {
+	n := 0
+	for _, b := range msgs {
+		n += len(b)
+	}
+	return n
+}
+
+// sendLoop sends a peer's batches in order over reliable streams.
+func (m *Mesh) sendLoop(ctx context.Context, p *peer) {
+	defer m.wg.Done()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-p.wake:
+		}
+		for ctx.Err() == nil {
+			p.mu.Lock()
+			if len(p.q) == 0 {
+				p.mu.Unlock()
+				break
+			}
+			msg, node := p.q[0], p.node
+			p.q[0] = nil
+			p.q = p.q[1:]
+			p.qBytes -= len(msg)
+			m.queued.Add(-1)
+			p.mu.Unlock()
+			if err := m.ml.SendReliable(&node, msg); err != nil {
+				m.log.Debug("batch send failed; the peer will get full copies", "peer", p.name, "error", err)
+				p.mu.Lock()
+				m.queued.Add(-int64(len(p.q)))
+				p.q, p.qBytes = nil, 0
+				p.fullAll, p.fullWhy = true, fullSendError
+				p.mu.Unlock()
+				break
+			}
+			m.met.out(kindBatch, len(msg))
+		}
+	}
+}
