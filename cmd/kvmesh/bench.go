@@ -68,11 +68,27 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	maxRequests := fs.Int("max-requests", 0, "replay at most this many requests (0 = all)")
 	jsonOut := fs.Bool("json", false, `print results as one JSON object {"frontends":[...]} instead of a table`)
 	reportPath := fs.String("report", "", "also write a self-contained HTML report to this file")
+	var conv bench.ConvConfig
+	fs.IntVar(&conv.Conversations, "conversations", 0, "run the multi-turn chat workload with this many conversations instead of a trace (see --turns, --clients, --think)")
+	fs.IntVar(&conv.Turns, "turns", 6, "conversations: turns per conversation")
+	fs.IntVar(&conv.Clients, "clients", 12, "conversations: concurrent clients, each running one conversation at a time")
+	fs.DurationVar(&conv.Think, "think", 400*time.Millisecond, "conversations: think time between an answer and the next question")
+	fs.IntVar(&conv.SystemWords, "system-words", 250, "conversations: words of the shared system prompt")
+	fs.IntVar(&conv.DocumentWords, "document-words", 600, "conversations: words of each conversation's document (in its first turn)")
+	fs.IntVar(&conv.TurnWords, "turn-words", 30, "conversations: words of each user question")
+	fs.IntVar(&conv.AnswerTokens, "answer-tokens", 100, "conversations: max_tokens of each turn")
+	fs.Uint64Var(&conv.Seed, "seed", 1, "conversations: text generation seed")
+	commit := fs.String("commit", "", "conversations: label results with the commit of the front end under test")
+	var tableFrom listFlag
+	fs.Var(&tableFrom, "table-from", "print the table of earlier --conversations --json outputs (files, repeatable or a comma list) and exit")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("bench: unexpected arguments %q", fs.Args())
+	}
+	if len(tableFrom) > 0 {
+		return convTableFrom(tableFrom, stdout)
 	}
 	var all []benchGroup
 	if len(frontends) > 0 {
@@ -81,6 +97,9 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	all = append(all, groups...)
 	if len(all) == 0 {
 		return errors.New("bench: need --frontend URL or --group name=URL,...")
+	}
+	if conv.Conversations > 0 {
+		return runConvBench(ctx, all, conv, *model, *commit, *jsonOut, stdout, stderr)
 	}
 	if *speedup <= 0 {
 		return fmt.Errorf("bench: --speedup must be positive, got %v", *speedup)
@@ -199,4 +218,68 @@ func writeReport(path string, results []bench.Result) error {
 		return fmt.Errorf("write report %s: %w", path, err)
 	}
 	return nil
+}
+
+// runConvBench runs the multi-turn chat workload against each group in
+// turn and prints a table (or JSON).
+func runConvBench(ctx context.Context, groups []benchGroup, conv bench.ConvConfig, model, commit string, jsonOut bool, stdout, stderr io.Writer) error {
+	if conv.Turns <= 0 || conv.Clients <= 0 {
+		return fmt.Errorf("bench: --turns and --clients must be positive, got %d and %d", conv.Turns, conv.Clients)
+	}
+	conv.HTTPClient = bench.DefaultHTTPClient(conv.Clients)
+	conv.Progress = stderr
+	if model == "" {
+		m, err := firstModel(ctx, conv.HTTPClient, groups[0].frontends[0])
+		if err != nil {
+			return fmt.Errorf("bench: no --model given and %w", err)
+		}
+		model = m
+	}
+	conv.Model = model
+	var results []bench.ConvResult
+	var runErr error
+	for _, g := range groups {
+		fmt.Fprintf(stderr, "bench %s: %d conversations x %d turns, %d clients, think %v, model %s, front ends %s\n",
+			g.name, conv.Conversations, conv.Turns, conv.Clients, conv.Think, model, strings.Join(g.frontends, ","))
+		c := conv
+		c.Frontends = g.frontends
+		res, err := bench.RunConversations(ctx, g.name, c)
+		res.Commit = commit
+		results = append(results, res)
+		if err != nil {
+			runErr = err
+			break
+		}
+	}
+	if jsonOut {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(struct {
+			Frontends []bench.ConvResult `json:"frontends"`
+		}{results}); err != nil {
+			return fmt.Errorf("bench: write json: %w", err)
+		}
+	} else if err := bench.WriteConvTable(stdout, results); err != nil {
+		return fmt.Errorf("bench: %w", err)
+	}
+	return runErr
+}
+
+// convTableFrom prints one table of the results in earlier JSON outputs.
+func convTableFrom(paths []string, stdout io.Writer) error {
+	var all []bench.ConvResult
+	for _, p := range paths {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return fmt.Errorf("bench: %w", err)
+		}
+		var r struct {
+			Frontends []bench.ConvResult `json:"frontends"`
+		}
+		if err := json.Unmarshal(b, &r); err != nil {
+			return fmt.Errorf("bench: %s: %w", p, err)
+		}
+		all = append(all, r.Frontends...)
+	}
+	return bench.WriteConvTable(stdout, all)
 }
