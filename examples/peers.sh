@@ -17,6 +17,7 @@
 #   smg-1               SGLang Model Gateway (pip: smg), --policy cache_aware, one instance
 #   smg-3-mesh          3 SMG instances, cache_aware, joined by --enable-mesh
 #                       (turns spread over them as for kvmesh-3)
+#   sglang-router       sglang-router 0.3.x (pip; SMG's older package), cache_aware, one instance
 #   vllm-router         vllm-router (pip), --policy cache_aware
 #
 # Per front end: 4 fresh `kvmesh replica-sim --max-num-seqs 4 --kv-blocks
@@ -42,7 +43,7 @@ BASE_PORT=${BASE_PORT:-19100}
 GOSSIP_PROFILE=${GOSSIP_PROFILE:-lan}
 PEERS_VENV=${PEERS_VENV:-$HOME/.cache/kvmesh-peers-venv}
 read -r -a bench_args <<<"${BENCH_ARGS:-}"
-ALL=(kvmesh-3 kvmesh-1 haproxy-roundrobin haproxy-leastconn smg-1 smg-3-mesh vllm-router)
+ALL=(kvmesh-3 kvmesh-1 haproxy-roundrobin haproxy-leastconn smg-1 smg-3-mesh sglang-router vllm-router)
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/.." && pwd)
@@ -103,7 +104,8 @@ wait_ok() {
 			code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 2 "$url" || true)
 		fi
 		[[ $code == 200 ]] && return 0
-		check_alive
+		# (set -e does not hold inside the caller's `if`, so check explicitly.)
+		check_alive || return 1
 		if ((++tries > 600)); then
 			echo "peers.sh: $url not ready after 120 s (last status $code)" >&2
 			return 1
@@ -114,11 +116,15 @@ wait_ok() {
 
 port_free() { ! (exec 3<>"/dev/tcp/$HOST/$1") 2>/dev/null; }
 
+# need_peers installs the published peers into PEERS_VENV once. Both smg
+# and sglang-router install a console script named `smg` (sglang-router's
+# runs its own, older CLI), so SMG is always run as `python -m smg.cli`.
 need_peers() {
-	if [[ ! -x $PEERS_VENV/bin/smg || ! -x $PEERS_VENV/bin/vllm-router ]]; then
-		echo "installing smg and vllm-router into $PEERS_VENV" >&2
+	if [[ ! -x $PEERS_VENV/bin/sglang-router || ! -x $PEERS_VENV/bin/vllm-router ]] ||
+		! "$PEERS_VENV/bin/python" -c 'import smg.cli' 2>/dev/null; then
+		echo "installing smg, sglang-router and vllm-router into $PEERS_VENV" >&2
 		python3 -m venv "$PEERS_VENV"
-		"$PEERS_VENV/bin/pip" install -q smg vllm-router
+		"$PEERS_VENV/bin/pip" install -q smg sglang-router vllm-router
 	fi
 }
 
@@ -190,10 +196,20 @@ start_smg() {
 			args+=(--enable-mesh --mesh-server-name "smg-$((i + 1))" --mesh-host "$HOST" --mesh-port "$((mesh_port + i))")
 			((i > 0)) && args+=(--mesh-peer-urls "$HOST:$mesh_port")
 		fi
-		start "smg-$((i + 1))" "$PEERS_VENV/bin/smg" "${args[@]}"
+		start "smg-$((i + 1))" "$PEERS_VENV/bin/python" -m smg.cli "${args[@]}"
 		urls+=("http://$HOST:$((fe_port + i))")
 	done
 	for u in "${urls[@]}"; do wait_ok "$u/v1/chat/completions" "$probe"; done
+}
+
+# sglang-router: the older package of the same gateway (0.3.x), one
+# instance, cache_aware.
+start_sglang_router() {
+	need_peers
+	start sglang-router "$PEERS_VENV/bin/sglang-router" launch --host "$HOST" --port "$fe_port" --worker-urls "${rep_urls[@]}" \
+		--policy cache_aware --prometheus-port "$((mesh_port + 10))" --log-level warn
+	urls=("http://$HOST:$fe_port")
+	wait_ok "${urls[0]}/v1/chat/completions" "$probe"
 }
 
 start_vllm_router() {
@@ -208,7 +224,7 @@ status=0
 for front in "${fronts[@]}"; do
 	echo "== $front" >&2
 	if ! {
-		start_replicas
+		start_replicas || exit 1
 		case $front in
 		kvmesh-3) start_kvmesh 3 ;;
 		kvmesh-1) start_kvmesh 1 ;;
@@ -216,6 +232,7 @@ for front in "${fronts[@]}"; do
 		haproxy-leastconn) start_haproxy leastconn ;;
 		smg-1) start_smg 1 ;;
 		smg-3-mesh) start_smg 3 ;;
+		sglang-router) start_sglang_router ;;
 		vllm-router) start_vllm_router ;;
 		*) echo "peers.sh: unknown front end $front (one of ${ALL[*]})" >&2; false ;;
 		esac

@@ -7,8 +7,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -79,6 +81,20 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.IntVar(&conv.AnswerTokens, "answer-tokens", 100, "conversations: max_tokens of each turn")
 	fs.Uint64Var(&conv.Seed, "seed", 1, "conversations: text generation seed")
 	commit := fs.String("commit", "", "conversations: label results with the commit of the front end under test")
+	instant := fs.String("instant-replica", "", "serve an instant OpenAI replica (the overhead benchmark's upstream) on this HOST:PORT until interrupted, and nothing else")
+	tokenGap := fs.Duration("token-gap", time.Millisecond, "instant replica: pause between streamed tokens")
+	overhead := fs.Bool("overhead", false, "measure front ends' overhead over the instant replica at --direct: req/s and added latency at --overhead-concurrency, then process CPU per relayed stream (--group name=URL front ends, --pid name=PID)")
+	direct := fs.String("direct", "", "overhead: base URL of the instant replica itself")
+	var pids listFlag
+	fs.Var(&pids, "pid", "overhead: name=PID of a front end's process, for its CPU time per stream (repeatable)")
+	var ohConc listFlag
+	fs.Var(&ohConc, "overhead-concurrency", "overhead: closed-loop clients per step (default 16,1)")
+	ohRound := fs.Duration("round", 3*time.Second, "overhead: duration of one front end at one concurrency")
+	ohRounds := fs.Int("rounds", 3, "overhead: interleaved rounds")
+	ohBody := fs.Int("body-bytes", 8192, "overhead: request body size")
+	ohStreams := fs.Int("streams", 200, "overhead: streams per front end for the CPU step (negative: skip)")
+	ohTokens := fs.Int("stream-tokens", 1000, "overhead: tokens per stream")
+	ohBase := fs.String("baseline", "haproxy", "overhead: the group the ratios are taken against")
 	var tableFrom listFlag
 	fs.Var(&tableFrom, "table-from", "print the table of earlier --conversations --json outputs (files, repeatable or a comma list) and exit")
 	if err := fs.Parse(args); err != nil {
@@ -89,6 +105,45 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	if len(tableFrom) > 0 {
 		return convTableFrom(tableFrom, stdout)
+	}
+	if *instant != "" {
+		return serveInstant(ctx, *instant, *model, *tokenGap, stderr)
+	}
+	if *overhead {
+		cfg := bench.OverheadConfig{Direct: *direct, Model: *model, BodyBytes: *ohBody, Round: *ohRound, Rounds: *ohRounds,
+			Streams: *ohStreams, StreamTokens: *ohTokens, Progress: stderr}
+		if cfg.Model == "" {
+			cfg.Model = "bench"
+		}
+		for _, c := range ohConc {
+			n, err := strconv.Atoi(c)
+			if err != nil || n <= 0 {
+				return fmt.Errorf("bench: --overhead-concurrency %q: want positive integers", c)
+			}
+			cfg.Concurrency = append(cfg.Concurrency, n)
+		}
+		pid := map[string]int{}
+		for _, p := range pids {
+			name, v, _ := strings.Cut(p, "=")
+			n, err := strconv.Atoi(v)
+			if err != nil || n <= 0 {
+				return fmt.Errorf("bench: --pid %q: want name=PID", p)
+			}
+			pid[name] = n
+		}
+		for _, g := range groups {
+			cfg.Targets = append(cfg.Targets, bench.Target{Name: g.name, URL: g.frontends[0], PID: pid[g.name]})
+		}
+		res, err := bench.RunOverhead(ctx, cfg)
+		if err != nil {
+			return fmt.Errorf("bench: %w", err)
+		}
+		if *jsonOut {
+			enc := json.NewEncoder(stdout)
+			enc.SetIndent("", "  ")
+			return enc.Encode(res)
+		}
+		return bench.WriteOverheadTable(stdout, res, *ohBase)
 	}
 	var all []benchGroup
 	if len(frontends) > 0 {
@@ -282,4 +337,25 @@ func convTableFrom(paths []string, stdout io.Writer) error {
 		all = append(all, r.Frontends...)
 	}
 	return bench.WriteConvTable(stdout, all)
+}
+
+// serveInstant serves bench.InstantReplica on addr until ctx ends.
+func serveInstant(ctx context.Context, addr, model string, gap time.Duration, stderr io.Writer) error {
+	if model == "" {
+		model = "bench"
+	}
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("bench: %w", err)
+	}
+	srv := &http.Server{Handler: bench.InstantReplica(model, gap), ReadHeaderTimeout: 10 * time.Second}
+	fmt.Fprintf(stderr, "instant replica serving model %s on http://%s\n", model, l.Addr())
+	go func() {
+		<-ctx.Done()
+		_ = srv.Close()
+	}()
+	if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("bench: %w", err)
+	}
+	return nil
 }
