@@ -246,3 +246,13 @@ func (s *jsonSink) feed(b []byte) {
 		s.buf = s.buf[:0]
 	}
 }
+
+// BenchmarkExtractAnswer is one vLLM-shaped stream chunk.
+func BenchmarkExtractAnswer(b *testing.B) {
+	doc := []byte(`{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1700000000,"model":"m","choices":[{"index":0,"delta":{"content":"token "},"logprobs":null,"finish_reason":null}]}`)
+	var dst []byte
+	b.SetBytes(int64(len(doc)))
+	for b.Loop() {
+		dst, _, _ = extractAnswer(dst[:0], doc)
+	}
+}

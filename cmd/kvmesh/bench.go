@@ -9,6 +9,8 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httputil"
+	"net/url"
 	"os"
 	"strconv"
 	"strings"
@@ -83,6 +85,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	commit := fs.String("commit", "", "conversations: label results with the commit of the front end under test")
 	instant := fs.String("instant-replica", "", "serve an instant OpenAI replica (the overhead benchmark's upstream) on this HOST:PORT until interrupted, and nothing else")
 	tokenGap := fs.Duration("token-gap", time.Millisecond, "instant replica: pause between streamed tokens")
+	stdProxy := fs.String("reverse-proxy", "", "serve Go's standard reverse proxy (httputil.ReverseProxy, flushing every write) to --direct on this HOST:PORT until interrupted: the overhead benchmark's floor for a Go proxy")
 	overhead := fs.Bool("overhead", false, "measure front ends' overhead over the instant replica at --direct: req/s and added latency at --overhead-concurrency, then process CPU per relayed stream (--group name=URL front ends, --pid name=PID)")
 	direct := fs.String("direct", "", "overhead: base URL of the instant replica itself")
 	var pids listFlag
@@ -105,6 +108,9 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	if len(tableFrom) > 0 {
 		return convTableFrom(tableFrom, stdout)
+	}
+	if *stdProxy != "" {
+		return serveStdProxy(ctx, *stdProxy, *direct, stderr)
 	}
 	if *instant != "" {
 		return serveInstant(ctx, *instant, *model, *tokenGap, stderr)
@@ -350,6 +356,34 @@ func serveInstant(ctx context.Context, addr, model string, gap time.Duration, st
 	}
 	srv := &http.Server{Handler: bench.InstantReplica(model, gap), ReadHeaderTimeout: 10 * time.Second}
 	fmt.Fprintf(stderr, "instant replica serving model %s on http://%s\n", model, l.Addr())
+	go func() {
+		<-ctx.Done()
+		_ = srv.Close()
+	}()
+	if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("bench: %w", err)
+	}
+	return nil
+}
+
+// serveStdProxy serves httputil.ReverseProxy to target on addr until ctx
+// ends.
+func serveStdProxy(ctx context.Context, addr, target string, stderr io.Writer) error {
+	u, err := url.Parse(target)
+	if err != nil || u.Host == "" {
+		return fmt.Errorf("bench: --reverse-proxy needs --direct URL, got %q", target)
+	}
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("bench: %w", err)
+	}
+	rp := &httputil.ReverseProxy{
+		Rewrite:       func(r *httputil.ProxyRequest) { r.SetURL(u) },
+		FlushInterval: -1,
+		Transport:     &http.Transport{MaxIdleConnsPerHost: 256, DisableCompression: true},
+	}
+	srv := &http.Server{Handler: rp, ReadHeaderTimeout: 10 * time.Second}
+	fmt.Fprintf(stderr, "standard reverse proxy to %s on http://%s\n", target, l.Addr())
 	go func() {
 		<-ctx.Done()
 		_ = srv.Close()

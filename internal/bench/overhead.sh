@@ -5,14 +5,17 @@
 # concurrency 16 and 1, interleaved rounds; then 1,000-token streams
 # relayed by each while its process CPU (utime + stime from
 # /proc/<pid>/stat) is read before and after. Answer recording is on in
-# the router (it owns the replica, so it reads every stream).
+# the router (it owns the replica, so it reads every stream). Go's
+# standard reverse proxy (`kvmesh bench --reverse-proxy`) runs alongside
+# as the floor of any Go proxy: what kvmesh adds beyond it is its own work.
 #
 #   internal/bench/overhead.sh            the table
 #   internal/bench/overhead.sh --json     JSON
 #
 # Environment: BASE_PORT [19300], ROUNDS [3], ROUND [3s], STREAMS [200],
 # TOKEN_GAP [1ms] (pause between streamed tokens, so each arrives on its
-# own as from a decoding engine). Needs go, curl and haproxy.
+# own as from a decoding engine), ROUTER_ENV [] (environment of the router,
+# e.g. "GOMAXPROCS=1 GOGC=400"). Needs go, curl and haproxy.
 set -euo pipefail
 HOST=127.0.0.1
 BASE_PORT=${BASE_PORT:-19300}
@@ -44,7 +47,7 @@ wait_ok() {
 rep=http://$HOST:$BASE_PORT
 "$dir/kvmesh" bench --instant-replica "$HOST:$BASE_PORT" --model bench --token-gap "${TOKEN_GAP:-1ms}" 2>"$dir/replica.log" &
 pids+=("$!")
-"$dir/kvmesh" router --name overhead --listen "$HOST:$((BASE_PORT + 1))" --gossip-bind "$HOST:$((BASE_PORT + 2))" \
+env ${ROUTER_ENV:-} "$dir/kvmesh" router --name overhead --listen "$HOST:$((BASE_PORT + 1))" --gossip-bind "$HOST:$((BASE_PORT + 2))" \
 	--replica "$rep" --log-level warn 2>"$dir/router.log" &
 router_pid=$!
 pids+=("$router_pid")
@@ -62,13 +65,17 @@ frontend openai
 backend replica
   server r1 $HOST:$BASE_PORT
 CFG
+"$dir/kvmesh" bench --reverse-proxy "$HOST:$((BASE_PORT + 4))" --direct "$rep" 2>"$dir/stdproxy.log" &
+std_pid=$!
+pids+=("$std_pid")
 haproxy -db -f "$dir/haproxy.cfg" 2>"$dir/haproxy.log" &
 haproxy_pid=$!
 pids+=("$haproxy_pid")
 wait_ok "$rep"
 wait_ok "http://$HOST:$((BASE_PORT + 1))"
 wait_ok "http://$HOST:$((BASE_PORT + 3))"
+wait_ok "http://$HOST:$((BASE_PORT + 4))"
 "$dir/kvmesh" bench --overhead --model bench --direct "$rep" \
-	--group "kvmesh=http://$HOST:$((BASE_PORT + 1))" --group "haproxy=http://$HOST:$((BASE_PORT + 3))" \
-	--pid "kvmesh=$router_pid" --pid "haproxy=$haproxy_pid" --baseline haproxy \
+	--group "kvmesh=http://$HOST:$((BASE_PORT + 1))" --group "haproxy=http://$HOST:$((BASE_PORT + 3))" --group "go-stdproxy=http://$HOST:$((BASE_PORT + 4))" \
+	--pid "kvmesh=$router_pid" --pid "haproxy=$haproxy_pid" --pid "go-stdproxy=$std_pid" --baseline haproxy \
 	--rounds "${ROUNDS:-3}" --round "${ROUND:-3s}" --streams "${STREAMS:-200}" "$@"
