@@ -191,7 +191,7 @@ start_smg() {
 	urls=()
 	for ((i = 0; i < n; i++)); do
 		args=(launch --host "$HOST" --port "$((fe_port + i))" --worker-urls "${rep_urls[@]}"
-			--policy cache_aware --prometheus-port "$((mesh_port + 10 + i))" --log-level warn)
+			--policy cache_aware --prometheus-host "$HOST" --prometheus-port "$((mesh_port + 10 + i))" --log-level warn)
 		if ((n > 1)); then
 			args+=(--enable-mesh --mesh-server-name "smg-$((i + 1))" --mesh-host "$HOST" --mesh-port "$((mesh_port + i))")
 			((i > 0)) && args+=(--mesh-peer-urls "$HOST:$mesh_port")
@@ -200,6 +200,18 @@ start_smg() {
 		urls+=("http://$HOST:$((fe_port + i))")
 	done
 	for u in "${urls[@]}"; do wait_ok "$u/v1/chat/completions" "$probe"; done
+	if ((n > 1)); then
+		# The mesh is up when the last instance has a connection to each
+		# other (its router_mesh_peer_connections gauges); then a few sync
+		# rounds.
+		local tries=0
+		until (($(curl -s "http://$HOST:$((mesh_port + 10 + n - 1))/metrics" |
+			grep -c '^router_mesh_peer_connections{peer="smg-[0-9]*"} 1') >= n - 1)); do
+			((++tries > 150)) && { echo "peers.sh: the SMG mesh did not form" >&2; return 1; }
+			sleep 0.2
+		done
+		sleep 3
+	fi
 }
 
 # sglang-router: the older package of the same gateway (0.3.x), one
@@ -207,7 +219,7 @@ start_smg() {
 start_sglang_router() {
 	need_peers
 	start sglang-router "$PEERS_VENV/bin/sglang-router" launch --host "$HOST" --port "$fe_port" --worker-urls "${rep_urls[@]}" \
-		--policy cache_aware --prometheus-port "$((mesh_port + 10))" --log-level warn
+		--policy cache_aware --prometheus-host "$HOST" --prometheus-port "$((mesh_port + 10))" --log-level warn
 	urls=("http://$HOST:$fe_port")
 	wait_ok "${urls[0]}/v1/chat/completions" "$probe"
 }
@@ -215,7 +227,7 @@ start_sglang_router() {
 start_vllm_router() {
 	need_peers
 	start vllm-router "$PEERS_VENV/bin/vllm-router" --host "$HOST" --port "$fe_port" --worker-urls "${rep_urls[@]}" \
-		--policy cache_aware --prometheus-port "$((mesh_port + 10))" --log-level warning
+		--policy cache_aware --prometheus-host "$HOST" --prometheus-port "$((mesh_port + 10))" --log-level warning
 	urls=("http://$HOST:$fe_port")
 	wait_ok "${urls[0]}/v1/chat/completions" "$probe"
 }
