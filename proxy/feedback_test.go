@@ -21,8 +21,8 @@ func TestRecordOnlyWhenAccepted(t *testing.T) {
 		status     int
 	}{
 		{"accepted", func(w http.ResponseWriter, r *http.Request) { jsonChat(w, "fine", 0) }, 2, 0, 200},
-		{"503 then retried", func(w http.ResponseWriter, r *http.Request) { http.Error(w, "down", 503) }, 0, 2, 200},
-		{"400 passed through", func(w http.ResponseWriter, r *http.Request) { http.Error(w, "bad", 400) }, 0, 0, 400},
+		{"503 then retried", func(w http.ResponseWriter, r *http.Request) { http.Error(w, "down", http.StatusServiceUnavailable) }, 0, 2, 200},
+		{"400 passed through", func(w http.ResponseWriter, r *http.Request) { http.Error(w, "bad", http.StatusBadRequest) }, 0, 0, 400},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -94,7 +94,7 @@ func TestConversationStopsAtError(t *testing.T) {
 		mu.Lock()
 		n++
 		mu.Unlock()
-		http.Error(w, "busy", 503)
+		http.Error(w, "busy", http.StatusServiceUnavailable)
 	}))
 	defer srv.Close()
 	res, err := RunConversations(t.Context(), "down", ConvConfig{Frontends: []string{srv.URL}, Model: "m", Conversations: 3, Turns: 4, Clients: 3, Think: time.Millisecond})
