@@ -37,6 +37,10 @@
 #   COMMIT        [git describe of the tree]  label of the kvmesh figures
 # Needs: go, curl, haproxy (apt-get install haproxy), python3 with venv.
 set -euo pipefail
+if [[ ${1:-} == -h || ${1:-} == --help ]]; then
+	sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"
+	exit 0
+fi
 
 HOST=127.0.0.1
 BASE_PORT=${BASE_PORT:-19100}
