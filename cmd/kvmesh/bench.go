@@ -83,6 +83,8 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.IntVar(&conv.AnswerTokens, "answer-tokens", 100, "conversations: max_tokens of each turn")
 	fs.Uint64Var(&conv.Seed, "seed", 1, "conversations: text generation seed")
 	commit := fs.String("commit", "", "conversations: label results with the commit of the front end under test")
+	var resets listFlag
+	fs.Var(&resets, "reset-replica", "conversations: replica base URL whose prefix cache is emptied (POST /reset_prefix_cache, as vLLM and replica-sim serve it) before each group, so front ends sharing replicas each start cold (repeatable, or a comma list)")
 	instant := fs.String("instant-replica", "", "serve an instant OpenAI replica (the overhead benchmark's upstream) on this HOST:PORT until interrupted, and nothing else")
 	tokenGap := fs.Duration("token-gap", time.Millisecond, "instant replica: pause between streamed tokens")
 	stdProxy := fs.String("reverse-proxy", "", "serve Go's standard reverse proxy (httputil.ReverseProxy, flushing every write) to --direct on this HOST:PORT until interrupted: the overhead benchmark's floor for a Go proxy")
@@ -160,7 +162,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return errors.New("bench: need --frontend URL or --group name=URL,...")
 	}
 	if conv.Conversations > 0 {
-		return runConvBench(ctx, all, conv, *model, *commit, *jsonOut, stdout, stderr)
+		return runConvBench(ctx, all, conv, *model, *commit, resets, *jsonOut, stdout, stderr)
 	}
 	if *speedup <= 0 {
 		return fmt.Errorf("bench: --speedup must be positive, got %v", *speedup)
@@ -283,7 +285,7 @@ func writeReport(path string, results []bench.Result) error {
 
 // runConvBench runs the multi-turn chat workload against each group in
 // turn and prints a table (or JSON).
-func runConvBench(ctx context.Context, groups []benchGroup, conv bench.ConvConfig, model, commit string, jsonOut bool, stdout, stderr io.Writer) error {
+func runConvBench(ctx context.Context, groups []benchGroup, conv bench.ConvConfig, model, commit string, resets []string, jsonOut bool, stdout, stderr io.Writer) error {
 	if conv.Turns <= 0 || conv.Clients <= 0 {
 		return fmt.Errorf("bench: --turns and --clients must be positive, got %d and %d", conv.Turns, conv.Clients)
 	}
@@ -302,6 +304,11 @@ func runConvBench(ctx context.Context, groups []benchGroup, conv bench.ConvConfi
 	for _, g := range groups {
 		fmt.Fprintf(stderr, "bench %s: %d conversations x %d turns, %d clients, think %v, model %s, front ends %s\n",
 			g.name, conv.Conversations, conv.Turns, conv.Clients, conv.Think, model, strings.Join(g.frontends, ","))
+		for _, u := range resets {
+			if err := resetCache(ctx, conv.HTTPClient, u); err != nil {
+				return fmt.Errorf("bench: %w", err)
+			}
+		}
 		c := conv
 		c.Frontends = g.frontends
 		res, err := bench.RunConversations(ctx, g.name, c)
@@ -390,6 +397,25 @@ func serveStdProxy(ctx context.Context, addr, target string, stderr io.Writer) e
 	}()
 	if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return fmt.Errorf("bench: %w", err)
+	}
+	return nil
+}
+
+// resetCache empties a replica's prefix cache.
+func resetCache(ctx context.Context, client *http.Client, base string) error {
+	url := strings.TrimRight(base, "/") + "/reset_prefix_cache"
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, nil)
+	if err != nil {
+		return fmt.Errorf("reset %s: %w", url, err)
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return fmt.Errorf("reset %s: %w", url, err)
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		return fmt.Errorf("reset %s: HTTP %d", url, resp.StatusCode)
 	}
 	return nil
 }
