@@ -24,7 +24,8 @@
 # 4096 --prefill-tokens-per-s 10000 --decode-ms-per-token 2`, the front end,
 # then `kvmesh bench --conversations 24 --turns 6 --clients 12 --think
 # 400ms`; everything is stopped before the next. One table at the end; the
-# JSON of each run and the logs stay in OUT.
+# JSON of each run, the kvmesh routers' decision and prediction metrics
+# (<front>-metrics.txt) and the logs stay in OUT.
 #
 # Environment (defaults in brackets):
 #   PEERS_VENV    [$HOME/.cache/kvmesh-peers-venv]  venv for smg and
@@ -264,6 +265,14 @@ for front in "${fronts[@]}"; do
 		--commit "$COMMIT" --group "$front=$(IFS=,; echo "${urls[*]}")" "${bench_args[@]}" --json \
 		>"$OUT/$front.json" 2>"$OUT/logs/$front-bench.log" || status=1
 	"$bin" bench --table-from "$OUT/$front.json" || true
+	if [[ $front == kvmesh-* ]]; then
+		# The routers' own account: decisions by reason, predicted against
+		# reported cached tokens, forgotten blocks.
+		for u in "${urls[@]}"; do
+			echo "# $u"
+			curl -s "$u/metrics" | grep -E '^kvmesh_(route_decisions_total|cache_prediction_error_blocks_(sum|count)|forgotten_blocks_total|predicted_cached_tokens_total|reported_cached_tokens_total|prompt_tokens_total|upstream_retries_total)' || true
+		done >"$OUT/$front-metrics.txt"
+	fi
 	stop_all
 done
 
