@@ -354,9 +354,10 @@ func (p *Proxy) learn(st *reqState, id string, d route.Decision, sink *answerSin
 }
 
 // forgetSlackBlocks is how many blocks past the reported cached tokens
-// are still taken as held: the engine counts chat-template tokens the
-// canonical text does not have and rounds down to its own block size,
-// so a correct prediction may exceed the report by a fraction of a block.
+// (when any are reported) are still taken as held: the engine counts
+// chat-template tokens the canonical text does not have and rounds down to
+// its own block size, so a correct prediction may exceed the report by a
+// fraction of a block.
 const forgetSlackBlocks = 1
 
 // correct compares the predicted match (blocks) with the engine's
@@ -373,7 +374,10 @@ func (p *Proxy) correct(st *reqState, id string, match int, cached, promptTokens
 	}
 	reported := float64(max(cached, 0)) * bpt / bb
 	p.m.predictionError.Observe(float64(match) - reported)
-	keep := int(reported) + forgetSlackBlocks
+	keep := 0 // nothing reported: nothing of the prefix is held
+	if cached > 0 {
+		keep = int(reported) + forgetSlackBlocks
+	}
 	match = min(match, len(st.hashes))
 	if keep >= match {
 		return false
