@@ -87,6 +87,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.Var(&resets, "reset-replica", "conversations: replica base URL whose prefix cache is emptied (POST /reset_prefix_cache, as vLLM and replica-sim serve it) before each group, so front ends sharing replicas each start cold (repeatable, or a comma list)")
 	instant := fs.String("instant-replica", "", "serve an instant OpenAI replica (the overhead benchmark's upstream) on this HOST:PORT until interrupted, and nothing else")
 	tokenGap := fs.Duration("token-gap", time.Millisecond, "instant replica: pause between streamed tokens")
+	tcpRelay := fs.String("tcp-relay", "", "serve a bare TCP relay to --direct on this HOST:PORT until interrupted (a read/write loop per direction, no HTTP): the overhead benchmark's floor for Go's runtime alone")
 	stdProxy := fs.String("reverse-proxy", "", "serve Go's standard reverse proxy (httputil.ReverseProxy, flushing every write) to --direct on this HOST:PORT until interrupted: the overhead benchmark's floor for a Go proxy")
 	overhead := fs.Bool("overhead", false, "measure front ends' overhead over the instant replica at --direct: req/s and added latency at --overhead-concurrency, then process CPU per relayed stream (--group name=URL front ends, --pid name=PID)")
 	direct := fs.String("direct", "", "overhead: base URL of the instant replica itself")
@@ -110,6 +111,9 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	if len(tableFrom) > 0 {
 		return convTableFrom(tableFrom, stdout)
+	}
+	if *tcpRelay != "" {
+		return serveTCPRelay(ctx, *tcpRelay, *direct, stderr)
 	}
 	if *stdProxy != "" {
 		return serveStdProxy(ctx, *stdProxy, *direct, stderr)
@@ -418,4 +422,57 @@ func resetCache(ctx context.Context, client *http.Client, base string) error {
 		return fmt.Errorf("reset %s: HTTP %d", url, resp.StatusCode)
 	}
 	return nil
+}
+
+// serveTCPRelay relays every connection on addr to target's host with a
+// plain read/write loop in each direction (no splice, no HTTP), until ctx
+// ends.
+func serveTCPRelay(ctx context.Context, addr, target string, stderr io.Writer) error {
+	u, err := url.Parse(target)
+	if err != nil || u.Host == "" {
+		return fmt.Errorf("bench: --tcp-relay needs --direct URL, got %q", target)
+	}
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("bench: %w", err)
+	}
+	fmt.Fprintf(stderr, "TCP relay to %s on %s\n", u.Host, l.Addr())
+	go func() {
+		<-ctx.Done()
+		_ = l.Close()
+	}()
+	pump := func(dst, src net.Conn) {
+		buf := make([]byte, 32<<10)
+		for {
+			n, err := src.Read(buf)
+			if n > 0 {
+				if _, werr := dst.Write(buf[:n]); werr != nil {
+					break
+				}
+			}
+			if err != nil {
+				break
+			}
+		}
+		_ = dst.Close()
+		_ = src.Close()
+	}
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("bench: %w", err)
+		}
+		go func() {
+			up, err := net.Dial("tcp", u.Host)
+			if err != nil {
+				_ = c.Close()
+				return
+			}
+			go pump(up, c)
+			pump(c, up)
+		}()
+	}
 }

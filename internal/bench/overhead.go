@@ -187,7 +187,7 @@ func RunOverhead(ctx context.Context, cfg OverheadConfig) (OverheadResult, error
 				a.lat = append(a.lat, lat...)
 				a.errs += errs
 				if cfg.Progress != nil {
-					fmt.Fprintf(cfg.Progress, "round %d/%d  c=%-3d %-12s %8.0f req/s\n", r+1, cfg.Rounds, c, all[i].Name, rps)
+					fmt.Fprintf(cfg.Progress, "round %d/%d  c=%-3d %-13s %8.0f req/s\n", r+1, cfg.Rounds, c, all[i].Name, rps)
 				}
 			}
 		}
@@ -218,7 +218,7 @@ func RunOverhead(ctx context.Context, cfg OverheadConfig) (OverheadResult, error
 			}
 			res.Streams = append(res.Streams, s)
 			if cfg.Progress != nil {
-				fmt.Fprintf(cfg.Progress, "streams %-12s %.2f ms CPU per %d-token stream\n", t.Name, s.CPUMsPerStrm, s.TokensPerStrm)
+				fmt.Fprintf(cfg.Progress, "streams %-13s %.2f ms CPU per %d-token stream\n", t.Name, s.CPUMsPerStrm, s.TokensPerStrm)
 			}
 		}
 	}
@@ -388,7 +388,7 @@ func parseStatCPU(b []byte) (time.Duration, error) {
 // base (requests per second) and the stream CPU.
 func WriteOverheadTable(w io.Writer, r OverheadResult, base string) error {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%-12s %4s %10s %8s %9s %9s %10s %10s %6s\n", "front end", "c", "req/s", "vs "+base, "p50 ms", "p99 ms", "added p50", "added p99", "errors")
+	fmt.Fprintf(&b, "%-13s %4s %10s %8s %9s %9s %10s %10s %6s\n", "front end", "c", "req/s", "vs "+base, "p50 ms", "p99 ms", "added p50", "added p99", "errors")
 	for _, row := range r.Rows {
 		ratio := "-"
 		for _, o := range r.Rows {
@@ -396,11 +396,11 @@ func WriteOverheadTable(w io.Writer, r OverheadResult, base string) error {
 				ratio = fmt.Sprintf("%.2fx", row.RPS/o.RPS)
 			}
 		}
-		fmt.Fprintf(&b, "%-12s %4d %10.0f %8s %9.3f %9.3f %10.3f %10.3f %6d\n", row.Name, row.Concurrency, row.RPS, ratio,
+		fmt.Fprintf(&b, "%-13s %4d %10.0f %8s %9.3f %9.3f %10.3f %10.3f %6d\n", row.Name, row.Concurrency, row.RPS, ratio,
 			row.P50Ms, row.P99Ms, row.AddedP50Ms, row.AddedP99Ms, row.Errors)
 	}
 	if len(r.Streams) > 0 {
-		fmt.Fprintf(&b, "\n%-12s %8s %7s %14s %8s %8s\n", "front end", "streams", "errors", "CPU ms/stream", "vs "+base, "wall s")
+		fmt.Fprintf(&b, "\n%-13s %8s %7s %14s %8s %8s\n", "front end", "streams", "errors", "CPU ms/stream", "vs "+base, "wall s")
 		var baseCPU float64
 		for _, s := range r.Streams {
 			if s.Name == base {
@@ -412,7 +412,7 @@ func WriteOverheadTable(w io.Writer, r OverheadResult, base string) error {
 			if baseCPU > 0 {
 				ratio = fmt.Sprintf("%.2fx", s.CPUMsPerStrm/baseCPU)
 			}
-			fmt.Fprintf(&b, "%-12s %8d %7d %14.3f %8s %8.1f\n", s.Name, s.Streams, s.Errors, s.CPUMsPerStrm, ratio, s.WallSeconds)
+			fmt.Fprintf(&b, "%-13s %8d %7d %14.3f %8s %8.1f\n", s.Name, s.Streams, s.Errors, s.CPUMsPerStrm, ratio, s.WallSeconds)
 		}
 	}
 	_, err := io.WriteString(w, b.String())

@@ -7,7 +7,9 @@
 # /proc/<pid>/stat) is read before and after. Answer recording is on in
 # the router (it owns the replica, so it reads every stream). Go's
 # standard reverse proxy (`kvmesh bench --reverse-proxy`) runs alongside
-# as the floor of any Go proxy: what kvmesh adds beyond it is its own work.
+# as the floor of any Go proxy: what kvmesh adds beyond it is its own work;
+# and a bare Go TCP relay (`kvmesh bench --tcp-relay`: a read/write loop,
+# no HTTP) as the floor of Go's runtime alone.
 #
 #   internal/bench/overhead.sh            the table
 #   internal/bench/overhead.sh --json     JSON
@@ -68,6 +70,9 @@ CFG
 "$dir/kvmesh" bench --reverse-proxy "$HOST:$((BASE_PORT + 4))" --direct "$rep" 2>"$dir/stdproxy.log" &
 std_pid=$!
 pids+=("$std_pid")
+"$dir/kvmesh" bench --tcp-relay "$HOST:$((BASE_PORT + 5))" --direct "$rep" 2>"$dir/tcprelay.log" &
+tcp_pid=$!
+pids+=("$tcp_pid")
 haproxy -db -f "$dir/haproxy.cfg" 2>"$dir/haproxy.log" &
 haproxy_pid=$!
 pids+=("$haproxy_pid")
@@ -75,7 +80,9 @@ wait_ok "$rep"
 wait_ok "http://$HOST:$((BASE_PORT + 1))"
 wait_ok "http://$HOST:$((BASE_PORT + 3))"
 wait_ok "http://$HOST:$((BASE_PORT + 4))"
+wait_ok "http://$HOST:$((BASE_PORT + 5))"
 "$dir/kvmesh" bench --overhead --model bench --direct "$rep" \
 	--group "kvmesh=http://$HOST:$((BASE_PORT + 1))" --group "haproxy=http://$HOST:$((BASE_PORT + 3))" --group "go-stdproxy=http://$HOST:$((BASE_PORT + 4))" \
-	--pid "kvmesh=$router_pid" --pid "haproxy=$haproxy_pid" --pid "go-stdproxy=$std_pid" --baseline haproxy \
+	--group "go-tcp-relay=http://$HOST:$((BASE_PORT + 5))" \
+	--pid "kvmesh=$router_pid" --pid "haproxy=$haproxy_pid" --pid "go-stdproxy=$std_pid" --pid "go-tcp-relay=$tcp_pid" --baseline haproxy \
 	--rounds "${ROUNDS:-3}" --round "${ROUND:-3s}" --streams "${STREAMS:-200}" "$@"
