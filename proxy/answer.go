@@ -31,6 +31,21 @@ type answerSink struct {
 	usage  answerUsage
 	done   bool   // SSE: saw [DONE]
 	tmp    []byte // scratch for one chunk's answer text
+	tpl    chunkTemplate
+	plain  bool // never use the template (the tests' reference)
+}
+
+// chunkTemplate is the shape of the last chunk that was read in full:
+// the bytes before and after the one string that made up its answer, in
+// a chunk without usage. Engines send the same id, model and fields in
+// every delta chunk of a stream, so the next chunk is usually pre + new
+// content + suf; when its middle is a well-formed string body it
+// tokenizes exactly as the template did with only that string changed,
+// so its answer is that string and nothing else is read. Anything else
+// takes the full path, which learns the template again.
+type chunkTemplate struct {
+	pre, suf []byte
+	ok       bool
 }
 
 var sinks = sync.Pool{New: func() any { return new(answerSink) }}
@@ -54,7 +69,11 @@ func (s *answerSink) release() {
 	if cap(s.tmp) > maxPooledBytes {
 		s.tmp = nil
 	}
-	*s = answerSink{buf: s.buf[:0], answer: s.answer[:0], tmp: s.tmp[:0]}
+	if cap(s.tpl.pre)+cap(s.tpl.suf) > maxPooledBytes {
+		s.tpl = chunkTemplate{}
+	}
+	*s = answerSink{buf: s.buf[:0], answer: s.answer[:0], tmp: s.tmp[:0],
+		tpl: chunkTemplate{pre: s.tpl.pre[:0], suf: s.tpl.suf[:0]}}
 	sinks.Put(s)
 }
 
@@ -121,16 +140,36 @@ func (s *answerSink) line(l []byte) {
 // take extracts one JSON document's answer text and usage into the sink;
 // an invalid document changes nothing.
 func (s *answerSink) take(doc []byte) {
-	var u answerUsage
-	var ok bool
-	s.tmp, u, ok = extractAnswer(s.tmp[:0], doc)
+	if t := &s.tpl; t.ok && !s.plain && len(doc) >= len(t.pre)+len(t.suf) && bytes.HasPrefix(doc, t.pre) && bytes.HasSuffix(doc, t.suf) {
+		if body, ok := stringBody(doc[len(t.pre) : len(doc)-len(t.suf)]); ok {
+			s.tmp = body.appendText(s.tmp[:0])
+			s.appendAnswer(s.tmp)
+			return
+		}
+	}
+	s.tmp, s.usage, s.tpl = takeFull(s.tmp[:0], doc, s.usage, s.tpl, s.sse)
+	s.appendAnswer(s.tmp)
+}
+
+// takeFull reads a document with the full extractor and returns its
+// answer (appended to dst), the usage to keep and the template to use
+// next. An invalid document yields nothing and keeps both.
+func takeFull(dst, doc []byte, usage answerUsage, tpl chunkTemplate, sse bool) ([]byte, answerUsage, chunkTemplate) {
+	out, u, part, hasPart, ok := extractAnswerPart(dst, doc)
 	if !ok {
-		return
+		return out, usage, tpl
 	}
 	if u.present {
-		s.usage = u
+		usage = u
 	}
-	s.appendAnswer(s.tmp)
+	tpl.ok = false
+	if sse && hasPart && !u.present {
+		// part.raw sits between its quotes in doc.
+		tpl.pre = append(tpl.pre[:0], doc[:part.at]...)
+		tpl.suf = append(tpl.suf[:0], doc[part.at+len(part.raw):]...)
+		tpl.ok = true
+	}
+	return out, usage, tpl
 }
 
 func (s *answerSink) appendAnswer(t []byte) {

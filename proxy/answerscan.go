@@ -31,7 +31,19 @@ const maxJSONDepth = 10000
 // are; the rare others are unquoted by encoding/json, so the text is
 // always what encoding/json would decode.
 func extractAnswer(dst, doc []byte) (out []byte, u answerUsage, ok bool) {
+	out, u, _, _, ok = extractAnswerPart(dst, doc)
+	return out, u, ok
+}
+
+// extractAnswerPart is extractAnswer that also returns the answer's one
+// string, when exactly one string made it up (hasPart).
+func extractAnswerPart(dst, doc []byte) (out []byte, u answerUsage, part jsonString, hasPart, ok bool) {
 	s := scanner{b: doc}
+	out, u, ok = s.extract(dst)
+	return out, u, s.part, ok && s.parts == 1, ok
+}
+
+func (s *scanner) extract(dst []byte) (out []byte, u answerUsage, ok bool) {
 	base := len(dst)
 	s.ws()
 	if s.peek() != '{' {
@@ -53,6 +65,7 @@ func extractAnswer(dst, doc []byte) (out []byte, u answerUsage, ok bool) {
 		case keyIs(key, "choices"):
 			// A later "choices" replaces an earlier one.
 			dst = dst[:base]
+			s.parts = 0
 			if dst, ok = s.choices(dst); !ok {
 				return dst[:base], answerUsage{}, false
 			}
@@ -76,6 +89,9 @@ func extractAnswer(dst, doc []byte) (out []byte, u answerUsage, ok bool) {
 type scanner struct {
 	b []byte
 	i int
+	// The strings that made up the answer: how many, and the last one.
+	parts int
+	part  jsonString
 }
 
 func (s *scanner) ws() {
@@ -159,6 +175,7 @@ func (s *scanner) element(first bool) (done, ok bool) {
 type jsonString struct {
 	raw []byte
 	esc bool
+	at  int // index of raw in the document
 }
 
 // str reads a string token at the cursor.
@@ -186,7 +203,7 @@ func (s *scanner) str() (jsonString, bool) {
 		switch c := s.b[j]; {
 		case c == '"':
 			s.i++
-			return jsonString{raw: s.b[start:j], esc: esc}, true
+			return jsonString{raw: s.b[start:j], esc: esc, at: start}, true
 		case c < 0x20:
 			return jsonString{}, false
 		default: // backslash
@@ -451,15 +468,20 @@ func (s *scanner) choice(dst []byte) ([]byte, bool) {
 	if !zero {
 		return dst, true
 	}
+	var part jsonString
 	switch {
 	case hasDelta:
-		dst = delta.appendText(dst)
+		part = delta
 	case hasMessage:
-		dst = message.appendText(dst)
+		part = message
 	case hasText:
-		dst = text.appendText(dst)
+		part = text
+	default:
+		return dst, true
 	}
-	return dst, true
+	s.parts++
+	s.part = part
+	return part.appendText(dst), true
 }
 
 // content reads a delta or message value and returns its string
@@ -559,4 +581,39 @@ func (s *scanner) details(depth int) (cached int64, has, ok bool) {
 			return 0, false, false
 		}
 	}
+}
+
+// stringBody reports whether b is exactly the inside of a JSON string:
+// no unescaped quote, no control character, complete escapes.
+func stringBody(b []byte) (jsonString, bool) {
+	esc := false
+	for i := 0; i < len(b); {
+		switch c := b[i]; {
+		case c == '"' || c < 0x20:
+			return jsonString{}, false
+		case c != '\\':
+			i++
+		case i+1 >= len(b):
+			return jsonString{}, false
+		default:
+			esc = true
+			switch b[i+1] {
+			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+				i += 2
+			case 'u':
+				if i+6 > len(b) {
+					return jsonString{}, false
+				}
+				for _, h := range b[i+2 : i+6] {
+					if !isHex(h) {
+						return jsonString{}, false
+					}
+				}
+				i += 6
+			default:
+				return jsonString{}, false
+			}
+		}
+	}
+	return jsonString{raw: b, esc: esc}, true
 }

@@ -170,8 +170,9 @@ func streamOf(n int) string {
 }
 
 // BenchmarkAnswerSink is the answer recording of one 1,000-token stream,
-// fed in 4 KB reads: the byte-level extractor against a per-chunk
-// encoding/json decode (what the router did before).
+// fed in 4 KB reads: the byte-level extractor with and without the chunk
+// template against a per-chunk encoding/json decode (what the router did
+// before).
 func BenchmarkAnswerSink(b *testing.B) {
 	stream := []byte(streamOf(1000))
 	feed := func(s interface{ feed([]byte) }) {
@@ -184,6 +185,20 @@ func BenchmarkAnswerSink(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
 			s := newAnswerSink(true)
+			feed(s)
+			s.finish()
+			if len(s.answer) != 6000 {
+				b.Fatal(len(s.answer))
+			}
+			s.release()
+		}
+	})
+	b.Run("extractor-no-template", func(b *testing.B) {
+		b.SetBytes(int64(len(stream)))
+		b.ReportAllocs()
+		for b.Loop() {
+			s := newAnswerSink(true)
+			s.plain = true
 			feed(s)
 			s.finish()
 			if len(s.answer) != 6000 {
@@ -255,4 +270,39 @@ func BenchmarkExtractAnswer(b *testing.B) {
 	for b.Loop() {
 		dst, _, _ = extractAnswer(dst[:0], doc)
 	}
+}
+
+// FuzzSinkTemplate holds the template fast path to the full extractor:
+// any stream gives the same answer and usage read either way.
+func FuzzSinkTemplate(f *testing.F) {
+	f.Add([]byte(streamOf(5)), 7)
+	f.Add([]byte("data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"}}]}\n\ndata: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"b\\\"\\u00e9\"}}]}\n\ndata: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"c\\\"}}]}\n\ndata: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"d\"}}]}\n"), 3)
+	f.Add([]byte("data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"x\"}},{\"index\":0,\"delta\":{\"content\":\"\"}}]}\ndata: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"y\"}},{\"index\":0,\"delta\":{\"content\":\"\"}}]}\ndata: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"\"}},{\"index\":0,\"delta\":{\"content\":\"\"}}]}\n"), 1)
+	f.Fuzz(func(t *testing.T, stream []byte, cut int) {
+		fast, ref := newAnswerSink(true), newAnswerSink(true)
+		ref.plain = true
+		cut = min(max(cut, 0), len(stream))
+		for _, s := range []*answerSink{fast, ref} {
+			s.feed(stream[:cut])
+			s.feed(stream[cut:])
+			s.finish()
+		}
+		if !bytes.Equal(fast.answer, ref.answer) || fast.usage != ref.usage || fast.done != ref.done {
+			t.Fatalf("template path %q %+v, full path %q %+v", fast.answer, fast.usage, ref.answer, ref.usage)
+		}
+		fast.release()
+		ref.release()
+	})
+}
+
+// TestTemplateIsUsed: after the first delta chunk the template serves
+// the rest of a vLLM-shaped stream.
+func TestTemplateIsUsed(t *testing.T) {
+	s := newAnswerSink(true)
+	st := streamOf(3)
+	s.feed([]byte(st[:strings.LastIndex(st[:strings.Index(st, `"usage"`)], "data:")])) // the delta chunks only
+	if !s.tpl.ok || !bytes.HasSuffix(s.tpl.pre, []byte(`"content":"`)) || !bytes.HasPrefix(s.tpl.suf, []byte(`"},"logprobs"`)) {
+		t.Fatalf("template %v %q %q", s.tpl.ok, s.tpl.pre, s.tpl.suf)
+	}
+	s.release()
 }
