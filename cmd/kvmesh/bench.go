@@ -163,7 +163,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	all = append(all, groups...)
 	if len(all) == 0 {
-		return errors.New("bench: need --frontend URL or --group name=URL,...")
+		return errors.New("bench: need --frontend URL or --group name=URL,URL")
 	}
 	if conv.Conversations > 0 {
 		return runConvBench(ctx, all, conv, *model, *commit, resets, *jsonOut, stdout, stderr)
