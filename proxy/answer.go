@@ -2,7 +2,7 @@ package proxy
 
 import (
 	"bytes"
-	"encoding/json"
+	"sync"
 )
 
 // maxAnswerBytes bounds what the owner keeps of a response to learn the
@@ -13,56 +13,68 @@ const maxAnswerBytes = 4 << 20
 // maxSSELine bounds one pending SSE line; a longer line is skipped.
 const maxSSELine = 1 << 20
 
-// usage is the OpenAI usage object, as far as the router reads it.
-type usage struct {
-	PromptTokens        int64 `json:"prompt_tokens"`
-	PromptTokensDetails *struct {
-		CachedTokens *int64 `json:"cached_tokens"`
-	} `json:"prompt_tokens_details"`
-}
-
-// cached returns the reported cached prompt tokens, if any.
-func (u *usage) cached() (int64, bool) {
-	if u == nil || u.PromptTokensDetails == nil || u.PromptTokensDetails.CachedTokens == nil {
-		return 0, false
-	}
-	return *u.PromptTokensDetails.CachedTokens, true
-}
-
-// completionBody is a non-streaming chat or completion response.
-type completionBody struct {
-	Choices []struct {
-		Index   int `json:"index"`
-		Message *struct {
-			Content *string `json:"content"`
-		} `json:"message"`
-		Text string `json:"text"`
-	} `json:"choices"`
-	Usage *usage `json:"usage"`
-}
-
-// streamChunk is one SSE data event of a streaming response.
-type streamChunk struct {
-	Choices []struct {
-		Index int `json:"index"`
-		Delta *struct {
-			Content *string `json:"content"`
-		} `json:"delta"`
-		Text string `json:"text"`
-	} `json:"choices"`
-	Usage *usage `json:"usage"`
-}
+// maxPooledBytes is the largest buffer a released sink keeps for reuse;
+// the rare huge answer's buffer goes to the garbage collector instead of
+// pinning memory in the pool.
+const maxPooledBytes = 64 << 10
 
 // answerSink watches the bytes of a response as they pass through to the
 // client and collects the generated answer (choice 0) and the usage. It
-// never changes or holds back the bytes.
+// never changes or holds back the bytes. Each SSE data line (or the whole
+// JSON body) is read by extractAnswer, a byte-level scanner that copies
+// only the answer text: no per-chunk decode into Go values.
 type answerSink struct {
 	sse    bool
 	buf    []byte // SSE: the pending partial line; JSON: the body so far
 	skip   bool   // SSE: drop the rest of an overlong line; JSON: body too large
 	answer []byte
-	usage  *usage
-	done   bool // SSE: saw [DONE]
+	usage  answerUsage
+	done   bool   // SSE: saw [DONE]
+	tmp    []byte // scratch for one chunk's answer text
+	tpl    chunkTemplate
+	plain  bool // never use the template (the tests' reference)
+}
+
+// chunkTemplate is the shape of the last chunk that was read in full:
+// the bytes before and after the one string that made up its answer, in
+// a chunk without usage. Engines send the same id, model and fields in
+// every delta chunk of a stream, so the next chunk is usually pre + new
+// content + suf; when its middle is a well-formed string body it
+// tokenizes exactly as the template did with only that string changed,
+// so its answer is that string and nothing else is read. Anything else
+// takes the full path, which learns the template again.
+type chunkTemplate struct {
+	pre, suf []byte
+	ok       bool
+}
+
+var sinks = sync.Pool{New: func() any { return new(answerSink) }}
+
+// newAnswerSink returns a sink from the pool; release returns it.
+func newAnswerSink(sse bool) *answerSink {
+	s := sinks.Get().(*answerSink)
+	s.sse = sse
+	return s
+}
+
+// release resets the sink and returns it to the pool. The sink must not
+// be used afterwards.
+func (s *answerSink) release() {
+	if cap(s.buf) > maxPooledBytes {
+		s.buf = nil
+	}
+	if cap(s.answer) > maxPooledBytes {
+		s.answer = nil
+	}
+	if cap(s.tmp) > maxPooledBytes {
+		s.tmp = nil
+	}
+	if cap(s.tpl.pre)+cap(s.tpl.suf) > maxPooledBytes {
+		s.tpl = chunkTemplate{}
+	}
+	*s = answerSink{buf: s.buf[:0], answer: s.answer[:0], tmp: s.tmp[:0],
+		tpl: chunkTemplate{pre: s.tpl.pre[:0], suf: s.tpl.suf[:0]}}
+	sinks.Put(s)
 }
 
 // feed takes the next bytes of the response body.
@@ -72,7 +84,7 @@ func (s *answerSink) feed(b []byte) {
 			return
 		}
 		if len(s.buf)+len(b) > maxAnswerBytes {
-			s.skip, s.buf = true, nil
+			s.skip, s.buf = true, s.buf[:0]
 			return
 		}
 		s.buf = append(s.buf, b...)
@@ -105,45 +117,69 @@ func (s *answerSink) feed(b []byte) {
 	}
 }
 
+var (
+	dataPrefix = []byte("data:")
+	doneMarker = []byte("[DONE]")
+)
+
 // line handles one complete SSE line.
 func (s *answerSink) line(l []byte) {
 	l = bytes.TrimSuffix(l, []byte{'\r'})
-	data, ok := bytes.CutPrefix(l, []byte("data:"))
+	data, ok := bytes.CutPrefix(l, dataPrefix)
 	if !ok {
 		return
 	}
 	data = bytes.TrimSpace(data)
-	if bytes.Equal(data, []byte("[DONE]")) {
+	if bytes.Equal(data, doneMarker) {
 		s.done = true
 		return
 	}
-	var c streamChunk
-	if json.Unmarshal(data, &c) != nil {
-		return
-	}
-	if c.Usage != nil {
-		s.usage = c.Usage
-	}
-	for _, ch := range c.Choices {
-		if ch.Index != 0 {
-			continue
-		}
-		text := ch.Text
-		if ch.Delta != nil && ch.Delta.Content != nil {
-			text = *ch.Delta.Content
-		}
-		s.appendAnswer(text)
-	}
+	s.take(data)
 }
 
-func (s *answerSink) appendAnswer(t string) {
+// take extracts one JSON document's answer text and usage into the sink;
+// an invalid document changes nothing.
+func (s *answerSink) take(doc []byte) {
+	if t := &s.tpl; t.ok && !s.plain && len(doc) >= len(t.pre)+len(t.suf) && bytes.HasPrefix(doc, t.pre) && bytes.HasSuffix(doc, t.suf) {
+		if body, ok := stringBody(doc[len(t.pre) : len(doc)-len(t.suf)]); ok {
+			s.tmp = body.appendText(s.tmp[:0])
+			s.appendAnswer(s.tmp)
+			return
+		}
+	}
+	s.tmp, s.usage, s.tpl = takeFull(s.tmp[:0], doc, s.usage, s.tpl, s.sse)
+	s.appendAnswer(s.tmp)
+}
+
+// takeFull reads a document with the full extractor and returns its
+// answer (appended to dst), the usage to keep and the template to use
+// next. An invalid document yields nothing and keeps both.
+func takeFull(dst, doc []byte, usage answerUsage, tpl chunkTemplate, sse bool) ([]byte, answerUsage, chunkTemplate) {
+	out, u, part, hasPart, ok := extractAnswerPart(dst, doc)
+	if !ok {
+		return out, usage, tpl
+	}
+	if u.present {
+		usage = u
+	}
+	tpl.ok = false
+	if sse && hasPart && !u.present {
+		// part.raw sits between its quotes in doc.
+		tpl.pre = append(tpl.pre[:0], doc[:part.at]...)
+		tpl.suf = append(tpl.suf[:0], doc[part.at+len(part.raw):]...)
+		tpl.ok = true
+	}
+	return out, usage, tpl
+}
+
+func (s *answerSink) appendAnswer(t []byte) {
 	if room := maxAnswerBytes - len(s.answer); len(t) > room {
 		t = t[:room]
 	}
 	s.answer = append(s.answer, t...)
 }
 
-// finish is called once the body has ended cleanly; it parses a JSON body.
+// finish is called once the body has ended cleanly; it reads a JSON body.
 func (s *answerSink) finish() {
 	if s.sse {
 		if len(s.buf) > 0 && !s.skip {
@@ -154,19 +190,5 @@ func (s *answerSink) finish() {
 	if s.skip {
 		return
 	}
-	var c completionBody
-	if json.Unmarshal(s.buf, &c) != nil {
-		return
-	}
-	s.usage = c.Usage
-	for _, ch := range c.Choices {
-		if ch.Index != 0 {
-			continue
-		}
-		if ch.Message != nil && ch.Message.Content != nil {
-			s.appendAnswer(*ch.Message.Content)
-		} else {
-			s.appendAnswer(ch.Text)
-		}
-	}
+	s.take(bytes.TrimSpace(s.buf))
 }

@@ -261,7 +261,6 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, st *reqState, id
 		var done func()
 		firstByte, done = p.cfg.View.Begin(id, float64(len(st.hashes)-d.Match))
 		defer done()
-		p.cfg.View.Record(id, st.hashes)
 	} else {
 		p.signHop(out, id, d.Match)
 	}
@@ -324,8 +323,15 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, resp *http.Respons
 		_ = rc.Flush() // the client sees the headers before the first token
 	}
 	var sink *answerSink
-	if local && resp.StatusCode == http.StatusOK && !st.byLoad {
-		sink = &answerSink{sse: sse}
+	if local && resp.StatusCode >= 200 && resp.StatusCode < 300 && !st.byLoad {
+		// The replica accepted the request: it holds (or is computing) the
+		// prompt now. A refused or failed request records nothing, and
+		// embeddings leave no cache.
+		p.cfg.View.Record(id, st.hashes)
+		if resp.StatusCode == http.StatusOK {
+			sink = newAnswerSink(sse)
+			defer sink.release()
+		}
 	}
 	bufp := copyBufs.Get().(*[]byte)
 	defer copyBufs.Put(bufp)
@@ -384,20 +390,27 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, resp *http.Respons
 }
 
 // learn records what the replica holds after a complete response (prompt
-// + answer) and compares the predicted cached tokens with the reported.
+// + answer) and checks the summary's prediction against the engine's
+// report. The engine's cached tokens are the ground truth: the blocks the
+// summary claimed beyond them are forgotten (the replica evicted them),
+// and the prompt is recorded again after that, since the engine has just
+// computed it.
 func (p *Proxy) learn(st *reqState, id string, d route.Decision, sink *answerSink) {
-	if u := sink.usage; u != nil {
-		if u.PromptTokens > 0 {
-			p.m.promptTokens.Add(float64(u.PromptTokens))
+	forgot := false
+	if u := sink.usage; u.present {
+		if u.promptTokens > 0 {
+			p.m.promptTokens.Add(float64(u.promptTokens))
 		}
-		if c, ok := u.cached(); ok {
+		if u.hasCached {
+			c := u.cachedTokens
 			if c > 0 {
 				p.m.reportedCached.Add(float64(c))
 			}
 			p.m.predictedCached.Add(float64(d.Match * p.cfg.Contract.BlockBytes / bytesPerToken))
+			forgot = p.correct(st, id, d.Match, c, u.promptTokens)
 		}
 	}
-	if len(sink.answer) == 0 {
+	if len(sink.answer) == 0 && !forgot {
 		return
 	}
 	text := st.prompt.AppendAnswer(string(sink.answer))
@@ -409,9 +422,43 @@ func (p *Proxy) learn(st *reqState, id string, d route.Decision, sink *answerSin
 		from = st.hashes[n-1]
 	}
 	all := p.cfg.Contract.AppendHashes(st.hashes[:n:n], from, text[n*bb:])
-	if len(all) > n {
+	if len(all) > n || forgot {
 		p.cfg.View.Record(id, all)
 	}
+}
+
+// forgetSlackBlocks is how many blocks past the reported cached tokens
+// (when any are reported) are still taken as held: the engine counts
+// chat-template tokens the canonical text does not have and rounds down to
+// its own block size, so a correct prediction may exceed the report by a
+// fraction of a block.
+const forgetSlackBlocks = 1
+
+// correct compares the predicted match (blocks) with the engine's
+// reported cached tokens, observes the error, and forgets the blocks the
+// summary claimed beyond the report. It reports whether it forgot any.
+func (p *Proxy) correct(st *reqState, id string, match int, cached, promptTokens int64) bool {
+	bb := float64(p.cfg.Contract.BlockBytes)
+	// Convert tokens to canonical-text bytes with this request's own
+	// ratio (its prompt's bytes over its reported tokens) when it is
+	// sane, else the English average.
+	bpt := float64(bytesPerToken)
+	if promptTokens > 0 && len(st.prompt.Text) > 0 {
+		bpt = min(max(float64(len(st.prompt.Text))/float64(promptTokens), 1), 8)
+	}
+	reported := float64(max(cached, 0)) * bpt / bb
+	p.m.predictionError.Observe(float64(match) - reported)
+	keep := 0 // nothing reported: nothing of the prefix is held
+	if cached > 0 {
+		keep = int(reported) + forgetSlackBlocks
+	}
+	match = min(match, len(st.hashes))
+	if keep >= match {
+		return false
+	}
+	p.cfg.View.Forget(id, st.hashes[keep:match])
+	p.m.forgotten.Add(float64(match - keep))
+	return true
 }
 
 func (p *Proxy) reportFailure(id string) {

@@ -42,12 +42,13 @@ type fakeView struct {
 	replicas []fakeReplica
 	models   []string
 	records  map[string][][]uint64
+	forgets  map[string][][]uint64
 	begins   map[string]int
 	dones    chan string
 }
 
 func newFakeView(models []string, rs ...fakeReplica) *fakeView {
-	return &fakeView{replicas: rs, models: models, records: map[string][][]uint64{}, begins: map[string]int{}, dones: make(chan string, 64)}
+	return &fakeView{replicas: rs, models: models, records: map[string][][]uint64{}, forgets: map[string][][]uint64{}, begins: map[string]int{}, dones: make(chan string, 64)}
 }
 
 func (v *fakeView) Candidates(model string, dst []route.Candidate) []route.Candidate {
@@ -74,7 +75,17 @@ func (v *fakeView) Locate(id string) (string, bool, bool) {
 
 func (v *fakeView) Models() []string { return v.models }
 
-func (v *fakeView) Forget(id string, hashes []uint64) {}
+func (v *fakeView) Forget(id string, hashes []uint64) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.forgets[id] = append(v.forgets[id], append([]uint64(nil), hashes...))
+}
+
+func (v *fakeView) forgotten(id string) [][]uint64 {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.forgets[id]
+}
 
 func (v *fakeView) Record(id string, hashes []uint64) {
 	v.mu.Lock()

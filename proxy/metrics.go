@@ -24,6 +24,8 @@ type metrics struct {
 	predictedCached prometheus.Counter
 	reportedCached  prometheus.Counter
 	promptTokens    prometheus.Counter
+	predictionError prometheus.Histogram
+	forgotten       prometheus.Counter
 	ttft            *prometheus.HistogramVec
 	duration        *prometheus.HistogramVec
 	inflight        *prometheus.GaugeVec
@@ -52,6 +54,19 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		promptTokens: f.NewCounter(prometheus.CounterOpts{
 			Name: "kvmesh_prompt_tokens_total",
 			Help: "Prompt tokens reported by replicas (usage.prompt_tokens).",
+		}),
+		predictionError: f.NewHistogram(prometheus.HistogramOpts{
+			Name: "kvmesh_cache_prediction_error_blocks",
+			Help: "Predicted minus engine-reported cached prompt blocks per response that reported cached tokens (positive: the summary claimed blocks the replica no longer held).",
+			// Symmetric around 0: both over- and under-prediction show.
+			Buckets:                         []float64{-64, -16, -4, -1, -0.5, 0.5, 1, 4, 16, 64},
+			NativeHistogramBucketFactor:     1.1,
+			NativeHistogramMaxBucketNumber:  100,
+			NativeHistogramMinResetDuration: 3600e9,
+		}),
+		forgotten: f.NewCounter(prometheus.CounterOpts{
+			Name: "kvmesh_forgotten_blocks_total",
+			Help: "Blocks this router told an owned replica's summary to forget because the engine reported fewer cached tokens than predicted.",
 		}),
 		ttft: f.NewHistogramVec(prometheus.HistogramOpts{
 			Name:                            "kvmesh_upstream_ttft_seconds",

@@ -7,8 +7,12 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"net/http/httputil"
+	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -68,11 +72,90 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	maxRequests := fs.Int("max-requests", 0, "replay at most this many requests (0 = all)")
 	jsonOut := fs.Bool("json", false, `print results as one JSON object {"frontends":[...]} instead of a table`)
 	reportPath := fs.String("report", "", "also write a self-contained HTML report to this file")
+	var conv bench.ConvConfig
+	fs.IntVar(&conv.Conversations, "conversations", 0, "run the multi-turn chat workload with this many conversations instead of a trace (see --turns, --clients, --think)")
+	fs.IntVar(&conv.Turns, "turns", 6, "conversations: turns per conversation")
+	fs.IntVar(&conv.Clients, "clients", 12, "conversations: concurrent clients, each running one conversation at a time")
+	fs.DurationVar(&conv.Think, "think", 400*time.Millisecond, "conversations: think time between an answer and the next question")
+	fs.IntVar(&conv.SystemWords, "system-words", 250, "conversations: words of the shared system prompt")
+	fs.IntVar(&conv.DocumentWords, "document-words", 600, "conversations: words of each conversation's document (in its first turn)")
+	fs.IntVar(&conv.TurnWords, "turn-words", 30, "conversations: words of each user question")
+	fs.IntVar(&conv.AnswerTokens, "answer-tokens", 100, "conversations: max_tokens of each turn")
+	fs.Uint64Var(&conv.Seed, "seed", 1, "conversations: text generation seed")
+	commit := fs.String("commit", "", "conversations: label results with the commit of the front end under test")
+	var resets listFlag
+	fs.Var(&resets, "reset-replica", "conversations: replica base URL whose prefix cache is emptied (POST /reset_prefix_cache, as vLLM and replica-sim serve it) before each group, so front ends sharing replicas each start cold (repeatable, or a comma list)")
+	instant := fs.String("instant-replica", "", "serve an instant OpenAI replica (the overhead benchmark's upstream) on this HOST:PORT until interrupted, and nothing else")
+	tokenGap := fs.Duration("token-gap", time.Millisecond, "instant replica: pause between streamed tokens")
+	tcpRelay := fs.String("tcp-relay", "", "serve a bare TCP relay to --direct on this HOST:PORT until interrupted (a read/write loop per direction, no HTTP): the overhead benchmark's floor for Go's runtime alone")
+	stdProxy := fs.String("reverse-proxy", "", "serve Go's standard reverse proxy (httputil.ReverseProxy, flushing every write) to --direct on this HOST:PORT until interrupted: the overhead benchmark's floor for a Go proxy")
+	overhead := fs.Bool("overhead", false, "measure front ends' overhead over the instant replica at --direct: req/s and added latency at --overhead-concurrency, then process CPU per relayed stream (--group name=URL front ends, --pid name=PID)")
+	direct := fs.String("direct", "", "overhead: base URL of the instant replica itself")
+	var pids listFlag
+	fs.Var(&pids, "pid", "overhead: name=PID of a front end's process, for its CPU time per stream (repeatable)")
+	var ohConc listFlag
+	fs.Var(&ohConc, "overhead-concurrency", "overhead: closed-loop clients per step (default 16,1)")
+	ohRound := fs.Duration("round", 3*time.Second, "overhead: duration of one front end at one concurrency")
+	ohRounds := fs.Int("rounds", 3, "overhead: interleaved rounds")
+	ohBody := fs.Int("body-bytes", 8192, "overhead: request body size")
+	ohStreams := fs.Int("streams", 200, "overhead: streams per front end for the CPU step (negative: skip)")
+	ohTokens := fs.Int("stream-tokens", 1000, "overhead: tokens per stream")
+	ohBase := fs.String("baseline", "haproxy", "overhead: the group the ratios are taken against")
+	var tableFrom listFlag
+	fs.Var(&tableFrom, "table-from", "print the table of earlier --conversations --json outputs (files, repeatable or a comma list) and exit")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("bench: unexpected arguments %q", fs.Args())
+	}
+	if len(tableFrom) > 0 {
+		return convTableFrom(tableFrom, stdout)
+	}
+	if *tcpRelay != "" {
+		return serveTCPRelay(ctx, *tcpRelay, *direct, stderr)
+	}
+	if *stdProxy != "" {
+		return serveStdProxy(ctx, *stdProxy, *direct, stderr)
+	}
+	if *instant != "" {
+		return serveInstant(ctx, *instant, *model, *tokenGap, stderr)
+	}
+	if *overhead {
+		cfg := bench.OverheadConfig{Direct: *direct, Model: *model, BodyBytes: *ohBody, Round: *ohRound, Rounds: *ohRounds,
+			Streams: *ohStreams, StreamTokens: *ohTokens, Progress: stderr}
+		if cfg.Model == "" {
+			cfg.Model = "bench"
+		}
+		for _, c := range ohConc {
+			n, err := strconv.Atoi(c)
+			if err != nil || n <= 0 {
+				return fmt.Errorf("bench: --overhead-concurrency %q: want positive integers", c)
+			}
+			cfg.Concurrency = append(cfg.Concurrency, n)
+		}
+		pid := map[string]int{}
+		for _, p := range pids {
+			name, v, _ := strings.Cut(p, "=")
+			n, err := strconv.Atoi(v)
+			if err != nil || n <= 0 {
+				return fmt.Errorf("bench: --pid %q: want name=PID", p)
+			}
+			pid[name] = n
+		}
+		for _, g := range groups {
+			cfg.Targets = append(cfg.Targets, bench.Target{Name: g.name, URL: g.frontends[0], PID: pid[g.name]})
+		}
+		res, err := bench.RunOverhead(ctx, cfg)
+		if err != nil {
+			return fmt.Errorf("bench: %w", err)
+		}
+		if *jsonOut {
+			enc := json.NewEncoder(stdout)
+			enc.SetIndent("", "  ")
+			return enc.Encode(res)
+		}
+		return bench.WriteOverheadTable(stdout, res, *ohBase)
 	}
 	var all []benchGroup
 	if len(frontends) > 0 {
@@ -80,7 +163,10 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	all = append(all, groups...)
 	if len(all) == 0 {
-		return errors.New("bench: need --frontend URL or --group name=URL,...")
+		return errors.New("bench: need --frontend URL or --group name=URL,URL")
+	}
+	if conv.Conversations > 0 {
+		return runConvBench(ctx, all, conv, *model, *commit, resets, *jsonOut, stdout, stderr)
 	}
 	if *speedup <= 0 {
 		return fmt.Errorf("bench: --speedup must be positive, got %v", *speedup)
@@ -199,4 +285,194 @@ func writeReport(path string, results []bench.Result) error {
 		return fmt.Errorf("write report %s: %w", path, err)
 	}
 	return nil
+}
+
+// runConvBench runs the multi-turn chat workload against each group in
+// turn and prints a table (or JSON).
+func runConvBench(ctx context.Context, groups []benchGroup, conv bench.ConvConfig, model, commit string, resets []string, jsonOut bool, stdout, stderr io.Writer) error {
+	if conv.Turns <= 0 || conv.Clients <= 0 {
+		return fmt.Errorf("bench: --turns and --clients must be positive, got %d and %d", conv.Turns, conv.Clients)
+	}
+	conv.HTTPClient = bench.DefaultHTTPClient(conv.Clients)
+	conv.Progress = stderr
+	if model == "" {
+		m, err := firstModel(ctx, conv.HTTPClient, groups[0].frontends[0])
+		if err != nil {
+			return fmt.Errorf("bench: no --model given and %w", err)
+		}
+		model = m
+	}
+	conv.Model = model
+	var results []bench.ConvResult
+	var runErr error
+	for _, g := range groups {
+		fmt.Fprintf(stderr, "bench %s: %d conversations x %d turns, %d clients, think %v, model %s, front ends %s\n",
+			g.name, conv.Conversations, conv.Turns, conv.Clients, conv.Think, model, strings.Join(g.frontends, ","))
+		for _, u := range resets {
+			if err := resetCache(ctx, conv.HTTPClient, u); err != nil {
+				return fmt.Errorf("bench: %w", err)
+			}
+		}
+		c := conv
+		c.Frontends = g.frontends
+		res, err := bench.RunConversations(ctx, g.name, c)
+		res.Commit = commit
+		results = append(results, res)
+		if err != nil {
+			runErr = err
+			break
+		}
+	}
+	if jsonOut {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(struct {
+			Frontends []bench.ConvResult `json:"frontends"`
+		}{results}); err != nil {
+			return fmt.Errorf("bench: write json: %w", err)
+		}
+	} else if err := bench.WriteConvTable(stdout, results); err != nil {
+		return fmt.Errorf("bench: %w", err)
+	}
+	return runErr
+}
+
+// convTableFrom prints one table of the results in earlier JSON outputs.
+func convTableFrom(paths []string, stdout io.Writer) error {
+	var all []bench.ConvResult
+	for _, p := range paths {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return fmt.Errorf("bench: %w", err)
+		}
+		var r struct {
+			Frontends []bench.ConvResult `json:"frontends"`
+		}
+		if err := json.Unmarshal(b, &r); err != nil {
+			return fmt.Errorf("bench: %s: %w", p, err)
+		}
+		all = append(all, r.Frontends...)
+	}
+	return bench.WriteConvTable(stdout, all)
+}
+
+// serveInstant serves bench.InstantReplica on addr until ctx ends.
+func serveInstant(ctx context.Context, addr, model string, gap time.Duration, stderr io.Writer) error {
+	if model == "" {
+		model = "bench"
+	}
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("bench: %w", err)
+	}
+	srv := &http.Server{Handler: bench.InstantReplica(model, gap), ReadHeaderTimeout: 10 * time.Second}
+	fmt.Fprintf(stderr, "instant replica serving model %s on http://%s\n", model, l.Addr())
+	go func() {
+		<-ctx.Done()
+		_ = srv.Close()
+	}()
+	if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("bench: %w", err)
+	}
+	return nil
+}
+
+// serveStdProxy serves httputil.ReverseProxy to target on addr until ctx
+// ends.
+func serveStdProxy(ctx context.Context, addr, target string, stderr io.Writer) error {
+	u, err := url.Parse(target)
+	if err != nil || u.Host == "" {
+		return fmt.Errorf("bench: --reverse-proxy needs --direct URL, got %q", target)
+	}
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("bench: %w", err)
+	}
+	rp := &httputil.ReverseProxy{
+		Rewrite:       func(r *httputil.ProxyRequest) { r.SetURL(u) },
+		FlushInterval: -1,
+		Transport:     &http.Transport{MaxIdleConnsPerHost: 256, DisableCompression: true},
+	}
+	srv := &http.Server{Handler: rp, ReadHeaderTimeout: 10 * time.Second}
+	fmt.Fprintf(stderr, "standard reverse proxy to %s on http://%s\n", target, l.Addr())
+	go func() {
+		<-ctx.Done()
+		_ = srv.Close()
+	}()
+	if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("bench: %w", err)
+	}
+	return nil
+}
+
+// resetCache empties a replica's prefix cache.
+func resetCache(ctx context.Context, client *http.Client, base string) error {
+	url := strings.TrimRight(base, "/") + "/reset_prefix_cache"
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, nil)
+	if err != nil {
+		return fmt.Errorf("reset %s: %w", url, err)
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return fmt.Errorf("reset %s: %w", url, err)
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		return fmt.Errorf("reset %s: HTTP %d", url, resp.StatusCode)
+	}
+	return nil
+}
+
+// serveTCPRelay relays every connection on addr to target's host with a
+// plain read/write loop in each direction (no splice, no HTTP), until ctx
+// ends.
+func serveTCPRelay(ctx context.Context, addr, target string, stderr io.Writer) error {
+	u, err := url.Parse(target)
+	if err != nil || u.Host == "" {
+		return fmt.Errorf("bench: --tcp-relay needs --direct URL, got %q", target)
+	}
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("bench: %w", err)
+	}
+	fmt.Fprintf(stderr, "TCP relay to %s on %s\n", u.Host, l.Addr())
+	go func() {
+		<-ctx.Done()
+		_ = l.Close()
+	}()
+	pump := func(dst, src net.Conn) {
+		buf := make([]byte, 32<<10)
+		for {
+			n, err := src.Read(buf)
+			if n > 0 {
+				if _, werr := dst.Write(buf[:n]); werr != nil {
+					break
+				}
+			}
+			if err != nil {
+				break
+			}
+		}
+		_ = dst.Close()
+		_ = src.Close()
+	}
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("bench: %w", err)
+		}
+		go func() {
+			up, err := net.Dial("tcp", u.Host)
+			if err != nil {
+				_ = c.Close()
+				return
+			}
+			go pump(up, c)
+			pump(c, up)
+		}()
+	}
 }

@@ -133,3 +133,52 @@ func TestRunBenchFlagErrors(t *testing.T) {
 		})
 	}
 }
+
+// TestBenchConversations runs the conversation mode against two named
+// groups with a cache reset before each, then prints the table again from
+// the JSON it wrote.
+func TestBenchConversations(t *testing.T) {
+	a, na := fakeEngine(t, "m")
+	b, nb := fakeEngine(t, "m")
+	var resets atomic.Int64
+	rep := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost && r.URL.Path == "/reset_prefix_cache" {
+			resets.Add(1)
+		}
+	}))
+	defer rep.Close()
+	var out, errOut bytes.Buffer
+	args := []string{"--conversations", "3", "--turns", "2", "--clients", "2", "--think", "1ms", "--json",
+		"--group", "one=" + a.URL, "--group", "two=" + a.URL + "," + b.URL, "--reset-replica", rep.URL, "--commit", "abc"}
+	if err := runBench(t.Context(), args, &out, &errOut); err != nil {
+		t.Fatalf("%v: %s", err, errOut.String())
+	}
+	var res struct {
+		Frontends []struct {
+			Name   string  `json:"name"`
+			Commit string  `json:"commit"`
+			Turns  int     `json:"turns"`
+			Share  float64 `json:"followup_cached_share"`
+		} `json:"frontends"`
+	}
+	if err := json.Unmarshal(out.Bytes(), &res); err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Frontends) != 2 || res.Frontends[1].Name != "two" || res.Frontends[1].Commit != "abc" || res.Frontends[0].Turns != 6 || res.Frontends[1].Share != 0.5 {
+		t.Fatalf("results %+v", res.Frontends)
+	}
+	if na.Load()+nb.Load() != 12 || nb.Load() == 0 || resets.Load() != 2 {
+		t.Fatalf("served %d + %d, resets %d", na.Load(), nb.Load(), resets.Load())
+	}
+	path := filepath.Join(t.TempDir(), "r.json")
+	if err := os.WriteFile(path, out.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var table bytes.Buffer
+	if err := runBench(t.Context(), []string{"--table-from", path}, &table, &errOut); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(table.String(), "two") || !strings.Contains(table.String(), "0.500") {
+		t.Fatalf("table:\n%s", table.String())
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/kvmesh/kvmesh/internal/trace"
@@ -101,6 +102,12 @@ func doRequest(ctx context.Context, client *http.Client, url, model string, r tr
 // reasoning models stream first); a stream that finishes without any
 // content takes its end as TTFT, since that is when the user saw it end.
 func readStream(ctx context.Context, body io.Reader, sent time.Time) outcome {
+	return readStreamInto(ctx, body, sent, nil)
+}
+
+// readStreamInto is readStream that also appends the streamed content of
+// the choices to answer, when answer is not nil.
+func readStreamInto(ctx context.Context, body io.Reader, sent time.Time, answer *strings.Builder) outcome {
 	var o outcome
 	gotFirst := false
 	sc := bufio.NewScanner(body)
@@ -124,6 +131,11 @@ func readStream(ctx context.Context, body io.Reader, sent time.Time) outcome {
 		}
 		if len(c.Error) > 0 && string(c.Error) != "null" {
 			return outcome{kind: "stream_error"}
+		}
+		if answer != nil {
+			for _, ch := range c.Choices {
+				answer.WriteString(ch.Delta.Content)
+			}
 		}
 		if !gotFirst {
 			for _, ch := range c.Choices {

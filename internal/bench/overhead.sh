@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# overhead.sh: what a kvmesh router costs against HAProxy, side by side in
+# one run (issue 9): both in front of the same instant replica (`kvmesh
+# bench --instant-replica`), 8 KB chat bodies, closed-loop clients at
+# concurrency 16 and 1, interleaved rounds; then 1,000-token streams
+# relayed by each while its process CPU (utime + stime from
+# /proc/<pid>/stat) is read before and after. Answer recording is on in
+# the router (it owns the replica, so it reads every stream). Go's
+# standard reverse proxy (`kvmesh bench --reverse-proxy`) runs alongside
+# as the floor of any Go proxy: what kvmesh adds beyond it is its own work;
+# and a bare Go TCP relay (`kvmesh bench --tcp-relay`: a read/write loop,
+# no HTTP) as the floor of Go's runtime alone.
+#
+#   internal/bench/overhead.sh            the table
+#   internal/bench/overhead.sh --json     JSON
+#
+# Environment: BASE_PORT [19300], ROUNDS [3], ROUND [3s], STREAMS [200],
+# TOKEN_GAP [1ms] (pause between streamed tokens, so each arrives on its
+# own as from a decoding engine), ROUTER_ENV [] (environment of the router,
+# e.g. "GOMAXPROCS=1 GOGC=400"). Needs go, curl and haproxy.
+set -euo pipefail
+HOST=127.0.0.1
+BASE_PORT=${BASE_PORT:-19300}
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+dir=$(mktemp -d "${TMPDIR:-/tmp}/kvmesh-overhead.XXXXXX")
+while IFS= read -r v; do unset "$v"; done < <(compgen -e | grep '^KVMESH_' || true)
+pids=()
+cleanup() {
+	local i
+	for ((i = ${#pids[@]} - 1; i >= 0; i--)); do kill -TERM "${pids[i]}" 2>/dev/null || true; done
+	for ((i = ${#pids[@]} - 1; i >= 0; i--)); do wait "${pids[i]}" 2>/dev/null || true; done
+	rm -rf "$dir"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+command -v haproxy >/dev/null || { echo "overhead.sh: haproxy not installed (apt-get install haproxy)" >&2; exit 1; }
+
+wait_ok() {
+	local tries=0
+	until [[ $(curl -s -o /dev/null -w '%{http_code}' --max-time 2 -H 'Content-Type: application/json' \
+		-d '{"model":"bench","messages":[{"role":"user","content":"hi"}],"max_tokens":1}' "$1/v1/chat/completions" || true) == 200 ]]; do
+		((++tries > 300)) && { echo "overhead.sh: $1 not ready" >&2; exit 1; }
+		sleep 0.1
+	done
+}
+
+(cd "$repo" && go build -o "$dir/kvmesh" ./cmd/kvmesh)
+rep=http://$HOST:$BASE_PORT
+"$dir/kvmesh" bench --instant-replica "$HOST:$BASE_PORT" --model bench --token-gap "${TOKEN_GAP:-1ms}" 2>"$dir/replica.log" &
+pids+=("$!")
+env ${ROUTER_ENV:-} "$dir/kvmesh" router --name overhead --listen "$HOST:$((BASE_PORT + 1))" --gossip-bind "$HOST:$((BASE_PORT + 2))" \
+	--replica "$rep" --log-level warn 2>"$dir/router.log" &
+router_pid=$!
+pids+=("$router_pid")
+cat >"$dir/haproxy.cfg" <<CFG
+global
+  maxconn 4096
+defaults
+  mode http
+  timeout connect 5s
+  timeout client 10m
+  timeout server 10m
+frontend openai
+  bind $HOST:$((BASE_PORT + 3))
+  default_backend replica
+backend replica
+  server r1 $HOST:$BASE_PORT
+CFG
+"$dir/kvmesh" bench --reverse-proxy "$HOST:$((BASE_PORT + 4))" --direct "$rep" 2>"$dir/stdproxy.log" &
+std_pid=$!
+pids+=("$std_pid")
+"$dir/kvmesh" bench --tcp-relay "$HOST:$((BASE_PORT + 5))" --direct "$rep" 2>"$dir/tcprelay.log" &
+tcp_pid=$!
+pids+=("$tcp_pid")
+haproxy -db -f "$dir/haproxy.cfg" 2>"$dir/haproxy.log" &
+haproxy_pid=$!
+pids+=("$haproxy_pid")
+wait_ok "$rep"
+wait_ok "http://$HOST:$((BASE_PORT + 1))"
+wait_ok "http://$HOST:$((BASE_PORT + 3))"
+wait_ok "http://$HOST:$((BASE_PORT + 4))"
+wait_ok "http://$HOST:$((BASE_PORT + 5))"
+"$dir/kvmesh" bench --overhead --model bench --direct "$rep" \
+	--group "kvmesh=http://$HOST:$((BASE_PORT + 1))" --group "haproxy=http://$HOST:$((BASE_PORT + 3))" --group "go-stdproxy=http://$HOST:$((BASE_PORT + 4))" \
+	--group "go-tcp-relay=http://$HOST:$((BASE_PORT + 5))" \
+	--pid "kvmesh=$router_pid" --pid "haproxy=$haproxy_pid" --pid "go-stdproxy=$std_pid" --pid "go-tcp-relay=$tcp_pid" --baseline haproxy \
+	--rounds "${ROUNDS:-3}" --round "${ROUND:-3s}" --streams "${STREAMS:-200}" "$@"

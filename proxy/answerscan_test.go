@@ -1,0 +1,308 @@
+package proxy
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// refExtract is extractAnswer's specification written with encoding/json:
+// decode into a map (exact keys, last duplicate wins) and walk it.
+func refExtract(doc []byte) (string, answerUsage, bool) {
+	if !json.Valid(doc) {
+		return "", answerUsage{}, false
+	}
+	dec := json.NewDecoder(bytes.NewReader(doc))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		return "", answerUsage{}, false
+	}
+	top, ok := v.(map[string]any)
+	if !ok {
+		return "", answerUsage{}, true
+	}
+	asInt := func(x any) (int64, bool) {
+		n, ok := x.(json.Number)
+		if !ok {
+			return 0, false
+		}
+		i, err := strconv.ParseInt(string(n), 10, 64)
+		return i, err == nil
+	}
+	content := func(x any) (string, bool) {
+		m, ok := x.(map[string]any)
+		if !ok {
+			return "", false
+		}
+		s, ok := m["content"].(string)
+		return s, ok
+	}
+	var text strings.Builder
+	if cs, ok := top["choices"].([]any); ok {
+		for _, c := range cs {
+			m, ok := c.(map[string]any)
+			if !ok {
+				continue
+			}
+			if idx, present := m["index"]; present && idx != nil {
+				if i, ok := asInt(idx); !ok || i != 0 {
+					continue
+				}
+			}
+			if s, ok := content(m["delta"]); ok {
+				text.WriteString(s)
+			} else if s, ok := content(m["message"]); ok {
+				text.WriteString(s)
+			} else if s, ok := m["text"].(string); ok {
+				text.WriteString(s)
+			}
+		}
+	}
+	var u answerUsage
+	if um, ok := top["usage"].(map[string]any); ok {
+		u.present = true
+		u.promptTokens, _ = asInt(um["prompt_tokens"])
+		if d, ok := um["prompt_tokens_details"].(map[string]any); ok {
+			u.cachedTokens, u.hasCached = asInt(d["cached_tokens"])
+		}
+	}
+	return text.String(), u, true
+}
+
+var extractCases = []string{
+	`{"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":"assistant","content":"Hello"},"finish_reason":null}]}`,
+	`{"choices":[{"index":0,"delta":{"content":" w\u00f6rld \"q\"\n"}}]}`,
+	`{"choices":[{"index":0,"text":"completion text"}]}`,
+	`{"choices":[{"index":1,"delta":{"content":"other"}},{"delta":{"content":"no index"}}]}`,
+	`{"choices":[],"usage":{"prompt_tokens":90,"completion_tokens":3,"prompt_tokens_details":{"cached_tokens":32}}}`,
+	`{"choices":[{"index":0,"message":{"content":"whole"},"text":"x"}],"usage":{"prompt_tokens":-5}}`,
+	`{"choices":[{"index":0,"delta":{"content":null},"text":"fallback"}],"usage":null}`,
+	`{"choices":[{"index":0,"delta":{"content":"a"}}],"choices":[{"index":0,"delta":{"content":"b"}}]}`,
+	`{"usage":{"prompt_tokens":1.5,"prompt_tokens_details":{"cached_tokens":1e3}}}`,
+	`{"choices":[{"index":0,"delta":{"content":"\ud83d\ude00 \ud800 x"}}]}`,
+	"{\"choices\":[{\"index\":0,\"delta\":{\"content\":\"bad \xff utf8\"}}]}",
+	`{"cho\u0069ces":[{"index":-0,"delta":{"content":"escaped key"}}]}`,
+	`[1,2,{"choices":[]}]`,
+	`{"choices":[{"index":0,"delta":{"content":"trailing"}}],}`,
+	`{"choices":[{"index":0,"delta":{"content":"x"}}]} x`,
+	`{"a":[01]}`,
+	`{"a":"\x"}`,
+	`{"a":tru}`,
+	``,
+	`null`,
+}
+
+func TestExtractAnswerMatchesReference(t *testing.T) {
+	for _, c := range extractCases {
+		checkExtract(t, []byte(c))
+	}
+	deep := strings.Repeat("[", maxJSONDepth) + strings.Repeat("]", maxJSONDepth)
+	checkExtract(t, []byte(`{"a":`+deep[1:len(deep)-1]+`}`))
+	checkExtract(t, []byte(`{"a":`+deep+`}`))
+}
+
+func checkExtract(t *testing.T, doc []byte) {
+	t.Helper()
+	prefix := []byte("kept:")
+	got, gu, gok := extractAnswer(bytes.Clone(prefix), doc)
+	want, wu, wok := refExtract(doc)
+	if gok != wok || gu != wu {
+		t.Fatalf("%q: ok %v usage %+v, want ok %v usage %+v", doc, gok, gu, wok, wu)
+	}
+	if !bytes.HasPrefix(got, prefix) {
+		t.Fatalf("%q: lost the bytes already in dst", doc)
+	}
+	if gok && string(got[len(prefix):]) != want {
+		t.Fatalf("%q: text %q, want %q", doc, got[len(prefix):], want)
+	}
+	if !gok && len(got) != len(prefix) {
+		t.Fatalf("%q: invalid document appended %q", doc, got[len(prefix):])
+	}
+}
+
+// FuzzExtractAnswer holds the byte-level extractor to its encoding/json
+// specification, including json.Valid's accept/reject decision.
+func FuzzExtractAnswer(f *testing.F) {
+	for _, c := range extractCases {
+		f.Add([]byte(c))
+	}
+	f.Fuzz(func(t *testing.T, doc []byte) {
+		checkExtract(t, doc)
+	})
+}
+
+// TestSinkSplitsAnywhere: a stream cut at every byte boundary yields the
+// same answer and usage as in one piece.
+func TestSinkSplitsAnywhere(t *testing.T) {
+	stream := []byte(streamOf(20))
+	whole := newAnswerSink(true)
+	whole.feed(stream)
+	whole.finish()
+	for cut := range len(stream) {
+		s := newAnswerSink(true)
+		s.feed(stream[:cut])
+		s.feed(stream[cut:])
+		s.finish()
+		if string(s.answer) != string(whole.answer) || s.usage != whole.usage || !s.done {
+			t.Fatalf("cut at %d: %q %+v, want %q %+v", cut, s.answer, s.usage, whole.answer, whole.usage)
+		}
+		s.release()
+	}
+	if !whole.usage.hasCached || whole.usage.cachedTokens != 48 || len(whole.answer) != 20*len("token ") {
+		t.Fatalf("answer %q usage %+v", whole.answer, whole.usage)
+	}
+}
+
+// streamOf is a vLLM-shaped chat stream of n one-token deltas.
+func streamOf(n int) string {
+	var b strings.Builder
+	for i := range n {
+		fmt.Fprintf(&b, "data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":1700000000,\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"token \"},\"logprobs\":null,\"finish_reason\":null}]}\r\n\r\n")
+		_ = i
+	}
+	b.WriteString("data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":1700000000,\"model\":\"m\",\"choices\":[],\"usage\":{\"prompt_tokens\":100,\"total_tokens\":120,\"completion_tokens\":20,\"prompt_tokens_details\":{\"cached_tokens\":48}}}\n\n")
+	b.WriteString("data: [DONE]\n\n")
+	return b.String()
+}
+
+// BenchmarkAnswerSink is the answer recording of one 1,000-token stream,
+// fed in 4 KB reads: the byte-level extractor with and without the chunk
+// template against a per-chunk encoding/json decode (what the router did
+// before).
+func BenchmarkAnswerSink(b *testing.B) {
+	stream := []byte(streamOf(1000))
+	feed := func(s interface{ feed([]byte) }) {
+		for i := 0; i < len(stream); i += 4096 {
+			s.feed(stream[i:min(i+4096, len(stream))])
+		}
+	}
+	b.Run("extractor", func(b *testing.B) {
+		b.SetBytes(int64(len(stream)))
+		b.ReportAllocs()
+		for b.Loop() {
+			s := newAnswerSink(true)
+			feed(s)
+			s.finish()
+			if len(s.answer) != 6000 {
+				b.Fatal(len(s.answer))
+			}
+			s.release()
+		}
+	})
+	b.Run("extractor-no-template", func(b *testing.B) {
+		b.SetBytes(int64(len(stream)))
+		b.ReportAllocs()
+		for b.Loop() {
+			s := newAnswerSink(true)
+			s.plain = true
+			feed(s)
+			s.finish()
+			if len(s.answer) != 6000 {
+				b.Fatal(len(s.answer))
+			}
+			s.release()
+		}
+	})
+	b.Run("encoding-json", func(b *testing.B) {
+		b.SetBytes(int64(len(stream)))
+		b.ReportAllocs()
+		for b.Loop() {
+			s := &jsonSink{}
+			feed(s)
+			if len(s.answer) != 6000 {
+				b.Fatal(len(s.answer))
+			}
+		}
+	})
+}
+
+// jsonSink is the former per-chunk encoding/json reader, kept as the
+// benchmark's baseline.
+type jsonSink struct {
+	buf    []byte
+	answer []byte
+}
+
+func (s *jsonSink) feed(b []byte) {
+	for len(b) > 0 {
+		i := bytes.IndexByte(b, '\n')
+		if i < 0 {
+			s.buf = append(s.buf, b...)
+			return
+		}
+		line := b[:i]
+		b = b[i+1:]
+		if len(s.buf) > 0 {
+			s.buf = append(s.buf, line...)
+			line = s.buf
+		}
+		line = bytes.TrimSuffix(line, []byte{'\r'})
+		if data, ok := bytes.CutPrefix(line, []byte("data:")); ok {
+			var c struct {
+				Choices []struct {
+					Index int `json:"index"`
+					Delta *struct {
+						Content *string `json:"content"`
+					} `json:"delta"`
+				} `json:"choices"`
+			}
+			if json.Unmarshal(bytes.TrimSpace(data), &c) == nil {
+				for _, ch := range c.Choices {
+					if ch.Index == 0 && ch.Delta != nil && ch.Delta.Content != nil {
+						s.answer = append(s.answer, *ch.Delta.Content...)
+					}
+				}
+			}
+		}
+		s.buf = s.buf[:0]
+	}
+}
+
+// BenchmarkExtractAnswer is one vLLM-shaped stream chunk.
+func BenchmarkExtractAnswer(b *testing.B) {
+	doc := []byte(`{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1700000000,"model":"m","choices":[{"index":0,"delta":{"content":"token "},"logprobs":null,"finish_reason":null}]}`)
+	var dst []byte
+	b.SetBytes(int64(len(doc)))
+	for b.Loop() {
+		dst, _, _ = extractAnswer(dst[:0], doc)
+	}
+}
+
+// FuzzSinkTemplate holds the template fast path to the full extractor:
+// any stream gives the same answer and usage read either way.
+func FuzzSinkTemplate(f *testing.F) {
+	f.Add([]byte(streamOf(5)), 7)
+	f.Add([]byte("data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"}}]}\n\ndata: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"b\\\"\\u00e9\"}}]}\n\ndata: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"c\\\"}}]}\n\ndata: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"d\"}}]}\n"), 3)
+	f.Add([]byte("data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"x\"}},{\"index\":0,\"delta\":{\"content\":\"\"}}]}\ndata: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"y\"}},{\"index\":0,\"delta\":{\"content\":\"\"}}]}\ndata: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"\"}},{\"index\":0,\"delta\":{\"content\":\"\"}}]}\n"), 1)
+	f.Fuzz(func(t *testing.T, stream []byte, cut int) {
+		fast, ref := newAnswerSink(true), newAnswerSink(true)
+		ref.plain = true
+		cut = min(max(cut, 0), len(stream))
+		for _, s := range []*answerSink{fast, ref} {
+			s.feed(stream[:cut])
+			s.feed(stream[cut:])
+			s.finish()
+		}
+		if !bytes.Equal(fast.answer, ref.answer) || fast.usage != ref.usage || fast.done != ref.done {
+			t.Fatalf("template path %q %+v, full path %q %+v", fast.answer, fast.usage, ref.answer, ref.usage)
+		}
+		fast.release()
+		ref.release()
+	})
+}
+
+// TestTemplateIsUsed: after the first delta chunk the template serves
+// the rest of a vLLM-shaped stream.
+func TestTemplateIsUsed(t *testing.T) {
+	s := newAnswerSink(true)
+	st := streamOf(3)
+	s.feed([]byte(st[:strings.LastIndex(st[:strings.Index(st, `"usage"`)], "data:")])) // the delta chunks only
+	if !s.tpl.ok || !bytes.HasSuffix(s.tpl.pre, []byte(`"content":"`)) || !bytes.HasPrefix(s.tpl.suf, []byte(`"},"logprobs"`)) {
+		t.Fatalf("template %v %q %q", s.tpl.ok, s.tpl.pre, s.tpl.suf)
+	}
+	s.release()
+}

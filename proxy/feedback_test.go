@@ -1,0 +1,109 @@
+package proxy
+
+import (
+	"net/http"
+	"slices"
+	"testing"
+
+	"github.com/kvmesh/kvmesh/summary"
+	dto "github.com/prometheus/client_model/go"
+)
+
+// TestRecordOnlyWhenAccepted: a prompt enters a replica's summary only
+// once that replica accepted the request; a refused or failed attempt
+// leaves no false "held".
+func TestRecordOnlyWhenAccepted(t *testing.T) {
+	tests := []struct {
+		name       string
+		first      http.HandlerFunc // the replica that claims the prefix
+		wantFirst  int              // records at it
+		wantSecond int              // records at the fallback
+		status     int
+	}{
+		{"accepted", func(w http.ResponseWriter, r *http.Request) { jsonChat(w, "fine", 0) }, 2, 0, 200},
+		{"503 then retried", func(w http.ResponseWriter, r *http.Request) { http.Error(w, "down", http.StatusServiceUnavailable) }, 0, 2, 200},
+		{"400 passed through", func(w http.ResponseWriter, r *http.Request) { http.Error(w, "bad", http.StatusBadRequest) }, 0, 0, 400},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			first := newReplica(t, tc.first)
+			second := newReplica(t, func(w http.ResponseWriter, r *http.Request) { jsonChat(w, "from the second", 0) })
+			view := newFakeView([]string{"m"}, fakeReplica{id: first.URL, match: 5}, fakeReplica{id: second.URL})
+			_, srv, _ := newTestProxy(t, view, nil)
+			resp := post(t, t.Context(), srv.URL+"/v1/chat/completions", chatBody("m", false, longPrompt))
+			readAll(t, resp)
+			if resp.StatusCode != tc.status {
+				t.Fatalf("status %d, want %d", resp.StatusCode, tc.status)
+			}
+			view.waitDone(t)
+			if tc.wantSecond > 0 {
+				view.waitDone(t)
+			}
+			if got := len(view.recorded(first.URL)); got != tc.wantFirst {
+				t.Errorf("records at the first replica %d, want %d", got, tc.wantFirst)
+			}
+			if got := len(view.recorded(second.URL)); got != tc.wantSecond {
+				t.Errorf("records at the second replica %d, want %d", got, tc.wantSecond)
+			}
+		})
+	}
+}
+
+// TestForgetBeyondReported: when the engine reports fewer cached tokens
+// than the summary predicted, the blocks beyond the report (and a block
+// of slack, unless it reported none) are forgotten, the prompt and answer are recorded again after
+// that, and the error lands in the histogram.
+func TestForgetBeyondReported(t *testing.T) {
+	body := chatBody("m", true, longPrompt)
+	prompt, err := summary.RenderChat([]byte(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hashes := testContract.AppendHashes(nil, testContract.Root("m", ""), prompt.Text)
+	// sseChat reports 100 prompt tokens: this many text bytes per token.
+	bpt := float64(len(prompt.Text)) / 100
+	const match = 12
+	tests := []struct {
+		name       string
+		cached     int
+		wantForget []uint64
+	}{
+		{"nothing cached", 0, hashes[:match]},
+		{"half cached", int(6*16/bpt) + 1, hashes[7:match]},
+		{"all cached", int(match*16/bpt) + 1, nil},
+		{"more than predicted", 100, nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			rep := newReplica(t, func(w http.ResponseWriter, r *http.Request) {
+				sseChat(w, []string{"an answer of a few blocks, ", "streamed"}, tc.cached)
+			})
+			view := newFakeView([]string{"m"}, fakeReplica{id: rep.URL, match: match})
+			p, srv, _ := newTestProxy(t, view, nil)
+			resp := post(t, t.Context(), srv.URL+"/v1/chat/completions", body)
+			readAll(t, resp)
+			view.waitDone(t)
+			forgets := view.forgotten(rep.URL)
+			if tc.wantForget == nil {
+				if len(forgets) != 0 {
+					t.Fatalf("forgot %d times, want none", len(forgets))
+				}
+			} else if len(forgets) != 1 || !slices.Equal(forgets[0], tc.wantForget) {
+				t.Fatalf("forgets %v, want one of %d blocks", forgets, len(tc.wantForget))
+			}
+			recs := view.recorded(rep.URL)
+			if len(recs) != 2 || !slices.Equal(recs[0], hashes) || len(recs[1]) <= len(hashes) {
+				t.Fatalf("records %d, want the prompt, then prompt + answer", len(recs))
+			}
+			var m dto.Metric
+			if err := p.m.predictionError.Write(&m); err != nil {
+				t.Fatal(err)
+			}
+			h := m.GetHistogram()
+			want := match - float64(tc.cached)*bpt/16
+			if h.GetSampleCount() != 1 || h.GetSampleSum() < want-1e-9 || h.GetSampleSum() > want+1e-9 {
+				t.Errorf("prediction error count %d sum %v, want 1 and %v", h.GetSampleCount(), h.GetSampleSum(), want)
+			}
+		})
+	}
+}
