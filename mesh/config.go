@@ -29,9 +29,16 @@ type Timing struct {
 	SuspicionMult int
 	// TCPTimeout bounds push/pull and reliable sends.
 	TCPTimeout time.Duration
-	// ReconnectInterval is how often a router re-joins failed peers and,
-	// when alone, its seeds; 0 means 30 probe intervals.
+	// ReconnectInterval is how often a router re-joins failed peers and
+	// the seeds not all in the mesh; 0 means 30 probe intervals.
 	ReconnectInterval time.Duration
+	// FailedPeerTimeout is how long a failed peer is remembered and
+	// re-joined; 0 means 30 minutes. Seeds are re-joined regardless.
+	FailedPeerTimeout time.Duration
+	// DeclarationTTL is how long a peer's declaration of a replica lives
+	// after the last state its router sent about it; 0 means six
+	// declaration periods (declEveryTicks state intervals).
+	DeclarationTTL time.Duration
 }
 
 // LANTiming returns memberlist's LAN defaults with kvmesh's state period.
@@ -42,7 +49,7 @@ func LANTiming() Timing {
 		ProbeInterval: c.ProbeInterval, ProbeTimeout: c.ProbeTimeout,
 		StateInterval: 200 * time.Millisecond, StaleAfter: 10 * time.Second,
 		SuspicionMult: c.SuspicionMult, TCPTimeout: c.TCPTimeout,
-		ReconnectInterval: 30 * time.Second,
+		ReconnectInterval: 10 * time.Second, FailedPeerTimeout: defaultFailedPeerTimeout,
 	}
 }
 
@@ -54,7 +61,7 @@ func TestTiming() Timing {
 		ProbeInterval: 100 * time.Millisecond, ProbeTimeout: 50 * time.Millisecond,
 		StateInterval: 50 * time.Millisecond, StaleAfter: time.Second,
 		SuspicionMult: 3, TCPTimeout: time.Second,
-		ReconnectInterval: 300 * time.Millisecond,
+		ReconnectInterval: 300 * time.Millisecond, FailedPeerTimeout: defaultFailedPeerTimeout,
 	}
 }
 
@@ -121,6 +128,12 @@ func (c *Config) validate() error {
 	}
 	if t.ReconnectInterval <= 0 {
 		t.ReconnectInterval = 30 * t.ProbeInterval
+	}
+	if t.FailedPeerTimeout <= 0 {
+		t.FailedPeerTimeout = defaultFailedPeerTimeout
+	}
+	if t.DeclarationTTL <= 0 {
+		t.DeclarationTTL = 6 * declEveryTicks * t.StateInterval
 	}
 	if c.DefaultCapacityBlocks == 0 {
 		c.DefaultCapacityBlocks = 16384

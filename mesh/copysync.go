@@ -317,9 +317,7 @@ func (m *Mesh) handleFullLocked(st *stateMsg, s *summary.Summary, now time.Time)
 	}
 	owner := m.ownerLocked(r)
 	switch {
-	case owner == m.cfg.Name && r.owned && r.sum != nil && r.sum.Version() == 0 && s.Version() > 0:
-		m.log.Info("adopting summary of a previous owner", "replica", r.id, "from", st.Origin, "epoch", s.Epoch(), "version", s.Version())
-		r.sum, r.lastSent, r.wantFull = s, s.Version(), false
+	case m.adoptSummaryLocked(r, owner, st, s):
 		return
 	case owner != st.Origin || r.owned:
 		m.met.dropped.WithLabelValues(dropRefused).Inc()

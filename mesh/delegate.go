@@ -136,6 +136,7 @@ func (d *delegate) MergeRemoteState(buf []byte, join bool) {
 			m.met.dropped.WithLabelValues(dropRefused).Inc()
 		}
 	}
+	m.reassertedLocked(&p)
 	for _, i := range valid {
 		m.handleFullLocked(&p.Entries[i].State, sums[i], now)
 	}

@@ -5,6 +5,7 @@ package mesh
 // replicas, and who owns each replica (see owner.go for the pure rule).
 
 import (
+	"context"
 	"fmt"
 	"math/rand/v2"
 	"net"
@@ -68,9 +69,12 @@ func splitHostPort(s string) (string, int, error) {
 	return host, port, nil
 }
 
-// joinLoop joins the seeds with backoff until one answers, then keeps
-// re-joining failed peers (and the seeds, when alone): memberlist never
-// re-joins a dead node by itself, so this is what heals a partition.
+// joinLoop joins the seeds with backoff until one answers, then, every
+// ReconnectInterval, re-joins failed peers (for FailedPeerTimeout) and
+// every seed not all in the mesh (for ever, re-resolving DNS names):
+// memberlist never re-joins a dead node by itself, so this is what heals a
+// partition, whatever its length. Between reconnects it expires the
+// declarations peers stopped asserting.
 func (m *Mesh) joinLoop() {
 	defer m.wg.Done()
 	if len(m.cfg.Join) > 0 {
@@ -88,42 +92,70 @@ func (m *Mesh) joinLoop() {
 			backoff = min(2*backoff, 30*time.Second)
 		}
 	}
-	for m.sleep(m.cfg.Timing.ReconnectInterval) {
-		var addrs []string
+	t := m.cfg.Timing
+	period := min(t.ReconnectInterval, max(t.DeclarationTTL/4, t.StateInterval))
+	lastReconnect := time.Now()
+	for m.sleep(period) {
 		now := time.Now()
 		m.mu.Lock()
-		for name, mb := range m.members {
-			if mb.alive {
-				continue
-			}
-			if now.Sub(mb.failedAt) > failedPeerTTL {
-				delete(m.members, name)
-				m.dirty = true
-				continue
-			}
-			addrs = append(addrs, mb.node.Address())
-		}
+		m.expireDeclarationsLocked(now)
 		m.unlockAndRun()
-		rand.Shuffle(len(addrs), func(i, j int) { addrs[i], addrs[j] = addrs[j], addrs[i] })
-		addrs = addrs[:min(len(addrs), 3)]
-		if m.ml.NumMembers() <= 1 {
-			addrs = append(addrs, m.cfg.Join...)
-		}
-		if len(addrs) == 0 {
+		if now.Sub(lastReconnect) < t.ReconnectInterval {
 			continue
 		}
-		if n, err := m.ml.Join(addrs); n > 0 {
-			m.log.Debug("reconnected", "addrs", addrs, "contacted", n)
-		} else {
-			m.log.Debug("reconnect failed", "addrs", addrs, "error", err)
+		lastReconnect = now
+		m.reconnect(now)
+	}
+}
+
+// reconnect re-joins up to three failed peers (remembered for
+// FailedPeerTimeout) and every seed that is missing; when a peer is
+// missing but no seed is, one seed as well.
+func (m *Mesh) reconnect(now time.Time) {
+	var addrs []string
+	alive := map[string]bool{m.ml.LocalNode().Address(): true}
+	m.mu.Lock()
+	for name, mb := range m.members {
+		if mb.alive {
+			alive[mb.node.Address()] = true
+			continue
 		}
+		if now.Sub(mb.failedAt) > m.cfg.Timing.FailedPeerTimeout {
+			delete(m.members, name)
+			m.dirty = true
+			continue
+		}
+		addrs = append(addrs, mb.node.Address())
+	}
+	m.unlockAndRun()
+	rand.Shuffle(len(addrs), func(i, j int) { addrs[i], addrs[j] = addrs[j], addrs[i] })
+	addrs = addrs[:min(len(addrs), 3)]
+	ctx, cancel := context.WithTimeout(m.ctx, min(m.cfg.Timing.TCPTimeout, 5*time.Second))
+	seeds := missingSeeds(m.cfg.Join, int(m.ml.LocalNode().Port), func(host string) ([]string, error) {
+		return net.DefaultResolver.LookupHost(ctx, host)
+	}, alive)
+	cancel()
+	if len(addrs) > 0 && len(seeds) == 0 && len(m.cfg.Join) > 0 {
+		// A known peer is missing though every seed is here: ask one seed,
+		// which may know where it went (one push/pull per round, not one
+		// per seed: each carries full summaries).
+		seeds = []string{m.cfg.Join[rand.IntN(len(m.cfg.Join))]}
+	}
+	addrs = append(addrs, seeds...)
+	if len(addrs) == 0 {
+		return
+	}
+	if n, err := m.ml.Join(addrs); n > 0 {
+		m.log.Debug("reconnected", "addrs", addrs, "contacted", n)
+	} else {
+		m.log.Debug("reconnect failed", "addrs", addrs, "error", err)
 	}
 }
 
 func (m *Mesh) replicaLocked(id string, create bool) *replica {
 	r := m.replicas[id]
 	if r == nil && create && len(m.replicas) < maxReplicas && id != "" && len(id) <= maxReplicaIDLen {
-		r = &replica{id: id, hash: route.HashID(id), declarers: map[string]bool{}}
+		r = &replica{id: id, hash: route.HashID(id), declarers: map[string]bool{}, declHeard: map[string]time.Time{}}
 		m.replicas[id] = r
 		i, _ := slices.BinarySearchFunc(m.order, id, func(x *replica, id string) int { return strings.Compare(x.id, id) })
 		m.order = slices.Insert(m.order, i, r)
@@ -188,7 +220,12 @@ func (m *Mesh) recomputeOwnersLocked() {
 	m.dirty, m.dirtyReps = false, m.dirtyReps[:0]
 }
 
-// declareLocked learns who declares the replica a state names.
+// declareLocked records that a state's origin declares the replica it
+// names, for DeclarationTTL from now (softstate.go). It is the only way a
+// peer's declaration is learned or renewed: the DeclaredBy list a state
+// carries is another router's hearsay, and adopting it let a declaration
+// outlive its router (two routers re-teach each other a claim its router
+// no longer makes; a restarted router took its own old claim back).
 func (m *Mesh) declareLocked(st *stateMsg) *replica {
 	if st.Origin == m.cfg.Name {
 		return nil
@@ -198,14 +235,12 @@ func (m *Mesh) declareLocked(st *stateMsg) *replica {
 		return nil
 	}
 	delete(r.withdrawn, st.Origin) // its own word, again
-	m.addDeclarerLocked(r, st.Origin)
-	for _, d := range st.DeclaredBy {
-		// Hearsay never overrides a router's own withdrawal, and a router
-		// knows best whether it declares a replica itself.
-		if d != "" && len(d) <= maxNameLen && len(r.declarers) < 64 && !r.withdrawn[d] && d != m.cfg.Name {
-			m.addDeclarerLocked(r, d)
-		}
+	if !r.declarers[st.Origin] && len(r.declarers) >= maxDeclarers {
+		return r
 	}
+	m.addDeclarerLocked(r, st.Origin)
+	r.declHeard[st.Origin] = time.Now()
+	m.handBackLocked(r, st)
 	return r
 }
 

@@ -44,8 +44,9 @@ const (
 	maxOrigins     = 4096 // origins remembered for dedupe
 	declEveryTicks = 10   // a declaration-only state every this many ticks
 	withdrawTicks  = 10   // ticks a withdrawal is repeated
-	failedPeerTTL  = 30 * time.Minute
-	udpBufferSize  = 1400
+	// defaultFailedPeerTimeout is Timing.FailedPeerTimeout's default.
+	defaultFailedPeerTimeout = 30 * time.Minute
+	udpBufferSize            = 1400
 	// protocol names the dissemination protocol in the contract ID peers
 	// compare: routers of protocol 1 (raw hashes on the broadcast queue,
 	// summary encoding v1) cannot read these summaries.
@@ -87,9 +88,14 @@ type replica struct {
 	pendingK                atomic.Int64 // pending prefill blocks × 1000
 
 	declarers map[string]bool // routers known to declare it
-	withdrawn map[string]bool // routers that withdrew it (their word beats hearsay)
-	owner     string          // ownerOf, kept current by recomputeOwnersLocked
-	ownerMb   *member         // members[owner] when another router owns it
+	// Soft state of the peers' declarations (softstate.go): when each
+	// declarer last asserted it itself, and the owner boot this router's
+	// copy was handed back to.
+	declHeard  map[string]time.Time
+	handedBack uint64
+	withdrawn  map[string]bool // routers that withdrew it (their word beats hearsay)
+	owner      string          // ownerOf, kept current by recomputeOwnersLocked
+	ownerMb    *member         // members[owner] when another router owns it
 	// ownerDirty: the declarers changed since owner was computed.
 	ownerDirty bool
 	withdrawT  int // ticks left to repeat this router's withdrawal

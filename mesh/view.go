@@ -284,15 +284,11 @@ func (m *Mesh) Debug() any {
 	now := time.Now()
 	m.mu.RLock()
 	for _, r := range m.replicas {
-		d := ReplicaDebug{ID: r.id, Owner: m.ownerLocked(r), Owned: r.owned}
-		for n := range r.declarers {
-			d.DeclaredBy = append(d.DeclaredBy, n)
-		}
-		slices.Sort(d.DeclaredBy)
+		d := ReplicaDebug{ID: r.id, Owner: m.ownerLocked(r), Owned: r.owned, DeclaredBy: m.declarersLocked(r, now)}
 		if r.owned {
 			d.Models, d.Healthy, d.Counts = r.models, r.healthy, r.sum != nil
 			d.InFlight, d.PendingPref = int(r.inFlight.Load()), float64(r.pendingK.Load())/1000
-		} else if r.hasState {
+		} else if r.hasState && r.st.Origin == d.Owner {
 			d.Models, d.Healthy, d.Counts = r.st.Models, r.st.Healthy, m.countsLocked(r, now)
 			d.InFlight, d.PendingPref, d.OwnerVer = int(r.st.InFlight), r.st.Pending, r.st.Version
 			d.AgeSeconds = now.Sub(r.heard).Seconds()

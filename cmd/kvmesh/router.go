@@ -118,6 +118,7 @@ flags:
 	fs.StringVar(&cfg.apiAdvertise, "api-advertise", "", "base URL peers forward requests to (default: http://<listen>)")
 	profile := fs.String("gossip-profile", "lan", "gossip timings: lan (one data centre), wan (regions apart) or test (fast, for local experiments)")
 	fs.DurationVar(&cfg.healthInterval, "health-interval", 2*time.Second, "interval of the replicas' health checks")
+	failedPeer := fs.Duration("failed-peer-timeout", 30*time.Minute, "how long a failed peer router is remembered and re-joined (seeds are re-joined for as long as they are missing)")
 	finishReplicaFlags := replicaFlags(fs, &cfg.sources)
 	edgeFlags(fs, &cfg)
 	if err := fs.Parse(args); err != nil {
@@ -178,6 +179,10 @@ flags:
 	default:
 		return cfg, fmt.Errorf("router: --gossip-profile %q is not lan, wan or test", *profile)
 	}
+	if *failedPeer <= 0 {
+		return cfg, errors.New("router: --failed-peer-timeout must be positive")
+	}
+	cfg.timing.FailedPeerTimeout = *failedPeer
 	if *keyFile != "" {
 		key, err := readGossipKey(*keyFile)
 		if err != nil {

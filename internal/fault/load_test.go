@@ -1,0 +1,249 @@
+//go:build fault
+
+package fault
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// outcome of one client request.
+type outcome int
+
+const (
+	// ok: 200 and the stream ended with [DONE].
+	ok outcome = iota
+	// cut: 200 and at least one event, then the stream broke: the request
+	// had started streaming, so the suite does not count it lost.
+	cut
+	// lost: anything else (an error before the first event, any status
+	// but 200): a request lost before it started streaming.
+	lost
+)
+
+func (o outcome) String() string { return [...]string{"ok", "cut", "lost"}[o] }
+
+// record is one client request as the load generator saw it.
+type record struct {
+	id         string
+	router     int // the router that answered (or the last tried)
+	start, end time.Time
+	status     int
+	out        outcome
+	err        string
+	refused    int // routers skipped because the dial failed (never sent)
+}
+
+// load is a closed-loop client: workers send streaming chat requests, each
+// with a unique X-Request-Id, to the routers targets() names, in turn. A
+// router that refuses the connection is skipped for the next one, as a
+// client behind DNS round-robin or a load balancer does: the request never
+// reached it. Keep-alives are off so a closing router cannot race a
+// reused connection.
+type load struct {
+	name    string
+	targets func() []int
+	client  *http.Client
+	seq     atomic.Int64
+	stopc   chan struct{}
+	wg      sync.WaitGroup
+	mu      sync.Mutex
+	recs    []record
+}
+
+// startLoad runs workers until stop. targets is read before each request.
+func startLoad(name string, workers int, targets func() []int) *load {
+	d := &net.Dialer{Timeout: 2 * time.Second}
+	l := &load{name: name, targets: targets, stopc: make(chan struct{}),
+		client: &http.Client{Timeout: 40 * time.Second, Transport: &http.Transport{
+			DisableKeepAlives: true, DialContext: d.DialContext, MaxIdleConnsPerHost: -1,
+		}}}
+	for w := 0; w < workers; w++ {
+		l.wg.Add(1)
+		go func() {
+			defer l.wg.Done()
+			for {
+				select {
+				case <-l.stopc:
+					return
+				default:
+				}
+				r := l.one()
+				l.mu.Lock()
+				l.recs = append(l.recs, r)
+				l.mu.Unlock()
+				if r.out != ok {
+					// Do not spin on a broken mesh.
+					time.Sleep(100 * time.Millisecond)
+				} else {
+					time.Sleep(20 * time.Millisecond)
+				}
+			}
+		}()
+	}
+	return l
+}
+
+// stop ends the load, waits for the requests in flight and returns all
+// records.
+func (l *load) stop() []record {
+	close(l.stopc)
+	l.wg.Wait()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.recs
+}
+
+// sharedPrefixes are system prompts many requests share, so routing has
+// cache affinity to keep or lose.
+var sharedPrefixes = func() []string {
+	var out []string
+	for p := 0; p < 6; p++ {
+		var b strings.Builder
+		fmt.Fprintf(&b, "You are assistant %d of the fault suite. ", p)
+		for w := 0; w < 60; w++ {
+			fmt.Fprintf(&b, "rule%d-%d keeps answers short and exact. ", p, w)
+		}
+		out = append(out, b.String())
+	}
+	return out
+}()
+
+func (l *load) one() record {
+	n := l.seq.Add(1)
+	id := fmt.Sprintf("%s-%06d", l.name, n)
+	body, _ := json.Marshal(map[string]any{
+		"model": "kvmesh-sim", "stream": true, "max_tokens": 8,
+		"messages": []map[string]string{
+			{"role": "system", "content": sharedPrefixes[n%int64(len(sharedPrefixes))]},
+			{"role": "user", "content": "request " + id},
+		},
+	})
+	rec := record{id: id, start: time.Now()}
+	defer func() { rec.end = time.Now() }()
+	targets := l.targets()
+	if len(targets) == 0 {
+		rec.out, rec.err = lost, "no router to send to"
+		rec.end = time.Now()
+		return rec
+	}
+	for a := 0; a < len(targets); a++ {
+		i := targets[(int(n)+a)%len(targets)]
+		rec.router = i
+		req, _ := http.NewRequestWithContext(context.Background(), http.MethodPost, routerAPI(i)+"/v1/chat/completions", bytes.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set(headerRequestID, id)
+		resp, err := l.client.Do(req)
+		if err != nil {
+			if neverSent(err) {
+				rec.refused++
+				continue
+			}
+			rec.out, rec.err = lost, err.Error()
+			rec.end = time.Now()
+			return rec
+		}
+		rec.status = resp.StatusCode
+		if resp.StatusCode != http.StatusOK {
+			var b [512]byte
+			k, _ := resp.Body.Read(b[:])
+			resp.Body.Close()
+			rec.out, rec.err = lost, fmt.Sprintf("%s: %s", resp.Status, strings.TrimSpace(string(b[:k])))
+			rec.end = time.Now()
+			return rec
+		}
+		events, done, err := readStream(resp)
+		switch {
+		case done:
+			rec.out = ok
+		case events > 0:
+			rec.out, rec.err = cut, fmt.Sprintf("stream cut after %d events: %v", events, err)
+		default:
+			rec.out, rec.err = lost, fmt.Sprintf("200 but no event: %v", err)
+		}
+		rec.end = time.Now()
+		return rec
+	}
+	rec.out, rec.err = lost, "every router refused the connection"
+	rec.end = time.Now()
+	return rec
+}
+
+// neverSent reports a dial failure: the request provably reached no one.
+func neverSent(err error) bool {
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" {
+		return true
+	}
+	return errors.Is(err, syscall.ECONNREFUSED)
+}
+
+func readStream(resp *http.Response) (events int, done bool, err error) {
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, "data:") {
+			continue
+		}
+		if strings.TrimSpace(strings.TrimPrefix(line, "data:")) == "[DONE]" {
+			return events, true, nil
+		}
+		events++
+	}
+	if sc.Err() != nil {
+		return events, false, sc.Err()
+	}
+	return events, false, errors.New("EOF before [DONE]")
+}
+
+// tally summarises records against the replicas' generation counts.
+type tally struct {
+	requests, ok, cut, lost, refused int
+	dupes                            []string // ids generated more than once
+	unseen                           []string // ok ids no replica logged (counting broken)
+	lastBad                          time.Time
+	samples                          []string // a few failures, for the log
+}
+
+func tallyOf(recs []record, gens map[string]int) tally {
+	var t tally
+	for _, r := range recs {
+		t.requests++
+		t.refused += r.refused
+		switch r.out {
+		case ok:
+			t.ok++
+			if gens[r.id] == 0 {
+				t.unseen = append(t.unseen, r.id)
+			}
+		case cut:
+			t.cut++
+		case lost:
+			t.lost++
+		}
+		if r.out != ok {
+			if r.end.After(t.lastBad) {
+				t.lastBad = r.end
+			}
+			if len(t.samples) < 5 {
+				t.samples = append(t.samples, fmt.Sprintf("%s via r%d after %.1fs: %s: %s", r.id, r.router, r.end.Sub(r.start).Seconds(), r.out, r.err))
+			}
+		}
+		if gens[r.id] > 1 {
+			t.dupes = append(t.dupes, fmt.Sprintf("%s×%d", r.id, gens[r.id]))
+		}
+	}
+	return t
+}
