@@ -163,6 +163,34 @@ func TestRouterStatusAndExampleMetrics(t *testing.T) {
 			t.Error(problem)
 		}
 	})
+
+	// The status page reads the newer families by name too: each shows
+	// once the live registry has it (the refused stream above included).
+	t.Run("status page shows the newer figures", func(t *testing.T) {
+		want := []string{`id="prediction"`, `data-pred-count="`, `data-forgotten="`, `data-rejected="none"`,
+			`data-engine-running="0"`, `data-full-copies="new_peer"`, `data-stream-refused="frame_too_large"`}
+		var body string
+		missing := want
+		for range 250 {
+			resp, err := client.Get("http://" + a.adminLn.Addr().String() + "/")
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			body, missing = string(b), nil
+			for _, w := range want {
+				if !strings.Contains(body, w) {
+					missing = append(missing, w)
+				}
+			}
+			if len(missing) == 0 {
+				return
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		t.Errorf("the status page lacks %q:\n%s", missing, body)
+	})
 }
 
 // refuseGossipStream opens a gossip TCP stream announcing an encrypted
