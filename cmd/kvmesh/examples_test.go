@@ -162,6 +162,24 @@ func TestRouterStatusAndExampleMetrics(t *testing.T) {
 		for _, problem := range checkRefs(refs, known) {
 			t.Error(problem)
 		}
+		// The README's metrics table lists exactly the registry's kvmesh_*
+		// families.
+		readme, err := os.ReadFile("../../README.md")
+		if err != nil {
+			t.Fatal(err)
+		}
+		listed := map[string]bool{}
+		for _, n := range metricName.FindAllString(string(readme), -1) {
+			listed[n] = true
+			if _, ok := known[n]; !ok {
+				t.Errorf("README.md names %s, which is not in the router's registry", n)
+			}
+		}
+		for n := range known {
+			if strings.HasPrefix(n, "kvmesh_") && !listed[n] {
+				t.Errorf("README.md does not list %s", n)
+			}
+		}
 	})
 
 	// The status page reads the newer families by name too: each shows
