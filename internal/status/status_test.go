@@ -201,11 +201,12 @@ func TestRender(t *testing.T) {
 				`data-pred-le="4" data-count="3"`, `data-pred-le="&#43;Inf" data-count="1"`,
 				// mean 96/12; p50 in (-0.5, 0.5]; p90 in (1, 4]; p99 in +Inf: the highest bound
 				`data-pred-quantiles="&#43;8.0 &#43;0.2 &#43;3.8 &#43;64.0"`,
-				`data-forgotten="7"`, `>&gt;64</text>`, `>≤-64</text>`,
+				`data-forgotten="7"`, `>&gt;64</text>`, `>≤-64</text>`, `>≤0.5</text>`,
 				`<title>over 1, at most 4 blocks: 3</title>`,
 			},
 			// Under-predicted buckets pale, around zero green, over-predicted orange.
 			ordered: []string{`class="bar alt" x="71"`, `class="bar up" x="173"`, `class="bar warn" x="241"`},
+			wantNot: []string{`no response has reported cached tokens yet`},
 		},
 		{
 			name: "edge, full copies and streams refused", mesh: &fakeMesh{threeRouters(), replicas()}, target: "/",
@@ -230,7 +231,7 @@ func TestRender(t *testing.T) {
 		},
 		{
 			name: "nothing refused", mesh: &fakeMesh{threeRouters(), replicas()}, target: "/", metrics: newFakeMetrics().withNewFamilies(),
-			want:    []string{`data-rejected="none">none`, `data-pred-count="0"`, `data-pred-quantiles="— — — —"`},
+			want:    []string{`data-rejected="none">none`, `data-pred-count="0"`, `data-pred-quantiles="— — — —"`, `no response has reported cached tokens yet`, `>≤-0.5</text>`},
 			wantNot: []string{`data-full-copies=`, `data-stream-refused=`, `data-delta-per-block`, `data-engine-running`},
 		},
 		{

@@ -151,6 +151,10 @@ dl{display:grid;grid-template-columns:max-content auto;gap:2px 12px;margin:0}dt{
 <h2>Prediction error per response, in blocks{{if .Window}} (last {{.Window}}){{else}} (since start){{end}}</h2>
 <p class="muted">predicted − engine-reported cached blocks; positive: the summary claimed blocks the replica no longer held</p>
 <svg width="{{.PredErr.Width}}" height="84" role="img" aria-label="prediction error histogram">
+<rect class="track" y="64" width="{{.PredErr.Width}}" height="1"/>
+{{- if eq .PredErr.Count "0"}}
+<text x="{{.PredErr.Mid}}" y="36" font-size="11" text-anchor="middle" fill="#6b7280">no response has reported cached tokens yet</text>
+{{- end}}
 {{- range .PredErr.Bars}}
 <rect class="{{.Class}}" x="{{.X}}" y="{{.Y}}" width="{{.W}}" height="{{.H}}" data-pred-le="{{.Le}}" data-count="{{.Count}}"><title>{{.Range}} blocks: {{.Count}}</title></rect>
 <text x="{{.LabelX}}" y="76" font-size="9" text-anchor="middle" fill="#6b7280">{{.Label}}</text>

@@ -5,6 +5,7 @@ import (
 	"math"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -117,6 +118,7 @@ type predErrView struct {
 	RecentForgotten            string // over the window, "" without one
 	Bars                       []histBar
 	Width                      int // px of the SVG
+	Mid                        int // px, the middle
 }
 
 // histBar is one bucket of an SVG histogram.
@@ -468,11 +470,11 @@ func predErrOf(h hist) predErrView {
 		}
 		switch {
 		case i == 0:
-			b.Label, b.Range = "≤"+trimFloat(hi), "at most "+trimFloat(hi)
+			b.Label, b.Range = "≤"+bound(hi), "at most "+bound(hi)
 		case i == len(h.bounds):
-			b.Label, b.Range = ">"+trimFloat(h.bounds[i-1]), "over "+trimFloat(h.bounds[i-1])
+			b.Label, b.Range = ">"+bound(h.bounds[i-1]), "over "+bound(h.bounds[i-1])
 		default:
-			b.Label, b.Range = "≤"+trimFloat(hi), "over "+trimFloat(h.bounds[i-1])+", at most "+trimFloat(hi)
+			b.Label, b.Range = "≤"+bound(hi), "over "+bound(h.bounds[i-1])+", at most "+bound(hi)
 		}
 		b.Le = "+Inf"
 		if !math.IsInf(hi, +1) {
@@ -498,8 +500,12 @@ func predErrOf(h hist) predErrView {
 		pv.Bars = append(pv.Bars, b)
 	}
 	pv.Width = len(counts) * histCol
+	pv.Mid = pv.Width / 2
 	return pv
 }
+
+// bound is a bucket bound as short as it is exact (0.5, 64).
+func bound(f float64) string { return strconv.FormatFloat(f, 'g', -1, 64) }
 
 func signedBlocks(f float64) string {
 	if f == 0 {
