@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -138,6 +139,9 @@ func TestRouterStatusAndExampleMetrics(t *testing.T) {
 	})
 
 	t.Run("example metrics exist", func(t *testing.T) {
+		// kvmesh_gossip_streams_refused_total has no series until a
+		// stream is refused: announce an oversized encrypted frame.
+		refuseGossipStream(t, a.mesh.GossipAddr())
 		var refs []metricRef
 		for _, f := range exampleFiles {
 			refs = append(refs, exampleRefs(t, f)...)
@@ -158,7 +162,70 @@ func TestRouterStatusAndExampleMetrics(t *testing.T) {
 		for _, problem := range checkRefs(refs, known) {
 			t.Error(problem)
 		}
+		// The README's metrics table lists exactly the registry's kvmesh_*
+		// families.
+		readme, err := os.ReadFile("../../README.md")
+		if err != nil {
+			t.Fatal(err)
+		}
+		listed := map[string]bool{}
+		for _, n := range metricName.FindAllString(string(readme), -1) {
+			listed[n] = true
+			if _, ok := known[n]; !ok {
+				t.Errorf("README.md names %s, which is not in the router's registry", n)
+			}
+		}
+		for n := range known {
+			if strings.HasPrefix(n, "kvmesh_") && !listed[n] {
+				t.Errorf("README.md does not list %s", n)
+			}
+		}
 	})
+
+	// The status page reads the newer families by name too: each shows
+	// once the live registry has it (the refused stream above included).
+	t.Run("status page shows the newer figures", func(t *testing.T) {
+		want := []string{`id="prediction"`, `data-pred-count="`, `data-forgotten="`, `data-rejected="none"`,
+			`data-engine-running="0"`, `data-full-copies="new_peer"`, `data-stream-refused="frame_too_large"`}
+		var body string
+		missing := want
+		for range 250 {
+			resp, err := client.Get("http://" + a.adminLn.Addr().String() + "/")
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			body, missing = string(b), nil
+			for _, w := range want {
+				if !strings.Contains(body, w) {
+					missing = append(missing, w)
+				}
+			}
+			if len(missing) == 0 {
+				return
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		t.Errorf("the status page lacks %q:\n%s", missing, body)
+	})
+}
+
+// refuseGossipStream opens a gossip TCP stream announcing an encrypted
+// frame over memberlist's limit, which the router's stream guard refuses
+// unread (reason frame_too_large).
+func refuseGossipStream(t *testing.T, addr string) {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Write([]byte{10, 0xff, 0xff, 0xff, 0xff}); err != nil { // encryptMsg, length
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, c) // until the guard closes it
 }
 
 // familyInfo is what a registry exposes of one metric family.
@@ -206,6 +273,9 @@ var (
 	selectorBody = regexp.MustCompile(`^\{([^}]*)\}`)
 	matcher      = regexp.MustCompile(`^\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"\s*,?`)
 	byClause     = regexp.MustCompile(`\b(?:by|without)\s*\(([^)]*)\)`)
+	// literalAlternation is a =~ value made of plain values only
+	// ("a|b|c"), whose every value can be checked.
+	literalAlternation = regexp.MustCompile(`^[a-zA-Z0-9_-]+(\|[a-zA-Z0-9_-]+)*$`)
 )
 
 // exampleRefs finds every kvmesh_* name in a file, with the label matchers
@@ -328,8 +398,15 @@ func checkRefs(refs []metricRef, known map[string]familyInfo) []string {
 			case slices.Contains(targetLabels, label) || slices.Contains(extra, label):
 			case fi.labels[label] == nil:
 				problems = append(problems, r.file+": "+r.name+" has no label "+label)
-			case op == "=" && !fi.labels[label][value]:
+			case (op == "=" || op == "!=") && !fi.labels[label][value]:
 				problems = append(problems, r.file+": "+r.name+` never has `+label+`="`+value+`"`)
+			case (op == "=~" || op == "!~") && literalAlternation.MatchString(value):
+				// reason=~"overflow|send_error": each alternative is a value.
+				for v := range strings.SplitSeq(value, "|") {
+					if !fi.labels[label][v] {
+						problems = append(problems, r.file+": "+r.name+` never has `+label+`="`+v+`"`)
+					}
+				}
 			}
 		}
 		for _, l := range r.grouping {
@@ -373,5 +450,55 @@ func TestKubernetesEnvNamesRouterFlags(t *testing.T) {
 	}
 	if seen < 10 {
 		t.Errorf("only %d KVMESH_* variables found in the manifests", seen)
+	}
+}
+
+// TestCheckRefsFlagsWrongNames: the example check fails on a metric, label,
+// label value or grouping the registry does not have, in either file kind.
+func TestCheckRefsFlagsWrongNames(t *testing.T) {
+	known := map[string]familyInfo{
+		"kvmesh_summary_full_copies_total": {typ: dto.MetricType_COUNTER,
+			labels: map[string]map[string]bool{"reason": {"overflow": true, "send_error": true}}},
+		"kvmesh_cache_prediction_error_blocks": {typ: dto.MetricType_HISTOGRAM, labels: map[string]map[string]bool{}},
+		"kvmesh_forgotten_blocks_total":        {typ: dto.MetricType_COUNTER, labels: map[string]map[string]bool{}},
+	}
+	tests := []struct {
+		name, expr string
+		want       string // in the one problem expected; "" for none
+	}{
+		{"all known", `sum by (job, reason) (rate(kvmesh_summary_full_copies_total{reason=~"overflow|send_error",instance=~"$instance"}[5m]))`, ""},
+		{"histogram bucket", `histogram_quantile(0.9, sum by (le) (rate(kvmesh_cache_prediction_error_blocks_bucket{le!="1"}[5m])))`, ""},
+		{"unknown metric", `rate(kvmesh_forgoten_blocks_total[5m])`, "kvmesh_forgoten_blocks_total is not in the router's registry"},
+		{"bucket of a counter", `rate(kvmesh_forgotten_blocks_total_bucket[5m])`, "is not in the router's registry"},
+		{"unknown label", `kvmesh_summary_full_copies_total{cause="overflow"}`, "has no label cause"},
+		{"unknown value", `kvmesh_summary_full_copies_total{reason="overflw"}`, `never has reason="overflw"`},
+		{"unknown negated value", `kvmesh_summary_full_copies_total{reason!="overflw"}`, `never has reason="overflw"`},
+		{"unknown value in an alternation", `kvmesh_summary_full_copies_total{reason=~"overflow|backpressure"}`, `never has reason="backpressure"`},
+		{"regex not checked", `kvmesh_summary_full_copies_total{reason=~"over.*"}`, ""},
+		{"unknown grouping", `sum by (peer) (kvmesh_forgotten_blocks_total)`, "grouping by peer"},
+	}
+	for _, tc := range tests {
+		for _, kind := range []string{"json", "yml"} {
+			t.Run(tc.name+"/"+kind, func(t *testing.T) {
+				path := filepath.Join(t.TempDir(), "example."+kind)
+				var body []byte
+				if kind == "json" {
+					body, _ = json.Marshal(map[string]any{"panels": []any{map[string]any{"id": 1, "type": "timeseries", "title": "p",
+						"targets": []any{map[string]any{"expr": tc.expr}}}}})
+				} else {
+					body = []byte("groups:\n  - name: g\n    rules:\n      - alert: A\n        expr: >-\n          " + tc.expr + "\n")
+				}
+				if err := os.WriteFile(path, body, 0o600); err != nil {
+					t.Fatal(err)
+				}
+				problems := checkRefs(exampleRefs(t, path), known)
+				switch {
+				case tc.want == "" && len(problems) != 0:
+					t.Errorf("problems %q, want none", problems)
+				case tc.want != "" && (len(problems) != 1 || !strings.Contains(problems[0], tc.want)):
+					t.Errorf("problems %q, want one with %q", problems, tc.want)
+				}
+			})
+		}
 	}
 }

@@ -22,12 +22,54 @@ const (
 	metricQueue     = "kvmesh_gossip_queue_depth"
 	metricResyncs   = "kvmesh_summary_resyncs_total"
 	metricRefusals  = "kvmesh_mesh_contract_refusals_total"
+
+	metricPredErr       = "kvmesh_cache_prediction_error_blocks"
+	metricForgotten     = "kvmesh_forgotten_blocks_total"
+	metricRejected      = "kvmesh_rejected_requests_total"
+	metricStreamRefused = "kvmesh_gossip_streams_refused_total"
+	metricEngineReqs    = "kvmesh_replica_engine_requests"
+	metricEngineSlots   = "kvmesh_replica_engine_slots"
+	metricFullCopies    = "kvmesh_summary_full_copies_total"
+	metricDeltaBytes    = "kvmesh_summary_delta_bytes_total"
+	metricDeltaEntries  = "kvmesh_summary_delta_entries_total"
 )
 
-// hist is one classic histogram: cumulative counts at upper bounds.
+// hist is one classic histogram: cumulative counts at its finite upper
+// bounds, the count of all observations (the +Inf bucket) and their sum.
 type hist struct {
 	bounds, counts []float64
-	count          float64
+	count, sum     float64
+}
+
+// readHist reads a classic histogram, or reports false when m is none.
+func readHist(m *dto.Metric) (hist, bool) {
+	h := m.GetHistogram()
+	if h == nil {
+		return hist{}, false
+	}
+	var x hist
+	for _, b := range h.GetBucket() {
+		if math.IsInf(b.GetUpperBound(), +1) {
+			continue
+		}
+		x.bounds = append(x.bounds, b.GetUpperBound())
+		x.counts = append(x.counts, float64(b.GetCumulativeCount()))
+	}
+	x.count, x.sum = float64(h.GetSampleCount()), h.GetSampleSum()
+	return x, true
+}
+
+// buckets returns the observations in each bucket (not cumulative), the
+// +Inf bucket last.
+func (h hist) buckets() []float64 {
+	out := make([]float64, len(h.counts)+1)
+	below := 0.0
+	for i, c := range h.counts {
+		out[i] = max(c-below, 0)
+		below = c
+	}
+	out[len(h.counts)] = max(h.count-below, 0)
+	return out
 }
 
 // sub returns h minus an earlier reading of the same histogram (h itself
@@ -36,7 +78,7 @@ func (h hist) sub(o hist) hist {
 	if len(o.bounds) != len(h.bounds) || o.count > h.count {
 		return h
 	}
-	d := hist{bounds: h.bounds, counts: make([]float64, len(h.counts)), count: h.count - o.count}
+	d := hist{bounds: h.bounds, counts: make([]float64, len(h.counts)), count: h.count - o.count, sum: h.sum - o.sum}
 	for i := range h.counts {
 		d.counts[i] = h.counts[i] - o.counts[i]
 	}
@@ -44,7 +86,8 @@ func (h hist) sub(o hist) hist {
 }
 
 // quantile estimates the q-quantile as Prometheus' histogram_quantile
-// does: linear within the bucket, the highest finite bound for the +Inf
+// does: linear within the bucket (from 0 in the first bucket when its bound
+// is positive, else that bound), the highest finite bound for the +Inf
 // bucket. ok is false without observations.
 func (h hist) quantile(q float64) (v float64, ok bool) {
 	if h.count <= 0 || len(h.bounds) == 0 {
@@ -54,6 +97,9 @@ func (h hist) quantile(q float64) (v float64, ok bool) {
 	i := sort.Search(len(h.counts), func(i int) bool { return h.counts[i] >= rank })
 	if i == len(h.counts) {
 		return h.bounds[len(h.bounds)-1], true
+	}
+	if i == 0 && h.bounds[0] <= 0 {
+		return h.bounds[0], true
 	}
 	lo, below := 0.0, 0.0
 	if i > 0 {
@@ -75,6 +121,10 @@ type sample struct {
 	prompt    float64
 	requests  float64
 	ttft      map[string]hist // by target
+	predErr   hist            // predicted minus reported blocks, per response
+	forgotten float64
+	// deltaBytes and deltaEntries: summary deltas queued to peers.
+	deltaBytes, deltaEntries float64
 }
 
 // total is a figure that only grows while the counters live.
@@ -113,21 +163,20 @@ func readSample(fams []*dto.MetricFamily, at time.Time) sample {
 			s.requests = sum(f)
 		case metricTTFT:
 			for _, m := range f.GetMetric() {
-				h := m.GetHistogram()
-				if h == nil {
-					continue
+				if x, ok := readHist(m); ok {
+					s.ttft[label(m, "target")] = x
 				}
-				var x hist
-				for _, b := range h.GetBucket() {
-					if math.IsInf(b.GetUpperBound(), +1) {
-						continue
-					}
-					x.bounds = append(x.bounds, b.GetUpperBound())
-					x.counts = append(x.counts, float64(b.GetCumulativeCount()))
-				}
-				x.count = float64(h.GetSampleCount())
-				s.ttft[label(m, "target")] = x
 			}
+		case metricPredErr:
+			if ms := f.GetMetric(); len(ms) > 0 {
+				s.predErr, _ = readHist(ms[0])
+			}
+		case metricForgotten:
+			s.forgotten = sum(f)
+		case metricDeltaBytes:
+			s.deltaBytes = sum(f)
+		case metricDeltaEntries:
+			s.deltaEntries = sum(f)
 		}
 	}
 	return s

@@ -29,6 +29,42 @@ type fakeMetrics struct {
 	predicted, reported, prompt prometheus.Counter
 	ttft                        *prometheus.HistogramVec
 	dropped                     *prometheus.CounterVec
+
+	// Families a router registers since the engine-aware and
+	// dissemination changes (registered by withNewFamilies).
+	predErr                             prometheus.Histogram
+	forgotten, deltaBytes, deltaEntries prometheus.Counter
+	rejected, streamsRefused, fullCopy  *prometheus.CounterVec
+	engineReqs, engineSlots             *prometheus.GaugeVec
+}
+
+// withNewFamilies registers the newer families with the proxy's and the
+// mesh's buckets and initial label values.
+func (f *fakeMetrics) withNewFamilies() *fakeMetrics {
+	f.predErr = prometheus.NewHistogram(prometheus.HistogramOpts{Name: metricPredErr, Help: "h", Buckets: []float64{-64, -16, -4, -1, -0.5, 0.5, 1, 4, 16, 64}})
+	f.forgotten = prometheus.NewCounter(prometheus.CounterOpts{Name: metricForgotten, Help: "h"})
+	f.deltaBytes = prometheus.NewCounter(prometheus.CounterOpts{Name: metricDeltaBytes, Help: "h"})
+	f.deltaEntries = prometheus.NewCounter(prometheus.CounterOpts{Name: metricDeltaEntries, Help: "h"})
+	f.rejected = prometheus.NewCounterVec(prometheus.CounterOpts{Name: metricRejected, Help: "h"}, []string{"reason"})
+	f.streamsRefused = prometheus.NewCounterVec(prometheus.CounterOpts{Name: metricStreamRefused, Help: "h"}, []string{"reason"})
+	f.fullCopy = prometheus.NewCounterVec(prometheus.CounterOpts{Name: metricFullCopies, Help: "h"}, []string{"reason"})
+	f.engineReqs = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: metricEngineReqs, Help: "h"}, []string{"replica", "state"})
+	f.engineSlots = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: metricEngineSlots, Help: "h"}, []string{"replica"})
+	f.reg.MustRegister(f.predErr, f.forgotten, f.deltaBytes, f.deltaEntries, f.rejected, f.streamsRefused, f.fullCopy, f.engineReqs, f.engineSlots)
+	for _, r := range []string{"client_inflight", "connections", "auth", "bad_hop_mac", "body_timeout"} {
+		f.rejected.WithLabelValues(r)
+	}
+	for _, r := range []string{"overflow", "send_error", "request", "cheaper", "log", "new_peer"} {
+		f.fullCopy.WithLabelValues(r)
+	}
+	return f
+}
+
+// engine sets a replica's engine gauges as the health checker does.
+func (f *fakeMetrics) engine(id string, running, waiting, slots float64) {
+	f.engineReqs.WithLabelValues(id, "running").Set(running)
+	f.engineReqs.WithLabelValues(id, "waiting").Set(waiting)
+	f.engineSlots.WithLabelValues(id).Set(slots)
 }
 
 func newFakeMetrics() *fakeMetrics {
@@ -126,6 +162,82 @@ func TestRender(t *testing.T) {
 			wantNot: []string{`<svg width="160"`, `data-drop="duplicate"`}, // no history yet; zero drops left out
 			// The reasons in the operator's order, good to bad.
 			ordered: []string{`data-reason="prefix"`, `data-reason="spill"`, `data-reason="fallback-cold"`, `data-reason="none"`},
+		},
+		{
+			name: "engines per replica", mesh: &fakeMesh{threeRouters(), replicas()}, target: "/",
+			metrics: func() *fakeMetrics {
+				f := newFakeMetrics().withNewFamilies()
+				f.engine("http://vllm-0:8000", 3, 0, 8)
+				f.engine("http://vllm-1:8000", 8, 2, 8)    // full and queueing
+				f.engine("http://vllm-2:8000", 2, 1, 0)    // slots unknown
+				f.engine("http://elsewhere:8000", 1, 1, 1) // not in the mesh's view: not shown
+				return f
+			}(),
+			want: []string{
+				`class="engine up" data-engine-running="3" data-engine-waiting="0" data-engine-slots="8"`,
+				`class="engine down" data-engine-running="8" data-engine-waiting="2" data-engine-slots="8"`,
+				`class="engine warn" data-engine-running="2" data-engine-waiting="1" data-engine-slots="?"`,
+				`<rect class="bar up" width="45.0" height="8"/>`,            // 3 of 8 slots
+				`<rect class="bar warn" x="96.0" width="24.0" height="8"/>`, // 2 waiting after 8 running, of 10
+				`Engine figures are the replicas' own metrics`,
+			},
+			wantNot: []string{`elsewhere`},
+			// vllm-3 and vllm-4 have no engine figures here.
+			ordered: []string{`data-engine-slots="?"`, `data-replica="http://vllm-3:8000"`, `<td class="muted">—</td>`},
+		},
+		{
+			name: "prediction error histogram", mesh: &fakeMesh{threeRouters(), replicas()}, target: "/",
+			metrics: func() *fakeMetrics {
+				f := newFakeMetrics().withNewFamilies()
+				for _, x := range []float64{0, 0, 0, 0, 0, 0, 2, 2, 2, 100, -5, -5} {
+					f.predErr.Observe(x)
+				}
+				f.forgotten.Add(7)
+				return f
+			}(),
+			want: []string{
+				`id="prediction"`, `data-pred-count="12"`,
+				`data-pred-le="-64" data-count="0"`, `data-pred-le="-4" data-count="2"`, `data-pred-le="0.5" data-count="6"`,
+				`data-pred-le="4" data-count="3"`, `data-pred-le="&#43;Inf" data-count="1"`,
+				// mean 96/12; p50 in (-0.5, 0.5]; p90 in (1, 4]; p99 in +Inf: the highest bound
+				`data-pred-quantiles="&#43;8.0 &#43;0.2 &#43;3.8 &#43;64.0"`,
+				`data-forgotten="7"`, `>&gt;64</text>`, `>≤-64</text>`, `>≤0.5</text>`,
+				`<title>over 1, at most 4 blocks: 3</title>`,
+			},
+			// Under-predicted buckets pale, around zero green, over-predicted orange.
+			ordered: []string{`class="bar alt" x="71"`, `class="bar up" x="173"`, `class="bar warn" x="241"`},
+			wantNot: []string{`no response has reported cached tokens yet`},
+		},
+		{
+			name: "edge, full copies and streams refused", mesh: &fakeMesh{threeRouters(), replicas()}, target: "/",
+			metrics: func() *fakeMetrics {
+				f := newFakeMetrics().withNewFamilies()
+				f.rejected.WithLabelValues("client_inflight").Add(4)
+				f.fullCopy.WithLabelValues("overflow").Add(2)
+				f.fullCopy.WithLabelValues("new_peer").Add(3)
+				f.streamsRefused.WithLabelValues("frame_too_large").Inc()
+				f.deltaBytes.Add(300)
+				f.deltaEntries.Add(100)
+				return f
+			}(),
+			want: []string{
+				`data-rejected="client_inflight"><span class="badge warn">4</span>`,
+				`data-full-copies="overflow"><span class="badge warn">2</span> <span class="muted">back-pressure</span>`,
+				`data-full-copies="new_peer">3</dd>`,
+				`data-stream-refused="frame_too_large"><span class="badge warn">1</span>`,
+				`data-delta-per-block="3">3</dd>`,
+			},
+			wantNot: []string{`data-rejected="auth"`, `data-rejected="none"`, `data-full-copies="cheaper"`},
+		},
+		{
+			name: "nothing refused", mesh: &fakeMesh{threeRouters(), replicas()}, target: "/", metrics: newFakeMetrics().withNewFamilies(),
+			want:    []string{`data-rejected="none">none`, `data-pred-count="0"`, `data-pred-quantiles="— — — —"`, `no response has reported cached tokens yet`, `>≤-0.5</text>`},
+			wantNot: []string{`data-full-copies=`, `data-stream-refused=`, `data-delta-per-block`, `data-engine-running`},
+		},
+		{
+			name: "a router without the newer families", mesh: &fakeMesh{threeRouters(), replicas()}, target: "/", metrics: newFakeMetrics(),
+			want:    []string{`id="decisions"`, `data-reason="prefix"`},
+			wantNot: []string{`id="prediction"`, `id="rejected"`, `data-engine-running`, `Engine figures`},
 		},
 		{
 			name: "names are escaped", target: "/",
@@ -356,6 +468,9 @@ func TestQuantile(t *testing.T) {
 		{"last finite bucket", h, 0.75, 3, true},
 		{"in +Inf", hist{bounds: []float64{1}, counts: []float64{1}, count: 4}, 0.9, 1, true},
 		{"no observations", hist{bounds: []float64{1}, counts: []float64{0}}, 0.5, 0, false},
+		// histogram_quantile: a first bucket at or below zero has no lower bound.
+		{"negative first bucket", hist{bounds: []float64{-4, 0, 4}, counts: []float64{2, 2, 4}, count: 4}, 0.25, -4, true},
+		{"negative bounds interpolate", hist{bounds: []float64{-4, 0, 4}, counts: []float64{0, 2, 4}, count: 4}, 0.25, -2, true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -393,5 +508,48 @@ func TestConcurrentViews(t *testing.T) {
 	}
 	for range 4 {
 		<-done
+	}
+}
+
+// TestRecentPredictionError: from the second view on, the prediction-error
+// histogram, the forgotten blocks and the delta cost are over the window.
+func TestRecentPredictionError(t *testing.T) {
+	f := newFakeMetrics().withNewFamilies()
+	c := &clock{time.Unix(1_800_000_000, 0)}
+	p, _ := New(Config{Router: "r1", Mesh: &fakeMesh{threeRouters(), replicas()}, Gatherer: f.reg, Now: c.now})
+
+	// Before the window: badly over-predicted, expensive deltas.
+	for range 5 {
+		f.predErr.Observe(100)
+	}
+	f.forgotten.Add(10)
+	f.deltaBytes.Add(800)
+	f.deltaEntries.Add(100)
+	_, body := get(t, p, http.MethodGet, "/")
+	for _, s := range []string{`data-pred-le="&#43;Inf" data-count="5"`, `data-pred-count="5"`, `data-delta-per-block="8"`, `data-forgotten="10">10 since start</dd>`} {
+		if !strings.Contains(body, s) {
+			t.Errorf("first view lacks %q", s)
+		}
+	}
+
+	// In the window: right on, cheap.
+	c.t = c.t.Add(10 * time.Second)
+	for range 4 {
+		f.predErr.Observe(0)
+	}
+	f.forgotten.Add(2)
+	f.deltaBytes.Add(200)
+	f.deltaEntries.Add(100)
+	_, body = get(t, p, http.MethodGet, "/")
+	for _, s := range []string{
+		`Prediction error per response, in blocks (last 10.0 s)`,
+		`data-pred-le="&#43;Inf" data-count="0"`, `data-pred-le="0.5" data-count="4"`, `data-pred-count="4"`,
+		`data-pred-quantiles="0 0 &#43;0.4 &#43;0.5"`, // four exact ones: mean 0, quantiles interpolated within (-0.5, 0.5]
+		`12 since start, 2 in the last 10.0 s`,
+		`data-delta-per-block="5">5 <span class="muted">(2 in the last 10.0 s)</span>`, // 1000/200; 200/100
+	} {
+		if !strings.Contains(body, s) {
+			t.Errorf("second view lacks %q", s)
+		}
 	}
 }

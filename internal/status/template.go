@@ -76,7 +76,7 @@ dl{display:grid;grid-template-columns:max-content auto;gap:2px 12px;margin:0}dt{
 <section id="replicas">
 <h2>Replicas{{if .ReplicasStale}} <span class="badge warn">{{.ReplicasStale}} stale</span>{{end}}</h2>
 <table>
-<thead><tr><th>replica</th><th>health</th><th>owner</th><th>declared by</th><th>models</th><th class="num">in flight</th><th></th><th class="num">pending prefill</th><th>summary</th><th>summary age</th></tr></thead>
+<thead><tr><th>replica</th><th>health</th><th>owner</th><th>declared by</th><th>models</th><th class="num">in flight</th><th></th><th class="num">pending prefill</th><th>engine <span class="muted">running · waiting / slots</span></th><th>summary</th><th>summary age</th></tr></thead>
 <tbody>
 {{- range .Replicas}}
 <tr class="replica {{.HealthClass}}" data-replica="{{.ID}}" data-owner="{{.Owner}}">
@@ -88,14 +88,22 @@ dl{display:grid;grid-template-columns:max-content auto;gap:2px 12px;margin:0}dt{
 <td class="num">{{.InFlight}}</td>
 <td><svg width="120" height="8" role="img" aria-label="in flight"><rect class="track" width="120" height="8"/><rect class="bar" width="{{.LoadBar}}" height="8"/></svg></td>
 <td class="num">{{.Pending}} blocks</td>
+{{- if .Engine.HasEngine}}
+<td class="engine {{.Engine.Class}}" data-engine-running="{{.Engine.Running}}" data-engine-waiting="{{.Engine.Waiting}}" data-engine-slots="{{.Engine.Slots}}"><svg width="120" height="8" role="img" aria-label="engine running and waiting"><rect class="track" width="120" height="8"/><rect class="bar up" width="{{.Engine.RunBar}}" height="8"/><rect class="bar warn" x="{{.Engine.WaitX}}" width="{{.Engine.WaitBar}}" height="8"/></svg> {{.Engine.Running}} · {{if ne .Engine.Waiting "0"}}<span class="badge {{.Engine.Class}}">{{.Engine.Waiting}}</span>{{else}}0{{end}} / {{.Engine.Slots}}</td>
+{{- else}}
+<td class="muted">—</td>
+{{- end}}
 <td>{{.Summary}}</td>
 <td><span class="badge {{.AgeClass}}">{{.Age}}</span></td>
 </tr>
 {{- else}}
-<tr><td colspan="10" class="muted">no replicas known</td></tr>
+<tr><td colspan="11" class="muted">no replicas known</td></tr>
 {{- end}}
 </tbody>
 </table>
+{{- if .HasEngines}}
+<p class="muted">Engine figures are the replicas' own metrics, read by this router's health checks (— for replicas it does not declare).</p>
+{{- end}}
 </section>
 
 {{- if .HasMetrics}}
@@ -138,6 +146,28 @@ dl{display:grid;grid-template-columns:max-content auto;gap:2px 12px;margin:0}dt{
 </table>
 </section>
 
+{{- if .PredErr.Has}}
+<section id="prediction">
+<h2>Prediction error per response, in blocks{{if .Window}} (last {{.Window}}){{else}} (since start){{end}}</h2>
+<p class="muted">predicted − engine-reported cached blocks; positive: the summary claimed blocks the replica no longer held</p>
+<svg width="{{.PredErr.Width}}" height="84" role="img" aria-label="prediction error histogram">
+<rect class="track" y="64" width="{{.PredErr.Width}}" height="1"/>
+{{- if eq .PredErr.Count "0"}}
+<text x="{{.PredErr.Mid}}" y="36" font-size="11" text-anchor="middle" fill="#6b7280">no response has reported cached tokens yet</text>
+{{- end}}
+{{- range .PredErr.Bars}}
+<rect class="{{.Class}}" x="{{.X}}" y="{{.Y}}" width="{{.W}}" height="{{.H}}" data-pred-le="{{.Le}}" data-count="{{.Count}}"><title>{{.Range}} blocks: {{.Count}}</title></rect>
+<text x="{{.LabelX}}" y="76" font-size="9" text-anchor="middle" fill="#6b7280">{{.Label}}</text>
+{{- end}}
+</svg>
+<dl>
+<dt>responses</dt><dd data-pred-count="{{.PredErr.Count}}">{{.PredErr.Count}}</dd>
+<dt>mean / p50 / p90 / p99</dt><dd data-pred-quantiles="{{.PredErr.Mean}} {{.PredErr.P50}} {{.PredErr.P90}} {{.PredErr.P99}}">{{.PredErr.Mean}} / {{.PredErr.P50}} / {{.PredErr.P90}} / {{.PredErr.P99}} blocks</dd>
+<dt>blocks forgotten</dt><dd data-forgotten="{{.PredErr.Forgotten}}">{{.PredErr.Forgotten}} since start{{if .PredErr.RecentForgotten}}, {{.PredErr.RecentForgotten}} in the last {{.Window}}{{end}}</dd>
+</dl>
+</section>
+{{- end}}
+
 <section id="latency">
 <h2>Upstream time to first byte{{if .Window}} (last {{.Window}}){{else}} (since start){{end}}</h2>
 <table>
@@ -155,7 +185,14 @@ dl{display:grid;grid-template-columns:max-content auto;gap:2px 12px;margin:0}dt{
 <h2>Gossip</h2>
 <dl>
 <dt>bytes in / out</dt><dd>{{.Gossip.In}} / {{.Gossip.Out}}</dd>
-{{- if .Gossip.Queue}}<dt>queued broadcasts</dt><dd>{{.Gossip.Queue}}</dd>{{end}}
+{{- if .Gossip.Queue}}<dt>batches queued to peers</dt><dd data-queue="{{.Gossip.Queue}}">{{.Gossip.Queue}}</dd>{{end}}
+{{- if .Gossip.DeltaPerBlock}}<dt>delta bytes per block per peer</dt><dd data-delta-per-block="{{.Gossip.DeltaPerBlock}}">{{.Gossip.DeltaPerBlock}}{{if .Gossip.RecentDeltaPerBlock}} <span class="muted">({{.Gossip.RecentDeltaPerBlock}} in the last {{.Window}})</span>{{end}}</dd>{{end}}
+{{- range .Gossip.FullCopies}}
+<dt>full copies: {{.Reason}}</dt><dd data-full-copies="{{.Reason}}">{{if .Warn}}<span class="badge warn">{{.Count}}</span> <span class="muted">back-pressure</span>{{else}}{{.Count}}{{end}}</dd>
+{{- end}}
+{{- range .Gossip.StreamsRefused}}
+<dt>streams refused: {{.Reason}}</dt><dd data-stream-refused="{{.Reason}}"><span class="badge warn">{{.Count}}</span></dd>
+{{- end}}
 {{- if .Gossip.Resyncs}}<dt>summary resyncs</dt><dd>{{.Gossip.Resyncs}}</dd>{{end}}
 {{- if .Gossip.Refusals}}<dt>peers refused (contract)</dt><dd>{{.Gossip.Refusals}}</dd>{{end}}
 {{- range .Gossip.Drops}}
@@ -165,6 +202,19 @@ dl{display:grid;grid-template-columns:max-content auto;gap:2px 12px;margin:0}dt{
 {{- end}}
 </dl>
 </section>
+
+{{- if .HasRejected}}
+<section id="rejected">
+<h2>Refused at the edge (since start)</h2>
+<dl>
+{{- range .Rejected}}
+<dt>{{.Reason}}</dt><dd data-rejected="{{.Reason}}"><span class="badge warn">{{.Count}}</span></dd>
+{{- else}}
+<dt>rejected requests</dt><dd data-rejected="none">none</dd>
+{{- end}}
+</dl>
+</section>
+{{- end}}
 </div>
 {{- end}}
 </main>

@@ -5,6 +5,7 @@ import (
 	"math"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -42,10 +43,18 @@ type view struct {
 	DecisionSpark   spark
 
 	Cache    cacheView
+	PredErr  predErrView
 	TTFT     []ttftRow
 	Gossip   gossipView
 	Requests string
 	Retries  string
+
+	// Rejected lists the edge's refusals by reason (nonzero ones);
+	// HasRejected says the router counts them at all.
+	Rejected    []countRow
+	HasRejected bool
+	// HasEngines says some replica's engine reported its load here.
+	HasEngines bool
 }
 
 type memberRow struct {
@@ -61,6 +70,19 @@ type replicaRow struct {
 	LoadBar                       string // px
 	Summary, Age, AgeClass        string
 	Owned                         bool
+	// Engine is the replica's engine as this router's health checks
+	// last read it (HasEngine false: not checked here).
+	Engine engineCell
+}
+
+// engineCell is one replica's engine load: requests running and waiting
+// against its slots, drawn as one bar (running, then waiting after it).
+type engineCell struct {
+	HasEngine               bool
+	Running, Waiting, Slots string // Slots "?" when unknown
+	RunBar, WaitX, WaitBar  string // px
+	Class                   string // up, warn (waiting), down (waiting and full)
+	running, waiting, slots float64
 }
 
 type decisionRow struct {
@@ -87,6 +109,33 @@ type cacheView struct {
 	HitSpark                     spark
 }
 
+// predErrView is the distribution of predicted minus reported cached
+// blocks per response, drawn as an inline SVG histogram.
+type predErrView struct {
+	Has                        bool
+	Count, Mean, P50, P90, P99 string
+	Forgotten                  string // blocks forgotten since start
+	RecentForgotten            string // over the window, "" without one
+	Bars                       []histBar
+	Width                      int // px of the SVG
+	Mid                        int // px, the middle
+}
+
+// histBar is one bucket of an SVG histogram.
+type histBar struct {
+	X, Y, W, H, LabelX string // px
+	Label, Range       string // the axis label; the bucket's range (tooltip)
+	Count              string
+	Le                 string // the bucket's upper bound as Prometheus names it
+	Class              string
+}
+
+// countRow is a counter's value for one label value.
+type countRow struct {
+	Reason, Count string
+	Warn          bool
+}
+
 type ttftRow struct {
 	Target, P50, P95, P99, Count string
 }
@@ -94,6 +143,14 @@ type ttftRow struct {
 type gossipView struct {
 	In, Out, Queue, Resyncs, Refusals string
 	Drops                             []dropRow
+	// FullCopies are full summary copies sent, by reason (nonzero);
+	// overflow and send_error are back-pressure and warn.
+	FullCopies []countRow
+	// StreamsRefused are inbound gossip streams the guard refused.
+	StreamsRefused []countRow
+	// DeltaPerBlock is delta bytes per log entry per peer since start,
+	// RecentDeltaPerBlock over the window ("" when none).
+	DeltaPerBlock, RecentDeltaPerBlock string
 }
 
 type dropRow struct {
@@ -168,11 +225,11 @@ func (v *view) addReplicas(d mesh.DebugInfo, now time.Time) {
 
 // reasonOrder puts the decision reasons in the order an operator reads
 // them: good, tolerable, bad.
-var reasonOrder = []string{"prefix", "spill", "rehint", "fallback-cold", "fallback-stale", "none"}
+var reasonOrder = []string{"prefix", "previous-response", "load", "spill", "rehint", "fallback-cold", "fallback-stale", "none"}
 
 func reasonClass(r string) string {
 	switch r {
-	case "prefix":
+	case "prefix", "previous-response":
 		return "up"
 	case "spill", "fallback-stale", "rehint":
 		return "warn"
@@ -322,7 +379,201 @@ func (v *view) addMetrics(cur sample, older []sample, fams []*dto.MetricFamily) 
 			g.Drops = append(g.Drops, dropRow{Reason: r, Count: humanCount(drops[r]), Benign: r == "duplicate"})
 		}
 	}
+	for _, r := range nonzero(byLabel(family(fams, metricFullCopies), "reason")) {
+		r.Warn = r.Reason == "overflow" || r.Reason == "send_error" // back-pressure
+		g.FullCopies = append(g.FullCopies, r)
+	}
+	for _, r := range nonzero(byLabel(family(fams, metricStreamRefused), "reason")) {
+		r.Warn = true
+		g.StreamsRefused = append(g.StreamsRefused, r)
+	}
+	if cur.deltaEntries > 0 {
+		g.DeltaPerBlock = trimFloat(cur.deltaBytes / cur.deltaEntries)
+	}
+	if ok && cur.deltaEntries > base.deltaEntries {
+		g.RecentDeltaPerBlock = trimFloat((cur.deltaBytes - base.deltaBytes) / (cur.deltaEntries - base.deltaEntries))
+	}
 	v.Gossip = g
+
+	// The edge's refusals.
+	if f := family(fams, metricRejected); f != nil {
+		v.HasRejected = true
+		for _, r := range nonzero(byLabel(f, "reason")) {
+			r.Warn = true
+			v.Rejected = append(v.Rejected, r)
+		}
+	}
+
+	// Prediction error in blocks, recent when there is history.
+	pe := cur.predErr
+	if ok {
+		pe = pe.sub(base.predErr)
+	}
+	v.PredErr = predErrOf(pe)
+	v.PredErr.Forgotten = humanCount(cur.forgotten)
+	if ok {
+		v.PredErr.RecentForgotten = humanCount(cur.forgotten - base.forgotten)
+	}
+
+	v.addEngines(fams)
+}
+
+// nonzero lists the nonzero counts by label value, sorted by value: zeros
+// are every initialised reason, every time.
+func nonzero(counts map[string]float64) []countRow {
+	names := make([]string, 0, len(counts))
+	for r, n := range counts {
+		if n > 0 {
+			names = append(names, r)
+		}
+	}
+	slices.Sort(names)
+	out := make([]countRow, 0, len(names))
+	for _, r := range names {
+		out = append(out, countRow{Reason: r, Count: humanCount(counts[r])})
+	}
+	return out
+}
+
+// Geometry of the prediction-error histogram.
+const (
+	histCol    = 34 // px per bucket
+	histBarsH  = 60 // px of the tallest bar
+	histTop    = 4
+	histLabelY = histTop + histBarsH + 12
+)
+
+// predErrOf draws the prediction-error histogram: one bar per bucket,
+// negative buckets (under-prediction) pale, the one around zero green,
+// positive ones (over-prediction, blocks the summaries wrongly claimed)
+// orange.
+func predErrOf(h hist) predErrView {
+	pv := predErrView{Has: len(h.bounds) > 0, Count: humanCount(h.count), Mean: "—", P50: "—", P90: "—", P99: "—"}
+	if !pv.Has {
+		return pv
+	}
+	if h.count > 0 {
+		pv.Mean = signedBlocks(h.sum / h.count)
+	}
+	for q, dst := range map[float64]*string{0.5: &pv.P50, 0.9: &pv.P90, 0.99: &pv.P99} {
+		if x, ok := h.quantile(q); ok {
+			*dst = signedBlocks(x)
+		}
+	}
+	counts := h.buckets()
+	top := max(slices.Max(counts), 1)
+	for i, c := range counts {
+		b := histBar{Count: humanCount(c), Class: "bar"}
+		hi := math.Inf(+1)
+		if i < len(h.bounds) {
+			hi = h.bounds[i]
+		}
+		switch {
+		case i == 0:
+			b.Label, b.Range = "≤"+bound(hi), "at most "+bound(hi)
+		case i == len(h.bounds):
+			b.Label, b.Range = ">"+bound(h.bounds[i-1]), "over "+bound(h.bounds[i-1])
+		default:
+			b.Label, b.Range = "≤"+bound(hi), "over "+bound(h.bounds[i-1])+", at most "+bound(hi)
+		}
+		b.Le = "+Inf"
+		if !math.IsInf(hi, +1) {
+			b.Le = fmt.Sprint(hi)
+		}
+		lo := math.Inf(-1)
+		if i > 0 {
+			lo = h.bounds[i-1]
+		}
+		switch {
+		case lo >= 1: // over-predicted by more than a block: blocks wrongly claimed
+			b.Class = "bar warn"
+		case hi <= -1: // under-predicted: the engine held more
+			b.Class = "bar alt"
+		default:
+			b.Class = "bar up"
+		}
+		hpx := c / top * histBarsH
+		x := float64(i * histCol)
+		b.X, b.W = fmt.Sprintf("%.0f", x+3), fmt.Sprint(histCol-6)
+		b.H, b.Y = fmt.Sprintf("%.1f", hpx), fmt.Sprintf("%.1f", histTop+histBarsH-hpx)
+		b.LabelX = fmt.Sprintf("%.0f", x+histCol/2)
+		pv.Bars = append(pv.Bars, b)
+	}
+	pv.Width = len(counts) * histCol
+	pv.Mid = pv.Width / 2
+	return pv
+}
+
+// bound is a bucket bound as short as it is exact (0.5, 64).
+func bound(f float64) string { return strconv.FormatFloat(f, 'g', -1, 64) }
+
+func signedBlocks(f float64) string {
+	if f == 0 {
+		return "0"
+	}
+	return fmt.Sprintf("%+.1f", f)
+}
+
+// addEngines puts each replica's engine load (kvmesh_replica_engine_*,
+// set by this router's health checks of the replicas it declares) on
+// its row.
+func (v *view) addEngines(fams []*dto.MetricFamily) {
+	reqs, slots := family(fams, metricEngineReqs), family(fams, metricEngineSlots)
+	if reqs == nil && slots == nil {
+		return
+	}
+	cells := map[string]*engineCell{}
+	cell := func(id string) *engineCell {
+		if cells[id] == nil {
+			cells[id] = &engineCell{HasEngine: true}
+		}
+		return cells[id]
+	}
+	if reqs != nil {
+		for _, m := range reqs.GetMetric() {
+			switch c := cell(label(m, "replica")); label(m, "state") {
+			case "running":
+				c.running += value(m)
+			case "waiting":
+				c.waiting += value(m)
+			}
+		}
+	}
+	if slots != nil {
+		for _, m := range slots.GetMetric() {
+			cell(label(m, "replica")).slots += value(m)
+		}
+	}
+	// Bars are against the slots when known, else the busiest engine.
+	scale := 1.0
+	for _, c := range cells {
+		scale = max(scale, c.running+c.waiting)
+	}
+	for i := range v.Replicas {
+		c := cells[v.Replicas[i].ID]
+		if c == nil {
+			continue
+		}
+		v.HasEngines = true
+		c.Running, c.Waiting, c.Slots = trimFloat(c.running), trimFloat(c.waiting), "?"
+		full := scale
+		if c.slots > 0 {
+			c.Slots, full = trimFloat(c.slots), max(c.slots, c.running+c.waiting)
+		}
+		run := min(c.running/full, 1) * barWidth
+		wait := min(c.waiting/full, 1) * barWidth
+		wait = min(wait, barWidth-run)
+		c.RunBar, c.WaitX, c.WaitBar = fmt.Sprintf("%.1f", run), fmt.Sprintf("%.1f", run), fmt.Sprintf("%.1f", wait)
+		switch {
+		case c.waiting > 0 && c.slots > 0 && c.running >= c.slots:
+			c.Class = "down"
+		case c.waiting > 0:
+			c.Class = "warn"
+		default:
+			c.Class = "up"
+		}
+		v.Replicas[i].Engine = *c
+	}
 }
 
 // baseline is the oldest sample within recentWindow of now.
