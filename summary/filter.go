@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"sync"
+	"sync/atomic"
 
 	"github.com/bits-and-blooms/bloom/v3"
 )
@@ -220,10 +221,15 @@ func test(words []uint64, g geometry, base, bits uint64) bool {
 	return true
 }
 
+// set sets a key's bits. Lock-free readers may be loading the words: a
+// word is stored atomically, and only when it changes.
 func set(words []uint64, g geometry, base, bits uint64) {
 	for i := uint(0); i < g.k; i++ {
 		pos := bits & (blockBits - 1)
-		words[base+pos>>6] |= 1 << (pos & 63)
+		w := &words[base+pos>>6]
+		if old := *w; old&(1<<(pos&63)) == 0 {
+			atomic.StoreUint64(w, old|1<<(pos&63))
+		}
 		bits >>= 9
 	}
 }
@@ -241,13 +247,26 @@ const (
 // with a bounded negative record of blocks the replica was found not to
 // hold. It is safe for concurrent readers and writers; it is meant to have
 // one writer, the replica's owner, and copies elsewhere fed by ApplyDelta.
+//
+// Match, the hot read (every replica, every request), takes no lock: a
+// lock's read count is an atomic write to the summary, which on x86 fences
+// the loads around it, so the cache misses of consecutive replicas could
+// not overlap. It reads under a sequence lock instead: writers (holding mu)
+// make seq odd while they change the words, the newer generation or the
+// negative record; the words are written and read with atomics; a reader
+// that saw seq change, or odd, or a negative record, takes the read lock.
 type Summary struct {
-	params Params
-	geo    geometry
-
+	// The fields Match reads without the lock come first, to share its
+	// first cache line.
+	seq      atomic.Uint64 // odd while a writer changes what Match reads
+	curA     atomic.Int32  // cur, for lock-free readers
+	negA     atomic.Int32  // len(neg), for lock-free readers
+	writing  bool          // seq is odd (the writer holding mu made it so)
+	geo      geometry
+	words    [2][]uint64 // the generations' bit words, gens[i].BitSet().Words(); fixed at creation
+	params   Params
 	mu       sync.RWMutex
 	gens     [2]*bloom.BloomFilter
-	words    [2][]uint64       // the generations' bit words, gens[i].BitSet().Words()
 	cur      int               // index of the newer generation
 	curCount int               // adds applied to gens[cur] since it was cleared
 	epoch    uint64            // names this history; a restarted owner starts a new one
@@ -257,6 +276,33 @@ type Summary struct {
 	log      []uint64          // the most recent log entries, for deltas
 	logStart uint64            // version before log[0]
 	logLimit int
+}
+
+// beginWrite marks, before a writer's first change to what Match reads,
+// that a change is under way (mu held). endWrite, deferred by every
+// writer, ends it.
+func (s *Summary) beginWrite() {
+	if !s.writing {
+		s.writing = true
+		s.seq.Add(1)
+	}
+}
+
+func (s *Summary) endWrite() {
+	if s.writing {
+		s.curA.Store(int32(s.cur))
+		s.negA.Store(int32(len(s.neg)))
+		s.writing = false
+		s.seq.Add(1)
+	}
+}
+
+// published sets the lock-free readers' mirrors of a summary built by New
+// or Decode, before it is shared.
+func (s *Summary) published() *Summary {
+	s.curA.Store(int32(s.cur))
+	s.negA.Store(int32(len(s.neg)))
+	return s
 }
 
 // New returns an empty summary. epoch names its history: copies of it carry
@@ -273,7 +319,7 @@ func New(p Params, epoch uint64) (*Summary, error) {
 		s.words[i] = s.gens[i].BitSet().Words()
 	}
 	s.logLimit = logLimitOf(g)
-	return s, nil
+	return s.published(), nil
 }
 
 // logLimitOf is how many log entries a summary keeps: enough for a few
@@ -307,6 +353,7 @@ func (s *Summary) Version() uint64 {
 func (s *Summary) Add(hashes []uint64) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	defer s.endWrite()
 	n := 0
 	for _, h := range hashes {
 		key := s.geo.key(probeOf(h))
@@ -337,6 +384,7 @@ func (s *Summary) Add(hashes []uint64) int {
 func (s *Summary) Forget(hashes []uint64) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	defer s.endWrite()
 	n := 0
 	for _, h := range hashes {
 		key := s.geo.key(probeOf(h))
@@ -352,12 +400,14 @@ func (s *Summary) Forget(hashes []uint64) int {
 }
 
 func (s *Summary) applyAdd(key uint64) {
+	s.beginWrite()
 	base, bits := s.geo.locate(key)
 	set(s.words[s.cur], s.geo, base, bits)
 	delete(s.neg, key)
 }
 
 func (s *Summary) applyForget(key uint64) {
+	s.beginWrite()
 	if s.neg == nil {
 		s.neg = map[uint64]uint64{}
 	}
@@ -367,8 +417,12 @@ func (s *Summary) applyForget(key uint64) {
 // rotate clears the older generation and makes it the newer one. Negative
 // entries older than two rotations go: every add they could hide is gone.
 func (s *Summary) rotate() {
+	s.beginWrite()
 	old := 1 - s.cur
-	s.gens[old].ClearAll()
+	// Not gens[old].ClearAll: lock-free readers may be loading these words.
+	for i := range s.words[old] {
+		atomic.StoreUint64(&s.words[old][i], 0)
+	}
 	s.cur = old
 	s.curCount = 0
 	s.rot++
@@ -392,31 +446,63 @@ func (s *Summary) record(e uint64) {
 func (s *Summary) Has(h uint64) bool {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	return s.has(probeOf(h))
+	v := s.lockedView()
+	return v.has(probeOf(h))
 }
 
-func (s *Summary) has(p Probe) bool { return s.hasKey(s.geo.key(p)) }
-
 func (s *Summary) hasKey(key uint64) bool {
-	base, bits := s.geo.locate(key)
-	newer, older := s.words[s.cur], s.words[1-s.cur]
+	v := s.lockedView()
+	return v.hasKey(key)
+}
+
+// view is what a prefix match reads: the generations, newer first, and
+// the negative record (nil when read without the lock, which is then
+// known empty).
+type view struct {
+	geo          geometry
+	newer, older []uint64
+	neg          map[uint64]uint64
+}
+
+// lockedView is the summary's view; mu must be held.
+func (s *Summary) lockedView() view {
+	return view{geo: s.geo, newer: s.words[s.cur], older: s.words[1-s.cur], neg: s.neg}
+}
+
+func (v *view) has(p Probe) bool { return v.hasKey(v.geo.key(p)) }
+
+func (v *view) hasKey(key uint64) bool {
+	base, bits := v.geo.locate(key)
 	// Load the first position's word of both generations before either
 	// is tested: two independent loads, so their cache misses overlap
 	// (over a thousand replicas a decision is bound by these misses), and
 	// both blocks are in cache for the full tests.
 	pos := bits & (blockBits - 1)
 	i, bit := base+pos>>6, uint64(1)<<(pos&63)
-	wn, wo := newer[i], older[i]
+	wn, wo := atomic.LoadUint64(&v.newer[i]), atomic.LoadUint64(&v.older[i])
 	if wn&bit == 0 && wo&bit == 0 {
 		return false
 	}
-	if !test(newer, s.geo, base, bits) && !test(older, s.geo, base, bits) {
+	if !loadTest(v.newer, v.geo, base, bits) && !loadTest(v.older, v.geo, base, bits) {
 		return false
 	}
-	if len(s.neg) > 0 {
-		if _, ok := s.neg[key]; ok {
+	if len(v.neg) > 0 {
+		if _, ok := v.neg[key]; ok {
 			return false
 		}
+	}
+	return true
+}
+
+// loadTest is test for readers that may race with a writer: the words are
+// loaded atomically (a plain load on amd64 and arm64's ordered one).
+func loadTest(words []uint64, g geometry, base, bits uint64) bool {
+	for i := uint(0); i < g.k; i++ {
+		pos := bits & (blockBits - 1)
+		if atomic.LoadUint64(&words[base+pos>>6])&(1<<(pos&63)) == 0 {
+			return false
+		}
+		bits >>= 9
 	}
 	return true
 }
@@ -425,13 +511,29 @@ func (s *Summary) hasKey(key uint64) bool {
 // request's prefix match on this replica. Because block hashes are chained,
 // holding block i implies holding blocks before it, so the match is found
 // by galloping then bisecting, in O(log n) tests.
+//
+// It takes no lock unless a writer is at work or the negative record is
+// not empty (see Summary).
 func (s *Summary) Match(probes []Probe) int {
 	if len(probes) == 0 {
 		return 0
 	}
+	if seq := s.seq.Load(); seq&1 == 0 && s.negA.Load() == 0 {
+		cur := s.curA.Load() & 1
+		v := view{geo: s.geo, newer: s.words[cur], older: s.words[1-cur]}
+		m := v.match(probes)
+		if s.seq.Load() == seq {
+			return m
+		}
+	}
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	if !s.has(probes[0]) {
+	v := s.lockedView()
+	return v.match(probes)
+}
+
+func (v *view) match(probes []Probe) int {
+	if !v.has(probes[0]) {
 		return 0
 	}
 	lo, step := 0, 1 // probes[lo] is held
@@ -441,7 +543,7 @@ func (s *Summary) Match(probes []Probe) int {
 		if next >= len(probes) {
 			break
 		}
-		if !s.has(probes[next]) {
+		if !v.has(probes[next]) {
 			hi = next
 			break
 		}
@@ -451,7 +553,7 @@ func (s *Summary) Match(probes []Probe) int {
 	// Invariant: probes[lo] held, probes[hi] not (or hi == len).
 	for hi-lo > 1 {
 		mid := int(uint(lo+hi) >> 1)
-		if s.has(probes[mid]) {
+		if v.has(probes[mid]) {
 			lo = mid
 		} else {
 			hi = mid
