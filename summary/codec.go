@@ -158,5 +158,5 @@ func Decode(data []byte, contract uint64) (*Summary, error) {
 		}
 		s.gens[i], s.words[i] = f, words
 	}
-	return s.published(), nil
+	return s, nil
 }

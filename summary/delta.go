@@ -366,7 +366,6 @@ func (d *Delta) To() uint64 { return d.From + d.Count }
 func (s *Summary) ApplyDelta(d *Delta) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	defer s.endWrite()
 	if d.Epoch != s.epoch || d.From > s.version {
 		return ErrGap
 	}

@@ -29,7 +29,6 @@ func (s *Summary) Since(v uint64) (entries []uint64, ok bool) {
 func (s *Summary) Apply(epoch, from uint64, entries []uint64) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	defer s.endWrite()
 	if epoch != s.epoch || from > s.version {
 		return ErrGap
 	}

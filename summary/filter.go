@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math"
 	"sync"
-	"sync/atomic"
 
 	"github.com/bits-and-blooms/bloom/v3"
 )
@@ -221,15 +220,10 @@ func test(words []uint64, g geometry, base, bits uint64) bool {
 	return true
 }
 
-// set sets a key's bits. Lock-free readers may be loading the words: a
-// word is stored atomically, and only when it changes.
 func set(words []uint64, g geometry, base, bits uint64) {
 	for i := uint(0); i < g.k; i++ {
 		pos := bits & (blockBits - 1)
-		w := &words[base+pos>>6]
-		if old := *w; old&(1<<(pos&63)) == 0 {
-			atomic.StoreUint64(w, old|1<<(pos&63))
-		}
+		words[base+pos>>6] |= 1 << (pos & 63)
 		bits >>= 9
 	}
 }
@@ -247,26 +241,13 @@ const (
 // with a bounded negative record of blocks the replica was found not to
 // hold. It is safe for concurrent readers and writers; it is meant to have
 // one writer, the replica's owner, and copies elsewhere fed by ApplyDelta.
-//
-// Match, the hot read (every replica, every request), takes no lock: a
-// lock's read count is an atomic write to the summary, which on x86 fences
-// the loads around it, so the cache misses of consecutive replicas could
-// not overlap. It reads under a sequence lock instead: writers (holding mu)
-// make seq odd while they change the words, the newer generation or the
-// negative record; the words are written and read with atomics; a reader
-// that saw seq change, or odd, or a negative record, takes the read lock.
 type Summary struct {
-	// The fields Match reads without the lock come first, to share its
-	// first cache line.
-	seq      atomic.Uint64 // odd while a writer changes what Match reads
-	curA     atomic.Int32  // cur, for lock-free readers
-	negA     atomic.Int32  // len(neg), for lock-free readers
-	writing  bool          // seq is odd (the writer holding mu made it so)
-	geo      geometry
-	words    [2][]uint64 // the generations' bit words, gens[i].BitSet().Words(); fixed at creation
-	params   Params
+	params Params
+	geo    geometry
+
 	mu       sync.RWMutex
 	gens     [2]*bloom.BloomFilter
+	words    [2][]uint64       // the generations' bit words, gens[i].BitSet().Words()
 	cur      int               // index of the newer generation
 	curCount int               // adds applied to gens[cur] since it was cleared
 	epoch    uint64            // names this history; a restarted owner starts a new one
@@ -276,33 +257,6 @@ type Summary struct {
 	log      []uint64          // the most recent log entries, for deltas
 	logStart uint64            // version before log[0]
 	logLimit int
-}
-
-// beginWrite marks, before a writer's first change to what Match reads,
-// that a change is under way (mu held). endWrite, deferred by every
-// writer, ends it.
-func (s *Summary) beginWrite() {
-	if !s.writing {
-		s.writing = true
-		s.seq.Add(1)
-	}
-}
-
-func (s *Summary) endWrite() {
-	if s.writing {
-		s.curA.Store(int32(s.cur))
-		s.negA.Store(int32(len(s.neg)))
-		s.writing = false
-		s.seq.Add(1)
-	}
-}
-
-// published sets the lock-free readers' mirrors of a summary built by New
-// or Decode, before it is shared.
-func (s *Summary) published() *Summary {
-	s.curA.Store(int32(s.cur))
-	s.negA.Store(int32(len(s.neg)))
-	return s
 }
 
 // New returns an empty summary. epoch names its history: copies of it carry
@@ -319,7 +273,7 @@ func New(p Params, epoch uint64) (*Summary, error) {
 		s.words[i] = s.gens[i].BitSet().Words()
 	}
 	s.logLimit = logLimitOf(g)
-	return s.published(), nil
+	return s, nil
 }
 
 // logLimitOf is how many log entries a summary keeps: enough for a few
@@ -353,7 +307,6 @@ func (s *Summary) Version() uint64 {
 func (s *Summary) Add(hashes []uint64) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	defer s.endWrite()
 	n := 0
 	for _, h := range hashes {
 		key := s.geo.key(probeOf(h))
@@ -384,7 +337,6 @@ func (s *Summary) Add(hashes []uint64) int {
 func (s *Summary) Forget(hashes []uint64) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	defer s.endWrite()
 	n := 0
 	for _, h := range hashes {
 		key := s.geo.key(probeOf(h))
@@ -400,14 +352,12 @@ func (s *Summary) Forget(hashes []uint64) int {
 }
 
 func (s *Summary) applyAdd(key uint64) {
-	s.beginWrite()
 	base, bits := s.geo.locate(key)
 	set(s.words[s.cur], s.geo, base, bits)
 	delete(s.neg, key)
 }
 
 func (s *Summary) applyForget(key uint64) {
-	s.beginWrite()
 	if s.neg == nil {
 		s.neg = map[uint64]uint64{}
 	}
@@ -417,12 +367,8 @@ func (s *Summary) applyForget(key uint64) {
 // rotate clears the older generation and makes it the newer one. Negative
 // entries older than two rotations go: every add they could hide is gone.
 func (s *Summary) rotate() {
-	s.beginWrite()
 	old := 1 - s.cur
-	// Not gens[old].ClearAll: lock-free readers may be loading these words.
-	for i := range s.words[old] {
-		atomic.StoreUint64(&s.words[old][i], 0)
-	}
+	s.gens[old].ClearAll()
 	s.cur = old
 	s.curCount = 0
 	s.rot++
@@ -446,28 +392,31 @@ func (s *Summary) record(e uint64) {
 func (s *Summary) Has(h uint64) bool {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	return s.hasKey(s.geo.key(probeOf(h)))
+	return s.has(probeOf(h))
 }
 
-// hasKey is Has of a key; mu must be held.
+func (s *Summary) has(p Probe) bool { return s.hasKey(s.geo.key(p)) }
+
 func (s *Summary) hasKey(key uint64) bool {
 	base, bits := s.geo.locate(key)
-	if !test(s.words[s.cur], s.geo, base, bits) && !test(s.words[1-s.cur], s.geo, base, bits) {
+	newer, older := s.words[s.cur], s.words[1-s.cur]
+	// Load the first position's word of both generations before either
+	// is tested: two independent loads, so their cache misses overlap
+	// (over a thousand replicas a decision is bound by these misses), and
+	// both blocks are in cache for the full tests.
+	pos := bits & (blockBits - 1)
+	i, bit := base+pos>>6, uint64(1)<<(pos&63)
+	wn, wo := newer[i], older[i]
+	if wn&bit == 0 && wo&bit == 0 {
 		return false
 	}
-	_, forgotten := s.neg[key]
-	return !forgotten
-}
-
-// loadTest is test for readers that may race with a writer: the words are
-// loaded atomically (a plain load on amd64, an ordered one on arm64).
-func loadTest(words []uint64, g geometry, base, bits uint64) bool {
-	for i := uint(0); i < g.k; i++ {
-		pos := bits & (blockBits - 1)
-		if atomic.LoadUint64(&words[base+pos>>6])&(1<<(pos&63)) == 0 {
+	if !test(newer, s.geo, base, bits) && !test(older, s.geo, base, bits) {
+		return false
+	}
+	if len(s.neg) > 0 {
+		if _, ok := s.neg[key]; ok {
 			return false
 		}
-		bits >>= 9
 	}
 	return true
 }
@@ -476,49 +425,13 @@ func loadTest(words []uint64, g geometry, base, bits uint64) bool {
 // request's prefix match on this replica. Because block hashes are chained,
 // holding block i implies holding blocks before it, so the match is found
 // by galloping then bisecting, in O(log n) tests.
-//
-// It takes no lock unless a writer is at work or the negative record is
-// not empty (see Summary).
 func (s *Summary) Match(probes []Probe) int {
 	if len(probes) == 0 {
 		return 0
 	}
-	if seq := s.seq.Load(); seq&1 == 0 && s.negA.Load() == 0 {
-		m := s.match(probes, s.curA.Load()&1, false)
-		if s.seq.Load() == seq {
-			return m
-		}
-	}
-	return s.matchLocked(probes)
-}
-
-// matchLocked is Match under the read lock (a function of its own: a defer
-// in Match would cost its fast path).
-func (s *Summary) matchLocked(probes []Probe) int {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	return s.match(probes, int32(s.cur), true)
-}
-
-// match is Match over the generations with cur the newer, consulting the
-// negative record when withNeg (mu held). A closure over s measured
-// faster here than the same code on a struct of the generations, in
-// BenchmarkMatch1024.
-func (s *Summary) match(probes []Probe, cur int32, withNeg bool) int {
-	has := func(p Probe) bool {
-		key := s.geo.key(p)
-		base, bits := s.geo.locate(key)
-		if !loadTest(s.words[cur], s.geo, base, bits) && !loadTest(s.words[1-cur], s.geo, base, bits) {
-			return false
-		}
-		if withNeg && len(s.neg) > 0 {
-			if _, ok := s.neg[key]; ok {
-				return false
-			}
-		}
-		return true
-	}
-	if !has(probes[0]) {
+	if !s.has(probes[0]) {
 		return 0
 	}
 	lo, step := 0, 1 // probes[lo] is held
@@ -528,7 +441,7 @@ func (s *Summary) match(probes []Probe, cur int32, withNeg bool) int {
 		if next >= len(probes) {
 			break
 		}
-		if !has(probes[next]) {
+		if !s.has(probes[next]) {
 			hi = next
 			break
 		}
@@ -538,7 +451,7 @@ func (s *Summary) match(probes []Probe, cur int32, withNeg bool) int {
 	// Invariant: probes[lo] held, probes[hi] not (or hi == len).
 	for hi-lo > 1 {
 		mid := int(uint(lo+hi) >> 1)
-		if has(probes[mid]) {
+		if s.has(probes[mid]) {
 			lo = mid
 		} else {
 			hi = mid
