@@ -83,15 +83,18 @@ func (l *latencies) add(d time.Duration) {
 }
 
 // report adds p50 and p99, in µs, to the benchmark's metrics.
-func (l *latencies) report(b *testing.B) {
+func (l *latencies) report(b *testing.B) { l.reportAs(b, "") }
+
+// reportAs is report with the metrics' names prefixed.
+func (l *latencies) reportAs(b *testing.B, prefix string) {
 	s := slices.Clone(l.ring[:min(l.n, len(l.ring))])
 	if len(s) == 0 {
 		return
 	}
 	slices.Sort(s)
 	at := func(q float64) float64 { return float64(s[int(q*float64(len(s)-1))].Nanoseconds()) / 1000 }
-	b.ReportMetric(at(0.50), "p50-µs")
-	b.ReportMetric(at(0.99), "p99-µs")
+	b.ReportMetric(at(0.50), prefix+"p50-µs")
+	b.ReportMetric(at(0.99), prefix+"p99-µs")
 }
 
 // BenchmarkCandidates1024 is the view's share of a decision.

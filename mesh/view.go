@@ -85,40 +85,33 @@ func (m *Mesh) countsLocked(r *replica, now time.Time) bool {
 // Candidates appends the healthy replicas serving model, sorted by ID.
 // It holds the read lock only and does no hashing: owners and the order
 // are kept current by the writers.
-//
-// It is a share of every decision (a thousand replicas, each a Candidate of
-// well over a hundred bytes): dst grows once, and each candidate is
-// written in place rather than built aside and copied.
 func (m *Mesh) Candidates(model string, dst []route.Candidate) []route.Candidate {
 	now := time.Now()
 	m.mu.RLock()
 	defer m.mu.RUnlock()
-	dst = slices.Grow(dst, len(m.order))
-	self, stale := m.cfg.Name, m.cfg.Timing.StaleAfter
 	for _, r := range m.order {
 		owner := r.owner
 		switch {
 		case owner == "":
 			continue
-		case owner == self:
+		case owner == m.cfg.Name:
 			if !r.healthy || !slices.Contains(r.models, model) {
 				continue
 			}
-			dst = append(dst, route.Candidate{ID: r.id, Hash: r.hash, InFlight: int(max(r.inFlight.Load(), 0)),
+			c := route.Candidate{ID: r.id, Hash: r.hash, InFlight: int(max(r.inFlight.Load(), 0)),
 				PendingPrefillBlocks: float64(max(r.pendingK.Load(), 0)) / 1000,
-				Running:              r.running, Waiting: r.waiting, Slots: r.slots})
+				Running:              r.running, Waiting: r.waiting, Slots: r.slots}
 			if r.sum != nil {
-				dst[len(dst)-1].Summary = r.sum
+				c.Summary = r.sum
 			}
+			dst = append(dst, c)
 		default:
 			if !r.hasState || r.st.Origin != owner || !r.st.Healthy || !slices.Contains(r.st.Models, model) {
 				continue
 			}
-			dst = append(dst, route.Candidate{ID: r.id, Hash: r.hash, InFlight: int(r.st.InFlight), PendingPrefillBlocks: r.st.Pending,
-				Running: int(r.st.Running), Waiting: int(r.st.Waiting), Slots: int(r.st.Slots)})
-			c := &dst[len(dst)-1]
-			// countsLocked, with the config read once per call.
-			if r.sum != nil && !r.wantFull && r.sum.Epoch() == r.st.Epoch && now.Sub(r.heard) <= stale {
+			c := route.Candidate{ID: r.id, Hash: r.hash, InFlight: int(r.st.InFlight), PendingPrefillBlocks: r.st.Pending,
+				Running: int(r.st.Running), Waiting: int(r.st.Waiting), Slots: int(r.st.Slots)}
+			if m.countsLocked(r, now) {
 				c.Summary = r.sum
 			} else {
 				c.Stale = true
@@ -129,6 +122,7 @@ func (m *Mesh) Candidates(model string, dst []route.Candidate) []route.Candidate
 					c.Tier = 1
 				}
 			}
+			dst = append(dst, c)
 		}
 	}
 	return dst

@@ -9,8 +9,10 @@ import (
 	"github.com/kvmesh/kvmesh/route"
 )
 
-// candidatesRef is Candidates as it was before it wrote candidates in place
-// (commit 4700c0b); the optimized one must return exactly its candidates.
+// candidatesRef is Candidates as of commit 4700c0b, kept as the
+// reference an optimized Candidates must equal (TestCandidatesEqualReference)
+// and beat (BenchmarkCandidates1024Paired). Building each candidate in place
+// in a dst grown once measured no faster (p50 24.5 µs against 23.4 µs).
 func (m *Mesh) candidatesRef(model string, dst []route.Candidate) []route.Candidate {
 	now := time.Now()
 	m.mu.RLock()
@@ -118,4 +120,40 @@ func TestCandidatesEqualReference(t *testing.T) {
 	})
 	compare("c cut off")
 	part.set(false)
+}
+
+// BenchmarkCandidates1024Paired times Candidates and candidatesRef
+// alternately over the same 1,024 replicas, so a loaded machine weighs on
+// both alike; it reports the p50 of each.
+func BenchmarkCandidates1024Paired(b *testing.B) {
+	a := newRouter(b, "a", nil)
+	for i := range 1024 {
+		id := fmt.Sprintf("http://replica-%04d:8000", i)
+		a.DeclareReplica(id)
+		a.UpdateReplica(id, ReplicaStatus{Models: []string{"m"}, Healthy: true, CapacityBlocks: 1024})
+	}
+	eventually(b, wait, "all owned", func() error {
+		if n := len(a.Candidates("m", nil)); n != 1024 {
+			return fmt.Errorf("%d candidates", n)
+		}
+		return nil
+	})
+	cands := make([]route.Candidate, 0, 1024)
+	cur, ref := newLatencies(), newLatencies()
+	i := 0
+	for b.Loop() {
+		for k := range 2 {
+			t0 := time.Now()
+			if (i+k)%2 == 0 {
+				cands = a.Candidates("m", cands[:0])
+				cur.add(time.Since(t0))
+			} else {
+				cands = a.candidatesRef("m", cands[:0])
+				ref.add(time.Since(t0))
+			}
+		}
+		i++
+	}
+	cur.report(b)
+	ref.reportAs(b, "ref-")
 }
