@@ -146,7 +146,9 @@ func TestProxyLoadBook(t *testing.T) {
 		t.Fatalf("slot time %v ms, want at least the prefill estimate %v", seq, min)
 	}
 
-	bad := newReplica(t, func(w http.ResponseWriter, r *http.Request) { http.Error(w, "overloaded", http.StatusServiceUnavailable) })
+	bad := newReplica(t, func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, "overloaded", http.StatusServiceUnavailable)
+	})
 	view2 := newFakeView([]string{"m"}, fakeReplica{id: bad.URL})
 	p2, srv2, _ := newTestProxy(t, view2, nil)
 	readAll(t, post(t, context.Background(), srv2.URL+"/v1/chat/completions", body))
