@@ -267,6 +267,7 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, st *reqState, id
 		var done func()
 		firstByte, done = p.cfg.View.Begin(id, float64(len(st.hashes)-d.Match))
 		defer done()
+		defer p.load.dispatch(id)()
 	} else {
 		p.signHop(out, id, d.Match)
 	}

@@ -27,12 +27,55 @@ const (
 // at each replica (route.Candidate.SeqMs). It is safe for concurrent use.
 type loadBook struct {
 	mu   sync.Mutex
-	heat map[uint64]int     // heat key -> requests in flight
-	seq  map[string]float64 // replica ID -> mean slot time, ms
+	heat map[uint64]int             // heat key -> requests in flight
+	seq  map[string]float64         // replica ID -> mean slot time, ms
+	runs map[string][]*dispatchMark // owned replica ID -> its requests in flight, oldest first
+	now  func() time.Time
+}
+
+// dispatchMark is one request this router sent to an owned replica.
+type dispatchMark struct {
+	at    time.Time
+	ended bool
 }
 
 func newLoadBook() *loadBook {
-	return &loadBook{heat: map[uint64]int{}, seq: map[string]float64{}}
+	return &loadBook{heat: map[uint64]int{}, seq: map[string]float64{}, runs: map[string][]*dispatchMark{}, now: time.Now}
+}
+
+// dispatch marks a request sent to owned replica id now and returns the
+// function that ends it. Every request to an owned replica passes through
+// its owner, so the oldest mark is the sequence that has held its slot
+// longest (its age counts its wait in the engine's queue too, so the
+// slot it frees is dated early, never late: route then waits rather than
+// moves).
+func (b *loadBook) dispatch(id string) func() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	q, ok := b.runs[id]
+	if !ok && len(b.runs) >= maxSeqReplicas {
+		return func() {}
+	}
+	m := &dispatchMark{at: b.now()}
+	b.runs[id] = append(q, m)
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			b.mu.Lock()
+			defer b.mu.Unlock()
+			m.ended = true
+			q := b.runs[id]
+			for len(q) > 0 && q[0].ended {
+				q[0] = nil
+				q = q[1:]
+			}
+			if len(q) == 0 {
+				delete(b.runs, id)
+			} else {
+				b.runs[id] = q
+			}
+		})
+	}
 }
 
 // begin counts one more request in flight under key and returns the
@@ -86,13 +129,19 @@ func (b *loadBook) observe(id string, ms float64) {
 	}
 }
 
-// fill sets SeqMs on the candidates the view left unmeasured.
+// fill sets SeqMs, and for owned replicas with requests in flight
+// SlotAgeMs, on the candidates the view left without them.
 func (b *loadBook) fill(cands []route.Candidate) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	now := b.now()
 	for i := range cands {
-		if cands[i].SeqMs <= 0 {
-			cands[i].SeqMs = b.seq[cands[i].ID]
+		c := &cands[i]
+		if c.SeqMs <= 0 {
+			c.SeqMs = b.seq[c.ID]
+		}
+		if q := b.runs[c.ID]; c.SlotAgeMs <= 0 && len(q) > 0 {
+			c.SlotAgeMs = max(float64(now.Sub(q[0].at))/float64(time.Millisecond), 1e-3)
 		}
 	}
 }

@@ -160,3 +160,41 @@ func TestProxyLoadBook(t *testing.T) {
 		t.Fatalf("refused request: timed %v, %d heat keys left; want neither", timed, keys)
 	}
 }
+
+// The age of the oldest request in flight at an owned replica dates its
+// next free slot; it follows the requests as they end, in any order.
+func TestLoadBookSlotAge(t *testing.T) {
+	b := newLoadBook()
+	now := time.Unix(1000, 0)
+	b.now = func() time.Time { return now }
+	end1 := b.dispatch("a")
+	now = now.Add(time.Second)
+	end2 := b.dispatch("a")
+	now = now.Add(time.Second)
+	end3 := b.dispatch("a")
+	age := func() float64 {
+		cands := []route.Candidate{{ID: "a"}, {ID: "b"}}
+		b.fill(cands)
+		if cands[1].SlotAgeMs != 0 {
+			t.Fatalf("replica with nothing in flight has age %v", cands[1].SlotAgeMs)
+		}
+		return cands[0].SlotAgeMs
+	}
+	if got := age(); got != 2000 {
+		t.Fatalf("age %v ms, want 2000 (the first request's)", got)
+	}
+	end2() // a younger request ending changes nothing
+	if got := age(); got != 2000 {
+		t.Fatalf("after the second ended: age %v, want 2000", got)
+	}
+	end1()
+	end1()
+	// The third began now: its age is 0, floored to 1 µs (0 is unknown).
+	if got := age(); got != 1e-3 {
+		t.Fatalf("after the first ended: age %v, want the third's (floored to 1e-3)", got)
+	}
+	end3()
+	if got := age(); got != 0 || len(b.runs) != 0 {
+		t.Fatalf("all ended: age %v, %d replicas tracked; want 0 and none", got, len(b.runs))
+	}
+}

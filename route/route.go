@@ -24,7 +24,8 @@
 //     token plus the recompute a move costs the cluster: network + prefill
 //     queued ahead + wait for a sequence slot (from the engine's running,
 //     waiting and slots, with the router's in-flight count as the fast
-//     signal) + RecomputeWeight × the prefill of the blocks it lacks. The
+//     signal, dated by the age of the oldest request in flight where the
+//     router knows it) + RecomputeWeight × the prefill of the blocks it lacks. The
 //     holder keeps the request while it can start it at once; it moves only
 //     when the wait it would impose beats the weighted recompute, and then
 //     to the next holder first.
@@ -94,6 +95,13 @@ type Candidate struct {
 	// With Slots it turns a full engine's queue into milliseconds: a slot
 	// frees every SeqMs/Slots.
 	SeqMs float64
+	// SlotAgeMs is how long the oldest request in flight at the replica
+	// has held it, as the replica's owner knows from the requests it
+	// proxies; 0 means unknown. It dates the next free slot: SeqMs after
+	// that request began, rather than SeqMs/Slots from now on average —
+	// slots that filled in one burst free together, late, and slots held
+	// by requests past the mean free soon.
+	SlotAgeMs float64
 
 	match int     // filled by Pick
 	slot  float64 // filled by Pick: slotWaitMs
@@ -365,7 +373,9 @@ func (p Policy) blockMs(c *Candidate) float64 {
 
 // slotWaitMs estimates how long a new request would wait at c for a
 // sequence slot: nothing while one is free, else the time for enough of
-// them to free (one every SeqMs/Slots). The router's in-flight count is
+// them to free: the first when the oldest request in flight ends (SeqMs
+// after it began) when the router knows its age, the rest one every
+// SeqMs/Slots. The router's in-flight count is
 // the fast signal of how many requests the engine holds; with unknown
 // slots the last scrape's waiting count says whether it queues.
 func (p Policy) slotWaitMs(c *Candidate) float64 {
@@ -383,7 +393,13 @@ func (p Policy) slotWaitMs(c *Candidate) float64 {
 	if seq <= 0 {
 		seq = p.DefaultSeqMs
 	}
-	return float64(ahead) * seq / float64(slots)
+	per := seq / float64(slots)
+	if c.SlotAgeMs > 0 && c.SeqMs > 0 {
+		// The first slot frees when the oldest request ends, the rest
+		// one every SeqMs/Slots after it.
+		return max(seq-c.SlotAgeMs, 0) + float64(ahead-1)*per
+	}
+	return float64(ahead) * per
 }
 
 // InFlightBound is the most requests a candidate may have in flight for
