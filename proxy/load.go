@@ -160,8 +160,13 @@ func slotMs(first, last time.Time, missBlocks int, blockMs float64) float64 {
 // countHeat counts req under its heat key for the decision
 // (route.Request.Concurrent) and returns the function that ends the
 // count. Requests placed by load are not counted: they hold no prefix.
+// Nor are requests another router forwarded: the count is of the
+// requests this router decides, as in the simulator (counting the
+// forwarded ones at the owner too raised copies of conversations'
+// prefixes and cost hit ratio on no-shared-head at 4 slots,
+// docs/SIMULATION.md).
 func (p *Proxy) countHeat(st *reqState, req *route.Request) func() {
-	if st.byLoad {
+	if st.byLoad || st.hop {
 		return func() {}
 	}
 	n, end := p.load.begin(p.cfg.Policy.HeatKey(*req))
