@@ -28,7 +28,9 @@
 //     router knows it) + RecomputeWeight × the prefill of the blocks it lacks. The
 //     holder keeps the request while it can start it at once; it moves only
 //     when the wait it would impose beats the weighted recompute, and then
-//     to the next holder first.
+//     to the next holder first. When no replica can start it, the slot
+//     wait leaves the score of a request no other in flight shares: it
+//     queues anywhere, so it queues where its prefix is.
 //
 // The hot-spot guard (consistent hashing with bounded loads, Mirrokni,
 // Thorup, Zadimoghaddam 2018, applied to the queue for slots, and to
@@ -335,12 +337,23 @@ func (p Policy) Pick(req Request, cands []Candidate) Decision {
 			rw = 1
 		}
 	}
+	// When no candidate can start the request it queues wherever it
+	// goes, and the slot waits only rank queues that all drain slot by
+	// slot; moving a lone request (no other in flight wants its prefix)
+	// for that difference gives up its prefix for an estimate. It stays
+	// with the cheapest recompute; the hot-spot guard still bounds the
+	// holder's queue. A prefix others want at once keeps the wait in the
+	// score, so that it spreads.
+	slotWeight := 1.0
+	if req.Concurrent <= 1 && noneCanStart(cands) {
+		slotWeight = 0
+	}
 	chosen, cheapest := -1, -1
 	var chosenCost, cheapestCost float64
 	var chosenW, cheapestW uint64
 	for i := range cands {
 		c := &cands[i]
-		cost := c.NetworkMs + p.blockMs(c)*c.PendingPrefillBlocks + c.slot +
+		cost := c.NetworkMs + p.blockMs(c)*c.PendingPrefillBlocks + slotWeight*c.slot +
 			rw*p.blockMs(c)*float64(n-c.match)
 		w := weight(d.Key, c.Hash)
 		if cheapest < 0 || better(cost, w, cheapestCost, cheapestW) {
@@ -512,6 +525,17 @@ func queuedAt(c *Candidate) int {
 		return max(0, c.InFlight-c.Slots)
 	}
 	return c.Waiting
+}
+
+// noneCanStart reports that every candidate would queue a new request
+// for a sequence slot, as far as the router knows.
+func noneCanStart(cands []Candidate) bool {
+	for i := range cands {
+		if canStart(&cands[i]) {
+			return false
+		}
+	}
+	return true
 }
 
 // canStart reports that c would not queue a new request for a sequence

@@ -521,3 +521,42 @@ func TestSlotWaitMs(t *testing.T) {
 		})
 	}
 }
+
+// With every replica's slots full, a lone warm request queues wherever it
+// goes, so it queues at its holder (within the hot-spot guard); a prefix
+// other requests in flight want too still spreads.
+func TestPickAllFullKeepsLoneRequestAtHolder(t *testing.T) {
+	conv := chainOf(nil, 10, 2)
+	tests := []struct {
+		name       string
+		concurrent int
+		othersFree bool
+		stay       bool
+	}{
+		{"all full, lone: stay", 1, false, true},
+		{"all full, unknown concurrency: stay", 0, false, true},
+		{"all full, wanted by others: move", 3, false, false},
+		{"another can start: move", 1, true, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			req := request(chainOf(conv, 2, 5))
+			req.Concurrent = tc.concurrent
+			cs := candidates(4)
+			for i := range cs {
+				cs[i].Summary, cs[i].Slots, cs[i].SeqMs, cs[i].InFlight = held(t), 4, 40000, 4
+				if tc.othersFree {
+					cs[i].InFlight = 3
+				}
+			}
+			// 3 ahead at the holder: 30 s; 1 ahead elsewhere: 10 s + 16 ×
+			// 10 blocks × 20 ms of recompute. Its queue of 2 is within the
+			// guard, ceil(2 × (2+4) / 4) = 3.
+			cs[0].Summary, cs[0].InFlight = held(t, conv), 6
+			d := DefaultPolicy().Pick(req, cs)
+			if (d.Index == 0) != tc.stay {
+				t.Fatalf("decision %+v, want stay at the holder %v", d, tc.stay)
+			}
+		})
+	}
+}

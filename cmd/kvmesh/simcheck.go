@@ -56,7 +56,6 @@ var knownLosses = []struct {
 	cache    float64
 	why      string
 }{
-	{"no-shared-head", 0.9, 4, 0.25, "hit ratio 0.96-0.97x llm-d-epp's with every engine's slots full"},
 	{"hot-prompts", 0.6, 4, 0.25, "TTFT p99 1.1-1.4x round-robin's: a request waits at a full holder of its hot prompt"},
 	{"hot-prompts", 0.6, 4, 1, "TTFT p99 1.1-1.4x round-robin's: a request waits at a full holder of its hot prompt"},
 }

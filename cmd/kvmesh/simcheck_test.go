@@ -28,7 +28,7 @@ func TestCheckLosses(t *testing.T) {
 		{"p99 over a baseline", []sim.Cell{cell("trace", 0.9, 4, 1, 1100, 0.5)}, 1,
 			[]string{"LOST trace load 0.9 max-num-seqs 4 cache 1", "p99 1100 > least-loaded's 1000"}},
 		{"hit below 0.97x", []sim.Cell{cell("hot-prompts", 0.3, 256, 0.25, 900, 0.48)}, 1, []string{"hit 0.4800 < 0.97"}},
-		{"known loss not gated", []sim.Cell{cell("no-shared-head", 0.9, 4, 0.25, 900, 0.48)}, 0, []string{"not gated (known loss"}},
+		{"known loss not gated", []sim.Cell{cell("hot-prompts", 0.6, 4, 1, 1100, 0.5)}, 0, []string{"not gated (known loss"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
