@@ -33,6 +33,9 @@ type reqState struct {
 	hashes []uint64
 	hop    bool
 	byLoad bool // placed by load; the response is not read
+	// blockMs is the chosen candidate's prefill time per block, for the
+	// slot time the attempt measures (load.go).
+	blockMs float64
 }
 
 var copyBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
@@ -82,8 +85,10 @@ func (p *Proxy) inference(w http.ResponseWriter, r *http.Request, ep *endpoint) 
 	st.hashes = c.AppendHashes(nil, st.root, st.prompt.Text)
 	req := route.Request{Hashes: st.hashes, Probes: summary.MakeProbes(nil, st.hashes), Root: st.root,
 		ClientKey: p.clientKey(r, &st.prompt)}
+	defer p.countHeat(st, &req)()
 
 	cands := p.cfg.View.Candidates(st.prompt.Model, nil)
+	p.load.fill(cands)
 	hinted, hintMatch := -1, 0
 	if st.hop && len(cands) > 0 {
 		cands, hinted = p.ownCandidates(cands, r.Header.Get(HeaderReplica))
@@ -121,6 +126,7 @@ func (p *Proxy) inference(w http.ResponseWriter, r *http.Request, ep *endpoint) 
 				counted = true
 			}
 		}
+		st.blockMs = blockMsOf(p.cfg.Policy, &cands[d.Index])
 		switch p.attempt(w, r, st, cands[d.Index].ID, d, more) {
 		case attemptDone:
 			p.served(w, st, cands[d.Index].ID)
@@ -261,6 +267,7 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, st *reqState, id
 		var done func()
 		firstByte, done = p.cfg.View.Begin(id, float64(len(st.hashes)-d.Match))
 		defer done()
+		defer p.load.dispatch(id)()
 	} else {
 		p.signHop(out, id, d.Match)
 	}
@@ -296,7 +303,9 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, st *reqState, id
 		return attemptNotReached
 	}
 	st.code = resp.StatusCode
-	p.relay(w, r, resp, st, id, d, local, start, firstByte)
+	var first time.Time
+	p.relay(w, r, resp, st, id, d, local, start, func() { first = p.now(); firstByte() })
+	p.observeSlot(st, id, d, first)
 	return attemptDone
 }
 

@@ -122,6 +122,9 @@ type Proxy struct {
 	clients   *clientLimiter // nil: no per-client cap
 	junk      junkLog
 	now       func() time.Time
+	// load counts this router's in-flight requests by heat key and times
+	// its replicas' slots (load.go).
+	load *loadBook
 }
 
 // NewClient returns the default client to replicas and peers: keep-alive
@@ -172,7 +175,8 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	p := &Proxy{cfg: cfg, log: cfg.Logger, m: newMetrics(cfg.Registerer), edge: newEdgeMetrics(cfg.Registerer), client: cfg.Client,
 		junk: junkLog{log: cfg.Logger, lim: ratelog.New(5, time.Second)}, now: time.Now,
-		sessionHeader: cfg.SessionHeader, responses: newResponseLRU(cfg.MaxResponses)}
+		sessionHeader: cfg.SessionHeader, responses: newResponseLRU(cfg.MaxResponses),
+		load: newLoadBook()}
 	if cfg.MaxInflightPerClient > 0 {
 		p.clients = &clientLimiter{max: cfg.MaxInflightPerClient, n: map[string]int{}}
 	}

@@ -24,10 +24,13 @@
 //     token plus the recompute a move costs the cluster: network + prefill
 //     queued ahead + wait for a sequence slot (from the engine's running,
 //     waiting and slots, with the router's in-flight count as the fast
-//     signal) + RecomputeWeight × the prefill of the blocks it lacks. The
+//     signal, dated by the age of the oldest request in flight where the
+//     router knows it) + RecomputeWeight × the prefill of the blocks it lacks. The
 //     holder keeps the request while it can start it at once; it moves only
 //     when the wait it would impose beats the weighted recompute, and then
-//     to the next holder first.
+//     to the next holder first. When no replica can start it, the slot
+//     wait leaves the score of a request no other in flight shares: it
+//     queues anywhere, so it queues where its prefix is.
 //
 // The hot-spot guard (consistent hashing with bounded loads, Mirrokni,
 // Thorup, Zadimoghaddam 2018, applied to the queue for slots, and to
@@ -94,6 +97,13 @@ type Candidate struct {
 	// With Slots it turns a full engine's queue into milliseconds: a slot
 	// frees every SeqMs/Slots.
 	SeqMs float64
+	// SlotAgeMs is how long the oldest request in flight at the replica
+	// has held it, as the replica's owner knows from the requests it
+	// proxies; 0 means unknown. It dates the next free slot: SeqMs after
+	// that request began, rather than SeqMs/Slots from now on average —
+	// slots that filled in one burst free together, late, and slots held
+	// by requests past the mean free soon.
+	SlotAgeMs float64
 
 	match int     // filled by Pick
 	slot  float64 // filled by Pick: slotWaitMs
@@ -327,12 +337,23 @@ func (p Policy) Pick(req Request, cands []Candidate) Decision {
 			rw = 1
 		}
 	}
+	// When no candidate can start the request it queues wherever it
+	// goes, and the slot waits only rank queues that all drain slot by
+	// slot; moving a lone request (no other in flight wants its prefix)
+	// for that difference gives up its prefix for an estimate. It stays
+	// with the cheapest recompute; the hot-spot guard still bounds the
+	// holder's queue. A prefix others want at once keeps the wait in the
+	// score, so that it spreads.
+	slotWeight := 1.0
+	if req.Concurrent <= 1 && noneCanStart(cands) {
+		slotWeight = 0
+	}
 	chosen, cheapest := -1, -1
 	var chosenCost, cheapestCost float64
 	var chosenW, cheapestW uint64
 	for i := range cands {
 		c := &cands[i]
-		cost := c.NetworkMs + p.blockMs(c)*c.PendingPrefillBlocks + c.slot +
+		cost := c.NetworkMs + p.blockMs(c)*c.PendingPrefillBlocks + slotWeight*c.slot +
 			rw*p.blockMs(c)*float64(n-c.match)
 		w := weight(d.Key, c.Hash)
 		if cheapest < 0 || better(cost, w, cheapestCost, cheapestW) {
@@ -365,7 +386,9 @@ func (p Policy) blockMs(c *Candidate) float64 {
 
 // slotWaitMs estimates how long a new request would wait at c for a
 // sequence slot: nothing while one is free, else the time for enough of
-// them to free (one every SeqMs/Slots). The router's in-flight count is
+// them to free: the first when the oldest request in flight ends (SeqMs
+// after it began) when the router knows its age, the rest one every
+// SeqMs/Slots. The router's in-flight count is
 // the fast signal of how many requests the engine holds; with unknown
 // slots the last scrape's waiting count says whether it queues.
 func (p Policy) slotWaitMs(c *Candidate) float64 {
@@ -383,7 +406,13 @@ func (p Policy) slotWaitMs(c *Candidate) float64 {
 	if seq <= 0 {
 		seq = p.DefaultSeqMs
 	}
-	return float64(ahead) * seq / float64(slots)
+	per := seq / float64(slots)
+	if c.SlotAgeMs > 0 && c.SeqMs > 0 {
+		// The first slot frees when the oldest request ends, the rest
+		// one every SeqMs/Slots after it.
+		return max(seq-c.SlotAgeMs, 0) + float64(ahead-1)*per
+	}
+	return float64(ahead) * per
 }
 
 // InFlightBound is the most requests a candidate may have in flight for
@@ -496,6 +525,17 @@ func queuedAt(c *Candidate) int {
 		return max(0, c.InFlight-c.Slots)
 	}
 	return c.Waiting
+}
+
+// noneCanStart reports that every candidate would queue a new request
+// for a sequence slot, as far as the router knows.
+func noneCanStart(cands []Candidate) bool {
+	for i := range cands {
+		if canStart(&cands[i]) {
+			return false
+		}
+	}
+	return true
 }
 
 // canStart reports that c would not queue a new request for a sequence

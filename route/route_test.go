@@ -2,6 +2,7 @@ package route
 
 import (
 	"fmt"
+	"math"
 	"testing"
 
 	"github.com/kvmesh/kvmesh/summary"
@@ -490,5 +491,72 @@ func TestHotPrefixReplicatesWhenItsHolderIsFull(t *testing.T) {
 		if (d.Index == 0) != tc.holder {
 			t.Errorf("%d concurrent: decision %+v, want holder=%v", tc.concurrent, d, tc.holder)
 		}
+	}
+}
+
+// The wait for a slot at a full engine: one slot frees every SeqMs/Slots
+// on average, unless the router knows when the oldest running sequence
+// began — then the first frees SeqMs after it began (slots that filled
+// in one burst free together, late), and the rest one every SeqMs/Slots.
+func TestSlotWaitMs(t *testing.T) {
+	p := DefaultPolicy()
+	tests := []struct {
+		name string
+		c    Candidate
+		want float64
+	}{
+		{"free slot", Candidate{Slots: 4, InFlight: 3, SeqMs: 4000}, 0},
+		{"one ahead, age unknown", Candidate{Slots: 4, InFlight: 4, SeqMs: 4000}, 1000},
+		{"one ahead, full since 1 s", Candidate{Slots: 4, InFlight: 4, SeqMs: 4000, SlotAgeMs: 1000}, 3000},
+		{"one ahead, oldest past the mean", Candidate{Slots: 4, InFlight: 4, SeqMs: 4000, SlotAgeMs: 5000}, 0},
+		{"three ahead, full since 3.5 s", Candidate{Slots: 4, InFlight: 6, SeqMs: 4000, SlotAgeMs: 3500}, 2500},
+		{"age without a measured SeqMs is ignored", Candidate{Slots: 4, InFlight: 4, SlotAgeMs: 1000}, p.DefaultSeqMs / 4},
+		{"unknown slots, engine queues", Candidate{Waiting: 1, Running: 2, SeqMs: 4000, SlotAgeMs: 3000}, 3000},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := p.slotWaitMs(&tc.c); math.Abs(got-tc.want) > 1e-9 {
+				t.Fatalf("wait %v ms, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+// With every replica's slots full, a lone warm request queues wherever it
+// goes, so it queues at its holder (within the hot-spot guard); a prefix
+// other requests in flight want too still spreads.
+func TestPickAllFullKeepsLoneRequestAtHolder(t *testing.T) {
+	conv := chainOf(nil, 10, 2)
+	tests := []struct {
+		name       string
+		concurrent int
+		othersFree bool
+		stay       bool
+	}{
+		{"all full, lone: stay", 1, false, true},
+		{"all full, unknown concurrency: stay", 0, false, true},
+		{"all full, wanted by others: move", 3, false, false},
+		{"another can start: move", 1, true, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			req := request(chainOf(conv, 2, 5))
+			req.Concurrent = tc.concurrent
+			cs := candidates(4)
+			for i := range cs {
+				cs[i].Summary, cs[i].Slots, cs[i].SeqMs, cs[i].InFlight = held(t), 4, 40000, 4
+				if tc.othersFree {
+					cs[i].InFlight = 3
+				}
+			}
+			// 3 ahead at the holder: 30 s; 1 ahead elsewhere: 10 s + 16 ×
+			// 10 blocks × 20 ms of recompute. Its queue of 2 is within the
+			// guard, ceil(2 × (2+4) / 4) = 3.
+			cs[0].Summary, cs[0].InFlight = held(t, conv), 6
+			d := DefaultPolicy().Pick(req, cs)
+			if (d.Index == 0) != tc.stay {
+				t.Fatalf("decision %+v, want stay at the holder %v", d, tc.stay)
+			}
+		})
 	}
 }

@@ -31,6 +31,7 @@ type replica struct {
 	curStart float64 // when it started
 	curEnd   float64 // when it ends
 	running  int     // sequences prefilling or decoding
+	runJobs  []int32 // the jobs running (for the oldest one's start)
 	inFlight int     // dispatched and not finished
 	pending  float64
 	computed int64 // prefill tokens computed
@@ -58,6 +59,8 @@ type loadSnap struct {
 type engSnap struct {
 	running, waiting, slots int
 	seqMs                   float64
+	oldest                  float64 // start of the oldest running sequence, if any
+	hasOldest               bool
 }
 
 // router is one simulated kvmesh router's knowledge.
@@ -411,9 +414,16 @@ func (w *world) fillCandidates(k int, r *simReq) {
 				c.Summary = rt.copies[j]
 				c.InFlight, c.PendingPrefillBlocks = w.ownLoad(k, j, &rt.told[j])
 				eng = rt.told[j].eng
+				// Only the owner knows when the requests at its replicas
+				// began (the mesh does not gossip it), as in the proxy.
+				eng.hasOldest = false
 			}
 		}
 		c.Running, c.Waiting, c.Slots, c.SeqMs = eng.running, eng.waiting, eng.slots, eng.seqMs
+		c.SlotAgeMs = 0
+		if eng.hasOldest {
+			c.SlotAgeMs = max(w.now-eng.oldest, 1e-3)
+		}
 	}
 }
 
@@ -497,6 +507,7 @@ func (w *world) tryStart(j int) {
 	rep.busy, rep.cur, rep.curStart, rep.curEnd = true, i, w.now, w.now+dur
 	w.jobs[i].start = w.now
 	rep.running++
+	rep.runJobs = append(rep.runJobs, i)
 	rep.runningBlocks += len(r.ids)
 	w.q.push(w.now+dur, evPrefillDone, int32(j), 0)
 }
@@ -528,6 +539,10 @@ func (w *world) prefillDone(j int32) {
 func (w *world) decodeDone(j, i int32) {
 	rep := w.rep[j]
 	rep.running--
+	if k := slices.Index(rep.runJobs, i); k >= 0 {
+		rep.runJobs[k] = rep.runJobs[len(rep.runJobs)-1]
+		rep.runJobs = rep.runJobs[:len(rep.runJobs)-1]
+	}
 	rep.inFlight--
 	n := len(w.p.reqs[i].ids)
 	rep.activeBlocks -= n
@@ -615,6 +630,13 @@ func (w *world) scrape(more bool) {
 func (w *world) ownerEng(j int) engSnap {
 	e := w.scraped[j]
 	e.seqMs = w.seqMs[j]
+	// The owner proxies every request to its replicas, so it knows when
+	// each began (proxy/load.go dates it from the dispatch).
+	for _, i := range w.rep[j].runJobs {
+		if st := w.jobs[i].start; !e.hasOldest || st < e.oldest {
+			e.oldest, e.hasOldest = st, true
+		}
+	}
 	return e
 }
 

@@ -7,6 +7,7 @@ package trace
 import (
 	"bufio"
 	"bytes"
+	"compress/gzip"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -191,14 +192,24 @@ func (rec *mooncakeRecord) request() (Request, int64, error) {
 // Load reads a Mooncake or LMBench JSONL trace file; see ReadMooncake.
 func Load(path string) ([]Request, error) { return LoadMooncake(path) }
 
-// LoadMooncake reads a Mooncake (or LMBench) JSONL file; see ReadMooncake.
+// LoadMooncake reads a Mooncake (or LMBench) JSONL file, gzipped when its
+// name ends in .gz; see ReadMooncake.
 func LoadMooncake(path string) ([]Request, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("load mooncake trace: %w", err)
 	}
 	defer f.Close()
-	reqs, err := ReadMooncake(f)
+	var r io.Reader = f
+	if strings.HasSuffix(path, ".gz") {
+		zr, err := gzip.NewReader(f)
+		if err != nil {
+			return nil, fmt.Errorf("load mooncake trace %s: %w", path, err)
+		}
+		defer zr.Close()
+		r = zr
+	}
+	reqs, err := ReadMooncake(r)
 	if err != nil {
 		return nil, fmt.Errorf("load mooncake trace %s: %w", path, err)
 	}

@@ -2,6 +2,10 @@ package trace
 
 import (
 	"bytes"
+	"compress/gzip"
+	"crypto/sha256"
+	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -134,6 +138,43 @@ func TestEmbeddedConversationSlice(t *testing.T) {
 	reqs[0].HashIDs[0] = 99
 	if again := EmbeddedConversationSlice(); again[0].HashIDs[0] != 0 {
 		t.Fatal("second call saw the first caller's modification")
+	}
+}
+
+// The embedded full trace is the upstream file byte for byte (the
+// checksum testdata/README.md records), and the slice is its first lines.
+func TestEmbeddedConversationTrace(t *testing.T) {
+	zr, err := gzip.NewReader(bytes.NewReader(conversationTraceGz))
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := io.ReadAll(zr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const want = "b8cbb061a85206d729d91cdc2981f43c9e0d99209dce588d3af5f7934408b9df"
+	if got := fmt.Sprintf("%x", sha256.Sum256(raw)); got != want {
+		t.Fatalf("sha256 %s, want %s", got, want)
+	}
+	if !bytes.HasPrefix(raw, conversationSlice) {
+		t.Fatal("the embedded slice is not the head of the embedded trace")
+	}
+	reqs := EmbeddedConversationTrace()
+	if len(reqs) != 12031 {
+		t.Fatalf("len = %d, want 12031", len(reqs))
+	}
+	reqs[0].HashIDs[0] = 99
+	if again := EmbeddedConversationTrace(); again[0].HashIDs[0] != 0 {
+		t.Fatal("second call saw the first caller's modification")
+	}
+	// The same file gzipped on disk loads alike.
+	p := filepath.Join(t.TempDir(), "t.jsonl.gz")
+	if err := os.WriteFile(p, conversationTraceGz, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	fromDisk, err := LoadMooncake(p)
+	if err != nil || len(fromDisk) != len(reqs) {
+		t.Fatalf("gzipped file: %d requests, err %v; want %d", len(fromDisk), err, len(reqs))
 	}
 }
 

@@ -1,0 +1,193 @@
+package proxy
+
+import (
+	"sync"
+	"time"
+
+	"github.com/kvmesh/kvmesh/route"
+)
+
+// Bounds of the router's own load records. A heat key is a prompt head
+// in flight; more distinct heads in flight than this is not a hot
+// prefix, and a request whose key finds no room counts as unknown (as
+// one). Replicas are few, but their IDs come from the mesh, so the
+// per-replica means are bounded too.
+const (
+	maxHeatKeys    = 1 << 16
+	maxSeqReplicas = 1 << 12
+	// seqEWMADiv is the weight of the newest duration in the running
+	// mean, 1/16, as the simulator's owner keeps it (internal/sim): a
+	// few dozen requests set it, one outlier moves it little.
+	seqEWMADiv = 16
+)
+
+// loadBook keeps what route's rule needs of this router's own traffic
+// that no engine publishes: how many of its requests share a heat key
+// (route.Request.Concurrent) and how long a request holds a sequence slot
+// at each replica (route.Candidate.SeqMs). It is safe for concurrent use.
+type loadBook struct {
+	mu   sync.Mutex
+	heat map[uint64]int             // heat key -> requests in flight
+	seq  map[string]float64         // replica ID -> mean slot time, ms
+	runs map[string][]*dispatchMark // owned replica ID -> its requests in flight, oldest first
+	now  func() time.Time
+}
+
+// dispatchMark is one request this router sent to an owned replica.
+type dispatchMark struct {
+	at    time.Time
+	ended bool
+}
+
+func newLoadBook() *loadBook {
+	return &loadBook{heat: map[uint64]int{}, seq: map[string]float64{}, runs: map[string][]*dispatchMark{}, now: time.Now}
+}
+
+// dispatch marks a request sent to owned replica id now and returns the
+// function that ends it. Every request to an owned replica passes through
+// its owner, so the oldest mark is the sequence that has held its slot
+// longest (its age counts its wait in the engine's queue too, so the
+// slot it frees is dated early, never late: route then waits rather than
+// moves).
+func (b *loadBook) dispatch(id string) func() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	q, ok := b.runs[id]
+	if !ok && len(b.runs) >= maxSeqReplicas {
+		return func() {}
+	}
+	m := &dispatchMark{at: b.now()}
+	b.runs[id] = append(q, m)
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			b.mu.Lock()
+			defer b.mu.Unlock()
+			m.ended = true
+			q := b.runs[id]
+			for len(q) > 0 && q[0].ended {
+				q[0] = nil
+				q = q[1:]
+			}
+			if len(q) == 0 {
+				delete(b.runs, id)
+			} else {
+				b.runs[id] = q
+			}
+		})
+	}
+}
+
+// begin counts one more request in flight under key and returns the
+// count (this request included) and the function that ends it, to be
+// called once when the request ends however it ends. When the map is
+// full and key is new the request is not counted: 0 (unknown) and a
+// no-op end.
+func (b *loadBook) begin(key uint64) (int, func()) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	n, ok := b.heat[key]
+	if !ok && len(b.heat) >= maxHeatKeys {
+		return 0, func() {}
+	}
+	n++
+	b.heat[key] = n
+	var once sync.Once
+	return n, func() { once.Do(func() { b.end(key) }) }
+}
+
+func (b *loadBook) end(key uint64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if n := b.heat[key] - 1; n > 0 {
+		b.heat[key] = n
+	} else {
+		delete(b.heat, key)
+	}
+}
+
+// inFlight is the count under key (for tests and debugging).
+func (b *loadBook) inFlight(key uint64) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.heat[key]
+}
+
+// observe folds one request's slot time at a replica into its mean.
+func (b *loadBook) observe(id string, ms float64) {
+	if ms <= 0 {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	old, ok := b.seq[id]
+	switch {
+	case ok:
+		b.seq[id] = old + (ms-old)/seqEWMADiv
+	case len(b.seq) < maxSeqReplicas:
+		b.seq[id] = ms
+	}
+}
+
+// fill sets SeqMs, and for owned replicas with requests in flight
+// SlotAgeMs, on the candidates the view left without them.
+func (b *loadBook) fill(cands []route.Candidate) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	now := b.now()
+	for i := range cands {
+		c := &cands[i]
+		if c.SeqMs <= 0 {
+			c.SeqMs = b.seq[c.ID]
+		}
+		if q := b.runs[c.ID]; c.SlotAgeMs <= 0 && len(q) > 0 {
+			c.SlotAgeMs = max(float64(now.Sub(q[0].at))/float64(time.Millisecond), 1e-3)
+		}
+	}
+}
+
+// slotMs is how long a request held a sequence slot, as a router can
+// tell: from its first byte to its last (decode), plus the prefill of the
+// blocks the replica lacked at the candidate's prefill rate (the time
+// before the first byte also holds the queue wait, which is not a slot's).
+func slotMs(first, last time.Time, missBlocks int, blockMs float64) float64 {
+	if first.IsZero() || last.Before(first) {
+		return 0
+	}
+	return float64(last.Sub(first))/float64(time.Millisecond) + float64(max(missBlocks, 0))*blockMs
+}
+
+// countHeat counts req under its heat key for the decision
+// (route.Request.Concurrent) and returns the function that ends the
+// count. Requests placed by load are not counted: they hold no prefix.
+// Nor are requests another router forwarded: the count is of the
+// requests this router decides, as in the simulator (counting the
+// forwarded ones at the owner too raised copies of conversations'
+// prefixes and cost hit ratio on no-shared-head at 4 slots,
+// docs/SIMULATION.md).
+func (p *Proxy) countHeat(st *reqState, req *route.Request) func() {
+	if st.byLoad || st.hop {
+		return func() {}
+	}
+	n, end := p.load.begin(p.cfg.Policy.HeatKey(*req))
+	req.Concurrent = n
+	return end
+}
+
+// observeSlot folds a finished attempt's slot time at replica id into
+// its mean: only complete successful generations count (a refused,
+// failed or abandoned request says nothing of how long one runs).
+func (p *Proxy) observeSlot(st *reqState, id string, d route.Decision, first time.Time) {
+	if st.byLoad || st.code < 200 || st.code >= 300 {
+		return
+	}
+	p.load.observe(id, slotMs(first, p.now(), len(st.hashes)-d.Match, st.blockMs))
+}
+
+// blockMsOf is a candidate's prefill time per block, as route prices it.
+func blockMsOf(pol route.Policy, c *route.Candidate) float64 {
+	if c.BlockMs > 0 {
+		return c.BlockMs
+	}
+	return pol.DefaultBlockMs
+}

@@ -1,0 +1,200 @@
+package proxy
+
+import (
+	"context"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvmesh/kvmesh/route"
+)
+
+func TestLoadBookHeat(t *testing.T) {
+	b := newLoadBook()
+	n1, end1 := b.begin(7)
+	n2, end2 := b.begin(7)
+	n3, end3 := b.begin(9)
+	if n1 != 1 || n2 != 2 || n3 != 1 {
+		t.Fatalf("counts %d %d %d, want 1 2 1", n1, n2, n3)
+	}
+	end1()
+	end1() // ending twice must not count twice
+	if got := b.inFlight(7); got != 1 {
+		t.Fatalf("after one end: %d in flight under 7, want 1", got)
+	}
+	end2()
+	end3()
+	if len(b.heat) != 0 {
+		t.Fatalf("ended requests left %d keys", len(b.heat))
+	}
+}
+
+func TestLoadBookHeatBounded(t *testing.T) {
+	b := newLoadBook()
+	for k := range maxHeatKeys {
+		b.begin(uint64(k))
+	}
+	n, end := b.begin(1 << 40)
+	end()
+	if n != 0 || len(b.heat) != maxHeatKeys {
+		t.Fatalf("new key on a full map: count %d, %d keys; want 0 (unknown), %d", n, len(b.heat), maxHeatKeys)
+	}
+	if n, _ := b.begin(3); n != 2 {
+		t.Fatalf("known key on a full map: count %d, want 2", n)
+	}
+}
+
+func TestLoadBookSeq(t *testing.T) {
+	tests := []struct {
+		name string
+		obs  []float64
+		want float64
+	}{
+		{"none", nil, 0},
+		{"first sets", []float64{800}, 800},
+		{"then a sixteenth", []float64{800, 2400}, 900},
+		{"non-positive ignored", []float64{800, 0, -5}, 800},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b := newLoadBook()
+			for _, ms := range tt.obs {
+				b.observe("a", ms)
+			}
+			cands := []route.Candidate{{ID: "a"}, {ID: "b"}, {ID: "a", SeqMs: 5}}
+			b.fill(cands)
+			if cands[0].SeqMs != tt.want || cands[1].SeqMs != 0 || cands[2].SeqMs != 5 {
+				t.Fatalf("SeqMs %v %v %v, want %v 0 5 (the view's own kept)", cands[0].SeqMs, cands[1].SeqMs, cands[2].SeqMs, tt.want)
+			}
+		})
+	}
+}
+
+func TestSlotMs(t *testing.T) {
+	t0 := time.Unix(100, 0)
+	tests := []struct {
+		name        string
+		first, last time.Time
+		miss        int
+		blockMs     float64
+		want        float64
+	}{
+		{"decode plus prefill", t0, t0.Add(300 * time.Millisecond), 5, 20, 400},
+		{"no first byte", time.Time{}, t0, 5, 20, 0},
+		{"clock went back", t0, t0.Add(-time.Second), 5, 20, 0},
+		{"negative miss", t0, t0.Add(50 * time.Millisecond), -1, 20, 50},
+	}
+	for _, tt := range tests {
+		if got := slotMs(tt.first, tt.last, tt.miss, tt.blockMs); got != tt.want {
+			t.Errorf("%s: %v, want %v", tt.name, got, tt.want)
+		}
+	}
+}
+
+// The proxy counts its in-flight requests by heat key while they run and
+// forgets them when they end, and times successful requests only.
+func TestProxyLoadBook(t *testing.T) {
+	release := make(chan struct{})
+	arrived := make(chan struct{}, 4)
+	good := newReplica(t, func(w http.ResponseWriter, r *http.Request) {
+		arrived <- struct{}{}
+		<-release
+		sseChat(w, []string{"a", "b"}, -1)
+	})
+	view := newFakeView([]string{"m"}, fakeReplica{id: good.URL})
+	p, srv, _ := newTestProxy(t, view, nil)
+	body := chatBody("m", true, "the same long prompt that two clients send at once, many blocks long")
+
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp := post(t, context.Background(), srv.URL+"/v1/chat/completions", body)
+			readAll(t, resp)
+		}()
+	}
+	for range 2 {
+		select {
+		case <-arrived:
+		case <-time.After(10 * time.Second):
+			t.Fatal("requests never reached the replica")
+		}
+	}
+	p.load.mu.Lock()
+	keys, count := len(p.load.heat), 0
+	for _, n := range p.load.heat {
+		count = n
+	}
+	p.load.mu.Unlock()
+	if keys != 1 || count != 2 {
+		t.Fatalf("in flight: %d keys, count %d; want one key counting 2", keys, count)
+	}
+	close(release)
+	wg.Wait()
+	p.load.mu.Lock()
+	keys = len(p.load.heat)
+	seq := p.load.seq[good.URL]
+	p.load.mu.Unlock()
+	if keys != 0 {
+		t.Fatalf("%d heat keys left after the requests ended", keys)
+	}
+	// The replica held no prefix (match 0): the slot time includes the
+	// estimated prefill of every block, at least one.
+	if min := route.DefaultPolicy().DefaultBlockMs; seq < min {
+		t.Fatalf("slot time %v ms, want at least the prefill estimate %v", seq, min)
+	}
+
+	bad := newReplica(t, func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, "overloaded", http.StatusServiceUnavailable)
+	})
+	view2 := newFakeView([]string{"m"}, fakeReplica{id: bad.URL})
+	p2, srv2, _ := newTestProxy(t, view2, nil)
+	readAll(t, post(t, context.Background(), srv2.URL+"/v1/chat/completions", body))
+	p2.load.mu.Lock()
+	_, timed := p2.load.seq[bad.URL]
+	keys = len(p2.load.heat)
+	p2.load.mu.Unlock()
+	if timed || keys != 0 {
+		t.Fatalf("refused request: timed %v, %d heat keys left; want neither", timed, keys)
+	}
+}
+
+// The age of the oldest request in flight at an owned replica dates its
+// next free slot; it follows the requests as they end, in any order.
+func TestLoadBookSlotAge(t *testing.T) {
+	b := newLoadBook()
+	now := time.Unix(1000, 0)
+	b.now = func() time.Time { return now }
+	end1 := b.dispatch("a")
+	now = now.Add(time.Second)
+	end2 := b.dispatch("a")
+	now = now.Add(time.Second)
+	end3 := b.dispatch("a")
+	age := func() float64 {
+		cands := []route.Candidate{{ID: "a"}, {ID: "b"}}
+		b.fill(cands)
+		if cands[1].SlotAgeMs != 0 {
+			t.Fatalf("replica with nothing in flight has age %v", cands[1].SlotAgeMs)
+		}
+		return cands[0].SlotAgeMs
+	}
+	if got := age(); got != 2000 {
+		t.Fatalf("age %v ms, want 2000 (the first request's)", got)
+	}
+	end2() // a younger request ending changes nothing
+	if got := age(); got != 2000 {
+		t.Fatalf("after the second ended: age %v, want 2000", got)
+	}
+	end1()
+	end1()
+	// The third began now: its age is 0, floored to 1 µs (0 is unknown).
+	if got := age(); got != 1e-3 {
+		t.Fatalf("after the first ended: age %v, want the third's (floored to 1e-3)", got)
+	}
+	end3()
+	if got := age(); got != 0 || len(b.runs) != 0 {
+		t.Fatalf("all ended: age %v, %d replicas tracked; want 0 and none", got, len(b.runs))
+	}
+}
