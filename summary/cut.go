@@ -22,9 +22,11 @@ package summary
 //     restarted empty). The older generation is certainly stale: drop it
 //     (a rotation), and lower the rotation threshold to 3/4 of the newer
 //     generation's inserts, so the summary remembers about what the engine
-//     holds. A second such miss before the newer generation fills drops
-//     both generations (two rotations): the cache was emptied or is far
-//     smaller still.
+//     holds. A second miss before the newer generation fills drops what
+//     is left from before the first: both generations (two rotations) if
+//     it is again in the newer generation, the older (one rotation) if it
+//     is in the older one, the first miss's newer generation. Either way
+//     the cache was emptied or is far smaller still.
 //
 // Cuts are rotations in the ordered log, which copies already replay where
 // the owner logged them, so copies stay bit-identical and the delta format
@@ -250,6 +252,11 @@ func (s *Summary) Correct(hashes []uint64) Correction {
 		if s.cut.strikes >= 2 {
 			c.Cut = CutBoth
 		}
+	case evident(c.OlderOnly) && s.cut.strikes > 0:
+		// The older generation is the newer one a miss already showed
+		// stale: a second miss drops it too.
+		c.Cut = CutOlder
+		s.cut.strikes = 0
 	}
 	s.cutLocked(c.Cut)
 	if c.Cut == CutBoth {
