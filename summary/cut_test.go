@@ -79,7 +79,7 @@ func TestCorrectCutsWhatTheMissShows(t *testing.T) {
 		// second, when set, is a second miss after the first was
 		// synced and the prefix recorded again (as the proxy does).
 		second func(t *testing.T, f *cutFixture) []uint64
-		cut   Cut // of the last correction
+		cut    Cut // of the last correction
 		// held: which prefixes the copy still matches in full afterwards.
 		old, early, recent bool
 		lowered            bool // the rotation threshold was lowered
