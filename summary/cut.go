@@ -72,8 +72,8 @@ func (c Cut) String() string {
 // cutState is the owner's correction state. It is not encoded: a copy
 // that becomes the owner starts from the assumed capacity.
 type cutState struct {
-	limit   int // rotation threshold when lowered; 0 means geo.perGen
-	missed  bool // the newer generation saw a miss: no growth at its fill
+	limit  int  // rotation threshold when lowered; 0 means geo.perGen
+	missed bool // the newer generation saw a miss: no growth at its fill
 	// The most recent adds to the newer generation and where each key was
 	// before (see noteAdd): recent maps a key to its slot in ring << 1 |
 	// 1 if it was in the older generation alone.
