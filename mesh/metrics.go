@@ -26,6 +26,9 @@ type metrics struct {
 	deltaBytes, deltaEntries prometheus.Counter
 	age                      *prometheus.GaugeVec
 	refusals                 prometheus.Counter
+	// cuts counts generation cuts of owned summaries, by what they
+	// dropped (older, both).
+	cuts *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer, members, queue func() float64) *metrics {
@@ -51,6 +54,8 @@ func newMetrics(reg prometheus.Registerer, members, queue func() float64) *metri
 			Help: "Seconds since the last state or delta from a replica's owner."}, []string{"replica"}),
 		refusals: f.NewCounter(prometheus.CounterOpts{Name: "kvmesh_mesh_contract_refusals_total",
 			Help: "Peers refused because their hashing contract or metadata differs."}),
+		cuts: f.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_summary_cuts_total",
+			Help: "Generation cuts of owned summaries after engine misses, by the generations dropped (older, both)."}, []string{"dropped"}),
 	}
 	for _, d := range []string{"in", "out"} {
 		m.bytes.WithLabelValues(d)

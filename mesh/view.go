@@ -200,13 +200,15 @@ func (m *Mesh) Record(replicaID string, hashes []uint64) {
 // Forget records that an owned replica does not hold these blocks (its
 // engine reported fewer cached tokens than the summary predicted): the
 // summary stops claiming them (Match stops at the first) until they are
-// recorded again. The forgets travel to the copies in the same ordered
-// deltas as the inserts. Elsewhere it is a no-op (one writer per summary).
+// recorded again, and cuts the generations the miss shows stale
+// (correct.go). The forgets and cuts travel to the copies in the same
+// ordered deltas as the inserts. Elsewhere it is a no-op (one writer per
+// summary).
 func (m *Mesh) Forget(replicaID string, hashes []uint64) {
 	m.mu.RLock()
 	r := m.replicas[replicaID]
 	if r != nil && r.owned && r.sum != nil {
-		r.sum.Forget(hashes)
+		m.correct(r.sum, hashes)
 	}
 	m.mu.RUnlock()
 }

@@ -257,6 +257,7 @@ type Summary struct {
 	log      []uint64          // the most recent log entries, for deltas
 	logStart uint64            // version before log[0]
 	logLimit int
+	cut      cutState // the owner's correction state (cut.go)
 }
 
 // New returns an empty summary. epoch names its history: copies of it carry
@@ -315,15 +316,17 @@ func (s *Summary) Add(hashes []uint64) int {
 		if !forgotten && test(s.words[s.cur], s.geo, base, bits) {
 			continue
 		}
+		s.noteAdd(key, base, bits, forgotten)
 		s.applyAdd(key)
 		s.version++
 		s.curCount++
 		s.record(key | opAdd)
 		n++
-		if s.curCount >= s.geo.perGen {
+		if s.curCount >= s.rotateAt() {
 			s.rotate()
 			s.version++
 			s.record(opRotate)
+			s.filled()
 		}
 	}
 	return n

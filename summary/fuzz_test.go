@@ -31,6 +31,11 @@ func FuzzDecodeDelta(f *testing.F) {
 	s.Forget(chain(5, 1))
 	enc, _, _ := s.AppendDelta(nil, 0)
 	f.Add(enc)
+	v := s.Version()
+	s.Cut(CutBoth) // generation cuts are consecutive rotations
+	s.Add(chain(3, 2))
+	enc, _, _ = s.AppendDelta(nil, v)
+	f.Add(enc)
 	f.Add([]byte{})
 	f.Add(make([]byte, 12))
 	f.Fuzz(func(t *testing.T, data []byte) {

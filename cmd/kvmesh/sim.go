@@ -45,6 +45,8 @@ func runSimEnv(ctx context.Context, args []string, stdout, stderr io.Writer, get
 	staleAfter := fs.Duration("stale-after", def.StaleAfter, "stop counting a copy whose owner was silent this long")
 	policies := fs.String("policies", strings.Join(sim.AllPolicies, ","), "comma-separated policies to run")
 	seed := fs.Uint64("seed", def.Seed, "seed of block hashes and summary epochs")
+	capErr := fs.Float64("capacity-error", def.CapacityError, "size the summaries for this multiple of the engines' real cache (2: routers assume twice what the engines hold)")
+	correction := fs.String("correction", def.Correction, "what an owner does when the engine reports fewer cached blocks than predicted: "+strings.Join(sim.Corrections, ", "))
 	pf := bindPolicyFlags(fs)
 	workload := fs.String("workload", "trace", "trace: the trace as is; no-shared-head: the trace without the blocks every request shares (no global system prompt); hot-prompts: a synthetic trace dominated by a few hot prompts (ignores --trace)")
 	asJSON := fs.Bool("json", false, "print one JSON object instead of a table (with --grid: one per cell)")
@@ -76,6 +78,7 @@ func runSimEnv(ctx context.Context, args []string, stdout, stderr io.Writer, get
 	cfg.GossipInterval, cfg.GossipDelay, cfg.StaleAfter = *interval, *delay, *staleAfter
 	cfg.ScrapeInterval, cfg.SlotsPublished = *scrape, *slotsPublished
 	cfg.Seed = *seed
+	cfg.CapacityError, cfg.Correction = *capErr, *correction
 	cfg.Route = rp
 	cfg.Policies = splitList(*policies)
 	if len(cfg.Policies) == 0 {

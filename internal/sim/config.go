@@ -2,6 +2,7 @@ package sim
 
 import (
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/kvmesh/kvmesh/route"
@@ -87,7 +88,25 @@ type Config struct {
 	Seed uint64
 	// Route is the routing policy of the route-based policies.
 	Route route.Policy
+	// CapacityError sizes the summaries for CapacityError × the engines'
+	// real capacity (0 or 1: the real capacity), as a router configured
+	// with the wrong --kv-blocks, or sharing its engines with other
+	// tenants, would.
+	CapacityError float64
+	// Correction is what an owner does when its engine reports fewer
+	// cached blocks than its summary predicted (see Corrections).
+	Correction string
 }
+
+// The corrections Config.Correction knows.
+const (
+	CorrectionNone   = "none"   // the engine's report is ignored
+	CorrectionForget = "forget" // forget the blocks claimed beyond the report, then record the request again (the proxy before generation cuts)
+	CorrectionCut    = "cut"    // summary.Correct: generation cuts and a learned rotation threshold, then record again
+)
+
+// Corrections lists Config.Correction's values.
+var Corrections = []string{CorrectionNone, CorrectionForget, CorrectionCut}
 
 // DefaultConfig returns the defaults of `kvmesh sim`.
 func DefaultConfig() Config {
@@ -107,6 +126,8 @@ func DefaultConfig() Config {
 		FalsePositiveRate: 0.01,
 		Seed:              1,
 		Route:             route.DefaultPolicy(),
+		CapacityError:     1,
+		Correction:        CorrectionCut,
 	}
 }
 
@@ -137,6 +158,10 @@ func (c Config) Validate() error {
 		return fmt.Errorf("sim: scrape interval %v, want > 0", c.ScrapeInterval)
 	case c.StaleAfter <= 0:
 		return fmt.Errorf("sim: stale-after %v, want > 0", c.StaleAfter)
+	case c.CapacityError < 0 || c.CapacityError > 64:
+		return fmt.Errorf("sim: capacity error %v, want in [0, 64]", c.CapacityError)
+	case c.Correction != "" && !slices.Contains(Corrections, c.Correction):
+		return fmt.Errorf("sim: unknown correction %q (known: %v)", c.Correction, Corrections)
 	}
 	for _, p := range c.Policies {
 		if !knownPolicy(p) {

@@ -58,6 +58,12 @@ type PolicyReport struct {
 	// lose to one).
 	WarmRequests int     `json:"warm_requests"`
 	Retrace      float64 `json:"retrace"`
+	// Corrections counts the requests whose engine held fewer blocks than
+	// the recording summary predicted and that the feedback loop
+	// corrected; CutsOlder and CutsBoth the generation cuts they caused.
+	Corrections int `json:"corrections,omitempty"`
+	CutsOlder   int `json:"cuts_older,omitempty"`
+	CutsBoth    int `json:"cuts_both,omitempty"`
 }
 
 // ConfigReport is the configuration a Report was made with, after
@@ -84,6 +90,8 @@ type ConfigReport struct {
 	PartitionEndMs        float64  `json:"partition_end_ms"`
 	Seed                  uint64   `json:"seed"`
 	Policies              []string `json:"policies"`
+	CapacityError         float64  `json:"capacity_error,omitempty"`
+	Correction            string   `json:"correction,omitempty"`
 }
 
 // WriteTable writes the report as an aligned table and a config line.
@@ -93,7 +101,7 @@ func (r Report) WriteTable(w io.Writer) error {
 	for _, p := range r.Policies {
 		fmt.Fprintf(tw, "%s\t%d\t%.4f\t%.4f\t%.0f\t%.0f\t%.0f\t%.0f\t%.2f\t%.0f\t%.3f\t %s\n",
 			p.Name, p.Requests, p.HitRatio, p.TokenHitRatio, p.TTFTP50Ms, p.TTFTP90Ms, p.TTFTP99Ms, p.TTFTMeanMs,
-			p.PrefillMaxOverMean, p.MeanQueueMs, p.Retrace, reasonsString(p.Reasons))
+			p.PrefillMaxOverMean, p.MeanQueueMs, p.Retrace, reasonsString(p.Reasons)+correctionsString(p))
 	}
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("sim table: %w", err)
@@ -102,8 +110,8 @@ func (r Report) WriteTable(w io.Writer) error {
 		fmt.Fprintf(w, "best of run (upper bound excluded): hit %s, TTFT p50 %s, p99 %s, mean %s\n", b.HitRatio, b.P50, b.P99, b.Mean)
 	}
 	c := r.Config
-	_, err := fmt.Fprintf(w, "config: replicas=%d routers=%d cache=%.3g (%d blocks/replica of %d distinct) load=%.3g (time scale %.4f, span %.0f s) prefill=%.0f tok/s decode=%.3g ms/tok max-num-seqs=%d gossip=%.0fms+%.0fms scrape=%.0fms slots-published=%v stale-after=%.0fms partition=[%.0f,%.0f) s seed=%d\n",
-		c.Replicas, c.Routers, c.CacheFraction, c.CacheBlocksPerReplica, c.DistinctBlocks, c.Load,
+	_, err := fmt.Fprintf(w, "config: replicas=%d routers=%d cache=%.3g (%d blocks/replica of %d distinct, summaries sized ×%.3g, correction %s) load=%.3g (time scale %.4f, span %.0f s) prefill=%.0f tok/s decode=%.3g ms/tok max-num-seqs=%d gossip=%.0fms+%.0fms scrape=%.0fms slots-published=%v stale-after=%.0fms partition=[%.0f,%.0f) s seed=%d\n",
+		c.Replicas, c.Routers, c.CacheFraction, c.CacheBlocksPerReplica, c.DistinctBlocks, c.CapacityError, c.Correction, c.Load,
 		c.TimeScale, c.SpanMs/1000, c.PrefillTokensPerS, c.DecodeMsPerToken, c.MaxNumSeqs,
 		c.GossipIntervalMs, c.GossipDelayMs, c.ScrapeIntervalMs, c.SlotsPublished, c.StaleAfterMs, c.PartitionStartMs/1000, c.PartitionEndMs/1000, c.Seed)
 	if err != nil {
@@ -163,4 +171,11 @@ func (r Report) Best() Best {
 		}
 	}
 	return b
+}
+
+func correctionsString(p PolicyReport) string {
+	if p.Corrections == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" | corrected=%d cut-older=%d cut-both=%d", p.Corrections, p.CutsOlder, p.CutsBoth)
 }

@@ -76,6 +76,9 @@ func Run(ctx context.Context, cfg Config, reqs []trace.Request) (Report, error) 
 	if cfg.FalsePositiveRate == 0 {
 		cfg.FalsePositiveRate = summary.DefaultFalsePositiveRate
 	}
+	if cfg.Correction == "" {
+		cfg.Correction = CorrectionNone
+	}
 	if cfg.Route == (route.Policy{}) {
 		cfg.Route = route.DefaultPolicy()
 	}
@@ -118,13 +121,18 @@ func Run(ctx context.Context, cfg Config, reqs []trace.Request) (Report, error) 
 		GossipIntervalMs: ms(c.GossipInterval.Seconds()), GossipDelayMs: ms(c.GossipDelay.Seconds()),
 		StaleAfterMs: ms(c.StaleAfter.Seconds()), ScrapeIntervalMs: ms(c.ScrapeInterval.Seconds()), SlotsPublished: c.SlotsPublished, PartitionStartMs: p.partStart, PartitionEndMs: p.partEnd,
 		Seed: c.Seed, Policies: slices.Clone(policies),
+		CapacityError: c.CapacityError, Correction: c.Correction,
 	}}, nil
 }
 
 func ms(seconds float64) float64 { return seconds * 1000 }
 
 func (p *prepared) params() summary.Params {
-	return summary.Params{CapacityBlocks: p.cacheBlocks, FalsePositiveRate: p.cfg.FalsePositiveRate}
+	c := p.cacheBlocks
+	if k := p.cfg.CapacityError; k > 0 && k != 1 {
+		c = max(int(math.Round(float64(c)*k)), 2)
+	}
+	return summary.Params{CapacityBlocks: c, FalsePositiveRate: p.cfg.FalsePositiveRate}
 }
 
 // splitmix64 is one step of the splitmix64 generator: trace ids are small

@@ -18,6 +18,7 @@ type job struct {
 	dispatch        float64
 	est             float64 // pending prefill blocks the dispatching router predicted
 	start           float64 // when its prefill started
+	pred, hit       int32   // blocks the recording summary predicted at dispatch; blocks the engine had
 	prefilled, done bool
 }
 
@@ -128,6 +129,8 @@ type world struct {
 	warm, found                          int   // retrace: warm requests, and those sent to a best holder
 	runs, runsSorted                     []int // retrace scratch
 	givenUp                              int64
+	corrections                          int    // misses the feedback loop corrected
+	cuts                                 [3]int // by summary.Cut
 }
 
 func runPolicy(ctx context.Context, p *prepared, name string) (PolicyReport, error) {
@@ -465,14 +468,12 @@ func (w *world) dispatch(k, j int, i int32, est float64) {
 	rep.inFlight++
 	rep.pending += est
 	rep.activeBlocks += len(r.ids)
+	if s := w.recorder(k, j); s != nil {
+		w.jobs[i].pred = int32(s.Match(r.req.Probes))
+		s.Add(r.req.Hashes)
+	}
 	switch w.policy {
-	case PolicySingle:
-		w.routers[0].copies[j].Add(r.req.Hashes)
-	case PolicyIsolated:
-		w.routers[k].copies[j].Add(r.req.Hashes)
-		w.routers[k].own[j] = append(w.routers[k].own[j], i)
-	case PolicyMesh, PolicyPartitioned:
-		w.routers[w.owner(j)].copies[j].Add(r.req.Hashes)
+	case PolicyIsolated, PolicyMesh, PolicyPartitioned:
 		w.routers[k].own[j] = append(w.routers[k].own[j], i)
 	}
 	rep.queue = append(rep.queue, i)
@@ -496,6 +497,7 @@ func (w *world) tryStart(j int) {
 	}
 	r := &w.p.reqs[i]
 	hit := rep.cache.leadingRun(r.ids)
+	w.jobs[i].hit = int32(hit)
 	dur, computed := w.p.prefillMs(r, hit)
 	w.hitBlocks += int64(hit)
 	w.blocks += int64(len(r.ids))
@@ -548,6 +550,7 @@ func (w *world) decodeDone(j, i int32) {
 	rep.activeBlocks -= n
 	rep.runningBlocks -= n
 	w.jobs[i].done = true
+	w.learn(int(j), i)
 	if w.heat != nil {
 		m := w.heat[w.jobs[i].router]
 		hk := w.p.cfg.Route.HeatKey(w.p.reqs[i].req)
@@ -701,6 +704,7 @@ func (w *world) deliver(k, mi int32) error {
 
 func (w *world) report() PolicyReport {
 	rep := PolicyReport{Name: w.policy, Requests: len(w.ttft), Reasons: w.reasons, FullCopies: w.fullCopies,
+		Corrections: w.corrections, CutsOlder: w.cuts[summary.CutOlder], CutsBoth: w.cuts[summary.CutBoth],
 		BelowBestMatch: w.belowBest, GivenUpBlocks: w.givenUp, WarmRequests: w.warm}
 	if w.warm > 0 {
 		rep.Retrace = float64(w.found) / float64(w.warm)

@@ -1,0 +1,54 @@
+package mesh
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/kvmesh/kvmesh/summary"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+// A miss on a prefix the owner's summary holds in its newer generation
+// shows the engine holds less than the summary remembers: the owner drops
+// the older generation, and the copy at the other router follows (the
+// cut is a rotation in the ordered deltas).
+func TestMissCutsTheOlderGenerationEverywhere(t *testing.T) {
+	a := newRouter(t, "a", nil)
+	id := "http://a-rep"
+	declare(a, id) // 2048 blocks: generations of 1536, 384 recent adds
+	b := newRouter(t, "b", joining(a))
+	old, early := chain(1, 40), chain(2, 40)
+	a.Record(id, old)
+	for i := range 40 {
+		a.Record(id, chain(uint64(100+i), 40)) // 1600 blocks: one rotation
+	}
+	a.Record(id, early)
+	for i := range 40 {
+		a.Record(id, chain(uint64(200+i), 10)) // early leaves the recent adds
+	}
+	for _, h := range [][]uint64{old, early} {
+		eventually(t, wait, "b matches", func() error { return matches(b.Mesh, id, h) })
+	}
+	b.Forget(id, early[10:]) // not the owner: no-op
+	a.Forget(id, early[10:]) // the engine had 10 blocks of early
+	match := func(r *testRouter, h []uint64) int {
+		c, _ := candidate(r.Mesh, "m", id)
+		if c.Summary == nil {
+			return -1
+		}
+		return c.Summary.Match(summary.MakeProbes(nil, h))
+	}
+	for _, r := range []*testRouter{a, b} {
+		eventually(t, wait, r.cfg.Name+" drops the older generation", func() error {
+			if o, e := match(r, old), match(r, early); o != 0 || e != 10 {
+				return fmt.Errorf("matches old %d (want 0), early %d (want 10)", o, e)
+			}
+			return nil
+		})
+	}
+	if got := testutil.ToFloat64(a.met.cuts.WithLabelValues("older")); got != 1 {
+		t.Fatalf("cuts of the older generation: %v", got)
+	}
+	a.Record(id, early) // the engine computed it again
+	eventually(t, wait, "b matches early again", func() error { return matches(b.Mesh, id, early) })
+}
