@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"strings"
@@ -155,6 +156,15 @@ func (l *load) one() record {
 			return rec
 		}
 		rec.status = resp.StatusCode
+		if resp.StatusCode == http.StatusServiceUnavailable && resp.Header.Get("Retry-After") != "" {
+			// A router that is not ready (just restarted, models not
+			// known yet) refuses with 503 + Retry-After before it routes
+			// anything: a client or load balancer tries the next one.
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			rec.refused++
+			continue
+		}
 		if resp.StatusCode != http.StatusOK {
 			var b [512]byte
 			k, _ := resp.Body.Read(b[:])

@@ -220,7 +220,7 @@ func scenario(t *testing.T, name string, bound time.Duration, targets func() []i
 		switch {
 		case (s.allowHopHangs || s.allowHop502s) && tl.lost > 0 && tl.lost <= hopHangsAllowed && hangs == tl.lost && len(tl.dupes) == 0:
 			res.knownHangs = tl.lost
-			s.note("%d requests lost on a hop (known open issue: a hop has no dispatch bound and no proof of non-dispatch, docs/RELIABILITY.md)", tl.lost)
+			s.note("%d requests lost to a known open issue: a 502 not retried after the upstream died with the request written, or a hop with no dispatch bound (docs/RELIABILITY.md)", tl.lost)
 		case tl.lost > 0:
 			s.fail("%d requests lost before streaming", tl.lost)
 		}
@@ -284,6 +284,9 @@ func TestFaults(t *testing.T) {
 	c := cl
 
 	scenario(t, "replica kill -9", 10*time.Second, allRouters, func(s *sc) {
+		// A request already written to the killed replica may have been
+		// running: it is answered 502 and not retried, by design.
+		s.allowHop502s = true
 		_, err := c.replicas[1].signal(syscall.SIGKILL, 5*time.Second)
 		s.must(err)
 		s.mark()
