@@ -105,6 +105,9 @@ func (m *Mesh) handleStateLocked(st *stateMsg, now time.Time) bool {
 		clear(m.stateSeen) // bounded memory; states only get re-accepted
 	}
 	m.stateSeen[key] = seenState{st.Boot, st.Seq}
+	if r := m.replicas[st.Replica]; r != nil {
+		handBackDoneLocked(r, st)
+	}
 	if st.Withdrawn {
 		m.withdrawLocked(st.Origin, st.Replica)
 		return true

@@ -188,6 +188,7 @@ func (m *Mesh) tick(now time.Time) {
 	var cuts []cut
 	var others []stateMsg // declarations and withdrawals
 	for _, r := range m.order {
+		m.sendHandBackLocked(r, now)
 		owner := m.ownerLocked(r)
 		m.setOwnedLocked(r, owner == m.cfg.Name)
 		if r.owned {

@@ -93,6 +93,7 @@ type replica struct {
 	// copy was handed back to.
 	declHeard  map[string]time.Time
 	handedBack uint64
+	hb         *handBack       // a hand-back in progress, if any
 	withdrawn  map[string]bool // routers that withdrew it (their word beats hearsay)
 	owner      string          // ownerOf, kept current by recomputeOwnersLocked
 	ownerMb    *member         // members[owner] when another router owns it

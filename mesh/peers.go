@@ -41,10 +41,15 @@ type peer struct {
 	wake chan struct{}
 	stop context.CancelFunc
 
-	mu       sync.Mutex // after m.mu when both are held, never before
-	node     memberlist.Node
-	q        [][]byte
-	qBytes   int
+	mu     sync.Mutex // after m.mu when both are held, never before
+	node   memberlist.Node
+	q      [][]byte
+	qBytes int
+	// handBack holds copies handed back to this peer's new incarnation
+	// (softstate.go). They are not this router's own replicas, so no full
+	// round or resynchronisation repeats them: they have a queue of their
+	// own, sent first and cleared only when the peer goes.
+	handBack [][]byte
 	fullAll  bool            // every owned replica needs a full copy
 	fullWhy  string          // why fullAll
 	fullSome map[string]bool // replicas whose copies asked for a full one
@@ -101,8 +106,8 @@ func (m *Mesh) syncPeersLocked() []*peer {
 func (m *Mesh) dropPeerLocked(p *peer) {
 	p.stop()
 	p.mu.Lock()
-	m.queued.Add(-int64(len(p.q)))
-	p.q, p.qBytes = nil, 0
+	m.queued.Add(-int64(len(p.q) + len(p.handBack)))
+	p.q, p.qBytes, p.handBack = nil, 0, nil
 	p.mu.Unlock()
 	delete(m.peers, p.name)
 }
@@ -304,14 +309,24 @@ func (m *Mesh) sendLoop(ctx context.Context, p *peer) {
 		}
 		for ctx.Err() == nil {
 			p.mu.Lock()
-			if len(p.q) == 0 {
+			var msg []byte
+			switch {
+			case len(p.handBack) > 0:
+				msg = p.handBack[0]
+				p.handBack[0] = nil
+				p.handBack = p.handBack[1:]
+			case len(p.q) > 0:
+				msg = p.q[0]
+				p.q[0] = nil
+				p.q = p.q[1:]
+				p.qBytes -= len(msg)
+			default:
 				p.mu.Unlock()
+			}
+			if msg == nil {
 				break
 			}
-			msg, node := p.q[0], p.node
-			p.q[0] = nil
-			p.q = p.q[1:]
-			p.qBytes -= len(msg)
+			node := p.node
 			m.queued.Add(-1)
 			p.mu.Unlock()
 			if err := m.ml.SendReliable(&node, msg); err != nil {

@@ -94,6 +94,24 @@ func (m *Mesh) reassertedLocked(p *pushPull) {
 	}
 }
 
+// handBack is a copy handed back to a restarted owner. It is resent,
+// backing off, until the owner's state shows the copy's epoch (it
+// adopted it) or handBackFor passes: one message can be lost to the
+// restart itself (the peer's old address, its sender dropped while it
+// was briefly gone), and a hand-back that fails leaves the owner cold.
+type handBack struct {
+	to    string
+	boot  uint64
+	epoch uint64
+	enc   []byte // the copy, encoded once
+	until time.Time
+	next  time.Time
+	wait  time.Duration
+}
+
+// handBackFor bounds how long a copy is offered back.
+const handBackFor = 20 * time.Second
+
 // handBackLocked runs on the first state of a restarted owner (a new
 // boot, a new epoch) of a replica this router holds a copy of from its
 // previous incarnation: the copy goes back to it, once per boot, so
@@ -105,27 +123,52 @@ func (m *Mesh) handBackLocked(r *replica, st *stateMsg) {
 		r.st.Epoch != r.sum.Epoch() || m.ownerLocked(r) != st.Origin {
 		return
 	}
-	p := m.peers[st.Origin]
+	now := time.Now()
+	r.handedBack = st.Boot
+	r.hb = &handBack{to: st.Origin, boot: st.Boot, epoch: r.sum.Epoch(), enc: r.sum.AppendEncode(nil, m.fp),
+		until: now.Add(handBackFor), next: now, wait: max(m.cfg.Timing.StateInterval, 50*time.Millisecond)}
+	m.log.Info("handing a restarted owner its summary back", "replica", r.id, "to", st.Origin, "epoch", r.sum.Epoch(), "version", r.sum.Version())
+	m.sendHandBackLocked(r, now)
+}
+
+// sendHandBackLocked (re)sends r's hand-back when it is due, and drops
+// it when it is done or too old.
+func (m *Mesh) sendHandBackLocked(r *replica, now time.Time) {
+	hb := r.hb
+	if hb == nil || now.Before(hb.next) {
+		return
+	}
+	if now.After(hb.until) {
+		r.hb = nil
+		return
+	}
+	p := m.peers[hb.to]
 	if p == nil {
 		m.syncPeersLocked() // it may have come back before the next tick
-		if p = m.peers[st.Origin]; p == nil {
-			return // not alive here yet: a later full state tries again
+		if p = m.peers[hb.to]; p == nil {
+			return // not alive here yet: the next tick tries again
 		}
 	}
-	r.handedBack = st.Boot
-	m.log.Info("handing a restarted owner its summary back", "replica", r.id, "to", st.Origin, "epoch", r.sum.Epoch(), "version", r.sum.Version())
+	hb.next, hb.wait = now.Add(hb.wait), 2*hb.wait
 	// A batch entry's state is its sender's: a withdrawn one says, truly,
 	// that this router does not declare the replica, and carries the copy.
-	st2 := stateMsg{header: m.nextHeader(), Replica: r.id, Withdrawn: true}
-	msgs := m.assemble([][]byte{appendEntryRaw(nil, st2.append(nil), payloadFull, r.sum.AppendEncode(nil, m.fp))})
+	st := stateMsg{header: m.nextHeader(), Replica: r.id, Withdrawn: true}
+	msgs := m.assemble([][]byte{appendEntryRaw(nil, st.append(nil), payloadFull, hb.enc)})
 	p.mu.Lock()
-	p.q = append(p.q, msgs...)
-	p.qBytes += msgBytes(msgs)
+	p.handBack = append(p.handBack, msgs...)
 	m.queued.Add(int64(len(msgs)))
 	p.mu.Unlock()
 	select {
 	case p.wake <- struct{}{}:
 	default:
+	}
+}
+
+// handBackDoneLocked ends a hand-back once the owner's state shows the
+// copy's epoch: it adopted it.
+func handBackDoneLocked(r *replica, st *stateMsg) {
+	if hb := r.hb; hb != nil && st.Origin == hb.to && st.Boot == hb.boot && st.Epoch == hb.epoch {
+		r.hb = nil
 	}
 }
 
