@@ -316,16 +316,23 @@ func (p *Proxy) serveResponseByID(w http.ResponseWriter, r *http.Request) {
 		st.code = writeError(w, http.StatusMethodNotAllowed, fmt.Sprintf("method %s not allowed on %s", r.Method, r.URL.Path))
 		return
 	}
-	replica, ok := p.responses.get(id)
-	if h := r.Header.Get(HeaderReplica); h != "" && r.Header.Get(HeaderHop) != "" {
+	hop, authenticated := p.hopOf(r)
+	if !authenticated && !p.authorize(w, r) {
+		st.code = http.StatusUnauthorized
+		return
+	}
+	replica, ok := "", false
+	if h := r.Header.Get(HeaderReplica); hop && h != "" {
 		replica, ok = h, true // the deciding router knew it
+	} else {
+		replica, ok = p.replicaOfResponse(r.Context(), r, id, hop)
 	}
 	if !ok || id == "" {
 		st.code = writeError(w, http.StatusNotFound, fmt.Sprintf("Response with id '%s' not found.", id))
 		return
 	}
 	ownerAPI, local, known := p.cfg.View.Locate(replica)
-	if !known || (!local && r.Header.Get(HeaderHop) != "") {
+	if !known || (!local && hop) {
 		st.code = writeError(w, http.StatusNotFound, fmt.Sprintf("Response with id '%s' not found: its replica is gone.", id))
 		return
 	}
@@ -337,6 +344,10 @@ func (p *Proxy) serveResponseByID(w http.ResponseWriter, r *http.Request) {
 	base := replica
 	if !local {
 		base = ownerAPI
+		if p.cfg.RequirePeerTLS && !strings.HasPrefix(strings.ToLower(ownerAPI), "https://") {
+			st.code = writeError(w, http.StatusBadGateway, fmt.Sprintf("the router holding response '%s' is not reachable over TLS", id))
+			return
+		}
 	}
 	url := strings.TrimRight(base, "/") + r.URL.Path
 	if r.URL.RawQuery != "" {
@@ -349,8 +360,7 @@ func (p *Proxy) serveResponseByID(w http.ResponseWriter, r *http.Request) {
 	}
 	copyRequestHeader(out.Header, r.Header)
 	if !local {
-		out.Header.Set(HeaderReplica, replica)
-		out.Header.Set(HeaderHop, "1")
+		p.signHop(out, replica, 0)
 	}
 	start := time.Now()
 	resp, err := p.client.Do(out)

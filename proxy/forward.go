@@ -87,6 +87,9 @@ func (p *Proxy) inference(w http.ResponseWriter, r *http.Request, ep *endpoint) 
 		ClientKey: p.clientKey(r, &st.prompt)}
 	defer p.countHeat(st, &req)()
 
+	if id := st.prompt.PreviousResponseID; id != "" {
+		p.replicaOfResponse(r.Context(), r, id, st.hop) // decide finds it
+	}
 	cands := p.cfg.View.Candidates(st.prompt.Model, nil)
 	p.load.fill(cands)
 	hinted, hintMatch := -1, 0

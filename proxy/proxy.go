@@ -105,6 +105,9 @@ type Config struct {
 	// MaxResponses bounds the response ids remembered for
 	// previous_response_id routing (default DefaultMaxResponses).
 	MaxResponses int
+	// Peers lists the other routers' API base URLs; a router asks them
+	// about stored responses it did not relay (lookup.go). Nil: none.
+	Peers func() []string
 }
 
 // Proxy is the HTTP handler of one router. It is safe for concurrent use.
@@ -119,6 +122,7 @@ type Proxy struct {
 	sessionHeader string
 	// responses maps response ids to the replicas that produced them.
 	responses *responseLRU
+	lookups   *lookups
 	clients   *clientLimiter // nil: no per-client cap
 	junk      junkLog
 	now       func() time.Time
@@ -176,7 +180,8 @@ func New(cfg Config) (*Proxy, error) {
 	p := &Proxy{cfg: cfg, log: cfg.Logger, m: newMetrics(cfg.Registerer), edge: newEdgeMetrics(cfg.Registerer), client: cfg.Client,
 		junk: junkLog{log: cfg.Logger, lim: ratelog.New(5, time.Second)}, now: time.Now,
 		sessionHeader: cfg.SessionHeader, responses: newResponseLRU(cfg.MaxResponses),
-		load: newLoadBook()}
+		lookups: newLookups(cfg.Registerer),
+		load:    newLoadBook()}
 	if cfg.MaxInflightPerClient > 0 {
 		p.clients = &clientLimiter{max: cfg.MaxInflightPerClient, n: map[string]int{}}
 	}
@@ -224,6 +229,8 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		p.models(w)
 	case "/healthz", "/readyz":
 		p.probe(w, r)
+	case LookupPath:
+		p.serveLookup(w, r)
 	default:
 		if strings.HasPrefix(r.URL.Path, responsesPrefix) {
 			p.serveResponseByID(w, r)

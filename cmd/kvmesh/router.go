@@ -350,7 +350,7 @@ func startRouter(ctx context.Context, cfg routerConfig) (*router, error) {
 		MaxAttempts: cfg.maxAttempts, RetryBudget: cfg.retryBudget, BodyTimeout: cfg.bodyTimeout,
 		MaxInflightPerClient: cfg.maxInflightPerClient, HopKey: proxy.HopKey(cfg.gossipKey),
 		TrustPeerCerts: edges.serverTLS != nil && edges.peerCA != nil, RequirePeerTLS: edges.peerCA != nil, APIKeys: edges.keys,
-		SessionHeader: cfg.sessionHeader,
+		SessionHeader: cfg.sessionHeader, Peers: m.PeerAPIs,
 	})
 	if err != nil {
 		closeLns()

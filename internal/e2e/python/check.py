@@ -6,7 +6,9 @@ the first turn's prompt and answer in a replica's prefix cache, for chat and
 for Responses (the earlier items sent again, or previous_response_id).
 
 Environment: KVMESH_URL (router base URL, required), KVMESH_MODEL (default
-kvmesh-sim). Exits non-zero with a message on the first failure.
+kvmesh-sim), KVMESH_PEER_URL (another router of the same mesh: a turn sent
+there by previous_response_id must still reach the replica that stored the
+first). Exits non-zero with a message on the first failure.
 """
 
 import os
@@ -25,6 +27,7 @@ if not BASE:
 MODEL = os.environ.get("KVMESH_MODEL", "kvmesh-sim")
 # No retries: a retried 5xx would hide a router fault this check is for.
 client = OpenAI(base_url=BASE + "/v1", api_key="unused", max_retries=0, timeout=30)
+PEER = os.environ.get("KVMESH_PEER_URL")
 
 
 class CheckError(Exception):
@@ -184,6 +187,32 @@ def _():
     cached = final.usage.input_tokens_details.cached_tokens
     check(cached >= r1.usage.input_tokens, f"turn 2 cached {cached} tokens, less than turn 1's input ({r1.usage.input_tokens})")
     print(f"     turn 1: {r1.usage.input_tokens} input tokens; turn 2: {final.usage.input_tokens}, {cached} cached")
+
+
+if PEER:
+    peer = OpenAI(base_url=PEER + "/v1", api_key="unused", max_retries=0, timeout=30)
+
+    @step("previous_response_id at another router reaches the replica that stored the response")
+    def _():
+        # Behind DNS round-robin the next turn lands on any router. Only
+        # the replica that stored a response has it (any other answers
+        # 404), so each of these turns fails unless the router finds it;
+        # four conversations leave no room for luck.
+        for i in range(4):
+            r1 = client.responses.create(model=MODEL, instructions=f"Elsewhere {i}. " + SYSTEM, input=QUESTION, max_output_tokens=16)
+            r2 = peer.responses.create(model=MODEL, previous_response_id=r1.id, input=FOLLOW_UP, max_output_tokens=8, stream=i % 2 == 1)
+            if i % 2 == 1:
+                final = None
+                for ev in r2:
+                    if ev.type == "response.completed":
+                        final = ev.response
+                check(final is not None, "no response.completed event")
+                r2 = final
+            check(r2.previous_response_id == r1.id, f"previous_response_id {r2.previous_response_id!r}, want {r1.id!r}")
+            cached = r2.usage.input_tokens_details.cached_tokens
+            check(cached >= r1.usage.input_tokens, f"turn 2 at the other router cached {cached} tokens, less than turn 1's input ({r1.usage.input_tokens})")
+            got = peer.responses.retrieve(r1.id)
+            check(got.id == r1.id, f"retrieved {got.id!r} at the other router, want {r1.id!r}")
 
 
 @step("prompt_cache_key is accepted")

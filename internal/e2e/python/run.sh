@@ -139,9 +139,11 @@ for admin in "$admin1" "$admin2"; do
   done
 done
 
-for api in "$api1" "$api2"; do
-  echo "e2e-python: check.py against router http://127.0.0.1:$api"
-  KVMESH_URL="http://127.0.0.1:$api" KVMESH_MODEL="$model" "$py" "$here/check.py" || die "check.py failed against router http://127.0.0.1:$api"
+for pair in "$api1 $api2" "$api2 $api1"; do
+  read -r api other <<<"$pair"
+  echo "e2e-python: check.py against router http://127.0.0.1:$api (its peer: $other)"
+  KVMESH_URL="http://127.0.0.1:$api" KVMESH_PEER_URL="http://127.0.0.1:$other" KVMESH_MODEL="$model" "$py" "$here/check.py" ||
+    die "check.py failed against router http://127.0.0.1:$api"
 done
 # Client routing keys: two more routers that cannot gossip (neither joins
 # anyone), each fronting both replicas, must place requests that carry the
