@@ -60,11 +60,15 @@ type lookups struct {
 }
 
 func newLookups(reg prometheus.Registerer) *lookups {
-	return &lookups{slots: make(chan struct{}, maxLookups),
+	l := &lookups{slots: make(chan struct{}, maxLookups),
 		results: promauto.With(reg).NewCounterVec(prometheus.CounterOpts{
 			Name: "kvmesh_response_lookups_total",
 			Help: "Stored-response ids this router did not know and asked its peers about, by result (found, missing, busy: too many lookups at once).",
 		}, []string{"result"})}
+	for _, r := range []string{lookupFound, lookupMissing, lookupBusy} {
+		l.results.WithLabelValues(r) // exported from the start, so rates work
+	}
+	return l
 }
 
 // replicaOfResponse returns the replica that produced response id: from
