@@ -127,6 +127,12 @@ func (p *Proxy) inference(w http.ResponseWriter, r *http.Request, ep *endpoint) 
 				}
 				p.m.decisions.WithLabelValues(string(reason)).Inc()
 				counted = true
+				if p.log.IsDebug() {
+					c := &cands[d.Index]
+					p.log.Debug("decision", "reason", reason, "replica", c.ID, "match", d.Match, "blocks", len(st.hashes),
+						"candidates", len(cands), "in_flight", c.InFlight, "running", c.Running, "waiting", c.Waiting, "slots", c.Slots,
+						"pending", c.PendingPrefillBlocks, "stale", c.Stale, "client_key", req.ClientKey != 0)
+				}
 			}
 		}
 		st.blockMs = blockMsOf(p.cfg.Policy, &cands[d.Index])

@@ -8,7 +8,9 @@ the replicas. Which replica served a request is read from the replicas' own
 vllm:generation_tokens_total counters (requests are sent one at a time).
 
 Environment: KVMESH_URLS (the two routers' base URLs, space-separated),
-KVMESH_REPLICAS (the replicas' base URLs, space-separated), KVMESH_MODEL.
+KVMESH_REPLICAS (the replicas' base URLs, space-separated), KVMESH_MODEL,
+KVMESH_ADMINS (the routers' admin base URLs: on a mismatch, the decision
+each router made is printed).
 """
 
 import os
@@ -19,6 +21,7 @@ import uuid
 from openai import OpenAI
 
 ROUTERS = os.environ["KVMESH_URLS"].split()
+ADMINS = os.environ.get("KVMESH_ADMINS", "").split()
 REPLICAS = os.environ["KVMESH_REPLICAS"].split()
 MODEL = os.environ.get("KVMESH_MODEL", "kvmesh-sim")
 KEYS = 16
@@ -32,6 +35,16 @@ def generated(replica):
             if line.startswith("vllm:generation_tokens_total"):
                 return float(line.split()[-1])
     raise RuntimeError(f"{replica}/metrics has no vllm:generation_tokens_total")
+
+
+def decisions(admin):
+    """The router's kvmesh_route_decisions_total by reason."""
+    out = {}
+    with urllib.request.urlopen(admin + "/metrics", timeout=5) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith("kvmesh_route_decisions_total{"):
+                out[line.split('reason="')[1].split('"')[0]] = float(line.split()[-1])
+    return out
 
 
 def served_by(send):
@@ -60,13 +73,17 @@ for kind, make in kinds.items():
     used = set()
     for k in range(KEYS):
         key = f"{RUN}-{k}"
-        places = []
+        places, reasons = [], []
         for i, c in enumerate(clients):
             # A different prompt from each router, sharing nothing at the front.
             prompt = f"{uuid.uuid4()} router {i} asks about key {k}. " * 40
+            before = decisions(ADMINS[i]) if ADMINS else {}
             places.append(served_by(make(c, key, prompt)))
+            if ADMINS:
+                after = decisions(ADMINS[i])
+                reasons.append(",".join(r for r in after if after[r] != before.get(r, 0)))
         if places[0] != places[1]:
-            print(f"FAIL {kind}: key {k} went to replica {places[0]} from router 1 and {places[1]} from router 2", file=sys.stderr)
+            print(f"FAIL {kind}: key {k} went to replica {places[0]} from router 1 and {places[1]} from router 2 (decisions: {reasons})", file=sys.stderr)
             failed = True
         used.add(places[0])
     if len(used) < 2:

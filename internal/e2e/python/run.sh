@@ -164,5 +164,6 @@ for n in 3 4; do
 done
 echo "e2e-python: keys.py against routers that cannot gossip"
 KVMESH_URLS="http://127.0.0.1:$api3 http://127.0.0.1:$api4" KVMESH_REPLICAS="http://127.0.0.1:$sim1 http://127.0.0.1:$sim2" \
+  KVMESH_ADMINS="http://127.0.0.1:$admin3 http://127.0.0.1:$admin4" \
   KVMESH_MODEL="$model" "$py" "$here/keys.py" || die "keys.py failed"
 echo "e2e-python: passed"
