@@ -298,8 +298,10 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, st *reqState, id
 		defer p.load.dispatch(id)()
 	} else {
 		p.signHop(out, id, d.Match)
-		out, watch = p.watchHop(ctx, out)
-		defer watch.stop()
+		if p.cfg.HopDispatchTimeout > 0 {
+			out, watch = p.watchHop(ctx, out)
+			defer watch.stop()
+		}
 	}
 	g := p.m.inflight.WithLabelValues(id)
 	g.Inc()

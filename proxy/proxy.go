@@ -66,7 +66,8 @@ type Config struct {
 	// HopDispatchTimeout is how long a hop to an owner known to announce
 	// its dispatches (hop.go) may go without a byte before it is taken
 	// for a dead owner and retried (default DefaultHopDispatchTimeout;
-	// negative: never).
+	// negative: the entry's side of the protocol is off, and every hop
+	// follows retry.go's conservative rule).
 	HopDispatchTimeout time.Duration
 	// BodyTimeout bounds reading a request body (default
 	// DefaultBodyTimeout; negative: none).

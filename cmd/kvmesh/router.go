@@ -120,7 +120,7 @@ flags:
 	profile := fs.String("gossip-profile", "lan", "gossip timings: lan (one data centre), wan (regions apart) or test (fast, for local experiments)")
 	fs.DurationVar(&cfg.healthInterval, "health-interval", 2*time.Second, "interval of the replicas' health checks")
 	failedPeer := fs.Duration("failed-peer-timeout", 30*time.Minute, "how long a failed peer router is remembered and re-joined (seeds are re-joined for as long as they are missing)")
-	fs.DurationVar(&cfg.hopDispatchTimeout, "hop-dispatch-timeout", proxy.DefaultHopDispatchTimeout, "how long a request forwarded to a peer router (that announces its dispatches) may go without an answer before the peer is taken for dead and the request, never dispatched, is retried (0: wait for the peer)")
+	fs.DurationVar(&cfg.hopDispatchTimeout, "hop-dispatch-timeout", proxy.DefaultHopDispatchTimeout, "how long a request forwarded to a peer router (that announces its dispatches) may go without an answer before the peer is taken for dead and the request, never dispatched, is retried (0: off; a hop then is retried only when it provably was not sent)")
 	finishReplicaFlags := replicaFlags(fs, &cfg.sources)
 	edgeFlags(fs, &cfg)
 	if err := fs.Parse(args); err != nil {
