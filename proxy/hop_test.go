@@ -296,3 +296,43 @@ func TestOwnerAnnouncesDispatch(t *testing.T) {
 		})
 	}
 }
+
+// TestAvoidOwner: after a hop to an owner failed before dispatch, its
+// replicas are skipped and this router's own are preferred.
+func TestAvoidOwner(t *testing.T) {
+	const ownerX, ownerY = "http://x", "http://y"
+	view := newFakeView([]string{"m"},
+		fakeReplica{id: "x1", owner: ownerX}, fakeReplica{id: "x2", owner: ownerX},
+		fakeReplica{id: "y1", owner: ownerY}, fakeReplica{id: "l1"})
+	p := &Proxy{cfg: Config{View: view}}
+	cands := func(ids ...string) []route.Candidate {
+		out := make([]route.Candidate, 0, len(ids))
+		for _, id := range ids {
+			out = append(out, route.Candidate{ID: id})
+		}
+		return out
+	}
+	tests := []struct {
+		name string
+		in   []string
+		down string
+		want []string
+	}{
+		{"own replicas preferred", []string{"x2", "y1", "l1"}, ownerX, []string{"l1"}},
+		{"another owner's when none is own", []string{"x2", "y1"}, ownerX, []string{"y1"}},
+		{"nothing left", []string{"x1", "x2"}, ownerX, nil},
+		{"only own left", []string{"x1", "l1"}, ownerX, []string{"l1"}},
+		{"unknown replicas dropped", []string{"gone", "y1"}, ownerX, []string{"y1"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var got []string
+			for _, c := range p.avoidOwner(cands(tc.in...), tc.down) {
+				got = append(got, c.ID)
+			}
+			if strings.Join(got, ",") != strings.Join(tc.want, ",") {
+				t.Errorf("got %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
