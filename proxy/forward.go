@@ -36,6 +36,15 @@ type reqState struct {
 	// blockMs is the chosen candidate's prefill time per block, for the
 	// slot time the attempt measures (load.go).
 	blockMs float64
+	// The dispatch protocol (hop.go). announce: an authenticated hop,
+	// whose entry is told of the dispatch (announced: it was);
+	// dispatchBy: the entry's deadline for it. downOwner: the owner API
+	// of a hop that failed before dispatch (its replicas are avoided);
+	// hopDispatched: a hop failed after its owner had dispatched.
+	announce, announced bool
+	dispatchBy          time.Time
+	downOwner           string
+	hopDispatched       bool
 }
 
 var copyBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
@@ -56,6 +65,9 @@ func (p *Proxy) inference(w http.ResponseWriter, r *http.Request, ep *endpoint) 
 	// the API key (the client's key was checked where it arrived).
 	hop, authenticated := p.hopOf(r)
 	st.hop = hop
+	if st.announce = authenticated; authenticated {
+		st.dispatchBy = dispatchDeadline(r)
+	}
 	if !authenticated && !p.authorize(w, r) {
 		st.code = http.StatusUnauthorized
 		return
@@ -141,7 +153,11 @@ func (p *Proxy) inference(w http.ResponseWriter, r *http.Request, ep *endpoint) 
 			p.served(w, st, cands[d.Index].ID)
 			return
 		case attemptFailed:
-			st.code = writeError(w, http.StatusBadGateway, fmt.Sprintf("the upstream for the model '%s' failed after the request was sent; not retried, since a generation may be running", st.prompt.Model))
+			msg := fmt.Sprintf("the upstream for the model '%s' failed after the request was sent; not retried, since a generation may be running", st.prompt.Model)
+			if st.hopDispatched {
+				msg = fmt.Sprintf("the router owning the replica for the model '%s' failed after it had dispatched the request; not retried, since a generation may be running", st.prompt.Model)
+			}
+			st.code = writeError(w, http.StatusBadGateway, msg)
 			return
 		}
 		if !more() {
@@ -149,6 +165,14 @@ func (p *Proxy) inference(w http.ResponseWriter, r *http.Request, ep *endpoint) 
 			return
 		}
 		cands = slices.Delete(cands, d.Index, d.Index+1)
+		if st.downOwner != "" {
+			cands = p.avoidOwner(cands, st.downOwner)
+			st.downOwner = ""
+			if len(cands) == 0 {
+				st.code = writeError(w, http.StatusBadGateway, fmt.Sprintf("all %d upstream attempts for the model '%s' failed", attempt, st.prompt.Model))
+				return
+			}
+		}
 		p.m.retries.Inc()
 	}
 }
@@ -272,13 +296,21 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, st *reqState, id
 	// net/http replays the body only when nothing was written (see retry.go).
 	out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
 	firstByte := func() {}
+	var watch *hopWatch
 	if local {
+		if !p.announceDispatch(w, r, st) {
+			return attemptDone
+		}
 		var done func()
 		firstByte, done = p.cfg.View.Begin(id, float64(len(st.hashes)-d.Match))
 		defer done()
 		defer p.load.dispatch(id)()
 	} else {
 		p.signHop(out, id, d.Match)
+		if p.cfg.HopDispatchTimeout > 0 {
+			out, watch = p.watchHop(ctx, out)
+			defer watch.stop()
+		}
 	}
 	g := p.m.inflight.WithLabelValues(id)
 	g.Inc()
@@ -293,6 +325,11 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, st *reqState, id
 		}
 		if local {
 			p.reportFailure(id)
+		}
+		if watch != nil {
+			if res, ok := p.hopFailed(watch, st, id, ownerAPI, err); ok {
+				return res
+			}
 		}
 		if neverReached(err) {
 			p.log.Warn("upstream unreachable, trying another", "replica", id, "url", url, "error", err)

@@ -63,6 +63,12 @@ type Config struct {
 	// may start (default DefaultRetryBudget). Only requests that provably
 	// never reached a replica are retried (see retry.go).
 	RetryBudget time.Duration
+	// HopDispatchTimeout is how long a hop to an owner known to announce
+	// its dispatches (hop.go) may go without a byte before it is taken
+	// for a dead owner and retried (default DefaultHopDispatchTimeout;
+	// negative: the entry's side of the protocol is off, and every hop
+	// follows retry.go's conservative rule).
+	HopDispatchTimeout time.Duration
 	// BodyTimeout bounds reading a request body (default
 	// DefaultBodyTimeout; negative: none).
 	BodyTimeout time.Duration
@@ -136,9 +142,11 @@ type Proxy struct {
 // long) and a response-header timeout long enough for a non-streaming
 // generation, whose headers only come when it is complete. Compression is
 // off so that streams pass through unbuffered and answers can be read.
+// Its connections remember whether a peer router announced a dispatch on
+// them (hop.go), which lets a failed hop be retried safely.
 func NewClient() *http.Client {
 	return &http.Client{Transport: &http.Transport{
-		DialContext:           (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		DialContext:           markingDial((&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext),
 		MaxIdleConns:          1024,
 		MaxIdleConnsPerHost:   256,
 		IdleConnTimeout:       90 * time.Second,
@@ -170,6 +178,9 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	if cfg.RetryBudget <= 0 {
 		cfg.RetryBudget = DefaultRetryBudget
+	}
+	if cfg.HopDispatchTimeout == 0 {
+		cfg.HopDispatchTimeout = DefaultHopDispatchTimeout
 	}
 	if cfg.BodyTimeout == 0 {
 		cfg.BodyTimeout = DefaultBodyTimeout

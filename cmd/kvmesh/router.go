@@ -68,6 +68,7 @@ type routerConfig struct {
 	idleTimeout          time.Duration
 	retryBudget          time.Duration
 	maxAttempts          int
+	hopDispatchTimeout   time.Duration
 	drainTimeout         time.Duration
 	gossipStreams        mesh.StreamLimits
 }
@@ -119,6 +120,7 @@ flags:
 	profile := fs.String("gossip-profile", "lan", "gossip timings: lan (one data centre), wan (regions apart) or test (fast, for local experiments)")
 	fs.DurationVar(&cfg.healthInterval, "health-interval", 2*time.Second, "interval of the replicas' health checks")
 	failedPeer := fs.Duration("failed-peer-timeout", 30*time.Minute, "how long a failed peer router is remembered and re-joined (seeds are re-joined for as long as they are missing)")
+	fs.DurationVar(&cfg.hopDispatchTimeout, "hop-dispatch-timeout", proxy.DefaultHopDispatchTimeout, "how long a request forwarded to a peer router (that announces its dispatches) may go without an answer before the peer is taken for dead and the request, never dispatched, is retried (0: off; a hop then is retried only when it provably was not sent)")
 	finishReplicaFlags := replicaFlags(fs, &cfg.sources)
 	edgeFlags(fs, &cfg)
 	if err := fs.Parse(args); err != nil {
@@ -348,6 +350,7 @@ func startRouter(ctx context.Context, cfg routerConfig) (*router, error) {
 		MaxBodyBytes: cfg.maxBodyBytes, Client: client, Logger: log.Named("proxy"),
 		Registerer: reg, Gatherer: reg, Debug: m.Debug, Ready: r.ready, ModelsKnown: r.modelsKnown, ReportFailure: hc.ReportFailure,
 		MaxAttempts: cfg.maxAttempts, RetryBudget: cfg.retryBudget, BodyTimeout: cfg.bodyTimeout,
+		HopDispatchTimeout:   hopDispatchTimeout(cfg.hopDispatchTimeout),
 		MaxInflightPerClient: cfg.maxInflightPerClient, HopKey: proxy.HopKey(cfg.gossipKey),
 		TrustPeerCerts: edges.serverTLS != nil && edges.peerCA != nil, RequirePeerTLS: edges.peerCA != nil, APIKeys: edges.keys,
 		SessionHeader: cfg.sessionHeader, Peers: m.PeerAPIs,
@@ -442,4 +445,13 @@ func (r *router) shutdown() error {
 	r.client.CloseIdleConnections()
 	r.log.Info("router stopped")
 	return errors.Join(errs...)
+}
+
+// hopDispatchTimeout maps --hop-dispatch-timeout to the proxy's setting,
+// in which 0 is the default and a negative value none.
+func hopDispatchTimeout(d time.Duration) time.Duration {
+	if d <= 0 {
+		return -1
+	}
+	return d
 }
