@@ -1,0 +1,511 @@
+package summary
+
+import (
+	"math/bits"
+	"sync"
+	"sync/atomic"
+)
+
+// Index answers one request's prefix match against many summaries at
+// once. A routing decision over a thousand replicas asks every summary for
+// its match; probing each summary on its own costs a cache miss or two per
+// summary per probe (its header, one 64-byte block per generation), and
+// those misses are the decision's cost. The Index keeps a bit-sliced copy
+// of the summaries that share a geometry: for every bit position of a
+// generation, a row holding that bit of every summary, one bit per
+// summary (its column). A probe's k positions in both generations are 2k
+// rows; ANDing them gives, in a few 64-byte lines, the set of summaries
+// that hold the probe. Match runs Summary.Match's gallop and bisection on
+// those sets, so its answer is exactly Summary.Match's.
+//
+// The copy is kept current by the summaries themselves: a summary bound to
+// a column sets and clears the column's bits under its own write lock, in
+// the same write sections that change its words (Add, ApplyDelta, Apply,
+// rotations, cuts). Match reads rows without locks (atomic loads): a match
+// racing with a write may see part of an add (a miss, as if the add had
+// not arrived) or of a rotation's clearing. A summary with a negative
+// record (Forget) is matched by Summary.Match instead, as are summaries of
+// a geometry fewer than minIndexed summaries share (the rows of a sparse
+// geometry would cost more memory than its summaries).
+//
+// Columns are bound lazily, by Match, at most maxBindsPerMatch per call
+// (binding copies a summary's bits into its column, about half a
+// millisecond for a 4,096-block summary); until bound a summary is matched
+// by Summary.Match. A summary no Match call asks about keeps its column
+// until the columns of its geometry run out, then yields it. Memory is
+// that of the bound summaries' bits again, rounded up to a shard of
+// shardCols columns.
+//
+// The zero Index is ready to use; it is safe for concurrent use.
+type Index struct {
+	mu     sync.Mutex
+	groups []*indexGroup // one per geometry; guarded by mu
+	seq    atomic.Uint64 // Match calls, for the columns' last use
+	pool   sync.Pool     // *indexScratch
+}
+
+const (
+	shardWords = 8               // words per row: one 64-byte line
+	shardCols  = 64 * shardWords // columns per shard
+	// minIndexed is the fewest summaries of one geometry in one Match
+	// call for them to be indexed: the rows of a shard cost as much
+	// memory as shardCols summaries, so half a shard is at most twice
+	// its summaries.
+	minIndexed = shardCols / 2
+	// maxBindsPerMatch bounds the columns one Match call fills.
+	maxBindsPerMatch = 8
+)
+
+type indexGroup struct {
+	geo    geometry
+	shards []*shard
+}
+
+// shard is the rows of up to shardCols summaries of one geometry. Row r of
+// generation g (g is the summary's physical generation, 0 or 1) is
+// rows[(g*m + r)*shardWords:][:shardWords]; column c is bit c%64 of word
+// c/64.
+type shard struct {
+	geo  geometry
+	rows []uint64
+	// Guarded by Index.mu.
+	cols    [shardCols]*column
+	lastUse [shardCols]uint64 // Index.seq of the last Match that asked
+	// rebinds counts columns given to another summary: a Match that saw
+	// it change while reading rows read a column that changed hands.
+	rebinds atomic.Uint64
+}
+
+// column is one summary's place in a shard.
+type column struct {
+	idx *Index
+	sh  *shard
+	col int
+	s   *Summary
+}
+
+// set mirrors a set of a key's bits in generation gen.
+func (c *column) set(gen int, base, bits uint64) {
+	g := c.sh.geo
+	word, bit := uint64(c.col>>6), uint64(1)<<(c.col&63)
+	row0 := uint64(gen)*uint64(g.m) + base*64
+	for i := uint(0); i < g.k; i++ {
+		pos := bits & (blockBits - 1)
+		atomic.OrUint64(&c.sh.rows[(row0+pos)*shardWords+word], bit)
+		bits >>= 9
+	}
+}
+
+// clear mirrors the clearing of generation gen, whose words are still
+// words: only the bits set there are in the column.
+func (c *column) clear(words []uint64, gen int) { c.apply(words, gen, false) }
+
+// apply sets (or clears) in the column every bit set in words.
+func (c *column) apply(words []uint64, gen int, on bool) {
+	word, bit := uint64(c.col>>6), uint64(1)<<(c.col&63)
+	row0 := uint64(gen) * uint64(c.sh.geo.m)
+	for i, w := range words {
+		for ; w != 0; w &= w - 1 {
+			r := row0 + uint64(i)*64 + uint64(trailingZeros(w))
+			if on {
+				atomic.OrUint64(&c.sh.rows[r*shardWords+word], bit)
+			} else {
+				atomic.AndUint64(&c.sh.rows[r*shardWords+word], ^bit)
+			}
+		}
+	}
+}
+
+func trailingZeros(x uint64) int { return bits.TrailingZeros64(x) }
+
+// mask is a set of a shard's columns.
+type mask [shardWords]uint64
+
+func (m *mask) empty() bool {
+	var or uint64
+	for _, w := range m {
+		or |= w
+	}
+	return or == 0
+}
+
+// shardReq is one Match call's work on one shard: the columns asked and
+// where each answer goes.
+type shardReq struct {
+	sh      *shard
+	cols    mask
+	out     [shardCols]int32 // index into the call's dst, for the asked columns
+	rebinds uint64           // sh.rebinds when the columns were checked
+}
+
+type indexScratch struct {
+	reqs   []*shardReq
+	direct []int32 // indexes of summaries matched by Summary.Match
+	unb    []int32 // indexes of unbound summaries
+	locs   []loc   // the probes' locations in the current shard's geometry
+	have   []bool
+}
+
+// Match sets dst[i] to sums[i].Match(probes) for every i (dst must be
+// at least as long as sums; nil summaries get 0) and returns dst[:len(sums)].
+func (x *Index) Match(dst []int, sums []*Summary, probes []Probe) []int {
+	dst = dst[:len(sums)]
+	if len(probes) == 0 {
+		clear(dst)
+		return dst
+	}
+	seq := x.seq.Add(1)
+	sc, _ := x.pool.Get().(*indexScratch)
+	if sc == nil {
+		sc = &indexScratch{}
+	}
+	sc.reqs, sc.direct, sc.unb = sc.reqs[:0], sc.direct[:0], sc.unb[:0]
+	for i, s := range sums {
+		switch c := s.mirrorOf(x); {
+		case s == nil:
+			dst[i] = 0
+		case c == nil:
+			sc.unb = append(sc.unb, int32(i))
+		case s.negN.Load() != 0:
+			sc.direct = append(sc.direct, int32(i))
+		default:
+			r := sc.req(c.sh)
+			r.cols[c.col>>6] |= 1 << (c.col & 63)
+			r.out[c.col] = int32(i)
+		}
+	}
+	if len(sc.unb) > 0 || len(sc.reqs) > 0 {
+		x.bookkeep(sc, sums, seq)
+	}
+	for _, r := range sc.reqs {
+		x.matchShard(sc, r, probes, dst)
+		if r.sh.rebinds.Load() != r.rebinds {
+			// A column changed hands while its rows were read (another
+			// call reclaimed it): match those summaries directly.
+			for w, m := range r.cols {
+				for ; m != 0; m &= m - 1 {
+					sc.direct = append(sc.direct, r.out[w*64+trailingZeros(m)])
+				}
+			}
+		}
+	}
+	for _, i := range sc.direct {
+		dst[i] = sums[i].Match(probes)
+	}
+	for _, r := range sc.reqs {
+		r.sh = nil
+	}
+	x.pool.Put(sc)
+	return dst
+}
+
+// mirrorOf returns s's column in x, nil when it has none there.
+func (s *Summary) mirrorOf(x *Index) *column {
+	if s == nil {
+		return nil
+	}
+	if c := s.mirror.Load(); c != nil && c.idx == x {
+		return c
+	}
+	return nil
+}
+
+// req returns the call's request on sh, adding it.
+func (sc *indexScratch) req(sh *shard) *shardReq {
+	for _, r := range sc.reqs {
+		if r.sh == sh {
+			return r
+		}
+	}
+	n := len(sc.reqs)
+	if n < cap(sc.reqs) {
+		sc.reqs = sc.reqs[:n+1]
+		if r := sc.reqs[n]; r != nil {
+			r.sh, r.cols = sh, mask{}
+			return r
+		}
+	} else {
+		sc.reqs = append(sc.reqs, nil)
+	}
+	r := &shardReq{sh: sh}
+	sc.reqs[n] = r
+	return r
+}
+
+// bookkeep, under x.mu, dates the asked columns' last use and binds up to
+// maxBindsPerMatch unbound summaries of geometries with at least minIndexed
+// summaries in this call; the rest go to Summary.Match.
+func (x *Index) bookkeep(sc *indexScratch, sums []*Summary, seq uint64) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	defer func() {
+		for _, r := range sc.reqs {
+			r.rebinds = r.sh.rebinds.Load()
+		}
+	}()
+	for _, r := range sc.reqs {
+		for w, m := range r.cols {
+			for ; m != 0; m &= m - 1 {
+				col := w*64 + trailingZeros(m)
+				if c := r.sh.cols[col]; c == nil || c.s != sums[r.out[col]] {
+					// Given to another summary since this call read the
+					// mirror.
+					r.cols[w] &^= 1 << (col & 63)
+					sc.direct = append(sc.direct, r.out[col])
+					continue
+				}
+				r.sh.lastUse[col] = seq
+			}
+		}
+	}
+	if len(sc.unb) == 0 {
+		return
+	}
+	var counts []geoCount
+	if len(sums) >= minIndexed {
+		counts = countGeometries(sums)
+	}
+	binds := 0
+	for _, i := range sc.unb {
+		s := sums[i]
+		var c *column
+		if binds < maxBindsPerMatch && s.negN.Load() == 0 && countOf(counts, s.geo) >= minIndexed {
+			c = x.bindLocked(s, seq, len(sums))
+		}
+		if c == nil {
+			sc.direct = append(sc.direct, i)
+			continue
+		}
+		binds++
+		r := sc.req(c.sh)
+		r.cols[c.col>>6] |= 1 << (c.col & 63)
+		r.out[c.col] = int32(i)
+	}
+}
+
+type geoCount struct {
+	g geometry
+	n int
+}
+
+func countGeometries(sums []*Summary) []geoCount {
+	var out []geoCount
+next:
+	for _, s := range sums {
+		if s == nil {
+			continue
+		}
+		for j := range out {
+			if out[j].g == s.geo {
+				out[j].n++
+				continue next
+			}
+		}
+		out = append(out, geoCount{s.geo, 1})
+	}
+	return out
+}
+
+func countOf(counts []geoCount, g geometry) int {
+	for _, c := range counts {
+		if c.g == g {
+			return c.n
+		}
+	}
+	return 0
+}
+
+// reclaimAfter is how many Match calls a column may go unasked before its
+// column is given to another summary ahead of growing the shards: its
+// summary was replaced or its replica left the views (or it belongs to a
+// view asked that much less often, and is bound again when asked).
+const reclaimAfter = 1024
+
+// bindLocked gives s a column of its geometry: a free one, else one not
+// asked about in the last reclaimAfter calls, else one in a new shard
+// while the geometry's columns are fewer than twice the summaries this
+// call asked about (asked, a shard), else the least recently asked one not
+// asked by this call. It returns nil when none is available, or when s
+// mirrors into another Index.
+func (x *Index) bindLocked(s *Summary, seq uint64, asked int) *column {
+	if cur := s.mirror.Load(); cur != nil && cur.idx != x {
+		return nil
+	}
+	var grp *indexGroup
+	for _, g := range x.groups {
+		if g.geo == s.geo {
+			grp = g
+		}
+	}
+	if grp == nil {
+		grp = &indexGroup{geo: s.geo}
+		x.groups = append(x.groups, grp)
+	}
+	sh, col, lruUse := grp.freeColumn(seq)
+	switch {
+	case sh != nil && (sh.cols[col] == nil || lruUse+reclaimAfter < seq):
+	case len(grp.shards)*shardCols < 2*asked+shardCols:
+		sh = &shard{geo: s.geo, rows: make([]uint64, 2*uint64(s.geo.m)*shardWords)}
+		grp.shards = append(grp.shards, sh)
+		col = 0
+	case sh == nil:
+		return nil
+	}
+	if old := sh.cols[col]; old != nil {
+		old.s.unbind(old)
+	}
+	c := &column{idx: x, sh: sh, col: col, s: s}
+	sh.cols[col], sh.lastUse[col] = c, seq
+	if !s.bind(c) {
+		sh.cols[col] = nil
+		return nil
+	}
+	return c
+}
+
+// freeColumn returns a free column, else the least recently asked one
+// not asked by the current call (and its last use), or nil.
+func (g *indexGroup) freeColumn(seq uint64) (*shard, int, uint64) {
+	var lru *shard
+	lruCol, lruUse := 0, seq
+	for _, sh := range g.shards {
+		for c := range sh.cols {
+			switch {
+			case sh.cols[c] == nil:
+				return sh, c, 0
+			case sh.lastUse[c] < lruUse:
+				lru, lruCol, lruUse = sh, c, sh.lastUse[c]
+			}
+		}
+	}
+	return lru, lruCol, lruUse
+}
+
+// bind copies s's bits into c and makes c its mirror, under s's write
+// lock so that no write falls between the two. A summary mirrors into one
+// column of one Index; it reports false when s already has one.
+func (s *Summary) bind(c *column) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.mirror.Load() != nil {
+		return false
+	}
+	for g := range s.words {
+		c.apply(s.words[g], g, true)
+	}
+	s.mirror.Store(c)
+	return true
+}
+
+// unbind clears c, s's column, and stops mirroring into it.
+func (s *Summary) unbind(c *column) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.mirror.Load() != c {
+		return
+	}
+	c.sh.rebinds.Add(1)
+	s.mirror.Store(nil)
+	for g := range s.words {
+		c.apply(s.words[g], g, false)
+	}
+	c.sh.cols[c.col] = nil
+}
+
+// matchShard runs Summary.Match's gallop and bisection on every asked
+// column of r at once, on sets of columns.
+func (x *Index) matchShard(sc *indexScratch, r *shardReq, probes []Probe, dst []int) {
+	n := len(probes)
+	if cap(sc.locs) < n {
+		sc.locs, sc.have = make([]loc, n), make([]bool, n)
+	}
+	sc.locs, sc.have = sc.locs[:n], sc.have[:n]
+	clear(sc.have)
+	m := &matcher{sh: r.sh, probes: probes, locs: sc.locs, have: sc.have, r: r, dst: dst}
+	for w := range r.cols { // columns asked get 0 unless found below
+		for b := r.cols[w]; b != 0; b &= b - 1 {
+			dst[r.out[w*64+trailingZeros(b)]] = 0
+		}
+	}
+	alive := m.held(0, &r.cols)
+	lo, step := 0, 1
+	for !alive.empty() {
+		next := lo + step
+		if next >= n {
+			m.bisect(alive, lo, n)
+			break
+		}
+		h := m.held(next, &alive)
+		var missed mask
+		for w := range missed {
+			missed[w] = alive[w] &^ h[w]
+		}
+		m.bisect(missed, lo, next)
+		alive, lo, step = h, next, 2*step
+	}
+}
+
+type matcher struct {
+	sh     *shard
+	probes []Probe
+	locs   []loc
+	have   []bool
+	r      *shardReq
+	dst    []int
+}
+
+// held returns the columns of in whose summaries hold probe i.
+func (m *matcher) held(i int, in *mask) mask {
+	g := &m.sh.geo
+	if !m.have[i] {
+		m.locs[i].base, m.locs[i].bits = g.locate(g.key(m.probes[i]))
+		m.have[i] = true
+	}
+	l := m.locs[i]
+	var out mask
+	rows := m.sh.rows
+	gen0 := l.base * 64 // row of the block's first bit in generation 0
+	gen1 := gen0 + uint64(g.m)
+	for w := range in {
+		if in[w] == 0 {
+			continue
+		}
+		a0, a1 := in[w], in[w]
+		bits := l.bits
+		for range g.k {
+			pos := bits & (blockBits - 1)
+			a0 &= atomic.LoadUint64(&rows[(gen0+pos)*shardWords+uint64(w)])
+			a1 &= atomic.LoadUint64(&rows[(gen1+pos)*shardWords+uint64(w)])
+			if a0|a1 == 0 {
+				break
+			}
+			bits >>= 9
+		}
+		out[w] = a0 | a1
+	}
+	return out
+}
+
+// bisect finds the match of the columns in set, each holding probe lo
+// and not probe hi (or hi == len(probes)), as Summary.Match's bisection.
+func (m *matcher) bisect(set mask, lo, hi int) {
+	if set.empty() {
+		return
+	}
+	if hi-lo <= 1 {
+		for w := range set {
+			for b := set[w]; b != 0; b &= b - 1 {
+				m.dst[m.r.out[w*64+trailingZeros(b)]] = lo + 1
+			}
+		}
+		return
+	}
+	mid := int(uint(lo+hi) >> 1)
+	h := m.held(mid, &set)
+	var miss mask
+	for w := range miss {
+		miss[w] = set[w] &^ h[w]
+	}
+	m.bisect(h, mid, hi)
+	m.bisect(miss, lo, mid)
+}
