@@ -41,7 +41,11 @@ type Index struct {
 	mu     sync.Mutex
 	groups []*indexGroup // one per geometry; guarded by mu
 	seq    atomic.Uint64 // Match calls, for the columns' last use
-	pool   sync.Pool     // *indexScratch
+	// rebinds counts columns given to another summary: a Match that
+	// saw it change while reading rows may have read a column that
+	// changed hands.
+	rebinds atomic.Uint64
+	pool    sync.Pool // *indexScratch
 }
 
 const (
@@ -51,10 +55,41 @@ const (
 	// call for them to be indexed: the rows of a shard cost as much
 	// memory as shardCols summaries, so half a shard is at most twice
 	// its summaries.
-	minIndexed = shardCols / 2
+	minIndexed = IndexMinSummaries
 	// maxBindsPerMatch bounds the columns one Match call fills.
-	maxBindsPerMatch = 8
+	maxBindsPerMatch = 256
 )
+
+// IndexStats describes an Index's size.
+type IndexStats struct {
+	// Columns is how many summaries are bound; Shards how many shards of
+	// shardCols columns hold them; Bytes the shards' rows.
+	Columns, Shards, Bytes int
+}
+
+// Stats returns the index's size.
+func (x *Index) Stats() IndexStats {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	var st IndexStats
+	for _, g := range x.groups {
+		for _, sh := range g.shards {
+			st.Shards++
+			st.Bytes += 8 * len(sh.rows)
+			for _, c := range sh.cols {
+				if c != nil {
+					st.Columns++
+				}
+			}
+		}
+	}
+	return st
+}
+
+// IndexMinSummaries is the fewest summaries of one geometry that an Index
+// answers itself; with fewer, Index.Match calls Summary.Match for each,
+// and a caller gains nothing by batching.
+const IndexMinSummaries = shardCols / 2
 
 type indexGroup struct {
 	geo    geometry
@@ -70,18 +105,16 @@ type shard struct {
 	rows []uint64
 	// Guarded by Index.mu.
 	cols    [shardCols]*column
-	lastUse [shardCols]uint64 // Index.seq of the last Match that asked
-	// rebinds counts columns given to another summary: a Match that saw
-	// it change while reading rows read a column that changed hands.
-	rebinds atomic.Uint64
+	lastUse [shardCols]uint64 // Index.seq of a recent Match that asked (see dateEvery)
 }
 
 // column is one summary's place in a shard.
 type column struct {
-	idx *Index
-	sh  *shard
-	col int
-	s   *Summary
+	idx   *Index
+	sh    *shard
+	col   int
+	s     *Summary
+	asked int32 // scratch of the Match that binds it: the summary's index
 }
 
 // set mirrors a set of a key's bits in generation gen.
@@ -132,29 +165,39 @@ func (m *mask) empty() bool {
 // shardReq is one Match call's work on one shard: the columns asked and
 // where each answer goes.
 type shardReq struct {
-	sh      *shard
-	cols    mask
-	out     [shardCols]int32 // index into the call's dst, for the asked columns
-	rebinds uint64           // sh.rebinds when the columns were checked
+	sh   *shard
+	cols mask
+	out  [shardCols]int32 // index into the call's dst, for the asked columns
 }
 
 type indexScratch struct {
-	reqs   []*shardReq
-	direct []int32 // indexes of summaries matched by Summary.Match
-	unb    []int32 // indexes of unbound summaries
-	locs   []loc   // the probes' locations in the current shard's geometry
-	have   []bool
+	reqs    []*shardReq
+	direct  []int32    // indexes of summaries matched by Summary.Match
+	unb     []int32    // indexes of unbound summaries
+	locs    []probeLoc // the probes' locations in the current shard's geometry
+	have    []bool
+	claimed []*column
 }
 
-// Match sets dst[i] to sums[i].Match(probes) for every i (dst must be
-// at least as long as sums; nil summaries get 0) and returns dst[:len(sums)].
+// probeLoc is a probe's place in one geometry: its block's first word and
+// its bit positions.
+type probeLoc struct{ base, bits uint64 }
+
+// Match sets dst[i] to sums[i].Match(probes) for every i (nil summaries
+// get 0) and returns dst[:len(sums)], reallocated when dst is shorter.
 func (x *Index) Match(dst []int, sums []*Summary, probes []Probe) []int {
+	if cap(dst) < len(sums) {
+		dst = make([]int, len(sums))
+	}
 	dst = dst[:len(sums)]
 	if len(probes) == 0 {
 		clear(dst)
 		return dst
 	}
 	seq := x.seq.Add(1)
+	// Read before any mirror: a column given to another summary after
+	// this shows in the count, one given before shows in the mirrors.
+	rebinds := x.rebinds.Load()
 	sc, _ := x.pool.Get().(*indexScratch)
 	if sc == nil {
 		sc = &indexScratch{}
@@ -174,14 +217,16 @@ func (x *Index) Match(dst []int, sums []*Summary, probes []Probe) []int {
 			r.out[c.col] = int32(i)
 		}
 	}
-	if len(sc.unb) > 0 || len(sc.reqs) > 0 {
-		x.bookkeep(sc, sums, seq)
+	if len(sc.unb) > 0 || (len(sc.reqs) > 0 && seq%dateEvery == 0) {
+		rebinds = x.bookkeep(sc, sums, seq)
 	}
 	for _, r := range sc.reqs {
 		x.matchShard(sc, r, probes, dst)
-		if r.sh.rebinds.Load() != r.rebinds {
-			// A column changed hands while its rows were read (another
-			// call reclaimed it): match those summaries directly.
+	}
+	if x.rebinds.Load() != rebinds {
+		// A column changed hands while rows were read (another call
+		// reclaimed it): match the indexed summaries directly.
+		for _, r := range sc.reqs {
 			for w, m := range r.cols {
 				for ; m != 0; m &= m - 1 {
 					sc.direct = append(sc.direct, r.out[w*64+trailingZeros(m)])
@@ -232,17 +277,18 @@ func (sc *indexScratch) req(sh *shard) *shardReq {
 	return r
 }
 
-// bookkeep, under x.mu, dates the asked columns' last use and binds up to
+// dateEvery is how often (in Match calls) a call without summaries to
+// bind dates its columns' last use: enough for reclaimAfter to tell the
+// columns asked from those not, without a lock in most calls.
+const dateEvery = 64
+
+// bookkeep, under x.mu, checks and dates the asked columns and binds up to
 // maxBindsPerMatch unbound summaries of geometries with at least minIndexed
-// summaries in this call; the rest go to Summary.Match.
-func (x *Index) bookkeep(sc *indexScratch, sums []*Summary, seq uint64) {
+// summaries in this call; the rest go to Summary.Match. It returns
+// x.rebinds as of the check.
+func (x *Index) bookkeep(sc *indexScratch, sums []*Summary, seq uint64) uint64 {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	defer func() {
-		for _, r := range sc.reqs {
-			r.rebinds = r.sh.rebinds.Load()
-		}
-	}()
 	for _, r := range sc.reqs {
 		for w, m := range r.cols {
 			for ; m != 0; m &= m - 1 {
@@ -259,28 +305,49 @@ func (x *Index) bookkeep(sc *indexScratch, sums []*Summary, seq uint64) {
 		}
 	}
 	if len(sc.unb) == 0 {
-		return
+		return x.rebinds.Load()
 	}
 	var counts []geoCount
 	if len(sums) >= minIndexed {
 		counts = countGeometries(sums)
 	}
-	binds := 0
+	// Claim columns, then fill them a word (64 columns) at a time:
+	// claims come in column order, so mostly in runs of one word.
+	claimed := sc.claimed[:0]
 	for _, i := range sc.unb {
 		s := sums[i]
 		var c *column
-		if binds < maxBindsPerMatch && s.negN.Load() == 0 && countOf(counts, s.geo) >= minIndexed {
-			c = x.bindLocked(s, seq, len(sums))
+		if len(claimed) < maxBindsPerMatch && s.negN.Load() == 0 && countOf(counts, s.geo) >= minIndexed {
+			c = x.claimLocked(s, seq, len(sums))
 		}
 		if c == nil {
 			sc.direct = append(sc.direct, i)
 			continue
 		}
-		binds++
-		r := sc.req(c.sh)
-		r.cols[c.col>>6] |= 1 << (c.col & 63)
-		r.out[c.col] = int32(i)
+		c.asked = i
+		claimed = append(claimed, c)
 	}
+	for i := 0; i < len(claimed); {
+		j := i + 1
+		for j < len(claimed) && claimed[j].sh == claimed[i].sh && claimed[j].col>>6 == claimed[i].col>>6 {
+			j++
+		}
+		claimed[i].sh.fill(claimed[i].col>>6, claimed[i:j])
+		for _, c := range claimed[i:j] {
+			if c.s.mirror.Load() != c { // bound to another Index meanwhile
+				c.sh.cols[c.col] = nil
+				sc.direct = append(sc.direct, c.asked)
+				continue
+			}
+			r := sc.req(c.sh)
+			r.cols[c.col>>6] |= 1 << (c.col & 63)
+			r.out[c.col] = int32(c.asked)
+		}
+		i = j
+	}
+	clear(claimed)
+	sc.claimed = claimed[:0]
+	return x.rebinds.Load()
 }
 
 type geoCount struct {
@@ -321,13 +388,13 @@ func countOf(counts []geoCount, g geometry) int {
 // view asked that much less often, and is bound again when asked).
 const reclaimAfter = 1024
 
-// bindLocked gives s a column of its geometry: a free one, else one not
-// asked about in the last reclaimAfter calls, else one in a new shard
-// while the geometry's columns are fewer than twice the summaries this
-// call asked about (asked, a shard), else the least recently asked one not
-// asked by this call. It returns nil when none is available, or when s
-// mirrors into another Index.
-func (x *Index) bindLocked(s *Summary, seq uint64, asked int) *column {
+// claimLocked claims a column of s's geometry for s: a free one, else
+// one not asked about in the last reclaimAfter calls, else one in a new
+// shard while the geometry's columns are fewer than twice the summaries
+// this call asked about (asked, a shard), else the least recently asked
+// one not asked by this call. It returns nil when none is available, or
+// when s mirrors into another Index. The column is empty: fill binds it.
+func (x *Index) claimLocked(s *Summary, seq uint64, asked int) *column {
 	if cur := s.mirror.Load(); cur != nil && cur.idx != x {
 		return nil
 	}
@@ -356,11 +423,68 @@ func (x *Index) bindLocked(s *Summary, seq uint64, asked int) *column {
 	}
 	c := &column{idx: x, sh: sh, col: col, s: s}
 	sh.cols[col], sh.lastUse[col] = c, seq
-	if !s.bind(c) {
-		sh.cols[col] = nil
-		return nil
-	}
 	return c
+}
+
+// fill binds the columns cols, all in word w of sh's rows: it copies their
+// summaries' bits into them, 64 columns per row at a time (a 64×64 bit
+// transpose per word of the generations, one atomic OR per row), and makes
+// each column its summary's mirror. It holds the summaries' read locks
+// throughout, so no writer runs between the copy and the mirror. A
+// summary that has a mirror already (another Index) is skipped: its
+// column's summary does not point back to it.
+func (sh *shard) fill(w int, cols []*column) {
+	var buf [64]*column
+	bound := buf[:0]
+	for _, c := range cols {
+		c.s.mu.RLock()
+		if !c.s.mirror.CompareAndSwap(nil, c) {
+			c.s.mu.RUnlock()
+			continue
+		}
+		bound = append(bound, c)
+	}
+	defer func() {
+		for _, c := range bound {
+			c.s.mu.RUnlock()
+		}
+	}()
+	var in [64]uint64
+	nw := int(sh.geo.m / 64)
+	for g := range 2 {
+		row0 := g * int(sh.geo.m)
+		for wi := range nw {
+			var any uint64
+			for _, c := range bound {
+				v := c.s.words[g][wi]
+				in[c.col&63] = v
+				any |= v
+			}
+			if any == 0 {
+				continue
+			}
+			transpose64(&in)
+			for j, v := range in {
+				if v != 0 {
+					atomic.OrUint64(&sh.rows[(row0+wi*64+j)*shardWords+w], v)
+				}
+			}
+			clear(in[:])
+		}
+	}
+}
+
+// transpose64 transposes a 64×64 bit matrix in place: bit j of a[i]
+// becomes bit i of a[j].
+func transpose64(a *[64]uint64) {
+	m := uint64(0x00000000ffffffff)
+	for j := 32; j != 0; j, m = j>>1, m^(m<<(j>>1)) {
+		for k := 0; k < 64; k = (k + j + 1) &^ j {
+			t := (a[k]>>j ^ a[k+j]) & m
+			a[k] ^= t << j
+			a[k+j] ^= t
+		}
+	}
 }
 
 // freeColumn returns a free column, else the least recently asked one
@@ -381,22 +505,6 @@ func (g *indexGroup) freeColumn(seq uint64) (*shard, int, uint64) {
 	return lru, lruCol, lruUse
 }
 
-// bind copies s's bits into c and makes c its mirror, under s's write
-// lock so that no write falls between the two. A summary mirrors into one
-// column of one Index; it reports false when s already has one.
-func (s *Summary) bind(c *column) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.mirror.Load() != nil {
-		return false
-	}
-	for g := range s.words {
-		c.apply(s.words[g], g, true)
-	}
-	s.mirror.Store(c)
-	return true
-}
-
 // unbind clears c, s's column, and stops mirroring into it.
 func (s *Summary) unbind(c *column) {
 	s.mu.Lock()
@@ -404,12 +512,14 @@ func (s *Summary) unbind(c *column) {
 	if s.mirror.Load() != c {
 		return
 	}
-	c.sh.rebinds.Add(1)
+	// In this order: a Match that still found c as s's mirror read
+	// x.rebinds before the count below, and sees it changed after.
 	s.mirror.Store(nil)
 	for g := range s.words {
 		c.apply(s.words[g], g, false)
 	}
 	c.sh.cols[c.col] = nil
+	c.idx.rebinds.Add(1)
 }
 
 // matchShard runs Summary.Match's gallop and bisection on every asked
@@ -417,7 +527,7 @@ func (s *Summary) unbind(c *column) {
 func (x *Index) matchShard(sc *indexScratch, r *shardReq, probes []Probe, dst []int) {
 	n := len(probes)
 	if cap(sc.locs) < n {
-		sc.locs, sc.have = make([]loc, n), make([]bool, n)
+		sc.locs, sc.have = make([]probeLoc, n), make([]bool, n)
 	}
 	sc.locs, sc.have = sc.locs[:n], sc.have[:n]
 	clear(sc.have)
@@ -448,7 +558,7 @@ func (x *Index) matchShard(sc *indexScratch, r *shardReq, probes []Probe, dst []
 type matcher struct {
 	sh     *shard
 	probes []Probe
-	locs   []loc
+	locs   []probeLoc
 	have   []bool
 	r      *shardReq
 	dst    []int

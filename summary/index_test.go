@@ -308,3 +308,23 @@ func BenchmarkMatch1024Index(b *testing.B) {
 		})
 	}
 }
+
+// TestTranspose64 checks the bit transpose against its definition.
+func TestTranspose64(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 1))
+	for range 20 {
+		var a, orig [64]uint64
+		for i := range a {
+			a[i] = rng.Uint64() & (rng.Uint64() | rng.Uint64()<<1)
+		}
+		orig = a
+		transpose64(&a)
+		for i := range 64 {
+			for j := range 64 {
+				if orig[i]>>j&1 != a[j]>>i&1 {
+					t.Fatalf("bit %d of row %d is not bit %d of row %d", j, i, i, j)
+				}
+			}
+		}
+	}
+}
