@@ -86,7 +86,7 @@ func (m *Mesh) countsLocked(r *replica, now time.Time) bool {
 // It holds the read lock only and does no hashing: owners and the order
 // are kept current by the writers.
 //
-// With at least summary.IndexMinSummaries summaries among them, the
+// In a view of at least summary.IndexMinSummaries replicas, the
 // candidates' Summary is not the summary itself but a view of it in one
 // batch: the first Match asked of any of them answers all of them at once
 // through the mesh's bit-sliced Index (summary.Index), and later Matches
@@ -104,7 +104,8 @@ func (m *Mesh) Candidates(model string, dst []route.Candidate) []route.Candidate
 	dst = slices.Grow(dst, len(m.order))
 	var b *matchBatch
 	if len(m.order) >= summary.IndexMinSummaries {
-		b = &matchBatch{idx: &m.index, sums: make([]*summary.Summary, 0, len(m.order)), cells: make([]matchCell, len(m.order))}
+		b = &matchBatch{idx: &m.index, sums: make([]*summary.Summary, 0, len(m.order)),
+			keys: make([]uint64, 0, len(m.order)), cells: make([]matchCell, len(m.order))}
 	}
 	for _, r := range m.order {
 		owner := r.owner
@@ -119,7 +120,7 @@ func (m *Mesh) Candidates(model string, dst []route.Candidate) []route.Candidate
 				PendingPrefillBlocks: float64(max(r.pendingK.Load(), 0)) / 1000,
 				Running:              r.running, Waiting: r.waiting, Slots: r.slots}
 			if r.sum != nil {
-				c.Summary = b.add(r.sum)
+				c.Summary = b.add(r.sum, r.hash)
 			}
 			dst = append(dst, c)
 		default:
@@ -129,7 +130,7 @@ func (m *Mesh) Candidates(model string, dst []route.Candidate) []route.Candidate
 			c := route.Candidate{ID: r.id, Hash: r.hash, InFlight: int(r.st.InFlight), PendingPrefillBlocks: r.st.Pending,
 				Running: int(r.st.Running), Waiting: int(r.st.Waiting), Slots: int(r.st.Slots)}
 			if m.countsLocked(r, now) {
-				c.Summary = b.add(r.sum)
+				c.Summary = b.add(r.sum, r.hash)
 			} else {
 				c.Stale = true
 			}
@@ -150,6 +151,7 @@ func (m *Mesh) Candidates(model string, dst []route.Candidate) []route.Candidate
 type matchBatch struct {
 	idx   *summary.Index
 	sums  []*summary.Summary
+	keys  []uint64    // the replicas' hashes: a replica's summary keeps its column in the Index
 	cells []matchCell // cells[i] answers for sums[i]
 	res   []int
 	// The probes res answers: the caller's slice, its first and last.
@@ -166,12 +168,12 @@ type matchCell struct {
 
 // add returns the Matcher of s for a candidate: s itself without a batch
 // (a view too small for the Index to pay), else the batch's cell for it.
-func (b *matchBatch) add(s *summary.Summary) route.Matcher {
+func (b *matchBatch) add(s *summary.Summary, key uint64) route.Matcher {
 	if b == nil {
 		return s
 	}
 	i := len(b.sums)
-	b.sums = append(b.sums, s)
+	b.sums, b.keys = append(b.sums, s), append(b.keys, key)
 	b.cells[i] = matchCell{b: b, i: i}
 	return &b.cells[i]
 }
@@ -181,7 +183,7 @@ func (b *matchBatch) add(s *summary.Summary) route.Matcher {
 func (c *matchCell) Match(probes []summary.Probe) int {
 	b := c.b
 	if !b.answers(probes) {
-		b.res = b.idx.Match(b.res, b.sums, probes)
+		b.res = b.idx.Match(b.res, b.sums, b.keys, probes)
 		b.probes, b.valid = probes, true
 		if len(probes) > 0 {
 			b.first, b.last = probes[0], probes[len(probes)-1]

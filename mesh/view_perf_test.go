@@ -289,3 +289,75 @@ func warmIndex(m *Mesh, rng *rand.Rand) {
 		}
 	}
 }
+
+// BenchmarkDecisionCopiesPaired is BenchmarkDecisionPaired at a router
+// that owns none of the 1,024 replicas: every candidate is a copy
+// gossiped by another router (15 in 16 at a router of 16), whose
+// Candidates reads the owner's state and the copy's epoch and age.
+func BenchmarkDecisionCopiesPaired(b *testing.B) {
+	// LAN timing: copies count for 10 s after their owner's last word, so
+	// a loaded machine does not turn them stale mid-run.
+	owner := newRouter(b, "owner", func(c *Config) { c.DefaultCapacityBlocks = 4096; c.Timing = LANTiming() })
+	a := newRouter(b, "a", func(c *Config) { c.DefaultCapacityBlocks = 4096; c.Timing = LANTiming(); joining(owner)(c) })
+	rng := rand.New(rand.NewPCG(1, 2))
+	for i := range 1024 {
+		id := fmt.Sprintf("http://replica-%04d:8000", i)
+		owner.DeclareReplica(id)
+		owner.UpdateReplica(id, ReplicaStatus{Models: []string{"m"}, Healthy: true, CapacityBlocks: 4096})
+		h := make([]uint64, 32)
+		for range 100 {
+			for j := range h {
+				h[j] = rng.Uint64()
+			}
+			owner.Record(id, h)
+		}
+	}
+	eventually(b, 60*time.Second, "a counts every copy", func() error {
+		n := 0
+		for _, c := range a.candidatesRef("m", nil) {
+			if c.Summary != nil {
+				n++
+			}
+		}
+		if n != 1024 {
+			return fmt.Errorf("%d copies count", n)
+		}
+		return nil
+	})
+	warmIndex(a.Mesh, rng)
+	p := route.DefaultPolicy()
+	cands := make([]route.Candidate, 0, 1024)
+	hashes := make([]uint64, 32)
+	probes := make([]summary.Probe, 0, 32)
+	cur, ref := newLatencies(), newLatencies()
+	i, counted := 0, 0
+	for b.Loop() {
+		for k := range 2 {
+			for j := range hashes {
+				hashes[j] = rng.Uint64()
+			}
+			t0 := time.Now()
+			if (i+k)%2 == 0 {
+				cands = a.Candidates("m", cands[:0])
+			} else {
+				cands = a.candidatesRef("m", cands[:0])
+			}
+			probes = summary.MakeProbes(probes[:0], hashes)
+			p.Pick(route.Request{Hashes: hashes, Probes: probes, Root: 1}, cands)
+			if (i+k)%2 == 0 {
+				cur.add(time.Since(t0))
+			} else {
+				ref.add(time.Since(t0))
+			}
+			for _, c := range cands {
+				if c.Summary != nil {
+					counted++
+				}
+			}
+		}
+		i++
+	}
+	cur.report(b)
+	ref.reportAs(b, "ref-")
+	b.ReportMetric(float64(counted)/float64(2*i), "copies-counted")
+}

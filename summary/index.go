@@ -39,8 +39,9 @@ import (
 // The zero Index is ready to use; it is safe for concurrent use.
 type Index struct {
 	mu     sync.Mutex
-	groups []*indexGroup // one per geometry; guarded by mu
-	seq    atomic.Uint64 // Match calls, for the columns' last use
+	groups []*indexGroup      // one per geometry; guarded by mu
+	byKey  map[uint64]*column // the column of each key (see Match); guarded by mu
+	seq    atomic.Uint64      // Match calls, for the columns' last use
 	// rebinds counts columns given to another summary: a Match that
 	// saw it change while reading rows may have read a column that
 	// changed hands.
@@ -106,15 +107,20 @@ type shard struct {
 	// Guarded by Index.mu.
 	cols    [shardCols]*column
 	lastUse [shardCols]uint64 // Index.seq of a recent Match that asked (see dateEvery)
+	// dirty marks columns holding a former summary's bits (unbind leaves
+	// them; no Match reads a column without a summary): fill clears them.
+	dirty mask
 }
 
 // column is one summary's place in a shard.
 type column struct {
-	idx   *Index
-	sh    *shard
-	col   int
-	s     *Summary
-	asked int32 // scratch of the Match that binds it: the summary's index
+	idx    *Index
+	sh     *shard
+	col    int
+	s      *Summary
+	key    uint64 // the caller's name of the slot s fills (see Match)
+	hasKey bool
+	asked  int32 // scratch of the Match that binds it: the summary's index
 }
 
 // set mirrors a set of a key's bits in generation gen.
@@ -185,7 +191,13 @@ type probeLoc struct{ base, bits uint64 }
 
 // Match sets dst[i] to sums[i].Match(probes) for every i (nil summaries
 // get 0) and returns dst[:len(sums)], reallocated when dst is shorter.
-func (x *Index) Match(dst []int, sums []*Summary, probes []Probe) []int {
+//
+// keys, when not nil, names the slot each summary fills (a replica): a
+// summary that replaces another under the same key (a full copy, a new
+// owner's summary) takes over its column, so the columns stay as many as
+// the keys. Without keys a new summary takes a free column and the old
+// one's column is reclaimed once no Match asked about it for a while.
+func (x *Index) Match(dst []int, sums []*Summary, keys []uint64, probes []Probe) []int {
 	if cap(dst) < len(sums) {
 		dst = make([]int, len(sums))
 	}
@@ -218,7 +230,7 @@ func (x *Index) Match(dst []int, sums []*Summary, probes []Probe) []int {
 		}
 	}
 	if len(sc.unb) > 0 || (len(sc.reqs) > 0 && seq%dateEvery == 0) {
-		rebinds = x.bookkeep(sc, sums, seq)
+		rebinds = x.bookkeep(sc, sums, keys, seq)
 	}
 	for _, r := range sc.reqs {
 		x.matchShard(sc, r, probes, dst)
@@ -286,7 +298,7 @@ const dateEvery = 64
 // maxBindsPerMatch unbound summaries of geometries with at least minIndexed
 // summaries in this call; the rest go to Summary.Match. It returns
 // x.rebinds as of the check.
-func (x *Index) bookkeep(sc *indexScratch, sums []*Summary, seq uint64) uint64 {
+func (x *Index) bookkeep(sc *indexScratch, sums []*Summary, keys []uint64, seq uint64) uint64 {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	for _, r := range sc.reqs {
@@ -318,7 +330,11 @@ func (x *Index) bookkeep(sc *indexScratch, sums []*Summary, seq uint64) uint64 {
 		s := sums[i]
 		var c *column
 		if len(claimed) < maxBindsPerMatch && s.negN.Load() == 0 && countOf(counts, s.geo) >= minIndexed {
-			c = x.claimLocked(s, seq, len(sums))
+			if keys != nil {
+				c = x.claimKeyLocked(s, keys[i], seq, len(sums))
+			} else {
+				c = x.claimLocked(s, seq, len(sums))
+			}
 		}
 		if c == nil {
 			sc.direct = append(sc.direct, i)
@@ -419,11 +435,54 @@ func (x *Index) claimLocked(s *Summary, seq uint64, asked int) *column {
 		return nil
 	}
 	if old := sh.cols[col]; old != nil {
-		old.s.unbind(old)
+		x.releaseLocked(old)
 	}
 	c := &column{idx: x, sh: sh, col: col, s: s}
 	sh.cols[col], sh.lastUse[col] = c, seq
 	return c
+}
+
+// claimKeyLocked is claimLocked for the slot key: the column of the
+// summary key named before, when of s's geometry, else a new one.
+func (x *Index) claimKeyLocked(s *Summary, key, seq uint64, asked int) *column {
+	if old := x.byKey[key]; old != nil {
+		if old.sh.geo == s.geo && old.s != s {
+			if cur := s.mirror.Load(); cur != nil && cur.idx != x {
+				return nil
+			}
+			x.releaseLocked(old)
+			c := &column{idx: x, sh: old.sh, col: old.col, s: s, key: key, hasKey: true}
+			c.sh.cols[c.col], c.sh.lastUse[c.col] = c, seq
+			x.byKey[key] = c
+			return c
+		}
+		x.releaseLocked(old)
+	}
+	c := x.claimLocked(s, seq, asked)
+	if c != nil {
+		if x.byKey == nil {
+			x.byKey = map[uint64]*column{}
+		}
+		c.key, c.hasKey = key, true
+		x.byKey[key] = c
+	}
+	return c
+}
+
+// releaseLocked frees c: its summary stops mirroring into it, and its bits
+// stay until fill clears them for the next.
+func (x *Index) releaseLocked(c *column) {
+	c.s.unbind(c)
+	if c.sh.cols[c.col] == c {
+		c.sh.cols[c.col] = nil
+		c.sh.dirty[c.col>>6] |= 1 << (c.col & 63)
+	}
+	if c.hasKey && x.byKey[c.key] == c {
+		delete(x.byKey, c.key)
+	}
+	// In this order: a Match that still found c as its summary's mirror
+	// read x.rebinds before this count, and sees it changed after.
+	x.rebinds.Add(1)
 }
 
 // fill binds the columns cols, all in word w of sh's rows: it copies their
@@ -449,6 +508,12 @@ func (sh *shard) fill(w int, cols []*column) {
 			c.s.mu.RUnlock()
 		}
 	}()
+	// Columns that held another summary's bits: every row is rewritten.
+	var stale uint64
+	for _, c := range cols {
+		stale |= sh.dirty[w] & (1 << (c.col & 63))
+	}
+	sh.dirty[w] &^= stale
 	var in [64]uint64
 	nw := int(sh.geo.m / 64)
 	for g := range 2 {
@@ -460,13 +525,19 @@ func (sh *shard) fill(w int, cols []*column) {
 				in[c.col&63] = v
 				any |= v
 			}
-			if any == 0 {
+			if any == 0 && stale == 0 {
 				continue
 			}
-			transpose64(&in)
+			if any != 0 {
+				transpose64(&in)
+			}
 			for j, v := range in {
+				row := &sh.rows[(row0+wi*64+j)*shardWords+w]
+				if stale != 0 {
+					atomic.AndUint64(row, ^stale)
+				}
 				if v != 0 {
-					atomic.OrUint64(&sh.rows[(row0+wi*64+j)*shardWords+w], v)
+					atomic.OrUint64(row, v)
 				}
 			}
 			clear(in[:])
@@ -505,21 +576,13 @@ func (g *indexGroup) freeColumn(seq uint64) (*shard, int, uint64) {
 	return lru, lruCol, lruUse
 }
 
-// unbind clears c, s's column, and stops mirroring into it.
+// unbind stops s mirroring into c.
 func (s *Summary) unbind(c *column) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.mirror.Load() != c {
-		return
+	if s.mirror.Load() == c {
+		s.mirror.Store(nil)
 	}
-	// In this order: a Match that still found c as s's mirror read
-	// x.rebinds before the count below, and sees it changed after.
-	s.mirror.Store(nil)
-	for g := range s.words {
-		c.apply(s.words[g], g, false)
-	}
-	c.sh.cols[c.col] = nil
-	c.idx.rebinds.Add(1)
 }
 
 // matchShard runs Summary.Match's gallop and bisection on every asked

@@ -90,12 +90,12 @@ func (f *indexFixture) step(t testing.TB, rng *rand.Rand) {
 // check compares Index.Match with Summary.Match on every summary of sums
 // for queries from the held chains and random ones; it returns how many
 // summaries the index answered (bound, no negative record).
-func checkIndex(t *testing.T, x *Index, sums []*Summary, qs [][]uint64, what string) int {
+func checkIndex(t *testing.T, x *Index, sums []*Summary, keys []uint64, qs [][]uint64, what string) int {
 	t.Helper()
 	got := make([]int, len(sums))
 	for _, q := range qs {
 		p := MakeProbes(nil, q)
-		got = x.Match(got, sums, p)
+		got = x.Match(got, sums, keys, p)
 		for i, s := range sums {
 			want := 0
 			if s != nil {
@@ -149,7 +149,14 @@ func TestIndexMatchEqualsSummaryMatch(t *testing.T) {
 					sums := append(slices.Clone(side.sums), g.copies...)
 					sums = append(sums, nil)
 					qs := matchQueries(rng, f.held, 12)
-					n := checkIndex(t, &x, sums, qs, fmt.Sprintf("step %d %s", step, side.name))
+					var keys []uint64
+					if side.name == "copies" { // owners and copies alternate in one Index: keys only for copies
+						keys = make([]uint64, len(sums))
+						for i := range keys {
+							keys[i] = uint64(i) + 1<<40
+						}
+					}
+					n := checkIndex(t, &x, sums, keys, qs, fmt.Sprintf("step %d %s", step, side.name))
 					maxIndexed = max(maxIndexed, n)
 				}
 			}
@@ -164,32 +171,47 @@ func TestIndexMatchEqualsSummaryMatch(t *testing.T) {
 }
 
 // TestIndexReclaimsColumns replaces every summary with a new one many
-// times (as full copies do): columns of summaries no longer asked are
-// reclaimed, the shards stay bounded, and answers stay exact.
+// times (as full copies do), with and without keys: with keys a new
+// summary takes over its key's column (one shard throughout); without,
+// columns of summaries no longer asked are reclaimed and the shards stay
+// bounded; answers stay exact either way.
 func TestIndexReclaimsColumns(t *testing.T) {
-	rng := rand.New(rand.NewPCG(3, 4))
-	p := Params{CapacityBlocks: 64, FalsePositiveRate: 0.01}
-	f := newIndexFixture(t, rng, 300, p)
-	var x Index
-	for range 3 {
-		f.step(t, rng)
-	}
-	for round := range 6 {
-		for i := range f.copies {
-			f.copies[i] = mustDecode(t, f.owners[i])
-		}
-		bound := 0
-		for call := 0; call < 300/maxBindsPerMatch+reclaimAfter+10 && bound < len(f.copies); call++ {
-			bound = checkIndex(t, &x, f.copies, matchQueries(rng, f.held, 1), fmt.Sprintf("round %d", round))
-		}
-		if bound < len(f.copies)*3/4 {
-			t.Fatalf("round %d: %d of %d bound", round, bound, len(f.copies))
-		}
-	}
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	if len(x.groups) != 1 || len(x.groups[0].shards)*shardCols > 2*300+shardCols {
-		t.Fatalf("%d groups, %d shards for 300 summaries", len(x.groups), len(x.groups[0].shards))
+	for _, keyed := range []bool{true, false} {
+		t.Run(map[bool]string{true: "keys", false: "no-keys"}[keyed], func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(3, 4))
+			p := Params{CapacityBlocks: 64, FalsePositiveRate: 0.01}
+			f := newIndexFixture(t, rng, 300, p)
+			var keys []uint64
+			if keyed {
+				keys = make([]uint64, len(f.copies))
+				for i := range keys {
+					keys[i] = rng.Uint64()
+				}
+			}
+			var x Index
+			for round := range 6 {
+				f.step(t, rng)
+				for i := range f.copies {
+					if rng.IntN(2) == 0 {
+						f.copies[i] = mustDecode(t, f.owners[i])
+					}
+				}
+				bound := 0
+				for call := 0; call < 300/maxBindsPerMatch+reclaimAfter+10 && bound < len(f.copies); call++ {
+					bound = checkIndex(t, &x, f.copies, keys, matchQueries(rng, f.held, 1), fmt.Sprintf("round %d", round))
+				}
+				if bound < len(f.copies)*3/4 {
+					t.Fatalf("round %d: %d of %d bound", round, bound, len(f.copies))
+				}
+			}
+			st := x.Stats()
+			switch {
+			case keyed && st.Shards != 1:
+				t.Fatalf("%+v: want one shard for 300 keys", st)
+			case st.Shards*shardCols > 2*300+shardCols:
+				t.Fatalf("%+v: too many shards for 300 summaries", st)
+			}
+		})
 	}
 }
 
@@ -207,7 +229,7 @@ func TestIndexUnderWriters(t *testing.T) {
 	p := MakeProbes(nil, held)
 	got := make([]int, len(f.owners))
 	for range 50 { // bind them all
-		x.Match(got, f.owners, p)
+		x.Match(got, f.owners, nil, p)
 	}
 	var wg sync.WaitGroup
 	stop := make(chan struct{})
@@ -221,20 +243,50 @@ func TestIndexUnderWriters(t *testing.T) {
 			}
 		}
 	}()
+	// A second reader, with keys and copies replaced as it goes (their
+	// columns change hands under the first reader).
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		keys := make([]uint64, len(f.copies))
+		for i := range keys {
+			keys[i] = uint64(i)
+		}
+		got := make([]int, len(f.copies))
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			cp, err := Decode(f.owners[i%len(f.owners)].AppendEncode(nil, indexContract), indexContract)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			f.copies[i%len(f.copies)] = cp
+			for _, m := range x.Match(got, f.copies, keys, p) {
+				if m < 0 || m > len(p) {
+					t.Errorf("Match = %d", m)
+					return
+				}
+			}
+		}
+	}()
 	for done := false; !done; {
 		select {
 		case <-stop:
 			done = true
 		default:
 		}
-		for _, m := range x.Match(got, f.owners, p) {
+		for _, m := range x.Match(got, f.owners, nil, p) {
 			if m < 0 || m > len(p) {
 				t.Fatalf("Match = %d", m)
 			}
 		}
 	}
 	wg.Wait()
-	n := checkIndex(t, &x, f.owners, [][]uint64{held, chain(16, 41), chain(16, 30), chain(40, 999)}, "quiescent")
+	n := checkIndex(t, &x, f.owners, nil, [][]uint64{held, chain(16, 41), chain(16, 30), chain(40, 999)}, "quiescent")
 	if n == 0 {
 		t.Fatal("nothing indexed")
 	}
@@ -266,7 +318,7 @@ func BenchmarkMatch1024Index(b *testing.B) {
 	var x Index
 	out := make([]int, len(sums))
 	for range 1024 / maxBindsPerMatch * 2 { // bind every summary
-		x.Match(out, sums, MakeProbes(nil, held[0]))
+		x.Match(out, sums, nil, MakeProbes(nil, held[0]))
 	}
 	for _, warm := range []bool{false, true} {
 		b.Run(map[bool]string{false: "new-32-blocks", true: "held-32-blocks"}[warm], func(b *testing.B) {
@@ -286,7 +338,7 @@ func BenchmarkMatch1024Index(b *testing.B) {
 					probes = MakeProbes(probes[:0], hashes)
 					t0 := time.Now()
 					if (i+k)%2 == 0 {
-						x.Match(out, sums, probes)
+						x.Match(out, sums, nil, probes)
 						idx = append(idx, time.Since(t0))
 					} else {
 						for j, s := range sums {
