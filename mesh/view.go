@@ -94,7 +94,9 @@ func (m *Mesh) countsLocked(r *replica, now time.Time) bool {
 // replicas costs a few hundred cache lines instead of one or two misses
 // per replica. A caller that rewrites a probes slice in place and asks the
 // same candidates again must pass a different slice (or call Candidates
-// again): the batch recognises probes by their slice, first and last.
+// again): the batch recognises probes by their slice, first and last. The
+// candidates of one call are for one goroutine at a time (the batch keeps
+// its answer unlocked), as a request's are.
 func (m *Mesh) Candidates(model string, dst []route.Candidate) []route.Candidate {
 	now := time.Now()
 	m.mu.RLock()

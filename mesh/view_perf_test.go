@@ -3,6 +3,7 @@ package mesh
 import (
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"testing"
 	"time"
@@ -194,13 +195,16 @@ func BenchmarkDecisionPaired(b *testing.B) {
 	probes := make([]summary.Probe, 0, 32)
 	warmIndex(a.Mesh, rng)
 	cur, ref := newLatencies(), newLatencies()
+	curCPU, refCPU := newLatencies(), newLatencies()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
 	i := 0
 	for b.Loop() {
 		for k := range 2 {
 			for j := range hashes {
 				hashes[j] = rng.Uint64()
 			}
-			t0 := time.Now()
+			t0, c0 := time.Now(), threadCPU()
 			if (i+k)%2 == 0 {
 				cands = a.Candidates("m", cands[:0])
 			} else {
@@ -210,14 +214,18 @@ func BenchmarkDecisionPaired(b *testing.B) {
 			p.Pick(route.Request{Hashes: hashes, Probes: probes, Root: 1}, cands)
 			if (i+k)%2 == 0 {
 				cur.add(time.Since(t0))
+				curCPU.add(threadCPU() - c0)
 			} else {
 				ref.add(time.Since(t0))
+				refCPU.add(threadCPU() - c0)
 			}
 		}
 		i++
 	}
 	cur.report(b)
 	ref.reportAs(b, "ref-")
+	curCPU.reportAs(b, "cpu-")
+	refCPU.reportAs(b, "ref-cpu-")
 }
 
 // TestCandidatesBatchMatchesEqualSummaries checks the batch path of
@@ -330,13 +338,16 @@ func BenchmarkDecisionCopiesPaired(b *testing.B) {
 	hashes := make([]uint64, 32)
 	probes := make([]summary.Probe, 0, 32)
 	cur, ref := newLatencies(), newLatencies()
+	curCPU, refCPU := newLatencies(), newLatencies()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
 	i, counted := 0, 0
 	for b.Loop() {
 		for k := range 2 {
 			for j := range hashes {
 				hashes[j] = rng.Uint64()
 			}
-			t0 := time.Now()
+			t0, c0 := time.Now(), threadCPU()
 			if (i+k)%2 == 0 {
 				cands = a.Candidates("m", cands[:0])
 			} else {
@@ -346,8 +357,10 @@ func BenchmarkDecisionCopiesPaired(b *testing.B) {
 			p.Pick(route.Request{Hashes: hashes, Probes: probes, Root: 1}, cands)
 			if (i+k)%2 == 0 {
 				cur.add(time.Since(t0))
+				curCPU.add(threadCPU() - c0)
 			} else {
 				ref.add(time.Since(t0))
+				refCPU.add(threadCPU() - c0)
 			}
 			for _, c := range cands {
 				if c.Summary != nil {
@@ -359,5 +372,7 @@ func BenchmarkDecisionCopiesPaired(b *testing.B) {
 	}
 	cur.report(b)
 	ref.reportAs(b, "ref-")
+	curCPU.reportAs(b, "cpu-")
+	refCPU.reportAs(b, "ref-cpu-")
 	b.ReportMetric(float64(counted)/float64(2*i), "copies-counted")
 }
