@@ -54,9 +54,10 @@ type Config struct {
 	// DecideEvery runs the routing decision for one request in this many
 	// (1: all); the others go where consistent hashing of their first
 	// block puts them, which is where a cold decision puts a new prompt.
-	// A decision over 1,024 replicas costs a few hundred microseconds of
-	// this process's shared CPU, which would otherwise cap the request rate
-	// the harness can drive below what the mesh sustains.
+	// A decision over 1,024 replicas costs a hundred microseconds or more
+	// of this process's shared CPU (docs/BENCHMARKS.md), which would
+	// otherwise cap the request rate the harness can drive below what the
+	// mesh sustains.
 	DecideEvery int
 	// Replays earlier prompts, each with one more turn, are sent to
 	// another router than the first time, right after the load (issue 9's
