@@ -57,8 +57,10 @@ const (
 	// memory as shardCols summaries, so half a shard is at most twice
 	// its summaries.
 	minIndexed = IndexMinSummaries
-	// maxBindsPerMatch bounds the columns one Match call fills.
+	// maxBindsPerMatch bounds the columns one Match call fills, and
+	// maxStaleFills the words of columns with a former summary's bits.
 	maxBindsPerMatch = 256
+	maxStaleFills    = 2
 )
 
 // IndexStats describes an Index's size.
@@ -343,15 +345,35 @@ func (x *Index) bookkeep(sc *indexScratch, sums []*Summary, keys []uint64, seq u
 		c.asked = i
 		claimed = append(claimed, c)
 	}
+	staleFills := 0
 	for i := 0; i < len(claimed); {
 		j := i + 1
 		for j < len(claimed) && claimed[j].sh == claimed[i].sh && claimed[j].col>>6 == claimed[i].col>>6 {
 			j++
 		}
-		claimed[i].sh.fill(claimed[i].col>>6, claimed[i:j])
+		sh, w := claimed[i].sh, claimed[i].col>>6
+		var cols uint64
+		for _, c := range claimed[i:j] {
+			cols |= 1 << (c.col & 63)
+		}
+		if sh.dirty[w]&cols != 0 {
+			// Clearing a former summary's bits rewrites every row of the
+			// word (~1 ms at 4,096 blocks): a few per call, the rest
+			// next time (a push/pull can replace a hundred copies at once).
+			if staleFills == maxStaleFills {
+				for _, c := range claimed[i:j] {
+					x.dropClaimLocked(c)
+					sc.direct = append(sc.direct, c.asked)
+				}
+				i = j
+				continue
+			}
+			staleFills++
+		}
+		sh.fill(w, claimed[i:j])
 		for _, c := range claimed[i:j] {
 			if c.s.mirror.Load() != c { // bound to another Index meanwhile
-				c.sh.cols[c.col] = nil
+				x.dropClaimLocked(c)
 				sc.direct = append(sc.direct, c.asked)
 				continue
 			}
@@ -467,6 +489,16 @@ func (x *Index) claimKeyLocked(s *Summary, key, seq uint64, asked int) *column {
 		x.byKey[key] = c
 	}
 	return c
+}
+
+// dropClaimLocked frees c, claimed but not filled.
+func (x *Index) dropClaimLocked(c *column) {
+	if c.sh.cols[c.col] == c {
+		c.sh.cols[c.col] = nil
+	}
+	if c.hasKey && x.byKey[c.key] == c {
+		delete(x.byKey, c.key)
+	}
 }
 
 // releaseLocked frees c: its summary stops mirroring into it, and its bits
