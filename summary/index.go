@@ -28,13 +28,19 @@ import (
 // a geometry fewer than minIndexed summaries share (the rows of a sparse
 // geometry would cost more memory than its summaries).
 //
-// Columns are bound lazily, by Match, at most maxBindsPerMatch per call
-// (binding copies a summary's bits into its column, about half a
-// millisecond for a 4,096-block summary); until bound a summary is matched
-// by Summary.Match. A summary no Match call asks about keeps its column
-// until the columns of its geometry run out, then yields it. Memory is
-// that of the bound summaries' bits again, rounded up to a shard of
-// shardCols columns.
+// Columns are bound lazily, by Match, at most maxBindsPerMatch per call:
+// binding copies the summaries' bits into their columns 64 at a time (a
+// bit transpose per word, one atomic OR per row; a millisecond for 64
+// summaries of 4,096 blocks). Until bound a summary is matched by
+// Summary.Match. Callers that name each summary's slot (keys: a replica)
+// keep one column per slot when summaries are replaced; otherwise a
+// summary no Match call asks about keeps its column until the columns of
+// its geometry run out, then yields it. Memory is that of the bound
+// summaries' bits again, rounded up to a shard of shardCols columns.
+//
+// Writes cost more with an Index: an add sets k bits in the rows too (k
+// atomic ORs), and a rotation clears the older generation's set bits in
+// the column one by one.
 //
 // The zero Index is ready to use; it is safe for concurrent use.
 type Index struct {
