@@ -39,6 +39,7 @@ func BenchmarkDecision(b *testing.B) {
 		}
 		return nil
 	})
+	warmIndex(a.Mesh, rng)
 	for _, warm := range []bool{false, true} {
 		b.Run(map[bool]string{false: "new-32-blocks", true: "held-32-blocks"}[warm], func(b *testing.B) {
 			b.ReportAllocs()

@@ -159,7 +159,8 @@ type Mesh struct {
 	refused   map[string]time.Time // last log line per refused peer
 	peers     map[string]*peer     // live peers and their send queues
 	ticks     int
-	post      postLock // work for after the lock, see unlockAndRun
+	post      postLock      // work for after the lock, see unlockAndRun
+	index     summary.Index // the summaries bit-sliced, for Candidates' matches (view.go)
 
 	ctx       context.Context
 	cancel    context.CancelFunc

@@ -85,10 +85,30 @@ func (m *Mesh) countsLocked(r *replica, now time.Time) bool {
 // Candidates appends the healthy replicas serving model, sorted by ID.
 // It holds the read lock only and does no hashing: owners and the order
 // are kept current by the writers.
+//
+// In a view of at least summary.IndexMinSummaries replicas, the
+// candidates' Summary is not the summary itself but a view of it in one
+// batch: the first Match asked of any of them answers all of them at once
+// through the mesh's bit-sliced Index (summary.Index), and later Matches
+// with the same probes slice read that answer. A decision over a thousand
+// replicas costs a few hundred cache lines instead of one or two misses
+// per replica. A caller that rewrites a probes slice in place and asks the
+// same candidates again must pass a different slice (or call Candidates
+// again): the batch recognises probes by their slice, first and last. The
+// candidates of one call are for one goroutine at a time (the batch keeps
+// its answer unlocked), as a request's are.
 func (m *Mesh) Candidates(model string, dst []route.Candidate) []route.Candidate {
 	now := time.Now()
 	m.mu.RLock()
 	defer m.mu.RUnlock()
+	// One allocation for a caller that passes nil (the proxy), not the
+	// dozen doublings of appending 1,024 candidates.
+	dst = slices.Grow(dst, len(m.order))
+	var b *matchBatch
+	if len(m.order) >= summary.IndexMinSummaries {
+		b = &matchBatch{idx: &m.index, sums: make([]*summary.Summary, 0, len(m.order)),
+			keys: make([]uint64, 0, len(m.order)), cells: make([]matchCell, len(m.order))}
+	}
 	for _, r := range m.order {
 		owner := r.owner
 		switch {
@@ -102,7 +122,7 @@ func (m *Mesh) Candidates(model string, dst []route.Candidate) []route.Candidate
 				PendingPrefillBlocks: float64(max(r.pendingK.Load(), 0)) / 1000,
 				Running:              r.running, Waiting: r.waiting, Slots: r.slots}
 			if r.sum != nil {
-				c.Summary = r.sum
+				c.Summary = b.add(r.sum, r.hash)
 			}
 			dst = append(dst, c)
 		default:
@@ -112,7 +132,7 @@ func (m *Mesh) Candidates(model string, dst []route.Candidate) []route.Candidate
 			c := route.Candidate{ID: r.id, Hash: r.hash, InFlight: int(r.st.InFlight), PendingPrefillBlocks: r.st.Pending,
 				Running: int(r.st.Running), Waiting: int(r.st.Waiting), Slots: int(r.st.Slots)}
 			if m.countsLocked(r, now) {
-				c.Summary = r.sum
+				c.Summary = b.add(r.sum, r.hash)
 			} else {
 				c.Stale = true
 			}
@@ -126,6 +146,62 @@ func (m *Mesh) Candidates(model string, dst []route.Candidate) []route.Candidate
 		}
 	}
 	return dst
+}
+
+// matchBatch is the summaries of one Candidates call, matched together
+// through the mesh's Index when a candidate's Match is first asked.
+type matchBatch struct {
+	idx   *summary.Index
+	sums  []*summary.Summary
+	keys  []uint64    // the replicas' hashes: a replica's summary keeps its column in the Index
+	cells []matchCell // cells[i] answers for sums[i]
+	res   []int
+	// The probes res answers: the caller's slice, its first and last.
+	probes      []summary.Probe
+	first, last summary.Probe
+	valid       bool
+}
+
+// matchCell is one candidate's summary in a batch: its route.Matcher.
+type matchCell struct {
+	b *matchBatch
+	i int
+}
+
+// add returns the Matcher of s for a candidate: s itself without a batch
+// (a view too small for the Index to pay), else the batch's cell for it.
+func (b *matchBatch) add(s *summary.Summary, key uint64) route.Matcher {
+	if b == nil {
+		return s
+	}
+	i := len(b.sums)
+	b.sums, b.keys = append(b.sums, s), append(b.keys, key)
+	b.cells[i] = matchCell{b: b, i: i}
+	return &b.cells[i]
+}
+
+// Match is the summary's Match: the batch's answer for these probes,
+// computed for every summary of the batch on the first call.
+func (c *matchCell) Match(probes []summary.Probe) int {
+	b := c.b
+	if !b.answers(probes) {
+		b.res = b.idx.Match(b.res, b.sums, b.keys, probes)
+		b.probes, b.valid = probes, true
+		if len(probes) > 0 {
+			b.first, b.last = probes[0], probes[len(probes)-1]
+		}
+	}
+	return b.res[c.i]
+}
+
+func (b *matchBatch) answers(probes []summary.Probe) bool {
+	switch {
+	case !b.valid || len(probes) != len(b.probes):
+		return false
+	case len(probes) == 0:
+		return true
+	}
+	return &probes[0] == &b.probes[0] && probes[0] == b.first && probes[len(probes)-1] == b.last
 }
 
 // Locate says how to reach a replica: directly when this router owns it,

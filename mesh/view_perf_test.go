@@ -3,6 +3,7 @@ package mesh
 import (
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"testing"
 	"time"
@@ -192,14 +193,18 @@ func BenchmarkDecisionPaired(b *testing.B) {
 	cands := make([]route.Candidate, 0, 1024)
 	hashes := make([]uint64, 32)
 	probes := make([]summary.Probe, 0, 32)
+	warmIndex(a.Mesh, rng)
 	cur, ref := newLatencies(), newLatencies()
+	curCPU, refCPU := newLatencies(), newLatencies()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
 	i := 0
 	for b.Loop() {
 		for k := range 2 {
 			for j := range hashes {
 				hashes[j] = rng.Uint64()
 			}
-			t0 := time.Now()
+			t0, c0 := time.Now(), threadCPU()
 			if (i+k)%2 == 0 {
 				cands = a.Candidates("m", cands[:0])
 			} else {
@@ -209,12 +214,165 @@ func BenchmarkDecisionPaired(b *testing.B) {
 			p.Pick(route.Request{Hashes: hashes, Probes: probes, Root: 1}, cands)
 			if (i+k)%2 == 0 {
 				cur.add(time.Since(t0))
+				curCPU.add(threadCPU() - c0)
 			} else {
 				ref.add(time.Since(t0))
+				refCPU.add(threadCPU() - c0)
 			}
 		}
 		i++
 	}
 	cur.report(b)
 	ref.reportAs(b, "ref-")
+	curCPU.reportAs(b, "cpu-")
+	refCPU.reportAs(b, "ref-cpu-")
+}
+
+// TestCandidatesBatchMatchesEqualSummaries checks the batch path of
+// Candidates (enough replicas for the Index to answer): every candidate's
+// Match equals its summary's own, on held prefixes, new prompts, a
+// replica with forgotten blocks and probes rewritten in place; and Pick
+// decides over the batch exactly as over candidatesRef's summaries.
+func TestCandidatesBatchMatchesEqualSummaries(t *testing.T) {
+	a := newRouter(t, "a", func(c *Config) { c.DefaultCapacityBlocks = 512 })
+	const n = summary.IndexMinSummaries + 44
+	system := chain(1, 4)
+	var convs [][]uint64
+	for i := range n {
+		id := fmt.Sprintf("http://replica-%04d:8000", i)
+		a.DeclareReplica(id)
+		a.UpdateReplica(id, ReplicaStatus{Models: []string{"m"}, Healthy: true, CapacityBlocks: 512})
+		conv := append(slices.Clone(system), chain(uint64(100+i), 1+i%24)...)
+		a.Record(id, conv)
+		convs = append(convs, conv)
+	}
+	a.Forget("http://replica-0007:8000", convs[7][len(system)+1:])
+	eventually(t, wait, "all owned", func() error {
+		if got := len(a.Candidates("m", nil)); got != n {
+			return fmt.Errorf("%d candidates", got)
+		}
+		return nil
+	})
+	queries := [][]uint64{system, chain(7, 32), chain(8, 32), convs[3], convs[7], append(slices.Clone(convs[200]), chain(9, 5)...)}
+	p := route.DefaultPolicy()
+	for round := range 8 { // enough calls to bind every summary
+		cands := a.Candidates("m", nil)
+		probes := make([]summary.Probe, 0, 64)
+		for qi, q := range queries {
+			probes = summary.MakeProbes(probes[:0], q) // rewritten in place
+			for _, c := range cands {
+				if _, ok := c.Summary.(*matchCell); !ok {
+					t.Fatalf("candidate %s: Summary is %T, want the batch's", c.ID, c.Summary)
+				}
+				if got, want := c.Summary.Match(probes), a.MatchReplica(c.ID, probes); got != want {
+					t.Fatalf("round %d query %d, %s: Match = %d, summary's = %d", round, qi, c.ID, got, want)
+				}
+			}
+			ref := a.candidatesRef("m", nil)
+			req := route.Request{Hashes: q, Probes: probes, Root: 1}
+			if got, want := p.Pick(req, cands), p.Pick(req, ref); got != want {
+				t.Fatalf("round %d query %d: Pick over the batch %+v, over the summaries %+v", round, qi, got, want)
+			}
+		}
+	}
+	if st := a.index.Stats(); st.Columns < n-1 {
+		t.Fatalf("%d of %d summaries in the index (%+v)", st.Columns, n, st)
+	}
+}
+
+// warmIndex makes decisions until every summary is in the Index (a few
+// are bound per decision), so that benchmarks time the steady state.
+func warmIndex(m *Mesh, rng *rand.Rand) {
+	p := route.DefaultPolicy()
+	hashes := make([]uint64, 32)
+	var cands []route.Candidate
+	for range 4096 {
+		for j := range hashes {
+			hashes[j] = rng.Uint64()
+		}
+		cands = m.Candidates("m", cands[:0])
+		p.Pick(route.Request{Hashes: hashes, Probes: summary.MakeProbes(nil, hashes), Root: 1}, cands)
+		if m.index.Stats().Columns >= len(cands) {
+			return
+		}
+	}
+}
+
+// BenchmarkDecisionCopiesPaired is BenchmarkDecisionPaired at a router
+// that owns none of the 1,024 replicas: every candidate is a copy
+// gossiped by another router (15 in 16 at a router of 16), whose
+// Candidates reads the owner's state and the copy's epoch and age.
+func BenchmarkDecisionCopiesPaired(b *testing.B) {
+	// LAN timing: copies count for 10 s after their owner's last word, so
+	// a loaded machine does not turn them stale mid-run.
+	owner := newRouter(b, "owner", func(c *Config) { c.DefaultCapacityBlocks = 4096; c.Timing = LANTiming() })
+	a := newRouter(b, "a", func(c *Config) { c.DefaultCapacityBlocks = 4096; c.Timing = LANTiming(); joining(owner)(c) })
+	rng := rand.New(rand.NewPCG(1, 2))
+	for i := range 1024 {
+		id := fmt.Sprintf("http://replica-%04d:8000", i)
+		owner.DeclareReplica(id)
+		owner.UpdateReplica(id, ReplicaStatus{Models: []string{"m"}, Healthy: true, CapacityBlocks: 4096})
+		h := make([]uint64, 32)
+		for range 100 {
+			for j := range h {
+				h[j] = rng.Uint64()
+			}
+			owner.Record(id, h)
+		}
+	}
+	eventually(b, 60*time.Second, "a counts every copy", func() error {
+		n := 0
+		for _, c := range a.candidatesRef("m", nil) {
+			if c.Summary != nil {
+				n++
+			}
+		}
+		if n != 1024 {
+			return fmt.Errorf("%d copies count", n)
+		}
+		return nil
+	})
+	warmIndex(a.Mesh, rng)
+	p := route.DefaultPolicy()
+	cands := make([]route.Candidate, 0, 1024)
+	hashes := make([]uint64, 32)
+	probes := make([]summary.Probe, 0, 32)
+	cur, ref := newLatencies(), newLatencies()
+	curCPU, refCPU := newLatencies(), newLatencies()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	i, counted := 0, 0
+	for b.Loop() {
+		for k := range 2 {
+			for j := range hashes {
+				hashes[j] = rng.Uint64()
+			}
+			t0, c0 := time.Now(), threadCPU()
+			if (i+k)%2 == 0 {
+				cands = a.Candidates("m", cands[:0])
+			} else {
+				cands = a.candidatesRef("m", cands[:0])
+			}
+			probes = summary.MakeProbes(probes[:0], hashes)
+			p.Pick(route.Request{Hashes: hashes, Probes: probes, Root: 1}, cands)
+			if (i+k)%2 == 0 {
+				cur.add(time.Since(t0))
+				curCPU.add(threadCPU() - c0)
+			} else {
+				ref.add(time.Since(t0))
+				refCPU.add(threadCPU() - c0)
+			}
+			for _, c := range cands {
+				if c.Summary != nil {
+					counted++
+				}
+			}
+		}
+		i++
+	}
+	cur.report(b)
+	ref.reportAs(b, "ref-")
+	curCPU.reportAs(b, "cpu-")
+	refCPU.reportAs(b, "ref-cpu-")
+	b.ReportMetric(float64(counted)/float64(2*i), "copies-counted")
 }

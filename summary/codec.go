@@ -135,6 +135,7 @@ func Decode(data []byte, contract uint64) (*Summary, error) {
 			s.neg[key], prev = rot-age, key
 			off += negSize
 		}
+		s.negN.Store(int32(len(s.neg)))
 	}
 	genLen := bloomHeader + int(g.m/64)*8
 	for i := range s.gens {

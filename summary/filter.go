@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"sync"
+	"sync/atomic"
 
 	"github.com/bits-and-blooms/bloom/v3"
 )
@@ -242,6 +243,19 @@ const (
 // hold. It is safe for concurrent readers and writers; it is meant to have
 // one writer, the replica's owner, and copies elsewhere fed by ApplyDelta.
 type Summary struct {
+	// The fields a decision reads of every summary without its lock come
+	// first, to share one cache line: epoch (views check it per
+	// candidate), mirror and negN (Index.Match).
+	epoch uint64 // names this history; a restarted owner starts a new one
+	// mirror is this summary's column in an Index, nil when it has none
+	// (index.go). It is written under mu with the write lock (every bit
+	// write of words is mirrored there under the same lock) and read
+	// without a lock by Index.Match.
+	mirror atomic.Pointer[column]
+	// negN is len(neg), for Index.Match to tell without the lock that
+	// the negative record must be consulted.
+	negN atomic.Int32
+
 	params Params
 	geo    geometry
 
@@ -250,7 +264,6 @@ type Summary struct {
 	words    [2][]uint64       // the generations' bit words, gens[i].BitSet().Words()
 	cur      int               // index of the newer generation
 	curCount int               // adds applied to gens[cur] since it was cleared
-	epoch    uint64            // names this history; a restarted owner starts a new one
 	version  uint64            // log entries applied since the epoch began
 	rot      uint64            // rotations since the epoch began (ages the negative record)
 	neg      map[uint64]uint64 // forgotten key -> rot when forgotten
@@ -258,6 +271,7 @@ type Summary struct {
 	logStart uint64            // version before log[0]
 	logLimit int
 	cut      cutState // the owner's correction state (cut.go)
+
 }
 
 // New returns an empty summary. epoch names its history: copies of it carry
@@ -357,7 +371,13 @@ func (s *Summary) Forget(hashes []uint64) int {
 func (s *Summary) applyAdd(key uint64) {
 	base, bits := s.geo.locate(key)
 	set(s.words[s.cur], s.geo, base, bits)
-	delete(s.neg, key)
+	if c := s.mirror.Load(); c != nil {
+		c.set(s.cur, base, bits)
+	}
+	if len(s.neg) > 0 {
+		delete(s.neg, key)
+		s.negN.Store(int32(len(s.neg)))
+	}
 }
 
 func (s *Summary) applyForget(key uint64) {
@@ -365,12 +385,16 @@ func (s *Summary) applyForget(key uint64) {
 		s.neg = map[uint64]uint64{}
 	}
 	s.neg[key] = s.rot
+	s.negN.Store(int32(len(s.neg)))
 }
 
 // rotate clears the older generation and makes it the newer one. Negative
 // entries older than two rotations go: every add they could hide is gone.
 func (s *Summary) rotate() {
 	old := 1 - s.cur
+	if c := s.mirror.Load(); c != nil {
+		c.clear(s.words[old], old)
+	}
 	s.gens[old].ClearAll()
 	s.cur = old
 	s.curCount = 0
@@ -380,6 +404,7 @@ func (s *Summary) rotate() {
 			delete(s.neg, k)
 		}
 	}
+	s.negN.Store(int32(len(s.neg)))
 }
 
 func (s *Summary) record(e uint64) {

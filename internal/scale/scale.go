@@ -54,9 +54,10 @@ type Config struct {
 	// DecideEvery runs the routing decision for one request in this many
 	// (1: all); the others go where consistent hashing of their first
 	// block puts them, which is where a cold decision puts a new prompt.
-	// A decision over 1,024 replicas costs a few hundred microseconds of
-	// this process's shared CPU, which would otherwise cap the request rate
-	// the harness can drive below what the mesh sustains.
+	// A decision over 1,024 replicas costs a hundred microseconds or more
+	// of this process's shared CPU (docs/BENCHMARKS.md), which would
+	// otherwise cap the request rate the harness can drive below what the
+	// mesh sustains.
 	DecideEvery int
 	// Replays earlier prompts, each with one more turn, are sent to
 	// another router than the first time, right after the load (issue 9's
@@ -252,6 +253,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 
 	res := &Result{Config: cfg, FullCopies: map[string]float64{}}
 	policy := route.DefaultPolicy()
+	warmDecisions(routers, policy, cfg, rng)
 	res.IdleDecisionP50, res.IdleDecisionP99 = idleDecisions(routers[0].m, policy, cfg, rng)
 	before := snapshot(routers)
 	cpu0 := cpuTime()
@@ -429,6 +431,24 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		}
 	}
 	return res, nil
+}
+
+// warmDecisions makes a few untimed decisions at every router, as a
+// router's first requests do: the first decisions over a large view bind
+// its summaries into the mesh's Index (summary.Index, up to 256 per
+// decision), which the timed decisions should not pay.
+func warmDecisions(routers []*router, policy route.Policy, cfg Config, rng *rand.Rand) {
+	var cands []route.Candidate
+	hashes := make([]uint64, cfg.MaxBlocks)
+	for _, r := range routers {
+		for range cfg.Replicas/summary.IndexMinSummaries + 2 {
+			for b := range hashes {
+				hashes[b] = rng.Uint64()
+			}
+			cands = r.m.Candidates("m", cands[:0])
+			policy.Pick(route.Request{Hashes: hashes, Probes: summary.MakeProbes(nil, hashes), Root: 1}, cands)
+		}
+	}
 }
 
 // idleDecisions times 2,000 decisions of new prompts at one router

@@ -1,0 +1,388 @@
+package summary
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+)
+
+// indexFixture is n owners sharing some chains (so matches of every length
+// occur), their copies kept by deltas or full copies, and the held chains.
+type indexFixture struct {
+	owners, copies []*Summary
+	held           [][]uint64
+}
+
+const indexContract = 0x1dec
+
+func newIndexFixture(t testing.TB, rng *rand.Rand, n int, p Params) *indexFixture {
+	t.Helper()
+	f := &indexFixture{}
+	for i := range n {
+		s, err := New(p, uint64(i+1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.owners = append(f.owners, s)
+		f.copies = append(f.copies, mustDecode(t, s))
+	}
+	return f
+}
+
+func mustDecode(t testing.TB, s *Summary) *Summary {
+	t.Helper()
+	cp, err := Decode(s.AppendEncode(nil, indexContract), indexContract)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cp
+}
+
+// step adds chains (some shared by many owners, with their own tails),
+// forgets a few tails, cuts a few owners, and brings the copies up to date
+// (by delta, or a full copy: a new *Summary, so the Index must rebind).
+func (f *indexFixture) step(t testing.TB, rng *rand.Rand) {
+	t.Helper()
+	shared := make([]uint64, 1+rng.IntN(40))
+	for i := range shared {
+		shared[i] = rng.Uint64()
+	}
+	f.held = append(f.held, shared)
+	for i, s := range f.owners {
+		if rng.IntN(3) == 0 {
+			h := append([]uint64(nil), shared[:rng.IntN(len(shared)+1)]...)
+			for range rng.IntN(20) {
+				h = append(h, rng.Uint64())
+			}
+			s.Add(h)
+			if len(h) > 0 {
+				f.held = append(f.held, h)
+			}
+		}
+		switch rng.IntN(40) {
+		case 0:
+			old := f.held[rng.IntN(len(f.held))]
+			s.Forget(old[len(old)/2:])
+		case 1:
+			s.Cut(CutOlder)
+		}
+		if rng.IntN(10) == 0 {
+			f.copies[i] = mustDecode(t, s)
+			continue
+		}
+		if enc, _, ok := s.AppendDelta(nil, f.copies[i].Version()); ok {
+			d, err := DecodeDelta(enc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := f.copies[i].ApplyDelta(d); err != nil {
+				t.Fatal(err)
+			}
+		} else {
+			f.copies[i] = mustDecode(t, s)
+		}
+	}
+}
+
+// check compares Index.Match with Summary.Match on every summary of sums
+// for queries from the held chains and random ones; it returns how many
+// summaries the index answered (bound, no negative record).
+func checkIndex(t *testing.T, x *Index, sums []*Summary, keys []uint64, qs [][]uint64, what string) int {
+	t.Helper()
+	got := make([]int, len(sums))
+	for _, q := range qs {
+		p := MakeProbes(nil, q)
+		got = x.Match(got, sums, keys, p)
+		for i, s := range sums {
+			want := 0
+			if s != nil {
+				want = refMatch(s, p)
+			}
+			if got[i] != want {
+				t.Fatalf("%s: summary %d: Index.Match = %d, Summary.Match = %d (query of %d blocks)", what, i, got[i], want, len(q))
+			}
+		}
+	}
+	n := 0
+	for _, s := range sums {
+		if s.mirrorOf(x) != nil && s.negN.Load() == 0 {
+			n++
+		}
+	}
+	return n
+}
+
+// TestIndexMatchEqualsSummaryMatch drives owners and copies through adds,
+// rotations, forgets, cuts, deltas and full copies (new summaries), with
+// a minority of another geometry and a nil summary among them, and checks
+// that the Index answers exactly as Summary.Match after every step, and
+// that it does answer most of them itself once bound.
+func TestIndexMatchEqualsSummaryMatch(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		n     int
+		p     Params
+		other int // summaries of another geometry
+	}{
+		{"300x64-blocks", 300, Params{CapacityBlocks: 64, FalsePositiveRate: 0.01}, 20},
+		{"300x1000-blocks", 300, Params{CapacityBlocks: 1000, FalsePositiveRate: 0.05}, 0},
+		{"100x64-blocks-too-few", 100, Params{CapacityBlocks: 64, FalsePositiveRate: 0.01}, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(uint64(tc.n), 9))
+			f := newIndexFixture(t, rng, tc.n, tc.p)
+			g := newIndexFixture(t, rng, tc.other, Params{CapacityBlocks: 128, FalsePositiveRate: 0.01})
+			var x Index
+			maxIndexed := 0
+			for step := range 40 {
+				f.step(t, rng)
+				if tc.other > 0 {
+					g.step(t, rng)
+				}
+				for _, side := range []struct {
+					name string
+					sums []*Summary
+				}{{"owners", f.owners}, {"copies", f.copies}} {
+					sums := append(slices.Clone(side.sums), g.copies...)
+					sums = append(sums, nil)
+					qs := matchQueries(rng, f.held, 12)
+					var keys []uint64
+					if side.name == "copies" { // owners and copies alternate in one Index: keys only for copies
+						keys = make([]uint64, len(sums))
+						for i := range keys {
+							keys[i] = uint64(i) + 1<<40
+						}
+					}
+					n := checkIndex(t, &x, sums, keys, qs, fmt.Sprintf("step %d %s", step, side.name))
+					maxIndexed = max(maxIndexed, n)
+				}
+			}
+			switch {
+			case tc.n < minIndexed && maxIndexed != 0:
+				t.Fatalf("%d summaries indexed, want none below %d", maxIndexed, minIndexed)
+			case tc.n >= minIndexed && maxIndexed < tc.n*3/4:
+				t.Fatalf("at most %d of %d summaries answered by the index", maxIndexed, tc.n)
+			}
+		})
+	}
+}
+
+// TestIndexReclaimsColumns replaces every summary with a new one many
+// times (as full copies do), with and without keys: with keys a new
+// summary takes over its key's column (one shard throughout); without,
+// columns of summaries no longer asked are reclaimed and the shards stay
+// bounded; answers stay exact either way.
+func TestIndexReclaimsColumns(t *testing.T) {
+	for _, keyed := range []bool{true, false} {
+		t.Run(map[bool]string{true: "keys", false: "no-keys"}[keyed], func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(3, 4))
+			p := Params{CapacityBlocks: 64, FalsePositiveRate: 0.01}
+			f := newIndexFixture(t, rng, 300, p)
+			var keys []uint64
+			if keyed {
+				keys = make([]uint64, len(f.copies))
+				for i := range keys {
+					keys[i] = rng.Uint64()
+				}
+			}
+			var x Index
+			for round := range 6 {
+				f.step(t, rng)
+				for i := range f.copies {
+					if rng.IntN(2) == 0 {
+						f.copies[i] = mustDecode(t, f.owners[i])
+					}
+				}
+				eligible := 0 // summaries with forgotten blocks are matched directly
+				for _, c := range f.copies {
+					if c.negN.Load() == 0 {
+						eligible++
+					}
+				}
+				bound := 0
+				for call := 0; call < reclaimAfter+10 && bound < eligible; call++ {
+					bound = checkIndex(t, &x, f.copies, keys, matchQueries(rng, f.held, 1), fmt.Sprintf("round %d", round))
+				}
+				if bound < eligible {
+					t.Fatalf("round %d: %d of %d bound", round, bound, eligible)
+				}
+			}
+			st := x.Stats()
+			switch {
+			case keyed && st.Shards != 1:
+				t.Fatalf("%+v: want one shard for 300 keys", st)
+			case st.Shards*shardCols > 2*300+2*shardCols: // claimLocked's bound
+				t.Fatalf("%+v: too many shards for 300 summaries", st)
+			}
+		})
+	}
+}
+
+// TestIndexUnderWriters races Index.Match with the owners' adds and
+// rotations and with rebinding (run with -race), then checks the
+// quiescent answers.
+func TestIndexUnderWriters(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	f := newIndexFixture(t, rng, 300, Params{CapacityBlocks: 256, FalsePositiveRate: 0.01})
+	held := chain(32, 1)
+	for _, s := range f.owners {
+		s.Add(held)
+	}
+	var x Index
+	p := MakeProbes(nil, held)
+	got := make([]int, len(f.owners))
+	for range 50 { // bind them all
+		x.Match(got, f.owners, nil, p)
+	}
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		defer close(stop)
+		for i := range 40 { // several rotations of every owner
+			for _, s := range f.owners {
+				s.Add(chain(16, uint64(i+2)))
+			}
+		}
+	}()
+	// A second reader, with keys and copies replaced as it goes (their
+	// columns change hands under the first reader).
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		keys := make([]uint64, len(f.copies))
+		for i := range keys {
+			keys[i] = uint64(i)
+		}
+		got := make([]int, len(f.copies))
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			cp, err := Decode(f.owners[i%len(f.owners)].AppendEncode(nil, indexContract), indexContract)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			f.copies[i%len(f.copies)] = cp
+			for _, m := range x.Match(got, f.copies, keys, p) {
+				if m < 0 || m > len(p) {
+					t.Errorf("Match = %d", m)
+					return
+				}
+			}
+		}
+	}()
+	for done := false; !done; {
+		select {
+		case <-stop:
+			done = true
+		default:
+		}
+		for _, m := range x.Match(got, f.owners, nil, p) {
+			if m < 0 || m > len(p) {
+				t.Fatalf("Match = %d", m)
+			}
+		}
+	}
+	wg.Wait()
+	n := checkIndex(t, &x, f.owners, nil, [][]uint64{held, chain(16, 41), chain(16, 30), chain(40, 999)}, "quiescent")
+	if n == 0 {
+		t.Fatal("nothing indexed")
+	}
+}
+
+// BenchmarkMatch1024Index is the summary side of a decision over 1,024
+// replicas (as BenchmarkMatch1024Paired: 4,096 blocks, 3,200 held each,
+// new 32-block prompts), Summary.Match per summary against one
+// Index.Match over all, timed alternately; it reports p50/p99 of each.
+func BenchmarkMatch1024Index(b *testing.B) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	sums := make([]*Summary, 1024)
+	var held [][]uint64
+	for i := range sums {
+		s, err := New(Params{CapacityBlocks: 4096, FalsePositiveRate: DefaultFalsePositiveRate}, 1)
+		if err != nil {
+			b.Fatal(err)
+		}
+		h := make([]uint64, 32)
+		for range 100 {
+			for j := range h {
+				h[j] = rng.Uint64()
+			}
+			s.Add(h)
+		}
+		sums[i] = s
+		held = append(held, slices.Clone(h))
+	}
+	var x Index
+	out := make([]int, len(sums))
+	for range 1024 / maxBindsPerMatch * 2 { // bind every summary
+		x.Match(out, sums, nil, MakeProbes(nil, held[0]))
+	}
+	for _, warm := range []bool{false, true} {
+		b.Run(map[bool]string{false: "new-32-blocks", true: "held-32-blocks"}[warm], func(b *testing.B) {
+			var ref, idx []time.Duration
+			hashes := make([]uint64, 32)
+			probes := make([]Probe, 0, 32)
+			i := 0
+			for b.Loop() {
+				for k := range 2 {
+					if warm {
+						copy(hashes, held[rng.IntN(len(held))])
+					} else {
+						for j := range hashes {
+							hashes[j] = rng.Uint64()
+						}
+					}
+					probes = MakeProbes(probes[:0], hashes)
+					t0 := time.Now()
+					if (i+k)%2 == 0 {
+						x.Match(out, sums, nil, probes)
+						idx = append(idx, time.Since(t0))
+					} else {
+						for j, s := range sums {
+							out[j] = s.Match(probes)
+						}
+						ref = append(ref, time.Since(t0))
+					}
+				}
+				i++
+			}
+			pct := func(d []time.Duration, q float64) float64 {
+				slices.Sort(d)
+				return float64(d[int(q*float64(len(d)-1))].Nanoseconds()) / 1000
+			}
+			b.ReportMetric(pct(idx, 0.5), "p50-µs")
+			b.ReportMetric(pct(idx, 0.99), "p99-µs")
+			b.ReportMetric(pct(ref, 0.5), "match-p50-µs")
+			b.ReportMetric(pct(ref, 0.99), "match-p99-µs")
+		})
+	}
+}
+
+// TestTranspose64 checks the bit transpose against its definition.
+func TestTranspose64(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 1))
+	for range 20 {
+		var a, orig [64]uint64
+		for i := range a {
+			a[i] = rng.Uint64() & (rng.Uint64() | rng.Uint64()<<1)
+		}
+		orig = a
+		transpose64(&a)
+		for i := range 64 {
+			for j := range 64 {
+				if orig[i]>>j&1 != a[j]>>i&1 {
+					t.Fatalf("bit %d of row %d is not bit %d of row %d", j, i, i, j)
+				}
+			}
+		}
+	}
+}
