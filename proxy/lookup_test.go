@@ -49,7 +49,8 @@ func TestStoredResponseFoundAtAPeer(t *testing.T) {
 				want = "a"
 			}
 			for range 2 {
-				next := answer(t, srv.URL, "/v1/responses", fmt.Sprintf(`{"model":"m","input":"more","previous_response_id":%q}`, id), nil)
+				// A long input: without the id, b's summary decides.
+				next := answer(t, srv.URL, "/v1/responses", fmt.Sprintf(`{"model":"m","input":%q,"previous_response_id":%q}`, longPrompt, id), nil)
 				if got := replicaIn(next, "a", "b"); got != want {
 					t.Fatalf("turn 2 went to %q, want %q: %s", got, want, next)
 				}
