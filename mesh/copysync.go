@@ -138,7 +138,7 @@ func (m *Mesh) handleStateLocked(st *stateMsg, now time.Time) bool {
 		return true // a stale claim; ownership moved on
 	}
 	m.setOwnedLocked(r, false)
-	r.st, r.hasState, r.heard = *st, true, now
+	r.st, r.hasState, r.heard, r.loadAt = *st, true, now, now
 	if r.sum == nil || r.sum.Epoch() != st.Epoch {
 		m.requestFullLocked(r, owner, now, "no copy of the owner's epoch")
 	} else {
@@ -266,7 +266,7 @@ func (m *Mesh) slimStateLocked(st *stateMsg, now time.Time) {
 		r.st.Version, r.st.Digest = st.Version, 0 // the digest was of another version
 	}
 	r.st.header = st.header
-	r.heard = now
+	r.heard, r.loadAt = now, now
 	m.drainLocked(r)
 	m.checkSyncLocked(r, now)
 }

@@ -105,6 +105,11 @@ type replica struct {
 	st       stateMsg
 	hasState bool
 	heard    time.Time // last state or delta from the owner
+	// loadAt is when the owner's last state (full or slim) came: its
+	// load as of then, since an owner sends a full state whenever the
+	// load changes and a slim one only when nothing but the summary's
+	// position did.
+	loadAt time.Time
 
 	sum   *summary.Summary // the owner's own summary, or this router's copy
 	owned bool             // this router is the writer

@@ -1,6 +1,9 @@
 package mesh
 
-import "slices"
+import (
+	"slices"
+	"time"
+)
 
 // PeerAPIs lists the API base URLs of the other routers alive in the
 // mesh, sorted. The proxy asks them what only the router that served a
@@ -16,4 +19,18 @@ func (m *Mesh) PeerAPIs() []string {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// LoadHeard reports when this router last heard the load (in flight,
+// pending prefill) of a replica another router owns, as Candidates gives
+// it: requests this router sent there since are not in it yet. ok is
+// false for a replica this router owns, or knows no state of.
+func (m *Mesh) LoadHeard(id string) (at time.Time, ok bool) {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	r := m.replicas[id]
+	if r == nil || r.owned || !r.hasState {
+		return time.Time{}, false
+	}
+	return r.loadAt, true
 }

@@ -104,6 +104,7 @@ func (p *Proxy) inference(w http.ResponseWriter, r *http.Request, ep *endpoint) 
 	}
 	cands := p.cfg.View.Candidates(st.prompt.Model, nil)
 	p.load.fill(cands)
+	p.hops.fill(cands, p.clock)
 	hinted, hintMatch := -1, 0
 	if st.hop && len(cands) > 0 {
 		cands, hinted = p.ownCandidates(cands, r.Header.Get(HeaderReplica))
@@ -307,6 +308,9 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, st *reqState, id
 		defer p.load.dispatch(id)()
 	} else {
 		p.signHop(out, id, d.Match)
+		var done func()
+		firstByte, done = p.hops.send(id, float64(len(st.hashes)-d.Match))
+		defer done()
 		if p.cfg.HopDispatchTimeout > 0 {
 			out, watch = p.watchHop(ctx, out)
 			defer watch.stop()

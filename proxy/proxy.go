@@ -135,6 +135,10 @@ type Proxy struct {
 	// load counts this router's in-flight requests by heat key and times
 	// its replicas' slots (load.go).
 	load *loadBook
+	// hops counts this router's requests to other routers' replicas into
+	// their gossiped loads (hopload.go); clock is the view's, if it has one.
+	hops  *hopBook
+	clock loadClock
 }
 
 // NewClient returns the default client to replicas and peers: keep-alive
@@ -192,7 +196,8 @@ func New(cfg Config) (*Proxy, error) {
 		junk: junkLog{log: cfg.Logger, lim: ratelog.New(5, time.Second)}, now: time.Now,
 		sessionHeader: cfg.SessionHeader, responses: newResponseLRU(cfg.MaxResponses),
 		lookups: newLookups(cfg.Registerer),
-		load:    newLoadBook()}
+		load:    newLoadBook(), hops: newHopBook()}
+	p.clock, _ = cfg.View.(loadClock)
 	if cfg.MaxInflightPerClient > 0 {
 		p.clients = &clientLimiter{max: cfg.MaxInflightPerClient, n: map[string]int{}}
 	}

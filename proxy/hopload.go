@@ -1,0 +1,117 @@
+package proxy
+
+import (
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/kvmesh/kvmesh/route"
+)
+
+// loadClock is what the proxy needs of a view to count its own requests
+// into another router's replica's load: when that load was last heard.
+// The mesh implements it; a view without it gets no correction.
+type loadClock interface {
+	LoadHeard(replicaID string) (at time.Time, ok bool)
+}
+
+// hopBook keeps the requests this router forwarded to replicas other
+// routers own, until they end. A remote candidate's load is its owner's
+// last state, up to a gossip tick old: a second request this router
+// places within that tick would see the replica as idle as the first did,
+// and two cold requests of one router land on one replica while another
+// is free (three routers then placed worse than one). So the requests
+// this router sent there after that state are added to it, as the
+// simulator's routers do (internal/sim, ownLoad). It is safe for
+// concurrent use.
+type hopBook struct {
+	mu    sync.Mutex
+	marks map[string][]*hopMark // remote replica ID -> requests in flight
+	now   func() time.Time
+}
+
+// hopMark is one request forwarded to a remote replica.
+type hopMark struct {
+	at        time.Time
+	blocks    float64 // prefill the request brings (blocks the replica lacks)
+	prefilled bool    // the first byte came back: its prefill is done
+	ended     bool
+}
+
+func newHopBook() *hopBook {
+	return &hopBook{marks: map[string][]*hopMark{}, now: time.Now}
+}
+
+// send marks a request forwarded now to remote replica id, bringing
+// blocks of prefill, and returns the functions that end its prefill (at
+// the first byte) and the request. Both are idempotent.
+func (b *hopBook) send(id string, blocks float64) (firstByte, done func()) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	q, ok := b.marks[id]
+	if !ok && len(b.marks) >= maxSeqReplicas {
+		return func() {}, func() {}
+	}
+	m := &hopMark{at: b.now(), blocks: max(blocks, 0)}
+	b.marks[id] = append(q, m)
+	var once sync.Once
+	return func() {
+			b.mu.Lock()
+			m.prefilled = true
+			b.mu.Unlock()
+		}, func() {
+			once.Do(func() {
+				b.mu.Lock()
+				defer b.mu.Unlock()
+				m.ended = true
+				q := b.marks[id][:0]
+				for _, x := range b.marks[id] {
+					if !x.ended {
+						q = append(q, x)
+					}
+				}
+				if len(q) == 0 {
+					delete(b.marks, id)
+				} else {
+					b.marks[id] = q
+				}
+			})
+		}
+}
+
+// fill adds to each remote candidate the requests this router sent it
+// after its owner's load was heard: one more in flight each, and their
+// prefill while it is pending. cands are sorted by ID (View.Candidates).
+func (b *hopBook) fill(cands []route.Candidate, clock loadClock) {
+	if clock == nil {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for id, q := range b.marks {
+		i := sort.Search(len(cands), func(i int) bool { return cands[i].ID >= id })
+		if i == len(cands) || cands[i].ID != id || cands[i].Stale {
+			continue // a stale candidate's load is unknown, not counted
+		}
+		heard, ok := clock.LoadHeard(id)
+		if !ok {
+			continue
+		}
+		c := &cands[i]
+		for _, m := range q {
+			if m.at.After(heard) {
+				c.InFlight++
+				if !m.prefilled {
+					c.PendingPrefillBlocks += m.blocks
+				}
+			}
+		}
+	}
+}
+
+// inFlight counts the requests in flight to remote replica id (tests).
+func (b *hopBook) inFlight(id string) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.marks[id])
+}

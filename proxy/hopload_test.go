@@ -1,0 +1,100 @@
+package proxy
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvmesh/kvmesh/route"
+)
+
+// clockFunc is a loadClock.
+type clockFunc func(id string) (time.Time, bool)
+
+func (f clockFunc) LoadHeard(id string) (time.Time, bool) { return f(id) }
+
+// TestHopBookAddsWhatTheOwnerHasNotSaid: a remote candidate's load gets
+// the requests this router sent it after the owner's last state, their
+// prefill until the first byte, nothing once they end; an owned, unknown
+// or stale candidate gets nothing.
+func TestHopBookAddsWhatTheOwnerHasNotSaid(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	now := t0
+	b := newHopBook()
+	b.now = func() time.Time { return now }
+	heard := map[string]time.Time{"a": t0.Add(5 * time.Millisecond), "b": t0.Add(-time.Second), "s": t0.Add(-time.Second)}
+	clock := clockFunc(func(id string) (time.Time, bool) { h, ok := heard[id]; return h, ok })
+
+	_, doneA1 := b.send("a", 10) // before a's last state: in it already
+	now = t0.Add(10 * time.Millisecond)
+	firstA2, _ := b.send("a", 7)
+	_, _ = b.send("b", 3)
+	firstB2, doneB2 := b.send("b", 4)
+	_, _ = b.send("own", 5) // owned here: the clock does not know it
+	_, _ = b.send("s", 6)   // stale below
+	firstB2()
+	cands := func() []route.Candidate {
+		cs := []route.Candidate{{ID: "a", InFlight: 2, PendingPrefillBlocks: 1}, {ID: "b"}, {ID: "own", InFlight: 1}, {ID: "s", Stale: true}}
+		b.fill(cs, clock)
+		return cs
+	}
+	type want struct {
+		inFlight int
+		pending  float64
+	}
+	check := func(step string, cs []route.Candidate, w map[string]want) {
+		t.Helper()
+		for _, c := range cs {
+			if g := (want{c.InFlight, c.PendingPrefillBlocks}); g != w[c.ID] {
+				t.Errorf("%s: %s has %+v, want %+v", step, c.ID, g, w[c.ID])
+			}
+		}
+	}
+	check("sent", cands(), map[string]want{"a": {3, 8}, "b": {2, 3}, "own": {1, 0}, "s": {0, 0}})
+	firstA2()
+	doneB2()
+	doneA1()
+	check("after a first byte and two ends", cands(), map[string]want{"a": {3, 1}, "b": {1, 3}, "own": {1, 0}, "s": {0, 0}})
+	heard["a"] = now // the owner's next state counts them itself
+	check("owner heard again", cands(), map[string]want{"a": {2, 1}, "b": {1, 3}, "own": {1, 0}, "s": {0, 0}})
+	b.fill(nil, nil) // no clock, no candidates: nothing to do
+	if n := b.inFlight("b"); n != 1 {
+		t.Errorf("%d requests to b remembered, want 1", n)
+	}
+}
+
+// TestForwardedRequestCounts: a request this router forwards to another
+// router's replica is in its hop book until it ends.
+func TestForwardedRequestCounts(t *testing.T) {
+	release := make(chan struct{})
+	rep := newReplica(t, func(w http.ResponseWriter, r *http.Request) {
+		<-release
+		jsonChat(w, "ok", 0)
+	})
+	_, owner, _ := newTestProxy(t, newFakeView([]string{"m"}, fakeReplica{id: rep.URL}), nil)
+	p, srv, _ := newTestProxy(t, newFakeView([]string{"m"}, fakeReplica{id: rep.URL, owner: owner.URL}), nil)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		resp, err := http.Post(srv.URL+"/v1/chat/completions", "application/json", strings.NewReader(chatBody("m", false, longPrompt)))
+		if err == nil {
+			resp.Body.Close()
+		}
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for p.hops.inFlight(rep.URL) != 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("the forwarded request never counted")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	close(release)
+	<-done
+	for p.hops.inFlight(rep.URL) != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the forwarded request still counts after it ended")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
