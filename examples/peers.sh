@@ -31,7 +31,8 @@
 #   PEERS_VENV    [$HOME/.cache/kvmesh-peers-venv]  venv for smg and
 #                 vllm-router; created with pip if missing
 #   BASE_PORT     [19100]  replicas BASE..BASE+3, front ends BASE+10..,
-#                 gossip/mesh ports BASE+40..
+#                 gossip/mesh ports BASE+40.., peers' metrics BASE+50..,
+#                 kvmesh admin (metrics) BASE+60..
 #   GOSSIP_PROFILE [lan]   kvmesh gossip timings
 #   BENCH_ARGS    []       more `kvmesh bench` flags (e.g. "--conversations 8")
 #   OUT           [a new directory under /tmp]
@@ -160,7 +161,8 @@ start_kvmesh() {
 	urls=()
 	for ((i = 0; i < n; i++)); do
 		args=(router --name "router-$((i + 1))" --region local --listen "$HOST:$((fe_port + i))"
-			--gossip-bind "$HOST:$((mesh_port + i))" --gossip-profile "$GOSSIP_PROFILE" --log-level warn)
+			--gossip-bind "$HOST:$((mesh_port + i))" --admin-listen "$HOST:$((mesh_port + 20 + i))"
+			--gossip-profile "$GOSSIP_PROFILE" --log-level warn)
 		((i > 0)) && args+=(--join "$HOST:$mesh_port")
 		for ((k = i; k < 4; k += n)); do args+=(--replica "${rep_urls[k]}"); done
 		start "router-$((i + 1))" "$bin" "${args[@]}"
@@ -268,9 +270,9 @@ for front in "${fronts[@]}"; do
 	if [[ $front == kvmesh-* ]]; then
 		# The routers' own account: decisions by reason, predicted against
 		# reported cached tokens, forgotten blocks.
-		for u in "${urls[@]}"; do
-			echo "# $u"
-			curl -s "$u/metrics" | grep -E '^kvmesh_(route_decisions_total|cache_prediction_error_blocks_(sum|count)|forgotten_blocks_total|predicted_cached_tokens_total|reported_cached_tokens_total|prompt_tokens_total|upstream_retries_total)' || true
+		for ((i = 0; i < ${#urls[@]}; i++)); do
+			echo "# ${urls[i]} (admin http://$HOST:$((mesh_port + 20 + i)))"
+			curl -s "http://$HOST:$((mesh_port + 20 + i))/metrics" | grep -E '^kvmesh_(route_decisions_total|cache_prediction_error_blocks_(sum|count)|forgotten_blocks_total|predicted_cached_tokens_total|reported_cached_tokens_total|prompt_tokens_total|upstream_retries_total)' || true
 		done >"$OUT/$front-metrics.txt"
 	fi
 	stop_all
