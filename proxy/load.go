@@ -23,14 +23,17 @@ const (
 
 // loadBook keeps what route's rule needs of this router's own traffic
 // that no engine publishes: how many of its requests share a heat key
-// (route.Request.Concurrent) and how long a request holds a sequence slot
-// at each replica (route.Candidate.SeqMs). It is safe for concurrent use.
+// (route.Request.Concurrent), the last one it decided under each heat key
+// (route.Stem, for route.Request.ForkBlocks) and how long a request holds
+// a sequence slot at each replica (route.Candidate.SeqMs). It is safe for
+// concurrent use.
 type loadBook struct {
-	mu   sync.Mutex
-	heat map[uint64]int             // heat key -> requests in flight
-	seq  map[string]float64         // replica ID -> mean slot time, ms
-	runs map[string][]*dispatchMark // owned replica ID -> its requests in flight, oldest first
-	now  func() time.Time
+	mu    sync.Mutex
+	heat  map[uint64]int             // heat key -> requests in flight
+	stems map[uint64]route.Stem      // heat key -> the last request decided under it, as it ended
+	seq   map[string]float64         // replica ID -> mean slot time, ms
+	runs  map[string][]*dispatchMark // owned replica ID -> its requests in flight, oldest first
+	now   func() time.Time
 }
 
 // dispatchMark is one request this router sent to an owned replica.
@@ -40,7 +43,7 @@ type dispatchMark struct {
 }
 
 func newLoadBook() *loadBook {
-	return &loadBook{heat: map[uint64]int{}, seq: map[string]float64{}, runs: map[string][]*dispatchMark{}, now: time.Now}
+	return &loadBook{heat: map[uint64]int{}, stems: map[uint64]route.Stem{}, seq: map[string]float64{}, runs: map[string][]*dispatchMark{}, now: time.Now}
 }
 
 // dispatch marks a request sent to owned replica id now and returns the
@@ -103,6 +106,23 @@ func (b *loadBook) end(key uint64) {
 		b.heat[key] = n
 	} else {
 		delete(b.heat, key)
+	}
+}
+
+// stem is the record kept under heat key key (the zero Stem when none).
+func (b *loadBook) stem(key uint64) route.Stem {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.stems[key]
+}
+
+// setStem keeps s under key; when the map is full a new key is not kept
+// (its requests then show no fork: route weighs them as any prefix).
+func (b *loadBook) setStem(key uint64, s route.Stem) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if _, ok := b.stems[key]; ok || len(b.stems) < maxHeatKeys {
+		b.stems[key] = s
 	}
 }
 
@@ -169,19 +189,32 @@ func (p *Proxy) countHeat(st *reqState, req *route.Request) func() {
 	if st.byLoad || st.hop {
 		return func() {}
 	}
-	n, end := p.load.begin(p.cfg.Policy.HeatKey(*req))
+	key := p.cfg.Policy.HeatKey(*req)
+	n, end := p.load.begin(key)
 	req.Concurrent = n
+	req.ForkBlocks = p.load.stem(key).Fork(*req)
 	return end
 }
 
 // observeSlot folds a finished attempt's slot time at replica id into
 // its mean: only complete successful generations count (a refused,
 // failed or abandoned request says nothing of how long one runs).
+//
+// A request this router decided also becomes the record of its heat key
+// (route.Stem): the next request under the key forks from its stem or
+// extends it. Forwarded requests are not recorded, as they are not
+// counted in countHeat (the simulator records on the deciding router as
+// the request ends, too).
 func (p *Proxy) observeSlot(st *reqState, id string, d route.Decision, first time.Time) {
 	if st.byLoad || st.code < 200 || st.code >= 300 {
 		return
 	}
 	p.load.observe(id, slotMs(first, p.now(), len(st.hashes)-d.Match, st.blockMs))
+	if !st.hop {
+		req := route.Request{Hashes: st.hashes, Root: st.root}
+		key := p.cfg.Policy.HeatKey(req)
+		p.load.setStem(key, route.StemOf(req, d.BestMatch))
+	}
 }
 
 // blockMsOf is a candidate's prefill time per block, as route prices it.

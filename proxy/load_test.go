@@ -45,6 +45,25 @@ func TestLoadBookHeatBounded(t *testing.T) {
 	}
 }
 
+// The stem records are bounded like the heat counts: a full map keeps
+// updating its keys and takes no new one.
+func TestLoadBookStemsBounded(t *testing.T) {
+	b := newLoadBook()
+	rec := route.Stem{Len: 3, Depth: 2, Hash: 5}
+	for k := range maxHeatKeys {
+		b.setStem(uint64(k), rec)
+	}
+	b.setStem(1<<40, rec)
+	if got := b.stem(1 << 40); got != (route.Stem{}) || len(b.stems) != maxHeatKeys {
+		t.Fatalf("new key on a full map: %+v kept, %d keys; want nothing, %d", got, len(b.stems), maxHeatKeys)
+	}
+	upd := route.Stem{Len: 4, Depth: 3, Hash: 6}
+	b.setStem(3, upd)
+	if got := b.stem(3); got != upd {
+		t.Fatalf("known key on a full map: %+v, want %+v", got, upd)
+	}
+}
+
 func TestLoadBookSeq(t *testing.T) {
 	tests := []struct {
 		name string
@@ -136,9 +155,14 @@ func TestProxyLoadBook(t *testing.T) {
 	p.load.mu.Lock()
 	keys = len(p.load.heat)
 	seq := p.load.seq[good.URL]
+	stems := len(p.load.stems)
 	p.load.mu.Unlock()
 	if keys != 0 {
 		t.Fatalf("%d heat keys left after the requests ended", keys)
+	}
+	// Each finished request became the record of its heat key.
+	if stems != 1 {
+		t.Fatalf("%d stem records after two requests under one heat key, want 1", stems)
 	}
 	// The replica held no prefix (match 0): the slot time includes the
 	// estimated prefill of every block, at least one.
@@ -155,9 +179,10 @@ func TestProxyLoadBook(t *testing.T) {
 	p2.load.mu.Lock()
 	_, timed := p2.load.seq[bad.URL]
 	keys = len(p2.load.heat)
+	stems = len(p2.load.stems)
 	p2.load.mu.Unlock()
-	if timed || keys != 0 {
-		t.Fatalf("refused request: timed %v, %d heat keys left; want neither", timed, keys)
+	if timed || keys != 0 || stems != 0 {
+		t.Fatalf("refused request: timed %v, %d heat keys, %d stem records left; want none", timed, keys, stems)
 	}
 }
 

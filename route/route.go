@@ -30,7 +30,11 @@
 //     when the wait it would impose beats the weighted recompute, and then
 //     to the next holder first. When no replica can start it, the slot
 //     wait leaves the score of a request no other in flight shares: it
-//     queues anywhere, so it queues where its prefix is.
+//     queues anywhere, so it queues where its prefix is. A stem other
+//     requests fork from (Request.ForkBlocks: a hot template or document,
+//     not a conversation's history) costs only its prefill to copy when
+//     its holders are full and at least half the replicas could start
+//     it: the copy serves the stem's other requests too.
 //
 // The hot-spot guard (consistent hashing with bounded loads, Mirrokni,
 // Thorup, Zadimoghaddam 2018, applied to the queue for slots, and to
@@ -134,6 +138,45 @@ type Request struct {
 	// recompute of a move is shared by the requests that copy will serve,
 	// so the weight of recompute is divided by Concurrent.
 	Concurrent int
+	// ForkBlocks is the depth, in blocks, of a stem this request shares
+	// with the last request of its heat key without extending it
+	// (Stem.Fork): a template, a document or a few-shot prompt that
+	// requests leave by different continuations, whose copies serve
+	// other requests, rather than a conversation's history, which only
+	// its next turn extends. 0 when none is known.
+	ForkBlocks int
+}
+
+// Stem is what a router remembers of the last request it decided under a
+// heat key, to tell a stem many requests fork from (a hot template or
+// document) from a conversation's history: that request's length in
+// blocks, its best match when it was decided (the prefix some replica
+// held) and the chained hash of that prefix. The zero value knows nothing.
+// It is a value: the router keeps one per heat key, in a bounded map.
+type Stem struct {
+	Len, Depth int
+	Hash       uint64
+}
+
+// Fork is the stem depth req shares with the request s remembers: the
+// prefix that request matched, when req holds it too and is no longer than
+// that request (so it does not extend it: a conversation's next turn
+// holds its previous turn and is longer), else 0.
+func (s Stem) Fork(req Request) int {
+	d := s.Depth
+	if d <= 0 || d > len(req.Hashes) || len(req.Hashes) > s.Len || req.Hashes[d-1] != s.Hash {
+		return 0
+	}
+	return d
+}
+
+// StemOf is the record a router keeps of req, decided with best match
+// match (Decision.BestMatch), for the next request of its heat key.
+func StemOf(req Request, match int) Stem {
+	if match <= 0 || match > len(req.Hashes) {
+		return Stem{Len: len(req.Hashes)}
+	}
+	return Stem{Len: len(req.Hashes), Depth: match, Hash: req.Hashes[match-1]}
 }
 
 // HeatKey is the key a router counts in-flight requests by for
@@ -348,13 +391,29 @@ func (p Policy) Pick(req Request, cands []Candidate) Decision {
 	if req.Concurrent <= 1 && noneCanStart(cands) {
 		slotWeight = 0
 	}
+	// A forked stem's copy is not dead weight: the stem's other requests
+	// use it too (a conversation's history is used only by its next
+	// turn, which follows the copy and orphans the old one). So when no
+	// holder can start the request and free slots are not scarce (at
+	// least half the replicas could start it at once), the blocks of the
+	// stem a replica lacks cost their prefill time, weight 1: the request
+	// recomputes the stem where it starts now rather than queue at a full
+	// holder longer than that takes. When fewer replicas can start it,
+	// the copy would take the last free slots and lengthen the binding
+	// resource's work, and the stem weighs RecomputeWeight like any
+	// prefix.
+	fork, stemWeight := 0, rw
+	if req.ForkBlocks > 0 && !holderCanStart(cands, best) && manyCanStart(cands) {
+		fork, stemWeight = min(req.ForkBlocks, n), 1
+	}
 	chosen, cheapest := -1, -1
 	var chosenCost, cheapestCost float64
 	var chosenW, cheapestW uint64
 	for i := range cands {
 		c := &cands[i]
+		stem := max(0, fork-c.match) // stem blocks c lacks, of its n-c.match
 		cost := c.NetworkMs + p.blockMs(c)*c.PendingPrefillBlocks + slotWeight*c.slot +
-			rw*p.blockMs(c)*float64(n-c.match)
+			rw*p.blockMs(c)*float64(n-c.match-stem) + stemWeight*p.blockMs(c)*float64(stem)
 		w := weight(d.Key, c.Hash)
 		if cheapest < 0 || better(cost, w, cheapestCost, cheapestW) {
 			cheapest, cheapestCost, cheapestW = i, cost, w
@@ -536,6 +595,33 @@ func noneCanStart(cands []Candidate) bool {
 		}
 	}
 	return true
+}
+
+// holderCanStart reports that a candidate holding best blocks of the
+// request could start it at once.
+func holderCanStart(cands []Candidate, best int) bool {
+	for i := range cands {
+		if cands[i].match >= best && canStart(&cands[i]) {
+			return true
+		}
+	}
+	return false
+}
+
+// manyCanStart reports that at least half of the candidates that count
+// (not stale) could start a request at once: free slots are not scarce.
+func manyCanStart(cands []Candidate) bool {
+	can, known := 0, 0
+	for i := range cands {
+		if cands[i].Stale {
+			continue
+		}
+		known++
+		if canStart(&cands[i]) {
+			can++
+		}
+	}
+	return known > 0 && 2*can >= known
 }
 
 // canStart reports that c would not queue a new request for a sequence

@@ -560,3 +560,80 @@ func TestPickAllFullKeepsLoneRequestAtHolder(t *testing.T) {
 		})
 	}
 }
+
+// A stem is what the last request of a heat key matched; the next request
+// forks from it when it holds the stem and does not extend that request
+// (a sibling: same template, another question), and does not when it is
+// longer (a conversation's next turn holds its previous turn and more).
+func TestStemFork(t *testing.T) {
+	stem := chainOf(nil, 24, 1)
+	prev := request(chainOf(stem, 1, 2))
+	rec := StemOf(prev, 24)
+	tests := []struct {
+		name string
+		rec  Stem
+		req  Request
+		want int
+	}{
+		{"sibling of the same length", rec, request(chainOf(stem, 1, 3)), 24},
+		{"shorter sibling", rec, request(stem), 24},
+		{"next turn extends it", rec, request(chainOf(prev.Hashes, 3, 4)), 0},
+		{"another prompt", rec, request(chainOf(nil, 25, 5)), 0},
+		{"shorter than the stem", rec, request(stem[:10]), 0},
+		{"nothing remembered", Stem{}, request(chainOf(stem, 1, 3)), 0},
+		{"previous request matched nothing", StemOf(prev, 0), request(chainOf(stem, 1, 3)), 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := tc.rec.Fork(tc.req); got != tc.want {
+				t.Fatalf("Fork = %d, want %d", got, tc.want)
+			}
+		})
+	}
+}
+
+// A forked stem whose only holder is full moves to a replica that can
+// start it at once when its prefill is shorter than the wait (its copy
+// serves the stem's other requests); a conversation's history does not
+// (weight RecomputeWeight), nor does the stem when free slots are scarce
+// (fewer than half the replicas could start it) or the holder can start it.
+func TestForkedStemLeavesAFullHolder(t *testing.T) {
+	stem := chainOf(nil, 20, 6)
+	req := request(chainOf(stem, 1, 7))
+	tests := []struct {
+		name       string
+		fork       int
+		fullOthers int // other replicas with every slot taken
+		holderFree bool
+		stay       bool
+	}{
+		{"no fork known: a conversation's history", 0, 0, false, true},
+		{"forked stem, most replicas free", 20, 0, false, false},
+		{"forked stem, half the replicas free", 20, 1, false, false},
+		{"forked stem, free slots scarce", 20, 2, false, true},
+		{"forked stem, holder can start it", 20, 0, true, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cs := candidates(4)
+			for i := range cs {
+				cs[i].Summary, cs[i].Slots, cs[i].SeqMs = held(t), 4, 4000
+			}
+			// Three requests ahead at the holder: 3 s of slot wait, more
+			// than the stem's 400 ms of prefill, less than 16 times it.
+			cs[0].Summary, cs[0].InFlight = held(t, stem), 6
+			if tc.holderFree {
+				cs[0].InFlight = 3
+			}
+			for i := 1; i <= tc.fullOthers; i++ {
+				cs[i].InFlight = 4
+			}
+			r := req
+			r.ForkBlocks = tc.fork
+			d := DefaultPolicy().Pick(r, cs)
+			if (d.Index == 0) != tc.stay {
+				t.Fatalf("decision %+v, want stay at the holder = %v", d, tc.stay)
+			}
+		})
+	}
+}

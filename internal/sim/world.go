@@ -19,6 +19,7 @@ type job struct {
 	est             float64 // pending prefill blocks the dispatching router predicted
 	start           float64 // when its prefill started
 	pred, hit       int32   // blocks the recording summary predicted at dispatch; blocks the engine had
+	best            int32   // the deciding router's best match (route.Decision.BestMatch), -1 when not decided by route
 	prefilled, done bool
 }
 
@@ -112,7 +113,8 @@ type world struct {
 	lastTx   []uint64 // per replica: owner's summary version at the last send
 	cands    []route.Candidate
 	ownCands []route.Candidate
-	heat     []map[uint64]int // per router: its in-flight requests by route's HeatKey
+	heat     []map[uint64]int        // per router: its in-flight requests by route's HeatKey
+	stems    []map[uint64]route.Stem // per router: the last request it decided of each heat key, as it ended
 	exact    []exactMatcher
 	scraped  []engSnap            // per replica: engine counts at the last scrape
 	slotEst  []route.SlotEstimate // per replica: the owner's learned slots
@@ -179,8 +181,10 @@ func runPolicy(ctx context.Context, p *prepared, name string) (PolicyReport, err
 	}
 	if w.routers != nil || w.exact != nil {
 		w.heat = make([]map[uint64]int, w.nR)
+		w.stems = make([]map[uint64]route.Stem, w.nR)
 		for k := range w.heat {
 			w.heat[k] = map[uint64]int{}
+			w.stems[k] = map[uint64]route.Stem{}
 		}
 	}
 	if w.gossip {
@@ -267,6 +271,7 @@ func (w *world) arrive(i int32) error {
 	r := &w.p.reqs[i]
 	k := int(i) % w.nR
 	var j int
+	best := int32(-1)
 	est := float64(len(r.ids))
 	switch w.policy {
 	case PolicyRoundRobin:
@@ -284,6 +289,7 @@ func (w *world) arrive(i int32) error {
 			hk := w.p.cfg.Route.HeatKey(req)
 			w.heat[k][hk]++
 			req.Concurrent = w.heat[k][hk]
+			req.ForkBlocks = w.stems[k][hk].Fork(req)
 		}
 		d := w.p.cfg.Route.Pick(req, w.cands)
 		if d.Index < 0 {
@@ -308,6 +314,7 @@ func (w *world) arrive(i int32) error {
 			}
 		}
 		est = float64(len(r.ids) - d.Match)
+		best = int32(d.BestMatch)
 		w.reasons[string(d.Reason)]++
 		if d.Match < d.BestMatch {
 			w.belowBest++
@@ -316,6 +323,7 @@ func (w *world) arrive(i int32) error {
 	}
 	w.retrace(j, r)
 	w.dispatch(k, j, i, est)
+	w.jobs[i].best = best
 	return nil
 }
 
@@ -556,6 +564,12 @@ func (w *world) decodeDone(j, i int32) {
 		hk := w.p.cfg.Route.HeatKey(w.p.reqs[i].req)
 		if m[hk]--; m[hk] <= 0 {
 			delete(m, hk)
+		}
+		if b := w.jobs[i].best; b >= 0 {
+			// The router records the stem when the request ends, as the
+			// proxy does (proxy/load.go, on the finished attempt).
+			st := w.stems[w.jobs[i].router]
+			st[hk] = route.StemOf(w.p.reqs[i].req, int(b))
 		}
 	}
 	if w.seqMs != nil {
