@@ -72,7 +72,8 @@ type guardedTransport struct {
 	encrypted bool
 	streams   chan net.Conn
 	slots     chan struct{}
-	done      chan struct{}
+	done      chan struct{} // closed by Shutdown: no more streams to memberlist
+	innerDone chan struct{} // closed once the inner transport has shut down
 	stopOnce  sync.Once
 	wg        sync.WaitGroup
 	refusedC  *prometheus.CounterVec
@@ -125,6 +126,7 @@ func newGuardedTransport(nt *memberlist.NetTransport, lim StreamLimits, encrypte
 	t := &guardedTransport{
 		NetTransport: nt, lim: lim, encrypted: encrypted,
 		streams: make(chan net.Conn), slots: make(chan struct{}, lim.MaxStreams), done: make(chan struct{}),
+		innerDone: make(chan struct{}),
 		refusedC: promauto.With(reg).NewCounterVec(prometheus.CounterOpts{
 			Name: "kvmesh_gossip_streams_refused_total",
 			Help: "Inbound gossip TCP streams closed before memberlist read them, by reason.",
@@ -139,10 +141,15 @@ func newGuardedTransport(nt *memberlist.NetTransport, lim StreamLimits, encrypte
 // StreamCh implements memberlist.Transport with the guarded streams.
 func (t *guardedTransport) StreamCh() <-chan net.Conn { return t.streams }
 
-// Shutdown implements memberlist.Transport.
+// Shutdown implements memberlist.Transport. The pump stops handing
+// streams to memberlist at once but keeps taking (and closing) what the
+// inner transport accepts until that has shut down: its listener blocks
+// on an unbuffered send, and a stream accepted in the last moment would
+// otherwise hold its Shutdown for ever.
 func (t *guardedTransport) Shutdown() error {
 	t.stopOnce.Do(func() { close(t.done) })
 	err := t.NetTransport.Shutdown()
+	close(t.innerDone)
 	t.wg.Wait()
 	return err
 }
@@ -152,6 +159,16 @@ func (t *guardedTransport) Shutdown() error {
 func (t *guardedTransport) pump() {
 	defer t.wg.Done()
 	in := t.NetTransport.StreamCh()
+	defer func() {
+		for {
+			select {
+			case c := <-in:
+				_ = c.Close()
+			case <-t.innerDone:
+				return
+			}
+		}
+	}()
 	for {
 		var c net.Conn
 		select {

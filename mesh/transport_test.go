@@ -5,10 +5,14 @@ import (
 	"fmt"
 	"net"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/hashicorp/memberlist"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 func heapInUse() uint64 {
@@ -189,5 +193,35 @@ func TestJunkPacketsLogThrottled(t *testing.T) {
 	})
 	if n := lines(); n > 60 {
 		t.Fatalf("%d memberlist log lines for 500 junk packets", n)
+	}
+}
+
+// TestGuardedTransportShutdownWithLateStream: a stream the inner transport
+// accepts after the pump stopped handing streams on must not hold its
+// Shutdown (its listener blocks on an unbuffered send until someone takes
+// the stream).
+func TestGuardedTransportShutdownWithLateStream(t *testing.T) {
+	nt, err := memberlist.NewNetTransport(&memberlist.NetTransportConfig{BindAddrs: []string{"127.0.0.1"}, BindPort: 0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := newGuardedTransport(nt, StreamLimits{}, false, prometheus.NewRegistry(), func(string, ...any) {})
+	tr.stopOnce.Do(func() { close(tr.done) }) // Shutdown's first step
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(nt.GetAutoBindPort()))
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	time.Sleep(50 * time.Millisecond) // the inner listener accepts it and offers it
+	done := make(chan error, 1)
+	go func() { done <- tr.Shutdown() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("shutdown: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Shutdown hangs on a stream accepted after the pump stopped")
 	}
 }
