@@ -50,7 +50,7 @@ rep=http://$HOST:$BASE_PORT
 "$dir/kvmesh" bench --instant-replica "$HOST:$BASE_PORT" --model bench --token-gap "${TOKEN_GAP:-1ms}" 2>"$dir/replica.log" &
 pids+=("$!")
 env ${ROUTER_ENV:-} "$dir/kvmesh" router --name overhead --listen "$HOST:$((BASE_PORT + 1))" --gossip-bind "$HOST:$((BASE_PORT + 2))" \
-	--replica "$rep" --log-level warn 2>"$dir/router.log" &
+	--admin-listen "$HOST:$((BASE_PORT + 6))" --replica "$rep" --log-level warn 2>"$dir/router.log" &
 router_pid=$!
 pids+=("$router_pid")
 cat >"$dir/haproxy.cfg" <<CFG
