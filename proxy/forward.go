@@ -432,17 +432,10 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, resp *http.Respons
 		obs.ttft.Observe(time.Since(start).Seconds())
 	}
 	obs.duration.Observe(time.Since(start).Seconds())
-	if sink == nil {
-		return
+	if sink != nil {
+		sink.finish()
+		p.learn(st, id, d, sink)
 	}
-	if !flush {
-		// A response of known length is complete in the buffer: send it
-		// now (the same single write net/http would make when the handler
-		// returns), so that learning is not on the client's time.
-		_ = rc.Flush()
-	}
-	sink.finish()
-	p.learn(st, id, d, sink)
 }
 
 // learn records what the replica holds after a complete response (prompt
