@@ -122,7 +122,7 @@ func (p *Proxy) inference(w http.ResponseWriter, r *http.Request, ep *endpoint) 
 				if st.hop {
 					reason = ReasonRehint
 				}
-				p.m.decisions.WithLabelValues(string(reason)).Inc()
+				p.m.countDecision(reason)
 				counted = true
 			}
 		}

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"slices"
 	"strconv"
 	"sync"
 
@@ -41,6 +42,18 @@ type metrics struct {
 	mu       sync.RWMutex
 	reqs     map[requestKey]prometheus.Counter // requests by endpoint and code
 	replicas map[string]prometheus.Gauge       // inflight by replica
+	// byReason holds the decision counters of every known reason; it is
+	// filled in newMetrics and only read afterwards.
+	byReason map[route.Reason]prometheus.Counter
+}
+
+// countDecision counts one routing decision by its reason.
+func (m *metrics) countDecision(r route.Reason) {
+	if c, ok := m.byReason[r]; ok {
+		c.Inc()
+		return
+	}
+	m.decisions.WithLabelValues(string(r)).Inc()
 }
 
 // upstreamObservers are the upstream histograms of one target.
@@ -156,10 +169,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 	}
 	// Initialise every label value so dashboards see zeros, not gaps.
-	for _, r := range route.Reasons {
-		m.decisions.WithLabelValues(string(r))
+	m.byReason = map[route.Reason]prometheus.Counter{}
+	for _, r := range append(slices.Clone(route.Reasons), ReasonRehint) {
+		m.byReason[r] = m.decisions.WithLabelValues(string(r))
 	}
-	m.decisions.WithLabelValues(string(ReasonRehint))
 	for i, t := range []string{targetLocal, targetPeer} {
 		m.upstream[i] = upstreamObservers{ttft: m.ttft.WithLabelValues(t), duration: m.duration.WithLabelValues(t)}
 	}
