@@ -134,8 +134,8 @@ type Proxy struct {
 // off so that streams pass through unbuffered and answers can be read.
 // The write buffer holds a request's headers and a body of up to about
 // 60 KB, so that it leaves in one write (one segment, one wake-up of the
-// replica) where the default 4 KB buffer took three writes for an 8 KB
-// prompt, one through a fresh 32 KB copy buffer.
+// replica) where the default 4 KB buffer took two writes for an 8 KB
+// prompt, the second through a fresh 32 KB copy buffer.
 func NewClient() *http.Client {
 	return &http.Client{Transport: &http.Transport{
 		WriteBufferSize:       upstreamWriteBuffer,
