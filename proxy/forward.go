@@ -53,7 +53,7 @@ var copyBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b 
 func (p *Proxy) inference(w http.ResponseWriter, r *http.Request, ep *endpoint) {
 	st := &reqState{path: r.URL.Path, byLoad: ep.byLoad}
 	// A deferred count still runs when a dead upstream aborts the handler.
-	defer func() { p.m.requests.WithLabelValues(ep.label, strconv.Itoa(st.code)).Inc() }()
+	defer func() { p.m.countRequest(ep.label, st.code) }()
 	if r.Method != http.MethodPost {
 		abandonBody(w, r)
 		w.Header().Set("Allow", http.MethodPost)
@@ -138,7 +138,7 @@ func (p *Proxy) inference(w http.ResponseWriter, r *http.Request, ep *endpoint) 
 				if st.hop {
 					reason = ReasonRehint
 				}
-				p.m.decisions.WithLabelValues(string(reason)).Inc()
+				p.m.countDecision(reason)
 				counted = true
 				if p.log.IsDebug() {
 					c := &cands[d.Index]
@@ -200,18 +200,23 @@ func (p *Proxy) noCandidate(w http.ResponseWriter, st *reqState) int {
 // allocated, and the body deadline (setBodyDeadline) ends a trickle.
 func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request) ([]byte, int, error) {
 	limit := p.cfg.MaxBodyBytes
-	tooLarge := fmt.Errorf("request body exceeds %d bytes", limit)
 	if r.ContentLength > limit {
 		abandonBody(w, r)
-		return nil, http.StatusRequestEntityTooLarge, tooLarge
+		return nil, http.StatusRequestEntityTooLarge, fmt.Errorf("request body exceeds %d bytes", limit)
 	}
-	b, err := readLimited(r.Body, limit)
+	var b []byte
+	var err error
+	if r.ContentLength > 0 && r.ContentLength <= preallocBody {
+		b, err = readKnown(r.Body, r.ContentLength, limit)
+	} else {
+		b, err = readLimited(r.Body, limit)
+	}
 	switch {
 	case err == nil:
 		return b, 0, nil
 	case errors.Is(err, errBodyTooLarge):
 		abandonBody(w, r)
-		return nil, http.StatusRequestEntityTooLarge, tooLarge
+		return nil, http.StatusRequestEntityTooLarge, fmt.Errorf("request body exceeds %d bytes", limit)
 	case errors.Is(err, os.ErrDeadlineExceeded):
 		p.edge.rejected.WithLabelValues(rejectBodyTimeout).Inc()
 		p.junk.Printf("request body from %s not read within %v", r.RemoteAddr, p.cfg.BodyTimeout)
@@ -220,6 +225,44 @@ func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request) ([]byte, int, e
 	default:
 		return nil, http.StatusBadRequest, fmt.Errorf("reading request body: %v", err)
 	}
+}
+
+// preallocBody is the largest declared body read into one allocation of
+// its size; a larger one grows as its bytes arrive, so that a declared
+// length alone never makes the router allocate.
+const preallocBody = 64 << 10
+
+// readKnown reads a body whose Content-Length n (within the limit) is
+// known and small: one allocation of n bytes, where io.ReadAll would grow
+// a slice from 512 bytes through half a dozen copies. It reads on to the
+// end of the body, since net/http watches for the client going away only
+// once the body hit EOF; a body longer than declared (which net/http's
+// server never delivers) is read on under the limit.
+func readKnown(body io.Reader, n, limit int64) ([]byte, error) {
+	b := make([]byte, n, n+1)
+	if _, err := io.ReadFull(body, b); err != nil {
+		return nil, err
+	}
+	for range 3 { // a Read may return (0, nil); a few are allowed
+		m, err := body.Read(b[n : n+1])
+		switch {
+		case m == 0 && err == io.EOF:
+			return b, nil
+		case err != nil && err != io.EOF:
+			return nil, err
+		case m > 0:
+			rest, err := readLimited(body, limit-n-1)
+			if err != nil {
+				return nil, err
+			}
+			return append(b[:n+1], rest...), nil
+		}
+	}
+	rest, err := readLimited(body, limit-n)
+	if err != nil {
+		return nil, err
+	}
+	return append(b, rest...), nil
 }
 
 // ownCandidates keeps the candidates this router owns (a forwarded request
@@ -316,7 +359,7 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, st *reqState, id
 			defer watch.stop()
 		}
 	}
-	g := p.m.inflight.WithLabelValues(id)
+	g := p.m.inflightOf(id)
 	g.Inc()
 	defer g.Dec()
 
@@ -363,10 +406,7 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, st *reqState, id
 // an owned replica's successful response it learns the answer on the way
 // and records prompt + answer once the response is complete.
 func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, resp *http.Response, st *reqState, id string, d route.Decision, local bool, start time.Time, firstByte func()) {
-	target := targetPeer
-	if local {
-		target = targetLocal
-	}
+	obs := p.m.target(local)
 	h := w.Header()
 	for k, vv := range resp.Header {
 		if !hopByHop(k) {
@@ -402,7 +442,7 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, resp *http.Respons
 			if !got {
 				got = true
 				firstByte()
-				p.m.ttft.WithLabelValues(target).Observe(time.Since(start).Seconds())
+				obs.ttft.Observe(time.Since(start).Seconds())
 			}
 			if sink != nil {
 				sink.feed(buf[:n])
@@ -431,7 +471,7 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, resp *http.Respons
 			if local {
 				p.reportFailure(id)
 			}
-			p.m.duration.WithLabelValues(target).Observe(time.Since(start).Seconds())
+			obs.duration.Observe(time.Since(start).Seconds())
 			// The only honest signal once bytes are sent; net/http
 			// recovers it and closes the connection.
 			panic(http.ErrAbortHandler)
@@ -439,9 +479,9 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, resp *http.Respons
 	}
 	if !got {
 		firstByte()
-		p.m.ttft.WithLabelValues(target).Observe(time.Since(start).Seconds())
+		obs.ttft.Observe(time.Since(start).Seconds())
 	}
-	p.m.duration.WithLabelValues(target).Observe(time.Since(start).Seconds())
+	obs.duration.Observe(time.Since(start).Seconds())
 	if sink != nil {
 		sink.finish()
 		p.learn(st, id, d, sink)
@@ -472,15 +512,17 @@ func (p *Proxy) learn(st *reqState, id string, d route.Decision, sink *answerSin
 	if len(sink.answer) == 0 && !forgot {
 		return
 	}
-	text := st.prompt.AppendAnswer(string(sink.answer))
-	// The text starts with the prompt, so the chain continues from the
-	// prompt's last full block.
+	// The text (prompt + answer) starts with the prompt, so the chain
+	// continues from the prompt's last full block: only the prompt's
+	// partial last block and the answer are rendered again.
 	n, bb := len(st.hashes), p.cfg.Contract.BlockBytes
 	from := st.root
 	if n > 0 {
 		from = st.hashes[n-1]
 	}
-	all := p.cfg.Contract.AppendHashes(st.hashes[:n:n], from, text[n*bb:])
+	tail := st.prompt
+	tail.Text = st.prompt.Text[n*bb:]
+	all := p.cfg.Contract.AppendHashes(st.hashes[:n:n], from, tail.AppendAnswer(string(sink.answer)))
 	if len(all) > n || forgot {
 		p.cfg.View.Record(id, all)
 	}

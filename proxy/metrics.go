@@ -1,6 +1,10 @@
 package proxy
 
 import (
+	"slices"
+	"strconv"
+	"sync"
+
 	"github.com/kvmesh/kvmesh/route"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
@@ -30,6 +34,77 @@ type metrics struct {
 	duration        *prometheus.HistogramVec
 	inflight        *prometheus.GaugeVec
 	retries         prometheus.Counter
+
+	// Children resolved once: WithLabelValues hashes its labels and
+	// takes a lock on every call, and the request path would call it
+	// five times per request.
+	upstream [2]upstreamObservers // by target: [0] local, [1] peer
+	mu       sync.RWMutex
+	reqs     map[requestKey]prometheus.Counter // requests by endpoint and code
+	replicas map[string]prometheus.Gauge       // inflight by replica
+	// byReason holds the decision counters of every known reason; it is
+	// filled in newMetrics and only read afterwards.
+	byReason map[route.Reason]prometheus.Counter
+}
+
+// countDecision counts one routing decision by its reason.
+func (m *metrics) countDecision(r route.Reason) {
+	if c, ok := m.byReason[r]; ok {
+		c.Inc()
+		return
+	}
+	m.decisions.WithLabelValues(string(r)).Inc()
+}
+
+// upstreamObservers are the upstream histograms of one target.
+type upstreamObservers struct {
+	ttft, duration prometheus.Observer
+}
+
+type requestKey struct {
+	endpoint string
+	code     int
+}
+
+// target returns the upstream histograms of a local replica or a peer.
+func (m *metrics) target(local bool) upstreamObservers {
+	if local {
+		return m.upstream[0]
+	}
+	return m.upstream[1]
+}
+
+// countRequest counts one client request by endpoint and status code.
+// The children are kept in a map of their own: the labels are few
+// (endpoints times the status codes seen), and the vector keeps each
+// child for as long anyway.
+func (m *metrics) countRequest(endpoint string, code int) {
+	k := requestKey{endpoint, code}
+	m.mu.RLock()
+	c := m.reqs[k]
+	m.mu.RUnlock()
+	if c == nil {
+		c = m.requests.WithLabelValues(endpoint, strconv.Itoa(code))
+		m.mu.Lock()
+		m.reqs[k] = c
+		m.mu.Unlock()
+	}
+	c.Inc()
+}
+
+// inflightOf returns the in-flight gauge of one replica (kept like
+// countRequest's children: the vector never drops a replica's either).
+func (m *metrics) inflightOf(replica string) prometheus.Gauge {
+	m.mu.RLock()
+	g := m.replicas[replica]
+	m.mu.RUnlock()
+	if g == nil {
+		g = m.inflight.WithLabelValues(replica)
+		m.mu.Lock()
+		m.replicas[replica] = g
+		m.mu.Unlock()
+	}
+	return g
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -94,13 +169,14 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 	}
 	// Initialise every label value so dashboards see zeros, not gaps.
-	for _, r := range route.Reasons {
-		m.decisions.WithLabelValues(string(r))
+	m.byReason = map[route.Reason]prometheus.Counter{}
+	for _, r := range append(slices.Clone(route.Reasons), ReasonRehint) {
+		m.byReason[r] = m.decisions.WithLabelValues(string(r))
 	}
-	m.decisions.WithLabelValues(string(ReasonRehint))
-	for _, t := range []string{targetLocal, targetPeer} {
-		m.ttft.WithLabelValues(t)
-		m.duration.WithLabelValues(t)
+	for i, t := range []string{targetLocal, targetPeer} {
+		m.upstream[i] = upstreamObservers{ttft: m.ttft.WithLabelValues(t), duration: m.duration.WithLabelValues(t)}
 	}
+	m.reqs = map[requestKey]prometheus.Counter{}
+	m.replicas = map[string]prometheus.Gauge{}
 	return m
 }

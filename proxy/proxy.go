@@ -147,9 +147,14 @@ type Proxy struct {
 // generation, whose headers only come when it is complete. Compression is
 // off so that streams pass through unbuffered and answers can be read.
 // Its connections remember whether a peer router announced a dispatch on
-// them (hop.go), which lets a failed hop be retried safely.
+// them (hop.go), which lets a failed hop be retried safely. The write
+// buffer holds a request's headers and a body of up to about 60 KB, so
+// that it leaves in one write (one segment, one wake-up of the replica)
+// where the default 4 KB buffer took two writes for an 8 KB prompt, the
+// second through a fresh 32 KB copy buffer.
 func NewClient() *http.Client {
 	return &http.Client{Transport: &http.Transport{
+		WriteBufferSize:       upstreamWriteBuffer,
 		DialContext:           markingDial((&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext),
 		MaxIdleConns:          1024,
 		MaxIdleConnsPerHost:   256,
@@ -159,6 +164,9 @@ func NewClient() *http.Client {
 		DisableCompression:    true,
 	}}
 }
+
+// upstreamWriteBuffer is the write buffer of each upstream connection.
+const upstreamWriteBuffer = 64 << 10
 
 // New returns a Proxy.
 func New(cfg Config) (*Proxy, error) {
@@ -349,7 +357,7 @@ func (p *Proxy) models(w http.ResponseWriter) {
 	b, _ := json.Marshal(l)
 	w.Header().Set("Content-Type", "application/json")
 	_, _ = w.Write(append(b, '\n'))
-	p.m.requests.WithLabelValues(epModels, "200").Inc()
+	p.m.countRequest(epModels, http.StatusOK)
 }
 
 // modelsKnown reports whether the mesh's models are known yet.

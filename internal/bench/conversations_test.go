@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -149,7 +150,7 @@ func TestOverheadAgainstInstantReplica(t *testing.T) {
 	rep := httptest.NewServer(InstantReplica("m", 0))
 	defer rep.Close()
 	res, err := RunOverhead(t.Context(), OverheadConfig{
-		Direct: rep.URL, Targets: []Target{{Name: "same", URL: rep.URL}}, Model: "m",
+		Direct: rep.URL, Targets: []Target{{Name: "same", URL: rep.URL, PID: os.Getpid()}}, Model: "m",
 		Concurrency: []int{2}, Round: 50 * time.Millisecond, Rounds: 1, Streams: 3, StreamTokens: 20, StreamConcurrency: 2,
 	})
 	if err != nil {
@@ -157,6 +158,10 @@ func TestOverheadAgainstInstantReplica(t *testing.T) {
 	}
 	if len(res.Rows) != 2 || res.Rows[1].RPS <= 0 || res.Rows[1].Errors != 0 {
 		t.Fatalf("rows %+v", res.Rows)
+	}
+	// The target is this process, which served every request of the round.
+	if res.Rows[0].CPUUsPerReq != 0 || res.Rows[1].CPUUsPerReq <= 0 {
+		t.Fatalf("CPU per request: direct %v (no PID), same %v", res.Rows[0].CPUUsPerReq, res.Rows[1].CPUUsPerReq)
 	}
 	if len(res.Streams) != 1 || res.Streams[0].Errors != 0 || res.Streams[0].Streams != 3 {
 		t.Fatalf("streams %+v", res.Streams)

@@ -106,6 +106,11 @@ type OverheadRow struct {
 	AddedP50Ms  float64   `json:"added_p50_ms"` // minus the direct call's, same concurrency
 	AddedP99Ms  float64   `json:"added_p99_ms"`
 	Errors      int       `json:"errors"`
+	// CPUUsPerReq is the target's process CPU (user + system) over all
+	// its rounds at this concurrency, per completed request; 0 when its
+	// PID is not known. On a shared machine it is steadier than req/s,
+	// which also moves with what the other processes leave.
+	CPUUsPerReq float64 `json:"cpu_us_per_request,omitempty"`
 }
 
 // StreamCPU is one target's process CPU over the stream step.
@@ -167,6 +172,7 @@ func RunOverhead(ctx context.Context, cfg OverheadConfig) (OverheadResult, error
 		rps  []float64
 		lat  []float64
 		errs int
+		cpu  time.Duration
 	}
 	accs := make(map[[2]int]*acc) // [target, concurrency index]
 	var seq atomic.Int64
@@ -177,11 +183,25 @@ func RunOverhead(ctx context.Context, cfg OverheadConfig) (OverheadResult, error
 				if ctx.Err() != nil {
 					return res, ctx.Err()
 				}
+				var cpu0 time.Duration
+				if all[i].PID > 0 {
+					var err error
+					if cpu0, err = ProcessCPU(all[i].PID); err != nil {
+						return res, err
+					}
+				}
 				rps, lat, errs := closedLoop(ctx, clients[i], all[i].URL, cfg, c, &seq)
 				a := accs[[2]int{i, ci}]
 				if a == nil {
 					a = &acc{}
 					accs[[2]int{i, ci}] = a
+				}
+				if all[i].PID > 0 {
+					cpu1, err := ProcessCPU(all[i].PID)
+					if err != nil {
+						return res, err
+					}
+					a.cpu += cpu1 - cpu0
 				}
 				a.rps = append(a.rps, rps)
 				a.lat = append(a.lat, lat...)
@@ -204,6 +224,9 @@ func RunOverhead(ctx context.Context, cfg OverheadConfig) (OverheadResult, error
 			row := OverheadRow{Name: t.Name, Concurrency: c, RPS: rs[len(rs)/2], RPSRounds: a.rps,
 				P50Ms: percentile(a.lat, 0.5), P99Ms: percentile(a.lat, 0.99), Errors: a.errs}
 			row.AddedP50Ms, row.AddedP99Ms = row.P50Ms-dp50, row.P99Ms-dp99
+			if t.PID > 0 && len(a.lat) > 0 {
+				row.CPUUsPerReq = float64(a.cpu) / float64(time.Microsecond) / float64(len(a.lat))
+			}
 			res.Rows = append(res.Rows, row)
 		}
 	}
@@ -388,16 +411,23 @@ func parseStatCPU(b []byte) (time.Duration, error) {
 // base (requests per second) and the stream CPU.
 func WriteOverheadTable(w io.Writer, r OverheadResult, base string) error {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%-13s %4s %10s %8s %9s %9s %10s %10s %6s\n", "front end", "c", "req/s", "vs "+base, "p50 ms", "p99 ms", "added p50", "added p99", "errors")
+	fmt.Fprintf(&b, "%-13s %4s %10s %8s %9s %9s %10s %10s %6s %11s %8s\n", "front end", "c", "req/s", "vs "+base, "p50 ms", "p99 ms", "added p50", "added p99", "errors",
+		"CPU us/req", "vs "+base)
 	for _, row := range r.Rows {
-		ratio := "-"
+		ratio, cpu, cpuRatio := "-", "-", "-"
+		if row.CPUUsPerReq > 0 {
+			cpu = fmt.Sprintf("%.1f", row.CPUUsPerReq)
+		}
 		for _, o := range r.Rows {
 			if o.Name == base && o.Concurrency == row.Concurrency && o.RPS > 0 {
 				ratio = fmt.Sprintf("%.2fx", row.RPS/o.RPS)
 			}
+			if o.Name == base && o.Concurrency == row.Concurrency && o.CPUUsPerReq > 0 && row.CPUUsPerReq > 0 {
+				cpuRatio = fmt.Sprintf("%.2fx", row.CPUUsPerReq/o.CPUUsPerReq)
+			}
 		}
-		fmt.Fprintf(&b, "%-13s %4d %10.0f %8s %9.3f %9.3f %10.3f %10.3f %6d\n", row.Name, row.Concurrency, row.RPS, ratio,
-			row.P50Ms, row.P99Ms, row.AddedP50Ms, row.AddedP99Ms, row.Errors)
+		fmt.Fprintf(&b, "%-13s %4d %10.0f %8s %9.3f %9.3f %10.3f %10.3f %6d %11s %8s\n", row.Name, row.Concurrency, row.RPS, ratio,
+			row.P50Ms, row.P99Ms, row.AddedP50Ms, row.AddedP99Ms, row.Errors, cpu, cpuRatio)
 	}
 	if len(r.Streams) > 0 {
 		fmt.Fprintf(&b, "\n%-13s %8s %7s %14s %8s %8s\n", "front end", "streams", "errors", "CPU ms/stream", "vs "+base, "wall s")

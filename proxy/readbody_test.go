@@ -1,0 +1,48 @@
+package proxy
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"strings"
+	"testing"
+	"testing/iotest"
+)
+
+// TestReadKnown: a body read into one allocation of its declared length
+// is the same bytes readLimited reads, ends at EOF, and a body longer than
+// declared is read on under the limit, never past it.
+func TestReadKnown(t *testing.T) {
+	body := strings.Repeat("0123456789", 100) // 1,000 bytes
+	tests := []struct {
+		name     string
+		r        io.Reader
+		declared int64
+		limit    int64
+		want     string
+		err      error
+	}{
+		{"exact", strings.NewReader(body), 1000, 2000, body, nil},
+		{"one byte per read", iotest.OneByteReader(strings.NewReader(body)), 1000, 2000, body, nil},
+		{"data with EOF", iotest.DataErrReader(strings.NewReader(body)), 1000, 2000, body, nil},
+		{"longer than declared", strings.NewReader(body), 600, 2000, body, nil},
+		{"longer than declared, over the limit", strings.NewReader(body), 600, 999, "", errBodyTooLarge},
+		{"longer than declared, at the limit", strings.NewReader(body), 600, 1000, body, nil},
+		{"one byte past a declared limit", strings.NewReader(body), 999, 999, "", errBodyTooLarge},
+		{"shorter than declared", strings.NewReader(body), 1001, 2000, "", io.ErrUnexpectedEOF},
+		{"read error", iotest.ErrReader(errors.New("boom")), 10, 2000, "", errors.New("boom")},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := readKnown(tc.r, tc.declared, tc.limit)
+			switch {
+			case tc.err == nil && err != nil:
+				t.Fatalf("error %v", err)
+			case tc.err != nil && (err == nil || err.Error() != tc.err.Error()):
+				t.Fatalf("error %v, want %v", err, tc.err)
+			case tc.err == nil && !bytes.Equal(got, []byte(tc.want)):
+				t.Fatalf("read %d bytes, want %d", len(got), len(tc.want))
+			}
+		})
+	}
+}
