@@ -449,7 +449,7 @@ func TestHopHeadersAuthenticated(t *testing.T) {
 	signed := func(at time.Time, path string) map[string]string {
 		out, _ := http.NewRequest(http.MethodPost, "http://x"+path, nil)
 		q := &Proxy{cfg: Config{HopKey: key}, now: func() time.Time { return at }}
-		q.signHop(out, repR.URL, 3)
+		q.signHop(out, repR.URL, 3, 0, 0)
 		h := map[string]string{}
 		for k := range out.Header {
 			h[k] = out.Header.Get(k)

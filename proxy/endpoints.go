@@ -360,7 +360,7 @@ func (p *Proxy) serveResponseByID(w http.ResponseWriter, r *http.Request) {
 	}
 	copyRequestHeader(out.Header, r.Header)
 	if !local {
-		p.signHop(out, replica, 0)
+		p.signHop(out, replica, 0, 0, 0)
 	}
 	start := time.Now()
 	resp, err := p.client.Do(out)

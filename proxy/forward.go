@@ -25,14 +25,17 @@ const statusClientGone = 499
 
 // reqState is one inference request on its way through the router.
 type reqState struct {
-	code   int // the status the client got, for the metric
-	path   string
-	body   []byte
-	prompt summary.Prompt
-	root   uint64
-	hashes []uint64
-	hop    bool
-	byLoad bool // placed by load; the response is not read
+	code int // the status the client got, for the metric
+	// concurrent and fork are the decision's route.Request.Concurrent
+	// and ForkBlocks, passed on to an owner with a hop.
+	concurrent, fork int
+	path             string
+	body             []byte
+	prompt           summary.Prompt
+	root             uint64
+	hashes           []uint64
+	hop              bool
+	byLoad           bool // placed by load; the response is not read
 	// blockMs is the chosen candidate's prefill time per block, for the
 	// slot time the attempt measures (load.go).
 	blockMs float64
@@ -98,6 +101,13 @@ func (p *Proxy) inference(w http.ResponseWriter, r *http.Request, ep *endpoint) 
 	req := route.Request{Hashes: st.hashes, Probes: summary.MakeProbes(nil, st.hashes), Root: st.root,
 		ClientKey: p.clientKey(r, &st.prompt)}
 	defer p.countHeat(st, &req)()
+	if st.hop {
+		// The deciding router's counts, for a re-pick among this
+		// router's own replicas.
+		req.Concurrent, req.ForkBlocks = parseHop(r.Header.Get(HeaderHop))
+		req.ForkBlocks = min(req.ForkBlocks, len(st.hashes))
+	}
+	st.concurrent, st.fork = req.Concurrent, req.ForkBlocks
 
 	if id := st.prompt.PreviousResponseID; id != "" {
 		p.replicaOfResponse(r.Context(), r, id, st.hop) // decide finds it
@@ -350,7 +360,7 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, st *reqState, id
 		defer done()
 		defer p.load.dispatch(id)()
 	} else {
-		p.signHop(out, id, d.Match)
+		p.signHop(out, id, d.Match, st.concurrent, st.fork)
 		var done func()
 		firstByte, done = p.hops.send(id, float64(len(st.hashes)-d.Match))
 		defer done()

@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -44,19 +45,60 @@ func hopMAC(key []byte, method, path, replica, hop, match, ts string) []byte {
 }
 
 // signHop sets the hint headers of a request forwarded to a replica's
-// owner, with their MAC when the mesh has a key.
-func (p *Proxy) signHop(out *http.Request, replica string, match int) {
+// owner, with their MAC when the mesh has a key. concurrent and fork are
+// the deciding router's route.Request.Concurrent and ForkBlocks: an owner
+// that re-picks (the hinted replica gone or over the bound) decides with
+// them, as the deciding router would have.
+func (p *Proxy) signHop(out *http.Request, replica string, match, concurrent, fork int) {
 	h := out.Header
-	ms := strconv.Itoa(match)
+	ms, hv := strconv.Itoa(match), hopValue(concurrent, fork)
 	h.Set(HeaderReplica, replica)
-	h.Set(HeaderHop, "1")
+	h.Set(HeaderHop, hv)
 	h.Set(HeaderMatch, ms)
 	if len(p.cfg.HopKey) == 0 {
 		return
 	}
 	ts := strconv.FormatInt(p.now().Unix(), 10)
 	h.Set(HeaderHopTime, ts)
-	h.Set(HeaderHopMAC, base64.RawStdEncoding.EncodeToString(hopMAC(p.cfg.HopKey, out.Method, out.URL.Path, replica, "1", ms, ts)))
+	h.Set(HeaderHopMAC, base64.RawStdEncoding.EncodeToString(hopMAC(p.cfg.HopKey, out.Method, out.URL.Path, replica, hv, ms, ts)))
+}
+
+// maxHopCount bounds the counts a hop header carries.
+const maxHopCount = 1 << 20
+
+// hopValue is X-Kvmesh-Hop's value: "1", then ";c=N" and ";f=M" for a
+// deciding router's Concurrent and ForkBlocks when they say anything.
+// Owners of earlier versions only test that the header is present, and
+// the MAC covers the whole value.
+func hopValue(concurrent, fork int) string {
+	v := "1"
+	if concurrent > 1 {
+		v += ";c=" + strconv.Itoa(min(concurrent, maxHopCount))
+	}
+	if fork > 0 {
+		v += ";f=" + strconv.Itoa(min(fork, maxHopCount))
+	}
+	return v
+}
+
+// parseHop reads the counts of a hop header's value; what is missing or
+// malformed is 0 (unknown).
+func parseHop(v string) (concurrent, fork int) {
+	_, rest, _ := strings.Cut(v, ";")
+	for f := range strings.SplitSeq(rest, ";") {
+		k, val, ok := strings.Cut(f, "=")
+		n, err := strconv.Atoi(val)
+		if !ok || err != nil || n < 0 || n > maxHopCount {
+			continue
+		}
+		switch k {
+		case "c":
+			concurrent = n
+		case "f":
+			fork = n
+		}
+	}
+	return concurrent, fork
 }
 
 // hopOf reports whether r is a forwarded request whose hints this router

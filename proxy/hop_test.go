@@ -210,7 +210,7 @@ func ownerHop(t *testing.T, url, replica string, signed bool, extra map[string]s
 	req.Header.Set("Content-Type", "application/json")
 	if signed {
 		q := &Proxy{cfg: Config{HopKey: testHopKey}, now: time.Now}
-		q.signHop(req, replica, 3)
+		q.signHop(req, replica, 3, 0, 0)
 	}
 	for k, v := range extra {
 		req.Header.Set(k, v)

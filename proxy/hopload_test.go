@@ -98,3 +98,53 @@ func TestForwardedRequestCounts(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// TestHopValue: the deciding router's counts ride the hop header and
+// read back; junk reads as unknown; an earlier version's "1" is plain.
+func TestHopValue(t *testing.T) {
+	for _, tc := range []struct {
+		c, f         int
+		want         string
+		backC, backF int
+	}{
+		{0, 0, "1", 0, 0},
+		{1, 0, "1", 0, 0},
+		{3, 0, "1;c=3", 3, 0},
+		{0, 24, "1;f=24", 0, 24},
+		{5, 7, "1;c=5;f=7", 5, 7},
+		{1 << 30, 0, "1;c=1048576", 1 << 20, 0},
+	} {
+		if got := hopValue(tc.c, tc.f); got != tc.want {
+			t.Errorf("hopValue(%d, %d) = %q, want %q", tc.c, tc.f, got, tc.want)
+		}
+		if c, f := parseHop(tc.want); c != tc.backC || f != tc.backF {
+			t.Errorf("parseHop(%q) = %d, %d", tc.want, c, f)
+		}
+	}
+	for _, junk := range []string{"", "1;", "1;c=", "1;c=-4", "1;f=x", "1;c=99999999999", ";;;", "1;z=3"} {
+		if c, f := parseHop(junk); c != 0 || f != 0 {
+			t.Errorf("parseHop(%q) = %d, %d, want 0, 0", junk, c, f)
+		}
+	}
+}
+
+// TestSignedHopCarriesCounts: the counts are under the hop's MAC: the
+// owner verifies a hop that carries them, and refuses one whose counts
+// were changed on the way.
+func TestSignedHopCarriesCounts(t *testing.T) {
+	key := HopKey([]byte("0123456789abcdef0123456789abcdef"))
+	p, _, _ := newTestProxy(t, newFakeView([]string{"m"}), func(c *Config) { c.HopKey = key })
+	out, _ := http.NewRequest(http.MethodPost, "http://owner/v1/chat/completions", nil)
+	p.signHop(out, "http://replica", 3, 4, 9)
+	if hop, auth := p.hopOf(out.Clone(out.Context())); !hop || !auth {
+		t.Fatalf("a signed hop with counts is not accepted (hop %v, authenticated %v)", hop, auth)
+	}
+	if c, f := parseHop(out.Header.Get(HeaderHop)); c != 4 || f != 9 {
+		t.Errorf("the hop carries %d, %d", c, f)
+	}
+	forged := out.Clone(out.Context())
+	forged.Header.Set(HeaderHop, "1;c=400")
+	if _, auth := p.hopOf(forged); auth {
+		t.Error("a hop whose counts were changed is authenticated")
+	}
+}
