@@ -116,9 +116,14 @@ const handBackFor = 20 * time.Second
 // boot, a new epoch) of a replica this router holds a copy of from its
 // previous incarnation: the copy goes back to it, once per boot, so
 // the owner is warm after one exchange even when no other router held the
-// replica meanwhile. (It runs before the state replaces the copy's.)
+// replica meanwhile. (It runs before the state replaces the copy's.) A
+// router that owned the replica meanwhile, continuing that epoch, hands
+// its summary back the same way: it may still count itself the owner when
+// the restarted one's first state comes (it gives the replica up on that
+// state or at its next tick), and after that first state nothing would
+// tell it to.
 func (m *Mesh) handBackLocked(r *replica, st *stateMsg) {
-	if r.owned || r.sum == nil || r.sum.Version() == 0 || st.Epoch == r.sum.Epoch() ||
+	if r.sum == nil || r.sum.Version() == 0 || st.Epoch == r.sum.Epoch() ||
 		r.st.Origin != st.Origin || r.st.Boot == st.Boot || r.handedBack == st.Boot ||
 		r.st.Epoch != r.sum.Epoch() || m.ownerLocked(r) != st.Origin {
 		return

@@ -234,6 +234,60 @@ func TestRestartedOwnerTakesItsSummaryBack(t *testing.T) {
 	})
 }
 
+// TestRestartedOwnerTakesBackFromTheInterimOwner: the router that owned
+// the replica while its owner was down (continuing its epoch, recording
+// more) hands its summary back when the owner restarts, though it still
+// counts itself the owner when the restarted one's first state comes; the
+// restarted owner keeps what it recorded before that.
+func TestRestartedOwnerTakesBackFromTheInterimOwner(t *testing.T) {
+	id := "http://shared-interim:8000"
+	a := newRouter(t, "a", nil)
+	declare(a, id)
+	b := newRouter(t, "b", joining(a))
+	declare(b, id)
+	var owner, other *testRouter
+	eventually(t, wait, "one owner", func() error {
+		_, la, oka := a.Locate(id)
+		_, lb, okb := b.Locate(id)
+		if !oka || !okb || la == lb {
+			return fmt.Errorf("a local=%v, b local=%v", la, lb)
+		}
+		owner, other = a, b
+		if lb {
+			owner, other = b, a
+		}
+		return nil
+	})
+	before := chain(11, 300)
+	owner.Record(id, before)
+	eventually(t, wait, "the other's copy matches", func() error { return matches(other.Mesh, id, before) })
+	name := owner.cfg.Name
+	if err := owner.Close(t.Context()); err != nil {
+		t.Logf("close: %v", err)
+	}
+	// The other owns it for real: what it records now takes.
+	meanwhile := chain(12, 100)
+	eventually(t, wait, "the other owns it and records", func() error {
+		other.Record(id, meanwhile)
+		return matches(other.Mesh, id, meanwhile)
+	})
+	back := newRouter(t, name, joining(other))
+	declare(back, id)
+	fresh := chain(13, 20)
+	back.Record(id, fresh)
+	eventually(t, wait, "the restarted owner is warm and kept its own", func() error {
+		if _, local, ok := back.Locate(id); !ok || !local {
+			return fmt.Errorf("local=%v ok=%v", local, ok)
+		}
+		for _, hs := range [][]uint64{before, meanwhile, fresh} {
+			if err := matches(back.Mesh, id, hs); err != nil {
+				return err
+			}
+		}
+		return matches(other.Mesh, id, fresh)
+	})
+}
+
 func TestRestartedSoleOwnerTakesItsSummaryBackFromACopy(t *testing.T) {
 	id := "http://only-a:8000"
 	a := newRouter(t, "a", nil)
