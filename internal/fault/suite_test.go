@@ -556,7 +556,8 @@ const warmBound = 5 * time.Second
 
 // checkWarm asserts a restarted router took its replicas' summaries back
 // from its peers: the epoch its peers held before the restart, at a
-// version no lower.
+// version no lower. A summary its peers held empty (version 0) has no
+// warmth to keep: a new epoch loses nothing, and none is handed back.
 func (c *cluster) checkWarm(s *sc, i int, before map[string]summaryPos) {
 	_, err := waitFor(warmBound, func() error {
 		v, err := c.view(i)
@@ -565,8 +566,8 @@ func (c *cluster) checkWarm(s *sc, i int, before map[string]summaryPos) {
 		}
 		for id, pos := range before {
 			rv := v.replica(id)
-			if rv == nil || !rv.Owned {
-				continue // owned by another router now
+			if rv == nil || !rv.Owned || pos.version == 0 {
+				continue // owned by another router now, or nothing to keep
 			}
 			if rv.Epoch != pos.epoch || rv.Version < pos.version {
 				return fmt.Errorf("%s summary epoch %d version %d; before the restart its peers held epoch %d version %d",
