@@ -343,7 +343,17 @@ func (p Policy) Pick(req Request, cands []Candidate) Decision {
 	// Cold, or the replica consistent hashing names is one this router
 	// cannot see (its owner is partitioned away or suspect): place it by
 	// consistent hashing.
-	isCold := fresh == 0 || best-common < max(1, p.MinExcessBlocks)
+	//
+	// A client key promises that every router places the client's
+	// requests alike; one block of excess is what a single false positive
+	// of one summary produces (a new prompt of one or two blocks then
+	// looks warm at one router and cold at another), so it takes two to
+	// override the key. The key keeps a conversation together anyway.
+	minExcess := max(1, p.MinExcessBlocks)
+	if req.ClientKey != 0 {
+		minExcess++
+	}
+	isCold := fresh == 0 || best-common < minExcess
 	home := -1
 	if isCold || stale > 0 { // with no stale candidate the home cannot be stale
 		// A client key promises that every router places the client's

@@ -471,6 +471,46 @@ func TestClientKeyPlacesAlikeAcrossRouters(t *testing.T) {
 	}
 }
 
+// One block of summary match beyond the common prefix (what a single
+// false positive produces) does not override a client key; two do, and
+// without a key one does.
+func TestClientKeyNeedsTwoBlocksOfEvidence(t *testing.T) {
+	prompt := chainOf(nil, 2, 77)
+	for _, tc := range []struct {
+		name    string
+		key     uint64
+		held    int // blocks of prompt held by candidate 0's summary
+		warm    bool
+		atFirst bool // the decision goes to candidate 0
+	}{
+		{"key, one block", 7919, 1, false, false},
+		{"key, two blocks", 7919, 2, true, true},
+		{"no key, one block", 0, 1, true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cs := candidates(8)
+			for i := range cs {
+				cs[i].Summary = held(t)
+			}
+			req := request(prompt)
+			req.ClientKey = tc.key
+			home := DefaultPolicy().Pick(req, cs) // every summary empty: by the key alone
+			if home.Index == 0 {
+				cs[0], cs[1] = cs[1], cs[0] // make candidate 0 another than the key's home
+				home = DefaultPolicy().Pick(req, cs)
+			}
+			cs[0].Summary = held(t, prompt[:tc.held])
+			d := DefaultPolicy().Pick(req, cs)
+			if warm := d.Reason != ReasonFallbackCold; warm != tc.warm || (d.Index == 0) != tc.atFirst {
+				t.Fatalf("decision %+v (home %d), want warm=%v at candidate 0=%v", d, home.Index, tc.warm, tc.atFirst)
+			}
+			if !tc.warm && d.Index != home.Index {
+				t.Fatalf("cold decision %d, not the key's home %d", d.Index, home.Index)
+			}
+		})
+	}
+}
+
 // Concurrent requests for a prefix whose only holder cannot start them
 // make a second copy worth its recompute; one request alone waits.
 func TestHotPrefixReplicatesWhenItsHolderIsFull(t *testing.T) {
