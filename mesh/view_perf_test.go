@@ -171,61 +171,15 @@ func BenchmarkCandidates1024Paired(b *testing.B) {
 func BenchmarkDecisionPaired(b *testing.B) {
 	a := newRouter(b, "a", func(c *Config) { c.DefaultCapacityBlocks = 4096 })
 	rng := rand.New(rand.NewPCG(1, 2))
-	for i := range 1024 {
-		id := fmt.Sprintf("http://replica-%04d:8000", i)
-		a.DeclareReplica(id)
-		a.UpdateReplica(id, ReplicaStatus{Models: []string{"m"}, Healthy: true, CapacityBlocks: 4096})
-		h := make([]uint64, 32)
-		for range 100 {
-			for j := range h {
-				h[j] = rng.Uint64()
-			}
-			a.Record(id, h)
-		}
-	}
+	declare1024(rng, a)
 	eventually(b, wait, "all owned", func() error {
 		if n := len(a.Candidates("m", nil)); n != 1024 {
 			return fmt.Errorf("%d candidates", n)
 		}
 		return nil
 	})
-	p := route.DefaultPolicy()
-	cands := make([]route.Candidate, 0, 1024)
-	hashes := make([]uint64, 32)
-	probes := make([]summary.Probe, 0, 32)
 	warmIndex(a.Mesh, rng)
-	cur, ref := newLatencies(), newLatencies()
-	curCPU, refCPU := newLatencies(), newLatencies()
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	i := 0
-	for b.Loop() {
-		for k := range 2 {
-			for j := range hashes {
-				hashes[j] = rng.Uint64()
-			}
-			t0, c0 := time.Now(), threadCPU()
-			if (i+k)%2 == 0 {
-				cands = a.Candidates("m", cands[:0])
-			} else {
-				cands = a.candidatesRef("m", cands[:0])
-			}
-			probes = summary.MakeProbes(probes[:0], hashes)
-			p.Pick(route.Request{Hashes: hashes, Probes: probes, Root: 1}, cands)
-			if (i+k)%2 == 0 {
-				cur.add(time.Since(t0))
-				curCPU.add(threadCPU() - c0)
-			} else {
-				ref.add(time.Since(t0))
-				refCPU.add(threadCPU() - c0)
-			}
-		}
-		i++
-	}
-	cur.report(b)
-	ref.reportAs(b, "ref-")
-	curCPU.reportAs(b, "cpu-")
-	refCPU.reportAs(b, "ref-cpu-")
+	pairedDecisions(b, a, rng, func([]route.Candidate) {})
 }
 
 // TestCandidatesBatchMatchesEqualSummaries checks the batch path of
@@ -308,18 +262,7 @@ func BenchmarkDecisionCopiesPaired(b *testing.B) {
 	owner := newRouter(b, "owner", func(c *Config) { c.DefaultCapacityBlocks = 4096; c.Timing = LANTiming() })
 	a := newRouter(b, "a", func(c *Config) { c.DefaultCapacityBlocks = 4096; c.Timing = LANTiming(); joining(owner)(c) })
 	rng := rand.New(rand.NewPCG(1, 2))
-	for i := range 1024 {
-		id := fmt.Sprintf("http://replica-%04d:8000", i)
-		owner.DeclareReplica(id)
-		owner.UpdateReplica(id, ReplicaStatus{Models: []string{"m"}, Healthy: true, CapacityBlocks: 4096})
-		h := make([]uint64, 32)
-		for range 100 {
-			for j := range h {
-				h[j] = rng.Uint64()
-			}
-			owner.Record(id, h)
-		}
-	}
+	declare1024(rng, owner)
 	eventually(b, 60*time.Second, "a counts every copy", func() error {
 		n := 0
 		for _, c := range a.candidatesRef("m", nil) {
@@ -333,6 +276,23 @@ func BenchmarkDecisionCopiesPaired(b *testing.B) {
 		return nil
 	})
 	warmIndex(a.Mesh, rng)
+	counted := 0
+	n := pairedDecisions(b, a, rng, func(cands []route.Candidate) {
+		for _, c := range cands {
+			if c.Summary != nil {
+				counted++
+			}
+		}
+	})
+	b.ReportMetric(float64(counted)/float64(n), "copies-counted")
+}
+
+// pairedDecisions times decisions at a over fresh 32-block prompts,
+// alternately over Candidates and over candidatesRef (then Pick either
+// way), so a loaded machine weighs on both alike; it reports wall and
+// thread-CPU p50 and p99 of each, calls seen with every decision's
+// candidates, and returns how many decisions it timed.
+func pairedDecisions(b *testing.B, a *testRouter, rng *rand.Rand, seen func([]route.Candidate)) int {
 	p := route.DefaultPolicy()
 	cands := make([]route.Candidate, 0, 1024)
 	hashes := make([]uint64, 32)
@@ -341,7 +301,7 @@ func BenchmarkDecisionCopiesPaired(b *testing.B) {
 	curCPU, refCPU := newLatencies(), newLatencies()
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	i, counted := 0, 0
+	i := 0
 	for b.Loop() {
 		for k := range 2 {
 			for j := range hashes {
@@ -362,11 +322,7 @@ func BenchmarkDecisionCopiesPaired(b *testing.B) {
 				ref.add(time.Since(t0))
 				refCPU.add(threadCPU() - c0)
 			}
-			for _, c := range cands {
-				if c.Summary != nil {
-					counted++
-				}
-			}
+			seen(cands)
 		}
 		i++
 	}
@@ -374,5 +330,22 @@ func BenchmarkDecisionCopiesPaired(b *testing.B) {
 	ref.reportAs(b, "ref-")
 	curCPU.reportAs(b, "cpu-")
 	refCPU.reportAs(b, "ref-cpu-")
-	b.ReportMetric(float64(counted)/float64(2*i), "copies-counted")
+	return 2 * i
+}
+
+// declare1024 declares 1,024 replicas of 4,096 blocks at r, serving "m",
+// each holding 100 random 32-block prompts.
+func declare1024(rng *rand.Rand, r *testRouter) {
+	for i := range 1024 {
+		id := fmt.Sprintf("http://replica-%04d:8000", i)
+		r.DeclareReplica(id)
+		r.UpdateReplica(id, ReplicaStatus{Models: []string{"m"}, Healthy: true, CapacityBlocks: 4096})
+		h := make([]uint64, 32)
+		for range 100 {
+			for j := range h {
+				h[j] = rng.Uint64()
+			}
+			r.Record(id, h)
+		}
+	}
 }
