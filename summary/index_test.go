@@ -303,24 +303,8 @@ func TestIndexUnderWriters(t *testing.T) {
 // new 32-block prompts), Summary.Match per summary against one
 // Index.Match over all, timed alternately; it reports p50/p99 of each.
 func BenchmarkMatch1024Index(b *testing.B) {
-	rng := rand.New(rand.NewPCG(1, 2))
-	sums := make([]*Summary, 1024)
-	var held [][]uint64
-	for i := range sums {
-		s, err := New(Params{CapacityBlocks: 4096, FalsePositiveRate: DefaultFalsePositiveRate}, 1)
-		if err != nil {
-			b.Fatal(err)
-		}
-		h := make([]uint64, 32)
-		for range 100 {
-			for j := range h {
-				h[j] = rng.Uint64()
-			}
-			s.Add(h)
-		}
-		sums[i] = s
-		held = append(held, slices.Clone(h))
-	}
+	sums, held := summaries1024(b)
+	rng := rand.New(rand.NewPCG(3, 4))
 	var x Index
 	out := make([]int, len(sums))
 	for range 1024 / maxBindsPerMatch * 2 { // bind every summary

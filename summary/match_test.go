@@ -203,23 +203,8 @@ func TestMatchUnderWriters(t *testing.T) {
 // same run.
 func BenchmarkMatch1024(b *testing.B) {
 	type matcher interface{ Match([]Probe) int }
-	rng := rand.New(rand.NewPCG(1, 2))
-	sums := make([]*Summary, 1024)
-	held := make([][]uint64, len(sums))
-	for i := range sums {
-		s, err := New(Params{CapacityBlocks: 4096, FalsePositiveRate: DefaultFalsePositiveRate}, 1)
-		if err != nil {
-			b.Fatal(err)
-		}
-		h := make([]uint64, 32)
-		for range 100 {
-			for j := range h {
-				h[j] = rng.Uint64()
-			}
-			s.Add(h)
-		}
-		sums[i], held[i] = s, append([]uint64(nil), h...)
-	}
+	sums, held := summaries1024(b)
+	rng := rand.New(rand.NewPCG(3, 4))
 	for _, impl := range []string{"ref", "match"} {
 		ms := make([]matcher, len(sums))
 		for i, s := range sums {
@@ -261,22 +246,8 @@ func BenchmarkMatch1024(b *testing.B) {
 // this compares them under the same load; it reports the p50 and p99 of
 // both passes.
 func BenchmarkMatch1024Paired(b *testing.B) {
-	rng := rand.New(rand.NewPCG(1, 2))
-	sums := make([]*Summary, 1024)
-	for i := range sums {
-		s, err := New(Params{CapacityBlocks: 4096, FalsePositiveRate: DefaultFalsePositiveRate}, 1)
-		if err != nil {
-			b.Fatal(err)
-		}
-		h := make([]uint64, 32)
-		for range 100 {
-			for j := range h {
-				h[j] = rng.Uint64()
-			}
-			s.Add(h)
-		}
-		sums[i] = s
-	}
+	sums, _ := summaries1024(b)
+	rng := rand.New(rand.NewPCG(3, 4))
 	var ref, opt []time.Duration
 	hashes := make([]uint64, 32)
 	probes := make([]Probe, 0, 32)
@@ -319,3 +290,25 @@ func BenchmarkMatch1024Paired(b *testing.B) {
 type refMatcherFunc func([]Probe) int
 
 func (f refMatcherFunc) Match(p []Probe) int { return f(p) }
+
+// summaries1024 returns 1,024 summaries of 4,096 blocks, each holding 100
+// random 32-block prompts (3,200 blocks), and the last prompt each holds.
+func summaries1024(b *testing.B) (sums []*Summary, held [][]uint64) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	sums, held = make([]*Summary, 1024), make([][]uint64, 1024)
+	for i := range sums {
+		s, err := New(Params{CapacityBlocks: 4096, FalsePositiveRate: DefaultFalsePositiveRate}, 1)
+		if err != nil {
+			b.Fatal(err)
+		}
+		h := make([]uint64, 32)
+		for range 100 {
+			for j := range h {
+				h[j] = rng.Uint64()
+			}
+			s.Add(h)
+		}
+		sums[i], held[i] = s, h
+	}
+	return sums, held
+}

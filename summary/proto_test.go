@@ -67,22 +67,11 @@ func (v interleaved) match(probes []Probe) int {
 // probes: refMatch per summary, the interleaved layout per summary, and
 // the probe-major batch over all summaries. It checks that all three agree.
 func BenchmarkMatch1024Prototypes(b *testing.B) {
-	rng := rand.New(rand.NewPCG(1, 2))
-	sums := make([]*Summary, 1024)
+	sums, _ := summaries1024(b)
+	rng := rand.New(rand.NewPCG(3, 4))
 	inter := make([]interleaved, len(sums))
-	for i := range sums {
-		s, err := New(Params{CapacityBlocks: 4096, FalsePositiveRate: DefaultFalsePositiveRate}, 1)
-		if err != nil {
-			b.Fatal(err)
-		}
-		h := make([]uint64, 32)
-		for range 100 {
-			for j := range h {
-				h[j] = rng.Uint64()
-			}
-			s.Add(h)
-		}
-		sums[i], inter[i] = s, interleave(s)
+	for i, s := range sums {
+		inter[i] = interleave(s)
 	}
 	var batch protoBatch
 	out := make([]int, 0, len(sums))
