@@ -100,26 +100,10 @@ func (m *Mesh) sumOf(id string) *summary.Summary {
 
 func TestSharedReplicaOwnershipAndTakeover(t *testing.T) {
 	id := "http://shared:8000"
-	a := newRouter(t, "a", nil)
-	declare(a, id)
-	b := newRouter(t, "b", joining(a))
-	declare(b, id)
-	var owner, other *testRouter
-	eventually(t, wait, "both agree on one owner", func() error {
-		_, la, oka := a.Locate(id)
-		_, lb, okb := b.Locate(id)
-		if !oka || !okb || la == lb {
-			return fmt.Errorf("a local=%v ok=%v, b local=%v ok=%v", la, oka, lb, okb)
-		}
-		owner, other = a, b
-		if lb {
-			owner, other = b, a
-		}
-		if api, _, _ := other.Locate(id); api != owner.cfg.APIAddr {
-			return fmt.Errorf("non-owner forwards to %q", api)
-		}
-		return nil
-	})
+	owner, other := sharedPair(t, id)
+	if api, _, _ := other.Locate(id); api != owner.cfg.APIAddr {
+		t.Fatalf("non-owner forwards to %q", api)
+	}
 	hashes := chain(3, 300)
 	owner.Record(id, hashes)
 	other.Record(id, chain(4, 5)) // no-op: not the owner
@@ -343,4 +327,27 @@ func BenchmarkTimeToVisibility(b *testing.B) {
 			b.ReportMetric(took[len(took)*99/100], "p99-ms")
 		})
 	}
+}
+
+// sharedPair starts routers a and b, both declaring replica id, and
+// returns them once both agree which one owns it.
+func sharedPair(t *testing.T, id string) (owner, other *testRouter) {
+	t.Helper()
+	a := newRouter(t, "a", nil)
+	declare(a, id)
+	b := newRouter(t, "b", joining(a))
+	declare(b, id)
+	eventually(t, wait, "both agree on one owner", func() error {
+		_, la, oka := a.Locate(id)
+		_, lb, okb := b.Locate(id)
+		if !oka || !okb || la == lb {
+			return fmt.Errorf("a local=%v ok=%v, b local=%v ok=%v", la, oka, lb, okb)
+		}
+		owner, other = a, b
+		if lb {
+			owner, other = b, a
+		}
+		return nil
+	})
+	return owner, other
 }

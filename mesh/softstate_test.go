@@ -191,23 +191,7 @@ func TestPartitionLongerThanFailedPeerTimeoutHeals(t *testing.T) {
 
 func TestRestartedOwnerTakesItsSummaryBack(t *testing.T) {
 	id := "http://shared:8000"
-	a := newRouter(t, "a", nil)
-	declare(a, id)
-	b := newRouter(t, "b", joining(a))
-	declare(b, id)
-	var owner, other *testRouter
-	eventually(t, wait, "one owner", func() error {
-		_, la, oka := a.Locate(id)
-		_, lb, okb := b.Locate(id)
-		if !oka || !okb || la == lb {
-			return fmt.Errorf("a local=%v, b local=%v", la, lb)
-		}
-		owner, other = a, b
-		if lb {
-			owner, other = b, a
-		}
-		return nil
-	})
+	owner, other := sharedPair(t, id)
 	hashes := chain(7, 400)
 	owner.Record(id, hashes)
 	eventually(t, wait, "the other's copy matches", func() error { return matches(other.Mesh, id, hashes) })
@@ -241,23 +225,7 @@ func TestRestartedOwnerTakesItsSummaryBack(t *testing.T) {
 // restarted owner keeps what it recorded before that.
 func TestRestartedOwnerTakesBackFromTheInterimOwner(t *testing.T) {
 	id := "http://shared-interim:8000"
-	a := newRouter(t, "a", nil)
-	declare(a, id)
-	b := newRouter(t, "b", joining(a))
-	declare(b, id)
-	var owner, other *testRouter
-	eventually(t, wait, "one owner", func() error {
-		_, la, oka := a.Locate(id)
-		_, lb, okb := b.Locate(id)
-		if !oka || !okb || la == lb {
-			return fmt.Errorf("a local=%v, b local=%v", la, lb)
-		}
-		owner, other = a, b
-		if lb {
-			owner, other = b, a
-		}
-		return nil
-	})
+	owner, other := sharedPair(t, id)
 	before := chain(11, 300)
 	owner.Record(id, before)
 	eventually(t, wait, "the other's copy matches", func() error { return matches(other.Mesh, id, before) })
