@@ -58,9 +58,30 @@ func (p *Proxy) signHop(out *http.Request, replica string, match, concurrent, fo
 	if len(p.cfg.HopKey) == 0 {
 		return
 	}
+	p.stamp(h, func(ts string) []byte { return hopMAC(p.cfg.HopKey, out.Method, out.URL.Path, replica, hv, ms, ts) })
+}
+
+// stamp sets the time and the MAC (mac of that time) that authenticate a
+// request between routers: a hop, or a lookup.
+func (p *Proxy) stamp(h http.Header, mac func(ts string) []byte) {
 	ts := strconv.FormatInt(p.now().Unix(), 10)
 	h.Set(HeaderHopTime, ts)
-	h.Set(HeaderHopMAC, base64.RawStdEncoding.EncodeToString(hopMAC(p.cfg.HopKey, out.Method, out.URL.Path, replica, hv, ms, ts)))
+	h.Set(HeaderHopMAC, base64.RawStdEncoding.EncodeToString(mac(ts)))
+}
+
+// verifyStamp checks what stamp set: a time within hopSkew of this
+// router's clock and its MAC.
+func (p *Proxy) verifyStamp(h http.Header, mac func(ts string) []byte) bool {
+	ts := h.Get(HeaderHopTime)
+	sec, err := strconv.ParseInt(ts, 10, 64)
+	if err != nil {
+		return false
+	}
+	if d := p.now().Sub(time.Unix(sec, 0)); d > hopSkew || d < -hopSkew {
+		return false
+	}
+	got, err := base64.RawStdEncoding.DecodeString(h.Get(HeaderHopMAC))
+	return err == nil && hmac.Equal(got, mac(ts))
 }
 
 // maxHopCount bounds the counts a hop header carries.
@@ -137,18 +158,7 @@ func (p *Proxy) hopOf(r *http.Request) (hop, authenticated bool) {
 
 func (p *Proxy) verifyHop(r *http.Request) bool {
 	h := r.Header
-	ts := h.Get(HeaderHopTime)
-	sec, err := strconv.ParseInt(ts, 10, 64)
-	if err != nil || h.Get(HeaderHop) == "" {
-		return false
-	}
-	if d := p.now().Sub(time.Unix(sec, 0)); d > hopSkew || d < -hopSkew {
-		return false
-	}
-	got, err := base64.RawStdEncoding.DecodeString(h.Get(HeaderHopMAC))
-	if err != nil {
-		return false
-	}
-	want := hopMAC(p.cfg.HopKey, r.Method, r.URL.Path, h.Get(HeaderReplica), h.Get(HeaderHop), h.Get(HeaderMatch), ts)
-	return hmac.Equal(got, want)
+	return h.Get(HeaderHop) != "" && p.verifyStamp(h, func(ts string) []byte {
+		return hopMAC(p.cfg.HopKey, r.Method, r.URL.Path, h.Get(HeaderReplica), h.Get(HeaderHop), h.Get(HeaderMatch), ts)
+	})
 }

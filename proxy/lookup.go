@@ -11,13 +11,10 @@ package proxy
 
 import (
 	"context"
-	"crypto/hmac"
-	"encoding/base64"
 	"encoding/json"
 	"io"
 	"net/http"
 	"net/url"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -132,9 +129,7 @@ func (p *Proxy) askPeer(ctx context.Context, client *http.Request, base, id stri
 		return "", false
 	}
 	if len(p.cfg.HopKey) > 0 {
-		ts := strconv.FormatInt(p.now().Unix(), 10)
-		req.Header.Set(HeaderHopTime, ts)
-		req.Header.Set(HeaderHopMAC, base64.RawStdEncoding.EncodeToString(lookupMAC(p.cfg.HopKey, id, ts)))
+		p.stamp(req.Header, func(ts string) []byte { return lookupMAC(p.cfg.HopKey, id, ts) })
 	} else if a := client.Header.Get("Authorization"); a != "" {
 		// An unauthenticated mesh proves nothing between routers: the
 		// peer checks the client's own key, as for a hop.
@@ -198,14 +193,5 @@ func (p *Proxy) serveLookup(w http.ResponseWriter, r *http.Request) {
 }
 
 func (p *Proxy) verifyLookup(r *http.Request, id string) bool {
-	ts := r.Header.Get(HeaderHopTime)
-	sec, err := strconv.ParseInt(ts, 10, 64)
-	if err != nil || id == "" {
-		return false
-	}
-	if d := p.now().Sub(time.Unix(sec, 0)); d > hopSkew || d < -hopSkew {
-		return false
-	}
-	got, err := base64.RawStdEncoding.DecodeString(r.Header.Get(HeaderHopMAC))
-	return err == nil && hmac.Equal(got, lookupMAC(p.cfg.HopKey, id, ts))
+	return id != "" && p.verifyStamp(r.Header, func(ts string) []byte { return lookupMAC(p.cfg.HopKey, id, ts) })
 }
