@@ -38,6 +38,14 @@ type hopMark struct {
 	ended     bool
 }
 
+// hopMarkFresh bounds how long after it was sent a request can be missing
+// from its owner's state: an owner sends a full state within a gossip tick
+// of any load change (a fraction of a second in every profile), and one
+// silent for longer is stale (its load not counted at all). It lets a
+// decision skip the replicas this router sent nothing to lately without
+// asking the view.
+const hopMarkFresh = 5 * time.Second
+
 func newHopBook() *hopBook {
 	return &hopBook{marks: map[string][]*hopMark{}, now: time.Now}
 }
@@ -89,6 +97,9 @@ func (b *hopBook) fill(cands []route.Candidate, clock loadClock) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	for id, q := range b.marks {
+		if !q[len(q)-1].at.After(b.now().Add(-hopMarkFresh)) {
+			continue // nothing sent there lately: the owner has said it all
+		}
 		i := sort.Search(len(cands), func(i int) bool { return cands[i].ID >= id })
 		if i == len(cands) || cands[i].ID != id || cands[i].Stale {
 			continue // a stale candidate's load is unknown, not counted
@@ -98,12 +109,13 @@ func (b *hopBook) fill(cands []route.Candidate, clock loadClock) {
 			continue
 		}
 		c := &cands[i]
-		for _, m := range q {
-			if m.at.After(heard) {
-				c.InFlight++
-				if !m.prefilled {
-					c.PendingPrefillBlocks += m.blocks
-				}
+		// Marks are in dispatch order: walk back from the newest to the
+		// owner's last word, so a decision costs the requests sent since,
+		// not all those in flight (long streams).
+		for j := len(q) - 1; j >= 0 && q[j].at.After(heard); j-- {
+			c.InFlight++
+			if !q[j].prefilled {
+				c.PendingPrefillBlocks += q[j].blocks
 			}
 		}
 	}

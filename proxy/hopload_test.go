@@ -58,6 +58,8 @@ func TestHopBookAddsWhatTheOwnerHasNotSaid(t *testing.T) {
 	check("after a first byte and two ends", cands(), map[string]want{"a": {3, 1}, "b": {1, 3}, "own": {1, 0}, "s": {0, 0}})
 	heard["a"] = now // the owner's next state counts them itself
 	check("owner heard again", cands(), map[string]want{"a": {2, 1}, "b": {1, 3}, "own": {1, 0}, "s": {0, 0}})
+	now = now.Add(hopMarkFresh + time.Second) // long since: the owners have said it
+	check("long after", cands(), map[string]want{"a": {2, 1}, "b": {0, 0}, "own": {1, 0}, "s": {0, 0}})
 	b.fill(nil, nil) // no clock, no candidates: nothing to do
 	if n := b.inFlight("b"); n != 1 {
 		t.Errorf("%d requests to b remembered, want 1", n)
