@@ -3,6 +3,7 @@ package proxy
 import (
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -76,6 +77,9 @@ func TestForwardedRequestCounts(t *testing.T) {
 	})
 	_, owner, _ := newTestProxy(t, newFakeView([]string{"m"}, fakeReplica{id: rep.URL}), nil)
 	p, srv, _ := newTestProxy(t, newFakeView([]string{"m"}, fakeReplica{id: rep.URL, owner: owner.URL}), nil)
+	var once sync.Once
+	free := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(free) // before the servers close, which wait for the handler
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -91,7 +95,7 @@ func TestForwardedRequestCounts(t *testing.T) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	close(release)
+	free()
 	<-done
 	for p.hops.inFlight(rep.URL) != 0 {
 		if time.Now().After(deadline) {
