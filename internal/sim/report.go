@@ -64,6 +64,17 @@ type PolicyReport struct {
 	Corrections int `json:"corrections,omitempty"`
 	CutsOlder   int `json:"cuts_older,omitempty"`
 	CutsBoth    int `json:"cuts_both,omitempty"`
+	// ViewInFlightError is the mean, over every decision and every replica
+	// the deciding router does not own, of its in-flight count minus the
+	// engine's at that instant (gossiping policies only: what the gossip
+	// interval hides); negative when the other routers' dispatches since
+	// the owner's last snapshot outnumber the requests that ended.
+	ViewInFlightError float64 `json:"view_inflight_error,omitempty"`
+	// ViewFalseFree is the share of those views, among replicas with known
+	// slots, that show a free sequence slot the engine did not have, and
+	// ViewMissedFree the share that show none where it had one.
+	ViewFalseFree  float64 `json:"view_false_free,omitempty"`
+	ViewMissedFree float64 `json:"view_missed_free,omitempty"`
 }
 
 // ConfigReport is the configuration a Report was made with, after
@@ -174,8 +185,13 @@ func (r Report) Best() Best {
 }
 
 func correctionsString(p PolicyReport) string {
-	if p.Corrections == 0 {
-		return ""
+	var out string
+	if p.Corrections > 0 {
+		out = fmt.Sprintf(" | corrected=%d cut-older=%d cut-both=%d", p.Corrections, p.CutsOlder, p.CutsBoth)
 	}
-	return fmt.Sprintf(" | corrected=%d cut-older=%d cut-both=%d", p.Corrections, p.CutsOlder, p.CutsBoth)
+	if p.ViewInFlightError != 0 || p.ViewFalseFree != 0 || p.ViewMissedFree != 0 {
+		out += fmt.Sprintf(" | view in-flight err=%+.2f false-free=%.1f%% missed-free=%.1f%%",
+			p.ViewInFlightError, 100*p.ViewFalseFree, 100*p.ViewMissedFree)
+	}
+	return out
 }

@@ -417,3 +417,54 @@ func TestThreeRoutersAsGoodAsOne(t *testing.T) {
 		t.Errorf("isolated routers retrace %v >= mesh %v: the measure sees nothing", iso.Retrace, mesh.Retrace)
 	}
 }
+
+// TestViewErrorMeasuresGossipLag checks the view-error diagnostic: when
+// requests arrive together at all three routers, each places its share on
+// the same gossiped snapshot, so a router's view of replicas it does not
+// own misses the others' dispatches (in-flight under-counted, free slots
+// that are taken); when they arrive one at a time, spaced beyond the
+// gossip interval, every dispatch is gossiped before the next decision and
+// no view shows a slot that is taken. A single router owns every replica
+// and reports nothing.
+func TestViewErrorMeasuresGossipLag(t *testing.T) {
+	mk := func(perBurst int, gap time.Duration) []trace.Request {
+		var out []trace.Request
+		for b := 0; b < 40; b++ {
+			for i := 0; i < perBurst; i++ {
+				n := b*perBurst + i
+				ids := []int64{int64(n*10 + 1), int64(n*10 + 2), int64(n*10 + 3), int64(n*10 + 4)}
+				out = append(out, trace.Request{Arrival: time.Duration(b) * gap, InputTokens: 2048, OutputTokens: 100, HashIDs: ids})
+			}
+		}
+		return out
+	}
+	cfg := testConfig()
+	cfg.Policies = []string{PolicyMesh, PolicySingle}
+	cfg.MaxNumSeqs, cfg.SlotsPublished, cfg.CacheBlocks = 2, true, 1000
+	tests := []struct {
+		name      string
+		reqs      []trace.Request
+		wantFalse bool // some view shows a free slot the engine lacks
+	}{
+		{"bursts of 12 at one instant", mk(12, 3*time.Second), true},
+		{"one request a second", mk(1, time.Second), false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			r, err := Run(context.Background(), cfg, tc.reqs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			mesh, single := policy(t, r, PolicyMesh), policy(t, r, PolicySingle)
+			if single.ViewInFlightError != 0 || single.ViewFalseFree != 0 || single.ViewMissedFree != 0 {
+				t.Errorf("single router reports a view error: %+v", single)
+			}
+			if got := mesh.ViewFalseFree > 0; got != tc.wantFalse {
+				t.Errorf("mesh false-free share %v, want > 0: %v", mesh.ViewFalseFree, tc.wantFalse)
+			}
+			if tc.wantFalse && mesh.ViewInFlightError >= 0 {
+				t.Errorf("mesh in-flight error %v, want < 0 (others' dispatches unseen)", mesh.ViewInFlightError)
+			}
+		})
+	}
+}

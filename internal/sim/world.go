@@ -131,7 +131,8 @@ type world struct {
 	warm, found                          int   // retrace: warm requests, and those sent to a best holder
 	runs, runsSorted                     []int // retrace scratch
 	givenUp                              int64
-	corrections                          int    // misses the feedback loop corrected
+	corrections                          int // misses the feedback loop corrected
+	view                                 viewError
 	cuts                                 [3]int // by summary.Cut
 }
 
@@ -284,6 +285,9 @@ func (w *world) arrive(i int32) error {
 		j = w.peerArrive(k, i)
 	default:
 		w.fillCandidates(k, r)
+		if w.gossip {
+			w.view.add(k, w)
+		}
 		req := r.req
 		if w.heat != nil {
 			hk := w.p.cfg.Route.HeatKey(req)
@@ -720,6 +724,7 @@ func (w *world) report() PolicyReport {
 	rep := PolicyReport{Name: w.policy, Requests: len(w.ttft), Reasons: w.reasons, FullCopies: w.fullCopies,
 		Corrections: w.corrections, CutsOlder: w.cuts[summary.CutOlder], CutsBoth: w.cuts[summary.CutBoth],
 		BelowBestMatch: w.belowBest, GivenUpBlocks: w.givenUp, WarmRequests: w.warm}
+	w.view.report(&rep)
 	if w.warm > 0 {
 		rep.Retrace = float64(w.found) / float64(w.warm)
 	}
@@ -752,4 +757,49 @@ func (w *world) report() PolicyReport {
 		rep.PrefillMaxOverMean = float64(mx) / (float64(sum) / float64(len(w.rep)))
 	}
 	return rep
+}
+
+// viewError measures how far a deciding router's view of the replicas it
+// does not own (the owner's gossiped load plus its own dispatches since)
+// is from the engines at the instant of the decision: the lag gossip
+// costs. Requests that arrive together at several routers are each placed
+// on the same snapshot, blind to the others' dispatches.
+type viewError struct {
+	views, slotViews      int // non-stale views of replicas not owned; those with known slots
+	inFlightErr           int // Σ (view's in-flight − engine's)
+	falseFree, missedFree int // view shows a free slot the engine lacks; the reverse
+}
+
+// add counts router k's view in w.cands, as filled for a decision.
+func (v *viewError) add(k int, w *world) {
+	for j := range w.cands {
+		c := &w.cands[j]
+		if w.owner(j) == k || c.Stale {
+			continue
+		}
+		in := w.rep[j].inFlight
+		v.views++
+		v.inFlightErr += c.InFlight - in
+		if c.Slots <= 0 {
+			continue
+		}
+		v.slotViews++
+		viewFree, free := c.InFlight < c.Slots, in < w.p.cfg.MaxNumSeqs
+		switch {
+		case viewFree && !free:
+			v.falseFree++
+		case !viewFree && free:
+			v.missedFree++
+		}
+	}
+}
+
+func (v *viewError) report(p *PolicyReport) {
+	if v.views > 0 {
+		p.ViewInFlightError = float64(v.inFlightErr) / float64(v.views)
+	}
+	if v.slotViews > 0 {
+		p.ViewFalseFree = float64(v.falseFree) / float64(v.slotViews)
+		p.ViewMissedFree = float64(v.missedFree) / float64(v.slotViews)
+	}
 }
