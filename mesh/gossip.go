@@ -64,6 +64,7 @@ func (m *Mesh) setOwnedLocked(r *replica, owned bool) {
 		return
 	}
 	r.owned = owned
+	m.touchLocked(r)
 	if !owned {
 		m.log.Info("replica owned elsewhere now; keeping a copy", "replica", r.id)
 		r.hasState = false
@@ -96,6 +97,7 @@ func (m *Mesh) ensureSummaryLocked(r *replica) {
 		m.log.Info("replica capacity changed; new summary epoch", "replica", r.id, "from", r.sum.Params().CapacityBlocks, "to", want)
 	}
 	r.sum, r.lastSent, r.digestVer, r.digest = s, 0, 0, 0
+	m.touchLocked(r)
 }
 
 // ownedStateLocked is the state of a replica this router owns (or, when
@@ -109,8 +111,8 @@ func (m *Mesh) ownedStateLocked(r *replica) stateMsg {
 	slices.Sort(st.DeclaredBy)
 	if r.owned && r.sum != nil {
 		st.Epoch, st.Version = r.sum.Epoch(), r.lastSent
-		st.InFlight = uint32(max(r.inFlight.Load(), 0))
-		st.Pending = float64(max(r.pendingK.Load(), 0)) / 1000
+		st.InFlight = uint32(max(r.load.inFlight.Load(), 0))
+		st.Pending = float64(max(r.load.pendingK.Load(), 0)) / 1000
 		st.Running, st.Waiting, st.Slots = u32(r.running), u32(r.waiting), u32(r.slots)
 		if r.digestVer == r.lastSent+1 {
 			st.Digest = r.digest

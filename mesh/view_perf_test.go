@@ -29,8 +29,8 @@ func (m *Mesh) candidatesRef(model string, dst []route.Candidate) []route.Candid
 			if !r.healthy || !slices.Contains(r.models, model) {
 				continue
 			}
-			c := route.Candidate{ID: r.id, Hash: r.hash, InFlight: int(max(r.inFlight.Load(), 0)),
-				PendingPrefillBlocks: float64(max(r.pendingK.Load(), 0)) / 1000,
+			c := route.Candidate{ID: r.id, Hash: r.hash, InFlight: int(max(r.load.inFlight.Load(), 0)),
+				PendingPrefillBlocks: float64(max(r.load.pendingK.Load(), 0)) / 1000,
 				Running:              r.running, Waiting: r.waiting, Slots: r.slots}
 			if r.sum != nil {
 				c.Summary = r.sum
