@@ -149,16 +149,22 @@ func (c *column) clear(words []uint64, gen int) { c.apply(words, gen, false) }
 
 // apply sets (or clears) in the column every bit set in words.
 func (c *column) apply(words []uint64, gen int, on bool) {
-	word, bit := uint64(c.col>>6), uint64(1)<<(c.col&63)
-	row0 := uint64(gen) * uint64(c.sh.geo.m)
 	for i, w := range words {
-		for ; w != 0; w &= w - 1 {
-			r := row0 + uint64(i)*64 + uint64(trailingZeros(w))
-			if on {
-				atomic.OrUint64(&c.sh.rows[r*shardWords+word], bit)
-			} else {
-				atomic.AndUint64(&c.sh.rows[r*shardWords+word], ^bit)
-			}
+		c.applyWord(gen, i, w, on)
+	}
+}
+
+// applyWord sets (or clears) in the column the bits set in w, word i of
+// generation gen.
+func (c *column) applyWord(gen, i int, w uint64, on bool) {
+	word, bit := uint64(c.col>>6), uint64(1)<<(c.col&63)
+	row0 := uint64(gen)*uint64(c.sh.geo.m) + uint64(i)*64
+	for ; w != 0; w &= w - 1 {
+		r := row0 + uint64(trailingZeros(w))
+		if on {
+			atomic.OrUint64(&c.sh.rows[r*shardWords+word], bit)
+		} else {
+			atomic.AndUint64(&c.sh.rows[r*shardWords+word], ^bit)
 		}
 	}
 }
@@ -339,7 +345,13 @@ func (x *Index) bookkeep(sc *indexScratch, sums []*Summary, keys []uint64, seq u
 		var c *column
 		if len(claimed) < maxBindsPerMatch && s.negN.Load() == 0 && countOf(counts, s.geo) >= minIndexed {
 			if keys != nil {
-				c = x.claimKeyLocked(s, keys[i], seq, len(sums))
+				var bound bool
+				if c, bound = x.claimKeyLocked(s, keys[i], seq, len(sums)); bound {
+					r := sc.req(c.sh)
+					r.cols[c.col>>6] |= 1 << (c.col & 63)
+					r.out[c.col] = i
+					continue
+				}
 			} else {
 				c = x.claimLocked(s, seq, len(sums))
 			}
@@ -471,22 +483,27 @@ func (x *Index) claimLocked(s *Summary, seq uint64, asked int) *column {
 }
 
 // claimKeyLocked is claimLocked for the slot key: the column of the
-// summary key named before, when of s's geometry, else a new one.
-func (x *Index) claimKeyLocked(s *Summary, key, seq uint64, asked int) *column {
+// summary key named before, when of s's geometry, else a new one. The
+// column of the summary s replaces is handed over bound (bound true, see
+// handOverLocked) when it can be; any other is empty, for fill.
+func (x *Index) claimKeyLocked(s *Summary, key, seq uint64, asked int) (c *column, bound bool) {
 	if old := x.byKey[key]; old != nil {
 		if old.sh.geo == s.geo && old.s != s {
 			if cur := s.mirror.Load(); cur != nil && cur.idx != x {
-				return nil
+				return nil, false
+			}
+			if c := x.handOverLocked(old, s, seq); c != nil {
+				return c, true
 			}
 			x.releaseLocked(old)
 			c := &column{idx: x, sh: old.sh, col: old.col, s: s, key: key, hasKey: true}
 			c.sh.cols[c.col], c.sh.lastUse[c.col] = c, seq
 			x.byKey[key] = c
-			return c
+			return c, false
 		}
 		x.releaseLocked(old)
 	}
-	c := x.claimLocked(s, seq, asked)
+	c = x.claimLocked(s, seq, asked)
 	if c != nil {
 		if x.byKey == nil {
 			x.byKey = map[uint64]*column{}
@@ -494,6 +511,53 @@ func (x *Index) claimKeyLocked(s *Summary, key, seq uint64, asked int) *column {
 		c.key, c.hasKey = key, true
 		x.byKey[key] = c
 	}
+	return c, false
+}
+
+// handOverLocked binds s to the column of old, the summary s replaces
+// under the same key (a full copy of a replica's summary, a new owner's),
+// by rewriting only the bits in which their words differ: a full copy
+// that repairs a copy differs from it in a few words, and rewriting the
+// whole column (fill of a stale column) costs about a millisecond at
+// 4,096 blocks, which a push/pull replacing a hundred copies would put on
+// the next decisions. It returns nil, with nothing changed, when s's lock
+// is taken (a writer, or another Index's fill: never wait on it while
+// holding old's) or s is bound already; the caller then releases old and
+// fills the column as before.
+//
+// Holding old's summary's write lock, it unbinds old (its writes stop
+// mirroring; its words stay those the column holds), then counts a
+// rebind before touching a row: a Match that read old's mirror before
+// sees the count move and matches directly. s's read lock holds its words
+// still while the column is rewritten; s becomes the column's mirror only
+// after, so no Match reads the column for s half rewritten (one that
+// finds s unbound waits on x.mu for bookkeep).
+func (x *Index) handOverLocked(old *column, s *Summary, seq uint64) *column {
+	o := old.s
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.mirror.Load() != old || !s.mu.TryRLock() {
+		return nil
+	}
+	defer s.mu.RUnlock()
+	if s.mirror.Load() != nil {
+		return nil
+	}
+	o.mirror.Store(nil)
+	x.rebinds.Add(1)
+	c := &column{idx: x, sh: old.sh, col: old.col, s: s, key: old.key, hasKey: true}
+	for g := range 2 {
+		ow, sw := o.words[g], s.words[g]
+		for i, w := range sw {
+			if d := w ^ ow[i]; d != 0 {
+				c.applyWord(g, i, w&d, true)
+				c.applyWord(g, i, ow[i]&d, false)
+			}
+		}
+	}
+	c.sh.cols[c.col], c.sh.lastUse[c.col] = c, seq
+	x.byKey[c.key] = c
+	s.mirror.Store(c)
 	return c
 }
 

@@ -370,3 +370,68 @@ func TestTranspose64(t *testing.T) {
 		}
 	}
 }
+
+// TestIndexHandsColumnsOver replaces 256 of 300 keyed summaries at once
+// (as a push/pull's full copies do) with summaries whose words differ
+// from the old ones by nothing, a few blocks, a rotation, or everything:
+// one Match binds every replacement in its predecessor's column (only the
+// differing bits rewritten; refilling stale columns would bind two words
+// of them, 128, per call) and answers exactly as Summary.Match, then and
+// after further writes.
+func TestIndexHandsColumnsOver(t *testing.T) {
+	p := Params{CapacityBlocks: 256, FalsePositiveRate: 0.01}
+	tests := []struct {
+		name    string
+		replace func(rng *rand.Rand, i int, owner, other *Summary) *Summary
+	}{
+		{"equal", func(_ *rand.Rand, _ int, owner, _ *Summary) *Summary { return mustDecode(t, owner) }},
+		{"a few more blocks", func(rng *rand.Rand, _ int, owner, _ *Summary) *Summary {
+			owner.Add([]uint64{rng.Uint64(), rng.Uint64()})
+			return mustDecode(t, owner)
+		}},
+		{"rotated", func(rng *rand.Rand, _ int, owner, _ *Summary) *Summary {
+			for range 200 {
+				owner.Add([]uint64{rng.Uint64()})
+			}
+			return mustDecode(t, owner)
+		}},
+		{"another summary", func(_ *rand.Rand, _ int, _, other *Summary) *Summary { return mustDecode(t, other) }},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(3, 4))
+			f := newIndexFixture(t, rng, 300, p)
+			for range 3 {
+				f.step(t, rng)
+			}
+			keys := make([]uint64, len(f.copies))
+			for i := range keys {
+				keys[i] = uint64(i) + 7
+			}
+			var x Index
+			for range 3 {
+				checkIndex(t, &x, f.copies, keys, matchQueries(rng, f.held, 1), "binding")
+			}
+			for i := range 256 {
+				f.copies[i] = tc.replace(rng, i, f.owners[i], f.owners[(i+1)%len(f.owners)])
+			}
+			negs := 0
+			for _, s := range f.copies {
+				if s.negN.Load() != 0 {
+					negs++
+				}
+			}
+			q := matchQueries(rng, f.held, 1)[:1]
+			if bound := checkIndex(t, &x, f.copies, keys, q, "replaced"); bound != len(f.copies)-negs {
+				t.Fatalf("%d of %d summaries bound after one Match", bound, len(f.copies)-negs)
+			}
+			if st := x.Stats(); st.Shards != 1 {
+				t.Fatalf("%+v: want the 300 keys in one shard", st)
+			}
+			for i, s := range f.copies[:256] {
+				s.Add([]uint64{uint64(i) << 20})
+			}
+			checkIndex(t, &x, f.copies, keys, matchQueries(rng, f.held, 1), "written after")
+		})
+	}
+}
