@@ -131,14 +131,17 @@ type column struct {
 	asked  int32 // scratch of the Match that binds it: the summary's index
 }
 
-// set mirrors a set of a key's bits in generation gen.
-func (c *column) set(gen int, base, bits uint64) {
+// set mirrors a set of a key's bits in generation gen: those of its
+// positions that fresh marks (bit i for the i-th, see the summary's set).
+func (c *column) set(gen int, base, bits, fresh uint64) {
 	g := c.sh.geo
 	word, bit := uint64(c.col>>6), uint64(1)<<(c.col&63)
 	row0 := uint64(gen)*uint64(g.m) + base*64
 	for i := uint(0); i < g.k; i++ {
-		pos := bits & (blockBits - 1)
-		atomic.OrUint64(&c.sh.rows[(row0+pos)*shardWords+word], bit)
+		if fresh&(1<<i) != 0 {
+			pos := bits & (blockBits - 1)
+			atomic.OrUint64(&c.sh.rows[(row0+pos)*shardWords+word], bit)
+		}
 		bits >>= 9
 	}
 }
