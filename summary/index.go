@@ -246,8 +246,11 @@ func (x *Index) Match(dst []int, sums []*Summary, keys []uint64, probes []Probe)
 			r.out[c.col] = int32(i)
 		}
 	}
-	if len(sc.unb) > 0 || (len(sc.reqs) > 0 && seq%dateEvery == 0) {
+	switch {
+	case len(sc.unb) > 0:
 		rebinds = x.bookkeep(sc, sums, keys, seq)
+	case len(sc.reqs) > 0 && seq%dateEvery == 0:
+		x.date(sc, seq)
 	}
 	for _, r := range sc.reqs {
 		x.matchShard(sc, r, probes, dst)
@@ -310,6 +313,24 @@ func (sc *indexScratch) req(sh *shard) *shardReq {
 // bind dates its columns' last use: enough for reclaimAfter to tell the
 // columns asked from those not, without a lock in most calls.
 const dateEvery = 64
+
+// date records seq as the last use of the asked columns, under x.mu. It
+// does not check that each still holds the summary asked (bookkeep does,
+// reading every column's summary: a thousand cache misses once in
+// dateEvery decisions): a column given to another summary since this
+// call read the mirrors has moved x.rebinds, and Match then answers
+// directly; dating it only keeps it from being reclaimed a while longer.
+func (x *Index) date(sc *indexScratch, seq uint64) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	for _, r := range sc.reqs {
+		for w, m := range r.cols {
+			for ; m != 0; m &= m - 1 {
+				r.sh.lastUse[w*64+trailingZeros(m)] = seq
+			}
+		}
+	}
+}
 
 // bookkeep, under x.mu, checks and dates the asked columns and binds up to
 // maxBindsPerMatch unbound summaries of geometries with at least minIndexed
