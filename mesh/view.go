@@ -121,6 +121,9 @@ type CandidateBuffer struct {
 // them).
 func (m *Mesh) CandidatesInto(model string, buf *CandidateBuffer) []route.Candidate {
 	buf.cands = m.candidates(model, buf.cands[:0], &buf.batch)
+	if b := &buf.batch; len(b.hints) < len(b.sums) { // hints pay from call to call
+		b.hints = append(b.hints, make([]summary.IndexHint, len(b.sums)-len(b.hints))...)
+	}
 	return buf.cands
 }
 
@@ -182,6 +185,11 @@ type matchBatch struct {
 	sums  []*summary.Summary
 	keys  []uint64    // the replicas' hashes: a replica's summary keeps its column in the Index
 	cells []matchCell // cells[i] answers for sums[i]
+	// hints[i] is where the Index answered sums[i] last time: kept from
+	// call to call in a CandidateBuffer (a view's replicas keep their
+	// places), so the Index need not read each summary and its column
+	// (summary.IndexHint); nil in a batch of one call.
+	hints []summary.IndexHint
 	res   []int
 	// The probes res answers: the caller's slice, its first and last.
 	probes      []summary.Probe
@@ -225,7 +233,11 @@ func (b *matchBatch) add(s *summary.Summary, key uint64) route.Matcher {
 func (c *matchCell) Match(probes []summary.Probe) int {
 	b := c.b
 	if !b.answers(probes) {
-		b.res = b.idx.Match(b.res, b.sums, b.keys, probes)
+		var hints []summary.IndexHint
+		if len(b.hints) >= len(b.sums) {
+			hints = b.hints[:len(b.sums)]
+		}
+		b.res = b.idx.MatchHinted(b.res, b.sums, b.keys, hints, probes)
 		b.probes, b.valid = probes, true
 		if len(probes) > 0 {
 			b.first, b.last = probes[0], probes[len(probes)-1]

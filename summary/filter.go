@@ -386,7 +386,17 @@ func (s *Summary) applyAdd(key uint64) {
 	}
 	if len(s.neg) > 0 {
 		delete(s.neg, key)
-		s.negN.Store(int32(len(s.neg)))
+		s.setNegN()
+	}
+}
+
+// setNegN stores len(s.neg) in negN, and in the Index column s mirrors
+// into, if any (IndexHint checks it there). The caller holds s.mu.
+func (s *Summary) setNegN() {
+	n := len(s.neg)
+	s.negN.Store(int32(n))
+	if c := s.mirror.Load(); c != nil {
+		c.sh.setNeg(c.col, n != 0)
 	}
 }
 
@@ -395,7 +405,7 @@ func (s *Summary) applyForget(key uint64) {
 		s.neg = map[uint64]uint64{}
 	}
 	s.neg[key] = s.rot
-	s.negN.Store(int32(len(s.neg)))
+	s.setNegN()
 }
 
 // rotate clears the older generation and makes it the newer one. Negative
@@ -414,7 +424,7 @@ func (s *Summary) rotate() {
 			delete(s.neg, k)
 		}
 	}
-	s.negN.Store(int32(len(s.neg)))
+	s.setNegN()
 }
 
 func (s *Summary) record(e uint64) {
