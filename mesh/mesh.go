@@ -17,7 +17,8 @@
 // Files: membership.go (memberlist adapter, lifecycle, declarations),
 // owner.go (the pure ownership rule), gossip.go (the owner side of a
 // tick), peers.go (per-peer queues and streams), copysync.go (the copy
-// side), view.go (what the proxy reads), wire.go (formats).
+// side), view.go (what the proxy reads), decview.go (the decision's
+// compact view of the replicas), wire.go (formats).
 //
 // Mesh implements the view the proxy reads (Candidates, Locate, Models,
 // Record, Forget, Begin).
