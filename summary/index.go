@@ -686,15 +686,19 @@ func (x *Index) releaseLocked(c *column) {
 // summaries' bits into them, 64 columns per row at a time (a 64×64 bit
 // transpose per word of the generations, one atomic OR per row), and makes
 // each column its summary's mirror. It holds the summaries' read locks
-// throughout, so no writer runs between the copy and the mirror. A
+// throughout, so no writer runs between the copy and the mirror; a
+// column becomes its summary's mirror only once its bits are all in, so
+// a Match on another goroutine that finds the mirror never reads a column
+// half filled (or still holding part of a former summary's bits). A
 // summary that has a mirror already (another Index) is skipped: its
-// column's summary does not point back to it.
+// column's summary does not point back to it, and a column filled for a
+// summary another Index bound meanwhile is left dirty.
 func (sh *shard) fill(w int, cols []*column) {
 	var buf [64]*column
 	bound := buf[:0]
 	for _, c := range cols {
 		c.s.mu.RLock()
-		if !c.s.mirror.CompareAndSwap(nil, c) {
+		if c.s.mirror.Load() != nil {
 			c.s.mu.RUnlock()
 			continue
 		}
@@ -707,6 +711,10 @@ func (sh *shard) fill(w int, cols []*column) {
 	}()
 	defer func() { // under the summaries' locks, once their bits are in
 		for _, c := range bound {
+			if !c.s.mirror.CompareAndSwap(nil, c) {
+				sh.dirty[w] |= 1 << (c.col & 63)
+				continue
+			}
 			sh.publish(c.col, c.s)
 		}
 	}()
