@@ -116,8 +116,8 @@ type replica struct {
 
 	// Owner side.
 	lastSent  uint64 // version the last delta reached
-	stateFP   uint64 // fingerprint of the last full state sent (see tick)
-	stateTick int    // tick of the last full state sent
+	stateFP   uint64 // fingerprint of the last full state sent (see tick; tick's goroutine only)
+	stateTick int    // tick of the last full state sent (same)
 	digestVer uint64
 	digest    uint64
 
