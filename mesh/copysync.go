@@ -434,6 +434,7 @@ func (m *Mesh) unlockAndRun() {
 	p := m.post
 	m.post = postLock{}
 	m.mu.Unlock()
+	m.drainView()
 	if len(p.verify)+len(p.digests) == 0 {
 		return
 	}

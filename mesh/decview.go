@@ -13,8 +13,9 @@ package mesh
 // replica it owns under the write lock: 0.3-0.7 ms at 1,024 replicas, one
 // decision in fifty at a 50 ms tick). The entries here are about 100
 // bytes, contiguous, and their lock is held by writers only to copy a few
-// entries in (or swap the arrays), never while gossip is decoded, applied
-// or encoded.
+// entries in (or swap the arrays), after m.mu is released, never while
+// gossip is decoded, applied or encoded; and no writer holding m.mu waits
+// for it.
 
 import (
 	"slices"
@@ -36,6 +37,21 @@ type replicaLoad struct {
 type decisionView struct {
 	mu     sync.RWMutex
 	models map[string]*modelView // guarded by mu; replaced whole on a rebuild
+	// pend is the changes write sections queued (under m.mu, so in their
+	// order) for drainView to apply under mu once m.mu is released: a
+	// writer never waits for a decision's read lock while it holds m.mu
+	// (a decision's thread switched out mid-read would hold up all the
+	// gossip behind m.mu).
+	pendMu sync.Mutex
+	pend   []viewOp // guarded by pendMu
+}
+
+// viewOp is one queued change of the view: a rebuild's arrays to swap in
+// (views not nil), or an entry to copy into its slots.
+type viewOp struct {
+	views map[string]*modelView
+	at    []viewSlot
+	e     viewEntry
 }
 
 // modelView is the replicas serving one model, in ID order (Candidates'
@@ -116,19 +132,14 @@ func (m *Mesh) entryLocked(r *replica) (viewEntry, []string) {
 	return e, r.st.Models
 }
 
-// publishViewLocked brings the entries of the touched replicas up to
-// date: in place when each serves the models it served, else by building
-// the arrays anew (a replica came, went or changed models), off the
-// view's lock, and swapping them in.
+// publishViewLocked queues the entries of the touched replicas for
+// drainView: in place when each serves the models it served, else arrays
+// built anew (a replica came, went or changed models) to swap in.
 func (m *Mesh) publishViewLocked() {
 	if len(m.viewDirty) == 0 && !m.viewRebuild {
 		return
 	}
-	type update struct {
-		at []viewSlot
-		e  viewEntry
-	}
-	var upd []update
+	var upd []viewOp
 	rebuild := m.viewRebuild
 	for _, r := range m.viewDirty {
 		r.viewDirty = false
@@ -140,24 +151,46 @@ func (m *Mesh) publishViewLocked() {
 			rebuild = true
 			continue
 		}
-		upd = append(upd, update{r.viewAt, e})
+		upd = append(upd, viewOp{at: r.viewAt, e: e})
 	}
 	clear(m.viewDirty)
 	m.viewDirty, m.viewRebuild = m.viewDirty[:0], false
 	if rebuild {
-		views := m.buildViewLocked()
-		m.view.mu.Lock()
-		m.view.models = views
-		m.view.mu.Unlock()
+		upd = []viewOp{{views: m.buildViewLocked()}}
+	}
+	v := &m.view
+	v.pendMu.Lock()
+	v.pend = append(v.pend, upd...)
+	v.pendMu.Unlock()
+}
+
+// drainView applies the queued changes, in order, under the view's lock.
+// unlockAndRun calls it once m.mu is released. Whoever takes the lock
+// first applies everything queued by then: a later write section's
+// changes never go in before an earlier one's.
+func (m *Mesh) drainView() {
+	v := &m.view
+	v.pendMu.Lock()
+	n := len(v.pend)
+	v.pendMu.Unlock()
+	if n == 0 {
 		return
 	}
-	m.view.mu.Lock()
-	for _, u := range upd {
-		for _, s := range u.at {
-			s.mv.entries[s.i] = u.e
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.pendMu.Lock()
+	ops := v.pend
+	v.pend = nil
+	v.pendMu.Unlock()
+	for _, op := range ops {
+		if op.views != nil {
+			v.models = op.views
+			continue
+		}
+		for _, s := range op.at {
+			s.mv.entries[s.i] = op.e
 		}
 	}
-	m.view.mu.Unlock()
 }
 
 // buildViewLocked builds every model's array from the replicas.
@@ -165,7 +198,8 @@ func (m *Mesh) buildViewLocked() map[string]*modelView {
 	views := map[string]*modelView{}
 	for _, r := range m.order {
 		e, models := m.entryLocked(r)
-		r.viewModels, r.viewAt = slices.Clone(models), r.viewAt[:0]
+		// A new slots slice: queued changes hold the old one.
+		r.viewModels, r.viewAt = slices.Clone(models), nil
 		for j, model := range models {
 			if slices.Contains(models[:j], model) {
 				continue // a peer's state may name a model twice
