@@ -57,6 +57,7 @@ func (m *Mesh) handleBatch(b *batchMsg) {
 	}
 	deltas := make([]*summary.Delta, len(b.Entries))
 	fulls := make([]*summary.Summary, len(b.Entries))
+	nfull := 0
 	for i := range b.Entries {
 		e := &b.Entries[i]
 		switch e.Kind {
@@ -70,7 +71,13 @@ func (m *Mesh) handleBatch(b *batchMsg) {
 			deltas[i] = d
 		case payloadFull:
 			fulls[i] = m.decodeSummary(&stateWithSummary{State: e.State, Summary: e.Payload})
+			nfull++
 		}
+	}
+	var checks []fullCheck
+	if nfull > 0 {
+		checks = m.compareFulls(len(fulls), func(i int) string { return b.Entries[i].State.Replica },
+			func(i int) *summary.Summary { return fulls[i] })
 	}
 	now := time.Now()
 	m.mu.Lock()
@@ -81,7 +88,7 @@ func (m *Mesh) handleBatch(b *batchMsg) {
 			m.declareLocked(st)
 		}
 		if fulls[i] != nil {
-			m.handleFullLocked(st, fulls[i], now)
+			m.handleFullLocked(st, fulls[i], checks[i], now)
 		}
 		if deltas[i] != nil {
 			m.handleDeltaLocked(st.Origin, st.Replica, deltas[i], now)
@@ -139,6 +146,7 @@ func (m *Mesh) handleStateLocked(st *stateMsg, now time.Time) bool {
 	}
 	m.setOwnedLocked(r, false)
 	r.st, r.hasState, r.heard, r.loadAt = *st, true, now, now
+	m.touchLocked(r)
 	if r.sum == nil || r.sum.Epoch() != st.Epoch {
 		m.requestFullLocked(r, owner, now, "no copy of the owner's epoch")
 	} else {
@@ -180,6 +188,7 @@ func digestOf(s *summary.Summary, fp uint64) (uint64, bool) {
 
 func (m *Mesh) requestFullLocked(r *replica, from string, now time.Time, why string) {
 	r.wantFull = true
+	m.touchLocked(r)
 	if now.Sub(r.lastFullReq) < max(4*m.cfg.Timing.StateInterval, 200*time.Millisecond) {
 		return
 	}
@@ -196,6 +205,7 @@ func (m *Mesh) handleDeltaLocked(origin, id string, d *summary.Delta, now time.T
 		return
 	}
 	r.heard = now
+	m.touchLocked(r)
 	switch {
 	case r.sum == nil:
 		m.requestFullLocked(r, origin, now, "delta without a copy")
@@ -245,6 +255,7 @@ func (m *Mesh) drainLocked(r *replica) {
 			case d.From <= v:
 				if err := r.sum.ApplyDelta(d); err != nil {
 					r.wantFull = true
+					m.touchLocked(r)
 				}
 				progress = true
 			default:
@@ -267,6 +278,7 @@ func (m *Mesh) slimStateLocked(st *stateMsg, now time.Time) {
 	}
 	r.st.header = st.header
 	r.heard, r.loadAt = now, now
+	m.touchLocked(r)
 	m.drainLocked(r)
 	m.checkSyncLocked(r, now)
 }
@@ -289,6 +301,7 @@ func (m *Mesh) withdrawLocked(origin, id string) {
 	}
 	if r.hasState && r.st.Origin == origin {
 		r.hasState = false
+		m.touchLocked(r)
 	}
 }
 
@@ -307,10 +320,54 @@ func (m *Mesh) decodeSummary(f *stateWithSummary) *summary.Summary {
 	return s
 }
 
+// fullCheck is a full copy compared, before the lock, with the copy it
+// would replace: cur at version curVer, equal says their digests (of
+// everything the encoding holds) and versions are equal.
+type fullCheck struct {
+	cur    *summary.Summary
+	curVer uint64
+	equal  bool
+}
+
+// compareFulls compares each of n entries' full copy (full(i), nil for
+// none) of replica id(i) with this router's copy of that replica, off the
+// lock: hashing two summaries costs microseconds, and a push/pull carries
+// a thousand.
+func (m *Mesh) compareFulls(n int, id func(int) string, full func(int) *summary.Summary) []fullCheck {
+	checks := make([]fullCheck, n)
+	m.mu.RLock()
+	for i := range n {
+		if s := full(i); s != nil {
+			if r := m.replicas[id(i)]; r != nil && !r.owned && r.sum != nil && r.sum.Epoch() == s.Epoch() {
+				checks[i].cur = r.sum
+			}
+		}
+	}
+	m.mu.RUnlock()
+	for i := range checks {
+		c := &checks[i]
+		if c.cur == nil {
+			continue
+		}
+		s := full(i)
+		d, v := c.cur.Digest(m.fp)
+		if v != s.Version() {
+			continue
+		}
+		ds, _ := s.Digest(m.fp)
+		c.curVer, c.equal = v, d == ds
+	}
+	return checks
+}
+
 // handleFullLocked installs a full copy s (decoded by decodeSummary) from
 // the owner, or adopts one from the previous owner when ours is fresh and
-// empty.
-func (m *Mesh) handleFullLocked(st *stateMsg, s *summary.Summary, now time.Time) {
+// empty. A copy equal to the one held (chk, by version and digest) is not
+// installed: replacing it would make the Index refill the replica's
+// column for nothing (a push/pull carries every replica's summary), so
+// the copy is kept and counts as verified. A copy that diverged at equal
+// version has another digest and is installed, as is any copy asked for.
+func (m *Mesh) handleFullLocked(st *stateMsg, s *summary.Summary, chk fullCheck, now time.Time) {
 	if s == nil || st.Origin == m.cfg.Name {
 		return
 	}
@@ -326,9 +383,18 @@ func (m *Mesh) handleFullLocked(st *stateMsg, s *summary.Summary, now time.Time)
 		m.met.dropped.WithLabelValues(dropRefused).Inc()
 		return
 	}
-	if r.sum == nil || r.wantFull || r.sum.Epoch() != s.Epoch() || s.Version() >= r.sum.Version() {
+	switch {
+	case r.sum != nil && !r.wantFull && chk.equal && r.sum == chk.cur && r.sum.Version() == chk.curVer:
+		m.met.fullsIn.WithLabelValues(fullEqual).Inc()
+		r.verified, r.mismatchSince, r.heard = chk.curVer+1, time.Time{}, now
+		m.touchLocked(r)
+		m.drainLocked(r)
+		m.checkSyncLocked(r, now)
+	case r.sum == nil || r.wantFull || r.sum.Epoch() != s.Epoch() || s.Version() >= r.sum.Version():
+		m.met.fullsIn.WithLabelValues(fullInstalled).Inc()
 		r.sum, r.wantFull, r.verified, r.mismatchSince = s, false, 0, time.Time{}
 		r.heard = now
+		m.touchLocked(r)
 		m.drainLocked(r)
 		m.checkSyncLocked(r, now)
 	}
@@ -364,9 +430,11 @@ func (m *Mesh) unlockAndRun() {
 	if m.dirty || len(m.dirtyReps) > 0 {
 		m.recomputeOwnersLocked()
 	}
+	m.publishViewLocked()
 	p := m.post
 	m.post = postLock{}
 	m.mu.Unlock()
+	m.drainView()
 	if len(p.verify)+len(p.digests) == 0 {
 		return
 	}

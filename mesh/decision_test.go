@@ -44,7 +44,8 @@ func BenchmarkDecision(b *testing.B) {
 		b.Run(map[bool]string{false: "new-32-blocks", true: "held-32-blocks"}[warm], func(b *testing.B) {
 			b.ReportAllocs()
 			p := route.DefaultPolicy()
-			cands := make([]route.Candidate, 0, 1024)
+			var buf CandidateBuffer
+			var cands []route.Candidate
 			hashes := make([]uint64, 32)
 			probes := make([]summary.Probe, 0, 32)
 			lat := newLatencies()
@@ -59,7 +60,7 @@ func BenchmarkDecision(b *testing.B) {
 					}
 				}
 				i++
-				cands = a.Candidates("m", cands[:0])
+				cands = a.CandidatesInto("m", &buf)
 				probes = summary.MakeProbes(probes[:0], hashes)
 				p.Pick(route.Request{Hashes: hashes, Probes: probes, Root: 1}, cands)
 				lat.add(time.Since(t0))

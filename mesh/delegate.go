@@ -122,6 +122,8 @@ func (d *delegate) MergeRemoteState(buf []byte, join bool) {
 			sums[i] = m.decodeSummary(e)
 		}
 	}
+	checks := m.compareFulls(len(sums), func(i int) string { return p.Entries[i].State.Replica },
+		func(i int) *summary.Summary { return sums[i] })
 	now := time.Now()
 	m.mu.Lock()
 	defer m.unlockAndRun()
@@ -138,7 +140,7 @@ func (d *delegate) MergeRemoteState(buf []byte, join bool) {
 	}
 	m.reassertedLocked(&p)
 	for _, i := range valid {
-		m.handleFullLocked(&p.Entries[i].State, sums[i], now)
+		m.handleFullLocked(&p.Entries[i].State, sums[i], checks[i], now)
 	}
 	for _, i := range valid {
 		m.handleStateLocked(&p.Entries[i].State, now)
@@ -206,6 +208,9 @@ func (d *delegate) upsert(n *memberlist.Node, alive bool) {
 		m.members[n.Name] = mb
 		m.dirty = true // owners and their members
 	}
+	if mb.meta != meta {
+		m.touchOwnedByLocked(mb) // their entries carry its region
+	}
 	mb.node, mb.meta = node, meta
 	if mb.alive && !alive {
 		mb.failedAt = time.Now()
@@ -249,6 +254,7 @@ func (d *delegate) NotifyPingComplete(n *memberlist.Node, rtt time.Duration, _ [
 		} else {
 			mb.rtt = (mb.rtt*7 + rtt) / 8 // smooth: one slow probe should not flip a route
 		}
+		m.touchOwnedByLocked(mb) // their entries carry its RTT
 	}
-	m.mu.Unlock()
+	m.unlockAndRun()
 }

@@ -155,7 +155,8 @@ func (m *Mesh) reconnect(now time.Time) {
 func (m *Mesh) replicaLocked(id string, create bool) *replica {
 	r := m.replicas[id]
 	if r == nil && create && len(m.replicas) < maxReplicas && id != "" && len(id) <= maxReplicaIDLen {
-		r = &replica{id: id, hash: route.HashID(id), declarers: map[string]bool{}, declHeard: map[string]time.Time{}}
+		r = &replica{id: id, hash: route.HashID(id), declarers: map[string]bool{}, declHeard: map[string]time.Time{},
+			load: &replicaLoad{}}
 		m.replicas[id] = r
 		i, _ := slices.BinarySearchFunc(m.order, id, func(x *replica, id string) int { return strings.Compare(x.id, id) })
 		m.order = slices.Insert(m.order, i, r)
@@ -201,6 +202,7 @@ func (m *Mesh) recomputeOwnerLocked(r *replica) {
 	r.owner = ownerOf(r.id, r.declarers, m.liveLocked)
 	r.ownerMb = m.members[r.owner]
 	r.ownerDirty = false
+	m.touchLocked(r)
 }
 
 // recomputeOwnersLocked brings every owner up to date (membership

@@ -17,7 +17,8 @@
 // Files: membership.go (memberlist adapter, lifecycle, declarations),
 // owner.go (the pure ownership rule), gossip.go (the owner side of a
 // tick), peers.go (per-peer queues and streams), copysync.go (the copy
-// side), view.go (what the proxy reads), wire.go (formats).
+// side), view.go (what the proxy reads), decview.go (the decision's
+// compact view of the replicas), wire.go (formats).
 //
 // Mesh implements the view the proxy reads (Candidates, Locate, Models,
 // Record, Forget, Begin).
@@ -84,8 +85,7 @@ type replica struct {
 	capacity int
 	// The engine's load from the last health check (see ReplicaStatus).
 	running, waiting, slots int
-	inFlight                atomic.Int64
-	pendingK                atomic.Int64 // pending prefill blocks × 1000
+	load                    *replicaLoad // the requests in flight here (Begin)
 
 	declarers map[string]bool // routers known to declare it
 	// Soft state of the peers' declarations (softstate.go): when each
@@ -116,8 +116,8 @@ type replica struct {
 
 	// Owner side.
 	lastSent  uint64 // version the last delta reached
-	stateFP   uint64 // fingerprint of the last full state sent (see tick)
-	stateTick int    // tick of the last full state sent
+	stateFP   uint64 // fingerprint of the last full state sent (see tick; tick's goroutine only)
+	stateTick int    // tick of the last full state sent (same)
 	digestVer uint64
 	digest    uint64
 
@@ -127,6 +127,13 @@ type replica struct {
 	verified      uint64           // version+1 whose digest matched
 	wantFull      bool
 	lastFullReq   time.Time
+
+	// The decision's view (decview.go): the models whose arrays hold
+	// this replica's entry as of the last build, where, and whether a
+	// writer touched it since the entries were last published.
+	viewModels []string
+	viewAt     []viewSlot
+	viewDirty  bool
 }
 
 type seenState struct{ boot, seq uint64 }
@@ -166,6 +173,12 @@ type Mesh struct {
 	ticks     int
 	post      postLock      // work for after the lock, see unlockAndRun
 	index     summary.Index // the summaries bit-sliced, for Candidates' matches (view.go)
+	// The decision's view (decview.go) and the replicas whose entries
+	// the write section in progress changed (or all: viewRebuild).
+	view        decisionView
+	viewDirty   []*replica
+	viewRebuild bool
+	t0          time.Time // origin of the view's clock (viewEntry.heard)
 
 	ctx       context.Context
 	cancel    context.CancelFunc
@@ -183,7 +196,7 @@ func New(ctx context.Context, cfg Config) (*Mesh, error) {
 	}
 	m := &Mesh{
 		cfg: cfg, log: cfg.Logger.Named("mesh"), fp: cfg.Contract.Fingerprint(), contractID: cfg.Contract.ID() + protocol,
-		boot:    uint64(time.Now().UnixNano()),
+		boot: uint64(time.Now().UnixNano()), t0: time.Now(),
 		inbox:   make(chan []byte, inboxSize),
 		repairs: make(chan job, repairSize),
 		members: map[string]*member{}, replicas: map[string]*replica{},

@@ -14,6 +14,13 @@ const (
 	dropStateFull   = "state_full"   // a full summary left out of push/pull state for size
 )
 
+// Outcomes of a full copy received, the label of
+// kvmesh_summary_full_copies_received_total.
+const (
+	fullInstalled = "installed" // replaced the copy (or was the first)
+	fullEqual     = "equal"     // equal to the copy held, which is kept
+)
+
 type metrics struct {
 	bytes    *prometheus.CounterVec
 	messages *prometheus.CounterVec
@@ -29,6 +36,9 @@ type metrics struct {
 	// cuts counts generation cuts of owned summaries, by what they
 	// dropped (older, both).
 	cuts *prometheus.CounterVec
+	// fullsIn counts full copies received from owners, by what became
+	// of them (installed, equal: the copy held the same summary).
+	fullsIn *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer, members, queue func() float64) *metrics {
@@ -56,6 +66,11 @@ func newMetrics(reg prometheus.Registerer, members, queue func() float64) *metri
 			Help: "Peers refused because their hashing contract or metadata differs."}),
 		cuts: f.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_summary_cuts_total",
 			Help: "Generation cuts of owned summaries after engine misses, by the generations dropped (older, both)."}, []string{"dropped"}),
+		fullsIn: f.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_summary_full_copies_received_total",
+			Help: "Full summary copies received from owners, by outcome (installed; equal: the copy held the same summary, kept)."}, []string{"outcome"}),
+	}
+	for _, o := range []string{fullInstalled, fullEqual} {
+		m.fullsIn.WithLabelValues(o)
 	}
 	for _, d := range []string{"in", "out"} {
 		m.bytes.WithLabelValues(d)

@@ -66,6 +66,7 @@ func (m *Mesh) expireDeclarationsLocked(now time.Time) {
 		}
 		if !r.owned && r.hasState && m.ownerLocked(r) == "" {
 			r.hasState = false
+			m.touchLocked(r)
 		}
 	}
 }
@@ -211,6 +212,7 @@ func (m *Mesh) adoptSummaryLocked(r *replica, owner string, st *stateMsg, s *sum
 		}
 	}
 	r.sum, r.wantFull, r.digestVer, r.digest = s, false, 0, 0
+	m.touchLocked(r)
 	if r.owned {
 		r.lastSent = v // the re-added inserts go out as deltas
 	}

@@ -71,6 +71,7 @@ func (m *Mesh) UpdateReplica(id string, s ReplicaStatus) {
 	}
 	r.models, r.healthy, r.capacity = models, healthy, capacityBlocks
 	r.running, r.waiting, r.slots = s.Running, s.Waiting, s.Slots
+	m.touchLocked(r)
 	if r.owned {
 		m.ensureSummaryLocked(r) // the next tick's batch carries the change
 	}
@@ -83,8 +84,9 @@ func (m *Mesh) countsLocked(r *replica, now time.Time) bool {
 }
 
 // Candidates appends the healthy replicas serving model, sorted by ID.
-// It holds the read lock only and does no hashing: owners and the order
-// are kept current by the writers.
+// It reads the decision's view (decview.go) under that view's read lock
+// only, so it never waits for gossip being applied, and does no hashing:
+// owners, order and entries are kept current by the writers.
 //
 // In a view of at least summary.IndexMinSummaries replicas, the
 // candidates' Summary is not the summary itself but a view of it in one
@@ -97,52 +99,80 @@ func (m *Mesh) countsLocked(r *replica, now time.Time) bool {
 // again): the batch recognises probes by their slice, first and last. The
 // candidates of one call are for one goroutine at a time (the batch keeps
 // its answer unlocked), as a request's are.
+//
+// Candidates allocates the batch (32 bytes per replica) on every call,
+// and dst when it is short; CandidatesInto reuses both.
 func (m *Mesh) Candidates(model string, dst []route.Candidate) []route.Candidate {
-	now := time.Now()
-	m.mu.RLock()
-	defer m.mu.RUnlock()
+	return m.candidates(model, dst, nil)
+}
+
+// CandidateBuffer is storage a caller reuses across decisions, so that
+// CandidatesInto allocates nothing once it has grown to the view: the
+// candidates' slice and the batch their Summary matchers answer from. It
+// belongs to one goroutine at a time (a request's handler; a pool of
+// them for a server). The zero value is ready to use.
+type CandidateBuffer struct {
+	cands []route.Candidate
+	batch matchBatch
+}
+
+// CandidatesInto is Candidates into buf: the candidates it returns, and
+// their matchers, are valid until the next call with buf (which reuses
+// them).
+func (m *Mesh) CandidatesInto(model string, buf *CandidateBuffer) []route.Candidate {
+	buf.cands = m.candidates(model, buf.cands[:0], &buf.batch)
+	if b := &buf.batch; len(b.hints) < len(b.sums) { // hints pay from call to call
+		b.hints = append(b.hints, make([]summary.IndexHint, len(b.sums)-len(b.hints))...)
+	}
+	return buf.cands
+}
+
+// candidates is Candidates with the batch b to reuse (nil: a new one
+// when the view is large enough for the Index).
+func (m *Mesh) candidates(model string, dst []route.Candidate, b *matchBatch) []route.Candidate {
+	now := int64(time.Since(m.t0))
+	stale := int64(m.cfg.Timing.StaleAfter)
+	m.view.mu.RLock()
+	defer m.view.mu.RUnlock()
+	mv := m.view.models[model]
+	if mv == nil {
+		return dst
+	}
+	es := mv.entries
 	// One allocation for a caller that passes nil (the proxy), not the
 	// dozen doublings of appending 1,024 candidates.
-	dst = slices.Grow(dst, len(m.order))
-	var b *matchBatch
-	if len(m.order) >= summary.IndexMinSummaries {
-		b = &matchBatch{idx: &m.index, sums: make([]*summary.Summary, 0, len(m.order)),
-			keys: make([]uint64, 0, len(m.order)), cells: make([]matchCell, len(m.order))}
+	dst = slices.Grow(dst, len(es))
+	if len(es) >= summary.IndexMinSummaries {
+		if b == nil {
+			b = &matchBatch{}
+		}
+		b.reset(&m.index, len(es))
+	} else {
+		b = nil
 	}
-	for _, r := range m.order {
-		owner := r.owner
-		switch {
-		case owner == "":
+	for i := range es {
+		e := &es[i]
+		if !e.ok {
 			continue
-		case owner == m.cfg.Name:
-			if !r.healthy || !slices.Contains(r.models, model) {
-				continue
+		}
+		n := len(dst)
+		dst = dst[:n+1]
+		c := &dst[n]
+		if l := e.load; l != nil { // owned here
+			*c = route.Candidate{ID: e.id, Hash: e.hash, InFlight: int(max(l.inFlight.Load(), 0)),
+				PendingPrefillBlocks: float64(max(l.pendingK.Load(), 0)) / 1000,
+				Running:              e.running, Waiting: e.waiting, Slots: e.slots}
+			if e.sum != nil {
+				c.Summary = b.add(e.sum, e.hash)
 			}
-			c := route.Candidate{ID: r.id, Hash: r.hash, InFlight: int(max(r.inFlight.Load(), 0)),
-				PendingPrefillBlocks: float64(max(r.pendingK.Load(), 0)) / 1000,
-				Running:              r.running, Waiting: r.waiting, Slots: r.slots}
-			if r.sum != nil {
-				c.Summary = b.add(r.sum, r.hash)
-			}
-			dst = append(dst, c)
-		default:
-			if !r.hasState || r.st.Origin != owner || !r.st.Healthy || !slices.Contains(r.st.Models, model) {
-				continue
-			}
-			c := route.Candidate{ID: r.id, Hash: r.hash, InFlight: int(r.st.InFlight), PendingPrefillBlocks: r.st.Pending,
-				Running: int(r.st.Running), Waiting: int(r.st.Waiting), Slots: int(r.st.Slots)}
-			if m.countsLocked(r, now) {
-				c.Summary = b.add(r.sum, r.hash)
-			} else {
-				c.Stale = true
-			}
-			if mb := r.ownerMb; mb != nil {
-				c.NetworkMs = float64(mb.rtt.Microseconds()) / 1000
-				if mb.meta.Region != m.cfg.Region {
-					c.Tier = 1
-				}
-			}
-			dst = append(dst, c)
+			continue
+		}
+		*c = route.Candidate{ID: e.id, Hash: e.hash, InFlight: e.inFlight, PendingPrefillBlocks: e.pending,
+			Running: e.running, Waiting: e.waiting, Slots: e.slots, NetworkMs: e.networkMs, Tier: e.tier}
+		if e.counts && now-e.heard <= stale {
+			c.Summary = b.add(e.sum, e.hash)
+		} else {
+			c.Stale = true
 		}
 	}
 	return dst
@@ -155,11 +185,29 @@ type matchBatch struct {
 	sums  []*summary.Summary
 	keys  []uint64    // the replicas' hashes: a replica's summary keeps its column in the Index
 	cells []matchCell // cells[i] answers for sums[i]
+	// hints[i] is where the Index answered sums[i] last time: kept from
+	// call to call in a CandidateBuffer (a view's replicas keep their
+	// places), so the Index need not read each summary and its column
+	// (summary.IndexHint); nil in a batch of one call.
+	hints []summary.IndexHint
 	res   []int
 	// The probes res answers: the caller's slice, its first and last.
 	probes      []summary.Probe
 	first, last summary.Probe
 	valid       bool
+}
+
+// reset readies b for a call over up to n summaries of idx, keeping its
+// storage.
+func (b *matchBatch) reset(idx *summary.Index, n int) {
+	b.idx = idx
+	clear(b.sums) // no summary kept alive by a buffer at rest
+	b.sums, b.keys = slices.Grow(b.sums[:0], n), slices.Grow(b.keys[:0], n)
+	if cap(b.cells) < n {
+		b.cells = make([]matchCell, n)
+	}
+	b.cells = b.cells[:n]
+	b.probes, b.valid = nil, false
 }
 
 // matchCell is one candidate's summary in a batch: its route.Matcher.
@@ -185,7 +233,11 @@ func (b *matchBatch) add(s *summary.Summary, key uint64) route.Matcher {
 func (c *matchCell) Match(probes []summary.Probe) int {
 	b := c.b
 	if !b.answers(probes) {
-		b.res = b.idx.Match(b.res, b.sums, b.keys, probes)
+		var hints []summary.IndexHint
+		if len(b.hints) >= len(b.sums) {
+			hints = b.hints[:len(b.sums)]
+		}
+		b.res = b.idx.MatchHinted(b.res, b.sums, b.keys, hints, probes)
 		b.probes, b.valid = probes, true
 		if len(probes) > 0 {
 			b.first, b.last = probes[0], probes[len(probes)-1]
@@ -300,14 +352,15 @@ func (m *Mesh) Begin(replicaID string, prefillBlocks float64) (firstByte, done f
 		return func() {}, func() {}
 	}
 	k := int64(max(prefillBlocks, 0) * 1000)
-	r.inFlight.Add(1)
-	r.pendingK.Add(k)
+	l := r.load
+	l.inFlight.Add(1)
+	l.pendingK.Add(k)
 	var fb, dn sync.Once
-	firstByte = func() { fb.Do(func() { r.pendingK.Add(-k) }) }
+	firstByte = func() { fb.Do(func() { l.pendingK.Add(-k) }) }
 	done = func() {
 		dn.Do(func() {
 			firstByte()
-			r.inFlight.Add(-1)
+			l.inFlight.Add(-1)
 		})
 	}
 	return firstByte, done
@@ -365,7 +418,7 @@ func (m *Mesh) Debug() any {
 		d := ReplicaDebug{ID: r.id, Owner: m.ownerLocked(r), Owned: r.owned, DeclaredBy: m.declarersLocked(r, now)}
 		if r.owned {
 			d.Models, d.Healthy, d.Counts = r.models, r.healthy, r.sum != nil
-			d.InFlight, d.PendingPref = int(r.inFlight.Load()), float64(r.pendingK.Load())/1000
+			d.InFlight, d.PendingPref = int(r.load.inFlight.Load()), float64(r.load.pendingK.Load())/1000
 		} else if r.hasState && r.st.Origin == d.Owner {
 			d.Models, d.Healthy, d.Counts = r.st.Models, r.st.Healthy, m.countsLocked(r, now)
 			d.InFlight, d.PendingPref, d.OwnerVer = int(r.st.InFlight), r.st.Pending, r.st.Version

@@ -29,8 +29,8 @@ func (m *Mesh) candidatesRef(model string, dst []route.Candidate) []route.Candid
 			if !r.healthy || !slices.Contains(r.models, model) {
 				continue
 			}
-			c := route.Candidate{ID: r.id, Hash: r.hash, InFlight: int(max(r.inFlight.Load(), 0)),
-				PendingPrefillBlocks: float64(max(r.pendingK.Load(), 0)) / 1000,
+			c := route.Candidate{ID: r.id, Hash: r.hash, InFlight: int(max(r.load.inFlight.Load(), 0)),
+				PendingPrefillBlocks: float64(max(r.load.pendingK.Load(), 0)) / 1000,
 				Running:              r.running, Waiting: r.waiting, Slots: r.slots}
 			if r.sum != nil {
 				c.Summary = r.sum
@@ -44,6 +44,59 @@ func (m *Mesh) candidatesRef(model string, dst []route.Candidate) []route.Candid
 				Running: int(r.st.Running), Waiting: int(r.st.Waiting), Slots: int(r.st.Slots)}
 			if m.countsLocked(r, now) {
 				c.Summary = r.sum
+			} else {
+				c.Stale = true
+			}
+			if mb := r.ownerMb; mb != nil {
+				c.NetworkMs = float64(mb.rtt.Microseconds()) / 1000
+				if mb.meta.Region != m.cfg.Region {
+					c.Tier = 1
+				}
+			}
+			dst = append(dst, c)
+		}
+	}
+	return dst
+}
+
+// candidatesPrev is Candidates as of commit 259b01a (before the decision's
+// compact view, decview.go): the replica structs walked under m.mu's read
+// lock, a new batch allocated per call. It is the "before" that
+// pairedDecisions times the current path against.
+func (m *Mesh) candidatesPrev(model string, dst []route.Candidate) []route.Candidate {
+	now := time.Now()
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	dst = slices.Grow(dst, len(m.order))
+	var b *matchBatch
+	if len(m.order) >= summary.IndexMinSummaries {
+		b = &matchBatch{}
+		b.reset(&m.index, len(m.order))
+	}
+	for _, r := range m.order {
+		owner := r.owner
+		switch {
+		case owner == "":
+			continue
+		case owner == m.cfg.Name:
+			if !r.healthy || !slices.Contains(r.models, model) {
+				continue
+			}
+			c := route.Candidate{ID: r.id, Hash: r.hash, InFlight: int(max(r.load.inFlight.Load(), 0)),
+				PendingPrefillBlocks: float64(max(r.load.pendingK.Load(), 0)) / 1000,
+				Running:              r.running, Waiting: r.waiting, Slots: r.slots}
+			if r.sum != nil {
+				c.Summary = b.add(r.sum, r.hash)
+			}
+			dst = append(dst, c)
+		default:
+			if !r.hasState || r.st.Origin != owner || !r.st.Healthy || !slices.Contains(r.st.Models, model) {
+				continue
+			}
+			c := route.Candidate{ID: r.id, Hash: r.hash, InFlight: int(r.st.InFlight), PendingPrefillBlocks: r.st.Pending,
+				Running: int(r.st.Running), Waiting: int(r.st.Waiting), Slots: int(r.st.Slots)}
+			if m.countsLocked(r, now) {
+				c.Summary = b.add(r.sum, r.hash)
 			} else {
 				c.Stale = true
 			}
@@ -162,8 +215,8 @@ func BenchmarkCandidates1024Paired(b *testing.B) {
 }
 
 // BenchmarkDecisionPaired is BenchmarkDecision's new prompts with the
-// decision timed alternately over Candidates and over candidatesRef (then
-// route.Policy.Pick either way), fresh probes each time, so a loaded
+// decision timed alternately over CandidatesInto and over candidatesPrev
+// (then route.Policy.Pick either way), fresh probes each time, so a loaded
 // machine weighs on both alike; it reports the p50 and p99 of each. It is
 // the harness for a change to Candidates or to what it hands Pick
 // (touching every summary's header in Candidates so Pick's Match finds it
@@ -288,12 +341,15 @@ func BenchmarkDecisionCopiesPaired(b *testing.B) {
 }
 
 // pairedDecisions times decisions at a over fresh 32-block prompts,
-// alternately over Candidates and over candidatesRef (then Pick either
-// way), so a loaded machine weighs on both alike; it reports wall and
-// thread-CPU p50 and p99 of each, calls seen with every decision's
-// candidates, and returns how many decisions it timed.
+// alternately over CandidatesInto (the current path, as the scale
+// harness decides) and over candidatesPrev (the path before the compact
+// view; "prev-" metrics), then Pick either way, so a loaded machine
+// weighs on both alike; it reports wall and thread-CPU p50 and p99 of
+// each, calls seen with every decision's candidates, and returns how many
+// decisions it timed.
 func pairedDecisions(b *testing.B, a *testRouter, rng *rand.Rand, seen func([]route.Candidate)) int {
 	p := route.DefaultPolicy()
+	var buf CandidateBuffer
 	cands := make([]route.Candidate, 0, 1024)
 	hashes := make([]uint64, 32)
 	probes := make([]summary.Probe, 0, 32)
@@ -308,14 +364,15 @@ func pairedDecisions(b *testing.B, a *testRouter, rng *rand.Rand, seen func([]ro
 				hashes[j] = rng.Uint64()
 			}
 			t0, c0 := time.Now(), threadCPU()
-			if (i+k)%2 == 0 {
-				cands = a.Candidates("m", cands[:0])
+			now := (i+k)%2 == 0
+			if now {
+				cands = a.CandidatesInto("m", &buf)
 			} else {
-				cands = a.candidatesRef("m", cands[:0])
+				cands = a.candidatesPrev("m", cands[:0])
 			}
 			probes = summary.MakeProbes(probes[:0], hashes)
 			p.Pick(route.Request{Hashes: hashes, Probes: probes, Root: 1}, cands)
-			if (i+k)%2 == 0 {
+			if now {
 				cur.add(time.Since(t0))
 				curCPU.add(threadCPU() - c0)
 			} else {
@@ -327,9 +384,9 @@ func pairedDecisions(b *testing.B, a *testRouter, rng *rand.Rand, seen func([]ro
 		i++
 	}
 	cur.report(b)
-	ref.reportAs(b, "ref-")
+	ref.reportAs(b, "prev-")
 	curCPU.reportAs(b, "cpu-")
-	refCPU.reportAs(b, "ref-cpu-")
+	refCPU.reportAs(b, "prev-cpu-")
 	return 2 * i
 }
 

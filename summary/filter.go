@@ -221,12 +221,22 @@ func test(words []uint64, g geometry, base, bits uint64) bool {
 	return true
 }
 
-func set(words []uint64, g geometry, base, bits uint64) {
+// set sets a key's k bits in words and returns which of its positions
+// were clear before (bit i for the i-th): an Index column mirrors words
+// exactly, so only those need mirroring, and a bit already set (most of
+// them in a filled generation) costs no write to the Index's rows, which
+// are a cache miss each.
+func set(words []uint64, g geometry, base, bits uint64) (fresh uint64) {
 	for i := uint(0); i < g.k; i++ {
 		pos := bits & (blockBits - 1)
-		words[base+pos>>6] |= 1 << (pos & 63)
+		w, b := &words[base+pos>>6], uint64(1)<<(pos&63)
+		if *w&b == 0 {
+			*w |= b
+			fresh |= 1 << i
+		}
 		bits >>= 9
 	}
+	return fresh
 }
 
 // Ops of the summary's log. A log entry is a key with the op in its top
@@ -370,13 +380,23 @@ func (s *Summary) Forget(hashes []uint64) int {
 
 func (s *Summary) applyAdd(key uint64) {
 	base, bits := s.geo.locate(key)
-	set(s.words[s.cur], s.geo, base, bits)
-	if c := s.mirror.Load(); c != nil {
-		c.set(s.cur, base, bits)
+	fresh := set(s.words[s.cur], s.geo, base, bits)
+	if c := s.mirror.Load(); c != nil && fresh != 0 {
+		c.set(s.cur, base, bits, fresh)
 	}
 	if len(s.neg) > 0 {
 		delete(s.neg, key)
-		s.negN.Store(int32(len(s.neg)))
+		s.setNegN()
+	}
+}
+
+// setNegN stores len(s.neg) in negN, and in the Index column s mirrors
+// into, if any (IndexHint checks it there). The caller holds s.mu.
+func (s *Summary) setNegN() {
+	n := len(s.neg)
+	s.negN.Store(int32(n))
+	if c := s.mirror.Load(); c != nil {
+		c.sh.setNeg(c.col, n != 0)
 	}
 }
 
@@ -385,7 +405,7 @@ func (s *Summary) applyForget(key uint64) {
 		s.neg = map[uint64]uint64{}
 	}
 	s.neg[key] = s.rot
-	s.negN.Store(int32(len(s.neg)))
+	s.setNegN()
 }
 
 // rotate clears the older generation and makes it the newer one. Negative
@@ -404,7 +424,7 @@ func (s *Summary) rotate() {
 			delete(s.neg, k)
 		}
 	}
-	s.negN.Store(int32(len(s.neg)))
+	s.setNegN()
 }
 
 func (s *Summary) record(e uint64) {

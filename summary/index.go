@@ -118,6 +118,45 @@ type shard struct {
 	// dirty marks columns holding a former summary's bits (unbind leaves
 	// them; no Match reads a column without a summary): fill clears them.
 	dirty mask
+
+	idx *Index
+	// owners is the summary each column mirrors, set once its bits are
+	// all in (fill, handOverLocked) and cleared before they change hands
+	// (releaseLocked): what an IndexHint is checked against, in one
+	// contiguous array instead of each summary and its column. negs marks
+	// the columns whose summary has a negative record (kept by the
+	// summary under its write lock, setNegN).
+	owners [shardCols]atomic.Pointer[Summary]
+	negs   [shardWords]atomic.Uint64
+}
+
+// publish makes col's summary s known to hints (the caller holds s's
+// lock, and col's bits are all in).
+func (sh *shard) publish(col int, s *Summary) {
+	sh.setNeg(col, s.negN.Load() != 0)
+	sh.owners[col].Store(s)
+}
+
+// setNeg records whether col's summary has a negative record.
+func (sh *shard) setNeg(col int, on bool) {
+	bit := uint64(1) << (col & 63)
+	if on {
+		sh.negs[col>>6].Or(bit)
+	} else {
+		sh.negs[col>>6].And(^bit)
+	}
+}
+
+// IndexHint is where a summary was answered in an Index the last time a
+// caller asked: MatchHinted checks it against the shard's record of its
+// columns, one contiguous array, instead of reading the summary's header
+// and its column, two cache misses per summary that made most of a
+// decision's matching once its caches were cold (after a context switch
+// on a loaded machine: 48 µs of 58 at 1,024 summaries). The zero value
+// knows nothing.
+type IndexHint struct {
+	sh  *shard
+	col int32
 }
 
 // column is one summary's place in a shard.
@@ -131,14 +170,17 @@ type column struct {
 	asked  int32 // scratch of the Match that binds it: the summary's index
 }
 
-// set mirrors a set of a key's bits in generation gen.
-func (c *column) set(gen int, base, bits uint64) {
+// set mirrors a set of a key's bits in generation gen: those of its
+// positions that fresh marks (bit i for the i-th, see the summary's set).
+func (c *column) set(gen int, base, bits, fresh uint64) {
 	g := c.sh.geo
 	word, bit := uint64(c.col>>6), uint64(1)<<(c.col&63)
 	row0 := uint64(gen)*uint64(g.m) + base*64
 	for i := uint(0); i < g.k; i++ {
-		pos := bits & (blockBits - 1)
-		atomic.OrUint64(&c.sh.rows[(row0+pos)*shardWords+word], bit)
+		if fresh&(1<<i) != 0 {
+			pos := bits & (blockBits - 1)
+			atomic.OrUint64(&c.sh.rows[(row0+pos)*shardWords+word], bit)
+		}
 		bits >>= 9
 	}
 }
@@ -149,16 +191,22 @@ func (c *column) clear(words []uint64, gen int) { c.apply(words, gen, false) }
 
 // apply sets (or clears) in the column every bit set in words.
 func (c *column) apply(words []uint64, gen int, on bool) {
-	word, bit := uint64(c.col>>6), uint64(1)<<(c.col&63)
-	row0 := uint64(gen) * uint64(c.sh.geo.m)
 	for i, w := range words {
-		for ; w != 0; w &= w - 1 {
-			r := row0 + uint64(i)*64 + uint64(trailingZeros(w))
-			if on {
-				atomic.OrUint64(&c.sh.rows[r*shardWords+word], bit)
-			} else {
-				atomic.AndUint64(&c.sh.rows[r*shardWords+word], ^bit)
-			}
+		c.applyWord(gen, i, w, on)
+	}
+}
+
+// applyWord sets (or clears) in the column the bits set in w, word i of
+// generation gen.
+func (c *column) applyWord(gen, i int, w uint64, on bool) {
+	word, bit := uint64(c.col>>6), uint64(1)<<(c.col&63)
+	row0 := uint64(gen)*uint64(c.sh.geo.m) + uint64(i)*64
+	for ; w != 0; w &= w - 1 {
+		r := row0 + uint64(trailingZeros(w))
+		if on {
+			atomic.OrUint64(&c.sh.rows[r*shardWords+word], bit)
+		} else {
+			atomic.AndUint64(&c.sh.rows[r*shardWords+word], ^bit)
 		}
 	}
 }
@@ -206,6 +254,15 @@ type probeLoc struct{ base, bits uint64 }
 // the keys. Without keys a new summary takes a free column and the old
 // one's column is reclaimed once no Match asked about it for a while.
 func (x *Index) Match(dst []int, sums []*Summary, keys []uint64, probes []Probe) []int {
+	return x.MatchHinted(dst, sums, keys, nil, probes)
+}
+
+// MatchHinted is Match with hints, when not nil, of the same length as
+// sums: hints[i] is where sums[i] was answered by an earlier call with
+// these hints (the caller keeps them from call to call, for summaries
+// that tend to come back at the same place: a view's replicas), and is
+// set here for the next call. A wrong or stale hint costs a check.
+func (x *Index) MatchHinted(dst []int, sums []*Summary, keys []uint64, hints []IndexHint, probes []Probe) []int {
 	if cap(dst) < len(sums) {
 		dst = make([]int, len(sums))
 	}
@@ -224,7 +281,27 @@ func (x *Index) Match(dst []int, sums []*Summary, keys []uint64, probes []Probe)
 	}
 	sc.reqs, sc.direct, sc.unb = sc.reqs[:0], sc.direct[:0], sc.unb[:0]
 	for i, s := range sums {
-		switch c := s.mirrorOf(x); {
+		if hints != nil && s != nil {
+			if h := hints[i]; h.sh != nil && h.sh.idx == x && h.sh.owners[h.col].Load() == s {
+				switch col := int(h.col); {
+				case h.sh.negs[col>>6].Load()&(1<<(col&63)) != 0:
+					sc.direct = append(sc.direct, int32(i))
+				default:
+					r := sc.req(h.sh)
+					r.cols[col>>6] |= 1 << (col & 63)
+					r.out[col] = int32(i)
+				}
+				continue
+			}
+		}
+		c := s.mirrorOf(x)
+		if hints != nil {
+			hints[i] = IndexHint{}
+			if c != nil {
+				hints[i] = IndexHint{sh: c.sh, col: int32(c.col)}
+			}
+		}
+		switch {
 		case s == nil:
 			dst[i] = 0
 		case c == nil:
@@ -237,8 +314,11 @@ func (x *Index) Match(dst []int, sums []*Summary, keys []uint64, probes []Probe)
 			r.out[c.col] = int32(i)
 		}
 	}
-	if len(sc.unb) > 0 || (len(sc.reqs) > 0 && seq%dateEvery == 0) {
+	switch {
+	case len(sc.unb) > 0:
 		rebinds = x.bookkeep(sc, sums, keys, seq)
+	case len(sc.reqs) > 0 && seq%dateEvery == 0:
+		x.date(sc, seq)
 	}
 	for _, r := range sc.reqs {
 		x.matchShard(sc, r, probes, dst)
@@ -302,6 +382,24 @@ func (sc *indexScratch) req(sh *shard) *shardReq {
 // columns asked from those not, without a lock in most calls.
 const dateEvery = 64
 
+// date records seq as the last use of the asked columns, under x.mu. It
+// does not check that each still holds the summary asked (bookkeep does,
+// reading every column's summary: a thousand cache misses once in
+// dateEvery decisions): a column given to another summary since this
+// call read the mirrors has moved x.rebinds, and Match then answers
+// directly; dating it only keeps it from being reclaimed a while longer.
+func (x *Index) date(sc *indexScratch, seq uint64) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	for _, r := range sc.reqs {
+		for w, m := range r.cols {
+			for ; m != 0; m &= m - 1 {
+				r.sh.lastUse[w*64+trailingZeros(m)] = seq
+			}
+		}
+	}
+}
+
 // bookkeep, under x.mu, checks and dates the asked columns and binds up to
 // maxBindsPerMatch unbound summaries of geometries with at least minIndexed
 // summaries in this call; the rest go to Summary.Match. It returns
@@ -339,7 +437,13 @@ func (x *Index) bookkeep(sc *indexScratch, sums []*Summary, keys []uint64, seq u
 		var c *column
 		if len(claimed) < maxBindsPerMatch && s.negN.Load() == 0 && countOf(counts, s.geo) >= minIndexed {
 			if keys != nil {
-				c = x.claimKeyLocked(s, keys[i], seq, len(sums))
+				var bound bool
+				if c, bound = x.claimKeyLocked(s, keys[i], seq, len(sums)); bound {
+					r := sc.req(c.sh)
+					r.cols[c.col>>6] |= 1 << (c.col & 63)
+					r.out[c.col] = i
+					continue
+				}
 			} else {
 				c = x.claimLocked(s, seq, len(sums))
 			}
@@ -456,7 +560,7 @@ func (x *Index) claimLocked(s *Summary, seq uint64, asked int) *column {
 	switch {
 	case sh != nil && (sh.cols[col] == nil || lruUse+reclaimAfter < seq):
 	case len(grp.shards)*shardCols < 2*asked+shardCols:
-		sh = &shard{geo: s.geo, rows: make([]uint64, 2*uint64(s.geo.m)*shardWords)}
+		sh = &shard{geo: s.geo, rows: make([]uint64, 2*uint64(s.geo.m)*shardWords), idx: x}
 		grp.shards = append(grp.shards, sh)
 		col = 0
 	case sh == nil:
@@ -471,22 +575,27 @@ func (x *Index) claimLocked(s *Summary, seq uint64, asked int) *column {
 }
 
 // claimKeyLocked is claimLocked for the slot key: the column of the
-// summary key named before, when of s's geometry, else a new one.
-func (x *Index) claimKeyLocked(s *Summary, key, seq uint64, asked int) *column {
+// summary key named before, when of s's geometry, else a new one. The
+// column of the summary s replaces is handed over bound (bound true, see
+// handOverLocked) when it can be; any other is empty, for fill.
+func (x *Index) claimKeyLocked(s *Summary, key, seq uint64, asked int) (c *column, bound bool) {
 	if old := x.byKey[key]; old != nil {
 		if old.sh.geo == s.geo && old.s != s {
 			if cur := s.mirror.Load(); cur != nil && cur.idx != x {
-				return nil
+				return nil, false
+			}
+			if c := x.handOverLocked(old, s, seq); c != nil {
+				return c, true
 			}
 			x.releaseLocked(old)
 			c := &column{idx: x, sh: old.sh, col: old.col, s: s, key: key, hasKey: true}
 			c.sh.cols[c.col], c.sh.lastUse[c.col] = c, seq
 			x.byKey[key] = c
-			return c
+			return c, false
 		}
 		x.releaseLocked(old)
 	}
-	c := x.claimLocked(s, seq, asked)
+	c = x.claimLocked(s, seq, asked)
 	if c != nil {
 		if x.byKey == nil {
 			x.byKey = map[uint64]*column{}
@@ -494,6 +603,55 @@ func (x *Index) claimKeyLocked(s *Summary, key, seq uint64, asked int) *column {
 		c.key, c.hasKey = key, true
 		x.byKey[key] = c
 	}
+	return c, false
+}
+
+// handOverLocked binds s to the column of old, the summary s replaces
+// under the same key (a full copy of a replica's summary, a new owner's),
+// by rewriting only the bits in which their words differ: a full copy
+// that repairs a copy differs from it in a few words, and rewriting the
+// whole column (fill of a stale column) costs about a millisecond at
+// 4,096 blocks, which a push/pull replacing a hundred copies would put on
+// the next decisions. It returns nil, with nothing changed, when s's lock
+// is taken (a writer, or another Index's fill: never wait on it while
+// holding old's) or s is bound already; the caller then releases old and
+// fills the column as before.
+//
+// Holding old's summary's write lock, it unbinds old (its writes stop
+// mirroring; its words stay those the column holds), then counts a
+// rebind before touching a row: a Match that read old's mirror before
+// sees the count move and matches directly. s's read lock holds its words
+// still while the column is rewritten; s becomes the column's mirror only
+// after, so no Match reads the column for s half rewritten (one that
+// finds s unbound waits on x.mu for bookkeep).
+func (x *Index) handOverLocked(old *column, s *Summary, seq uint64) *column {
+	o := old.s
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.mirror.Load() != old || !s.mu.TryRLock() {
+		return nil
+	}
+	defer s.mu.RUnlock()
+	if s.mirror.Load() != nil {
+		return nil
+	}
+	o.mirror.Store(nil)
+	old.sh.owners[old.col].CompareAndSwap(o, nil)
+	x.rebinds.Add(1)
+	c := &column{idx: x, sh: old.sh, col: old.col, s: s, key: old.key, hasKey: true}
+	for g := range 2 {
+		ow, sw := o.words[g], s.words[g]
+		for i, w := range sw {
+			if d := w ^ ow[i]; d != 0 {
+				c.applyWord(g, i, w&d, true)
+				c.applyWord(g, i, ow[i]&d, false)
+			}
+		}
+	}
+	c.sh.cols[c.col], c.sh.lastUse[c.col] = c, seq
+	x.byKey[c.key] = c
+	s.mirror.Store(c)
+	c.sh.publish(c.col, s)
 	return c
 }
 
@@ -511,6 +669,7 @@ func (x *Index) dropClaimLocked(c *column) {
 // stay until fill clears them for the next.
 func (x *Index) releaseLocked(c *column) {
 	c.s.unbind(c)
+	c.sh.owners[c.col].CompareAndSwap(c.s, nil)
 	if c.sh.cols[c.col] == c {
 		c.sh.cols[c.col] = nil
 		c.sh.dirty[c.col>>6] |= 1 << (c.col & 63)
@@ -527,15 +686,19 @@ func (x *Index) releaseLocked(c *column) {
 // summaries' bits into them, 64 columns per row at a time (a 64×64 bit
 // transpose per word of the generations, one atomic OR per row), and makes
 // each column its summary's mirror. It holds the summaries' read locks
-// throughout, so no writer runs between the copy and the mirror. A
+// throughout, so no writer runs between the copy and the mirror; a
+// column becomes its summary's mirror only once its bits are all in, so
+// a Match on another goroutine that finds the mirror never reads a column
+// half filled (or still holding part of a former summary's bits). A
 // summary that has a mirror already (another Index) is skipped: its
-// column's summary does not point back to it.
+// column's summary does not point back to it, and a column filled for a
+// summary another Index bound meanwhile is left dirty.
 func (sh *shard) fill(w int, cols []*column) {
 	var buf [64]*column
 	bound := buf[:0]
 	for _, c := range cols {
 		c.s.mu.RLock()
-		if !c.s.mirror.CompareAndSwap(nil, c) {
+		if c.s.mirror.Load() != nil {
 			c.s.mu.RUnlock()
 			continue
 		}
@@ -544,6 +707,15 @@ func (sh *shard) fill(w int, cols []*column) {
 	defer func() {
 		for _, c := range bound {
 			c.s.mu.RUnlock()
+		}
+	}()
+	defer func() { // under the summaries' locks, once their bits are in
+		for _, c := range bound {
+			if !c.s.mirror.CompareAndSwap(nil, c) {
+				sh.dirty[w] |= 1 << (c.col & 63)
+				continue
+			}
+			sh.publish(c.col, c.s)
 		}
 	}()
 	// Columns that held another summary's bits: every row is rewritten.

@@ -87,15 +87,17 @@ func (f *indexFixture) step(t testing.TB, rng *rand.Rand) {
 	}
 }
 
-// check compares Index.Match with Summary.Match on every summary of sums
-// for queries from the held chains and random ones; it returns how many
-// summaries the index answered (bound, no negative record).
-func checkIndex(t *testing.T, x *Index, sums []*Summary, keys []uint64, qs [][]uint64, what string) int {
+// check compares Index.Match (MatchHinted with hints, when not nil:
+// the caller keeps them from call to call) with Summary.Match on every
+// summary of sums for queries from the held chains and random ones; it
+// returns how many summaries the index answered (bound, no negative
+// record).
+func checkIndex(t *testing.T, x *Index, sums []*Summary, keys []uint64, hints []IndexHint, qs [][]uint64, what string) int {
 	t.Helper()
 	got := make([]int, len(sums))
 	for _, q := range qs {
 		p := MakeProbes(nil, q)
-		got = x.Match(got, sums, keys, p)
+		got = x.MatchHinted(got, sums, keys, hints, p)
 		for i, s := range sums {
 			want := 0
 			if s != nil {
@@ -137,6 +139,7 @@ func TestIndexMatchEqualsSummaryMatch(t *testing.T) {
 			g := newIndexFixture(t, rng, tc.other, Params{CapacityBlocks: 128, FalsePositiveRate: 0.01})
 			var x Index
 			maxIndexed := 0
+			hints := map[string][]IndexHint{} // per side, kept across steps as a view keeps them
 			for step := range 40 {
 				f.step(t, rng)
 				if tc.other > 0 {
@@ -156,7 +159,10 @@ func TestIndexMatchEqualsSummaryMatch(t *testing.T) {
 							keys[i] = uint64(i) + 1<<40
 						}
 					}
-					n := checkIndex(t, &x, sums, keys, qs, fmt.Sprintf("step %d %s", step, side.name))
+					if len(hints[side.name]) != len(sums) {
+						hints[side.name] = make([]IndexHint, len(sums))
+					}
+					n := checkIndex(t, &x, sums, keys, hints[side.name], qs, fmt.Sprintf("step %d %s", step, side.name))
 					maxIndexed = max(maxIndexed, n)
 				}
 			}
@@ -189,6 +195,7 @@ func TestIndexReclaimsColumns(t *testing.T) {
 				}
 			}
 			var x Index
+			hints := make([]IndexHint, len(f.copies))
 			for round := range 6 {
 				f.step(t, rng)
 				for i := range f.copies {
@@ -204,7 +211,7 @@ func TestIndexReclaimsColumns(t *testing.T) {
 				}
 				bound := 0
 				for call := 0; call < reclaimAfter+10 && bound < eligible; call++ {
-					bound = checkIndex(t, &x, f.copies, keys, matchQueries(rng, f.held, 1), fmt.Sprintf("round %d", round))
+					bound = checkIndex(t, &x, f.copies, keys, hints, matchQueries(rng, f.held, 1), fmt.Sprintf("round %d", round))
 				}
 				if bound < eligible {
 					t.Fatalf("round %d: %d of %d bound", round, bound, eligible)
@@ -259,6 +266,7 @@ func TestIndexUnderWriters(t *testing.T) {
 			keys[i] = uint64(i)
 		}
 		got := make([]int, len(f.copies))
+		hints := make([]IndexHint, len(f.copies))
 		for i := 0; ; i++ {
 			select {
 			case <-stop:
@@ -271,7 +279,7 @@ func TestIndexUnderWriters(t *testing.T) {
 				return
 			}
 			f.copies[i%len(f.copies)] = cp
-			for _, m := range x.Match(got, f.copies, keys, p) {
+			for _, m := range x.MatchHinted(got, f.copies, keys, hints, p) {
 				if m < 0 || m > len(p) {
 					t.Errorf("Match = %d", m)
 					return
@@ -292,7 +300,7 @@ func TestIndexUnderWriters(t *testing.T) {
 		}
 	}
 	wg.Wait()
-	n := checkIndex(t, &x, f.owners, nil, [][]uint64{held, chain(16, 41), chain(16, 30), chain(40, 999)}, "quiescent")
+	n := checkIndex(t, &x, f.owners, nil, nil, [][]uint64{held, chain(16, 41), chain(16, 30), chain(40, 999)}, "quiescent")
 	if n == 0 {
 		t.Fatal("nothing indexed")
 	}
@@ -368,5 +376,75 @@ func TestTranspose64(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// TestIndexHandsColumnsOver replaces 256 of 300 keyed summaries at once
+// (as a push/pull's full copies do) with summaries whose words differ
+// from the old ones by nothing, a few blocks, a rotation, or everything:
+// one Match binds every replacement in its predecessor's column (only the
+// differing bits rewritten; refilling stale columns would bind two words
+// of them, 128, per call) and answers exactly as Summary.Match, then and
+// after further writes.
+func TestIndexHandsColumnsOver(t *testing.T) {
+	p := Params{CapacityBlocks: 256, FalsePositiveRate: 0.01}
+	tests := []struct {
+		name    string
+		replace func(rng *rand.Rand, i int, owner, other *Summary) *Summary
+	}{
+		{"equal", func(_ *rand.Rand, _ int, owner, _ *Summary) *Summary { return mustDecode(t, owner) }},
+		{"a few more blocks", func(rng *rand.Rand, _ int, owner, _ *Summary) *Summary {
+			owner.Add([]uint64{rng.Uint64(), rng.Uint64()})
+			return mustDecode(t, owner)
+		}},
+		{"rotated", func(rng *rand.Rand, _ int, owner, _ *Summary) *Summary {
+			for range 200 {
+				owner.Add([]uint64{rng.Uint64()})
+			}
+			return mustDecode(t, owner)
+		}},
+		{"another summary", func(_ *rand.Rand, _ int, _, other *Summary) *Summary { return mustDecode(t, other) }},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(3, 4))
+			f := newIndexFixture(t, rng, 300, p)
+			for range 3 {
+				f.step(t, rng)
+			}
+			keys := make([]uint64, len(f.copies))
+			for i := range keys {
+				keys[i] = uint64(i) + 7
+			}
+			var x Index
+			hints := make([]IndexHint, len(f.copies))
+			for range 3 {
+				checkIndex(t, &x, f.copies, keys, hints, matchQueries(rng, f.held, 1), "binding")
+			}
+			for i := range 256 {
+				f.copies[i] = tc.replace(rng, i, f.owners[i], f.owners[(i+1)%len(f.owners)])
+			}
+			negs := 0
+			for _, s := range f.copies {
+				if s.negN.Load() != 0 {
+					negs++
+				}
+			}
+			q := matchQueries(rng, f.held, 1)[:1]
+			if bound := checkIndex(t, &x, f.copies, keys, hints, q, "replaced"); bound != len(f.copies)-negs {
+				t.Fatalf("%d of %d summaries bound after one Match", bound, len(f.copies)-negs)
+			}
+			if st := x.Stats(); st.Shards != 1 {
+				t.Fatalf("%+v: want the 300 keys in one shard", st)
+			}
+			for i, s := range f.copies[:256] {
+				s.Add([]uint64{uint64(i) << 20})
+				if i%16 == 0 { // a negative record: hints must send it to Summary.Match
+					s.Forget(f.held[0])
+				}
+			}
+			checkIndex(t, &x, f.copies, keys, hints, matchQueries(rng, f.held, 4), "written after")
+			checkIndex(t, &x, f.copies, keys, nil, matchQueries(rng, f.held, 4), "without hints")
+		})
 	}
 }

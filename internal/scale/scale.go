@@ -137,6 +137,10 @@ type Result struct {
 	// Decision is Candidates + probes + Pick at the receiving router,
 	// during the load (all routers share this process's CPUs).
 	DecisionP50, DecisionP99 time.Duration
+	// DecisionCPU is the decision's CPU time on its thread (0 when the
+	// platform cannot tell): what is left of the wall time is waiting for
+	// a core, or for a lock.
+	DecisionCPUP50, DecisionCPUP99 time.Duration
 	// IdleDecision is the same on a quiet mesh, before the load: one
 	// router's decision cost, as in a process of its own.
 	IdleDecisionP50, IdleDecisionP99 time.Duration
@@ -146,6 +150,10 @@ type Result struct {
 	// FullCopies by reason, all routers; Resyncs are copies' requests.
 	FullCopies map[string]float64
 	Resyncs    float64
+	// FullsInstalled and FullsEqual count full copies received, all
+	// routers: installed, or equal to the copy held and so kept (the
+	// Index keeps the copy's column as it is).
+	FullsInstalled, FullsEqual float64
 }
 
 // MeshOutPerRouter is the mean of MeshOut.
@@ -297,17 +305,30 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}()
 
 	var history []prompt
-	var decisions []time.Duration
-	cands := make([]route.Candidate, 0, cfg.Replicas)
+	var decisions, decisionCPU []time.Duration
+	var lastCPU time.Duration // of route1's last decision; -1 unknown
+	// The decisions' thread CPU is read on a thread of their own.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	// One buffer for every router's decisions: they run one at a time
+	// here, and a proxy keeps one per request in flight (mesh.CandidateBuffer).
+	var buf mesh.CandidateBuffer
+	var probes []summary.Probe
 	newBlocks := make([]float64, cfg.Routers)
 	sampleEvery := max(int(cfg.Rate/200), 1) // about 200 visibility samples a second
 	turnEvery := max(int(cfg.Rate/100), 1)   // about 100 next turns a second
 	route1 := func(k int, hashes []uint64) (string, route.Decision, time.Duration) {
 		t0 := time.Now()
-		cands = routers[k].m.Candidates("m", cands[:0])
-		req := route.Request{Hashes: hashes, Probes: summary.MakeProbes(nil, hashes), Root: hashes[0] ^ 1}
+		c0, cpuOK := threadCPU()
+		cands := routers[k].m.CandidatesInto("m", &buf)
+		probes = summary.MakeProbes(probes[:0], hashes)
+		req := route.Request{Hashes: hashes, Probes: probes, Root: hashes[0] ^ 1}
 		d := policy.Pick(req, cands)
 		took := time.Since(t0)
+		lastCPU = -1
+		if c1, ok := threadCPU(); cpuOK && ok {
+			lastCPU = c1 - c0
+		}
 		if d.Index < 0 {
 			return "", d, took
 		}
@@ -336,6 +357,9 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 				var took time.Duration
 				id, _, took = route1(k, hashes)
 				decisions = append(decisions, took)
+				if lastCPU >= 0 {
+					decisionCPU = append(decisionCPU, lastCPU)
+				}
 				if id == "" {
 					continue
 				}
@@ -385,6 +409,8 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 			res.FullCopies[why] += v - before[k].full[why]
 		}
 		res.Resyncs += after[k].resyncs - before[k].resyncs
+		res.FullsInstalled += after[k].fullsIn["installed"] - before[k].fullsIn["installed"]
+		res.FullsEqual += after[k].fullsIn["equal"] - before[k].fullsIn["equal"]
 		db += after[k].deltaBytes - before[k].deltaBytes
 		de += after[k].deltaEntries - before[k].deltaEntries
 	}
@@ -415,6 +441,10 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if len(decisions) > 0 {
 		res.DecisionP50, res.DecisionP99 = decisions[len(decisions)/2], decisions[len(decisions)*99/100]
 	}
+	slices.Sort(decisionCPU)
+	if len(decisionCPU) > 0 {
+		res.DecisionCPUP50, res.DecisionCPUP99 = decisionCPU[len(decisionCPU)/2], decisionCPU[len(decisionCPU)*99/100]
+	}
 
 	// Issue 9's replays: earlier prompts, one more turn, another router.
 	if cfg.Routers > 1 {
@@ -438,14 +468,14 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 // its summaries into the mesh's Index (summary.Index, up to 256 per
 // decision), which the timed decisions should not pay.
 func warmDecisions(routers []*router, policy route.Policy, cfg Config, rng *rand.Rand) {
-	var cands []route.Candidate
+	var buf mesh.CandidateBuffer
 	hashes := make([]uint64, cfg.MaxBlocks)
 	for _, r := range routers {
 		for range cfg.Replicas/summary.IndexMinSummaries + 2 {
 			for b := range hashes {
 				hashes[b] = rng.Uint64()
 			}
-			cands = r.m.Candidates("m", cands[:0])
+			cands := r.m.CandidatesInto("m", &buf)
 			policy.Pick(route.Request{Hashes: hashes, Probes: summary.MakeProbes(nil, hashes), Root: 1}, cands)
 		}
 	}
@@ -454,7 +484,7 @@ func warmDecisions(routers []*router, policy route.Policy, cfg Config, rng *rand
 // idleDecisions times 2,000 decisions of new prompts at one router
 // before the load.
 func idleDecisions(m *mesh.Mesh, policy route.Policy, cfg Config, rng *rand.Rand) (p50, p99 time.Duration) {
-	cands := make([]route.Candidate, 0, cfg.Replicas)
+	var buf mesh.CandidateBuffer
 	took := make([]time.Duration, 0, 2000)
 	hashes := make([]uint64, cfg.MaxBlocks)
 	probes := make([]summary.Probe, 0, cfg.MaxBlocks)
@@ -463,7 +493,7 @@ func idleDecisions(m *mesh.Mesh, policy route.Policy, cfg Config, rng *rand.Rand
 			hashes[b] = rng.Uint64()
 		}
 		t0 := time.Now()
-		cands = m.Candidates("m", cands[:0])
+		cands := m.CandidatesInto("m", &buf)
 		probes = summary.MakeProbes(probes[:0], hashes)
 		policy.Pick(route.Request{Hashes: hashes, Probes: probes, Root: 1}, cands)
 		took = append(took, time.Since(t0))
@@ -541,13 +571,13 @@ func converge(ctx context.Context, routers []*router, replicas int, limit time.D
 type counters struct {
 	meshIn, meshOut, netIn, netOut, resyncs float64
 	deltaBytes, deltaEntries                float64
-	full                                    map[string]float64
+	full, fullsIn                           map[string]float64
 }
 
 func snapshot(routers []*router) []counters {
 	out := make([]counters, len(routers))
 	for k, r := range routers {
-		c := counters{full: map[string]float64{}}
+		c := counters{full: map[string]float64{}, fullsIn: map[string]float64{}}
 		mfs, _ := r.reg.Gather()
 		for _, mf := range mfs {
 			for _, m := range mf.GetMetric() {
@@ -568,6 +598,8 @@ func snapshot(routers []*router) []counters {
 					}
 				case "kvmesh_summary_full_copies_total":
 					c.full[label("reason")] = m.GetCounter().GetValue()
+				case "kvmesh_summary_full_copies_received_total":
+					c.fullsIn[label("outcome")] = m.GetCounter().GetValue()
 				case "kvmesh_summary_resyncs_total":
 					c.resyncs = m.GetCounter().GetValue()
 				case "kvmesh_summary_delta_bytes_total":
@@ -625,12 +657,14 @@ func (r *Result) Report(w io.Writer) {
 		r.VisP50.Round(time.Millisecond), r.VisP99.Round(time.Millisecond), r.VisMax.Round(time.Millisecond), r.VisSamples, r.VisMissed)
 	fmt.Fprintf(w, "  next turns at another router matched: %d/%d during the load, %d/%d replayed after it (%d drawn were evicted at the owner)\n",
 		r.NextTurnsMatched, r.NextTurns, r.ReplaysMatched, r.Replays, r.ReplaysEvicted)
-	fmt.Fprintf(w, "  full copies: overflow %.0f, send_error %.0f, request %.0f, cheaper %.0f, log %.0f; copies' requests %.0f\n",
-		r.FullCopies["overflow"], r.FullCopies["send_error"], r.FullCopies["request"], r.FullCopies["cheaper"], r.FullCopies["log"], r.Resyncs)
+	fmt.Fprintf(w, "  full copies: overflow %.0f, send_error %.0f, request %.0f, cheaper %.0f, log %.0f; copies' requests %.0f; received: installed %.0f, equal to the copy (kept) %.0f\n",
+		r.FullCopies["overflow"], r.FullCopies["send_error"], r.FullCopies["request"], r.FullCopies["cheaper"], r.FullCopies["log"], r.Resyncs,
+		r.FullsInstalled, r.FullsEqual)
 	fmt.Fprintf(w, "  decision on a quiet mesh p50 %v p99 %v (%d-block prompts)\n", r.IdleDecisionP50.Round(time.Microsecond/10),
 		r.IdleDecisionP99.Round(time.Microsecond/10), c.MaxBlocks)
-	fmt.Fprintf(w, "  decision under load p50 %v p99 %v; CPU %v per request (whole process); heap %.1f MB per router, RSS %.0f MB total\n",
-		r.DecisionP50.Round(time.Microsecond/10), r.DecisionP99.Round(time.Microsecond/10), r.CPUPerRequest.Round(time.Microsecond/10),
+	fmt.Fprintf(w, "  decision under load p50 %v p99 %v (its thread's CPU p50 %v p99 %v); CPU %v per request (whole process); heap %.1f MB per router, RSS %.0f MB total\n",
+		r.DecisionP50.Round(time.Microsecond/10), r.DecisionP99.Round(time.Microsecond/10),
+		r.DecisionCPUP50.Round(time.Microsecond/10), r.DecisionCPUP99.Round(time.Microsecond/10), r.CPUPerRequest.Round(time.Microsecond/10),
 		float64(r.HeapPerRouter)/1e6, float64(r.RSS)/1e6)
 }
 

@@ -1,0 +1,227 @@
+package mesh
+
+// The decision's view of the replicas: for every model, a compact array of
+// only what Candidates reads of each replica that serves it, kept in step
+// with the replica structs by the writers and read under a lock of its
+// own.
+//
+// Why: a decision over 1,024 replicas used to walk the replica structs
+// (528 bytes each, the fields it reads spread over several cache lines,
+// plus the summary's header and the owner's member for every copy) under
+// m.mu's read lock, so it also waited behind every write section of the
+// gossip (an owner's tick encodes and fingerprints the state of every
+// replica it owns under the write lock: 0.3-0.7 ms at 1,024 replicas, one
+// decision in fifty at a 50 ms tick). The entries here are about 100
+// bytes, contiguous, and their lock is held by writers only to copy a few
+// entries in (or swap the arrays), after m.mu is released, never while
+// gossip is decoded, applied or encoded; and no writer holding m.mu waits
+// for it.
+
+import (
+	"slices"
+	"sync"
+	"sync/atomic"
+
+	"github.com/kvmesh/kvmesh/summary"
+)
+
+// replicaLoad is the router's own count of a replica's requests (Begin),
+// allocated apart from the replica so that a decision reading it for
+// every owned replica touches 16 bytes, not the replica's struct.
+type replicaLoad struct {
+	inFlight atomic.Int64
+	pendingK atomic.Int64 // pending prefill blocks × 1000
+}
+
+// decisionView is the per-model arrays Candidates reads.
+type decisionView struct {
+	mu     sync.RWMutex
+	models map[string]*modelView // guarded by mu; replaced whole on a rebuild
+	// pend is the changes write sections queued (under m.mu, so in their
+	// order) for drainView to apply under mu once m.mu is released: a
+	// writer never waits for a decision's read lock while it holds m.mu
+	// (a decision's thread switched out mid-read would hold up all the
+	// gossip behind m.mu).
+	pendMu sync.Mutex
+	pend   []viewOp // guarded by pendMu
+}
+
+// viewOp is one queued change of the view: a rebuild's arrays to swap in
+// (views not nil), or an entry to copy into its slots.
+type viewOp struct {
+	views map[string]*modelView
+	at    []viewSlot
+	e     viewEntry
+}
+
+// modelView is the replicas serving one model, in ID order (Candidates'
+// order). Its entries are written in place under decisionView.mu.
+type modelView struct {
+	entries []viewEntry
+}
+
+// viewEntry is one replica as a decision reads it: what candidatesRef
+// (the reference, in view_perf_test.go) computes from the replica struct,
+// but for the load of an owned replica (live, through load) and the age
+// of a copy (heard; Candidates compares it with the time of the call).
+type viewEntry struct {
+	id   string
+	hash uint64
+	sum  *summary.Summary
+	// load is the live counters of a replica this router owns; nil for a
+	// copy, whose load is the owner's last state below.
+	load                    *replicaLoad
+	heard                   int64 // copy: the owner's last word, ns after Mesh.t0
+	pending                 float64
+	networkMs               float64
+	inFlight                int
+	running, waiting, slots int
+	tier                    int
+	// ok: healthy, with an owner whose word this router has (else the
+	// replica is no candidate, but keeps its place in the arrays so that
+	// health flapping does not rebuild them).
+	ok bool
+	// counts: a copy whose summary counts for routing as long as its
+	// owner's last word is recent (countsLocked without the age).
+	counts bool
+}
+
+// viewSlot is where a replica's entry sits in one model's array.
+type viewSlot struct {
+	mv *modelView
+	i  int
+}
+
+// touchLocked notes that something a decision reads of r changed; the
+// entry is refreshed when the write section ends (unlockAndRun). Every
+// writer of a field entryLocked reads calls it.
+func (m *Mesh) touchLocked(r *replica) {
+	if !r.viewDirty {
+		r.viewDirty = true
+		m.viewDirty = append(m.viewDirty, r)
+	}
+}
+
+// entryLocked computes r's entry and the models it serves (nil when it
+// is no candidate for any: no owner, or no word from its owner).
+func (m *Mesh) entryLocked(r *replica) (viewEntry, []string) {
+	e := viewEntry{id: r.id, hash: r.hash}
+	owner := r.owner
+	switch {
+	case owner == "":
+		return e, nil
+	case owner == m.cfg.Name:
+		e.ok, e.sum, e.load = r.healthy, r.sum, r.load
+		e.running, e.waiting, e.slots = r.running, r.waiting, r.slots
+		return e, r.models
+	case !r.hasState || r.st.Origin != owner:
+		return e, nil
+	}
+	e.ok = r.st.Healthy
+	e.inFlight, e.pending = int(r.st.InFlight), r.st.Pending
+	e.running, e.waiting, e.slots = int(r.st.Running), int(r.st.Waiting), int(r.st.Slots)
+	if r.sum != nil && !r.wantFull && r.sum.Epoch() == r.st.Epoch && !r.heard.IsZero() {
+		e.counts, e.sum, e.heard = true, r.sum, int64(r.heard.Sub(m.t0))
+	}
+	if mb := r.ownerMb; mb != nil {
+		e.networkMs = float64(mb.rtt.Microseconds()) / 1000
+		if mb.meta.Region != m.cfg.Region {
+			e.tier = 1
+		}
+	}
+	return e, r.st.Models
+}
+
+// publishViewLocked queues the entries of the touched replicas for
+// drainView: in place when each serves the models it served, else arrays
+// built anew (a replica came, went or changed models) to swap in.
+func (m *Mesh) publishViewLocked() {
+	if len(m.viewDirty) == 0 && !m.viewRebuild {
+		return
+	}
+	var upd []viewOp
+	rebuild := m.viewRebuild
+	for _, r := range m.viewDirty {
+		r.viewDirty = false
+		if rebuild {
+			continue
+		}
+		e, models := m.entryLocked(r)
+		if !slices.Equal(models, r.viewModels) {
+			rebuild = true
+			continue
+		}
+		upd = append(upd, viewOp{at: r.viewAt, e: e})
+	}
+	clear(m.viewDirty)
+	m.viewDirty, m.viewRebuild = m.viewDirty[:0], false
+	if rebuild {
+		upd = []viewOp{{views: m.buildViewLocked()}}
+	}
+	v := &m.view
+	v.pendMu.Lock()
+	v.pend = append(v.pend, upd...)
+	v.pendMu.Unlock()
+}
+
+// drainView applies the queued changes, in order, under the view's lock.
+// unlockAndRun calls it once m.mu is released. Whoever takes the lock
+// first applies everything queued by then: a later write section's
+// changes never go in before an earlier one's.
+func (m *Mesh) drainView() {
+	v := &m.view
+	v.pendMu.Lock()
+	n := len(v.pend)
+	v.pendMu.Unlock()
+	if n == 0 {
+		return
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.pendMu.Lock()
+	ops := v.pend
+	v.pend = nil
+	v.pendMu.Unlock()
+	for _, op := range ops {
+		if op.views != nil {
+			v.models = op.views
+			continue
+		}
+		for _, s := range op.at {
+			s.mv.entries[s.i] = op.e
+		}
+	}
+}
+
+// buildViewLocked builds every model's array from the replicas.
+func (m *Mesh) buildViewLocked() map[string]*modelView {
+	views := map[string]*modelView{}
+	for _, r := range m.order {
+		e, models := m.entryLocked(r)
+		// A new slots slice: queued changes hold the old one.
+		r.viewModels, r.viewAt = slices.Clone(models), nil
+		for j, model := range models {
+			if slices.Contains(models[:j], model) {
+				continue // a peer's state may name a model twice
+			}
+			mv := views[model]
+			if mv == nil {
+				mv = &modelView{}
+				views[model] = mv
+			}
+			r.viewAt = append(r.viewAt, viewSlot{mv, len(mv.entries)})
+			mv.entries = append(mv.entries, e)
+		}
+	}
+	return views
+}
+
+// touchOwnedByLocked touches the replicas mb owns (its RTT or region
+// changed: their entries carry them).
+func (m *Mesh) touchOwnedByLocked(mb *member) {
+	for _, r := range m.order {
+		if r.ownerMb == mb {
+			m.touchLocked(r)
+		}
+	}
+}

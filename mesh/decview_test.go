@@ -1,0 +1,250 @@
+package mesh
+
+import (
+	"fmt"
+	"reflect"
+	"slices"
+	"testing"
+
+	"github.com/kvmesh/kvmesh/route"
+	"github.com/kvmesh/kvmesh/summary"
+)
+
+// viewMismatch compares the published decision view with one computed
+// afresh from the replica structs; nil when they agree (a write section
+// that just released m.mu may not have applied its changes yet: callers
+// retry).
+func viewMismatch(m *Mesh) error {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	want := map[string][]viewEntry{}
+	for _, r := range m.order {
+		e, models := m.entryLocked(r)
+		for j, model := range models {
+			if !slices.Contains(models[:j], model) {
+				want[model] = append(want[model], e)
+			}
+		}
+	}
+	m.view.mu.RLock()
+	defer m.view.mu.RUnlock()
+	got := map[string][]viewEntry{}
+	for model, mv := range m.view.models {
+		if len(mv.entries) > 0 {
+			got[model] = mv.entries
+		}
+	}
+	if !reflect.DeepEqual(got, want) {
+		return fmt.Errorf("published view\n%+v\nfrom the replicas\n%+v", got, want)
+	}
+	return nil
+}
+
+// TestViewFollowsReplicas changes, step by step, what a decision reads
+// of a replica this router owns and of one a peer owns; after each step
+// the published view equals one built afresh, Candidates equals the
+// reference walk of the replica structs, and the candidate shows the
+// change.
+func TestViewFollowsReplicas(t *testing.T) {
+	a := newRouter(t, "a", nil)
+	b := newRouter(t, "b", joining(a))
+	const x, y = "http://x:8000", "http://y:8000"
+	find := func(model, id string) (route.Candidate, error) {
+		for _, c := range a.Candidates(model, nil) {
+			if c.ID == id {
+				return c, nil
+			}
+		}
+		return route.Candidate{}, fmt.Errorf("%s is no candidate for %s", id, model)
+	}
+	absent := func(model, id string) error {
+		if _, err := find(model, id); err == nil {
+			return fmt.Errorf("%s is still a candidate for %s", id, model)
+		}
+		return nil
+	}
+	var done func()
+	steps := []struct {
+		name  string
+		do    func()
+		check func() error
+	}{
+		{"owned, healthy", func() {
+			a.DeclareReplica(x)
+			a.UpdateReplica(x, ReplicaStatus{Models: []string{"m"}, Healthy: true, Running: 3, Slots: 8})
+		}, func() error {
+			c, err := find("m", x)
+			if err == nil && (c.Running != 3 || c.Slots != 8 || c.Summary == nil) {
+				err = fmt.Errorf("candidate %+v", c)
+			}
+			return err
+		}},
+		{"owned, unhealthy", func() { a.UpdateReplica(x, ReplicaStatus{Models: []string{"m"}}) }, func() error { return absent("m", x) }},
+		{"owned, other model", func() { a.UpdateReplica(x, ReplicaStatus{Models: []string{"other"}, Healthy: true}) }, func() error {
+			if err := absent("m", x); err != nil {
+				return err
+			}
+			_, err := find("other", x)
+			return err
+		}},
+		{"owned, load without a write section", func() { _, done = a.Begin(x, 2.5) }, func() error {
+			c, err := find("other", x)
+			if err == nil && (c.InFlight != 1 || c.PendingPrefillBlocks != 2.5) {
+				err = fmt.Errorf("candidate %+v", c)
+			}
+			return err
+		}},
+		{"owned, load done", func() { done() }, func() error {
+			c, err := find("other", x)
+			if err == nil && (c.InFlight != 0 || c.PendingPrefillBlocks != 0) {
+				err = fmt.Errorf("candidate %+v", c)
+			}
+			return err
+		}},
+		{"peer's, healthy", func() {
+			b.DeclareReplica(y)
+			b.UpdateReplica(y, ReplicaStatus{Models: []string{"m", "m"}, Healthy: true, Waiting: 2})
+			b.Record(y, chain(5, 3))
+		}, func() error {
+			c, err := find("m", y)
+			if err == nil && (c.Waiting != 2 || c.Summary == nil || c.Stale) {
+				err = fmt.Errorf("candidate %+v", c)
+			}
+			return err
+		}},
+		{"peer's, unhealthy", func() { b.UpdateReplica(y, ReplicaStatus{Models: []string{"m"}, Waiting: 2}) },
+			func() error { return absent("m", y) }},
+		{"owned, withdrawn", func() { a.WithdrawReplica(x) }, func() error { return absent("other", x) }},
+	}
+	for _, st := range steps {
+		st.do()
+		eventually(t, wait, st.name, func() error {
+			if err := st.check(); err != nil {
+				return err
+			}
+			if err := viewMismatch(a.Mesh); err != nil {
+				return err
+			}
+			for _, model := range []string{"m", "other"} {
+				if got, want := a.Candidates(model, nil), a.candidatesRef(model, nil); !slices.Equal(got, want) {
+					return fmt.Errorf("model %s: Candidates\n%+v\nreference\n%+v", model, got, want)
+				}
+			}
+			return nil
+		})
+	}
+}
+
+// TestCandidateBufferReused checks that CandidatesInto answers as
+// Candidates does and, once grown, reuses its storage.
+func TestCandidateBufferReused(t *testing.T) {
+	a := newRouter(t, "a", nil)
+	const n = summary.IndexMinSummaries + 8 // enough for the batch path
+	for i := range n {
+		id := fmt.Sprintf("http://replica-%04d:8000", i)
+		a.DeclareReplica(id)
+		a.UpdateReplica(id, ReplicaStatus{Models: []string{"m"}, Healthy: true})
+		a.Record(id, chain(uint64(i), 4))
+	}
+	var buf CandidateBuffer
+	eventually(t, wait, "all owned", func() error {
+		if got := len(a.CandidatesInto("m", &buf)); got != n {
+			return fmt.Errorf("%d candidates", got)
+		}
+		return nil
+	})
+	first := &a.CandidatesInto("m", &buf)[0]
+	probes := summary.MakeProbes(nil, chain(7, 4))
+	for round := range 3 {
+		cands := a.CandidatesInto("m", &buf)
+		if &cands[0] != first {
+			t.Fatalf("round %d: the buffer's candidates moved", round)
+		}
+		for i, c := range cands {
+			if got, want := c.Summary.Match(probes), a.MatchReplica(c.ID, probes); got != want {
+				t.Fatalf("round %d, %s: Match %d, summary's %d", round, c.ID, got, want)
+			}
+			if i == 7 {
+				probes = summary.MakeProbes(nil, chain(uint64(i), 4)) // a held prompt, a new slice
+			}
+		}
+	}
+	if allocs := testing.AllocsPerRun(20, func() { a.CandidatesInto("m", &buf) }); allocs != 0 {
+		t.Fatalf("CandidatesInto allocates %v times per call", allocs)
+	}
+}
+
+// TestEqualFullCopyKept hands a copy full copies from its owner: one
+// equal to the copy it holds is not installed (the copy, and so its
+// column in the Index, stays), while a diverged one at the same version,
+// a newer one, and any one the copy asked for replace it.
+func TestEqualFullCopyKept(t *testing.T) {
+	a := newRouter(t, "a", nil)
+	b := newRouter(t, "b", joining(a))
+	const id = "http://x:8000"
+	a.DeclareReplica(id)
+	a.UpdateReplica(id, ReplicaStatus{Models: []string{"m"}, Healthy: true, CapacityBlocks: 512})
+	a.Record(id, chain(1, 40))
+	eventually(t, wait, "b's copy matches", func() error { return matches(b.Mesh, id, chain(1, 40)) })
+	fp := b.cfg.Contract.Fingerprint()
+	reencode := func(s *summary.Summary) *summary.Summary {
+		out, err := summary.Decode(s.AppendEncode(nil, fp), fp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	tests := []struct {
+		name     string
+		full     func(cur *summary.Summary) *summary.Summary
+		wantFull bool
+		kept     bool
+	}{
+		{"equal", reencode, false, true},
+		{"diverged at the same version", func(cur *summary.Summary) *summary.Summary {
+			s, err := summary.New(cur.Params(), cur.Epoch())
+			if err != nil {
+				t.Fatal(err)
+			}
+			for s.Version() < cur.Version() {
+				s.Add(chain(9+s.Version(), 1))
+			}
+			return s
+		}, false, false},
+		{"newer", func(cur *summary.Summary) *summary.Summary {
+			s := reencode(cur)
+			s.Add(chain(77, 1))
+			return s
+		}, false, false},
+		{"equal but asked for", reencode, true, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			b.mu.RLock()
+			r := b.replicas[id]
+			cur, st := r.sum, r.st
+			b.mu.RUnlock()
+			s := tc.full(cur)
+			if tc.name == "diverged at the same version" && s.Version() != cur.Version() {
+				t.Fatalf("versions %d and %d", s.Version(), cur.Version())
+			}
+			chk := b.compareFulls(1, func(int) string { return id }, func(int) *summary.Summary { return s })
+			b.mu.Lock()
+			if tc.wantFull {
+				r.wantFull = true
+			}
+			b.handleFullLocked(&st, s, chk[0], r.heard)
+			got := r.sum
+			b.unlockAndRun()
+			if kept := got == cur; kept != tc.kept {
+				t.Fatalf("copy kept %v, want %v (equal by digest: %v)", kept, tc.kept, chk[0].equal)
+			}
+			if !tc.kept && got != s {
+				t.Fatal("the full copy was not installed")
+			}
+			// Another write section may have queued changes it has not
+			// applied yet.
+			eventually(t, wait, "the view in step", func() error { return viewMismatch(b.Mesh) })
+		})
+	}
+}
