@@ -178,6 +178,7 @@ type Mesh struct {
 	view        decisionView
 	viewDirty   []*replica
 	viewRebuild bool
+	bufs        sync.Pool // *CandidateBuffer lent by PooledCandidates
 	t0          time.Time // origin of the view's clock (viewEntry.heard)
 
 	ctx       context.Context

@@ -127,6 +127,20 @@ func (m *Mesh) CandidatesInto(model string, buf *CandidateBuffer) []route.Candid
 	return buf.cands
 }
 
+// PooledCandidates is CandidatesInto with a buffer lent from the mesh's
+// pool, for a server whose requests decide concurrently: at a thousand
+// replicas a request's candidates and batch are about 200 KB, which
+// Candidates would allocate per request. The candidates are valid until
+// release, which returns the buffer; a caller calls it once, when it no
+// longer reads them.
+func (m *Mesh) PooledCandidates(model string) (cands []route.Candidate, release func()) {
+	buf, _ := m.bufs.Get().(*CandidateBuffer)
+	if buf == nil {
+		buf = new(CandidateBuffer)
+	}
+	return m.CandidatesInto(model, buf), func() { m.bufs.Put(buf) }
+}
+
 // candidates is Candidates with the batch b to reuse (nil: a new one
 // when the view is large enough for the Index).
 func (m *Mesh) candidates(model string, dst []route.Candidate, b *matchBatch) []route.Candidate {

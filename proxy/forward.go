@@ -112,7 +112,14 @@ func (p *Proxy) inference(w http.ResponseWriter, r *http.Request, ep *endpoint) 
 	if id := st.prompt.PreviousResponseID; id != "" {
 		p.replicaOfResponse(r.Context(), r, id, st.hop) // decide finds it
 	}
-	cands := p.cfg.View.Candidates(st.prompt.Model, nil)
+	var cands []route.Candidate
+	if pv, ok := p.cfg.View.(pooledView); ok {
+		var release func()
+		cands, release = pv.PooledCandidates(st.prompt.Model)
+		defer release()
+	} else {
+		cands = p.cfg.View.Candidates(st.prompt.Model, nil)
+	}
 	p.load.fill(cands)
 	p.hops.fill(cands, p.clock)
 	hinted, hintMatch := -1, 0

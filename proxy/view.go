@@ -26,3 +26,11 @@ type View interface {
 	// pending prefill; done ends the request. Both are idempotent.
 	Begin(replicaID string, prefillBlocks float64) (firstByte, done func())
 }
+
+// pooledView is a View that lends a request's candidates from a pool
+// (the mesh does): at a thousand replicas they are about 200 KB a
+// request would otherwise allocate. release returns the storage; the
+// proxy calls it when the request no longer reads the candidates.
+type pooledView interface {
+	PooledCandidates(model string) (cands []route.Candidate, release func())
+}
