@@ -340,15 +340,23 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, st *reqState, id
 	}
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
-	out, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(st.body))
-	if err != nil {
-		p.log.Warn("bad upstream URL", "replica", id, "url", url, "error", err)
-		return attemptNotReached
+	// An owned plain-HTTP replica is reached by the router's own client
+	// (upstream.go); a peer's hop, TLS or a custom transport by net/http.
+	_, _, plain := splitHTTPURL(url)
+	fast := local && p.up != nil && plain
+	var out *http.Request
+	if !fast {
+		var err error
+		out, err = http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(st.body))
+		if err != nil {
+			p.log.Warn("bad upstream URL", "replica", id, "url", url, "error", err)
+			return attemptNotReached
+		}
+		copyRequestHeader(out.Header, r.Header)
+		body := st.body
+		// net/http replays the body only when nothing was written (see retry.go).
+		out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
 	}
-	copyRequestHeader(out.Header, r.Header)
-	body := st.body
-	// net/http replays the body only when nothing was written (see retry.go).
-	out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
 	firstByte := func() {}
 	var watch *hopWatch
 	if local {
@@ -374,7 +382,13 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, st *reqState, id
 	defer g.Dec()
 
 	start := time.Now()
-	resp, err := p.client.Do(out)
+	var resp *http.Response
+	var err error
+	if fast {
+		resp, err = p.up.do(ctx, url, r.Header, st.body)
+	} else {
+		resp, err = p.client.Do(out)
+	}
 	if err != nil {
 		if r.Context().Err() != nil {
 			st.code = statusClientGone
