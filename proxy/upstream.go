@@ -9,7 +9,6 @@ import (
 	"net"
 	"net/http"
 	"net/textproto"
-	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -291,22 +290,12 @@ func isTokenByte(c byte) bool {
 
 // upConn is one connection to a replica with its read buffer.
 type upConn struct {
-	nc   net.Conn
-	raw  syscall.RawConn // nil: not a socket this client can poll itself
-	host string
-	buf  []byte
-	r, w int // unread bytes are buf[r:w]
-	// drained: the last read returned less than asked, so the socket
-	// was empty and the next read waits for the poller first.
-	drained bool
-	idleAt  time.Time
-	// scratch for rawRead, set once so that no closure is allocated
-	// per read.
-	rb      []byte
-	rn      int
-	rerr    error
-	waited  bool
-	rawRead func(fd uintptr) bool
+	nc     net.Conn
+	raw    syscall.RawConn // nil: not a socket; idle checks are skipped
+	host   string
+	buf    []byte
+	r, w   int // unread bytes are buf[r:w]
+	idleAt time.Time
 }
 
 func newUpConn(nc net.Conn, host string) *upConn {
@@ -315,10 +304,9 @@ func newUpConn(nc net.Conn, host string) *upConn {
 	if pc, ok := inner.(*peerConn); ok {
 		inner = pc.Conn
 	}
-	if sc, ok := inner.(syscall.Conn); ok && rawReads {
+	if sc, ok := inner.(syscall.Conn); ok && idleChecks {
 		if raw, err := sc.SyscallConn(); err == nil {
 			c.raw = raw
-			c.rawRead = c.readFD
 		}
 	}
 	return c
@@ -340,40 +328,12 @@ func (c *upConn) alive() bool {
 	return err == nil && ok
 }
 
-// readFD is the RawConn callback of read: on a drained socket it first
-// returns false unread, so that the poller is waited for; then it reads
-// once, and again after each readiness that turns out stale.
-func (c *upConn) readFD(fd uintptr) bool {
-	if !c.waited {
-		c.waited = true
-		return false
-	}
-	c.rn, c.rerr = readOnce(fd, c.rb)
-	return c.rerr != syscall.EAGAIN
-}
-
-// read reads from the socket into b (len(b) > 0).
+// read reads from the socket into b (len(b) > 0). Go's poller resets a
+// socket's readiness before every read, so a read cannot wait for the
+// poller first: each response still ends with one read that finds
+// nothing (as under net/http).
 func (c *upConn) read(b []byte) (int, error) {
-	if c.raw == nil {
-		return c.nc.Read(b)
-	}
-	c.rb, c.rn, c.rerr, c.waited = b, 0, nil, !c.drained
-	err := c.raw.Read(c.rawRead)
-	c.rb = nil
-	if err != nil {
-		if op, ok := errors.AsType[*net.OpError](err); ok {
-			op.Op = "read" // RawConn names it raw-read
-		}
-		return 0, err
-	}
-	if c.rerr != nil {
-		return 0, &net.OpError{Op: "read", Net: "tcp", Source: c.nc.LocalAddr(), Addr: c.nc.RemoteAddr(), Err: os.NewSyscallError("read", c.rerr)}
-	}
-	if c.rn <= 0 {
-		return 0, io.EOF
-	}
-	c.drained = c.rn < len(b)
-	return c.rn, nil
+	return c.nc.Read(b)
 }
 
 // fill reads more bytes into the buffer, moving the unread ones to its

@@ -2,12 +2,9 @@
 
 package proxy
 
-import "errors"
+// idleChecks: elsewhere pooled connections are reused unchecked (as
+// net/http's would be between its reader's polls); idleOpen is never
+// called.
+const idleChecks = false
 
-// rawReads: elsewhere the upstream client reads through net.Conn.Read
-// (readOnce and idleOpen are never called).
-const rawReads = false
-
-func readOnce(uintptr, []byte) (int, error) { return 0, errors.ErrUnsupported }
-
-func idleOpen(uintptr) bool { return false }
+func idleOpen(uintptr) bool { return true }
