@@ -80,6 +80,10 @@ const maxResponseHeader = 1 << 20
 // into the caller's buffer when nothing is buffered.
 const upstreamReadBuffer = 16 << 10
 
+// maxInterim bounds the 1xx responses before the final one (net/http
+// allows 5; a replica sends at most a 100 and a 103).
+const maxInterim = 5
+
 // errUpstreamProtocol marks a response the client cannot read.
 var errUpstreamProtocol = errors.New("malformed upstream response")
 
@@ -376,7 +380,10 @@ func (c *upConn) readResponse(ctx context.Context, u *upstreamClient, stop func(
 		_ = c.nc.SetReadDeadline(time.Now().Add(u.headerTimeout))
 	}
 	var resp *http.Response
-	for {
+	for interim := 0; ; interim++ {
+		if interim > maxInterim {
+			return nil, fmt.Errorf("%w: more than %d informational responses", errUpstreamProtocol, maxInterim)
+		}
 		end, err := c.headEnd()
 		if err != nil {
 			return nil, err
