@@ -97,6 +97,12 @@ func (u *upstreamClient) do(ctx context.Context, url string, hdr http.Header, bo
 	}
 	req := appendRequest(getReqBuf(), host, path, hdr, len(body))
 	defer putReqBuf(req)
+	if len(body) <= upstreamWriteBuffer {
+		// Head and body leave in one write (one segment, one wake-up of
+		// the replica); the pooled buffer keeps its grown size.
+		*req = append(*req, body...)
+		body = nil
+	}
 	for try := 0; ; try++ {
 		c, reused, err := u.conn(ctx, host)
 		if err != nil {
@@ -360,12 +366,11 @@ func (c *upConn) fill(limit int) error {
 	return err
 }
 
-// writeRequest writes the head and the body, in one system call when
-// they fit the head's buffer.
+// writeRequest writes the head and the body (empty when the head holds
+// it), a large body with writev.
 func (c *upConn) writeRequest(head, body []byte) (int, error) {
-	if len(head)+len(body) <= cap(head) || len(body) <= upstreamWriteBuffer {
-		buf := append(head, body...)
-		return c.nc.Write(buf)
+	if len(body) == 0 {
+		return c.nc.Write(head)
 	}
 	bufs := net.Buffers{head, body}
 	n, err := bufs.WriteTo(c.nc)
