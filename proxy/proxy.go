@@ -376,3 +376,12 @@ func (p *Proxy) modelKnown(model string) bool {
 	_, ok := slices.BinarySearch(p.cfg.View.Models(), model)
 	return ok
 }
+
+// CloseIdleConnections closes the idle upstream connections of both the
+// router's own client (upstream.go) and Config.Client, for a shutdown.
+func (p *Proxy) CloseIdleConnections() {
+	if p.up != nil {
+		p.up.closeIdle()
+	}
+	p.client.CloseIdleConnections()
+}

@@ -193,6 +193,10 @@ func (u *upstreamClient) conn(ctx context.Context, host string) (*upConn, bool, 
 // put returns a connection whose response was read to the end.
 func (u *upstreamClient) put(c *upConn) {
 	c.idleAt = time.Now()
+	if len(c.buf) > upstreamReadBuffer {
+		// A rare large head grew it; an idle connection keeps the usual size.
+		c.buf, c.r, c.w = make([]byte, upstreamReadBuffer), 0, 0
+	}
 	u.mu.Lock()
 	l := u.idle[c.host]
 	if len(l) >= u.maxIdle {

@@ -301,6 +301,17 @@ func TestUpstreamClientReuse(t *testing.T) {
 		if got := s.conns.Load(); got != tc.wantConns {
 			t.Errorf("%s: %d connections, want %d", tc.name, got, tc.wantConns)
 		}
+		// After closeIdle the next request needs a new connection.
+		u.closeIdle()
+		resp, err := u.do(context.Background(), "http://"+s.ln.Addr().String()+"/v1/x", http.Header{}, []byte("{}"))
+		if err != nil {
+			t.Fatalf("%s: after closeIdle: %v", tc.name, err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if got := s.conns.Load(); got != tc.wantConns+1 {
+			t.Errorf("%s: %d connections after closeIdle, want %d", tc.name, got, tc.wantConns+1)
+		}
 		u.closeIdle()
 	}
 }
