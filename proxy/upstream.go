@@ -433,11 +433,9 @@ func (c *upConn) headEnd() (int, error) {
 		}
 		// Lines before the last newline are complete; scanning resumes
 		// there after the buffer moves.
-		scanned := c.w - c.r
+		scanned := 0
 		if i := bytes.LastIndexByte(c.buf[c.r:c.w], '\n'); i >= 0 {
 			scanned = i
-		} else {
-			scanned = 0
 		}
 		if err := c.fill(maxResponseHeader); err != nil {
 			if err == io.EOF && c.w > c.r {
