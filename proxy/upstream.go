@@ -388,6 +388,12 @@ func (c *upConn) writeRequest(head, body []byte) (int, error) {
 func (c *upConn) readResponse(ctx context.Context, u *upstreamClient, stop func() bool) (*http.Response, error) {
 	if u.headerTimeout > 0 {
 		_ = c.nc.SetReadDeadline(time.Now().Add(u.headerTimeout))
+		// A cancellation that already set its past deadline was just
+		// overwritten: it is seen here instead (ctx is done before its
+		// AfterFunc runs).
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
 	}
 	var resp *http.Response
 	for interim := 0; ; interim++ {
