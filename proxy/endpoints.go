@@ -336,7 +336,7 @@ func (p *Proxy) serveResponseByID(w http.ResponseWriter, r *http.Request) {
 		st.code = writeError(w, http.StatusNotFound, fmt.Sprintf("Response with id '%s' not found: its replica is gone.", id))
 		return
 	}
-	body, status, err := p.readBody(w, r)
+	body, status, err := p.readBody(w, r, nil)
 	if err != nil {
 		st.code = writeError(w, status, err.Error())
 		return

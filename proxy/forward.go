@@ -48,7 +48,16 @@ type reqState struct {
 	dispatchBy          time.Time
 	downOwner           string
 	hopDispatched       bool
+	// netHTTP: an attempt went through net/http, whose Transport may
+	// still read the body after it returned; the body is not reused.
+	netHTTP bool
 }
+
+// bodyBufs holds request body buffers of preallocBody+1 bytes: a body of
+// known length up to preallocBody is read into one (readKnown), so that
+// the request path's largest allocation (the body, e.g. 8 KB of an 8 KB
+// chat request) is not garbage after every request.
+var bodyBufs = sync.Pool{New: func() any { b := make([]byte, 0, preallocBody+1); return &b }}
 
 var copyBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
 
@@ -83,7 +92,16 @@ func (p *Proxy) inference(w http.ResponseWriter, r *http.Request, ep *endpoint) 
 		}
 		defer release()
 	}
-	body, status, err := p.readBody(w, r)
+	bp := bodyBufs.Get().(*[]byte)
+	body, status, err := p.readBody(w, r, *bp)
+	defer func() {
+		// The buffer goes back unless a net/http Transport had the body
+		// in it (the Transport may read a request body after Do
+		// returns).
+		if shares := cap(body) > 0 && &body[:1][0] == &(*bp)[:1][0]; !shares || !st.netHTTP {
+			bodyBufs.Put(bp)
+		}
+	}()
 	if err != nil {
 		st.code = writeError(w, status, err.Error())
 		return
@@ -215,7 +233,8 @@ func (p *Proxy) noCandidate(w http.ResponseWriter, st *reqState) int {
 // readBody reads the request body once, under the size limit, as its
 // bytes arrive: a Content-Length is only checked against the limit, never
 // allocated, and the body deadline (setBodyDeadline) ends a trickle.
-func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request) ([]byte, int, error) {
+// A body of known small length is read into dst when it fits.
+func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request, dst []byte) ([]byte, int, error) {
 	limit := p.cfg.MaxBodyBytes
 	if r.ContentLength > limit {
 		abandonBody(w, r)
@@ -224,7 +243,7 @@ func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request) ([]byte, int, e
 	var b []byte
 	var err error
 	if r.ContentLength > 0 && r.ContentLength <= preallocBody {
-		b, err = readKnown(r.Body, r.ContentLength, limit)
+		b, err = readKnown(dst, r.Body, r.ContentLength, limit)
 	} else {
 		b, err = readLimited(r.Body, limit)
 	}
@@ -250,13 +269,19 @@ func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request) ([]byte, int, e
 const preallocBody = 64 << 10
 
 // readKnown reads a body whose Content-Length n (within the limit) is
-// known and small: one allocation of n bytes, where io.ReadAll would grow
-// a slice from 512 bytes through half a dozen copies. It reads on to the
+// known and small: into dst when its capacity holds n+1 bytes, else one
+// allocation of n bytes, where io.ReadAll would grow a slice from 512
+// bytes through half a dozen copies. It reads on to the
 // end of the body, since net/http watches for the client going away only
 // once the body hit EOF; a body longer than declared (which net/http's
 // server never delivers) is read on under the limit.
-func readKnown(body io.Reader, n, limit int64) ([]byte, error) {
-	b := make([]byte, n, n+1)
+func readKnown(dst []byte, body io.Reader, n, limit int64) ([]byte, error) {
+	var b []byte
+	if int64(cap(dst)) > n {
+		b = dst[:n]
+	} else {
+		b = make([]byte, n, n+1)
+	}
 	if _, err := io.ReadFull(body, b); err != nil {
 		return nil, err
 	}
@@ -347,15 +372,24 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, st *reqState, id
 	}
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
-	out, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(st.body))
-	if err != nil {
-		p.log.Warn("bad upstream URL", "replica", id, "url", url, "error", err)
-		return attemptNotReached
+	// An owned plain-HTTP replica is reached by the router's own client
+	// (upstream.go); a peer's hop, TLS or a custom transport by net/http.
+	_, _, plain := splitHTTPURL(url)
+	fast := local && p.up != nil && plain
+	var out *http.Request
+	if !fast {
+		st.netHTTP = true
+		var err error
+		out, err = http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(st.body))
+		if err != nil {
+			p.log.Warn("bad upstream URL", "replica", id, "url", url, "error", err)
+			return attemptNotReached
+		}
+		copyRequestHeader(out.Header, r.Header)
+		body := st.body
+		// net/http replays the body only when nothing was written (see retry.go).
+		out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
 	}
-	copyRequestHeader(out.Header, r.Header)
-	body := st.body
-	// net/http replays the body only when nothing was written (see retry.go).
-	out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
 	firstByte := func() {}
 	var watch *hopWatch
 	if local {
@@ -381,7 +415,13 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, st *reqState, id
 	defer g.Dec()
 
 	start := time.Now()
-	resp, err := p.client.Do(out)
+	var resp *http.Response
+	var err error
+	if fast {
+		resp, err = p.up.do(ctx, url, r.Header, st.body)
+	} else {
+		resp, err = p.client.Do(out)
+	}
 	if err != nil {
 		if r.Context().Err() != nil {
 			st.code = statusClientGone

@@ -118,11 +118,14 @@ type Config struct {
 
 // Proxy is the HTTP handler of one router. It is safe for concurrent use.
 type Proxy struct {
-	cfg     Config
-	log     hclog.Logger
-	m       *metrics
-	edge    *edgeMetrics
-	client  *http.Client
+	cfg    Config
+	log    hclog.Logger
+	m      *metrics
+	edge   *edgeMetrics
+	client *http.Client
+	// up reaches owned plain-HTTP replicas (upstream.go); nil when
+	// Config.Client is not a plain net/http Transport.
+	up      *upstreamClient
 	metrics http.Handler
 	// sessionHeader is the client routing key header ("" for none).
 	sessionHeader string
@@ -204,7 +207,7 @@ func New(cfg Config) (*Proxy, error) {
 		junk: junkLog{log: cfg.Logger, lim: ratelog.New(5, time.Second)}, now: time.Now,
 		sessionHeader: cfg.SessionHeader, responses: newResponseLRU(cfg.MaxResponses),
 		lookups: newLookups(cfg.Registerer),
-		load:    newLoadBook(), hops: newHopBook()}
+		load:    newLoadBook(), hops: newHopBook(), up: newUpstreamClient(cfg.Client)}
 	p.clock, _ = cfg.View.(loadClock)
 	if cfg.MaxInflightPerClient > 0 {
 		p.clients = &clientLimiter{max: cfg.MaxInflightPerClient, n: map[string]int{}}
@@ -372,4 +375,13 @@ func (p *Proxy) modelsKnown() bool {
 func (p *Proxy) modelKnown(model string) bool {
 	_, ok := slices.BinarySearch(p.cfg.View.Models(), model)
 	return ok
+}
+
+// CloseIdleConnections closes the idle upstream connections of both the
+// router's own client (upstream.go) and Config.Client, for a shutdown.
+func (p *Proxy) CloseIdleConnections() {
+	if p.up != nil {
+		p.up.closeIdle()
+	}
+	p.client.CloseIdleConnections()
 }

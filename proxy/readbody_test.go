@@ -34,7 +34,7 @@ func TestReadKnown(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := readKnown(tc.r, tc.declared, tc.limit)
+			got, err := readKnown(nil, tc.r, tc.declared, tc.limit)
 			switch {
 			case tc.err == nil && err != nil:
 				t.Fatalf("error %v", err)

@@ -1,0 +1,10 @@
+//go:build !unix
+
+package proxy
+
+// idleChecks: elsewhere pooled connections are reused unchecked (as
+// net/http's would be between its reader's polls); idleOpen is never
+// called.
+const idleChecks = false
+
+func idleOpen(uintptr) bool { return true }
