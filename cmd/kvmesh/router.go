@@ -258,7 +258,6 @@ type router struct {
 	mesh   *mesh.Mesh
 	health *proxy.HealthChecker
 	proxy  *proxy.Proxy
-	client *http.Client
 	srv    *http.Server
 	ln     net.Listener
 	api    string
@@ -344,7 +343,7 @@ func startRouter(ctx context.Context, cfg routerConfig) (*router, error) {
 	if cfg.loadFactor > 0 {
 		policy.LoadFactor = cfg.loadFactor
 	}
-	r := &router{name: cfg.name, log: log, reg: reg, mesh: m, health: hc, client: client, api: api, edges: edges, serveErr: make(chan error, 2)}
+	r := &router{name: cfg.name, log: log, reg: reg, mesh: m, health: hc, api: api, edges: edges, serveErr: make(chan error, 2)}
 	p, err := proxy.New(proxy.Config{
 		RouterName: cfg.name, View: m, Policy: policy, Contract: cfg.contract,
 		MaxBodyBytes: cfg.maxBodyBytes, Client: client, Logger: log.Named("proxy"),
@@ -442,7 +441,7 @@ func (r *router) shutdown() error {
 			done = true
 		}
 	}
-	r.client.CloseIdleConnections()
+	r.proxy.CloseIdleConnections() // the own upstream pool and the net/http client's
 	r.log.Info("router stopped")
 	return errors.Join(errs...)
 }
