@@ -26,6 +26,12 @@ func TestEngineLoadReachesEveryRouter(t *testing.T) {
 			if !ok || c.Running != 3 || c.Waiting != 2 || c.Slots != 8 {
 				return fmt.Errorf("ok=%v running %d waiting %d slots %d", ok, c.Running, c.Waiting, c.Slots)
 			}
+			// The status page shows it from the debug view, at the owner and elsewhere.
+			for _, d := range r.Debug().(DebugInfo).Replicas {
+				if d.ID == id && (d.EngineRunning != 3 || d.EngineWaiting != 2 || d.EngineSlots != 8) {
+					return fmt.Errorf("debug view: running %d waiting %d slots %d", d.EngineRunning, d.EngineWaiting, d.EngineSlots)
+				}
+			}
 			return nil
 		})
 	}

@@ -413,6 +413,12 @@ type ReplicaDebug struct {
 	Bytes       int      `json:"summary_bytes"`
 	InFlight    int      `json:"in_flight"`
 	PendingPref float64  `json:"pending_prefill_blocks"`
+	// The engine's own load: from this router's health checks for an
+	// owned replica, as its owner gossips it for another's. Slots 0 is
+	// unknown; all three 0 is an engine whose load is not known.
+	EngineRunning int `json:"engine_running"`
+	EngineWaiting int `json:"engine_waiting"`
+	EngineSlots   int `json:"engine_slots"`
 }
 
 // DebugInfo is the JSON-able picture Debug returns.
@@ -433,10 +439,12 @@ func (m *Mesh) Debug() any {
 		if r.owned {
 			d.Models, d.Healthy, d.Counts = r.models, r.healthy, r.sum != nil
 			d.InFlight, d.PendingPref = int(r.load.inFlight.Load()), float64(r.load.pendingK.Load())/1000
+			d.EngineRunning, d.EngineWaiting, d.EngineSlots = r.running, r.waiting, r.slots
 		} else if r.hasState && r.st.Origin == d.Owner {
 			d.Models, d.Healthy, d.Counts = r.st.Models, r.st.Healthy, m.countsLocked(r, now)
 			d.InFlight, d.PendingPref, d.OwnerVer = int(r.st.InFlight), r.st.Pending, r.st.Version
 			d.AgeSeconds = now.Sub(r.heard).Seconds()
+			d.EngineRunning, d.EngineWaiting, d.EngineSlots = int(r.st.Running), int(r.st.Waiting), int(r.st.Slots)
 		}
 		if r.sum != nil {
 			s := r.sum.Stats()

@@ -186,6 +186,28 @@ func TestRender(t *testing.T) {
 			ordered: []string{`data-engine-slots="?"`, `data-replica="http://vllm-3:8000"`, `<td class="muted">—</td>`},
 		},
 		{
+			name: "engines of other routers' replicas, as gossiped", target: "/",
+			mesh: &fakeMesh{threeRouters(), func() mesh.DebugInfo {
+				d := replicas()
+				d.Replicas[1].EngineRunning, d.Replicas[1].EngineWaiting, d.Replicas[1].EngineSlots = 4, 1, 4 // r2's, full and queueing
+				d.Replicas[2].EngineRunning, d.Replicas[2].EngineSlots = 2, 8                                 // r3's
+				return d
+			}()},
+			metrics: func() *fakeMetrics {
+				f := newFakeMetrics().withNewFamilies()
+				f.engine("http://vllm-0:8000", 3, 0, 8) // owned: its own metric
+				return f
+			}(),
+			want: []string{
+				`class="engine up" data-engine-running="3" data-engine-waiting="0" data-engine-slots="8">`,
+				`class="engine down" data-engine-running="4" data-engine-waiting="1" data-engine-slots="4" data-engine-gossiped`,
+				`class="engine up" data-engine-running="2" data-engine-waiting="0" data-engine-slots="8" data-engine-gossiped`,
+				`as their owners gossip them`,
+			},
+			// vllm-3's owner gossiped no engine load: no figures.
+			ordered: []string{`data-engine-gossiped`, `data-replica="http://vllm-3:8000"`, `<td class="muted">—</td>`},
+		},
+		{
 			name: "prediction error histogram", mesh: &fakeMesh{threeRouters(), replicas()}, target: "/",
 			metrics: func() *fakeMetrics {
 				f := newFakeMetrics().withNewFamilies()

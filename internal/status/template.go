@@ -89,7 +89,7 @@ dl{display:grid;grid-template-columns:max-content auto;gap:2px 12px;margin:0}dt{
 <td><svg width="120" height="8" role="img" aria-label="in flight"><rect class="track" width="120" height="8"/><rect class="bar" width="{{.LoadBar}}" height="8"/></svg></td>
 <td class="num">{{.Pending}} blocks</td>
 {{- if .Engine.HasEngine}}
-<td class="engine {{.Engine.Class}}" data-engine-running="{{.Engine.Running}}" data-engine-waiting="{{.Engine.Waiting}}" data-engine-slots="{{.Engine.Slots}}"><svg width="120" height="8" role="img" aria-label="engine running and waiting"><rect class="track" width="120" height="8"/><rect class="bar up" width="{{.Engine.RunBar}}" height="8"/><rect class="bar warn" x="{{.Engine.WaitX}}" width="{{.Engine.WaitBar}}" height="8"/></svg> {{.Engine.Running}} · {{if ne .Engine.Waiting "0"}}<span class="badge {{.Engine.Class}}">{{.Engine.Waiting}}</span>{{else}}0{{end}} / {{.Engine.Slots}}</td>
+<td class="engine {{.Engine.Class}}" data-engine-running="{{.Engine.Running}}" data-engine-waiting="{{.Engine.Waiting}}" data-engine-slots="{{.Engine.Slots}}"{{if .Engine.Gossiped}} data-engine-gossiped title="as its owner gossips it"{{end}}><svg width="120" height="8" role="img" aria-label="engine running and waiting"><rect class="track" width="120" height="8"/><rect class="bar up" width="{{.Engine.RunBar}}" height="8"/><rect class="bar warn" x="{{.Engine.WaitX}}" width="{{.Engine.WaitBar}}" height="8"/></svg> {{.Engine.Running}} · {{if ne .Engine.Waiting "0"}}<span class="badge {{.Engine.Class}}">{{.Engine.Waiting}}</span>{{else}}0{{end}} / {{.Engine.Slots}}{{if .Engine.Gossiped}} ↻{{end}}</td>
 {{- else}}
 <td class="muted">—</td>
 {{- end}}
@@ -102,7 +102,7 @@ dl{display:grid;grid-template-columns:max-content auto;gap:2px 12px;margin:0}dt{
 </tbody>
 </table>
 {{- if .HasEngines}}
-<p class="muted">Engine figures are the replicas' own metrics, read by this router's health checks (— for replicas it does not declare).</p>
+<p class="muted">Engine figures are the replicas' own metrics, read by this router's health checks; for other routers' replicas (marked ↻), as their owners gossip them (— when no one reported them).</p>
 {{- end}}
 </section>
 

@@ -33,6 +33,10 @@ type view struct {
 	Replicas        []replicaRow
 	ReplicasHealthy int
 	ReplicasStale   int
+	// gossiped is the engine load the owners of other routers' replicas
+	// gossip (mesh.ReplicaDebug), for the rows this router's own health
+	// checks do not cover.
+	gossiped map[string]mesh.ReplicaDebug
 
 	HasMetrics bool
 	Window     string // span of the recent figures; "" before the second sample
@@ -79,6 +83,7 @@ type replicaRow struct {
 // against its slots, drawn as one bar (running, then waiting after it).
 type engineCell struct {
 	HasEngine               bool
+	Gossiped                bool   // another router's replica: as its owner gossips it
 	Running, Waiting, Slots string // Slots "?" when unknown
 	RunBar, WaitX, WaitBar  string // px
 	Class                   string // up, warn (waiting), down (waiting and full)
@@ -220,6 +225,12 @@ func (v *view) addReplicas(d mesh.DebugInfo, now time.Time) {
 			v.ReplicasStale++
 		}
 		v.Replicas = append(v.Replicas, row)
+		if !r.Owned && r.EngineRunning+r.EngineWaiting+r.EngineSlots > 0 {
+			if v.gossiped == nil {
+				v.gossiped = map[string]mesh.ReplicaDebug{}
+			}
+			v.gossiped[r.ID] = r
+		}
 	}
 }
 
@@ -519,7 +530,7 @@ func signedBlocks(f float64) string {
 // its row.
 func (v *view) addEngines(fams []*dto.MetricFamily) {
 	reqs, slots := family(fams, metricEngineReqs), family(fams, metricEngineSlots)
-	if reqs == nil && slots == nil {
+	if reqs == nil && slots == nil && len(v.gossiped) == 0 {
 		return
 	}
 	cells := map[string]*engineCell{}
@@ -542,6 +553,13 @@ func (v *view) addEngines(fams []*dto.MetricFamily) {
 	if slots != nil {
 		for _, m := range slots.GetMetric() {
 			cell(label(m, "replica")).slots += value(m)
+		}
+	}
+	// Another router's replica: its owner's figures, as gossiped.
+	for id, r := range v.gossiped {
+		if cells[id] == nil {
+			cells[id] = &engineCell{HasEngine: true, Gossiped: true,
+				running: float64(r.EngineRunning), waiting: float64(r.EngineWaiting), slots: float64(r.EngineSlots)}
 		}
 	}
 	// Bars are against the slots when known, else the busiest engine.
