@@ -421,8 +421,9 @@ func (p Policy) Pick(req Request, cands []Candidate) Decision {
 	// One pass: each candidate's cost, its block time and slot wait
 	// computed once, and its rendezvous weight only when its cost ties
 	// the best so far (the weight of a best found by cost alone is
-	// computed when a tie first needs it). The costs and the ties are
-	// exactly better's.
+	// computed when a tie first needs it): the lower cost wins, a tie
+	// goes to the higher weight, as if every weight were computed. The
+	// slot wait is asked only of a candidate with no free slot.
 	chosen, cheapest := -1, -1
 	var chosenCost, cheapestCost float64
 	var chosenW, cheapestW uint64
@@ -432,7 +433,11 @@ func (p Policy) Pick(req Request, cands []Candidate) Decision {
 		m := int(c.match)
 		bm := p.blockMs(c)
 		stem := max(0, fork-m) // stem blocks c lacks, of its n-m
-		cost := c.NetworkMs + bm*c.PendingPrefillBlocks + slotWeight*p.slotWaitMs(c) +
+		slot := 0.0
+		if slotsAhead(c) > 0 {
+			slot = p.slotWaitMs(c)
+		}
+		cost := c.NetworkMs + bm*c.PendingPrefillBlocks + slotWeight*slot +
 			rw*bm*float64(n-m-stem) + stemWeight*bm*float64(stem)
 		var w uint64
 		hasW := false
@@ -485,7 +490,11 @@ func (p Policy) blockMs(c *Candidate) float64 {
 // waitMs is a candidate's estimated wait to start a request: its queued
 // prefill and its slot wait, in ms.
 func (p Policy) waitMs(c *Candidate) float64 {
-	return p.blockMs(c)*c.PendingPrefillBlocks + p.slotWaitMs(c)
+	slot := 0.0
+	if slotsAhead(c) > 0 {
+		slot = p.slotWaitMs(c)
+	}
+	return p.blockMs(c)*c.PendingPrefillBlocks + slot
 }
 
 // slotWaitMs estimates how long a new request would wait at c for a
@@ -496,15 +505,13 @@ func (p Policy) waitMs(c *Candidate) float64 {
 // the fast signal of how many requests the engine holds; with unknown
 // slots the last scrape's waiting count says whether it queues.
 func (p Policy) slotWaitMs(c *Candidate) float64 {
-	ahead, slots := 0, c.Slots
-	switch {
-	case c.Slots > 0:
-		ahead = c.InFlight + 1 - c.Slots
-	case c.Waiting > 0:
-		ahead, slots = c.Waiting+1, max(c.Running, 1)
-	}
+	ahead := slotsAhead(c)
 	if ahead <= 0 {
 		return 0
+	}
+	slots := c.Slots
+	if slots <= 0 { // ahead > 0 with unknown slots: the engine queues
+		slots = max(c.Running, 1)
 	}
 	seq := c.SeqMs
 	if seq <= 0 {
@@ -517,6 +524,22 @@ func (p Policy) slotWaitMs(c *Candidate) float64 {
 		return max(seq-c.SlotAgeMs, 0) + float64(ahead-1)*per
 	}
 	return float64(ahead) * per
+}
+
+// slotsAhead is how many sequence slots must free before c starts a new
+// request: its in-flight count past its slots, or with unknown slots the
+// last scrape's waiting count and this request; 0 or less when one is
+// free (or none is known to be taken). It inlines where slotWaitMs does
+// not: a decision asks each of a thousand candidates, most of which have
+// a free slot, and calls slotWaitMs only for the others.
+func slotsAhead(c *Candidate) int {
+	switch {
+	case c.Slots > 0:
+		return c.InFlight + 1 - c.Slots
+	case c.Waiting > 0:
+		return c.Waiting + 1
+	}
+	return 0
 }
 
 // InFlightBound is the most requests a candidate may have in flight for
