@@ -71,9 +71,6 @@ type Candidate struct {
 	// Summary answers prefix matches; nil when the router has no summary
 	// of the replica that counts.
 	Summary Matcher
-	// Stale reports that a summary exists but does not count: too old, or
-	// its owner is suspect or gone.
-	Stale bool
 	// InFlight is the number of requests in flight at the replica.
 	InFlight int
 	// PendingPrefillBlocks is the prefill work queued at the replica, in
@@ -109,9 +106,16 @@ type Candidate struct {
 	// by requests past the mean free soon.
 	SlotAgeMs float64
 
-	match int     // filled by Pick
-	slot  float64 // filled by Pick: slotWaitMs
-	wait  float64 // filled by Pick: queued prefill and slot wait, ms
+	// match is filled by Pick. It is an int32 (a prompt of 2^31 blocks is
+	// 2 TB of KV) so that it shares a word with Stale: a decision over a
+	// thousand replicas reads every candidate two or three times, and
+	// each byte of the struct is a kilobyte per pass. Pick computes a
+	// candidate's slot wait where it needs it instead of storing it, for
+	// the same reason.
+	match int32
+	// Stale reports that a summary exists but does not count: too old, or
+	// its owner is suspect or gone.
+	Stale bool
 }
 
 // HashID returns the rendezvous hash of a replica ID.
@@ -291,8 +295,6 @@ func (p Policy) Pick(req Request, cands []Candidate) Decision {
 	for i := range cands {
 		c := &cands[i]
 		c.match = 0
-		c.slot = p.slotWaitMs(c)
-		c.wait = p.blockMs(c)*c.PendingPrefillBlocks + c.slot
 		// A stale candidate's load is as unknown as its cache: it neither
 		// counts towards the mean nor is held to the bound (a router that
 		// cannot talk to the owner must place requests as if it knew
@@ -312,7 +314,7 @@ func (p Policy) Pick(req Request, cands []Candidate) Decision {
 		if n > 0 {
 			m = c.Summary.Match(req.Probes)
 		}
-		c.match = m
+		c.match = int32(m)
 		fresh++
 		best = max(best, m)
 		if m < len(hist) {
@@ -366,7 +368,7 @@ func (p Policy) Pick(req Request, cands []Candidate) Decision {
 		if cands[home].Stale {
 			d.Reason = ReasonFallbackStale
 		}
-		d.Index, d.Match = home, cands[home].match
+		d.Index, d.Match = home, int(cands[home].match)
 		return d
 	}
 
@@ -381,7 +383,7 @@ func (p Policy) Pick(req Request, cands []Candidate) Decision {
 	if req.Concurrent > 1 {
 		holders, startable := 0, false
 		for i := range cands {
-			if cands[i].match >= best {
+			if int(cands[i].match) >= best {
 				holders++
 				startable = startable || canStart(&cands[i])
 			}
@@ -416,29 +418,61 @@ func (p Policy) Pick(req Request, cands []Candidate) Decision {
 	if req.ForkBlocks > 0 && !holderCanStart(cands, best) && manyCanStart(cands) {
 		fork, stemWeight = min(req.ForkBlocks, n), 1
 	}
+	// One pass: each candidate's cost, its block time and slot wait
+	// computed once, and its rendezvous weight only when its cost ties
+	// the best so far (the weight of a best found by cost alone is
+	// computed when a tie first needs it): the lower cost wins, a tie
+	// goes to the higher weight, as if every weight were computed. The
+	// slot wait is asked only of a candidate with no free slot.
 	chosen, cheapest := -1, -1
 	var chosenCost, cheapestCost float64
 	var chosenW, cheapestW uint64
+	chosenHasW, cheapestHasW := false, false
 	for i := range cands {
 		c := &cands[i]
-		stem := max(0, fork-c.match) // stem blocks c lacks, of its n-c.match
-		cost := c.NetworkMs + p.blockMs(c)*c.PendingPrefillBlocks + slotWeight*c.slot +
-			rw*p.blockMs(c)*float64(n-c.match-stem) + stemWeight*p.blockMs(c)*float64(stem)
-		w := weight(d.Key, c.Hash)
-		if cheapest < 0 || better(cost, w, cheapestCost, cheapestW) {
-			cheapest, cheapestCost, cheapestW = i, cost, w
+		m := int(c.match)
+		bm := p.blockMs(c)
+		stem := max(0, fork-m) // stem blocks c lacks, of its n-m
+		slot := 0.0
+		if slotsAhead(c) > 0 {
+			slot = p.slotWaitMs(c)
+		}
+		cost := c.NetworkMs + bm*c.PendingPrefillBlocks + slotWeight*slot +
+			rw*bm*float64(n-m-stem) + stemWeight*bm*float64(stem)
+		var w uint64
+		hasW := false
+		if cheapest < 0 || cost < cheapestCost {
+			cheapest, cheapestCost, cheapestHasW = i, cost, false
+		} else if cost == cheapestCost {
+			w, hasW = weight(d.Key, c.Hash), true
+			if !cheapestHasW {
+				cheapestW, cheapestHasW = weight(d.Key, cands[cheapest].Hash), true
+			}
+			if w > cheapestW {
+				cheapest, cheapestW = i, w
+			}
 		}
 		if !lim.admits(c) {
 			continue
 		}
-		if chosen < 0 || better(cost, w, chosenCost, chosenW) {
-			chosen, chosenCost, chosenW = i, cost, w
+		if chosen < 0 || cost < chosenCost {
+			chosen, chosenCost, chosenHasW = i, cost, false
+		} else if cost == chosenCost {
+			if !hasW {
+				w = weight(d.Key, c.Hash)
+			}
+			if !chosenHasW {
+				chosenW, chosenHasW = weight(d.Key, cands[chosen].Hash), true
+			}
+			if w > chosenW {
+				chosen, chosenW = i, w
+			}
 		}
 	}
 	if chosen < 0 { // cannot happen: someone is at or below the mean
 		chosen = cheapest
 	}
-	d.Index, d.Match, d.Reason = chosen, cands[chosen].match, ReasonPrefix
+	d.Index, d.Match, d.Reason = chosen, int(cands[chosen].match), ReasonPrefix
 	if chosen != cheapest {
 		d.Reason = ReasonSpill
 	}
@@ -453,6 +487,16 @@ func (p Policy) blockMs(c *Candidate) float64 {
 	return p.DefaultBlockMs
 }
 
+// waitMs is a candidate's estimated wait to start a request: its queued
+// prefill and its slot wait, in ms.
+func (p Policy) waitMs(c *Candidate) float64 {
+	slot := 0.0
+	if slotsAhead(c) > 0 {
+		slot = p.slotWaitMs(c)
+	}
+	return p.blockMs(c)*c.PendingPrefillBlocks + slot
+}
+
 // slotWaitMs estimates how long a new request would wait at c for a
 // sequence slot: nothing while one is free, else the time for enough of
 // them to free: the first when the oldest request in flight ends (SeqMs
@@ -461,15 +505,13 @@ func (p Policy) blockMs(c *Candidate) float64 {
 // the fast signal of how many requests the engine holds; with unknown
 // slots the last scrape's waiting count says whether it queues.
 func (p Policy) slotWaitMs(c *Candidate) float64 {
-	ahead, slots := 0, c.Slots
-	switch {
-	case c.Slots > 0:
-		ahead = c.InFlight + 1 - c.Slots
-	case c.Waiting > 0:
-		ahead, slots = c.Waiting+1, max(c.Running, 1)
-	}
+	ahead := slotsAhead(c)
 	if ahead <= 0 {
 		return 0
+	}
+	slots := c.Slots
+	if slots <= 0 { // ahead > 0 with unknown slots: the engine queues
+		slots = max(c.Running, 1)
 	}
 	seq := c.SeqMs
 	if seq <= 0 {
@@ -482,6 +524,22 @@ func (p Policy) slotWaitMs(c *Candidate) float64 {
 		return max(seq-c.SlotAgeMs, 0) + float64(ahead-1)*per
 	}
 	return float64(ahead) * per
+}
+
+// slotsAhead is how many sequence slots must free before c starts a new
+// request: its in-flight count past its slots, or with unknown slots the
+// last scrape's waiting count and this request; 0 or less when one is
+// free (or none is known to be taken). It inlines where slotWaitMs does
+// not: a decision asks each of a thousand candidates, most of which have
+// a free slot, and calls slotWaitMs only for the others.
+func slotsAhead(c *Candidate) int {
+	switch {
+	case c.Slots > 0:
+		return c.InFlight + 1 - c.Slots
+	case c.Waiting > 0:
+		return c.Waiting + 1
+	}
+	return 0
 }
 
 // InFlightBound is the most requests a candidate may have in flight for
@@ -567,7 +625,7 @@ func (l limits) admits(c *Candidate) bool {
 	if l.cold && (c.PendingPrefillBlocks > l.work || !canStart(c)) {
 		return false
 	}
-	if !l.cold && canStart(c) && 2*c.match >= l.blocks && c.PendingPrefillBlocks <= float64(c.match) {
+	if !l.cold && canStart(c) && 2*int(c.match) >= l.blocks && c.PendingPrefillBlocks <= float64(c.match) {
 		return true
 	}
 	q := queuedAt(c)
@@ -611,7 +669,7 @@ func noneCanStart(cands []Candidate) bool {
 // request could start it at once.
 func holderCanStart(cands []Candidate, best int) bool {
 	for i := range cands {
-		if cands[i].match >= best && canStart(&cands[i]) {
+		if int(cands[i].match) >= best && canStart(&cands[i]) {
 			return true
 		}
 	}
@@ -641,13 +699,6 @@ func canStart(c *Candidate) bool {
 		return c.InFlight < c.Slots
 	}
 	return c.Waiting == 0
-}
-
-func better(cost float64, w uint64, bestCost float64, bestW uint64) bool {
-	if cost != bestCost {
-		return cost < bestCost
-	}
-	return w > bestW
 }
 
 // commonPrefix returns the longest match held by at least half of the
@@ -714,9 +765,10 @@ func (p Policy) hashPick(cands []Candidate, key uint64, lim limits, common int, 
 	for pass := 0; pass < 2; pass++ {
 		first, shortest := -1, -1
 		var firstW, shortestW uint64
+		var shortestWait float64
 		for i := range cands {
 			c := &cands[i]
-			if c.Tier != tier || (pass == 0 && common > 1 && c.Summary != nil && c.match < common) || !lim.admits(c) {
+			if c.Tier != tier || (pass == 0 && common > 1 && c.Summary != nil && int(c.match) < common) || !lim.admits(c) {
 				continue
 			}
 			w := weight(key, c.Hash)
@@ -725,8 +777,8 @@ func (p Policy) hashPick(cands []Candidate, key uint64, lim limits, common int, 
 			}
 			// The shortest estimated wait, ties in rendezvous order: an
 			// idle cluster still places exactly by the key.
-			if shortest < 0 || c.wait < cands[shortest].wait || (c.wait == cands[shortest].wait && w > shortestW) {
-				shortest, shortestW = i, w
+			if wait := p.waitMs(c); shortest < 0 || wait < shortestWait || (wait == shortestWait && w > shortestW) {
+				shortest, shortestW, shortestWait = i, w, wait
 			}
 		}
 		switch {
@@ -739,14 +791,15 @@ func (p Policy) hashPick(cands []Candidate, key uint64, lim limits, common int, 
 	}
 	fallback := -1
 	var fallbackW uint64
+	var fallbackWait float64
 	for i := range cands {
 		c := &cands[i]
 		if c.Tier != tier {
 			continue
 		}
 		w := weight(key, c.Hash)
-		if fallback < 0 || c.wait < cands[fallback].wait || (c.wait == cands[fallback].wait && w > fallbackW) {
-			fallback, fallbackW = i, w
+		if wait := p.waitMs(c); fallback < 0 || wait < fallbackWait || (wait == fallbackWait && w > fallbackW) {
+			fallback, fallbackW, fallbackWait = i, w, wait
 		}
 	}
 	return fallback
