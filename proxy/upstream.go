@@ -250,7 +250,7 @@ func appendRequest(b *[]byte, host, path string, hdr http.Header, n int) *[]byte
 	}
 	for k, vv := range hdr {
 		if hopByHop(k) || k == "Accept-Encoding" || k == "Content-Length" || k == "Host" || k == "Expect" ||
-			strings.HasPrefix(k, "X-Kvmesh-") || namedIn(conn, k) || !validFieldName(k) {
+			strings.HasPrefix(k, "X-Kvmesh-") || headerHasToken(conn, k) || !validFieldName(k) {
 			continue
 		}
 		for _, v := range vv {
@@ -268,18 +268,6 @@ func appendRequest(b *[]byte, host, path string, hdr http.Header, n int) *[]byte
 	s = append(s, "\r\n\r\n"...)
 	*b = s
 	return b
-}
-
-// namedIn reports whether a Connection header (its values) names k.
-func namedIn(conn []string, k string) bool {
-	for _, v := range conn {
-		for f := range strings.SplitSeq(v, ",") {
-			if strings.EqualFold(textproto.TrimString(f), k) {
-				return true
-			}
-		}
-	}
-	return false
 }
 
 // validFieldName reports whether k is an HTTP token (RFC 9110 5.6.2).
@@ -633,7 +621,9 @@ func contentLength(vv []string) (int64, error) {
 	return n, nil
 }
 
-// headerHasToken reports whether a comma-separated header names tok.
+// headerHasToken reports whether a comma-separated header (its values)
+// names tok, case-insensitively: a Connection header naming a field, or
+// close / keep-alive.
 func headerHasToken(vv []string, tok string) bool {
 	for _, v := range vv {
 		for f := range strings.SplitSeq(v, ",") {
