@@ -65,12 +65,6 @@ func newUpstreamClient(c *http.Client) *upstreamClient {
 		maxIdle: maxIdle, idle: map[string][]*upConn{}}
 }
 
-// idleCheckAfter is how long a pooled connection may sit idle before it is
-// checked (one non-blocking peek) for a close by the server. Servers close
-// idle keep-alive connections after seconds (uvicorn's default is 5 s), so
-// one reused sooner was not closed for idleness; a server that dies
-// closes it at any time, which net/http's pool races the same way.
-const idleCheckAfter = time.Second
 
 // maxResponseHeader bounds a response's status line and headers (and a
 // chunked body's trailers).
@@ -178,7 +172,13 @@ func (u *upstreamClient) conn(ctx context.Context, host string) (*upConn, bool, 
 		u.idle[host] = l[:len(l)-1]
 		u.mu.Unlock()
 		idle := now.Sub(c.idleAt)
-		if (u.idleTimeout > 0 && idle > u.idleTimeout) || (idle > idleCheckAfter && !c.alive()) {
+		// Every pooled connection is peeked at (one non-blocking recv)
+		// before reuse: nothing else here reads an idle connection, and a
+		// replica that exited or closed it for idleness has left a FIN
+		// that only a read shows. Sent on such a connection, a request
+		// would look written and fail unretried (net/http's reader
+		// goroutine notices the FIN at once; this costs one syscall).
+		if (u.idleTimeout > 0 && idle > u.idleTimeout) || !c.alive() {
 			c.close()
 			continue
 		}

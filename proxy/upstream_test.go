@@ -318,6 +318,56 @@ func TestUpstreamClientReuse(t *testing.T) {
 	}
 }
 
+// TestUpstreamClientSkipsClosedIdle: a pooled connection its server
+// closed after answering (a replica that exited, or closed it for
+// idleness) is not used for the next request, however soon it comes: that
+// request goes out on a new connection instead of failing after it looked
+// written.
+func TestUpstreamClientSkipsClosedIdle(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := make(chan struct{}, 4)
+	var conns atomic.Int32
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			conns.Add(1)
+			wg.Go(func() {
+				req, err := http.ReadRequest(bufio.NewReader(c))
+				if err == nil {
+					_, _ = io.Copy(io.Discard, req.Body)
+					_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+				}
+				c.Close() // keep-alive promised, then closed
+				closed <- struct{}{}
+			})
+		}
+	})
+	t.Cleanup(func() { ln.Close(); wg.Wait() })
+	u := newUpstreamClient(NewClient())
+	defer u.closeIdle()
+	for i := range 3 {
+		resp, err := u.do(context.Background(), "http://"+ln.Addr().String()+"/v1/x", http.Header{}, []byte("{}"))
+		if err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+		if b, err := io.ReadAll(resp.Body); err != nil || string(b) != "ok" {
+			t.Fatalf("request %d body %q %v", i, b, err)
+		}
+		resp.Body.Close()
+		<-closed // the server's FIN is on its way back before the next request
+	}
+	if got := conns.Load(); got != 3 {
+		t.Fatalf("%d connections, want 3 (one per request)", got)
+	}
+}
+
 // TestUpstreamClientCancel: a cancelled request ends its blocked read.
 func TestUpstreamClientCancel(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
