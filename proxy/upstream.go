@@ -65,7 +65,6 @@ func newUpstreamClient(c *http.Client) *upstreamClient {
 		maxIdle: maxIdle, idle: map[string][]*upConn{}}
 }
 
-
 // maxResponseHeader bounds a response's status line and headers (and a
 // chunked body's trailers).
 const maxResponseHeader = 1 << 20
