@@ -647,15 +647,25 @@ func removeConnectionHeaders(dst, src http.Header) {
 	}
 }
 
-// copyRequestHeader copies the client's headers to an upstream request,
-// minus hop-by-hop ones, kvmesh's own hints (only this router sets them)
-// and Accept-Encoding (the router reads the answer and streams identity).
+// forwardsRequestHeader reports whether the client's request header k
+// goes on to an upstream (both clients use it: copyRequestHeader for
+// net/http, appendRequest for the own one). Not forwarded: hop-by-hop
+// headers and those the client's Connection header (conn) names; kvmesh's
+// own hints (only this router sets them); Accept-Encoding (the router reads
+// the answer and streams identity); Content-Length, Host and Expect (the
+// router frames the request and holds the whole body already).
+func forwardsRequestHeader(k string, conn []string) bool {
+	return !hopByHop(k) && k != "Accept-Encoding" && k != "Content-Length" && k != "Host" && k != "Expect" &&
+		!strings.HasPrefix(k, "X-Kvmesh-") && !headerHasToken(conn, k)
+}
+
+// copyRequestHeader copies the client's headers that go upstream
+// (forwardsRequestHeader) to an upstream request.
 func copyRequestHeader(dst, src http.Header) {
+	conn := src["Connection"]
 	for k, vv := range src {
-		if hopByHop(k) || k == "Accept-Encoding" || k == "Content-Length" || k == "Host" || strings.HasPrefix(k, "X-Kvmesh-") {
-			continue
+		if forwardsRequestHeader(k, conn) {
+			dst[k] = vv
 		}
-		dst[k] = vv
 	}
-	removeConnectionHeaders(dst, src)
 }

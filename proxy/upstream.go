@@ -233,8 +233,7 @@ func putReqBuf(b *[]byte) {
 }
 
 // appendRequest writes the request head into *b: the client's headers
-// minus hop-by-hop ones, Accept-Encoding (answers are read and streamed
-// as identity), Expect (the body goes with the head) and kvmesh's own.
+// that go upstream (forwardsRequestHeader).
 // A header value with a CR or LF (net/http's server never delivers one)
 // is dropped rather than written.
 func appendRequest(b *[]byte, host, path string, hdr http.Header, n int) *[]byte {
@@ -243,13 +242,9 @@ func appendRequest(b *[]byte, host, path string, hdr http.Header, n int) *[]byte
 	s = append(s, " HTTP/1.1\r\nHost: "...)
 	s = append(s, host...)
 	s = append(s, "\r\n"...)
-	var conn []string
-	if v := hdr["Connection"]; len(v) > 0 {
-		conn = v
-	}
+	conn := hdr["Connection"]
 	for k, vv := range hdr {
-		if hopByHop(k) || k == "Accept-Encoding" || k == "Content-Length" || k == "Host" || k == "Expect" ||
-			strings.HasPrefix(k, "X-Kvmesh-") || headerHasToken(conn, k) || !validFieldName(k) {
+		if !forwardsRequestHeader(k, conn) || !validFieldName(k) {
 			continue
 		}
 		for _, v := range vv {
