@@ -53,11 +53,38 @@ type reqState struct {
 	netHTTP bool
 }
 
-// bodyBufs holds request body buffers of preallocBody+1 bytes: a body of
-// known length up to preallocBody is read into one (readKnown), so that
-// the request path's largest allocation (the body, e.g. 8 KB of an 8 KB
-// chat request) is not garbage after every request.
-var bodyBufs = sync.Pool{New: func() any { b := make([]byte, 0, preallocBody+1); return &b }}
+// bodyBufs holds request body buffers by size class: a body of known
+// length up to preallocBody is read into one (readKnown), so that the
+// request path's largest allocation (the body, e.g. 8 KB of an 8 KB chat
+// request) is not garbage after every request. Classes of 8, 16, 32 and
+// 64 KB (+1 byte, readKnown's EOF check) keep what a request holds for
+// its whole life, a long stream included, near its body's size.
+var bodyBufs [4]sync.Pool
+
+// bodyClass is the size class of a body of n bytes (0 < n <= preallocBody).
+func bodyClass(n int64) int {
+	c := 0
+	for int64(8<<10)<<c < n {
+		c++
+	}
+	return c
+}
+
+// getBodyBuf lends a buffer that holds a body of n bytes, nil when n is
+// unknown or over preallocBody (readBody then allocates).
+func getBodyBuf(n int64) *[]byte {
+	if n <= 0 || n > preallocBody {
+		return nil
+	}
+	c := bodyClass(n)
+	if b, ok := bodyBufs[c].Get().(*[]byte); ok {
+		return b
+	}
+	b := make([]byte, 0, (8<<10)<<c+1)
+	return &b
+}
+
+func putBodyBuf(b *[]byte) { bodyBufs[bodyClass(int64(cap(*b)-1))].Put(b) }
 
 var copyBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
 
@@ -92,14 +119,21 @@ func (p *Proxy) inference(w http.ResponseWriter, r *http.Request, ep *endpoint) 
 		}
 		defer release()
 	}
-	bp := bodyBufs.Get().(*[]byte)
-	body, status, err := p.readBody(w, r, *bp)
+	var dst []byte
+	bp := getBodyBuf(r.ContentLength)
+	if bp != nil {
+		dst = *bp
+	}
+	body, status, err := p.readBody(w, r, dst)
 	defer func() {
 		// The buffer goes back unless a net/http Transport had the body
 		// in it (the Transport may read a request body after Do
 		// returns).
+		if bp == nil {
+			return
+		}
 		if shares := cap(body) > 0 && &body[:1][0] == &(*bp)[:1][0]; !shares || !st.netHTTP {
-			bodyBufs.Put(bp)
+			putBodyBuf(bp)
 		}
 	}()
 	if err != nil {

@@ -46,3 +46,27 @@ func TestReadKnown(t *testing.T) {
 		})
 	}
 }
+
+// TestBodyBufClasses: a lent body buffer holds the body with readKnown's
+// extra byte, is at most about twice the body (a long stream keeps it for
+// its whole life), and goes back to the class it came from.
+func TestBodyBufClasses(t *testing.T) {
+	for _, n := range []int64{1, 100, 8 << 10, 8<<10 + 1, 20 << 10, 32 << 10, 40 << 10, preallocBody} {
+		b := getBodyBuf(n)
+		if b == nil {
+			t.Fatalf("n=%d: no buffer", n)
+		}
+		if c := int64(cap(*b)); c <= n || c > max(2*n, 8<<10)+1 {
+			t.Errorf("n=%d: capacity %d", n, c)
+		}
+		if bodyClass(int64(cap(*b)-1)) != bodyClass(n) {
+			t.Errorf("n=%d: capacity %d goes back to class %d, not %d", n, cap(*b), bodyClass(int64(cap(*b)-1)), bodyClass(n))
+		}
+		putBodyBuf(b)
+	}
+	for _, n := range []int64{-1, 0, preallocBody + 1} {
+		if getBodyBuf(n) != nil {
+			t.Errorf("n=%d: a buffer lent for a body of unknown or large size", n)
+		}
+	}
+}
