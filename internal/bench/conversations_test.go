@@ -151,23 +151,37 @@ func TestOverheadAgainstInstantReplica(t *testing.T) {
 	defer rep.Close()
 	res, err := RunOverhead(t.Context(), OverheadConfig{
 		Direct: rep.URL, Targets: []Target{{Name: "same", URL: rep.URL, PID: os.Getpid()}}, Model: "m",
-		Concurrency: []int{2}, Round: 50 * time.Millisecond, Rounds: 1, Streams: 3, StreamTokens: 20, StreamConcurrency: 2,
+		Concurrency: []int{2}, Round: 50 * time.Millisecond, Rounds: 2, Streams: 3, StreamTokens: 20, StreamConcurrency: 2,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(res.Rows) != 2 || res.Rows[1].RPS <= 0 || res.Rows[1].Errors != 0 {
+	if len(res.Rows) != 2 || res.Rows[1].RPS <= 0 || res.Rows[1].Errors != 0 || len(res.Rows[1].RPSRounds) != 2 {
 		t.Fatalf("rows %+v", res.Rows)
 	}
 	// The target is this process, which served every request of the round.
 	if res.Rows[0].CPUUsPerReq != 0 || res.Rows[1].CPUUsPerReq <= 0 {
 		t.Fatalf("CPU per request: direct %v (no PID), same %v", res.Rows[0].CPUUsPerReq, res.Rows[1].CPUUsPerReq)
 	}
-	if len(res.Streams) != 1 || res.Streams[0].Errors != 0 || res.Streams[0].Streams != 3 {
+	// Three streams over two rounds: 2 + 1, folded into one line.
+	if len(res.Streams) != 1 || res.Streams[0].Errors != 0 || res.Streams[0].Streams != 3 ||
+		res.Streams[0].Name != "same" {
 		t.Fatalf("streams %+v", res.Streams)
 	}
 	var sb strings.Builder
 	if err := WriteOverheadTable(&sb, res, "same"); err != nil || !strings.Contains(sb.String(), "1.00x") {
 		t.Fatalf("table %q %v", sb.String(), err)
+	}
+}
+
+// TestStreamCPUAdd: rounds fold into CPU per stream weighted by each
+// round's streams.
+func TestStreamCPUAdd(t *testing.T) {
+	var s StreamCPU
+	s.add(StreamCPU{Name: "a", Streams: 3, CPUMsPerStrm: 10, WallSeconds: 1, TokensPerStrm: 5})
+	s.add(StreamCPU{Name: "a", Streams: 1, CPUMsPerStrm: 30, WallSeconds: 2, Errors: 1, TokensPerStrm: 5})
+	want := StreamCPU{Name: "a", Streams: 4, CPUMsPerStrm: 15, WallSeconds: 3, Errors: 1, TokensPerStrm: 5}
+	if s != want {
+		t.Fatalf("got %+v, want %+v", s, want)
 	}
 }

@@ -231,17 +231,32 @@ func RunOverhead(ctx context.Context, cfg OverheadConfig) (OverheadResult, error
 		}
 	}
 	if cfg.Streams > 0 {
-		for _, t := range cfg.Targets {
-			if ctx.Err() != nil {
-				return res, ctx.Err()
+		// The streams run in rounds too, each target's share of a round
+		// back to back with the others' and the order rotated, so a
+		// change in the machine's load falls on every target alike
+		// instead of on whichever ran last.
+		res.Streams = make([]StreamCPU, len(cfg.Targets))
+		rounds := max(min(cfg.Rounds, cfg.Streams), 1)
+		for r := range rounds {
+			n := cfg.Streams / rounds
+			if r < cfg.Streams%rounds {
+				n++
 			}
-			s, err := streamCPU(ctx, overheadClient(cfg.StreamConcurrency), t, cfg)
-			if err != nil {
-				return res, err
+			for k := range cfg.Targets {
+				i := (k + r) % len(cfg.Targets)
+				if ctx.Err() != nil {
+					return res, ctx.Err()
+				}
+				s, err := streamCPU(ctx, overheadClient(cfg.StreamConcurrency), cfg.Targets[i], n, cfg)
+				if err != nil {
+					return res, err
+				}
+				res.Streams[i].add(s)
 			}
-			res.Streams = append(res.Streams, s)
+		}
+		for _, s := range res.Streams {
 			if cfg.Progress != nil {
-				fmt.Fprintf(cfg.Progress, "streams %-13s %.2f ms CPU per %d-token stream\n", t.Name, s.CPUMsPerStrm, s.TokensPerStrm)
+				fmt.Fprintf(cfg.Progress, "streams %-13s %.2f ms CPU per %d-token stream\n", s.Name, s.CPUMsPerStrm, s.TokensPerStrm)
 			}
 		}
 	}
@@ -327,7 +342,7 @@ func post(ctx context.Context, client *http.Client, url string, body []byte) boo
 
 // streamCPU relays cfg.Streams streams through t and reads t's process
 // CPU time (utime + stime) before and after.
-func streamCPU(ctx context.Context, client *http.Client, t Target, cfg OverheadConfig) (StreamCPU, error) {
+func streamCPU(ctx context.Context, client *http.Client, t Target, streams int, cfg OverheadConfig) (StreamCPU, error) {
 	s := StreamCPU{Name: t.Name, TokensPerStrm: cfg.StreamTokens}
 	url := strings.TrimRight(t.URL, "/") + "/v1/chat/completions"
 	// Warm the connections first, outside the measurement.
@@ -349,7 +364,7 @@ func streamCPU(ctx context.Context, client *http.Client, t Target, cfg OverheadC
 		wg.Go(func() {
 			for ctx.Err() == nil {
 				n := next.Add(1)
-				if n > int64(cfg.Streams) {
+				if n > int64(streams) {
 					return
 				}
 				if !post(ctx, client, url, overheadBody(cfg.Model, n, cfg.BodyBytes, true, cfg.StreamTokens)) {
@@ -360,16 +375,28 @@ func streamCPU(ctx context.Context, client *http.Client, t Target, cfg OverheadC
 	}
 	wg.Wait()
 	s.WallSeconds = time.Since(start).Seconds()
-	s.Streams = cfg.Streams
+	s.Streams = streams
 	s.Errors = int(bad.Load())
 	if t.PID > 0 {
 		after, err := ProcessCPU(t.PID)
 		if err != nil {
 			return s, err
 		}
-		s.CPUMsPerStrm = float64(after-before) / float64(time.Millisecond) / float64(cfg.Streams)
+		s.CPUMsPerStrm = float64(after-before) / float64(time.Millisecond) / float64(streams)
 	}
 	return s, nil
+}
+
+// add folds one round's streams into s: CPU per stream weighted by the
+// round's streams, wall time and errors summed.
+func (s *StreamCPU) add(r StreamCPU) {
+	if total := s.Streams + r.Streams; total > 0 {
+		s.CPUMsPerStrm = (s.CPUMsPerStrm*float64(s.Streams) + r.CPUMsPerStrm*float64(r.Streams)) / float64(total)
+	}
+	s.Name, s.TokensPerStrm = r.Name, r.TokensPerStrm
+	s.Streams += r.Streams
+	s.Errors += r.Errors
+	s.WallSeconds += r.WallSeconds
 }
 
 // clockTicks is USER_HZ, the unit of /proc/<pid>/stat times; 100 on every

@@ -3,7 +3,7 @@
 # one run (issue 9): both in front of the same instant replica (`kvmesh
 # bench --instant-replica`), 8 KB chat bodies, closed-loop clients at
 # concurrency 16 and 1, interleaved rounds; then 1,000-token streams
-# relayed by each while its process CPU (utime + stime from
+# relayed by each (in rounds too, order rotated) while its process CPU (utime + stime from
 # /proc/<pid>/stat) is read before and after. Answer recording is on in
 # the router (it owns the replica, so it reads every stream). Go's
 # standard reverse proxy (`kvmesh bench --reverse-proxy`) runs alongside
