@@ -172,23 +172,17 @@ func (m *Mesh) candidates(model string, dst []route.Candidate, b *matchBatch) []
 		n := len(dst)
 		dst = dst[:n+1]
 		c := &dst[n]
-		// Zeroed, then written field by field: a literal assigned
-		// through a pointer is built on the stack and copied (the
-		// compiler's rule for any struct this size), through
-		// runtime.wbMove while the GC marks.
-		*c = route.Candidate{}
-		c.ID, c.Hash, c.Running, c.Waiting, c.Slots = e.id, e.hash, e.running, e.waiting, e.slots
+		*c = e.cand
 		if l := e.load; l != nil { // owned here
 			c.InFlight = int(max(l.inFlight.Load(), 0))
 			c.PendingPrefillBlocks = float64(max(l.pendingK.Load(), 0)) / 1000
 			if e.sum != nil {
-				c.Summary = b.add(e.sum, e.hash)
+				c.Summary = b.add(e.sum, c.Hash)
 			}
 			continue
 		}
-		c.InFlight, c.PendingPrefillBlocks, c.NetworkMs, c.Tier = e.inFlight, e.pending, e.networkMs, e.tier
 		if e.counts && now-e.heard <= stale {
-			c.Summary = b.add(e.sum, e.hash)
+			c.Summary = b.add(e.sum, c.Hash)
 		} else {
 			c.Stale = true
 		}

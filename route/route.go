@@ -340,8 +340,18 @@ func (p Policy) pick(req Request, cands []Candidate, ms []int32) Decision {
 			}
 		}
 		if ms != nil {
+			// Comparisons, not min: min's care for NaN and -0 costs
+			// branches, and finite catches a NaN anyway.
 			bm := p.blockMs(c)
-			minNet, minQueued, minBm = min(minNet, c.NetworkMs), min(minQueued, bm*c.PendingPrefillBlocks), min(minBm, bm)
+			if c.NetworkMs < minNet {
+				minNet = c.NetworkMs
+			}
+			if q := bm * c.PendingPrefillBlocks; q < minQueued {
+				minQueued = q
+			}
+			if bm < minBm {
+				minBm = bm
+			}
 			finite += c.NetworkMs + c.PendingPrefillBlocks + c.BlockMs + c.SeqMs + c.SlotAgeMs
 			ms[i] = 0
 		}
@@ -358,6 +368,12 @@ func (p Policy) pick(req Request, cands []Candidate, ms []int32) Decision {
 		}
 		fresh++
 		best = max(best, m)
+		// commonPrefix never reads hist[0]; counting the many zeros of a
+		// thousand candidates into one slot would chain every iteration
+		// through it.
+		if m == 0 {
+			continue
+		}
 		if m < len(hist) {
 			hist[m]++
 		} else {
