@@ -310,12 +310,14 @@ func (p Policy) pick(req Request, cands []Candidate, ms []int32) Decision {
 	// for: the nearest tier, how many could start a request at once (of
 	// all, and of those that count), and the bounds warmPricing prunes
 	// with (the least network cost, queued prefill time and block time;
-	// finite sums all of the float fields a cost reads, so that a NaN or
-	// an infinity turns pruning off rather than making it guess).
+	// finite sums the float fields a cost reads, the slot wait's only of
+	// the candidates that would be asked it, so that a NaN or an
+	// infinity turns pruning off rather than making it guess).
 	tier := cands[0].Tier
 	canAny, canKnown := 0, 0
 	minNet, minQueued, minBm := math.Inf(1), math.Inf(1), math.Inf(1)
 	finite := 0.0
+	defBm := p.DefaultBlockMs
 	for i := range cands {
 		c := &cands[i]
 		c.match = 0
@@ -340,9 +342,13 @@ func (p Policy) pick(req Request, cands []Candidate, ms []int32) Decision {
 			}
 		}
 		if ms != nil {
-			// Comparisons, not min: min's care for NaN and -0 costs
-			// branches, and finite catches a NaN anyway.
-			bm := p.blockMs(c)
+			// blockMs by hand (a method on Policy copies it for each
+			// call), and comparisons, not min (its care for NaN and -0
+			// costs branches; finite catches a NaN).
+			bm := c.BlockMs
+			if !(bm > 0) {
+				bm = defBm
+			}
 			if c.NetworkMs < minNet {
 				minNet = c.NetworkMs
 			}
@@ -352,7 +358,10 @@ func (p Policy) pick(req Request, cands []Candidate, ms []int32) Decision {
 			if bm < minBm {
 				minBm = bm
 			}
-			finite += c.NetworkMs + c.PendingPrefillBlocks + c.BlockMs + c.SeqMs + c.SlotAgeMs
+			finite += c.NetworkMs + c.PendingPrefillBlocks + c.BlockMs
+			if !can { // only these are asked their slot wait
+				finite += c.SeqMs + c.SlotAgeMs
+			}
 			ms[i] = 0
 		}
 		if c.Summary == nil {
