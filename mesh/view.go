@@ -215,8 +215,13 @@ func (b *matchBatch) reset(idx *summary.Index, n int) {
 	b.idx = idx
 	clear(b.sums) // no summary kept alive by a buffer at rest
 	b.sums, b.keys = slices.Grow(b.sums[:0], n), slices.Grow(b.keys[:0], n)
-	if cap(b.cells) < n {
-		b.cells = make([]matchCell, n)
+	// The cells are written once, not per call: each is its place in
+	// b, which they keep while b stays where it is.
+	if cap(b.cells) < n || (n > 0 && b.cells[:1][0].b != b) {
+		b.cells = make([]matchCell, max(n, cap(b.cells)))
+		for i := range b.cells {
+			b.cells[i] = matchCell{b: b, i: i}
+		}
 	}
 	b.cells = b.cells[:n]
 	b.probes, b.valid = nil, false
@@ -236,7 +241,6 @@ func (b *matchBatch) add(s *summary.Summary, key uint64) route.Matcher {
 	}
 	i := len(b.sums)
 	b.sums, b.keys = append(b.sums, s), append(b.keys, key)
-	b.cells[i] = matchCell{b: b, i: i}
 	return &b.cells[i]
 }
 

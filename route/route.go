@@ -522,7 +522,7 @@ func holdersOf(cands []Candidate, ms []int32, best int) (holders int, startable 
 }
 
 // blockMs is a candidate's prefill time per block.
-func (p Policy) blockMs(c *Candidate) float64 {
+func (p *Policy) blockMs(c *Candidate) float64 {
 	if c.BlockMs > 0 {
 		return c.BlockMs
 	}
@@ -531,7 +531,7 @@ func (p Policy) blockMs(c *Candidate) float64 {
 
 // waitMs is a candidate's estimated wait to start a request: its queued
 // prefill and its slot wait, in ms.
-func (p Policy) waitMs(c *Candidate) float64 {
+func (p *Policy) waitMs(c *Candidate) float64 {
 	slot := 0.0
 	if slotsAhead(c) > 0 {
 		slot = p.slotWaitMs(c)
@@ -546,7 +546,7 @@ func (p Policy) waitMs(c *Candidate) float64 {
 // SeqMs/Slots. The router's in-flight count is
 // the fast signal of how many requests the engine holds; with unknown
 // slots the last scrape's waiting count says whether it queues.
-func (p Policy) slotWaitMs(c *Candidate) float64 {
+func (p *Policy) slotWaitMs(c *Candidate) float64 {
 	ahead := slotsAhead(c)
 	if ahead <= 0 {
 		return 0

@@ -141,7 +141,7 @@ func (w *warmPricing) raise(floor, best int) int {
 // priced in order. The slot wait is asked only of a candidate with no
 // free slot.
 func (w *warmPricing) price(i int) bool {
-	p, c := w.p, &w.cands[i]
+	p, c := &w.p, &w.cands[i]
 	m := int(c.match)
 	bm := p.blockMs(c)
 	stem := max(0, w.fork-m) // stem blocks c lacks, of its n-m
