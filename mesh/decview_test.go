@@ -295,3 +295,37 @@ func TestEqualFullCopyKept(t *testing.T) {
 		})
 	}
 }
+
+// TestCopyCandidateCopiesEveryField sets every exported field of a
+// route.Candidate but Summary (which Candidates sets itself) to something
+// other than zero and checks that copyCandidate copies it: a field added
+// to route.Candidate fails here until copyCandidate copies it too.
+func TestCopyCandidateCopiesEveryField(t *testing.T) {
+	var e route.Candidate
+	v := reflect.ValueOf(&e).Elem()
+	for i := range v.NumField() {
+		f, sf := v.Field(i), v.Type().Field(i)
+		if !sf.IsExported() || sf.Name == "Summary" {
+			continue
+		}
+		switch f.Kind() {
+		case reflect.String:
+			f.SetString("x")
+		case reflect.Int, reflect.Int32, reflect.Int64:
+			f.SetInt(int64(i + 1))
+		case reflect.Uint64:
+			f.SetUint(uint64(i + 1))
+		case reflect.Float64:
+			f.SetFloat(float64(i) + 0.5)
+		case reflect.Bool:
+			f.SetBool(true)
+		default:
+			t.Fatalf("field %s of kind %s: teach this test (and copyCandidate) about it", sf.Name, f.Kind())
+		}
+	}
+	var c route.Candidate
+	copyCandidate(&c, &e)
+	if !reflect.DeepEqual(c, e) {
+		t.Fatalf("copyCandidate copied\n%+v\nof\n%+v", c, e)
+	}
+}

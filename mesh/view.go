@@ -172,22 +172,47 @@ func (m *Mesh) candidates(model string, dst []route.Candidate, b *matchBatch) []
 		n := len(dst)
 		dst = dst[:n+1]
 		c := &dst[n]
-		*c = e.cand
+		var sum route.Matcher
 		if l := e.load; l != nil { // owned here
+			copyCandidate(c, &e.cand)
 			c.InFlight = int(max(l.inFlight.Load(), 0))
 			c.PendingPrefillBlocks = float64(max(l.pendingK.Load(), 0)) / 1000
 			if e.sum != nil {
-				c.Summary = b.add(e.sum, c.Hash)
+				sum = b.add(e.sum, c.Hash)
 			}
-			continue
-		}
-		if e.counts && now-e.heard <= stale {
-			c.Summary = b.add(e.sum, c.Hash)
 		} else {
-			c.Stale = true
+			copyCandidate(c, &e.cand)
+			if e.counts && now-e.heard <= stale {
+				sum = b.add(e.sum, c.Hash)
+			} else {
+				c.Stale = true
+			}
+		}
+		if c.Summary != sum {
+			c.Summary = sum
 		}
 	}
+	if b != nil {
+		b.trim()
+	}
 	return dst
+}
+
+// copyCandidate copies e's fields into c but for the Summary, which the
+// caller sets, and ID only when it differs. Why not *c = *e: while the
+// collector marks (in a busy router, much of the time) every pointer
+// written to the heap goes through its write barrier, and a copy of a
+// thousand candidates, whole, queued thousands of pointers for it to
+// shade: the decisions that overlapped a mark phase cost several times
+// the others. A buffer reused for the same view writes no pointer here.
+// TestCopyCandidateCopiesEveryField keeps it in step with route.Candidate.
+func copyCandidate(c, e *route.Candidate) {
+	if c.ID != e.ID {
+		c.ID = e.ID
+	}
+	c.Hash, c.InFlight, c.PendingPrefillBlocks, c.NetworkMs, c.BlockMs = e.Hash, e.InFlight, e.PendingPrefillBlocks, e.NetworkMs, e.BlockMs
+	c.Tier, c.Running, c.Waiting, c.Slots = e.Tier, e.Running, e.Waiting, e.Slots
+	c.SeqMs, c.SlotAgeMs, c.Stale = e.SeqMs, e.SlotAgeMs, e.Stale
 }
 
 // matchBatch is the summaries of one Candidates call, matched together
@@ -213,7 +238,9 @@ type matchBatch struct {
 // storage.
 func (b *matchBatch) reset(idx *summary.Index, n int) {
 	b.idx = idx
-	clear(b.sums) // no summary kept alive by a buffer at rest
+	// sums keeps the last call's summaries, so that add writes only
+	// those that changed (a pointer written costs a write barrier while
+	// the collector marks); trim drops the ones past this call's.
 	b.sums, b.keys = slices.Grow(b.sums[:0], n), slices.Grow(b.keys[:0], n)
 	// The cells are written once, not per call: each is its place in
 	// b, which they keep while b stays where it is.
@@ -240,8 +267,17 @@ func (b *matchBatch) add(s *summary.Summary, key uint64) route.Matcher {
 		return s
 	}
 	i := len(b.sums)
-	b.sums, b.keys = append(b.sums, s), append(b.keys, key)
+	b.sums, b.keys = b.sums[:i+1], append(b.keys, key)
+	if b.sums[i] != s {
+		b.sums[i] = s
+	}
 	return &b.cells[i]
+}
+
+// trim clears the summaries past this call's: a buffer at rest keeps
+// alive no more than the summaries of its last call.
+func (b *matchBatch) trim() {
+	clear(b.sums[len(b.sums):cap(b.sums)])
 }
 
 // Match is the summary's Match: the batch's answer for these probes,
