@@ -22,7 +22,6 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/kvmesh/kvmesh/route"
 	"github.com/kvmesh/kvmesh/summary"
 )
 
@@ -66,18 +65,18 @@ type modelView struct {
 // but for the load of an owned replica (live, through load) and the age
 // of a copy (heard; Candidates compares it with the time of the call).
 type viewEntry struct {
-	// cand is the candidate Candidates hands out, but for what it decides
-	// at the call: the in-flight count and queued prefill of an owned
-	// replica, the Summary and Stale. Copying it whole writes each of the
-	// candidate's lines once; zeroing a candidate and then writing its
-	// fields one by one took twice the stores, and a decision over a
-	// thousand replicas was bound by them.
-	cand route.Candidate
+	id   string
+	hash uint64
 	sum  *summary.Summary
 	// load is the live counters of a replica this router owns; nil for a
-	// copy, whose load is the owner's last state in cand.
-	load  *replicaLoad
-	heard int64 // copy: the owner's last word, ns after Mesh.t0
+	// copy, whose load is the owner's last state below.
+	load                    *replicaLoad
+	heard                   int64 // copy: the owner's last word, ns after Mesh.t0
+	pending                 float64
+	networkMs               float64
+	inFlight                int
+	running, waiting, slots int
+	tier                    int
 	// ok: healthy, with an owner whose word this router has (else the
 	// replica is no candidate, but keeps its place in the arrays so that
 	// health flapping does not rebuild them).
@@ -106,29 +105,28 @@ func (m *Mesh) touchLocked(r *replica) {
 // entryLocked computes r's entry and the models it serves (nil when it
 // is no candidate for any: no owner, or no word from its owner).
 func (m *Mesh) entryLocked(r *replica) (viewEntry, []string) {
-	e := viewEntry{cand: route.Candidate{ID: r.id, Hash: r.hash}}
-	c := &e.cand
+	e := viewEntry{id: r.id, hash: r.hash}
 	owner := r.owner
 	switch {
 	case owner == "":
 		return e, nil
 	case owner == m.cfg.Name:
 		e.ok, e.sum, e.load = r.healthy, r.sum, r.load
-		c.Running, c.Waiting, c.Slots = r.running, r.waiting, r.slots
+		e.running, e.waiting, e.slots = r.running, r.waiting, r.slots
 		return e, r.models
 	case !r.hasState || r.st.Origin != owner:
 		return e, nil
 	}
 	e.ok = r.st.Healthy
-	c.InFlight, c.PendingPrefillBlocks = int(r.st.InFlight), r.st.Pending
-	c.Running, c.Waiting, c.Slots = int(r.st.Running), int(r.st.Waiting), int(r.st.Slots)
+	e.inFlight, e.pending = int(r.st.InFlight), r.st.Pending
+	e.running, e.waiting, e.slots = int(r.st.Running), int(r.st.Waiting), int(r.st.Slots)
 	if r.sum != nil && !r.wantFull && r.sum.Epoch() == r.st.Epoch && !r.heard.IsZero() {
 		e.counts, e.sum, e.heard = true, r.sum, int64(r.heard.Sub(m.t0))
 	}
 	if mb := r.ownerMb; mb != nil {
-		c.NetworkMs = float64(mb.rtt.Microseconds()) / 1000
+		e.networkMs = float64(mb.rtt.Microseconds()) / 1000
 		if mb.meta.Region != m.cfg.Region {
-			c.Tier = 1
+			e.tier = 1
 		}
 	}
 	return e, r.st.Models

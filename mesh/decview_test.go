@@ -296,13 +296,14 @@ func TestEqualFullCopyKept(t *testing.T) {
 	}
 }
 
-// TestCopyCandidateCopiesEveryField sets every exported field of a
-// route.Candidate but Summary (which Candidates sets itself) to something
-// other than zero and checks that copyCandidate copies it: a field added
-// to route.Candidate fails here until copyCandidate copies it too.
-func TestCopyCandidateCopiesEveryField(t *testing.T) {
-	var e route.Candidate
-	v := reflect.ValueOf(&e).Elem()
+// TestFillCandidateWritesEveryField fills a candidate that holds
+// another one's values in every exported field (a reused buffer) and
+// checks that all of them but Summary (which Candidates sets itself) are
+// the entry's after: a field added to route.Candidate fails here until
+// fillCandidate writes it too.
+func TestFillCandidateWritesEveryField(t *testing.T) {
+	var c route.Candidate
+	v := reflect.ValueOf(&c).Elem()
 	for i := range v.NumField() {
 		f, sf := v.Field(i), v.Type().Field(i)
 		if !sf.IsExported() || sf.Name == "Summary" {
@@ -310,22 +311,23 @@ func TestCopyCandidateCopiesEveryField(t *testing.T) {
 		}
 		switch f.Kind() {
 		case reflect.String:
-			f.SetString("x")
+			f.SetString("another")
 		case reflect.Int, reflect.Int32, reflect.Int64:
-			f.SetInt(int64(i + 1))
+			f.SetInt(int64(100 + i))
 		case reflect.Uint64:
-			f.SetUint(uint64(i + 1))
+			f.SetUint(uint64(100 + i))
 		case reflect.Float64:
-			f.SetFloat(float64(i) + 0.5)
+			f.SetFloat(float64(i) + 100.5)
 		case reflect.Bool:
 			f.SetBool(true)
 		default:
-			t.Fatalf("field %s of kind %s: teach this test (and copyCandidate) about it", sf.Name, f.Kind())
+			t.Fatalf("field %s of kind %s: teach this test (and fillCandidate) about it", sf.Name, f.Kind())
 		}
 	}
-	var c route.Candidate
-	copyCandidate(&c, &e)
-	if !reflect.DeepEqual(c, e) {
-		t.Fatalf("copyCandidate copied\n%+v\nof\n%+v", c, e)
+	e := viewEntry{id: "x", hash: 1, inFlight: 2, pending: 3.5, networkMs: 4.5, running: 5, waiting: 6, slots: 7, tier: 1}
+	fillCandidate(&c, &e)
+	want := route.Candidate{ID: "x", Hash: 1, InFlight: 2, PendingPrefillBlocks: 3.5, NetworkMs: 4.5, Running: 5, Waiting: 6, Slots: 7, Tier: 1}
+	if !reflect.DeepEqual(c, want) {
+		t.Fatalf("fillCandidate wrote\n%+v\nwant\n%+v", c, want)
 	}
 }

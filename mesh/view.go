@@ -173,15 +173,14 @@ func (m *Mesh) candidates(model string, dst []route.Candidate, b *matchBatch) []
 		dst = dst[:n+1]
 		c := &dst[n]
 		var sum route.Matcher
+		fillCandidate(c, e)
 		if l := e.load; l != nil { // owned here
-			copyCandidate(c, &e.cand)
 			c.InFlight = int(max(l.inFlight.Load(), 0))
 			c.PendingPrefillBlocks = float64(max(l.pendingK.Load(), 0)) / 1000
 			if e.sum != nil {
 				sum = b.add(e.sum, c.Hash)
 			}
 		} else {
-			copyCandidate(c, &e.cand)
 			if e.counts && now-e.heard <= stale {
 				sum = b.add(e.sum, c.Hash)
 			} else {
@@ -198,21 +197,22 @@ func (m *Mesh) candidates(model string, dst []route.Candidate, b *matchBatch) []
 	return dst
 }
 
-// copyCandidate copies e's fields into c but for the Summary, which the
-// caller sets, and ID only when it differs. Why not *c = *e: while the
-// collector marks (in a busy router, much of the time) every pointer
-// written to the heap goes through its write barrier, and a copy of a
-// thousand candidates, whole, queued thousands of pointers for it to
-// shade: the decisions that overlapped a mark phase cost several times
-// the others. A buffer reused for the same view writes no pointer here.
-// TestCopyCandidateCopiesEveryField keeps it in step with route.Candidate.
-func copyCandidate(c, e *route.Candidate) {
-	if c.ID != e.ID {
-		c.ID = e.ID
+// fillCandidate writes e's fields into c, all but the Summary, which the
+// caller sets, and ID only when it differs. Why not *c = a candidate
+// built from e: while the collector marks (in a busy router, much of the
+// time) every pointer written to the heap goes through its write barrier,
+// and candidates copied whole, or zeroed then written, queued thousands
+// of pointers for it to shade per decision: the decisions that overlapped
+// a mark phase cost several times the others. A buffer reused for the
+// same view writes no pointer here. TestFillCandidateWritesEveryField
+// keeps it in step with route.Candidate.
+func fillCandidate(c *route.Candidate, e *viewEntry) {
+	if c.ID != e.id {
+		c.ID = e.id
 	}
-	c.Hash, c.InFlight, c.PendingPrefillBlocks, c.NetworkMs, c.BlockMs = e.Hash, e.InFlight, e.PendingPrefillBlocks, e.NetworkMs, e.BlockMs
-	c.Tier, c.Running, c.Waiting, c.Slots = e.Tier, e.Running, e.Waiting, e.Slots
-	c.SeqMs, c.SlotAgeMs, c.Stale = e.SeqMs, e.SlotAgeMs, e.Stale
+	c.Hash, c.InFlight, c.PendingPrefillBlocks, c.NetworkMs, c.BlockMs = e.hash, e.inFlight, e.pending, e.networkMs, 0
+	c.Tier, c.Running, c.Waiting, c.Slots = e.tier, e.running, e.waiting, e.slots
+	c.SeqMs, c.SlotAgeMs, c.Stale = 0, 0, false
 }
 
 // matchBatch is the summaries of one Candidates call, matched together
