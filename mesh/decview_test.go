@@ -2,6 +2,7 @@ package mesh
 
 import (
 	"fmt"
+	"math"
 	"reflect"
 	"slices"
 	"sync"
@@ -170,7 +171,14 @@ func TestCandidateBufferReused(t *testing.T) {
 			}
 		}
 	}
-	if allocs := testing.AllocsPerRun(20, func() { a.CandidatesInto("m", &buf) }); allocs != 0 {
+	// AllocsPerRun counts the process's allocations, the mesh's own
+	// goroutines' too (one of 15 runs under -race saw one): a call that
+	// allocates does in every attempt, so the least of a few tells.
+	allocs := math.Inf(1)
+	for range 5 {
+		allocs = min(allocs, testing.AllocsPerRun(20, func() { a.CandidatesInto("m", &buf) }))
+	}
+	if allocs != 0 {
 		t.Fatalf("CandidatesInto allocates %v times per call", allocs)
 	}
 }
