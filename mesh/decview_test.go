@@ -339,3 +339,75 @@ func TestFillCandidateWritesEveryField(t *testing.T) {
 		t.Fatalf("fillCandidate wrote\n%+v\nwant\n%+v", c, want)
 	}
 }
+
+// TestCandidateBufferKeepsHintsPerModel decides alternately for two
+// models with one buffer: each model's candidates keep matching as their
+// summaries do, and the buffer keeps a set of Index hints for each, all
+// of them filled, instead of one set each model's calls would find wrong.
+func TestCandidateBufferKeepsHintsPerModel(t *testing.T) {
+	a := newRouter(t, "a", nil)
+	const n = 2*summary.IndexMinSummaries + 16 // both models batched
+	for i := range n {
+		id := fmt.Sprintf("http://replica-%04d:8000", i)
+		a.DeclareReplica(id)
+		models := []string{"m"}
+		if i%2 == 0 {
+			models = []string{"m", "n"}
+		}
+		a.UpdateReplica(id, ReplicaStatus{Models: models, Healthy: true})
+		a.Record(id, chain(uint64(i), 4))
+	}
+	var buf CandidateBuffer
+	eventually(t, wait, "all owned", func() error {
+		if got := len(a.CandidatesInto("m", &buf)); got != n {
+			return fmt.Errorf("%d candidates", got)
+		}
+		return nil
+	})
+	for round := range 6 {
+		for _, model := range []string{"m", "n"} {
+			probes := summary.MakeProbes(nil, chain(uint64(2*round), 4))
+			for _, c := range a.CandidatesInto(model, &buf) {
+				if got, want := c.Summary.Match(probes), a.MatchReplica(c.ID, probes); got != want {
+					t.Fatalf("round %d, model %s, %s: Match %d, summary's %d", round, model, c.ID, got, want)
+				}
+			}
+		}
+	}
+	if len(buf.hints) != 2 {
+		t.Fatalf("%d hint sets, want 2", len(buf.hints))
+	}
+	for _, hs := range buf.hints {
+		for i, h := range hs.hints {
+			if h == (summary.IndexHint{}) {
+				t.Fatalf("model %s: hint %d of %d empty", hs.model, i, len(hs.hints))
+			}
+		}
+	}
+}
+
+// TestCandidateBufferHintSetsBounded: a buffer used for more meshes and
+// models than maxHintSets keeps that many sets, dropping the least
+// recently used.
+func TestCandidateBufferHintSetsBounded(t *testing.T) {
+	var buf CandidateBuffer
+	meshes := []*Mesh{new(Mesh), new(Mesh)}
+	for i := range maxHintSets + 5 {
+		buf.hintsFor(meshes[i%2], fmt.Sprint(i))
+		buf.hintsFor(meshes[0], "kept") // used every time: never dropped
+	}
+	if len(buf.hints) != maxHintSets {
+		t.Fatalf("%d hint sets, want %d", len(buf.hints), maxHintSets)
+	}
+	kept, last := false, false
+	for _, hs := range buf.hints {
+		kept = kept || hs.m == meshes[0] && hs.model == "kept"
+		last = last || hs.model == fmt.Sprint(maxHintSets+4)
+		if hs.model == "0" {
+			t.Fatal("the least recently used set was kept")
+		}
+	}
+	if !kept || !last {
+		t.Fatalf("recently used sets dropped (kept %v, last %v)", kept, last)
+	}
+}

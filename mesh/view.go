@@ -1,6 +1,7 @@
 package mesh
 
 import (
+	"cmp"
 	"slices"
 	"sort"
 	"sync"
@@ -114,17 +115,61 @@ func (m *Mesh) Candidates(model string, dst []route.Candidate) []route.Candidate
 type CandidateBuffer struct {
 	cands []route.Candidate
 	batch matchBatch
+	// hints are the Index's hints (matchBatch.hints) of each mesh and
+	// model the buffer decided for lately, at most maxHintSets: a
+	// buffer that goes from one model to another (a proxy's pool) or
+	// from one mesh to another (the scale harness's sixteen routers)
+	// would otherwise find every hint wrong, and the Index would read
+	// each summary again to find its column (a cache miss each, and a
+	// thousand hints rewritten).
+	hints []hintSet
+	uses  uint64 // calls, to tell the least recently used hint set
 }
+
+// hintSet is a CandidateBuffer's hints for one mesh and model.
+type hintSet struct {
+	m     *Mesh
+	model string
+	hints []summary.IndexHint
+	used  uint64
+}
+
+// maxHintSets bounds a buffer's hint sets (16 bytes per replica each).
+const maxHintSets = 32
 
 // CandidatesInto is Candidates into buf: the candidates it returns, and
 // their matchers, are valid until the next call with buf (which reuses
 // them).
 func (m *Mesh) CandidatesInto(model string, buf *CandidateBuffer) []route.Candidate {
 	buf.cands = m.candidates(model, buf.cands[:0], &buf.batch)
-	if b := &buf.batch; len(b.hints) < len(b.sums) { // hints pay from call to call
-		b.hints = append(b.hints, make([]summary.IndexHint, len(b.sums)-len(b.hints))...)
+	b := &buf.batch
+	hs := buf.hintsFor(m, model)
+	if len(hs.hints) < len(b.sums) { // hints pay from call to call
+		hs.hints = append(hs.hints, make([]summary.IndexHint, len(b.sums)-len(hs.hints))...)
 	}
+	b.hints = hs.hints
 	return buf.cands
+}
+
+// hintsFor returns buf's hint set for m and model, taking over the least
+// recently used one when it has none and holds maxHintSets.
+func (buf *CandidateBuffer) hintsFor(m *Mesh, model string) *hintSet {
+	buf.uses++
+	for i := range buf.hints {
+		if hs := &buf.hints[i]; hs.m == m && hs.model == model {
+			hs.used = buf.uses
+			return hs
+		}
+	}
+	if len(buf.hints) < maxHintSets {
+		buf.hints = append(buf.hints, hintSet{})
+	} else {
+		slices.SortFunc(buf.hints, func(a, b hintSet) int { return cmp.Compare(b.used, a.used) })
+		clear(buf.hints[len(buf.hints)-1].hints) // wrong for another mesh or model
+	}
+	hs := &buf.hints[len(buf.hints)-1]
+	hs.m, hs.model, hs.used = m, model, buf.uses
+	return hs
 }
 
 // PooledCandidates is CandidatesInto with a buffer lent from the mesh's
@@ -150,6 +195,9 @@ func (m *Mesh) candidates(model string, dst []route.Candidate, b *matchBatch) []
 	defer m.view.mu.RUnlock()
 	mv := m.view.models[model]
 	if mv == nil {
+		if b != nil {
+			b.sums = b.sums[:0]
+		}
 		return dst
 	}
 	es := mv.entries
@@ -162,6 +210,9 @@ func (m *Mesh) candidates(model string, dst []route.Candidate, b *matchBatch) []
 		}
 		b.reset(&m.index, len(es))
 	} else {
+		if b != nil {
+			b.sums = b.sums[:0] // no batch this call (CandidatesInto's hints)
+		}
 		b = nil
 	}
 	for i := range es {
