@@ -342,9 +342,10 @@ func (p Policy) pick(req Request, cands []Candidate, ms []int32) Decision {
 			}
 		}
 		if ms != nil {
-			// blockMs by hand (a method on Policy copies it for each
-			// call), and comparisons, not min (its care for NaN and -0
-			// costs branches; finite catches a NaN).
+			// blockMs by hand, the default read once (the method on a
+			// Policy value copied the policy for every candidate), and
+			// comparisons, not min (its care for NaN and -0 costs
+			// branches; finite catches a NaN).
 			bm := c.BlockMs
 			if !(bm > 0) {
 				bm = defBm
