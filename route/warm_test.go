@@ -66,7 +66,7 @@ func TestPickSkipsOnlyWhatCannotWin(t *testing.T) {
 	policies := []Policy{DefaultPolicy(), {LoadFactor: 1.25, InFlightFactor: 2, KeyBlocks: 2, MinExcessBlocks: 1,
 		DefaultBlockMs: 20, RecomputeWeight: 1, DefaultSeqMs: 800}}
 	rounds := 20000
-	if testing.Short() {
+	if testing.Short() || raceEnabled {
 		rounds = 2000
 	}
 	warm := 0
