@@ -3,6 +3,7 @@ package mesh
 import (
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"testing"
 	"time"
@@ -117,4 +118,112 @@ func BenchmarkCandidates1024(b *testing.B) {
 	for b.Loop() {
 		cands = a.Candidates("m", cands[:0])
 	}
+}
+
+// BenchmarkDecisionCold is BenchmarkDecision's new prompts with 32 MB of
+// other data read between decisions (untimed), as when the deciding
+// thread comes back to caches other work has filled (a loaded machine,
+// sixteen routers in one process): every line a decision touches is then
+// a miss, so this is the figure a smaller working set improves. It
+// reports the wall and thread-CPU p50 and p99.
+func BenchmarkDecisionCold(b *testing.B) {
+	a := newRouter(b, "a", func(c *Config) { c.DefaultCapacityBlocks = 4096 })
+	rng := rand.New(rand.NewPCG(1, 2))
+	declare1024(rng, a)
+	eventually(b, wait, "all owned", func() error {
+		if n := len(a.Candidates("m", nil)); n != 1024 {
+			return fmt.Errorf("%d candidates", n)
+		}
+		return nil
+	})
+	warmIndex(a.Mesh, rng)
+	p := route.DefaultPolicy()
+	var buf CandidateBuffer
+	hashes := make([]uint64, 32)
+	probes := make([]summary.Probe, 0, 32)
+	sweep := make([]uint64, 32<<20/8)
+	sink := uint64(0)
+	wall, cpu := newLatencies(), newLatencies()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	for b.Loop() {
+		b.StopTimer()
+		for i := 0; i < len(sweep); i += 8 {
+			sweep[i]++
+			sink += sweep[i]
+		}
+		for j := range hashes {
+			hashes[j] = rng.Uint64()
+		}
+		b.StartTimer()
+		t0, c0 := time.Now(), threadCPU()
+		cands := a.CandidatesInto("m", &buf)
+		probes = summary.MakeProbes(probes[:0], hashes)
+		p.Pick(route.Request{Hashes: hashes, Probes: probes, Root: 1}, cands)
+		wall.add(time.Since(t0))
+		cpu.add(threadCPU() - c0)
+	}
+	wall.report(b)
+	cpu.reportAs(b, "cpu-")
+	if sink == 1 {
+		b.Log(sink)
+	}
+}
+
+// BenchmarkDecisionMarking is BenchmarkDecision's new prompts while the
+// collector runs cycle after cycle (a goroutine calling runtime.GC), as
+// in a busy router whose heap churns: while it marks, every pointer a
+// decision writes to the heap goes through the write barrier, which is
+// what this figure shows (copying the candidates whole made these
+// decisions' p99 two to three times the quiet one's). It reports the
+// wall and thread-CPU p50 and p99, and the cycles run.
+func BenchmarkDecisionMarking(b *testing.B) {
+	a := newRouter(b, "a", func(c *Config) { c.DefaultCapacityBlocks = 4096 })
+	rng := rand.New(rand.NewPCG(1, 2))
+	declare1024(rng, a)
+	eventually(b, wait, "all owned", func() error {
+		if n := len(a.Candidates("m", nil)); n != 1024 {
+			return fmt.Errorf("%d candidates", n)
+		}
+		return nil
+	})
+	warmIndex(a.Mesh, rng)
+	stop, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+				runtime.GC()
+			}
+		}
+	}()
+	p := route.DefaultPolicy()
+	var buf CandidateBuffer
+	hashes := make([]uint64, 32)
+	probes := make([]summary.Probe, 0, 32)
+	wall, cpu := newLatencies(), newLatencies()
+	var ms0, ms1 runtime.MemStats
+	runtime.ReadMemStats(&ms0)
+	runtime.LockOSThread()
+	for b.Loop() {
+		for j := range hashes {
+			hashes[j] = rng.Uint64()
+		}
+		t0, c0 := time.Now(), threadCPU()
+		cands := a.CandidatesInto("m", &buf)
+		probes = summary.MakeProbes(probes[:0], hashes)
+		p.Pick(route.Request{Hashes: hashes, Probes: probes, Root: 1}, cands)
+		wall.add(time.Since(t0))
+		cpu.add(threadCPU() - c0)
+	}
+	runtime.UnlockOSThread()
+	close(stop)
+	<-done
+	runtime.ReadMemStats(&ms1)
+	b.ReportMetric(float64(ms1.NumGC-ms0.NumGC), "gc-cycles")
+	wall.report(b)
+	cpu.reportAs(b, "cpu-")
 }

@@ -178,8 +178,9 @@ type Mesh struct {
 	view        decisionView
 	viewDirty   []*replica
 	viewRebuild bool
-	bufs        sync.Pool // *CandidateBuffer lent by PooledCandidates
-	t0          time.Time // origin of the view's clock (viewEntry.heard)
+	bufs        sync.Pool     // *CandidateBuffer lent by PooledCandidates
+	loads       []replicaLoad // the slab newLoadLocked takes counters from
+	t0          time.Time     // origin of the view's clock (viewEntry.heard)
 
 	ctx       context.Context
 	cancel    context.CancelFunc

@@ -1,6 +1,7 @@
 package mesh
 
 import (
+	"cmp"
 	"slices"
 	"sort"
 	"sync"
@@ -114,17 +115,61 @@ func (m *Mesh) Candidates(model string, dst []route.Candidate) []route.Candidate
 type CandidateBuffer struct {
 	cands []route.Candidate
 	batch matchBatch
+	// hints are the Index's hints (matchBatch.hints) of each mesh and
+	// model the buffer decided for lately, at most maxHintSets: a
+	// buffer that goes from one model to another (a proxy's pool) or
+	// from one mesh to another (the scale harness's sixteen routers)
+	// would otherwise find every hint wrong, and the Index would read
+	// each summary again to find its column (a cache miss each, and a
+	// thousand hints rewritten).
+	hints []hintSet
+	uses  uint64 // calls, to tell the least recently used hint set
 }
+
+// hintSet is a CandidateBuffer's hints for one mesh and model.
+type hintSet struct {
+	m     *Mesh
+	model string
+	hints []summary.IndexHint
+	used  uint64
+}
+
+// maxHintSets bounds a buffer's hint sets (16 bytes per replica each).
+const maxHintSets = 32
 
 // CandidatesInto is Candidates into buf: the candidates it returns, and
 // their matchers, are valid until the next call with buf (which reuses
 // them).
 func (m *Mesh) CandidatesInto(model string, buf *CandidateBuffer) []route.Candidate {
 	buf.cands = m.candidates(model, buf.cands[:0], &buf.batch)
-	if b := &buf.batch; len(b.hints) < len(b.sums) { // hints pay from call to call
-		b.hints = append(b.hints, make([]summary.IndexHint, len(b.sums)-len(b.hints))...)
+	b := &buf.batch
+	hs := buf.hintsFor(m, model)
+	if len(hs.hints) < len(b.sums) { // hints pay from call to call
+		hs.hints = append(hs.hints, make([]summary.IndexHint, len(b.sums)-len(hs.hints))...)
 	}
+	b.hints = hs.hints
 	return buf.cands
+}
+
+// hintsFor returns buf's hint set for m and model, taking over the least
+// recently used one when it has none and holds maxHintSets.
+func (buf *CandidateBuffer) hintsFor(m *Mesh, model string) *hintSet {
+	buf.uses++
+	for i := range buf.hints {
+		if hs := &buf.hints[i]; hs.m == m && hs.model == model {
+			hs.used = buf.uses
+			return hs
+		}
+	}
+	if len(buf.hints) < maxHintSets {
+		buf.hints = append(buf.hints, hintSet{})
+	} else {
+		slices.SortFunc(buf.hints, func(a, b hintSet) int { return cmp.Compare(b.used, a.used) })
+		clear(buf.hints[len(buf.hints)-1].hints) // wrong for another mesh or model
+	}
+	hs := &buf.hints[len(buf.hints)-1]
+	hs.m, hs.model, hs.used = m, model, buf.uses
+	return hs
 }
 
 // PooledCandidates is CandidatesInto with a buffer lent from the mesh's
@@ -150,6 +195,9 @@ func (m *Mesh) candidates(model string, dst []route.Candidate, b *matchBatch) []
 	defer m.view.mu.RUnlock()
 	mv := m.view.models[model]
 	if mv == nil {
+		if b != nil {
+			b.sums = b.sums[:0]
+		}
 		return dst
 	}
 	es := mv.entries
@@ -162,6 +210,9 @@ func (m *Mesh) candidates(model string, dst []route.Candidate, b *matchBatch) []
 		}
 		b.reset(&m.index, len(es))
 	} else {
+		if b != nil {
+			b.sums = b.sums[:0] // no batch this call (CandidatesInto's hints)
+		}
 		b = nil
 	}
 	for i := range es {
@@ -172,28 +223,47 @@ func (m *Mesh) candidates(model string, dst []route.Candidate, b *matchBatch) []
 		n := len(dst)
 		dst = dst[:n+1]
 		c := &dst[n]
-		// Zeroed, then written field by field: a literal assigned
-		// through a pointer is built on the stack and copied (the
-		// compiler's rule for any struct this size), through
-		// runtime.wbMove while the GC marks.
-		*c = route.Candidate{}
-		c.ID, c.Hash, c.Running, c.Waiting, c.Slots = e.id, e.hash, e.running, e.waiting, e.slots
+		var sum route.Matcher
+		fillCandidate(c, e)
 		if l := e.load; l != nil { // owned here
 			c.InFlight = int(max(l.inFlight.Load(), 0))
 			c.PendingPrefillBlocks = float64(max(l.pendingK.Load(), 0)) / 1000
 			if e.sum != nil {
-				c.Summary = b.add(e.sum, e.hash)
+				sum = b.add(e.sum, c.Hash)
 			}
-			continue
-		}
-		c.InFlight, c.PendingPrefillBlocks, c.NetworkMs, c.Tier = e.inFlight, e.pending, e.networkMs, e.tier
-		if e.counts && now-e.heard <= stale {
-			c.Summary = b.add(e.sum, e.hash)
 		} else {
-			c.Stale = true
+			if e.counts && now-e.heard <= stale {
+				sum = b.add(e.sum, c.Hash)
+			} else {
+				c.Stale = true
+			}
+		}
+		if c.Summary != sum {
+			c.Summary = sum
 		}
 	}
+	if b != nil {
+		b.trim()
+	}
 	return dst
+}
+
+// fillCandidate writes e's fields into c, all but the Summary, which the
+// caller sets, and ID only when it differs. Why not *c = a candidate
+// built from e: while the collector marks (in a busy router, much of the
+// time) every pointer written to the heap goes through its write barrier,
+// and candidates copied whole, or zeroed then written, queued thousands
+// of pointers for it to shade per decision: the decisions that overlapped
+// a mark phase cost several times the others. A buffer reused for the
+// same view writes no pointer here. TestFillCandidateWritesEveryField
+// keeps it in step with route.Candidate.
+func fillCandidate(c *route.Candidate, e *viewEntry) {
+	if c.ID != e.id {
+		c.ID = e.id
+	}
+	c.Hash, c.InFlight, c.PendingPrefillBlocks, c.NetworkMs, c.BlockMs = e.hash, e.inFlight, e.pending, e.networkMs, 0
+	c.Tier, c.Running, c.Waiting, c.Slots = e.tier, e.running, e.waiting, e.slots
+	c.SeqMs, c.SlotAgeMs, c.Stale = 0, 0, false
 }
 
 // matchBatch is the summaries of one Candidates call, matched together
@@ -219,10 +289,17 @@ type matchBatch struct {
 // storage.
 func (b *matchBatch) reset(idx *summary.Index, n int) {
 	b.idx = idx
-	clear(b.sums) // no summary kept alive by a buffer at rest
+	// sums keeps the last call's summaries, so that add writes only
+	// those that changed (a pointer written costs a write barrier while
+	// the collector marks); trim drops the ones past this call's.
 	b.sums, b.keys = slices.Grow(b.sums[:0], n), slices.Grow(b.keys[:0], n)
-	if cap(b.cells) < n {
-		b.cells = make([]matchCell, n)
+	// The cells are written once, not per call: each is its place in
+	// b, which they keep while b stays where it is.
+	if cap(b.cells) < n || (n > 0 && b.cells[:1][0].b != b) {
+		b.cells = make([]matchCell, max(n, cap(b.cells)))
+		for i := range b.cells {
+			b.cells[i] = matchCell{b: b, i: i}
+		}
 	}
 	b.cells = b.cells[:n]
 	b.probes, b.valid = nil, false
@@ -241,9 +318,17 @@ func (b *matchBatch) add(s *summary.Summary, key uint64) route.Matcher {
 		return s
 	}
 	i := len(b.sums)
-	b.sums, b.keys = append(b.sums, s), append(b.keys, key)
-	b.cells[i] = matchCell{b: b, i: i}
+	b.sums, b.keys = b.sums[:i+1], append(b.keys, key)
+	if b.sums[i] != s {
+		b.sums[i] = s
+	}
 	return &b.cells[i]
+}
+
+// trim clears the summaries past this call's: a buffer at rest keeps
+// alive no more than the summaries of its last call.
+func (b *matchBatch) trim() {
+	clear(b.sums[len(b.sums):cap(b.sums)])
 }
 
 // Match is the summary's Match: the batch's answer for these probes,

@@ -284,6 +284,20 @@ func DefaultPolicy() Policy {
 // Pick chooses a replica for req among cands. It writes only the
 // candidates' private fields, so callers may reuse the slice.
 func (p Policy) Pick(req Request, cands []Candidate) Decision {
+	if len(cands) >= pruneMin && len(cands) <= pruneMax {
+		// The candidates' matches side by side, so that the warm pass
+		// can find the few worth pricing without reading every
+		// candidate again (warm.go).
+		var ms [pruneMax]int32
+		return p.pick(req, cands, ms[:len(cands)])
+	}
+	return p.pick(req, cands, nil)
+}
+
+// pick is Pick with ms, when not nil, the storage for every candidate's
+// match (len(cands) of it); without it the warm pass prices every
+// candidate.
+func (p Policy) pick(req Request, cands []Candidate, ms []int32) Decision {
 	if len(cands) == 0 {
 		return Decision{Index: -1, Reason: ReasonNone}
 	}
@@ -292,9 +306,26 @@ func (p Policy) Pick(req Request, cands []Candidate) Decision {
 	pending := 0.0
 	var hist [65]int32 // matches capped for the common-prefix vote
 	var histOver []int32
+	// What the later passes would otherwise each read every candidate
+	// for: the nearest tier, how many could start a request at once (of
+	// all, and of those that count), and the bounds warmPricing prunes
+	// with (the least network cost, queued prefill time and block time;
+	// finite sums the float fields a cost reads, the slot wait's only of
+	// the candidates that would be asked it, so that a NaN or an
+	// infinity turns pruning off rather than making it guess).
+	tier := cands[0].Tier
+	canAny, canKnown := 0, 0
+	minNet, minQueued, minBm := math.Inf(1), math.Inf(1), math.Inf(1)
+	finite := 0.0
+	defBm := p.DefaultBlockMs
 	for i := range cands {
 		c := &cands[i]
 		c.match = 0
+		tier = min(tier, c.Tier)
+		can := canStart(c)
+		if can {
+			canAny++
+		}
 		// A stale candidate's load is as unknown as its cache: it neither
 		// counts towards the mean nor is held to the bound (a router that
 		// cannot talk to the owner must place requests as if it knew
@@ -306,6 +337,33 @@ func (p Policy) Pick(req Request, cands []Candidate) Decision {
 			queued += queuedAt(c)
 			pending += c.PendingPrefillBlocks
 			known++
+			if can {
+				canKnown++
+			}
+		}
+		if ms != nil {
+			// blockMs by hand, the default read once (the method on a
+			// Policy value copied the policy for every candidate), and
+			// comparisons, not min (its care for NaN and -0 costs
+			// branches; finite catches a NaN).
+			bm := c.BlockMs
+			if !(bm > 0) {
+				bm = defBm
+			}
+			if c.NetworkMs < minNet {
+				minNet = c.NetworkMs
+			}
+			if q := bm * c.PendingPrefillBlocks; q < minQueued {
+				minQueued = q
+			}
+			if bm < minBm {
+				minBm = bm
+			}
+			finite += c.NetworkMs + c.PendingPrefillBlocks + c.BlockMs
+			if !can { // only these are asked their slot wait
+				finite += c.SeqMs + c.SlotAgeMs
+			}
+			ms[i] = 0
 		}
 		if c.Summary == nil {
 			continue
@@ -315,8 +373,17 @@ func (p Policy) Pick(req Request, cands []Candidate) Decision {
 			m = c.Summary.Match(req.Probes)
 		}
 		c.match = int32(m)
+		if ms != nil {
+			ms[i] = int32(m)
+		}
 		fresh++
 		best = max(best, m)
+		// commonPrefix never reads hist[0]; counting the many zeros of a
+		// thousand candidates into one slot would chain every iteration
+		// through it.
+		if m == 0 {
+			continue
+		}
 		if m < len(hist) {
 			hist[m]++
 		} else {
@@ -327,6 +394,7 @@ func (p Policy) Pick(req Request, cands []Candidate) Decision {
 		}
 	}
 	common := commonPrefix(hist[:], histOver, fresh)
+	counted := known
 	known = max(known, 1)
 	lim := limits{inFlight: p.inFlightBound(inFlight, known), queued: p.queueBound(queued, known), work: math.Inf(1), blocks: n}
 	cold := lim
@@ -361,7 +429,7 @@ func (p Policy) Pick(req Request, cands []Candidate) Decision {
 		// A client key promises that every router places the client's
 		// requests alike; the shortest wait would follow this router's
 		// view of the loads, which another router does not share.
-		home = p.hashPick(cands, d.Key, cold, common, fresh == len(cands) && req.ClientKey == 0)
+		home = p.hashPick(cands, tier, d.Key, cold, common, fresh == len(cands) && req.ClientKey == 0)
 	}
 	if isCold || (home >= 0 && cands[home].Stale) {
 		d.Reason = ReasonFallbackCold
@@ -381,13 +449,7 @@ func (p Policy) Pick(req Request, cands []Candidate) Decision {
 	// smallest.
 	rw := p.RecomputeWeight
 	if req.Concurrent > 1 {
-		holders, startable := 0, false
-		for i := range cands {
-			if int(cands[i].match) >= best {
-				holders++
-				startable = startable || canStart(&cands[i])
-			}
-		}
+		holders, startable := holdersOf(cands, ms, best)
 		if req.Concurrent > holders && !startable {
 			rw = 1
 		}
@@ -400,7 +462,7 @@ func (p Policy) Pick(req Request, cands []Candidate) Decision {
 	// holder's queue. A prefix others want at once keeps the wait in the
 	// score, so that it spreads.
 	slotWeight := 1.0
-	if req.Concurrent <= 1 && noneCanStart(cands) {
+	if req.Concurrent <= 1 && canAny == 0 {
 		slotWeight = 0
 	}
 	// A forked stem's copy is not dead weight: the stem's other requests
@@ -415,72 +477,53 @@ func (p Policy) Pick(req Request, cands []Candidate) Decision {
 	// resource's work, and the stem weighs RecomputeWeight like any
 	// prefix.
 	fork, stemWeight := 0, rw
-	if req.ForkBlocks > 0 && !holderCanStart(cands, best) && manyCanStart(cands) {
-		fork, stemWeight = min(req.ForkBlocks, n), 1
-	}
-	// One pass: each candidate's cost, its block time and slot wait
-	// computed once, and its rendezvous weight only when its cost ties
-	// the best so far (the weight of a best found by cost alone is
-	// computed when a tie first needs it): the lower cost wins, a tie
-	// goes to the higher weight, as if every weight were computed. The
-	// slot wait is asked only of a candidate with no free slot.
-	chosen, cheapest := -1, -1
-	var chosenCost, cheapestCost float64
-	var chosenW, cheapestW uint64
-	chosenHasW, cheapestHasW := false, false
-	for i := range cands {
-		c := &cands[i]
-		m := int(c.match)
-		bm := p.blockMs(c)
-		stem := max(0, fork-m) // stem blocks c lacks, of its n-m
-		slot := 0.0
-		if slotsAhead(c) > 0 {
-			slot = p.slotWaitMs(c)
-		}
-		cost := c.NetworkMs + bm*c.PendingPrefillBlocks + slotWeight*slot +
-			rw*bm*float64(n-m-stem) + stemWeight*bm*float64(stem)
-		var w uint64
-		hasW := false
-		if cheapest < 0 || cost < cheapestCost {
-			cheapest, cheapestCost, cheapestHasW = i, cost, false
-		} else if cost == cheapestCost {
-			w, hasW = weight(d.Key, c.Hash), true
-			if !cheapestHasW {
-				cheapestW, cheapestHasW = weight(d.Key, cands[cheapest].Hash), true
-			}
-			if w > cheapestW {
-				cheapest, cheapestW = i, w
-			}
-		}
-		if !lim.admits(c) {
-			continue
-		}
-		if chosen < 0 || cost < chosenCost {
-			chosen, chosenCost, chosenHasW = i, cost, false
-		} else if cost == chosenCost {
-			if !hasW {
-				w = weight(d.Key, c.Hash)
-			}
-			if !chosenHasW {
-				chosenW, chosenHasW = weight(d.Key, cands[chosen].Hash), true
-			}
-			if w > chosenW {
-				chosen, chosenW = i, w
-			}
+	if req.ForkBlocks > 0 {
+		if _, startable := holdersOf(cands, ms, best); !startable && counted > 0 && 2*canKnown >= counted {
+			fork, stemWeight = min(req.ForkBlocks, n), 1
 		}
 	}
+	w := warmPricing{p: p, cands: cands, lim: lim, key: d.Key, n: n, fork: fork,
+		rw: rw, stemWeight: stemWeight, slotWeight: slotWeight}
+	if ms != nil && w.bounded(best, minNet, minQueued, minBm, finite) {
+		w.choosePruned(ms, best)
+	} else {
+		w.chooseAll()
+	}
+	chosen := w.chosen
 	if chosen < 0 { // cannot happen: someone is at or below the mean
-		chosen = cheapest
+		chosen = w.cheapest
 	}
 	d.Index, d.Match, d.Reason = chosen, int(cands[chosen].match), ReasonPrefix
-	if chosen != cheapest {
+	if chosen != w.cheapest {
 		d.Reason = ReasonSpill
 	}
 	return d
 }
 
+// holdersOf counts the candidates holding best blocks of the request (no
+// candidate holds more) and reports whether one of them could start it at
+// once; ms, when not nil, is their matches side by side.
+func holdersOf(cands []Candidate, ms []int32, best int) (holders int, startable bool) {
+	if ms == nil {
+		for i := range cands {
+			if int(cands[i].match) >= best {
+				holders++
+				startable = startable || canStart(&cands[i])
+			}
+		}
+		return holders, startable
+	}
+	for i, m := range ms {
+		if int(m) >= best {
+			holders++
+			startable = startable || canStart(&cands[i])
+		}
+	}
+	return holders, startable
+}
+
 // blockMs is a candidate's prefill time per block.
-func (p Policy) blockMs(c *Candidate) float64 {
+func (p *Policy) blockMs(c *Candidate) float64 {
 	if c.BlockMs > 0 {
 		return c.BlockMs
 	}
@@ -489,7 +532,7 @@ func (p Policy) blockMs(c *Candidate) float64 {
 
 // waitMs is a candidate's estimated wait to start a request: its queued
 // prefill and its slot wait, in ms.
-func (p Policy) waitMs(c *Candidate) float64 {
+func (p *Policy) waitMs(c *Candidate) float64 {
 	slot := 0.0
 	if slotsAhead(c) > 0 {
 		slot = p.slotWaitMs(c)
@@ -504,7 +547,7 @@ func (p Policy) waitMs(c *Candidate) float64 {
 // SeqMs/Slots. The router's in-flight count is
 // the fast signal of how many requests the engine holds; with unknown
 // slots the last scrape's waiting count says whether it queues.
-func (p Policy) slotWaitMs(c *Candidate) float64 {
+func (p *Policy) slotWaitMs(c *Candidate) float64 {
 	ahead := slotsAhead(c)
 	if ahead <= 0 {
 		return 0
@@ -654,44 +697,6 @@ func queuedAt(c *Candidate) int {
 	return c.Waiting
 }
 
-// noneCanStart reports that every candidate would queue a new request
-// for a sequence slot, as far as the router knows.
-func noneCanStart(cands []Candidate) bool {
-	for i := range cands {
-		if canStart(&cands[i]) {
-			return false
-		}
-	}
-	return true
-}
-
-// holderCanStart reports that a candidate holding best blocks of the
-// request could start it at once.
-func holderCanStart(cands []Candidate, best int) bool {
-	for i := range cands {
-		if int(cands[i].match) >= best && canStart(&cands[i]) {
-			return true
-		}
-	}
-	return false
-}
-
-// manyCanStart reports that at least half of the candidates that count
-// (not stale) could start a request at once: free slots are not scarce.
-func manyCanStart(cands []Candidate) bool {
-	can, known := 0, 0
-	for i := range cands {
-		if cands[i].Stale {
-			continue
-		}
-		known++
-		if canStart(&cands[i]) {
-			can++
-		}
-	}
-	return known > 0 && 2*can >= known
-}
-
 // canStart reports that c would not queue a new request for a sequence
 // slot, as far as the router knows.
 func canStart(c *Candidate) bool {
@@ -742,7 +747,8 @@ func (p Policy) key(req Request, common int) uint64 {
 	return req.Hashes[idx]
 }
 
-// hashPick is rendezvous hashing with bounded loads over the nearest tier:
+// hashPick is rendezvous hashing with bounded loads over the nearest tier
+// (tier, the least of the candidates' tiers):
 // the candidate with the highest weight for key among those under the
 // limits (a slot to start it, queued prefill, the hot-spot guard). With
 // leastWait it takes the shortest estimated wait among them instead, ties
@@ -756,11 +762,7 @@ func (p Policy) key(req Request, common int) uint64 {
 // limits, the one with the shortest wait takes it. Candidates whose
 // summary holds a common prefix longer than one block (a hot prompt, not
 // a system prompt still spreading) go first: recomputing it costs.
-func (p Policy) hashPick(cands []Candidate, key uint64, lim limits, common int, leastWait bool) int {
-	tier := cands[0].Tier
-	for i := range cands {
-		tier = min(tier, cands[i].Tier)
-	}
+func (p Policy) hashPick(cands []Candidate, tier int, key uint64, lim limits, common int, leastWait bool) int {
 	// First among the holders of the common prefix, then among all.
 	for pass := 0; pass < 2; pass++ {
 		first, shortest := -1, -1
