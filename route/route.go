@@ -16,7 +16,9 @@
 //     bounded loads (rendezvous order over the key, the first replica that
 //     can start it with queued prefill within LoadFactor times the mean),
 //     keyed by the client's routing key or the first KeyBlocks blocks after
-//     the common prefix; holders of a long common prefix go first. With
+//     the common prefix; holders of a long common prefix go first, and
+//     when none of them can take it, it is copied only to an idle replica
+//     (else it queues at the holder with the shortest wait). With
 //     every summary fresh it takes the shortest wait among them, ties in
 //     rendezvous order. Requests that will share a prefix share the key, so
 //     they land together, and routers that cannot talk still agree.
@@ -30,11 +32,15 @@
 //     when the wait it would impose beats the weighted recompute, and then
 //     to the next holder first. When no replica can start it, the slot
 //     wait leaves the score of a request no other in flight shares: it
-//     queues anywhere, so it queues where its prefix is. A stem other
+//     queues anywhere, so it queues where its prefix is (queued prefill
+//     leaves the score too: at a full engine it is the prefill of the
+//     requests waiting for slots). A stem other
 //     requests fork from (Request.ForkBlocks: a hot template or document,
 //     not a conversation's history) costs only its prefill to copy when
 //     its holders are full and at least half the replicas could start
-//     it: the copy serves the stem's other requests too.
+//     it: the copy serves the stem's other requests too. A copy is that
+//     cheap only on an idle replica (a free slot, no prefill queued);
+//     on a busy one it delays the requests queued there.
 //
 // The hot-spot guard (consistent hashing with bounded loads, Mirrokni,
 // Thorup, Zadimoghaddam 2018, applied to the queue for slots, and to
@@ -395,10 +401,12 @@ func (p Policy) Pick(req Request, cands []Candidate) Decision {
 	// When no candidate can start the request it queues wherever it
 	// goes, and the slot waits only rank queues that all drain slot by
 	// slot; moving a lone request (no other in flight wants its prefix)
-	// for that difference gives up its prefix for an estimate. It stays
-	// with the cheapest recompute; the hot-spot guard still bounds the
-	// holder's queue. A prefix others want at once keeps the wait in the
-	// score, so that it spreads.
+	// for that difference gives up its prefix for an estimate. The
+	// prefill queued there is part of that queue (at a full engine it is
+	// the prefill of the requests waiting for slots), so it leaves the
+	// score too. It stays with the cheapest recompute; the hot-spot guard
+	// still bounds the holder's queue. A prefix others want at once keeps
+	// the wait in the score, so that it spreads.
 	slotWeight := 1.0
 	if req.Concurrent <= 1 && noneCanStart(cands) {
 		slotWeight = 0
@@ -433,12 +441,19 @@ func (p Policy) Pick(req Request, cands []Candidate) Decision {
 		m := int(c.match)
 		bm := p.blockMs(c)
 		stem := max(0, fork-m) // stem blocks c lacks, of its n-m
-		slot := 0.0
+		// A copy's cheap weights (rw or stemWeight below
+		// RecomputeWeight) hold only on an idle candidate (a free slot,
+		// no prefill queued): there the copy uses capacity nobody waits
+		// for. On a busy one its prefill delays every request queued
+		// behind it there, as any recompute does.
+		slot, crw, csw := 0.0, rw, stemWeight
 		if slotsAhead(c) > 0 {
-			slot = p.slotWaitMs(c)
+			slot, crw, csw = p.slotWaitMs(c), p.RecomputeWeight, p.RecomputeWeight
+		} else if c.PendingPrefillBlocks >= 1 {
+			crw, csw = p.RecomputeWeight, p.RecomputeWeight
 		}
-		cost := c.NetworkMs + bm*c.PendingPrefillBlocks + slotWeight*slot +
-			rw*bm*float64(n-m-stem) + stemWeight*bm*float64(stem)
+		cost := c.NetworkMs + slotWeight*(bm*c.PendingPrefillBlocks+slot) +
+			crw*bm*float64(n-m-stem) + csw*bm*float64(stem)
 		var w uint64
 		hasW := false
 		if cheapest < 0 || cost < cheapestCost {
@@ -761,14 +776,20 @@ func (p Policy) hashPick(cands []Candidate, key uint64, lim limits, common int, 
 	for i := range cands {
 		tier = min(tier, cands[i].Tier)
 	}
-	// First among the holders of the common prefix, then among all.
+	// First among the holders of the common prefix, then among all. A
+	// copy of a common prefix longer than one block (a hot prompt) goes
+	// only to an idle replica (a free slot, no prefill queued): on a busy
+	// one its prefill delays the requests queued there, and the request
+	// queues at the holder with the shortest wait instead.
+	hot := common > 1
 	for pass := 0; pass < 2; pass++ {
 		first, shortest := -1, -1
 		var firstW, shortestW uint64
 		var shortestWait float64
 		for i := range cands {
 			c := &cands[i]
-			if c.Tier != tier || (pass == 0 && common > 1 && c.Summary != nil && int(c.match) < common) || !lim.admits(c) {
+			if c.Tier != tier || (pass == 0 && hot && lacks(c, common)) || !lim.admits(c) ||
+				(pass == 1 && hot && lacks(c, common) && !idle(c)) {
 				continue
 			}
 			w := weight(key, c.Hash)
@@ -794,7 +815,7 @@ func (p Policy) hashPick(cands []Candidate, key uint64, lim limits, common int, 
 	var fallbackWait float64
 	for i := range cands {
 		c := &cands[i]
-		if c.Tier != tier {
+		if c.Tier != tier || (hot && lacks(c, common)) {
 			continue
 		}
 		w := weight(key, c.Hash)
@@ -803,6 +824,11 @@ func (p Policy) hashPick(cands []Candidate, key uint64, lim limits, common int, 
 		}
 	}
 	return fallback
+}
+
+// lacks reports that c's summary counts and lacks the common prefix.
+func lacks(c *Candidate, common int) bool {
+	return c.Summary != nil && int(c.match) < common
 }
 
 // weight is the rendezvous weight of a replica for a key.

@@ -677,3 +677,83 @@ func TestForkedStemLeavesAFullHolder(t *testing.T) {
 		})
 	}
 }
+
+// A hot prefix's copy costs only its prefill on an idle replica; on one
+// with prefill queued (or no free slot) the copy would delay the requests
+// queued there, and weighs RecomputeWeight like any recompute.
+func TestHotPrefixCopiesOnlyToAnIdleReplica(t *testing.T) {
+	hot := chainOf(nil, 20, 4)
+	req := request(chainOf(hot, 1, 5))
+	req.Concurrent = 3
+	for _, tc := range []struct {
+		name    string
+		pending float64 // prefill queued at the non-holders
+		holder  bool
+	}{{"idle non-holders", 0, false}, {"non-holders with prefill queued", 10, true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			cs := candidates(4)
+			for i := range cs {
+				cs[i].Summary, cs[i].Slots, cs[i].SeqMs, cs[i].PendingPrefillBlocks = held(t), 4, 4000, tc.pending
+			}
+			// 2 ahead at the holder: 2 s of slot wait, more than the
+			// copy's 420 ms and the 200 ms of prefill queued elsewhere.
+			cs[0].Summary, cs[0].InFlight, cs[0].PendingPrefillBlocks = held(t, hot), 5, 0
+			d := DefaultPolicy().Pick(req, cs)
+			if (d.Index == 0) != tc.holder {
+				t.Fatalf("decision %+v, want holder=%v", d, tc.holder)
+			}
+		})
+	}
+}
+
+// A hot prompt (a common prefix longer than one block) whose holders
+// cannot start the request is copied only to an idle replica; when none
+// is idle the request queues at the holder with the shortest wait.
+func TestColdHotPromptCopiesOnlyToAnIdleReplica(t *testing.T) {
+	hot := chainOf(nil, 20, 8)
+	req := request(chainOf(hot, 1, 9))
+	for _, tc := range []struct {
+		name string
+		idle bool // replica 3 idle
+		want int
+	}{{"no idle replica", false, 1}, {"an idle replica", true, 3}} {
+		t.Run(tc.name, func(t *testing.T) {
+			cs := candidates(4)
+			for i := range cs {
+				cs[i].Summary, cs[i].Slots, cs[i].SeqMs = held(t), 4, 4000
+			}
+			// The holders: full, prefill queued, 1 the shorter wait.
+			cs[0].Summary, cs[0].InFlight, cs[0].PendingPrefillBlocks = held(t, hot), 6, 10
+			cs[1].Summary, cs[1].InFlight, cs[1].PendingPrefillBlocks = held(t, hot), 5, 10
+			// 2 has a free slot and a little prefill queued; 3 is full
+			// or idle.
+			cs[2].InFlight, cs[2].PendingPrefillBlocks = 2, 2
+			cs[3].InFlight = 4
+			if tc.idle {
+				cs[3].InFlight = 0
+			}
+			d := DefaultPolicy().Pick(req, cs)
+			if d.Reason != ReasonFallbackCold || d.CommonMatch != 20 || d.Index != tc.want {
+				t.Fatalf("decision %+v, want replica %d by fallback-cold over common 20", d, tc.want)
+			}
+		})
+	}
+}
+
+// With every replica full, a lone request queues wherever it goes: its
+// prefill queued at the holder is part of that queue, not a reason to
+// move to a replica holding less of it.
+func TestPickAllFullIgnoresQueuedPrefillOfALoneRequest(t *testing.T) {
+	conv := chainOf(nil, 12, 10)
+	req := request(chainOf(conv, 2, 11))
+	cs := candidates(4)
+	for i := range cs {
+		cs[i].Summary, cs[i].Slots, cs[i].SeqMs, cs[i].InFlight = held(t), 4, 4000, 5
+	}
+	cs[0].Summary, cs[0].PendingPrefillBlocks = held(t, conv), 60 // the holder: 1.2 s of prefill queued
+	cs[1].Summary = held(t, conv[:9])                             // holds 9 of 14: 3 more to recompute
+	req.Concurrent = 1
+	if d := DefaultPolicy().Pick(req, cs); d.Index != 0 {
+		t.Fatalf("decision %+v, want the holder (0)", d)
+	}
+}

@@ -56,8 +56,9 @@ var knownLosses = []struct {
 	cache    float64
 	why      string
 }{
-	{"hot-prompts", 0.6, 4, 1, "TTFT p99 up to 1.002x round-robin's on seeds 2-3 (1274 against 1272 ms, one cold prefill and 16 ms): " +
-		"a request that waits at its stem's full holder about as long as the stem's prefill ties round-robin's cold tail"},
+	// hot-prompts 0.6/4/1 (p99 1274 against round-robin's 1272 ms on
+	// seeds 2-3) left when a hot prompt's copy went only to idle
+	// replicas: 1255 ms on seeds 1-3.
 }
 
 func knownLoss(c sim.Cell) (string, bool) {
