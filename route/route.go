@@ -47,7 +47,9 @@
 // in-flight requests when slots are unknown) spills a request from a
 // holder that queues far more than the mean, so a hot prefix spreads to a
 // second holder instead of collapsing onto one. A holder that can start
-// the request at once is never held to it.
+// the request at once is never held to it, and a spill never copies the
+// prefix onto a busy replica (no free slot, or prefill queued): that only
+// moves the queue and adds the copy's prefill to it.
 //
 // Another router's decision for one of this router's replicas is checked
 // with KeepHint against the exact view and taken again among its own
@@ -485,6 +487,12 @@ func (p Policy) Pick(req Request, cands []Candidate) Decision {
 		}
 	}
 	if chosen < 0 { // cannot happen: someone is at or below the mean
+		chosen = cheapest
+	}
+	// A spill that would copy the prefix onto a busy replica (no free
+	// slot, or prefill queued) only moves the queue and adds the copy's
+	// prefill to it: the request stays with the cheapest.
+	if chosen != cheapest && int(cands[chosen].match) < int(cands[cheapest].match) && !idle(&cands[chosen]) {
 		chosen = cheapest
 	}
 	d.Index, d.Match, d.Reason = chosen, int(cands[chosen].match), ReasonPrefix

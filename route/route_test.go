@@ -757,3 +757,31 @@ func TestPickAllFullIgnoresQueuedPrefillOfALoneRequest(t *testing.T) {
 		t.Fatalf("decision %+v, want the holder (0)", d)
 	}
 }
+
+// The hot-spot guard spills a request off an overloaded holder, but a
+// spill that would copy the prefix onto a busy replica (prefill queued,
+// or no free slot) only moves the queue and adds the copy to it: the
+// request stays. An idle replica takes the copy.
+func TestSpillCopiesOnlyToAnIdleReplica(t *testing.T) {
+	conv := chainOf(nil, 10, 2)
+	for _, tc := range []struct {
+		name    string
+		pending float64 // prefill queued at the non-holders
+		stay    bool
+	}{{"busy non-holders", 5, true}, {"idle non-holders", 0, false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			cs := candidates(4)
+			for i := range cs {
+				cs[i].Summary, cs[i].InFlight, cs[i].PendingPrefillBlocks = held(t), 1, tc.pending
+			}
+			cs[1].Summary, cs[1].PendingPrefillBlocks = held(t, conv), 0
+			// Over the bound on its queue, with a wait (7 × 1000 / 4 ms)
+			// shorter than the recompute a move costs: a spill.
+			cs[1].InFlight, cs[1].Running, cs[1].Waiting, cs[1].SeqMs = 10, 4, 6, 1000
+			d := DefaultPolicy().Pick(request(chainOf(conv, 3, 4)), cs)
+			if (d.Index == 1) != tc.stay || (!tc.stay && d.Reason != ReasonSpill) {
+				t.Fatalf("decision %+v, want stay at the holder = %v", d, tc.stay)
+			}
+		})
+	}
+}
