@@ -19,8 +19,9 @@
 //     the common prefix; holders of a long common prefix go first, and
 //     when none of them can take it, it is copied only to an idle replica
 //     (else it queues at the holder with the shortest wait). With
-//     every summary fresh it takes the shortest wait among them, ties in
-//     rendezvous order. Requests that will share a prefix share the key, so
+//     every summary fresh it takes the shortest wait among them; among
+//     equal waits, the one of the key's first two choices with fewer
+//     requests in flight (fewer arrivals queue behind its prefill). Requests that will share a prefix share the key, so
 //     they land together, and routers that cannot talk still agree.
 //  3. Otherwise every candidate is scored by an estimate of time to first
 //     token plus the recompute a move costs the cluster: network + prefill
@@ -791,8 +792,8 @@ func (p Policy) hashPick(cands []Candidate, key uint64, lim limits, common int, 
 	// queues at the holder with the shortest wait instead.
 	hot := common > 1
 	for pass := 0; pass < 2; pass++ {
-		first, shortest := -1, -1
-		var firstW, shortestW uint64
+		first, shortest, second := -1, -1, -1
+		var firstW, shortestW, secondW uint64
 		var shortestWait float64
 		for i := range cands {
 			c := &cands[i]
@@ -804,16 +805,33 @@ func (p Policy) hashPick(cands []Candidate, key uint64, lim limits, common int, 
 			if first < 0 || w > firstW {
 				first, firstW = i, w
 			}
-			// The shortest estimated wait, ties in rendezvous order: an
-			// idle cluster still places exactly by the key.
-			if wait := p.waitMs(c); shortest < 0 || wait < shortestWait || (wait == shortestWait && w > shortestW) {
-				shortest, shortestW, shortestWait = i, w, wait
+			// The shortest estimated wait, ties in rendezvous order (an
+			// idle cluster still places exactly by the key); second is
+			// the runner-up in rendezvous order at that wait.
+			if wait := p.waitMs(c); shortest < 0 || wait < shortestWait {
+				shortest, shortestW, shortestWait, second = i, w, wait, -1
+			} else if wait == shortestWait {
+				if w > shortestW {
+					second, secondW = shortest, shortestW
+					shortest, shortestW = i, w
+				} else if second < 0 || w > secondW {
+					second, secondW = i, w
+				}
 			}
 		}
 		switch {
 		case first < 0:
 			continue
 		case leastWait:
+			// Of the key's first two choices at the shortest wait, the
+			// one with fewer requests in flight: a cold prefill delays
+			// every request that arrives behind it, and a replica's
+			// arrivals follow its requests in flight (Little's law). Two
+			// choices by the key, not the least loaded of all, so that
+			// routers deciding on the same snapshot do not herd.
+			if second >= 0 && cands[second].InFlight < cands[shortest].InFlight {
+				return second
+			}
 			return shortest
 		}
 		return first

@@ -1,8 +1,10 @@
 package route
 
 import (
+	"cmp"
 	"fmt"
 	"math"
+	"slices"
 	"testing"
 
 	"github.com/kvmesh/kvmesh/summary"
@@ -781,6 +783,39 @@ func TestSpillCopiesOnlyToAnIdleReplica(t *testing.T) {
 			d := DefaultPolicy().Pick(request(chainOf(conv, 3, 4)), cs)
 			if (d.Index == 1) != tc.stay || (!tc.stay && d.Reason != ReasonSpill) {
 				t.Fatalf("decision %+v, want stay at the holder = %v", d, tc.stay)
+			}
+		})
+	}
+}
+
+// Among replicas of equal wait, a cold request takes the one of the key's
+// first two rendezvous choices with fewer requests in flight (fewer
+// arrivals queue behind its prefill), not the least loaded of all (routers
+// on one snapshot would herd there).
+func TestColdPlacementTwoChoicesByInFlight(t *testing.T) {
+	req := request(chainOf(nil, 4, 12))
+	cs := candidates(5)
+	for i := range cs {
+		cs[i].Summary, cs[i].Slots = held(t), 8 // free slots: the in-flight guard does not apply
+	}
+	key := DefaultPolicy().Pick(req, cs).Key
+	order := []int{0, 1, 2, 3, 4}
+	slices.SortFunc(order, func(a, b int) int {
+		return cmp.Compare(weight(key, cs[b].Hash), weight(key, cs[a].Hash))
+	})
+	first, second := order[0], order[1]
+	for _, tc := range []struct {
+		name          string
+		first, second int // in flight
+		want          int
+	}{{"second less loaded", 3, 1, second}, {"first less loaded", 1, 3, first}, {"equal", 2, 2, first}} {
+		t.Run(tc.name, func(t *testing.T) {
+			for i := range cs {
+				cs[i].InFlight = 0 // the others: least loaded of all, not chosen
+			}
+			cs[first].InFlight, cs[second].InFlight = tc.first, tc.second
+			if d := DefaultPolicy().Pick(req, cs); d.Index != tc.want || d.Reason != ReasonFallbackCold {
+				t.Fatalf("decision %+v, want %d by fallback-cold", d, tc.want)
 			}
 		})
 	}
