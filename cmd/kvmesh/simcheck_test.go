@@ -33,22 +33,13 @@ func TestCheckLosses(t *testing.T) {
 		{"the neighbour of a known loss gated", []sim.Cell{cell("hot-prompts", 0.6, 4, 0.25, 1100, 0.5)}, 1,
 			[]string{"LOST hot-prompts load 0.6 max-num-seqs 4 cache 0.25"}},
 	}
-	// The list is empty today (every cell holds on seeds 1-3); the test
-	// puts a known loss in it.
-	saved := knownLosses
-	knownLosses = append(knownLosses[:0:0], knownLosses...)
-	knownLosses = append(knownLosses, struct {
-		workload string
-		load     float64
-		mns      int
-		cache    float64
-		why      string
-	}{"hot-prompts", 0.6, 4, 1, "a test's"})
-	defer func() { knownLosses = saved }()
+	// knownLosses is empty today (every cell holds on seeds 1-3); the
+	// test names one.
+	known := lossCells{{"hot-prompts", 0.6, 4, 1, "a test's"}}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			var b strings.Builder
-			if got := checkLosses(&b, tc.cells); got != tc.lost {
+			if got := checkLosses(&b, tc.cells, known); got != tc.lost {
 				t.Fatalf("lost %d, want %d; output:\n%s", got, tc.lost, b.String())
 			}
 			for _, want := range tc.out {
