@@ -16,9 +16,12 @@
 //     bounded loads (rendezvous order over the key, the first replica that
 //     can start it with queued prefill within LoadFactor times the mean),
 //     keyed by the client's routing key or the first KeyBlocks blocks after
-//     the common prefix; holders of a long common prefix go first. With
-//     every summary fresh it takes the shortest wait among them, ties in
-//     rendezvous order. Requests that will share a prefix share the key, so
+//     the common prefix; holders of a long common prefix go first, and
+//     when none of them can take it, it is copied only to an idle replica
+//     (else it queues at the holder with the shortest wait). With
+//     every summary fresh it takes the shortest wait among them; among
+//     equal waits, the one of the key's first two choices with fewer
+//     requests in flight (fewer arrivals queue behind its prefill). Requests that will share a prefix share the key, so
 //     they land together, and routers that cannot talk still agree.
 //  3. Otherwise every candidate is scored by an estimate of time to first
 //     token plus the recompute a move costs the cluster: network + prefill
@@ -30,18 +33,24 @@
 //     when the wait it would impose beats the weighted recompute, and then
 //     to the next holder first. When no replica can start it, the slot
 //     wait leaves the score of a request no other in flight shares: it
-//     queues anywhere, so it queues where its prefix is. A stem other
+//     queues anywhere, so it queues where its prefix is (queued prefill
+//     leaves the score too: at a full engine it is the prefill of the
+//     requests waiting for slots). A stem other
 //     requests fork from (Request.ForkBlocks: a hot template or document,
 //     not a conversation's history) costs only its prefill to copy when
 //     its holders are full and at least half the replicas could start
-//     it: the copy serves the stem's other requests too.
+//     it: the copy serves the stem's other requests too. A copy is that
+//     cheap only on an idle replica (a free slot, no prefill queued);
+//     on a busy one it delays the requests queued there.
 //
 // The hot-spot guard (consistent hashing with bounded loads, Mirrokni,
 // Thorup, Zadimoghaddam 2018, applied to the queue for slots, and to
 // in-flight requests when slots are unknown) spills a request from a
 // holder that queues far more than the mean, so a hot prefix spreads to a
 // second holder instead of collapsing onto one. A holder that can start
-// the request at once is never held to it.
+// the request at once is never held to it, and a spill never copies the
+// prefix onto a busy replica (no free slot, or prefill queued): that only
+// moves the queue and adds the copy's prefill to it.
 //
 // Another router's decision for one of this router's replicas is checked
 // with KeepHint against the exact view and taken again among its own
@@ -457,10 +466,12 @@ func (p Policy) pick(req Request, cands []Candidate, ms []int32) Decision {
 	// When no candidate can start the request it queues wherever it
 	// goes, and the slot waits only rank queues that all drain slot by
 	// slot; moving a lone request (no other in flight wants its prefix)
-	// for that difference gives up its prefix for an estimate. It stays
-	// with the cheapest recompute; the hot-spot guard still bounds the
-	// holder's queue. A prefix others want at once keeps the wait in the
-	// score, so that it spreads.
+	// for that difference gives up its prefix for an estimate. The
+	// prefill queued there is part of that queue (at a full engine it is
+	// the prefill of the requests waiting for slots), so it leaves the
+	// score too. It stays with the cheapest recompute; the hot-spot guard
+	// still bounds the holder's queue. A prefix others want at once keeps
+	// the wait in the score, so that it spreads.
 	slotWeight := 1.0
 	if req.Concurrent <= 1 && canAny == 0 {
 		slotWeight = 0
@@ -492,6 +503,12 @@ func (p Policy) pick(req Request, cands []Candidate, ms []int32) Decision {
 	chosen := w.chosen
 	if chosen < 0 { // cannot happen: someone is at or below the mean
 		chosen = w.cheapest
+	}
+	// A spill that would copy the prefix onto a busy replica (no free
+	// slot, or prefill queued) only moves the queue and adds the copy's
+	// prefill to it: the request stays with the cheapest.
+	if cheapest := w.cheapest; chosen != cheapest && int(cands[chosen].match) < int(cands[cheapest].match) && !idle(&cands[chosen]) {
+		chosen = cheapest
 	}
 	d.Index, d.Match, d.Reason = chosen, int(cands[chosen].match), ReasonPrefix
 	if chosen != w.cheapest {
@@ -763,30 +780,53 @@ func (p Policy) key(req Request, common int) uint64 {
 // summary holds a common prefix longer than one block (a hot prompt, not
 // a system prompt still spreading) go first: recomputing it costs.
 func (p Policy) hashPick(cands []Candidate, tier int, key uint64, lim limits, common int, leastWait bool) int {
-	// First among the holders of the common prefix, then among all.
+	// First among the holders of the common prefix, then among all. A
+	// copy of a common prefix longer than one block (a hot prompt) goes
+	// only to an idle replica (a free slot, no prefill queued): on a busy
+	// one its prefill delays the requests queued there, and the request
+	// queues at the holder with the shortest wait instead.
+	hot := common > 1
 	for pass := 0; pass < 2; pass++ {
-		first, shortest := -1, -1
-		var firstW, shortestW uint64
+		first, shortest, second := -1, -1, -1
+		var firstW, shortestW, secondW uint64
 		var shortestWait float64
 		for i := range cands {
 			c := &cands[i]
-			if c.Tier != tier || (pass == 0 && common > 1 && c.Summary != nil && int(c.match) < common) || !lim.admits(c) {
+			if c.Tier != tier || (pass == 0 && hot && lacks(c, common)) || !lim.admits(c) ||
+				(pass == 1 && hot && lacks(c, common) && !idle(c)) {
 				continue
 			}
 			w := weight(key, c.Hash)
 			if first < 0 || w > firstW {
 				first, firstW = i, w
 			}
-			// The shortest estimated wait, ties in rendezvous order: an
-			// idle cluster still places exactly by the key.
-			if wait := p.waitMs(c); shortest < 0 || wait < shortestWait || (wait == shortestWait && w > shortestW) {
-				shortest, shortestW, shortestWait = i, w, wait
+			// The shortest estimated wait, ties in rendezvous order (an
+			// idle cluster still places exactly by the key); second is
+			// the runner-up in rendezvous order at that wait.
+			if wait := p.waitMs(c); shortest < 0 || wait < shortestWait {
+				shortest, shortestW, shortestWait, second = i, w, wait, -1
+			} else if wait == shortestWait {
+				if w > shortestW {
+					second, secondW = shortest, shortestW
+					shortest, shortestW = i, w
+				} else if second < 0 || w > secondW {
+					second, secondW = i, w
+				}
 			}
 		}
 		switch {
 		case first < 0:
 			continue
 		case leastWait:
+			// Of the key's first two choices at the shortest wait, the
+			// one with fewer requests in flight: a cold prefill delays
+			// every request that arrives behind it, and a replica's
+			// arrivals follow its requests in flight (Little's law). Two
+			// choices by the key, not the least loaded of all, so that
+			// routers deciding on the same snapshot do not herd.
+			if second >= 0 && cands[second].InFlight < cands[shortest].InFlight {
+				return second
+			}
 			return shortest
 		}
 		return first
@@ -796,7 +836,7 @@ func (p Policy) hashPick(cands []Candidate, tier int, key uint64, lim limits, co
 	var fallbackWait float64
 	for i := range cands {
 		c := &cands[i]
-		if c.Tier != tier {
+		if c.Tier != tier || (hot && lacks(c, common)) {
 			continue
 		}
 		w := weight(key, c.Hash)
@@ -805,6 +845,11 @@ func (p Policy) hashPick(cands []Candidate, tier int, key uint64, lim limits, co
 		}
 	}
 	return fallback
+}
+
+// lacks reports that c's summary counts and lacks the common prefix.
+func lacks(c *Candidate, common int) bool {
+	return c.Summary != nil && int(c.match) < common
 }
 
 // weight is the rendezvous weight of a replica for a key.

@@ -1,8 +1,10 @@
 package route
 
 import (
+	"cmp"
 	"fmt"
 	"math"
+	"slices"
 	"testing"
 
 	"github.com/kvmesh/kvmesh/summary"
@@ -673,6 +675,147 @@ func TestForkedStemLeavesAFullHolder(t *testing.T) {
 			d := DefaultPolicy().Pick(r, cs)
 			if (d.Index == 0) != tc.stay {
 				t.Fatalf("decision %+v, want stay at the holder = %v", d, tc.stay)
+			}
+		})
+	}
+}
+
+// A hot prefix's copy costs only its prefill on an idle replica; on one
+// with prefill queued (or no free slot) the copy would delay the requests
+// queued there, and weighs RecomputeWeight like any recompute.
+func TestHotPrefixCopiesOnlyToAnIdleReplica(t *testing.T) {
+	hot := chainOf(nil, 20, 4)
+	req := request(chainOf(hot, 1, 5))
+	req.Concurrent = 3
+	for _, tc := range []struct {
+		name    string
+		pending float64 // prefill queued at the non-holders
+		holder  bool
+	}{{"idle non-holders", 0, false}, {"non-holders with prefill queued", 10, true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			cs := candidates(4)
+			for i := range cs {
+				cs[i].Summary, cs[i].Slots, cs[i].SeqMs, cs[i].PendingPrefillBlocks = held(t), 4, 4000, tc.pending
+			}
+			// 2 ahead at the holder: 2 s of slot wait, more than the
+			// copy's 420 ms and the 200 ms of prefill queued elsewhere.
+			cs[0].Summary, cs[0].InFlight, cs[0].PendingPrefillBlocks = held(t, hot), 5, 0
+			d := DefaultPolicy().Pick(req, cs)
+			if (d.Index == 0) != tc.holder {
+				t.Fatalf("decision %+v, want holder=%v", d, tc.holder)
+			}
+		})
+	}
+}
+
+// A hot prompt (a common prefix longer than one block) whose holders
+// cannot start the request is copied only to an idle replica; when none
+// is idle the request queues at the holder with the shortest wait.
+func TestColdHotPromptCopiesOnlyToAnIdleReplica(t *testing.T) {
+	hot := chainOf(nil, 20, 8)
+	req := request(chainOf(hot, 1, 9))
+	for _, tc := range []struct {
+		name string
+		idle bool // replica 3 idle
+		want int
+	}{{"no idle replica", false, 1}, {"an idle replica", true, 3}} {
+		t.Run(tc.name, func(t *testing.T) {
+			cs := candidates(4)
+			for i := range cs {
+				cs[i].Summary, cs[i].Slots, cs[i].SeqMs = held(t), 4, 4000
+			}
+			// The holders: full, prefill queued, 1 the shorter wait.
+			cs[0].Summary, cs[0].InFlight, cs[0].PendingPrefillBlocks = held(t, hot), 6, 10
+			cs[1].Summary, cs[1].InFlight, cs[1].PendingPrefillBlocks = held(t, hot), 5, 10
+			// 2 has a free slot and a little prefill queued; 3 is full
+			// or idle.
+			cs[2].InFlight, cs[2].PendingPrefillBlocks = 2, 2
+			cs[3].InFlight = 4
+			if tc.idle {
+				cs[3].InFlight = 0
+			}
+			d := DefaultPolicy().Pick(req, cs)
+			if d.Reason != ReasonFallbackCold || d.CommonMatch != 20 || d.Index != tc.want {
+				t.Fatalf("decision %+v, want replica %d by fallback-cold over common 20", d, tc.want)
+			}
+		})
+	}
+}
+
+// With every replica full, a lone request queues wherever it goes: its
+// prefill queued at the holder is part of that queue, not a reason to
+// move to a replica holding less of it.
+func TestPickAllFullIgnoresQueuedPrefillOfALoneRequest(t *testing.T) {
+	conv := chainOf(nil, 12, 10)
+	req := request(chainOf(conv, 2, 11))
+	cs := candidates(4)
+	for i := range cs {
+		cs[i].Summary, cs[i].Slots, cs[i].SeqMs, cs[i].InFlight = held(t), 4, 4000, 5
+	}
+	cs[0].Summary, cs[0].PendingPrefillBlocks = held(t, conv), 60 // the holder: 1.2 s of prefill queued
+	cs[1].Summary = held(t, conv[:9])                             // holds 9 of 14: 3 more to recompute
+	req.Concurrent = 1
+	if d := DefaultPolicy().Pick(req, cs); d.Index != 0 {
+		t.Fatalf("decision %+v, want the holder (0)", d)
+	}
+}
+
+// The hot-spot guard spills a request off an overloaded holder, but a
+// spill that would copy the prefix onto a busy replica (prefill queued,
+// or no free slot) only moves the queue and adds the copy to it: the
+// request stays. An idle replica takes the copy.
+func TestSpillCopiesOnlyToAnIdleReplica(t *testing.T) {
+	conv := chainOf(nil, 10, 2)
+	for _, tc := range []struct {
+		name    string
+		pending float64 // prefill queued at the non-holders
+		stay    bool
+	}{{"busy non-holders", 5, true}, {"idle non-holders", 0, false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			cs := candidates(4)
+			for i := range cs {
+				cs[i].Summary, cs[i].InFlight, cs[i].PendingPrefillBlocks = held(t), 1, tc.pending
+			}
+			cs[1].Summary, cs[1].PendingPrefillBlocks = held(t, conv), 0
+			// Over the bound on its queue, with a wait (7 × 1000 / 4 ms)
+			// shorter than the recompute a move costs: a spill.
+			cs[1].InFlight, cs[1].Running, cs[1].Waiting, cs[1].SeqMs = 10, 4, 6, 1000
+			d := DefaultPolicy().Pick(request(chainOf(conv, 3, 4)), cs)
+			if (d.Index == 1) != tc.stay || (!tc.stay && d.Reason != ReasonSpill) {
+				t.Fatalf("decision %+v, want stay at the holder = %v", d, tc.stay)
+			}
+		})
+	}
+}
+
+// Among replicas of equal wait, a cold request takes the one of the key's
+// first two rendezvous choices with fewer requests in flight (fewer
+// arrivals queue behind its prefill), not the least loaded of all (routers
+// on one snapshot would herd there).
+func TestColdPlacementTwoChoicesByInFlight(t *testing.T) {
+	req := request(chainOf(nil, 4, 12))
+	cs := candidates(5)
+	for i := range cs {
+		cs[i].Summary, cs[i].Slots = held(t), 8 // free slots: the in-flight guard does not apply
+	}
+	key := DefaultPolicy().Pick(req, cs).Key
+	order := []int{0, 1, 2, 3, 4}
+	slices.SortFunc(order, func(a, b int) int {
+		return cmp.Compare(weight(key, cs[b].Hash), weight(key, cs[a].Hash))
+	})
+	first, second := order[0], order[1]
+	for _, tc := range []struct {
+		name          string
+		first, second int // in flight
+		want          int
+	}{{"second less loaded", 3, 1, second}, {"first less loaded", 1, 3, first}, {"equal", 2, 2, first}} {
+		t.Run(tc.name, func(t *testing.T) {
+			for i := range cs {
+				cs[i].InFlight = 0 // the others: least loaded of all, not chosen
+			}
+			cs[first].InFlight, cs[second].InFlight = tc.first, tc.second
+			if d := DefaultPolicy().Pick(req, cs); d.Index != tc.want || d.Reason != ReasonFallbackCold {
+				t.Fatalf("decision %+v, want %d by fallback-cold", d, tc.want)
 			}
 		})
 	}

@@ -58,15 +58,18 @@ type warmPricing struct {
 // input finite (finite is a sum of all of them).
 func (w *warmPricing) bounded(best int, minNet, minQueued, minBm, finite float64) bool {
 	p := w.p
-	if best > w.n || !(minNet >= 0 && minQueued >= 0 && minBm >= 0 && w.rw >= 0 && w.stemWeight >= 0 && p.DefaultSeqMs >= 0) {
+	rw := p.RecomputeWeight
+	if best > w.n || !(minNet >= 0 && minQueued >= 0 && minBm >= 0 && w.rw >= 0 && w.stemWeight >= 0 && rw >= 0 && w.slotWeight >= 0 && p.DefaultSeqMs >= 0) {
 		return false
 	}
-	for _, f := range [...]float64{finite, p.DefaultBlockMs, p.DefaultSeqMs, w.rw} {
+	for _, f := range [...]float64{finite, p.DefaultBlockMs, p.DefaultSeqMs, w.rw, rw, w.slotWeight} {
 		if math.IsNaN(f) || math.IsInf(f, 0) {
 			return false
 		}
 	}
-	w.base, w.missBm, w.stemBm = minNet+minQueued, w.rw*minBm, w.stemWeight*minBm
+	// A busy candidate's missing blocks weigh RecomputeWeight, an idle
+	// one's rw and stemWeight (price): the bound takes the lesser.
+	w.base, w.missBm, w.stemBm = minNet+w.slotWeight*minQueued, min(w.rw, rw)*minBm, min(w.stemWeight, rw)*minBm
 	return true
 }
 
@@ -145,12 +148,19 @@ func (w *warmPricing) price(i int) bool {
 	m := int(c.match)
 	bm := p.blockMs(c)
 	stem := max(0, w.fork-m) // stem blocks c lacks, of its n-m
-	slot := 0.0
+	// A copy's cheap weights (rw or stemWeight below RecomputeWeight)
+	// hold only on an idle candidate (a free slot, no prefill queued):
+	// there the copy uses capacity nobody waits for. On a busy one its
+	// prefill delays every request queued behind it there, as any
+	// recompute does.
+	slot, rw, sw := 0.0, w.rw, w.stemWeight
 	if slotsAhead(c) > 0 {
-		slot = p.slotWaitMs(c)
+		slot, rw, sw = p.slotWaitMs(c), p.RecomputeWeight, p.RecomputeWeight
+	} else if c.PendingPrefillBlocks >= 1 {
+		rw, sw = p.RecomputeWeight, p.RecomputeWeight
 	}
-	cost := c.NetworkMs + bm*c.PendingPrefillBlocks + w.slotWeight*slot +
-		w.rw*bm*float64(w.n-m-stem) + w.stemWeight*bm*float64(stem)
+	cost := c.NetworkMs + w.slotWeight*(bm*c.PendingPrefillBlocks+slot) +
+		rw*bm*float64(w.n-m-stem) + sw*bm*float64(stem)
 	if cost != cost {
 		w.nan = true
 	}

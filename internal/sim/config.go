@@ -71,6 +71,14 @@ type Config struct {
 	// Running and Waiting are stale by up to this much, while InFlight is
 	// the routers' own fast count.
 	ScrapeInterval time.Duration
+	// SMGSyncInterval is how often the smg-mesh model's routers send each
+	// other the radix-tree inserts they made since the last sync, as SMG's
+	// mesh does every second (lightseekorg/smg mesh/src/ping_server.rs,
+	// sync_stream: a 1 s interval sends the incremental updates of every
+	// store, the policy store's tree operations among them). Until then a
+	// router's tree lacks the others' requests. 0 models one tree shared by
+	// every router and updated at once (the optimistic model before).
+	SMGSyncInterval time.Duration
 	// SlotsPublished makes the engines publish max-num-seqs; otherwise the
 	// owner learns it from the scrapes (route.SlotEstimate), as a router
 	// must for vLLM.
@@ -123,6 +131,7 @@ func DefaultConfig() Config {
 		GossipDelay:       50 * time.Millisecond,
 		StaleAfter:        2 * time.Second,
 		ScrapeInterval:    time.Second,
+		SMGSyncInterval:   time.Second,
 		FalsePositiveRate: 0.01,
 		Seed:              1,
 		Route:             route.DefaultPolicy(),
@@ -156,6 +165,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("sim: gossip delay %v, want >= 0", c.GossipDelay)
 	case c.ScrapeInterval <= 0:
 		return fmt.Errorf("sim: scrape interval %v, want > 0", c.ScrapeInterval)
+	case c.SMGSyncInterval < 0:
+		return fmt.Errorf("sim: smg sync interval %v, want >= 0", c.SMGSyncInterval)
 	case c.StaleAfter <= 0:
 		return fmt.Errorf("sim: stale-after %v, want > 0", c.StaleAfter)
 	case c.CapacityError < 0 || c.CapacityError > 64:

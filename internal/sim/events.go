@@ -9,6 +9,7 @@ const (
 	evGossipTick               // every owner sends deltas and load
 	evDeliver                  // a: recipient router, b: message
 	evScrape                   // owners read their engines' counts
+	evSMGSync                  // smg-mesh routers exchange their tree inserts
 )
 
 // event is one scheduled happening in virtual time. seq breaks ties in

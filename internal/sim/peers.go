@@ -29,7 +29,7 @@ const (
 	PolicyDynamo          = "dynamo-kv"        // model of Dynamo's KV router with KV events (exact view)
 	PolicyLLMD            = "llm-d-epp"        // model of the GIE/llm-d EPP with the approximate prefix scorer
 	PolicyLLMD3           = "llm-d-epp-3"      // the same with three active EPPs, each learning alone
-	PolicySMGMesh         = "smg-mesh"         // SGLang's rule with one tree shared by all routers at once
+	PolicySMGMesh         = "smg-mesh"         // SGLang's rule, the routers' trees synced every Config.SMGSyncInterval
 	PolicyProductionStack = "production-stack" // model of vLLM production-stack prefixaware routing
 )
 
@@ -208,6 +208,9 @@ type peerState struct {
 	// load[k][j] is router k's own in-flight count at replica j
 	// (sglang-router).
 	load [][]int
+	// unsent[k] lists the (request, replica) inserts smg-mesh router k
+	// made into its own tree since the last sync, in order.
+	unsent [][]smgInsert
 	// seen[j] is production-stack's never-evicted record of the blocks it
 	// routed to replica j.
 	seen []map[int64]struct{}
@@ -218,6 +221,36 @@ type peerState struct {
 	match, tree, queue, active []int
 	usage, qps                 []float64
 	buf                        []int
+}
+
+// smgInsert is one tree insert an smg-mesh router has not yet synced.
+type smgInsert struct{ req, replica int32 }
+
+// smgSynced reports whether smg-mesh runs one tree per router, synced
+// every Config.SMGSyncInterval, rather than one tree shared at once.
+func (w *world) smgSynced() bool {
+	return w.policy == PolicySMGMesh && w.p.cfg.SMGSyncInterval > 0
+}
+
+// smgSync applies every smg-mesh router's unsent inserts to the other
+// routers' trees, as SMG's mesh delivers the tree operations of the last
+// interval, and schedules the next sync while requests still arrive.
+func (w *world) smgSync(more bool) {
+	ps := w.peer
+	for k, ops := range ps.unsent {
+		for _, op := range ops {
+			ids := w.p.reqs[op.req].ids
+			for o := range ps.idx {
+				if o != k {
+					ps.idx[o][op.replica].touchAll(ids)
+				}
+			}
+		}
+		ps.unsent[k] = ops[:0]
+	}
+	if more {
+		w.q.push(w.now+ms(w.p.cfg.SMGSyncInterval.Seconds()), evSMGSync, 0, 0)
+	}
 }
 
 // prodStackQPSWindowMs is production-stack's request-stats sliding window,
@@ -248,6 +281,9 @@ func (w *world) makePeer() {
 				ps.idx[k][j] = newLRU(w.p.cacheBlocks)
 			}
 			ps.load[k] = make([]int, R)
+		}
+		if w.smgSynced() {
+			ps.unsent = make([][]smgInsert, w.nR)
 		}
 	case PolicyProductionStack:
 		ps.seen = make([]map[int64]struct{}, R)
@@ -280,12 +316,14 @@ func (w *world) peerArrive(k int, i int32) int {
 	var j int
 	switch w.policy {
 	case PolicySGLang, PolicySMGMesh:
-		// sglang-router learns alone per router; smg-mesh models SMG's
-		// mesh optimistically: every router's tree is the same exact
-		// tree, updated at once (no gossip delay), while load stays each
-		// router's own in-flight count, as in SMG.
+		// sglang-router learns alone per router. smg-mesh: each
+		// router inserts into its own tree at once and sends the inserts
+		// to the others every SMGSyncInterval (smgSync), as SMG's mesh
+		// does; with the interval 0, every router's tree is one exact
+		// tree updated at once (no sync delay). Load stays each router's
+		// own in-flight count, as in SMG.
 		idx := ps.idx[k]
-		if w.policy == PolicySMGMesh {
+		if w.policy == PolicySMGMesh && !w.smgSynced() {
 			idx = ps.idx[0]
 		}
 		for o := range idx {
@@ -298,6 +336,9 @@ func (w *world) peerArrive(k int, i int32) int {
 		// The request is inserted under the chosen worker on every path,
 		// the imbalanced one included (peers.md §1).
 		idx[j].touchAll(r.ids)
+		if ps.unsent != nil {
+			ps.unsent[k] = append(ps.unsent[k], smgInsert{req: i, replica: int32(j)})
+		}
 		ps.load[k][j]++
 	case PolicyDynamo:
 		for o, rep := range w.rep {

@@ -231,3 +231,33 @@ func TestSGLangRoutersLearnAlone(t *testing.T) {
 		}
 	}
 }
+
+func TestSMGMeshSyncsTrees(t *testing.T) {
+	// The conversation of TestSGLangRoutersLearnAlone (turns 1 s apart,
+	// three routers in turn): a tree shared at once (interval 0) or
+	// synced faster than the turns come finds every later turn; synced
+	// less often than the whole conversation lasts, each router learns
+	// alone, as sglang-router does.
+	reqs := conversations(1, 6, 4, time.Second)
+	tests := []struct {
+		sync     time.Duration
+		wantHits int
+	}{
+		{0, 5},
+		{100 * time.Millisecond, 5},
+		{time.Minute, 2},
+	}
+	for _, tc := range tests {
+		cfg := testConfig()
+		cfg.Replicas, cfg.Routers, cfg.CacheBlocks = 2, 3, 1000
+		cfg.SMGSyncInterval = tc.sync
+		cfg.Policies = []string{PolicySMGMesh}
+		r, err := Run(context.Background(), cfg, reqs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := r.Policies[0].Reasons["cache-hit"]; got != tc.wantHits {
+			t.Errorf("sync %v: %d cache-hit decisions (%v), want %d", tc.sync, got, r.Policies[0].Reasons, tc.wantHits)
+		}
+	}
+}

@@ -172,6 +172,9 @@ func runPolicy(ctx context.Context, p *prepared, name string) (PolicyReport, err
 		}
 	case PolicySGLang, PolicySMGMesh, PolicyDynamo, PolicyLLMD, PolicyLLMD3, PolicyProductionStack:
 		w.makePeer()
+		if w.smgSynced() {
+			w.q.push(p.reqs[0].arrival+ms(cfg.SMGSyncInterval.Seconds()), evSMGSync, 0, 0)
+		}
 	}
 	switch name {
 	case PolicySingle, PolicyMesh, PolicyPartitioned, PolicyExactView, PolicyPooled:
@@ -221,6 +224,8 @@ func runPolicy(ctx context.Context, p *prepared, name string) (PolicyReport, err
 			w.tick(next < len(p.reqs))
 		case evScrape:
 			w.scrape(next < len(p.reqs))
+		case evSMGSync:
+			w.smgSync(next < len(p.reqs))
 		case evDeliver:
 			err = w.deliver(e.a, e.b)
 		}
