@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"unsafe"
 )
 
 // streamLoops are the router's stream loops (streamloop.go), started on
@@ -39,6 +40,8 @@ const frameRoom = 16
 type streamLoop struct {
 	ls      *streamLoops
 	epfd    int
+	epf     *os.File // epfd in Go's poller: the loop waits there, not in a blocking epoll_wait
+	epRaw   syscall.RawConn
 	wakeR   int // the read end of the wake pipe, in the epoll set
 	wakeW   int
 	mu      sync.Mutex
@@ -197,7 +200,25 @@ func newStreamLoop(ls *streamLoops) (*streamLoop, error) {
 		_ = syscall.Close(p[1])
 		return nil, os.NewSyscallError("epoll_ctl", err)
 	}
-	return &streamLoop{ls: ls, epfd: epfd, wakeR: p[0], wakeW: p[1], streams: map[int32]*loopStream{},
+	// The loop waits for its epoll set in Go's poller (the set's
+	// descriptor is readable when a socket in it is): a goroutine
+	// blocked in epoll_wait would hold a thread in a system call, whose
+	// processor sysmon keeps taking back (waking every 20 µs to do so).
+	if err := syscall.SetNonblock(epfd, true); err != nil {
+		_ = syscall.Close(epfd)
+		_ = syscall.Close(p[0])
+		_ = syscall.Close(p[1])
+		return nil, os.NewSyscallError("fcntl", err)
+	}
+	epf := os.NewFile(uintptr(epfd), "epoll")
+	raw, err := epf.SyscallConn()
+	if err != nil {
+		_ = epf.Close()
+		_ = syscall.Close(p[0])
+		_ = syscall.Close(p[1])
+		return nil, err
+	}
+	return &streamLoop{ls: ls, epfd: epfd, epf: epf, epRaw: raw, wakeR: p[0], wakeW: p[1], streams: map[int32]*loopStream{},
 		buf: make([]byte, frameRoom+loopBuffer+2)}, nil
 }
 
@@ -231,11 +252,15 @@ func (l *streamLoop) run() {
 	defer l.ls.stopped.Done()
 	events := make([]syscall.EpollEvent, 128)
 	for {
-		n, err := syscall.EpollWait(l.epfd, events, -1)
+		var n int
+		var err error
+		if rerr := l.epRaw.Read(func(fd uintptr) bool {
+			n, err = epollPoll(int(fd), events)
+			return n > 0 || (err != nil && err != syscall.EINTR)
+		}); rerr != nil && err == nil {
+			err = rerr
+		}
 		if err != nil {
-			if err == syscall.EINTR {
-				continue
-			}
 			// Cannot happen with a valid set; hand everything back.
 			l.mu.Lock()
 			l.closing = true
@@ -306,7 +331,7 @@ func (l *streamLoop) stop() {
 			l.done(m.s, loopHandback, nil)
 		}
 	}
-	_ = syscall.Close(l.epfd)
+	_ = l.epf.Close()
 	_ = syscall.Close(l.wakeR)
 	_ = syscall.Close(l.wakeW)
 }
@@ -345,7 +370,7 @@ func (l *streamLoop) serve(s *loopStream, reads int) {
 // the socket is full the stream goes back to its goroutine with the rest.
 func (l *streamLoop) write(s *loopStream, b []byte) bool {
 	for len(b) > 0 {
-		n, err := syscall.Write(s.clFD, b)
+		n, err := rawWrite(s.clFD, b)
 		if n > 0 {
 			b = b[n:]
 		}
@@ -385,7 +410,7 @@ func (c *upConn) loopRead(b []byte) (int, error) {
 	}
 	c.loopReads--
 	for {
-		n, err := syscall.Read(c.loopFD, b)
+		n, err := rawRead(c.loopFD, b)
 		switch {
 		case err == syscall.EINTR:
 			continue
@@ -398,4 +423,35 @@ func (c *upConn) loopRead(b []byte) (int, error) {
 		}
 		return n, nil
 	}
+}
+
+// The loop's system calls never block (its sockets are non-blocking and
+// it polls with a zero timeout), so they are made raw: without the
+// runtime's entersyscall and exitsyscall around them, which cost more
+// than a loopback write and wake sysmon whenever the process was idle.
+
+func rawRead(fd int, b []byte) (int, error) {
+	r, _, e := syscall.RawSyscall(syscall.SYS_READ, uintptr(fd), uintptr(unsafe.Pointer(unsafe.SliceData(b))), uintptr(len(b)))
+	if e != 0 {
+		return 0, e
+	}
+	return int(r), nil
+}
+
+func rawWrite(fd int, b []byte) (int, error) {
+	r, _, e := syscall.RawSyscall(syscall.SYS_WRITE, uintptr(fd), uintptr(unsafe.Pointer(unsafe.SliceData(b))), uintptr(len(b)))
+	if e != 0 {
+		return 0, e
+	}
+	return int(r), nil
+}
+
+// epollPoll is epoll_wait with a zero timeout (epoll_pwait without a
+// signal mask, which every Linux architecture has).
+func epollPoll(epfd int, events []syscall.EpollEvent) (int, error) {
+	r, _, e := syscall.RawSyscall6(syscall.SYS_EPOLL_PWAIT, uintptr(epfd), uintptr(unsafe.Pointer(unsafe.SliceData(events))), uintptr(len(events)), 0, 0, 0)
+	if e != 0 {
+		return 0, e
+	}
+	return int(r), nil
 }
