@@ -17,6 +17,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/route"
 	"github.com/kvmesh/kvmesh/summary"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // statusClientGone labels requests whose client went away before the
@@ -528,17 +529,7 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, resp *http.Respons
 			defer sink.release()
 		}
 	}
-	got := false
-	onData := func(b []byte) {
-		if !got {
-			got = true
-			firstByte()
-			obs.ttft.Observe(time.Since(start).Seconds())
-		}
-		if sink != nil {
-			sink.feed(b)
-		}
-	}
+	tap := streamTap{sink: sink, firstByte: firstByte, ttft: obs.ttft, start: start}
 	// failed handles a failed read of the replica mid-response.
 	failed := func(rerr error) {
 		if r.Context().Err() != nil {
@@ -556,7 +547,12 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, resp *http.Respons
 	}
 	ended := false
 	if body, cc := p.loopEligible(w, r, resp, sse); body != nil && flushed == nil {
-		res, pending, err := p.loops.relay(r, body, cc, onData)
+		// The loop calls the tap on its goroutine: a copy on the heap,
+		// so that the normal path's stays on the stack.
+		lt := new(streamTap)
+		*lt = tap
+		res, pending, err := p.loops.relay(r, body, cc, lt.data)
+		tap = *lt
 		switch res {
 		case loopEOF:
 			ended = true
@@ -586,7 +582,7 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, resp *http.Respons
 		for {
 			n, rerr := resp.Body.Read(buf)
 			if n > 0 {
-				onData(buf[:n])
+				tap.data(buf[:n])
 				if _, werr := w.Write(buf[:n]); werr != nil {
 					p.log.Debug("client went away mid-response", "replica", id, "error", werr)
 					st.code = statusClientGone
@@ -608,7 +604,7 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, resp *http.Respons
 			}
 		}
 	}
-	if !got {
+	if !tap.got {
 		firstByte()
 		obs.ttft.Observe(time.Since(start).Seconds())
 	}
@@ -616,6 +612,27 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, resp *http.Respons
 	if sink != nil {
 		sink.finish()
 		p.learn(st, id, d, sink)
+	}
+}
+
+// streamTap sees a response's bytes on their way to the client: the
+// first byte's time and the answer.
+type streamTap struct {
+	got       bool
+	sink      *answerSink
+	firstByte func()
+	ttft      prometheus.Observer
+	start     time.Time
+}
+
+func (t *streamTap) data(b []byte) {
+	if !t.got {
+		t.got = true
+		t.firstByte()
+		t.ttft.Observe(time.Since(t.start).Seconds())
+	}
+	if t.sink != nil {
+		t.sink.feed(b)
 	}
 }
 
