@@ -119,6 +119,9 @@ func (p *Proxy) loopEligible(w http.ResponseWriter, r *http.Request, resp *http.
 	return b, cc
 }
 
+// frameRoom is the space before a chunk's data for its size line.
+const frameRoom = 16
+
 // putChunkHead writes a chunk's size line as net/http writes it
 // ("%x\r\n") at the end of b and returns where it starts.
 func putChunkHead(b []byte, n int) int {

@@ -32,9 +32,6 @@ func newStreamLoops(m *metrics) *streamLoops { return &streamLoops{m: m} }
 // up to this much data, and its CRLF.
 const loopBuffer = 32 << 10
 
-// frameRoom is the space before the data for the chunk's size line.
-const frameRoom = 16
-
 // streamLoop is one epoll loop and the streams it relays, all owned by
 // its goroutine but for the queue.
 type streamLoop struct {
@@ -43,7 +40,7 @@ type streamLoop struct {
 	epf     *os.File // epfd in Go's poller: the loop waits there, not in a blocking epoll_wait
 	epRaw   syscall.RawConn
 	wakeR   int // the read end of the wake pipe, in the epoll set
-	wakeW   int
+	wakeW   int // its write end; -1 once closed (under mu)
 	mu      sync.Mutex
 	queue   []loopMsg
 	closing bool
@@ -167,18 +164,20 @@ func (ls *streamLoops) pick() *streamLoop {
 	return ls.loops[int(ls.next.Add(1))%len(ls.loops)]
 }
 
-// close stops the loops: the streams they hold go back to their
-// handlers' goroutines, which finish them the normal way.
+// close stops the loops and waits for them: the streams they hold go
+// back to their handlers' goroutines, which finish them the normal way.
+// Safe to call more than once.
 func (ls *streamLoops) close() {
 	ls.mu.Lock()
 	ls.closed = true
 	loops := ls.loops
+	ls.loops = nil // a second close has nothing to stop
 	ls.mu.Unlock()
 	for _, l := range loops {
 		l.mu.Lock()
 		l.closing = true
+		l.wakeLocked()
 		l.mu.Unlock()
-		l.wake()
 	}
 	ls.stopped.Wait()
 }
@@ -229,16 +228,19 @@ func (l *streamLoop) send(m loopMsg) bool {
 		l.mu.Unlock()
 		return false
 	}
-	first := len(l.queue) == 0
+	if len(l.queue) == 0 {
+		l.wakeLocked()
+	}
 	l.queue = append(l.queue, m)
 	l.mu.Unlock()
-	if first {
-		l.wake()
-	}
 	return true
 }
 
-func (l *streamLoop) wake() {
+// wakeLocked wakes the loop; l.mu is held, so the pipe is still open.
+func (l *streamLoop) wakeLocked() {
+	if l.wakeW < 0 {
+		return
+	}
 	for {
 		_, err := syscall.Write(l.wakeW, []byte{1})
 		if err != syscall.EINTR {
@@ -325,6 +327,8 @@ func (l *streamLoop) stop() {
 	l.mu.Lock()
 	q := l.queue
 	l.queue = nil
+	_ = syscall.Close(l.wakeW)
+	l.wakeW = -1
 	l.mu.Unlock()
 	for _, m := range q {
 		if !m.cancel {
@@ -333,7 +337,6 @@ func (l *streamLoop) stop() {
 	}
 	_ = l.epf.Close()
 	_ = syscall.Close(l.wakeR)
-	_ = syscall.Close(l.wakeW)
 }
 
 // serve relays what s's replica socket has: the buffered bytes and at
