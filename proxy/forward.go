@@ -17,6 +17,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/route"
 	"github.com/kvmesh/kvmesh/summary"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // statusClientGone labels requests whose client went away before the
@@ -85,6 +86,10 @@ func getBodyBuf(n int64) *[]byte {
 }
 
 func putBodyBuf(b *[]byte) { bodyBufs[bodyClass(int64(cap(*b)-1))].Put(b) }
+
+// errNotFlushed: relay did not flush the head (the stream loop needs it
+// on the wire before it writes the body's chunks).
+var errNotFlushed = errors.New("head not flushed")
 
 var copyBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
 
@@ -509,8 +514,9 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, resp *http.Respons
 	sse := isEventStream(resp.Header.Get("Content-Type"))
 	flush := sse || resp.ContentLength < 0
 	rc := http.NewResponseController(w)
+	var flushed error = errNotFlushed
 	if flush {
-		_ = rc.Flush() // the client sees the headers before the first token
+		flushed = rc.Flush() // the client sees the headers before the first token
 	}
 	var sink *answerSink
 	if local && resp.StatusCode >= 200 && resp.StatusCode < 300 && !st.byLoad {
@@ -523,52 +529,82 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, resp *http.Respons
 			defer sink.release()
 		}
 	}
-	bufp := copyBufs.Get().(*[]byte)
-	defer copyBufs.Put(bufp)
-	buf := *bufp
-	got := false
-	for {
-		n, rerr := resp.Body.Read(buf)
-		if n > 0 {
-			if !got {
-				got = true
-				firstByte()
-				obs.ttft.Observe(time.Since(start).Seconds())
-			}
-			if sink != nil {
-				sink.feed(buf[:n])
-			}
-			if _, werr := w.Write(buf[:n]); werr != nil {
-				p.log.Debug("client went away mid-response", "replica", id, "error", werr)
-				st.code = statusClientGone
-				return
-			}
-			if flush {
-				if err := rc.Flush(); err != nil {
+	tap := streamTap{sink: sink, firstByte: firstByte, ttft: obs.ttft, start: start}
+	// failed handles a failed read of the replica mid-response.
+	failed := func(rerr error) {
+		if r.Context().Err() != nil {
+			st.code = statusClientGone
+			return
+		}
+		p.log.Warn("upstream failed mid-response, aborting the client connection", "replica", id, "error", rerr)
+		if local {
+			p.reportFailure(id)
+		}
+		obs.duration.Observe(time.Since(start).Seconds())
+		// The only honest signal once bytes are sent; net/http
+		// recovers it and closes the connection.
+		panic(http.ErrAbortHandler)
+	}
+	ended := false
+	if body, cc := p.loopEligible(w, r, resp, sse); body != nil && flushed == nil {
+		// The loop calls the tap on its goroutine: a copy on the heap,
+		// so that the normal path's stays on the stack.
+		lt := new(streamTap)
+		*lt = tap
+		res, pending, err := p.loops.relay(r, body, cc, lt.data)
+		tap = *lt
+		switch res {
+		case loopEOF:
+			ended = true
+		case loopClientGone:
+			p.log.Debug("client went away mid-response", "replica", id, "error", err)
+			st.code = statusClientGone
+			return
+		case loopFailed:
+			failed(err)
+			return
+		case loopHandback:
+			if len(pending) > 0 {
+				// The rest of a chunk, behind which the client's socket
+				// was full: written as the handler's goroutine writes.
+				if _, werr := cc.Write(pending); werr != nil {
+					p.log.Debug("client went away mid-response", "replica", id, "error", werr)
 					st.code = statusClientGone
 					return
 				}
 			}
 		}
-		if rerr == io.EOF {
-			break
-		}
-		if rerr != nil {
-			if r.Context().Err() != nil {
-				st.code = statusClientGone
+	}
+	if !ended {
+		bufp := copyBufs.Get().(*[]byte)
+		defer copyBufs.Put(bufp)
+		buf := *bufp
+		for {
+			n, rerr := resp.Body.Read(buf)
+			if n > 0 {
+				tap.data(buf[:n])
+				if _, werr := w.Write(buf[:n]); werr != nil {
+					p.log.Debug("client went away mid-response", "replica", id, "error", werr)
+					st.code = statusClientGone
+					return
+				}
+				if flush {
+					if err := rc.Flush(); err != nil {
+						st.code = statusClientGone
+						return
+					}
+				}
+			}
+			if rerr == io.EOF {
+				break
+			}
+			if rerr != nil {
+				failed(rerr)
 				return
 			}
-			p.log.Warn("upstream failed mid-response, aborting the client connection", "replica", id, "error", rerr)
-			if local {
-				p.reportFailure(id)
-			}
-			obs.duration.Observe(time.Since(start).Seconds())
-			// The only honest signal once bytes are sent; net/http
-			// recovers it and closes the connection.
-			panic(http.ErrAbortHandler)
 		}
 	}
-	if !got {
+	if !tap.got {
 		firstByte()
 		obs.ttft.Observe(time.Since(start).Seconds())
 	}
@@ -576,6 +612,27 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, resp *http.Respons
 	if sink != nil {
 		sink.finish()
 		p.learn(st, id, d, sink)
+	}
+}
+
+// streamTap sees a response's bytes on their way to the client: the
+// first byte's time and the answer.
+type streamTap struct {
+	got       bool
+	sink      *answerSink
+	firstByte func()
+	ttft      prometheus.Observer
+	start     time.Time
+}
+
+func (t *streamTap) data(b []byte) {
+	if !t.got {
+		t.got = true
+		t.firstByte()
+		t.ttft.Observe(time.Since(t.start).Seconds())
+	}
+	if t.sink != nil {
+		t.sink.feed(b)
 	}
 }
 

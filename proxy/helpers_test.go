@@ -131,7 +131,10 @@ func newTestProxy(t *testing.T, view View, mod func(*Config)) (*Proxy, *httptest
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(p)
+	srv := httptest.NewUnstartedServer(p)
+	srv.Config.ConnContext = ConnContext // the stream loop takes the streams it can
+	srv.Start()
+	t.Cleanup(p.Close) // after srv.Close (cleanups run last first)
 	t.Cleanup(srv.Close)
 	return p, srv, reg
 }

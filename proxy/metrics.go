@@ -34,6 +34,8 @@ type metrics struct {
 	duration        *prometheus.HistogramVec
 	inflight        *prometheus.GaugeVec
 	retries         prometheus.Counter
+	loopStreams     prometheus.Counter
+	loopClientWaits prometheus.Counter
 
 	// Children resolved once: WithLabelValues hashes its labels and
 	// takes a lock on every call, and the request path would call it
@@ -166,6 +168,14 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		retries: f.NewCounter(prometheus.CounterOpts{
 			Name: "kvmesh_upstream_retries_total",
 			Help: "Upstream attempts retried on another candidate before the first response byte.",
+		}),
+		loopStreams: f.NewCounter(prometheus.CounterOpts{
+			Name: "kvmesh_stream_loop_streams_total",
+			Help: "Streams relayed by the stream loop (Linux; replica and client sockets served by epoll instead of a goroutine per stream).",
+		}),
+		loopClientWaits: f.NewCounter(prometheus.CounterOpts{
+			Name: "kvmesh_stream_loop_client_waits_total",
+			Help: "Streams the stream loop handed back to the normal path because the client's socket was full (a slow client).",
 		}),
 	}
 	// Initialise every label value so dashboards see zeros, not gaps.

@@ -111,6 +111,9 @@ type Config struct {
 	// MaxResponses bounds the response ids remembered for
 	// previous_response_id routing (default DefaultMaxResponses).
 	MaxResponses int
+	// NoStreamLoop turns the stream loop off (streamloop.go): every
+	// stream is relayed by its handler's goroutine.
+	NoStreamLoop bool
 	// Peers lists the other routers' API base URLs; a router asks them
 	// about stored responses it did not relay (lookup.go). Nil: none.
 	Peers func() []string
@@ -142,6 +145,9 @@ type Proxy struct {
 	// their gossiped loads (hopload.go); clock is the view's, if it has one.
 	hops  *hopBook
 	clock loadClock
+	// loops relay SSE streams by their sockets (streamloop.go); nil when
+	// off or not on Linux.
+	loops *streamLoops
 }
 
 // NewClient returns the default client to replicas and peers: keep-alive
@@ -209,6 +215,9 @@ func New(cfg Config) (*Proxy, error) {
 		lookups: newLookups(cfg.Registerer),
 		load:    newLoadBook(), hops: newHopBook(), up: newUpstreamClient(cfg.Client)}
 	p.clock, _ = cfg.View.(loadClock)
+	if !cfg.NoStreamLoop {
+		p.loops = newStreamLoops(p.m)
+	}
 	if cfg.MaxInflightPerClient > 0 {
 		p.clients = &clientLimiter{max: cfg.MaxInflightPerClient, n: map[string]int{}}
 	}
@@ -384,4 +393,14 @@ func (p *Proxy) CloseIdleConnections() {
 		p.up.closeIdle()
 	}
 	p.client.CloseIdleConnections()
+}
+
+// Close stops the stream loops (their streams, if any remain, finish on
+// their handlers' goroutines) and closes idle upstream connections. The
+// Proxy serves on afterwards, without the loops.
+func (p *Proxy) Close() {
+	if p.loops != nil {
+		p.loops.close()
+	}
+	p.CloseIdleConnections()
 }

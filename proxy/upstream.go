@@ -293,6 +293,12 @@ type upConn struct {
 	buf    []byte
 	r, w   int // unread bytes are buf[r:w]
 	idleAt time.Time
+	// The stream loop's (streamloop_linux.go): while inLoop, reads are
+	// raw non-blocking reads of loopFD, at most loopReads of them (the
+	// loop allows one per readiness), errAgain beyond.
+	inLoop    bool
+	loopFD    int
+	loopReads int
 }
 
 func newUpConn(nc net.Conn, host string) *upConn {
@@ -330,6 +336,9 @@ func (c *upConn) alive() bool {
 // poller first: each response still ends with one read that finds
 // nothing (as under net/http).
 func (c *upConn) read(b []byte) (int, error) {
+	if c.inLoop {
+		return c.loopRead(b)
+	}
 	return c.nc.Read(b)
 }
 
@@ -665,7 +674,7 @@ func (b *upBody) Read(p []byte) (int, error) {
 	if err != nil {
 		if err == io.EOF {
 			b.eof = true
-		} else {
+		} else if err != errAgain {
 			b.err = err
 		}
 	}

@@ -65,6 +65,7 @@ type routerConfig struct {
 	maxInflightPerClient int
 	headerTimeout        time.Duration
 	bodyTimeout          time.Duration
+	noStreamLoop         bool
 	idleTimeout          time.Duration
 	retryBudget          time.Duration
 	maxAttempts          int
@@ -352,7 +353,7 @@ func startRouter(ctx context.Context, cfg routerConfig) (*router, error) {
 		HopDispatchTimeout:   hopDispatchTimeout(cfg.hopDispatchTimeout),
 		MaxInflightPerClient: cfg.maxInflightPerClient, HopKey: proxy.HopKey(cfg.gossipKey),
 		TrustPeerCerts: edges.serverTLS != nil && edges.peerCA != nil, RequirePeerTLS: edges.peerCA != nil, APIKeys: edges.keys,
-		SessionHeader: cfg.sessionHeader, Peers: m.PeerAPIs,
+		SessionHeader: cfg.sessionHeader, Peers: m.PeerAPIs, NoStreamLoop: cfg.noStreamLoop,
 	})
 	if err != nil {
 		closeLns()
@@ -441,7 +442,7 @@ func (r *router) shutdown() error {
 			done = true
 		}
 	}
-	r.proxy.CloseIdleConnections() // the own upstream pool and the net/http client's
+	r.proxy.Close() // the stream loops, the own upstream pool and the net/http client's idle connections
 	r.log.Info("router stopped")
 	return errors.Join(errs...)
 }

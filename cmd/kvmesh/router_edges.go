@@ -36,6 +36,7 @@ func edgeFlags(fs *flag.FlagSet, cfg *routerConfig) {
 	fs.DurationVar(&cfg.idleTimeout, "idle-timeout", 2*time.Minute, "time an idle keep-alive connection is kept")
 	fs.DurationVar(&cfg.retryBudget, "retry-budget", proxy.DefaultRetryBudget, "time from a request's first upstream attempt within which another may start (only requests that never reached a replica are retried)")
 	fs.IntVar(&cfg.maxAttempts, "max-attempts", 3, "most upstream attempts per request")
+	fs.BoolVar(&cfg.noStreamLoop, "no-stream-loop", false, "relay every stream on its request's goroutine: turns off the Linux stream loop, which relays SSE streams from owned replicas to plain HTTP/1.1 clients by their sockets (epoll)")
 	fs.DurationVar(&cfg.drainTimeout, "drain-timeout", defaultDrainTimeout, "on SIGTERM, time in-flight requests (streams included) have to finish after the router has left the mesh and stopped accepting")
 	fs.IntVar(&cfg.gossipStreams.MaxStreams, "gossip-max-streams", mesh.DefaultMaxStreams, "most inbound gossip TCP streams read at once; more are closed unread")
 	fs.Int64Var(&cfg.gossipStreams.BudgetBytes, "gossip-stream-budget", mesh.DefaultStreamBytes, "bytes inbound gossip streams may make the router buffer at once, before they are authenticated")
@@ -140,6 +141,7 @@ func (r *router) apiServer(cfg routerConfig, h http.Handler) *http.Server {
 	w := ratelog.Writer{W: r.log.Named("http").StandardWriter(&hclog.StandardLoggerOptions{InferLevels: true}), L: ratelog.New(10, time.Second)}
 	return &http.Server{
 		Handler:           h,
+		ConnContext:       proxy.ConnContext, // the stream loop writes to the client's connection
 		ReadHeaderTimeout: header,
 		IdleTimeout:       idle,
 		MaxHeaderBytes:    1 << 20,

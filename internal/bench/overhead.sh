@@ -20,7 +20,8 @@
 # Environment: BASE_PORT [19300], ROUNDS [3], ROUND [3s], STREAMS [200],
 # TOKEN_GAP [1ms] (pause between streamed tokens, so each arrives on its
 # own as from a decoding engine), ROUTER_ENV [] (environment of the router,
-# e.g. "GOMAXPROCS=1 GOGC=400"), BEFORE_REV [] (a git revision: its router
+# e.g. "GOMAXPROCS=1 GOGC=400", or KVMESH_NO_STREAM_LOOP=true for the
+# router without its stream loop), BEFORE_REV [] (a git revision: its router
 # runs alongside as "kvmesh-before", for a before/after in one run).
 # Needs go, curl and haproxy (apt-get install haproxy).
 set -euo pipefail
