@@ -7,6 +7,7 @@ import (
 	"sort"
 	"sync"
 	"time"
+	"unsafe"
 
 	"github.com/kvmesh/kvmesh/route"
 	"github.com/kvmesh/kvmesh/summary"
@@ -278,12 +279,12 @@ func fillCandidate(c *route.Candidate, e *viewEntry, x *route.Detail) {
 	if c.Detail != x {
 		c.Detail = x
 	}
-	if x.ID != e.id {
+	// The same string, not equal contents: comparing them would call
+	// memequal per candidate.
+	if unsafe.StringData(x.ID) != unsafe.StringData(e.id) || len(x.ID) != len(e.id) {
 		x.ID = e.id
 	}
-	if x.SeqMs != 0 || x.SlotAgeMs != 0 {
-		x.SeqMs, x.SlotAgeMs = 0, 0
-	}
+	x.SeqMs, x.SlotAgeMs = 0, 0
 	c.Hash, c.InFlight, c.PendingPrefillBlocks, c.NetworkMs, c.BlockMs = e.hash, e.inFlight, e.pending, e.networkMs, 0
 	c.Tier, c.Running, c.Waiting, c.Slots = e.tier, e.running, e.waiting, e.slots
 	c.Stale = false
