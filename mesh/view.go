@@ -103,8 +103,9 @@ func (m *Mesh) countsLocked(r *replica, now time.Time) bool {
 // candidates of one call are for one goroutine at a time (the batch keeps
 // its answer unlocked), as a request's are.
 //
-// Candidates allocates the batch (32 bytes per replica) on every call,
-// and dst when it is short; CandidatesInto reuses both.
+// Candidates allocates the batch (32 bytes per replica) and the
+// candidates' Details (route.Detail, 32 bytes per replica) on every call,
+// and dst when it is short; CandidatesInto reuses all three.
 func (m *Mesh) Candidates(model string, dst []route.Candidate) []route.Candidate {
 	return m.candidates(model, dst, nil, nil)
 }

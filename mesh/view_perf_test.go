@@ -416,3 +416,44 @@ func declare1024(rng *rand.Rand, r *testRouter) {
 		}
 	}
 }
+
+// BenchmarkDecisionSplit is BenchmarkDecisionPaired's decision (new
+// prompts over 1,024 owned replicas: CandidatesInto, then Pick) with its
+// parts timed apart, p50 and p99 of each: fill (CandidatesInto), index
+// (the first Match, which asks the Index for every summary) and pick
+// (Pick with the answers at hand). It is the harness for a change to one
+// of them: a loaded machine moves all three, their ratios less.
+func BenchmarkDecisionSplit(b *testing.B) {
+	a := newRouter(b, "a", func(c *Config) { c.DefaultCapacityBlocks = 4096 })
+	rng := rand.New(rand.NewPCG(1, 2))
+	declare1024(rng, a)
+	eventually(b, wait, "all owned", func() error {
+		if n := len(a.Candidates("m", nil)); n != 1024 {
+			return fmt.Errorf("%d candidates", n)
+		}
+		return nil
+	})
+	warmIndex(a.Mesh, rng)
+	p := route.DefaultPolicy()
+	var buf CandidateBuffer
+	hashes := make([]uint64, 32)
+	fill, index, pick := newLatencies(), newLatencies(), newLatencies()
+	for b.Loop() {
+		for j := range hashes {
+			hashes[j] = rng.Uint64()
+		}
+		probes := summary.MakeProbes(nil, hashes)
+		t0 := time.Now()
+		cands := a.CandidatesInto("m", &buf)
+		t1 := time.Now()
+		cands[0].Summary.Match(probes)
+		t2 := time.Now()
+		p.Pick(route.Request{Hashes: hashes, Probes: probes, Root: 1}, cands)
+		fill.add(t1.Sub(t0))
+		index.add(t2.Sub(t1))
+		pick.add(time.Since(t2))
+	}
+	fill.reportAs(b, "fill-")
+	index.reportAs(b, "index-")
+	pick.reportAs(b, "pick-")
+}
