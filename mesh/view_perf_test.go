@@ -68,6 +68,10 @@ func (m *Mesh) candidatesPrev(model string, dst []route.Candidate) []route.Candi
 	m.mu.RLock()
 	defer m.mu.RUnlock()
 	dst = slices.Grow(dst, len(m.order))
+	// One allocation for the Details, as Candidates makes (not one per
+	// candidate: a thousand objects per call would load the collector,
+	// and the decisions timed against these, more than main's did).
+	details, n0 := make([]route.Detail, len(m.order)), len(dst)
 	var b *matchBatch
 	if len(m.order) >= summary.IndexMinSummaries {
 		b = &matchBatch{}
@@ -82,7 +86,7 @@ func (m *Mesh) candidatesPrev(model string, dst []route.Candidate) []route.Candi
 			if !r.healthy || !slices.Contains(r.models, model) {
 				continue
 			}
-			c := route.Candidate{Detail: &route.Detail{ID: r.id}, Hash: r.hash, InFlight: int32(max(r.load.inFlight.Load(), 0)),
+			c := route.Candidate{Detail: detail(details, len(dst)-n0, r.id), Hash: r.hash, InFlight: int32(max(r.load.inFlight.Load(), 0)),
 				PendingPrefillBlocks: float64(max(r.load.pendingK.Load(), 0)) / 1000,
 				Running:              route.Count32(r.running), Waiting: route.Count32(r.waiting), Slots: route.Count32(r.slots)}
 			if r.sum != nil {
@@ -93,7 +97,7 @@ func (m *Mesh) candidatesPrev(model string, dst []route.Candidate) []route.Candi
 			if !r.hasState || r.st.Origin != owner || !r.st.Healthy || !slices.Contains(r.st.Models, model) {
 				continue
 			}
-			c := route.Candidate{Detail: &route.Detail{ID: r.id}, Hash: r.hash, InFlight: route.Count32(int(r.st.InFlight)), PendingPrefillBlocks: r.st.Pending,
+			c := route.Candidate{Detail: detail(details, len(dst)-n0, r.id), Hash: r.hash, InFlight: route.Count32(int(r.st.InFlight)), PendingPrefillBlocks: r.st.Pending,
 				Running: route.Count32(int(r.st.Running)), Waiting: route.Count32(int(r.st.Waiting)), Slots: route.Count32(int(r.st.Slots))}
 			if m.countsLocked(r, now) {
 				c.Summary = b.add(r.sum, r.hash)
@@ -110,6 +114,12 @@ func (m *Mesh) candidatesPrev(model string, dst []route.Candidate) []route.Candi
 		}
 	}
 	return dst
+}
+
+// detail is ds[i] with ID id.
+func detail(ds []route.Detail, i int, id string) *route.Detail {
+	ds[i].ID = id
+	return &ds[i]
 }
 
 // sameCandidates reports whether a and b are equal candidates, their
