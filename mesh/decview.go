@@ -22,6 +22,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/kvmesh/kvmesh/route"
 	"github.com/kvmesh/kvmesh/summary"
 )
 
@@ -70,13 +71,14 @@ type viewEntry struct {
 	sum  *summary.Summary
 	// load is the live counters of a replica this router owns; nil for a
 	// copy, whose load is the owner's last state below.
-	load                    *replicaLoad
-	heard                   int64 // copy: the owner's last word, ns after Mesh.t0
-	pending                 float64
-	networkMs               float64
-	inFlight                int
-	running, waiting, slots int
-	tier                    int
+	load      *replicaLoad
+	heard     int64 // copy: the owner's last word, ns after Mesh.t0
+	pending   float64
+	networkMs float64
+	// The counts as route.Candidate keeps them (route.Count32).
+	inFlight                int32
+	running, waiting, slots int32
+	tier                    int8
 	// ok: healthy, with an owner whose word this router has (else the
 	// replica is no candidate, but keeps its place in the arrays so that
 	// health flapping does not rebuild them).
@@ -112,14 +114,14 @@ func (m *Mesh) entryLocked(r *replica) (viewEntry, []string) {
 		return e, nil
 	case owner == m.cfg.Name:
 		e.ok, e.sum, e.load = r.healthy, r.sum, r.load
-		e.running, e.waiting, e.slots = r.running, r.waiting, r.slots
+		e.running, e.waiting, e.slots = route.Count32(r.running), route.Count32(r.waiting), route.Count32(r.slots)
 		return e, r.models
 	case !r.hasState || r.st.Origin != owner:
 		return e, nil
 	}
 	e.ok = r.st.Healthy
-	e.inFlight, e.pending = int(r.st.InFlight), r.st.Pending
-	e.running, e.waiting, e.slots = int(r.st.Running), int(r.st.Waiting), int(r.st.Slots)
+	e.inFlight, e.pending = route.Count32(int(r.st.InFlight)), r.st.Pending
+	e.running, e.waiting, e.slots = route.Count32(int(r.st.Running)), route.Count32(int(r.st.Waiting)), route.Count32(int(r.st.Slots))
 	if r.sum != nil && !r.wantFull && r.sum.Epoch() == r.st.Epoch && !r.heard.IsZero() {
 		e.counts, e.sum, e.heard = true, r.sum, int64(r.heard.Sub(m.t0))
 	}

@@ -128,7 +128,7 @@ func TestViewFollowsReplicas(t *testing.T) {
 				return err
 			}
 			for _, model := range []string{"m", "other"} {
-				if got, want := a.Candidates(model, nil), a.candidatesRef(model, nil); !slices.Equal(got, want) {
+				if got, want := a.Candidates(model, nil), a.candidatesRef(model, nil); !sameCandidates(got, want) {
 					return fmt.Errorf("model %s: Candidates\n%+v\nreference\n%+v", model, got, want)
 				}
 			}
@@ -305,38 +305,45 @@ func TestEqualFullCopyKept(t *testing.T) {
 }
 
 // TestFillCandidateWritesEveryField fills a candidate that holds
-// another one's values in every exported field (a reused buffer) and
-// checks that all of them but Summary (which Candidates sets itself) are
-// the entry's after: a field added to route.Candidate fails here until
+// another one's values in every exported field, its Detail's too (a
+// reused buffer), and checks that all of them but Summary (which
+// Candidates sets itself) are the entry's after, with the Detail given: a
+// field added to route.Candidate or route.Detail fails here until
 // fillCandidate writes it too.
 func TestFillCandidateWritesEveryField(t *testing.T) {
 	var c route.Candidate
-	v := reflect.ValueOf(&c).Elem()
-	for i := range v.NumField() {
-		f, sf := v.Field(i), v.Type().Field(i)
-		if !sf.IsExported() || sf.Name == "Summary" {
-			continue
-		}
-		switch f.Kind() {
-		case reflect.String:
-			f.SetString("another")
-		case reflect.Int, reflect.Int32, reflect.Int64:
-			f.SetInt(int64(100 + i))
-		case reflect.Uint64:
-			f.SetUint(uint64(100 + i))
-		case reflect.Float64:
-			f.SetFloat(float64(i) + 100.5)
-		case reflect.Bool:
-			f.SetBool(true)
-		default:
-			t.Fatalf("field %s of kind %s: teach this test (and fillCandidate) about it", sf.Name, f.Kind())
+	c.Detail = new(route.Detail)
+	setAll := func(v reflect.Value) {
+		for i := range v.NumField() {
+			f, sf := v.Field(i), v.Type().Field(i)
+			if !sf.IsExported() || sf.Name == "Summary" || sf.Name == "Detail" {
+				continue
+			}
+			switch f.Kind() {
+			case reflect.String:
+				f.SetString("another")
+			case reflect.Int, reflect.Int8, reflect.Int32, reflect.Int64:
+				f.SetInt(int64(100 + i))
+			case reflect.Uint64:
+				f.SetUint(uint64(100 + i))
+			case reflect.Float64:
+				f.SetFloat(float64(i) + 100.5)
+			case reflect.Bool:
+				f.SetBool(true)
+			default:
+				t.Fatalf("field %s of kind %s: teach this test (and fillCandidate) about it", sf.Name, f.Kind())
+			}
 		}
 	}
+	setAll(reflect.ValueOf(&c).Elem())
+	setAll(reflect.ValueOf(c.Detail).Elem())
 	e := viewEntry{id: "x", hash: 1, inFlight: 2, pending: 3.5, networkMs: 4.5, running: 5, waiting: 6, slots: 7, tier: 1}
-	fillCandidate(&c, &e)
-	want := route.Candidate{ID: "x", Hash: 1, InFlight: 2, PendingPrefillBlocks: 3.5, NetworkMs: 4.5, Running: 5, Waiting: 6, Slots: 7, Tier: 1}
-	if !reflect.DeepEqual(c, want) {
-		t.Fatalf("fillCandidate wrote\n%+v\nwant\n%+v", c, want)
+	var x route.Detail
+	x.SeqMs, x.SlotAgeMs = 8, 9 // the proxy's, from the buffer's last use
+	fillCandidate(&c, &e, &x)
+	want := route.Candidate{Detail: &route.Detail{ID: "x"}, Hash: 1, InFlight: 2, PendingPrefillBlocks: 3.5, NetworkMs: 4.5, Running: 5, Waiting: 6, Slots: 7, Tier: 1}
+	if c.Detail != &x || !reflect.DeepEqual(c, want) {
+		t.Fatalf("fillCandidate wrote\n%+v (%+v)\nwant\n%+v (%+v)", c, *c.Detail, want, *want.Detail)
 	}
 }
 

@@ -2,10 +2,12 @@ package mesh
 
 import (
 	"cmp"
+	"math"
 	"slices"
 	"sort"
 	"sync"
 	"time"
+	"unsafe"
 
 	"github.com/kvmesh/kvmesh/route"
 	"github.com/kvmesh/kvmesh/summary"
@@ -101,10 +103,11 @@ func (m *Mesh) countsLocked(r *replica, now time.Time) bool {
 // candidates of one call are for one goroutine at a time (the batch keeps
 // its answer unlocked), as a request's are.
 //
-// Candidates allocates the batch (32 bytes per replica) on every call,
-// and dst when it is short; CandidatesInto reuses both.
+// Candidates allocates the batch (32 bytes per replica) and the
+// candidates' Details (route.Detail, 32 bytes per replica) on every call,
+// and dst when it is short; CandidatesInto reuses all three.
 func (m *Mesh) Candidates(model string, dst []route.Candidate) []route.Candidate {
-	return m.candidates(model, dst, nil)
+	return m.candidates(model, dst, nil, nil)
 }
 
 // CandidateBuffer is storage a caller reuses across decisions, so that
@@ -114,7 +117,10 @@ func (m *Mesh) Candidates(model string, dst []route.Candidate) []route.Candidate
 // them for a server). The zero value is ready to use.
 type CandidateBuffer struct {
 	cands []route.Candidate
-	batch matchBatch
+	// details are the candidates' Details, cands[i]'s at details[i],
+	// kept from call to call so that their pointers are written once.
+	details []route.Detail
+	batch   matchBatch
 	// hints are the Index's hints (matchBatch.hints) of each mesh and
 	// model the buffer decided for lately, at most maxHintSets: a
 	// buffer that goes from one model to another (a proxy's pool) or
@@ -141,7 +147,7 @@ const maxHintSets = 32
 // their matchers, are valid until the next call with buf (which reuses
 // them).
 func (m *Mesh) CandidatesInto(model string, buf *CandidateBuffer) []route.Candidate {
-	buf.cands = m.candidates(model, buf.cands[:0], &buf.batch)
+	buf.cands = m.candidates(model, buf.cands[:0], &buf.batch, &buf.details)
 	b := &buf.batch
 	hs := buf.hintsFor(m, model)
 	if len(hs.hints) < len(b.sums) { // hints pay from call to call
@@ -187,8 +193,9 @@ func (m *Mesh) PooledCandidates(model string) (cands []route.Candidate, release 
 }
 
 // candidates is Candidates with the batch b to reuse (nil: a new one
-// when the view is large enough for the Index).
-func (m *Mesh) candidates(model string, dst []route.Candidate, b *matchBatch) []route.Candidate {
+// when the view is large enough for the Index) and the Details in *ds,
+// from the first (nil: new ones).
+func (m *Mesh) candidates(model string, dst []route.Candidate, b *matchBatch, ds *[]route.Detail) []route.Candidate {
 	now := int64(time.Since(m.t0))
 	stale := int64(m.cfg.Timing.StaleAfter)
 	m.view.mu.RLock()
@@ -204,6 +211,15 @@ func (m *Mesh) candidates(model string, dst []route.Candidate, b *matchBatch) []
 	// One allocation for a caller that passes nil (the proxy), not the
 	// dozen doublings of appending 1,024 candidates.
 	dst = slices.Grow(dst, len(es))
+	var details []route.Detail
+	if ds != nil {
+		// Grown, the candidates' pointers are written anew below.
+		*ds = slices.Grow((*ds)[:0], len(es))[:len(es)]
+		details = *ds
+	} else {
+		details = make([]route.Detail, len(es))
+	}
+	k := 0
 	if len(es) >= summary.IndexMinSummaries {
 		if b == nil {
 			b = &matchBatch{}
@@ -224,9 +240,10 @@ func (m *Mesh) candidates(model string, dst []route.Candidate, b *matchBatch) []
 		dst = dst[:n+1]
 		c := &dst[n]
 		var sum route.Matcher
-		fillCandidate(c, e)
+		fillCandidate(c, e, &details[k])
+		k++
 		if l := e.load; l != nil { // owned here
-			c.InFlight = int(max(l.inFlight.Load(), 0))
+			c.InFlight = int32(min(max(l.inFlight.Load(), 0), math.MaxInt32))
 			c.PendingPrefillBlocks = float64(max(l.pendingK.Load(), 0)) / 1000
 			if e.sum != nil {
 				sum = b.add(e.sum, c.Hash)
@@ -249,7 +266,9 @@ func (m *Mesh) candidates(model string, dst []route.Candidate, b *matchBatch) []
 }
 
 // fillCandidate writes e's fields into c, all but the Summary, which the
-// caller sets, and ID only when it differs. Why not *c = a candidate
+// caller sets, with x as its Detail; it writes the pointer, and x's
+// fields, only when they differ (a reused buffer's Detail holds the
+// same ID, and SeqMs and SlotAgeMs only when the proxy has set them). Why not *c = a candidate
 // built from e: while the collector marks (in a busy router, much of the
 // time) every pointer written to the heap goes through its write barrier,
 // and candidates copied whole, or zeroed then written, queued thousands
@@ -257,13 +276,19 @@ func (m *Mesh) candidates(model string, dst []route.Candidate, b *matchBatch) []
 // a mark phase cost several times the others. A buffer reused for the
 // same view writes no pointer here. TestFillCandidateWritesEveryField
 // keeps it in step with route.Candidate.
-func fillCandidate(c *route.Candidate, e *viewEntry) {
-	if c.ID != e.id {
-		c.ID = e.id
+func fillCandidate(c *route.Candidate, e *viewEntry, x *route.Detail) {
+	if c.Detail != x {
+		c.Detail = x
 	}
+	// The same string, not equal contents: comparing them would call
+	// memequal per candidate.
+	if unsafe.StringData(x.ID) != unsafe.StringData(e.id) || len(x.ID) != len(e.id) {
+		x.ID = e.id
+	}
+	x.SeqMs, x.SlotAgeMs = 0, 0
 	c.Hash, c.InFlight, c.PendingPrefillBlocks, c.NetworkMs, c.BlockMs = e.hash, e.inFlight, e.pending, e.networkMs, 0
 	c.Tier, c.Running, c.Waiting, c.Slots = e.tier, e.running, e.waiting, e.slots
-	c.SeqMs, c.SlotAgeMs, c.Stale = 0, 0, false
+	c.Stale = false
 }
 
 // matchBatch is the summaries of one Candidates call, matched together

@@ -29,9 +29,9 @@ func (m *Mesh) candidatesRef(model string, dst []route.Candidate) []route.Candid
 			if !r.healthy || !slices.Contains(r.models, model) {
 				continue
 			}
-			c := route.Candidate{ID: r.id, Hash: r.hash, InFlight: int(max(r.load.inFlight.Load(), 0)),
+			c := route.Candidate{Detail: &route.Detail{ID: r.id}, Hash: r.hash, InFlight: int32(max(r.load.inFlight.Load(), 0)),
 				PendingPrefillBlocks: float64(max(r.load.pendingK.Load(), 0)) / 1000,
-				Running:              r.running, Waiting: r.waiting, Slots: r.slots}
+				Running:              route.Count32(r.running), Waiting: route.Count32(r.waiting), Slots: route.Count32(r.slots)}
 			if r.sum != nil {
 				c.Summary = r.sum
 			}
@@ -40,8 +40,8 @@ func (m *Mesh) candidatesRef(model string, dst []route.Candidate) []route.Candid
 			if !r.hasState || r.st.Origin != owner || !r.st.Healthy || !slices.Contains(r.st.Models, model) {
 				continue
 			}
-			c := route.Candidate{ID: r.id, Hash: r.hash, InFlight: int(r.st.InFlight), PendingPrefillBlocks: r.st.Pending,
-				Running: int(r.st.Running), Waiting: int(r.st.Waiting), Slots: int(r.st.Slots)}
+			c := route.Candidate{Detail: &route.Detail{ID: r.id}, Hash: r.hash, InFlight: route.Count32(int(r.st.InFlight)), PendingPrefillBlocks: r.st.Pending,
+				Running: route.Count32(int(r.st.Running)), Waiting: route.Count32(int(r.st.Waiting)), Slots: route.Count32(int(r.st.Slots))}
 			if m.countsLocked(r, now) {
 				c.Summary = r.sum
 			} else {
@@ -68,6 +68,10 @@ func (m *Mesh) candidatesPrev(model string, dst []route.Candidate) []route.Candi
 	m.mu.RLock()
 	defer m.mu.RUnlock()
 	dst = slices.Grow(dst, len(m.order))
+	// One allocation for the Details, as Candidates makes (not one per
+	// candidate: a thousand objects per call would load the collector,
+	// and the decisions timed against these, more than main's did).
+	details, n0 := make([]route.Detail, len(m.order)), len(dst)
 	var b *matchBatch
 	if len(m.order) >= summary.IndexMinSummaries {
 		b = &matchBatch{}
@@ -82,9 +86,9 @@ func (m *Mesh) candidatesPrev(model string, dst []route.Candidate) []route.Candi
 			if !r.healthy || !slices.Contains(r.models, model) {
 				continue
 			}
-			c := route.Candidate{ID: r.id, Hash: r.hash, InFlight: int(max(r.load.inFlight.Load(), 0)),
+			c := route.Candidate{Detail: detail(details, len(dst)-n0, r.id), Hash: r.hash, InFlight: int32(max(r.load.inFlight.Load(), 0)),
 				PendingPrefillBlocks: float64(max(r.load.pendingK.Load(), 0)) / 1000,
-				Running:              r.running, Waiting: r.waiting, Slots: r.slots}
+				Running:              route.Count32(r.running), Waiting: route.Count32(r.waiting), Slots: route.Count32(r.slots)}
 			if r.sum != nil {
 				c.Summary = b.add(r.sum, r.hash)
 			}
@@ -93,8 +97,8 @@ func (m *Mesh) candidatesPrev(model string, dst []route.Candidate) []route.Candi
 			if !r.hasState || r.st.Origin != owner || !r.st.Healthy || !slices.Contains(r.st.Models, model) {
 				continue
 			}
-			c := route.Candidate{ID: r.id, Hash: r.hash, InFlight: int(r.st.InFlight), PendingPrefillBlocks: r.st.Pending,
-				Running: int(r.st.Running), Waiting: int(r.st.Waiting), Slots: int(r.st.Slots)}
+			c := route.Candidate{Detail: detail(details, len(dst)-n0, r.id), Hash: r.hash, InFlight: route.Count32(int(r.st.InFlight)), PendingPrefillBlocks: r.st.Pending,
+				Running: route.Count32(int(r.st.Running)), Waiting: route.Count32(int(r.st.Waiting)), Slots: route.Count32(int(r.st.Slots))}
 			if m.countsLocked(r, now) {
 				c.Summary = b.add(r.sum, r.hash)
 			} else {
@@ -110,6 +114,22 @@ func (m *Mesh) candidatesPrev(model string, dst []route.Candidate) []route.Candi
 		}
 	}
 	return dst
+}
+
+// detail is ds[i] with ID id.
+func detail(ds []route.Detail, i int, id string) *route.Detail {
+	ds[i].ID = id
+	return &ds[i]
+}
+
+// sameCandidates reports whether a and b are equal candidates, their
+// Details compared by value (each view has Details of its own).
+func sameCandidates(a, b []route.Candidate) bool {
+	return slices.EqualFunc(a, b, func(x, y route.Candidate) bool {
+		dx, dy := x.Detail, y.Detail
+		x.Detail, y.Detail = nil, nil
+		return x == y && (dx == dy || (dx != nil && dy != nil && *dx == *dy))
+	})
 }
 
 // TestCandidatesEqualReference compares Candidates with candidatesRef at
@@ -151,11 +171,11 @@ func TestCandidatesEqualReference(t *testing.T) {
 			for range 20 { // an RTT or a state may change between the two calls
 				got = a.Candidates(model, make([]route.Candidate, 1, 4)[1:])
 				want = a.candidatesRef(model, nil)
-				if slices.Equal(got, want) {
+				if sameCandidates(got, want) {
 					break
 				}
 			}
-			if !slices.Equal(got, want) {
+			if !sameCandidates(got, want) {
 				t.Fatalf("%s, model %s: Candidates\n%+v\nreference\n%+v", what, model, got, want)
 			}
 		}
@@ -405,4 +425,45 @@ func declare1024(rng *rand.Rand, r *testRouter) {
 			r.Record(id, h)
 		}
 	}
+}
+
+// BenchmarkDecisionSplit is BenchmarkDecisionPaired's decision (new
+// prompts over 1,024 owned replicas: CandidatesInto, then Pick) with its
+// parts timed apart, p50 and p99 of each: fill (CandidatesInto), index
+// (the first Match, which asks the Index for every summary) and pick
+// (Pick with the answers at hand). It is the harness for a change to one
+// of them: a loaded machine moves all three, their ratios less.
+func BenchmarkDecisionSplit(b *testing.B) {
+	a := newRouter(b, "a", func(c *Config) { c.DefaultCapacityBlocks = 4096 })
+	rng := rand.New(rand.NewPCG(1, 2))
+	declare1024(rng, a)
+	eventually(b, wait, "all owned", func() error {
+		if n := len(a.Candidates("m", nil)); n != 1024 {
+			return fmt.Errorf("%d candidates", n)
+		}
+		return nil
+	})
+	warmIndex(a.Mesh, rng)
+	p := route.DefaultPolicy()
+	var buf CandidateBuffer
+	hashes := make([]uint64, 32)
+	fill, index, pick := newLatencies(), newLatencies(), newLatencies()
+	for b.Loop() {
+		for j := range hashes {
+			hashes[j] = rng.Uint64()
+		}
+		probes := summary.MakeProbes(nil, hashes)
+		t0 := time.Now()
+		cands := a.CandidatesInto("m", &buf)
+		t1 := time.Now()
+		cands[0].Summary.Match(probes)
+		t2 := time.Now()
+		p.Pick(route.Request{Hashes: hashes, Probes: probes, Root: 1}, cands)
+		fill.add(t1.Sub(t0))
+		index.add(t2.Sub(t1))
+		pick.add(time.Since(t2))
+	}
+	fill.reportAs(b, "fill-")
+	index.reportAs(b, "index-")
+	pick.reportAs(b, "pick-")
 }

@@ -289,7 +289,7 @@ func TestEmbeddingsGoByLoad(t *testing.T) {
 
 func TestLeastLoaded(t *testing.T) {
 	c := func(id string, tier, inFlight, waiting int) route.Candidate {
-		return route.Candidate{ID: id, Tier: tier, InFlight: inFlight, Waiting: waiting}
+		return route.Candidate{Detail: &route.Detail{ID: id}, Tier: int8(tier), InFlight: int32(inFlight), Waiting: int32(waiting)}
 	}
 	tests := []struct {
 		name  string

@@ -55,7 +55,7 @@ func (v *fakeView) Candidates(model string, dst []route.Candidate) []route.Candi
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	for _, r := range v.replicas {
-		c := route.Candidate{ID: r.id, Hash: route.HashID(r.id), InFlight: r.inFlight, PendingPrefillBlocks: r.pending}
+		c := route.Candidate{Detail: &route.Detail{ID: r.id}, Hash: route.HashID(r.id), InFlight: route.Count32(r.inFlight), PendingPrefillBlocks: r.pending}
 		c.Summary = fixedMatch(r.match)
 		dst = append(dst, c)
 	}

@@ -308,7 +308,7 @@ func TestAvoidOwner(t *testing.T) {
 	cands := func(ids ...string) []route.Candidate {
 		out := make([]route.Candidate, 0, len(ids))
 		for _, id := range ids {
-			out = append(out, route.Candidate{ID: id})
+			out = append(out, route.Candidate{Detail: &route.Detail{ID: id}})
 		}
 		return out
 	}

@@ -36,7 +36,7 @@ func TestHopBookAddsWhatTheOwnerHasNotSaid(t *testing.T) {
 	_, _ = b.send("s", 6)   // stale below
 	firstB2()
 	cands := func() []route.Candidate {
-		cs := []route.Candidate{{ID: "a", InFlight: 2, PendingPrefillBlocks: 1}, {ID: "b"}, {ID: "own", InFlight: 1}, {ID: "s", Stale: true}}
+		cs := []route.Candidate{{Detail: &route.Detail{ID: "a"}, InFlight: 2, PendingPrefillBlocks: 1}, {Detail: &route.Detail{ID: "b"}}, {Detail: &route.Detail{ID: "own"}, InFlight: 1}, {Detail: &route.Detail{ID: "s"}, Stale: true}}
 		b.fill(cs, clock)
 		return cs
 	}
@@ -47,7 +47,7 @@ func TestHopBookAddsWhatTheOwnerHasNotSaid(t *testing.T) {
 	check := func(step string, cs []route.Candidate, w map[string]want) {
 		t.Helper()
 		for _, c := range cs {
-			if g := (want{c.InFlight, c.PendingPrefillBlocks}); g != w[c.ID] {
+			if g := (want{int(c.InFlight), c.PendingPrefillBlocks}); g != w[c.ID] {
 				t.Errorf("%s: %s has %+v, want %+v", step, c.ID, g, w[c.ID])
 			}
 		}

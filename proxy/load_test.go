@@ -81,7 +81,7 @@ func TestLoadBookSeq(t *testing.T) {
 			for _, ms := range tt.obs {
 				b.observe("a", ms)
 			}
-			cands := []route.Candidate{{ID: "a"}, {ID: "b"}, {ID: "a", SeqMs: 5}}
+			cands := []route.Candidate{{Detail: &route.Detail{ID: "a"}}, {Detail: &route.Detail{ID: "b"}}, {Detail: &route.Detail{ID: "a", SeqMs: 5}}}
 			b.fill(cands)
 			if cands[0].SeqMs != tt.want || cands[1].SeqMs != 0 || cands[2].SeqMs != 5 {
 				t.Fatalf("SeqMs %v %v %v, want %v 0 5 (the view's own kept)", cands[0].SeqMs, cands[1].SeqMs, cands[2].SeqMs, tt.want)
@@ -198,7 +198,7 @@ func TestLoadBookSlotAge(t *testing.T) {
 	now = now.Add(time.Second)
 	end3 := b.dispatch("a")
 	age := func() float64 {
-		cands := []route.Candidate{{ID: "a"}, {ID: "b"}}
+		cands := []route.Candidate{{Detail: &route.Detail{ID: "a"}}, {Detail: &route.Detail{ID: "b"}}}
 		b.fill(cands)
 		if cands[1].SlotAgeMs != 0 {
 			t.Fatalf("replica with nothing in flight has age %v", cands[1].SlotAgeMs)

@@ -29,7 +29,7 @@ func BenchmarkDecision(b *testing.B) {
 					s.Add(chainOf(hashes[:1], 30, uint64(i*1000+conv)))
 				}
 				cs[i].Summary = s
-				cs[i].InFlight = i % 7
+				cs[i].InFlight = int32(i % 7)
 			}
 			cs[replicas/2].Summary.(*summary.Summary).Add(hashes[:len(hashes)/2])
 			cs[replicas/2].InFlight = 0

@@ -72,16 +72,21 @@ type Matcher interface {
 }
 
 // Candidate is one replica as the deciding router sees it.
+//
+// Its layout is the decision's cost: a decision over a thousand replicas
+// reads every candidate two or three times, so each byte of the struct is
+// a kilobyte per pass. The fields every decision reads of every candidate
+// come first and fill 80 bytes (counts as int32, the tier as an int8; the
+// times stay float64, as a float32 would change costs and so decisions);
+// the replica's ID and the slot-timing fields, which only the views and
+// the slot wait of a full engine read, are behind the *Detail pointer.
+// TestCandidateSize holds the size.
 type Candidate struct {
-	// ID names the replica the same way on every router (its URL).
-	ID string
-	// Hash is HashID(ID), precomputed by the view.
-	Hash uint64
 	// Summary answers prefix matches; nil when the router has no summary
 	// of the replica that counts.
 	Summary Matcher
-	// InFlight is the number of requests in flight at the replica.
-	InFlight int
+	// Hash is HashID(ID), precomputed by the view.
+	Hash uint64
 	// PendingPrefillBlocks is the prefill work queued at the replica, in
 	// blocks, that a new request would wait behind.
 	PendingPrefillBlocks float64
@@ -90,17 +95,40 @@ type Candidate struct {
 	// BlockMs is the replica's prefill time per block; 0 means the
 	// policy's default.
 	BlockMs float64
-	// Tier groups replicas by network distance (0: this router's region).
-	// Cold requests are placed within the nearest tier.
-	Tier int
+	// Detail holds what a decision rarely reads (ID, SeqMs, SlotAgeMs);
+	// its fields are promoted, so c.ID reads c.Detail.ID. The view that
+	// fills a candidate sets it, to storage of its own: a Candidate
+	// copied shares its Detail. Pick reads it only of a candidate with no
+	// free slot, and treats nil as the zero Detail.
+	*Detail
+	// InFlight is the number of requests in flight at the replica.
+	InFlight int32
 	// Running and Waiting are the engine's own counts of sequences it runs
 	// and requests it queues (vLLM num_requests_running/waiting, SGLang
 	// num_running_reqs/num_queue_reqs), as last scraped; InFlight is the
 	// router's faster signal in between scrapes.
-	Running, Waiting int
+	Running, Waiting int32
 	// Slots is how many sequences the engine runs at once (max-num-seqs),
 	// published or learned (SlotEstimate); 0 means unknown.
-	Slots int
+	Slots int32
+
+	// match is filled by Pick. It is an int32 (a prompt of 2^31 blocks is
+	// 2 TB of KV) so that it packs with the counts. Pick computes a
+	// candidate's slot wait where it needs it instead of storing it, for
+	// the same reason.
+	match int32
+	// Tier groups replicas by network distance (0: this router's region).
+	// Cold requests are placed within the nearest tier.
+	Tier int8
+	// Stale reports that a summary exists but does not count: too old, or
+	// its owner is suspect or gone.
+	Stale bool
+}
+
+// Detail is what a decision rarely reads of a candidate.
+type Detail struct {
+	// ID names the replica the same way on every router (its URL).
+	ID string
 	// SeqMs is how long a request holds one of those slots on average
 	// (prefill and decode), as the router measures on the requests it
 	// proxies there; 0 means not measured yet (Policy.DefaultSeqMs).
@@ -114,17 +142,20 @@ type Candidate struct {
 	// slots that filled in one burst free together, late, and slots held
 	// by requests past the mean free soon.
 	SlotAgeMs float64
+}
 
-	// match is filled by Pick. It is an int32 (a prompt of 2^31 blocks is
-	// 2 TB of KV) so that it shares a word with Stale: a decision over a
-	// thousand replicas reads every candidate two or three times, and
-	// each byte of the struct is a kilobyte per pass. Pick computes a
-	// candidate's slot wait where it needs it instead of storing it, for
-	// the same reason.
-	match int32
-	// Stale reports that a summary exists but does not count: too old, or
-	// its owner is suspect or gone.
-	Stale bool
+// Count32 is n as a Candidate's count: saturated at the int32 range
+// (a count past two billion is past any engine's).
+func Count32(n int) int32 {
+	return int32(max(min(n, math.MaxInt32), math.MinInt32))
+}
+
+// seqAndAge are c's SeqMs and SlotAgeMs, 0 without a Detail.
+func seqAndAge(c *Candidate) (seqMs, slotAgeMs float64) {
+	if d := c.Detail; d != nil {
+		return d.SeqMs, d.SlotAgeMs
+	}
+	return 0, 0
 }
 
 // HashID returns the rendezvous hash of a replica ID.
@@ -342,7 +373,7 @@ func (p Policy) pick(req Request, cands []Candidate, ms []int32) Decision {
 		if c.Stale {
 			stale++
 		} else {
-			inFlight += c.InFlight
+			inFlight += int(c.InFlight)
 			queued += queuedAt(c)
 			pending += c.PendingPrefillBlocks
 			known++
@@ -370,7 +401,8 @@ func (p Policy) pick(req Request, cands []Candidate, ms []int32) Decision {
 			}
 			finite += c.NetworkMs + c.PendingPrefillBlocks + c.BlockMs
 			if !can { // only these are asked their slot wait
-				finite += c.SeqMs + c.SlotAgeMs
+				seq, age := seqAndAge(c)
+				finite += seq + age
 			}
 			ms[i] = 0
 		}
@@ -438,7 +470,7 @@ func (p Policy) pick(req Request, cands []Candidate, ms []int32) Decision {
 		// A client key promises that every router places the client's
 		// requests alike; the shortest wait would follow this router's
 		// view of the loads, which another router does not share.
-		home = p.hashPick(cands, tier, d.Key, cold, common, fresh == len(cands) && req.ClientKey == 0)
+		home = p.hashPick(cands, int(tier), d.Key, cold, common, fresh == len(cands) && req.ClientKey == 0)
 	}
 	if isCold || (home >= 0 && cands[home].Stale) {
 		d.Reason = ReasonFallbackCold
@@ -569,19 +601,20 @@ func (p *Policy) slotWaitMs(c *Candidate) float64 {
 	if ahead <= 0 {
 		return 0
 	}
-	slots := c.Slots
+	slots := int(c.Slots)
 	if slots <= 0 { // ahead > 0 with unknown slots: the engine queues
-		slots = max(c.Running, 1)
+		slots = max(int(c.Running), 1)
 	}
-	seq := c.SeqMs
+	seqMs, slotAgeMs := seqAndAge(c)
+	seq := seqMs
 	if seq <= 0 {
 		seq = p.DefaultSeqMs
 	}
 	per := seq / float64(slots)
-	if c.SlotAgeMs > 0 && c.SeqMs > 0 {
+	if slotAgeMs > 0 && seqMs > 0 {
 		// The first slot frees when the oldest request ends, the rest
 		// one every SeqMs/Slots after it.
-		return max(seq-c.SlotAgeMs, 0) + float64(ahead-1)*per
+		return max(seq-slotAgeMs, 0) + float64(ahead-1)*per
 	}
 	return float64(ahead) * per
 }
@@ -595,9 +628,9 @@ func (p *Policy) slotWaitMs(c *Candidate) float64 {
 func slotsAhead(c *Candidate) int {
 	switch {
 	case c.Slots > 0:
-		return c.InFlight + 1 - c.Slots
+		return int(c.InFlight) + 1 - int(c.Slots)
 	case c.Waiting > 0:
-		return c.Waiting + 1
+		return int(c.Waiting) + 1
 	}
 	return 0
 }
@@ -610,7 +643,7 @@ func (p Policy) InFlightBound(cands []Candidate) int {
 	inFlight, known := 0, 0
 	for i := range cands {
 		if !cands[i].Stale {
-			inFlight += cands[i].InFlight
+			inFlight += int(cands[i].InFlight)
 			known++
 		}
 	}
@@ -635,13 +668,13 @@ func (p Policy) KeepHint(cands []Candidate, i int) bool {
 	inFlight, known, pending := 0, 0, 0.0
 	for j := range cands {
 		if !cands[j].Stale {
-			inFlight += cands[j].InFlight
+			inFlight += int(cands[j].InFlight)
 			pending += cands[j].PendingPrefillBlocks
 			known++
 		}
 	}
 	known = max(known, 1)
-	if !idle(c) && c.InFlight+1 > 2*p.inFlightBound(inFlight, known) {
+	if !idle(c) && int(c.InFlight)+1 > 2*p.inFlightBound(inFlight, known) {
 		return false
 	}
 	return c.PendingPrefillBlocks <= p.LoadFactor*pending/float64(known)
@@ -694,7 +727,7 @@ func (l limits) admits(c *Candidate) bool {
 	}
 	// With known slots the queue says all; otherwise the in-flight count
 	// stands in for it.
-	return c.Slots > 0 || c.InFlight+1 <= l.inFlight
+	return c.Slots > 0 || int(c.InFlight)+1 <= l.inFlight
 }
 
 // idle reports that c can start a request at once: a sequence slot known
@@ -709,9 +742,9 @@ func idle(c *Candidate) bool {
 // unknown slots the last scrape's waiting count.
 func queuedAt(c *Candidate) int {
 	if c.Slots > 0 {
-		return max(0, c.InFlight-c.Slots)
+		return max(0, int(c.InFlight)-int(c.Slots))
 	}
-	return c.Waiting
+	return int(c.Waiting)
 }
 
 // canStart reports that c would not queue a new request for a sequence
@@ -792,7 +825,7 @@ func (p Policy) hashPick(cands []Candidate, tier int, key uint64, lim limits, co
 		var shortestWait float64
 		for i := range cands {
 			c := &cands[i]
-			if c.Tier != tier || (pass == 0 && hot && lacks(c, common)) || !lim.admits(c) ||
+			if int(c.Tier) != tier || (pass == 0 && hot && lacks(c, common)) || !lim.admits(c) ||
 				(pass == 1 && hot && lacks(c, common) && !idle(c)) {
 				continue
 			}
@@ -836,7 +869,7 @@ func (p Policy) hashPick(cands []Candidate, tier int, key uint64, lim limits, co
 	var fallbackWait float64
 	for i := range cands {
 		c := &cands[i]
-		if c.Tier != tier || (hot && lacks(c, common)) {
+		if int(c.Tier) != tier || (hot && lacks(c, common)) {
 			continue
 		}
 		w := weight(key, c.Hash)

@@ -38,7 +38,7 @@ func request(h []uint64) Request {
 func candidates(n int) []Candidate {
 	c := make([]Candidate, n)
 	for i := range c {
-		c[i].ID = fmt.Sprintf("http://replica-%d:8000", i)
+		c[i].Detail = &Detail{ID: fmt.Sprintf("http://replica-%d:8000", i)}
 		c[i].Hash = HashID(c[i].ID)
 	}
 	return c
@@ -318,10 +318,10 @@ func TestSecondTurnStaysWhileTheHolderCanStartIt(t *testing.T) {
 			cs := candidates(4)
 			for i := range cs {
 				cs[i].Summary = held(t, system)
-				cs[i].InFlight, cs[i].Slots, cs[i].Running = tc.inFlight[i], tc.slots, tc.inFlight[i]
+				cs[i].InFlight, cs[i].Slots, cs[i].Running = int32(tc.inFlight[i]), int32(tc.slots), int32(tc.inFlight[i])
 			}
 			cs[0].Summary = held(t, conv)
-			cs[0].Waiting = tc.waiting
+			cs[0].Waiting = int32(tc.waiting)
 			d := DefaultPolicy().Pick(next, cs)
 			if d.Index != tc.want || d.Reason != tc.reason {
 				t.Fatalf("decision %+v, want replica %d by %s", d, tc.want, tc.reason)
@@ -414,7 +414,7 @@ func TestKeepHint(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			cs := candidates(4)
-			cs[0].InFlight, cs[0].Slots, cs[0].Waiting, cs[0].Running = tc.inFlight, tc.slots, tc.waiting, tc.inFlight
+			cs[0].InFlight, cs[0].Slots, cs[0].Waiting, cs[0].Running = int32(tc.inFlight), int32(tc.slots), int32(tc.waiting), int32(tc.inFlight)
 			cs[0].PendingPrefillBlocks = tc.pending
 			for i := 1; i < len(cs); i++ {
 				cs[i].PendingPrefillBlocks = 10
@@ -547,13 +547,13 @@ func TestSlotWaitMs(t *testing.T) {
 		c    Candidate
 		want float64
 	}{
-		{"free slot", Candidate{Slots: 4, InFlight: 3, SeqMs: 4000}, 0},
-		{"one ahead, age unknown", Candidate{Slots: 4, InFlight: 4, SeqMs: 4000}, 1000},
-		{"one ahead, full since 1 s", Candidate{Slots: 4, InFlight: 4, SeqMs: 4000, SlotAgeMs: 1000}, 3000},
-		{"one ahead, oldest past the mean", Candidate{Slots: 4, InFlight: 4, SeqMs: 4000, SlotAgeMs: 5000}, 0},
-		{"three ahead, full since 3.5 s", Candidate{Slots: 4, InFlight: 6, SeqMs: 4000, SlotAgeMs: 3500}, 2500},
-		{"age without a measured SeqMs is ignored", Candidate{Slots: 4, InFlight: 4, SlotAgeMs: 1000}, p.DefaultSeqMs / 4},
-		{"unknown slots, engine queues", Candidate{Waiting: 1, Running: 2, SeqMs: 4000, SlotAgeMs: 3000}, 3000},
+		{"free slot", Candidate{Slots: 4, InFlight: 3, Detail: &Detail{SeqMs: 4000}}, 0},
+		{"one ahead, age unknown", Candidate{Slots: 4, InFlight: 4, Detail: &Detail{SeqMs: 4000}}, 1000},
+		{"one ahead, full since 1 s", Candidate{Slots: 4, InFlight: 4, Detail: &Detail{SeqMs: 4000, SlotAgeMs: 1000}}, 3000},
+		{"one ahead, oldest past the mean", Candidate{Slots: 4, InFlight: 4, Detail: &Detail{SeqMs: 4000, SlotAgeMs: 5000}}, 0},
+		{"three ahead, full since 3.5 s", Candidate{Slots: 4, InFlight: 6, Detail: &Detail{SeqMs: 4000, SlotAgeMs: 3500}}, 2500},
+		{"age without a measured SeqMs is ignored", Candidate{Slots: 4, InFlight: 4, Detail: &Detail{SlotAgeMs: 1000}}, p.DefaultSeqMs / 4},
+		{"unknown slots, engine queues", Candidate{Waiting: 1, Running: 2, Detail: &Detail{SeqMs: 4000, SlotAgeMs: 3000}}, 3000},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -806,7 +806,7 @@ func TestColdPlacementTwoChoicesByInFlight(t *testing.T) {
 	first, second := order[0], order[1]
 	for _, tc := range []struct {
 		name          string
-		first, second int // in flight
+		first, second int32 // in flight
 		want          int
 	}{{"second less loaded", 3, 1, second}, {"first less loaded", 1, 3, first}, {"equal", 2, 2, first}} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -145,8 +145,10 @@ func runPolicy(ctx context.Context, p *prepared, name string) (PolicyReport, err
 		w.rep[j] = &replica{cache: newLRU(p.cacheBlocks)}
 	}
 	w.cands = make([]route.Candidate, cfg.Replicas)
+	details := make([]route.Detail, cfg.Replicas)
 	for j := range w.cands {
-		w.cands[j] = route.Candidate{ID: p.ids[j], Hash: p.idHashes[j], BlockMs: p.blockMs}
+		details[j].ID = p.ids[j]
+		w.cands[j] = route.Candidate{Detail: &details[j], Hash: p.idHashes[j], BlockMs: p.blockMs}
 	}
 	switch name {
 	case PolicyIsolated, PolicyMesh, PolicyPartitioned, PolicySGLang, PolicySMGMesh, PolicyLLMD3:
@@ -406,40 +408,44 @@ func (w *world) fillCandidates(k int, r *simReq) {
 		c.Summary, c.Stale = nil, false
 		rep := w.rep[j]
 		var eng engSnap
+		var inFlight int
+		var pending float64
 		switch w.policy {
 		case PolicyExactView, PolicyPooled:
 			w.exact[j].ids = r.ids
 			c.Summary = &w.exact[j]
-			c.InFlight, c.PendingPrefillBlocks = rep.inFlight, w.pendingNow(rep)
+			inFlight, pending = rep.inFlight, w.pendingNow(rep)
 			eng = w.ownerEng(j)
 		case PolicySingle:
 			c.Summary = w.routers[0].copies[j]
-			c.InFlight, c.PendingPrefillBlocks = rep.inFlight, w.pendingNow(rep)
+			inFlight, pending = rep.inFlight, w.pendingNow(rep)
 			eng = w.ownerEng(j)
 		case PolicyIsolated:
 			c.Summary = w.routers[k].copies[j]
-			c.InFlight, c.PendingPrefillBlocks = w.ownLoad(k, j, nil)
+			inFlight, pending = w.ownLoad(k, j, nil)
 		default: // mesh, partitioned
 			rt := w.routers[k]
 			o := w.owner(j)
 			switch {
 			case o == k:
 				c.Summary = rt.copies[j]
-				c.InFlight, c.PendingPrefillBlocks = rep.inFlight, w.pendingNow(rep)
+				inFlight, pending = rep.inFlight, w.pendingNow(rep)
 				eng = w.ownerEng(j)
 			case w.now-rt.lastHeard[o] > stale:
 				c.Stale = true
-				c.InFlight, c.PendingPrefillBlocks = w.ownLoad(k, j, nil)
+				inFlight, pending = w.ownLoad(k, j, nil)
 			default:
 				c.Summary = rt.copies[j]
-				c.InFlight, c.PendingPrefillBlocks = w.ownLoad(k, j, &rt.told[j])
+				inFlight, pending = w.ownLoad(k, j, &rt.told[j])
 				eng = rt.told[j].eng
 				// Only the owner knows when the requests at its replicas
 				// began (the mesh does not gossip it), as in the proxy.
 				eng.hasOldest = false
 			}
 		}
-		c.Running, c.Waiting, c.Slots, c.SeqMs = eng.running, eng.waiting, eng.slots, eng.seqMs
+		c.InFlight, c.PendingPrefillBlocks = route.Count32(inFlight), pending
+		c.Running, c.Waiting, c.Slots = route.Count32(eng.running), route.Count32(eng.waiting), route.Count32(eng.slots)
+		c.SeqMs = eng.seqMs
 		c.SlotAgeMs = 0
 		if eng.hasOldest {
 			c.SlotAgeMs = max(w.now-eng.oldest, 1e-3)
@@ -784,7 +790,7 @@ func (v *viewError) add(k int, w *world) {
 		}
 		in := w.rep[j].inFlight
 		v.views++
-		v.inFlightErr += c.InFlight - in
+		v.inFlightErr += int(c.InFlight) - in
 		if c.Slots <= 0 {
 			continue
 		}
