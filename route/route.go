@@ -864,20 +864,28 @@ func (p Policy) hashPick(cands []Candidate, tier int, key uint64, lim limits, co
 		}
 		return first
 	}
-	fallback := -1
-	var fallbackW uint64
-	var fallbackWait float64
-	for i := range cands {
-		c := &cands[i]
-		if int(c.Tier) != tier || (hot && lacks(c, common)) {
-			continue
+	// Over the limits everywhere: the shortest wait among the holders of
+	// a hot prompt, or among all when no candidate of the tier holds it
+	// (its holders are stale or in another tier).
+	for _, skipLacking := range [...]bool{hot, false} {
+		fallback := -1
+		var fallbackW uint64
+		var fallbackWait float64
+		for i := range cands {
+			c := &cands[i]
+			if int(c.Tier) != tier || (skipLacking && lacks(c, common)) {
+				continue
+			}
+			w := weight(key, c.Hash)
+			if wait := p.waitMs(c); fallback < 0 || wait < fallbackWait || (wait == fallbackWait && w > fallbackW) {
+				fallback, fallbackW, fallbackWait = i, w, wait
+			}
 		}
-		w := weight(key, c.Hash)
-		if wait := p.waitMs(c); fallback < 0 || wait < fallbackWait || (wait == fallbackWait && w > fallbackW) {
-			fallback, fallbackW, fallbackWait = i, w, wait
+		if fallback >= 0 {
+			return fallback
 		}
 	}
-	return fallback
+	return -1 // no candidate in the tier: cannot happen, tier is the least of theirs
 }
 
 // lacks reports that c's summary counts and lacks the common prefix.

@@ -820,3 +820,24 @@ func TestColdPlacementTwoChoicesByInFlight(t *testing.T) {
 		})
 	}
 }
+
+// A hot prompt whose holders are all in a farther tier, while every
+// replica of the nearest tier is busy: cold placement found no one to take
+// it (a stale-holder case the fault suite hit after a router's kill -9,
+// index -1) and must place it in the nearest tier anyway.
+func TestColdPlacementHotPromptHeldOnlyFarther(t *testing.T) {
+	hot := chainOf(nil, 3, 1)
+	req := request(chainOf(hot, 1, 2))
+	cs := candidates(5)
+	for i := range cs {
+		cs[i].Slots, cs[i].InFlight = 1, 2 // busy: no free slot
+		cs[i].Tier, cs[i].Summary = 1, held(t, hot)
+	}
+	for _, i := range []int{0, 1} { // the nearest tier lacks the hot prompt
+		cs[i].Tier, cs[i].Summary = 0, held(t, chainOf(nil, 2, 8))
+	}
+	d := DefaultPolicy().Pick(req, cs)
+	if d.Index != 0 && d.Index != 1 {
+		t.Fatalf("decision %+v, want replica 0 or 1 (the nearest tier)", d)
+	}
+}
