@@ -154,3 +154,65 @@ func TestSignedHopCarriesCounts(t *testing.T) {
 		t.Error("a hop whose counts were changed is authenticated")
 	}
 }
+
+// hearingView is a fakeView that takes the loads owners report.
+type hearingView struct {
+	*fakeView
+	heard chan route.Candidate
+}
+
+func (v hearingView) HearLoad(id string, c route.Candidate, at time.Time) {
+	select {
+	case v.heard <- c:
+	default:
+	}
+}
+
+// TestDispatchCarriesOwnerLoad: an owner's dispatch 103 carries the load
+// of its replicas, the dispatched request included, and the entry hands
+// it to its view.
+func TestDispatchCarriesOwnerLoad(t *testing.T) {
+	rep := newReplica(t, func(w http.ResponseWriter, r *http.Request) { jsonChat(w, "ok", 0) })
+	ownerView := newFakeView([]string{"m"}, fakeReplica{id: rep.URL, inFlight: 2, pending: 3})
+	_, owner, _ := newEdgeProxy(t, ownerView, func(c *Config) { c.HopKey = testHopKey })
+	view := hearingView{newFakeView([]string{"m"}, fakeReplica{id: rep.URL, owner: owner.URL}), make(chan route.Candidate, 4)}
+	_, entry, _ := newEdgeProxy(t, view, func(c *Config) { c.HopKey = testHopKey })
+	resp := post(t, t.Context(), entry.URL+"/v1/chat/completions", chatBody("m", false, longPrompt))
+	if body := readAll(t, resp); resp.StatusCode != http.StatusOK {
+		t.Fatalf("%d %s", resp.StatusCode, body)
+	}
+	select {
+	case c := <-view.heard:
+		if c.ID != rep.URL || c.InFlight != 3 || c.PendingPrefillBlocks <= 3 {
+			t.Errorf("heard %+v, want %s with 3 in flight and more than 3 blocks pending", c, rep.URL)
+		}
+	default:
+		t.Error("the entry heard no load")
+	}
+}
+
+// TestLoadsRoundTrip: HeaderLoad reads back what the owner wrote, the
+// dispatched request counted once; junk entries are skipped.
+func TestLoadsRoundTrip(t *testing.T) {
+	cands := []route.Candidate{
+		{ID: "http://r1:8000/v1", InFlight: 2, PendingPrefillBlocks: 1.5, Running: 2, Waiting: 0, Slots: 4},
+		{ID: "http://r2:8000", InFlight: 0, Slots: 0},
+	}
+	v := string(appendLoads(nil, cands, "http://r2:8000", 7))
+	var got []route.Candidate
+	h := hearFunc(func(id string, c route.Candidate, _ time.Time) { got = append(got, c) })
+	hearLoads(h, v+",junk,a b c d e f,x 1 2 3 4 -5,y 1 NaN 0 0 0", time.Now())
+	want := []route.Candidate{cands[0], {ID: "http://r2:8000", InFlight: 1, PendingPrefillBlocks: 7}}
+	if len(got) != len(want) {
+		t.Fatalf("read %+v from %q, want %+v", got, v, want)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Errorf("entry %d: %+v, want %+v", i, got[i], want[i])
+		}
+	}
+}
+
+type hearFunc func(id string, c route.Candidate, at time.Time)
+
+func (f hearFunc) HearLoad(id string, c route.Candidate, at time.Time) { f(id, c, at) }
