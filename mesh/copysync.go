@@ -146,7 +146,6 @@ func (m *Mesh) handleStateLocked(st *stateMsg, now time.Time) bool {
 	}
 	m.setOwnedLocked(r, false)
 	r.st, r.hasState, r.heard, r.loadAt = *st, true, now, now
-	r.hopLoaded = false
 	m.touchLocked(r)
 	if r.sum == nil || r.sum.Epoch() != st.Epoch {
 		m.requestFullLocked(r, owner, now, "no copy of the owner's epoch")
@@ -278,10 +277,6 @@ func (m *Mesh) slimStateLocked(st *stateMsg, now time.Time) {
 		r.st.Version, r.st.Digest = st.Version, 0 // the digest was of another version
 	}
 	r.st.header = st.header
-	if r.hopLoaded {
-		r.st.setLoad(r.gossiped) // nothing changed since that full state
-		r.hopLoaded = false
-	}
 	r.heard, r.loadAt = now, now
 	m.touchLocked(r)
 	m.drainLocked(r)

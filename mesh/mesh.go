@@ -110,11 +110,6 @@ type replica struct {
 	// load changes and a slim one only when nothing but the summary's
 	// position did.
 	loadAt time.Time
-	// gossiped is the load of the owner's last full state while a hop's
-	// dispatch 103 overrides it in st (HearLoad): a slim state means the
-	// load is that again.
-	gossiped  stateLoad
-	hopLoaded bool
 
 	sum   *summary.Summary // the owner's own summary, or this router's copy
 	owned bool             // this router is the writer

@@ -46,12 +46,9 @@ type reqState struct {
 	// of a hop that failed before dispatch (its replicas are avoided);
 	// hopDispatched: a hop failed after its owner had dispatched.
 	announce, announced bool
-	// ownCands: on a hop, the candidates this router owns as it decided
-	// (their loads go back to the entry with the dispatch 103).
-	ownCands      []route.Candidate
-	dispatchBy    time.Time
-	downOwner     string
-	hopDispatched bool
+	dispatchBy          time.Time
+	downOwner           string
+	hopDispatched       bool
 	// netHTTP: an attempt went through net/http, whose Transport may
 	// still read the body after it returned; the body is not reused.
 	netHTTP bool
@@ -185,7 +182,6 @@ func (p *Proxy) inference(w http.ResponseWriter, r *http.Request, ep *endpoint) 
 	hinted, hintMatch := -1, 0
 	if st.hop && len(cands) > 0 {
 		cands, hinted = p.ownCandidates(cands, r.Header.Get(HeaderReplica))
-		st.ownCands = cands
 		if m, err := strconv.Atoi(r.Header.Get(HeaderMatch)); err == nil {
 			hintMatch = min(max(m, 0), len(st.hashes))
 		}
@@ -436,7 +432,7 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, st *reqState, id
 	firstByte := func() {}
 	var watch *hopWatch
 	if local {
-		if !p.announceDispatch(w, r, st, id, float64(len(st.hashes)-d.Match)) {
+		if !p.announceDispatch(w, r, st) {
 			return attemptDone
 		}
 		var done func()
@@ -446,11 +442,10 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, st *reqState, id
 	} else {
 		p.signHop(out, id, d.Match, st.concurrent, st.fork)
 		var done func()
-		var sent time.Time
-		sent, firstByte, done = p.hops.sendAt(id, float64(len(st.hashes)-d.Match))
+		firstByte, done = p.hops.send(id, float64(len(st.hashes)-d.Match))
 		defer done()
 		if p.cfg.HopDispatchTimeout > 0 {
-			out, watch = p.watchHop(ctx, out, sent)
+			out, watch = p.watchHop(ctx, out)
 			defer watch.stop()
 		}
 	}

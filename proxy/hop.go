@@ -135,7 +135,7 @@ type hopWatch struct {
 // (traced, cancelled by the dispatch timeout when the owner is known to
 // speak the protocol) and sets the dispatch deadline header. stop must be
 // called when the attempt ends.
-func (p *Proxy) watchHop(ctx context.Context, out *http.Request, sent time.Time) (*http.Request, *hopWatch) {
+func (p *Proxy) watchHop(ctx context.Context, out *http.Request) (*http.Request, *hopWatch) {
 	ctx, cancel := context.WithCancel(ctx)
 	h := &hopWatch{cancel: cancel}
 	trace := &httptrace.ClientTrace{
@@ -151,11 +151,6 @@ func (p *Proxy) watchHop(ctx context.Context, out *http.Request, sent time.Time)
 		},
 		Got1xxResponse: func(code int, hdr textproto.MIMEHeader) error {
 			if code == http.StatusEarlyHints && hdr.Get(HeaderDispatched) == "1" {
-				if lh := p.hearer; lh != nil {
-					if v := hdr.Get(HeaderLoad); v != "" {
-						hearLoads(lh, v, sent)
-					}
-				}
 				h.mu.Lock()
 				h.dispatched = true
 				if h.conn != nil {
@@ -238,7 +233,7 @@ func dispatchDeadline(r *http.Request) time.Time {
 // checks that the entry is still there. It reports whether to dispatch;
 // when not, it has set st.code (and answered, if the entry may still
 // read it).
-func (p *Proxy) announceDispatch(w http.ResponseWriter, r *http.Request, st *reqState, id string, blocks float64) bool {
+func (p *Proxy) announceDispatch(w http.ResponseWriter, r *http.Request, st *reqState) bool {
 	if !st.announce || st.announced {
 		return true
 	}
@@ -249,12 +244,8 @@ func (p *Proxy) announceDispatch(w http.ResponseWriter, r *http.Request, st *req
 	}
 	h := w.Header()
 	h.Set(HeaderDispatched, "1")
-	if len(st.ownCands) > 0 {
-		h.Set(HeaderLoad, string(appendLoads(nil, st.ownCands, id, blocks)))
-	}
 	w.WriteHeader(http.StatusEarlyHints)
 	h.Del(HeaderDispatched) // the 103 keeps the header map (RFC 8297)
-	h.Del(HeaderLoad)
 	st.announced = true
 	if r.Context().Err() != nil {
 		// The entry went away: it saw no 103 and may retry elsewhere.

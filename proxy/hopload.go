@@ -1,10 +1,7 @@
 package proxy
 
 import (
-	"net/url"
 	"sort"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -57,25 +54,16 @@ func newHopBook() *hopBook {
 // blocks of prefill, and returns the functions that end its prefill (at
 // the first byte) and the request. Both are idempotent.
 func (b *hopBook) send(id string, blocks float64) (firstByte, done func()) {
-	_, firstByte, done = b.sendAt(id, blocks)
-	return firstByte, done
-}
-
-// sendAt is send that also returns the mark's time: loads the owner
-// reports on the hop's dispatch 103 include this request and every one
-// sent before it (hearLoads).
-func (b *hopBook) sendAt(id string, blocks float64) (at time.Time, firstByte, done func()) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	at = b.now()
 	q, ok := b.marks[id]
 	if !ok && len(b.marks) >= maxSeqReplicas {
-		return at, func() {}, func() {}
+		return func() {}, func() {}
 	}
-	m := &hopMark{at: at, blocks: max(blocks, 0)}
+	m := &hopMark{at: b.now(), blocks: max(blocks, 0)}
 	b.marks[id] = append(q, m)
 	var once sync.Once
-	return at, func() {
+	return func() {
 			b.mu.Lock()
 			m.prefilled = true
 			b.mu.Unlock()
@@ -138,87 +126,4 @@ func (b *hopBook) inFlight(id string) int {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return len(b.marks[id])
-}
-
-// loadHearer is what the proxy needs of a view to apply the loads an
-// owner reports on a hop's dispatch 103 (the mesh implements it): the
-// load of replica id as its owner counted it at, fresher than its last
-// gossiped state.
-type loadHearer interface {
-	HearLoad(id string, c route.Candidate, at time.Time)
-}
-
-// HeaderLoad rides on the owner's dispatch 103: the load of each replica
-// it owns that could take the request, as it decided, the dispatched
-// request included. One entry per replica, comma-separated: the replica
-// ID (query-escaped), in flight, pending prefill blocks, running,
-// waiting and slots, space-separated. Three routers that place one burst
-// of requests on one snapshot of each other's replicas otherwise stack
-// them up until the next gossip tick; with it an entry sees an owner's
-// replicas as the owner does after each request it sent there.
-const HeaderLoad = "X-Kvmesh-Load"
-
-// appendLoads encodes cands (the owner's own candidates) for HeaderLoad,
-// counting the request being dispatched to id with its blocks of prefill.
-func appendLoads(dst []byte, cands []route.Candidate, id string, blocks float64) []byte {
-	for i := range cands {
-		c := &cands[i]
-		inFlight, pending := c.InFlight, c.PendingPrefillBlocks
-		if c.ID == id {
-			inFlight++
-			pending += max(blocks, 0)
-		}
-		if i > 0 {
-			dst = append(dst, ',')
-		}
-		dst = append(dst, url.QueryEscape(c.ID)...)
-		dst = append(dst, ' ')
-		dst = strconv.AppendInt(dst, int64(inFlight), 10)
-		dst = append(dst, ' ')
-		dst = strconv.AppendFloat(dst, pending, 'g', 6, 64)
-		for _, v := range [...]int{c.Running, c.Waiting, c.Slots} {
-			dst = append(dst, ' ')
-			dst = strconv.AppendInt(dst, int64(v), 10)
-		}
-	}
-	return dst
-}
-
-// maxLoadEntries bounds what an entry parses of one HeaderLoad.
-const maxLoadEntries = maxSeqReplicas
-
-// hearLoads applies an owner's HeaderLoad, as of at (the hop's mark: the
-// owner's counts include it and the requests this router sent before).
-// Malformed entries are skipped.
-func hearLoads(h loadHearer, v string, at time.Time) {
-	for n := 0; v != "" && n < maxLoadEntries; n++ {
-		var e string
-		e, v, _ = strings.Cut(v, ",")
-		f := strings.Fields(e)
-		if len(f) != 6 {
-			continue
-		}
-		id, err := url.QueryUnescape(f[0])
-		if err != nil || id == "" {
-			continue
-		}
-		var c route.Candidate
-		var nums [4]int
-		ok := true
-		for i, s := range [...]string{f[1], f[3], f[4], f[5]} {
-			x, err := strconv.Atoi(s)
-			if err != nil || x < 0 || x > 1<<30 {
-				ok = false
-				break
-			}
-			nums[i] = x
-		}
-		pending, err := strconv.ParseFloat(f[2], 64)
-		if !ok || err != nil || !(pending >= 0 && pending < 1e12) {
-			continue
-		}
-		c.ID, c.InFlight, c.PendingPrefillBlocks = id, nums[0], pending
-		c.Running, c.Waiting, c.Slots = nums[1], nums[2], nums[3]
-		h.HearLoad(id, c, at)
-	}
 }

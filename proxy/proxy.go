@@ -145,9 +145,6 @@ type Proxy struct {
 	// their gossiped loads (hopload.go); clock is the view's, if it has one.
 	hops  *hopBook
 	clock loadClock
-	// hearer takes the loads owners report on hops' dispatch 103s
-	// (hopload.go); the view's, if it has one.
-	hearer loadHearer
 	// loops relay SSE streams by their sockets (streamloop.go); nil when
 	// off or not on Linux.
 	loops *streamLoops
@@ -218,7 +215,6 @@ func New(cfg Config) (*Proxy, error) {
 		lookups: newLookups(cfg.Registerer),
 		load:    newLoadBook(), hops: newHopBook(), up: newUpstreamClient(cfg.Client)}
 	p.clock, _ = cfg.View.(loadClock)
-	p.hearer, _ = cfg.View.(loadHearer)
 	if !cfg.NoStreamLoop {
 		p.loops = newStreamLoops(p.m)
 	}

@@ -83,12 +83,6 @@ type Config struct {
 	// owner learns it from the scrapes (route.SlotEstimate), as a router
 	// must for vLLM.
 	SlotsPublished bool
-	// HopLoad models the loads an owner sends back on a hop's dispatch
-	// 103 (proxy.HeaderLoad): a router that forwards a request to
-	// another router's replica learns, as that owner dispatches it, the
-	// exact load of the owner's replicas. False: it learns them from
-	// gossip alone (the proxy before it).
-	HopLoad bool
 	// StaleAfter is how long a router keeps counting a copy (and load)
 	// whose owner it has not heard from.
 	StaleAfter time.Duration
@@ -138,7 +132,6 @@ func DefaultConfig() Config {
 		StaleAfter:        2 * time.Second,
 		ScrapeInterval:    time.Second,
 		SMGSyncInterval:   time.Second,
-		HopLoad:           true,
 		FalsePositiveRate: 0.01,
 		Seed:              1,
 		Route:             route.DefaultPolicy(),

@@ -333,28 +333,7 @@ func (w *world) arrive(i int32) error {
 	w.retrace(j, r)
 	w.dispatch(k, j, i, est)
 	w.jobs[i].best = best
-	if o := w.owner(j); w.gossip && o != k && w.p.cfg.HopLoad {
-		w.hopAnswer(k, o)
-	}
 	return nil
-}
-
-// hopAnswer is what owner o's dispatch 103 tells router k, which
-// forwarded it a request (proxy.HeaderLoad): the exact load of o's
-// replicas as o dispatches it (o counts every request it sends them,
-// its own and other routers' hops alike). Requests that arrive together
-// at three routers are otherwise placed on one snapshot of each
-// other's replicas: a router's second request of a burst now sees the
-// replicas of the owner it sent the first to as that owner does.
-func (w *world) hopAnswer(k, o int) {
-	rt := w.routers[k]
-	if w.partitioned(o, k, w.now) {
-		return
-	}
-	rt.lastHeard[o] = w.now
-	for jj := o; jj < len(w.rep); jj += w.nR {
-		rt.told[jj] = loadSnap{t: w.now, inFlight: w.rep[jj].inFlight, pending: w.pendingNow(w.rep[jj]), eng: w.ownerEng(jj), valid: true}
-	}
 }
 
 // retrace counts, for a request that some replica holds more of than half
