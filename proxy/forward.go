@@ -432,7 +432,7 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, st *reqState, id
 	firstByte := func() {}
 	var watch *hopWatch
 	if local {
-		if !p.announceDispatch(w, r, st) {
+		if !p.announceDispatch(w, r, st, id) {
 			return attemptDone
 		}
 		var done func()
@@ -442,10 +442,16 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, st *reqState, id
 	} else {
 		p.signHop(out, id, d.Match, st.concurrent, st.fork)
 		var done func()
-		firstByte, done = p.hops.send(id, float64(len(st.hashes)-d.Match))
+		var mark *hopMark
+		mark, firstByte, done = p.hops.sendMark(id, float64(len(st.hashes)-d.Match))
 		defer done()
 		if p.cfg.HopDispatchTimeout > 0 {
-			out, watch = p.watchHop(ctx, out)
+			out, watch = p.watchHop(ctx, out, func(to string) {
+				// The owner decided again: count the request where it runs.
+				if api, local, ok := p.cfg.View.Locate(to); ok && !local && api == ownerAPI {
+					p.hops.move(mark, to)
+				}
+			})
 			defer watch.stop()
 		}
 	}

@@ -25,7 +25,9 @@ import (
 //     "103 Early Hints" with HeaderDispatched right before it writes the
 //     request to its replica, and only then (if the entry is still
 //     there) dispatches. It never sends it to a client, nor on a hop it
-//     cannot authenticate.
+//     cannot authenticate. The 103 names the replica (HeaderReplica):
+//     the entry counts the request in flight there (hopload.go), which
+//     is not its hint when the owner decided again.
 //   - The entry watches its hop with httptrace. A hop that failed with no
 //     such 103 and no response byte never reached a replica through that
 //     owner, provided the owner speaks the protocol (below): the entry
@@ -135,7 +137,7 @@ type hopWatch struct {
 // (traced, cancelled by the dispatch timeout when the owner is known to
 // speak the protocol) and sets the dispatch deadline header. stop must be
 // called when the attempt ends.
-func (p *Proxy) watchHop(ctx context.Context, out *http.Request) (*http.Request, *hopWatch) {
+func (p *Proxy) watchHop(ctx context.Context, out *http.Request, sentTo func(replica string)) (*http.Request, *hopWatch) {
 	ctx, cancel := context.WithCancel(ctx)
 	h := &hopWatch{cancel: cancel}
 	trace := &httptrace.ClientTrace{
@@ -151,6 +153,9 @@ func (p *Proxy) watchHop(ctx context.Context, out *http.Request) (*http.Request,
 		},
 		Got1xxResponse: func(code int, hdr textproto.MIMEHeader) error {
 			if code == http.StatusEarlyHints && hdr.Get(HeaderDispatched) == "1" {
+				if to := hdr.Get(HeaderReplica); to != "" && sentTo != nil {
+					sentTo(to)
+				}
 				h.mu.Lock()
 				h.dispatched = true
 				if h.conn != nil {
@@ -233,7 +238,7 @@ func dispatchDeadline(r *http.Request) time.Time {
 // checks that the entry is still there. It reports whether to dispatch;
 // when not, it has set st.code (and answered, if the entry may still
 // read it).
-func (p *Proxy) announceDispatch(w http.ResponseWriter, r *http.Request, st *reqState) bool {
+func (p *Proxy) announceDispatch(w http.ResponseWriter, r *http.Request, st *reqState, replica string) bool {
 	if !st.announce || st.announced {
 		return true
 	}
@@ -244,8 +249,12 @@ func (p *Proxy) announceDispatch(w http.ResponseWriter, r *http.Request, st *req
 	}
 	h := w.Header()
 	h.Set(HeaderDispatched, "1")
+	// The replica it goes to: the entry counts the request there, not at
+	// its hint, when this router decided again (hopload.go).
+	h.Set(HeaderReplica, replica)
 	w.WriteHeader(http.StatusEarlyHints)
 	h.Del(HeaderDispatched) // the 103 keeps the header map (RFC 8297)
+	h.Del(HeaderReplica)
 	st.announced = true
 	if r.Context().Err() != nil {
 		// The entry went away: it saw no 103 and may retry elsewhere.

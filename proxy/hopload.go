@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -32,6 +33,7 @@ type hopBook struct {
 
 // hopMark is one request forwarded to a remote replica.
 type hopMark struct {
+	id        string // the replica: the hinted one, or where its owner sent it (move)
 	at        time.Time
 	blocks    float64 // prefill the request brings (blocks the replica lacks)
 	prefilled bool    // the first byte came back: its prefill is done
@@ -54,16 +56,23 @@ func newHopBook() *hopBook {
 // blocks of prefill, and returns the functions that end its prefill (at
 // the first byte) and the request. Both are idempotent.
 func (b *hopBook) send(id string, blocks float64) (firstByte, done func()) {
+	_, firstByte, done = b.sendMark(id, blocks)
+	return firstByte, done
+}
+
+// sendMark is send that also returns the mark (nil when the book is
+// full), for move.
+func (b *hopBook) sendMark(id string, blocks float64) (mark *hopMark, firstByte, done func()) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	q, ok := b.marks[id]
 	if !ok && len(b.marks) >= maxSeqReplicas {
-		return func() {}, func() {}
+		return nil, func() {}, func() {}
 	}
-	m := &hopMark{at: b.now(), blocks: max(blocks, 0)}
+	m := &hopMark{id: id, at: b.now(), blocks: max(blocks, 0)}
 	b.marks[id] = append(q, m)
 	var once sync.Once
-	return func() {
+	return m, func() {
 			b.mu.Lock()
 			m.prefilled = true
 			b.mu.Unlock()
@@ -72,19 +81,54 @@ func (b *hopBook) send(id string, blocks float64) (firstByte, done func()) {
 				b.mu.Lock()
 				defer b.mu.Unlock()
 				m.ended = true
-				q := b.marks[id][:0]
-				for _, x := range b.marks[id] {
-					if !x.ended {
-						q = append(q, x)
-					}
-				}
-				if len(q) == 0 {
-					delete(b.marks, id)
-				} else {
-					b.marks[id] = q
-				}
+				b.dropLocked(m)
 			})
 		}
+}
+
+// dropLocked takes m out of its replica's marks.
+func (b *hopBook) dropLocked(m *hopMark) {
+	q := b.marks[m.id][:0]
+	for _, x := range b.marks[m.id] {
+		if x != m {
+			q = append(q, x)
+		}
+	}
+	if len(q) == 0 {
+		delete(b.marks, m.id)
+	} else {
+		b.marks[m.id] = q
+	}
+}
+
+// move books mark m on replica to: the owner sent the request there
+// rather than to the replica this router chose (it decides again among
+// its own replicas when the hint can no longer start the request, and
+// names the replica in its dispatch 103). The simulator's routers count
+// their requests where they run (internal/sim, ownLoad); without this the
+// request would count at the hinted replica, which does not have it,
+// until it ended.
+func (b *hopBook) move(m *hopMark, to string) {
+	if m == nil || to == "" {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if m.ended || m.id == to {
+		return
+	}
+	q, ok := b.marks[to]
+	if !ok && len(b.marks) >= maxSeqReplicas {
+		return
+	}
+	b.dropLocked(m)
+	m.id = to
+	// Keep dispatch order (fill walks back from the newest).
+	i := len(q)
+	for i > 0 && q[i-1].at.After(m.at) {
+		i--
+	}
+	b.marks[to] = slices.Insert(q, i, m)
 }
 
 // fill adds to each remote candidate the requests this router sent it

@@ -154,3 +154,65 @@ func TestSignedHopCarriesCounts(t *testing.T) {
 		t.Error("a hop whose counts were changed is authenticated")
 	}
 }
+
+// TestHopBookFollowsTheOwner: a request the owner sent to another of its
+// replicas than the hinted one counts there (the dispatch 103 names it),
+// in dispatch order, until it ends.
+func TestHopBookFollowsTheOwner(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	now := t0
+	b := newHopBook()
+	b.now = func() time.Time { return now }
+	m1, _, done1 := b.sendMark("a", 4)
+	now = now.Add(time.Millisecond)
+	_, _, _ = b.sendMark("b", 1)
+	b.move(m1, "b") // older than b's mark: goes first
+	if q := b.marks["b"]; len(q) != 2 || q[0] != m1 || b.inFlight("a") != 0 {
+		t.Fatalf("after the move: a has %d, b %v", b.inFlight("a"), q)
+	}
+	b.move(m1, "b") // again: nothing
+	b.move(nil, "c")
+	done1()
+	if b.inFlight("b") != 1 {
+		t.Errorf("b has %d after the moved request ended, want 1", b.inFlight("b"))
+	}
+	b.move(m1, "c") // ended: stays gone
+	if b.inFlight("c") != 0 {
+		t.Error("an ended request moved")
+	}
+}
+
+// TestDispatchNamesTheReplica: when the owner decides again (it does not
+// have the hinted replica among its own), the entry's hop book counts the
+// request at the replica the owner's 103 names.
+func TestDispatchNamesTheReplica(t *testing.T) {
+	release := make(chan struct{})
+	rep := newReplica(t, func(w http.ResponseWriter, r *http.Request) {
+		<-release
+		jsonChat(w, "ok", 0)
+	})
+	_, owner, _ := newEdgeProxy(t, newFakeView([]string{"m"}, fakeReplica{id: rep.URL}), func(c *Config) { c.HopKey = testHopKey })
+	const hinted = "http://gone:8000"
+	p, entry, _ := newEdgeProxy(t, newFakeView([]string{"m"}, fakeReplica{id: hinted, owner: owner.URL, match: 20}, fakeReplica{id: rep.URL, owner: owner.URL}),
+		func(c *Config) { c.HopKey = testHopKey })
+	var once sync.Once
+	free := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(free)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		resp, err := http.Post(entry.URL+"/v1/chat/completions", "application/json", strings.NewReader(chatBody("m", false, longPrompt)))
+		if err == nil {
+			resp.Body.Close()
+		}
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for p.hops.inFlight(rep.URL) != 1 || p.hops.inFlight(hinted) != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("hop book: %d at the hint, %d where it runs, want 0 and 1", p.hops.inFlight(hinted), p.hops.inFlight(rep.URL))
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	free()
+	<-done
+}
