@@ -43,11 +43,13 @@ type reqState struct {
 	// The dispatch protocol (hop.go). announce: an authenticated hop,
 	// whose entry is told of the dispatch (announced: it was);
 	// dispatchBy: the entry's deadline for it. downOwner: the owner API
-	// of a hop that failed before dispatch (its replicas are avoided);
-	// hopDispatched: a hop failed after its owner had dispatched.
+	// of a hop that failed before dispatch (its replicas are avoided),
+	// downSince: when that hop began; hopDispatched: a hop failed after
+	// its owner had dispatched.
 	announce, announced bool
 	dispatchBy          time.Time
 	downOwner           string
+	downSince           time.Time
 	hopDispatched       bool
 	// netHTTP: an attempt went through net/http, whose Transport may
 	// still read the body after it returned; the body is not reused.
@@ -241,7 +243,7 @@ func (p *Proxy) inference(w http.ResponseWriter, r *http.Request, ep *endpoint) 
 		}
 		cands = slices.Delete(cands, d.Index, d.Index+1)
 		if st.downOwner != "" {
-			cands = p.avoidOwner(cands, st.downOwner)
+			cands = p.avoidOwner(cands, st.downOwner, st.downSince)
 			st.downOwner = ""
 			if len(cands) == 0 {
 				st.code = writeError(w, http.StatusBadGateway, fmt.Sprintf("all %d upstream attempts for the model '%s' failed", attempt, st.prompt.Model))

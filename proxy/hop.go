@@ -129,6 +129,7 @@ type hopWatch struct {
 	dispatched bool // the owner's dispatch 103 arrived
 	answered   bool // a response byte arrived (the 103's first included)
 	timedOut   bool
+	started    time.Time // when the hop was sent
 	cancel     context.CancelFunc
 	timer      *time.Timer
 }
@@ -139,7 +140,7 @@ type hopWatch struct {
 // called when the attempt ends.
 func (p *Proxy) watchHop(ctx context.Context, out *http.Request, sentTo func(replica string)) (*http.Request, *hopWatch) {
 	ctx, cancel := context.WithCancel(ctx)
-	h := &hopWatch{cancel: cancel}
+	h := &hopWatch{cancel: cancel, started: p.now()}
 	trace := &httptrace.ClientTrace{
 		GotConn: func(i httptrace.GotConnInfo) {
 			h.mu.Lock()
@@ -268,8 +269,12 @@ func (p *Proxy) announceDispatch(w http.ResponseWriter, r *http.Request, st *req
 // hop to it just failed before dispatch: they are all behind the same
 // dead or unreachable router) and, when this router owns any of the
 // rest, keeps only those: nothing between this router and its own
-// replicas failed.
-func (p *Proxy) avoidOwner(cands []route.Candidate, ownerAPI string) []route.Candidate {
+// replicas failed. When it owns none, it keeps the replicas whose
+// owner's state it has heard since the failed hop began (since; owners
+// send it every tick), if the view tells and any are left: an owner silent for as long as the failed one
+// was may be cut off the same way (a partition), and a second hop to it
+// would spend the retry budget the same way.
+func (p *Proxy) avoidOwner(cands []route.Candidate, ownerAPI string, since time.Time) []route.Candidate {
 	out, local := cands[:0], 0
 	for _, c := range cands {
 		api, isLocal, ok := p.cfg.View.Locate(c.ID)
@@ -281,16 +286,38 @@ func (p *Proxy) avoidOwner(cands []route.Candidate, ownerAPI string) []route.Can
 		}
 		out = append(out, c)
 	}
-	if local == 0 || local == len(out) {
+	if local == len(out) {
 		return out
 	}
-	own := out[:0]
-	for _, c := range out {
-		if _, isLocal, _ := p.cfg.View.Locate(c.ID); isLocal {
-			own = append(own, c)
+	if local > 0 {
+		own := out[:0]
+		for _, c := range out {
+			if _, isLocal, _ := p.cfg.View.Locate(c.ID); isLocal {
+				own = append(own, c)
+			}
+		}
+		return own
+	}
+	clock, ok := p.cfg.View.(loadClock)
+	if !ok {
+		return out
+	}
+	heard := 0
+	for i := range out {
+		if t, ok := clock.LoadHeard(out[i].ID); ok && t.After(since) {
+			heard++
 		}
 	}
-	return own
+	if heard == 0 || heard == len(out) {
+		return out
+	}
+	kept := out[:0]
+	for _, c := range out {
+		if t, ok := clock.LoadHeard(c.ID); ok && t.After(since) {
+			kept = append(kept, c)
+		}
+	}
+	return kept
 }
 
 // hopFailed judges a hop whose request failed (err from the client) by
@@ -303,7 +330,7 @@ func (p *Proxy) hopFailed(h *hopWatch, st *reqState, id, ownerAPI string, err er
 			why = fmt.Sprintf("sent nothing within %v", p.cfg.HopDispatchTimeout)
 		}
 		p.log.Warn("owner router "+why+", trying another", "replica", id, "owner", ownerAPI, "error", err)
-		st.downOwner = ownerAPI
+		st.downOwner, st.downSince = ownerAPI, h.started
 		return attemptNotReached, true
 	case h.wasDispatched():
 		p.log.Warn("owner router failed after it had dispatched the request; not retrying", "replica", id, "owner", ownerAPI, "error", err)

@@ -327,11 +327,67 @@ func TestAvoidOwner(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			var got []string
-			for _, c := range p.avoidOwner(cands(tc.in...), tc.down) {
+			for _, c := range p.avoidOwner(cands(tc.in...), tc.down, time.Time{}) {
 				got = append(got, c.ID)
 			}
 			if strings.Join(got, ",") != strings.Join(tc.want, ",") {
 				t.Errorf("got %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+// heardView is a fake view that also tells when each replica's owner was
+// last heard (the mesh's LoadHeard).
+type heardView struct {
+	*fakeView
+	heard map[string]time.Time
+}
+
+func (v heardView) LoadHeard(id string) (time.Time, bool) {
+	t, ok := v.heard[id]
+	return t, ok
+}
+
+// TestAvoidOwnerPrefersOwnersHeardSince: with no replica of its own, the
+// retry after a failed hop skips owners silent since that hop began (cut
+// off as the failed one may be, by a partition), unless every other
+// owner is.
+func TestAvoidOwnerPrefersOwnersHeardSince(t *testing.T) {
+	const ownerX, ownerY, ownerZ = "http://x", "http://y", "http://z"
+	since := time.Unix(1000, 0)
+	view := heardView{newFakeView([]string{"m"},
+		fakeReplica{id: "x1", owner: ownerX}, fakeReplica{id: "y1", owner: ownerY},
+		fakeReplica{id: "y2", owner: ownerY}, fakeReplica{id: "z1", owner: ownerZ}, fakeReplica{id: "l1"}),
+		map[string]time.Time{"x1": since.Add(-time.Second), "y1": since.Add(-time.Second), "y2": since.Add(-time.Second),
+			"z1": since.Add(200 * time.Millisecond)}}
+	p := &Proxy{cfg: Config{View: view}}
+	ids := func(cs []route.Candidate) string {
+		var out []string
+		for _, c := range cs {
+			out = append(out, c.ID)
+		}
+		return strings.Join(out, ",")
+	}
+	cands := func(ids ...string) []route.Candidate {
+		out := make([]route.Candidate, 0, len(ids))
+		for _, id := range ids {
+			out = append(out, route.Candidate{Detail: &route.Detail{ID: id}})
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name string
+		in   []string
+		want string
+	}{
+		{"silent owner skipped", []string{"x1", "y1", "y2", "z1"}, "z1"},
+		{"own replica still first", []string{"x1", "y1", "z1", "l1"}, "l1"},
+		{"every other owner silent: all kept", []string{"x1", "y1", "y2"}, "y1,y2"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := ids(p.avoidOwner(cands(tc.in...), ownerX, since)); got != tc.want {
+				t.Errorf("got %s, want %s", got, tc.want)
 			}
 		})
 	}
