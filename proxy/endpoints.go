@@ -5,6 +5,7 @@ import (
 	"container/list"
 	"fmt"
 	"net/http"
+	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
@@ -32,6 +33,9 @@ const (
 	ReasonPreviousResponse route.Reason = "previous-response"
 	// ReasonLoad is a request placed by load alone (embeddings).
 	ReasonLoad route.Reason = "load"
+	// ReasonPolicyFault is a request placed by load because the routing
+	// policy failed (panicked or chose no candidate): a bug to report.
+	ReasonPolicyFault route.Reason = "policy-fault"
 )
 
 // Endpoint labels of kvmesh_requests_total for the newer APIs.
@@ -96,7 +100,29 @@ func (p *Proxy) decide(ep *endpoint, st *reqState, req route.Request, cands []ro
 			}
 		}
 	}
-	return p.cfg.Policy.Pick(req, cands)
+	return p.guardedPick(p.cfg.Policy.Pick, req, cands)
+}
+
+// guardedPick is the policy's decision (pick), guarded: a policy that panics or returns
+// no candidate (a bug, as an index of -1 once was after a router's kill -9)
+// costs the request its cache-aware placement, not its answer. The request
+// goes to the least loaded candidate instead, and the fault is logged
+// with its stack at most a few times a second.
+func (p *Proxy) guardedPick(pick func(route.Request, []route.Candidate) route.Decision, req route.Request, cands []route.Candidate) (d route.Decision) {
+	defer func() {
+		v := recover()
+		if v == nil && d.Index >= 0 && d.Index < len(cands) {
+			return
+		}
+		fault := fmt.Sprintf("index %d of %d candidates", d.Index, len(cands))
+		if v != nil {
+			fault = fmt.Sprintf("panic: %v\n%s", v, debug.Stack())
+		}
+		p.junk.Printf("routing policy failed, placing the request by load instead: %s", fault)
+		d = leastLoaded(cands, req.ClientKey, nil)
+		d.Reason = ReasonPolicyFault
+	}()
+	return pick(req, cands)
 }
 
 // leastLoaded picks, within the nearest tier, the candidate with the
