@@ -43,7 +43,9 @@ func TestGuardedPickSurvivesAPolicyFault(t *testing.T) {
 		})
 	}
 	p, _, _ := newTestProxy(t, newFakeView([]string{"m"}), nil)
-	ok := func(route.Request, []route.Candidate) route.Decision { return route.Decision{Index: 2, Reason: route.ReasonPrefix} }
+	ok := func(route.Request, []route.Candidate) route.Decision {
+		return route.Decision{Index: 2, Reason: route.ReasonPrefix}
+	}
 	if d := p.guardedPick(ok, route.Request{}, cands); d.Index != 2 || d.Reason != route.ReasonPrefix {
 		t.Errorf("a sound decision was changed: %+v", d)
 	}
