@@ -443,14 +443,19 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, st *reqState, id
 	if r.URL.RawQuery != "" {
 		url += "?" + r.URL.RawQuery
 	}
-	ctx, cancel := context.WithCancel(r.Context())
-	defer cancel()
 	// An owned plain-HTTP replica is reached by the router's own client
 	// (upstream.go); a peer's hop, TLS or a custom transport by net/http.
 	_, _, plain := splitHTTPURL(url)
 	fast := local && p.up != nil && plain
+	ctx := r.Context()
 	var out *http.Request
 	if !fast {
+		// net/http's request ends with the attempt. The own client's
+		// needs no context of its own: the body's Close (deferred below,
+		// so before the attempt returns) ends it.
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithCancel(ctx)
+		defer cancel()
 		st.netHTTP = true
 		var err error
 		out, err = http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(st.body))
