@@ -522,7 +522,7 @@ func parseResponseHead(b []byte) (*http.Response, error) {
 	return resp, nil
 }
 
-// cutLineString is cutLine of a string.
+// cutLineString splits off the first line (its CRLF or LF removed).
 func cutLineString(s string) (line, rest string) {
 	i := strings.IndexByte(s, '\n')
 	if i < 0 {
@@ -550,16 +550,6 @@ func trimForError(b []byte) string {
 		return string(b[:n]) + "..."
 	}
 	return string(b)
-}
-
-// cutLine splits off the first line (its CRLF or LF removed).
-func cutLine(b []byte) (line, rest []byte) {
-	i := bytes.IndexByte(b, '\n')
-	if i < 0 {
-		return b, nil
-	}
-	line, rest = b[:i], b[i+1:]
-	return bytes.TrimSuffix(line, []byte{'\r'}), rest
 }
 
 // Body framings (RFC 9112 6.3).
