@@ -5,7 +5,7 @@ import (
 	"math"
 	"slices"
 	"sort"
-	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -483,15 +483,29 @@ func (m *Mesh) Begin(replicaID string, prefillBlocks float64) (firstByte, done f
 	l := r.load
 	l.inFlight.Add(1)
 	l.pendingK.Add(k)
-	var fb, dn sync.Once
-	firstByte = func() { fb.Do(func() { l.pendingK.Add(-k) }) }
-	done = func() {
-		dn.Do(func() {
-			firstByte()
-			l.inFlight.Add(-1)
-		})
+	b := &begun{l: l, k: k}
+	return b.firstByte, b.done
+}
+
+// begun is one request counted by Begin; each of its two ends takes
+// effect once.
+type begun struct {
+	l      *replicaLoad
+	k      int64
+	fb, dn atomic.Bool
+}
+
+func (b *begun) firstByte() {
+	if b.fb.CompareAndSwap(false, true) {
+		b.l.pendingK.Add(-b.k)
 	}
-	return firstByte, done
+}
+
+func (b *begun) done() {
+	if b.dn.CompareAndSwap(false, true) {
+		b.firstByte()
+		b.l.inFlight.Add(-1)
+	}
 }
 
 // Members lists the routers this router knows, sorted by name.

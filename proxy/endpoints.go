@@ -52,6 +52,9 @@ type endpoint struct {
 	label string
 	// render parses a body and renders its canonical prompt.
 	render func([]byte) (summary.Prompt, error)
+	// renderTo, when set, is render into a lent buffer (inference lends
+	// one from textBufs for the request's life).
+	renderTo func(buf, body []byte) (summary.Prompt, error)
 	// byLoad places requests on the least loaded replica, without prefix
 	// matching, and does not read their responses (embeddings: there is
 	// no prompt cache to model, and the answers are large).
@@ -60,7 +63,7 @@ type endpoint struct {
 
 // The inference endpoints. They are read-only after initialisation.
 var (
-	chatAPI       = endpoint{label: epChat, render: summary.RenderChat}
+	chatAPI       = endpoint{label: epChat, render: summary.RenderChat, renderTo: summary.RenderChatTo}
 	completionAPI = endpoint{label: epCompletions, render: summary.RenderCompletion}
 	responsesAPI  = endpoint{label: epResponses, render: summary.RenderResponses}
 	messagesAPI   = endpoint{label: epMessages, render: summary.RenderMessages}

@@ -19,7 +19,7 @@ import (
 // (body read, parse and render, hashing, routing over eight replicas with
 // summaries, the upstream request, relaying and reading the answer) to an
 // in-memory replica, with the single-pass scanner ("scanner", what
-// RenderChat uses) or encoding/json alone ("std"), and the same prompt as a
+// the chat endpoint uses, into a lent buffer) or encoding/json alone ("std"), and the same prompt as a
 // Responses request ("responses-std", encoding/json only). "prose" is plain text;
 // "code" has a newline, quotes and a non-ASCII rune every few dozen bytes.
 // cpu-ns/op is the process CPU time (user + system, GC included) per
@@ -52,7 +52,7 @@ func BenchmarkRequestJSON(b *testing.B) {
 				ep   endpoint
 				body []byte
 			}{
-				{"scanner", endpoint{label: epChat, render: summary.RenderChat}, body},
+				{"scanner", chatAPI, body},
 				{"std", endpoint{label: epChat, render: summary.RenderChatStd}, body},
 				{"responses-std", responsesAPI, resp},
 			}

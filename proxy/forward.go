@@ -89,6 +89,29 @@ func getBodyBuf(n int64) *[]byte {
 
 func putBodyBuf(b *[]byte) { bodyBufs[bodyClass(int64(cap(*b)-1))].Put(b) }
 
+// textBufs holds buffers for rendered prompts (endpoint.renderTo), by the
+// size classes of bodyBufs: the rendering of an 8 KB chat body is the
+// request path's other body-sized allocation. A request holds its buffer
+// until inference returns; nothing keeps the prompt's text after that
+// (the summary keeps hashes).
+var textBufs [4]sync.Pool
+
+// getTextBuf lends a buffer for the rendering of a body of n bytes
+// (cap >= n), nil when n is 0 or over preallocBody.
+func getTextBuf(n int) *[]byte {
+	if n <= 0 || n > preallocBody {
+		return nil
+	}
+	c := bodyClass(int64(n))
+	if b, ok := textBufs[c].Get().(*[]byte); ok {
+		return b
+	}
+	b := make([]byte, 0, (8<<10)<<c)
+	return &b
+}
+
+func putTextBuf(b *[]byte) { textBufs[bodyClass(int64(cap(*b)))].Put(b) }
+
 // errNotFlushed: relay did not flush the head (the stream loop needs it
 // on the wire before it writes the body's chunks).
 var errNotFlushed = errors.New("head not flushed")
@@ -149,7 +172,16 @@ func (p *Proxy) inference(w http.ResponseWriter, r *http.Request, ep *endpoint) 
 	}
 	p.clearBodyDeadline(w, r)
 	st.body = body
-	st.prompt, err = ep.render(body)
+	var tp *[]byte
+	if ep.renderTo != nil {
+		tp = getTextBuf(len(body))
+	}
+	if tp != nil {
+		defer putTextBuf(tp)
+		st.prompt, err = ep.renderTo(*tp, body)
+	} else {
+		st.prompt, err = ep.render(body)
+	}
 	if err != nil {
 		st.code = writeError(w, http.StatusBadRequest, err.Error())
 		return
@@ -411,14 +443,19 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, st *reqState, id
 	if r.URL.RawQuery != "" {
 		url += "?" + r.URL.RawQuery
 	}
-	ctx, cancel := context.WithCancel(r.Context())
-	defer cancel()
 	// An owned plain-HTTP replica is reached by the router's own client
 	// (upstream.go); a peer's hop, TLS or a custom transport by net/http.
 	_, _, plain := splitHTTPURL(url)
 	fast := local && p.up != nil && plain
+	ctx := r.Context()
 	var out *http.Request
 	if !fast {
+		// net/http's request ends with the attempt. The own client's
+		// needs no context of its own: the body's Close (deferred below,
+		// so before the attempt returns) ends it.
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithCancel(ctx)
+		defer cancel()
 		st.netHTTP = true
 		var err error
 		out, err = http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(st.body))

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvmesh/kvmesh/route"
@@ -39,7 +40,9 @@ type loadBook struct {
 // dispatchMark is one request this router sent to an owned replica.
 type dispatchMark struct {
 	at    time.Time
-	ended bool
+	ended bool // under book.mu
+	book  *loadBook
+	id    string
 }
 
 func newLoadBook() *loadBook {
@@ -59,25 +62,29 @@ func (b *loadBook) dispatch(id string) func() {
 	if !ok && len(b.runs) >= maxSeqReplicas {
 		return func() {}
 	}
-	m := &dispatchMark{at: b.now()}
+	m := &dispatchMark{at: b.now(), book: b, id: id}
 	b.runs[id] = append(q, m)
-	var once sync.Once
-	return func() {
-		once.Do(func() {
-			b.mu.Lock()
-			defer b.mu.Unlock()
-			m.ended = true
-			q := b.runs[id]
-			for len(q) > 0 && q[0].ended {
-				q[0] = nil
-				q = q[1:]
-			}
-			if len(q) == 0 {
-				delete(b.runs, id)
-			} else {
-				b.runs[id] = q
-			}
-		})
+	return m.end
+}
+
+// end ends the request of m (once: a second call finds it ended).
+func (m *dispatchMark) end() {
+	b := m.book
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if m.ended {
+		return
+	}
+	m.ended = true
+	q := b.runs[m.id]
+	for len(q) > 0 && q[0].ended {
+		q[0] = nil
+		q = q[1:]
+	}
+	if len(q) == 0 {
+		delete(b.runs, m.id)
+	} else {
+		b.runs[m.id] = q
 	}
 }
 
@@ -95,8 +102,21 @@ func (b *loadBook) begin(key uint64) (int, func()) {
 	}
 	n++
 	b.heat[key] = n
-	var once sync.Once
-	return n, func() { once.Do(func() { b.end(key) }) }
+	h := &heatMark{book: b, key: key}
+	return n, h.end
+}
+
+// heatMark is one request counted by begin.
+type heatMark struct {
+	book  *loadBook
+	key   uint64
+	ended atomic.Bool
+}
+
+func (h *heatMark) end() {
+	if h.ended.CompareAndSwap(false, true) {
+		h.book.end(h.key)
+	}
 }
 
 func (b *loadBook) end(key uint64) {

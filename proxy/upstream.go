@@ -469,44 +469,75 @@ func findHeadEnd(b []byte, from int) int {
 // parseResponseHead parses a status line and header fields (the bytes
 // up to and including the empty line).
 func parseResponseHead(b []byte) (*http.Response, error) {
-	line, rest := cutLine(b)
-	proto, status, _ := strings.Cut(string(line), " ")
+	// One string holds the whole head: the status and every header value
+	// are pieces of it, and the values' slices share one array (a few
+	// allocations per response, not three per header line).
+	head := string(b)
+	line, rest := cutLineString(head)
+	proto, status, _ := strings.Cut(line, " ")
 	code, reason, _ := strings.Cut(status, " ")
-	resp := &http.Response{Proto: proto, ProtoMajor: 1, Header: http.Header{}, Status: status}
+	n := strings.Count(rest, "\n")
+	resp := &http.Response{Proto: proto, ProtoMajor: 1, Header: make(http.Header, n), Status: status}
 	switch proto {
 	case "HTTP/1.1":
 		resp.ProtoMinor = 1
 	case "HTTP/1.0":
 	default:
-		return nil, fmt.Errorf("%w: status line %q", errUpstreamProtocol, trimForError(line))
+		return nil, fmt.Errorf("%w: status line %q", errUpstreamProtocol, trimForErrorString(line))
 	}
 	if len(code) != 3 || code[0] < '1' || code[0] > '9' || code[1] < '0' || code[1] > '9' || code[2] < '0' || code[2] > '9' {
-		return nil, fmt.Errorf("%w: status line %q", errUpstreamProtocol, trimForError(line))
+		return nil, fmt.Errorf("%w: status line %q", errUpstreamProtocol, trimForErrorString(line))
 	}
 	resp.StatusCode = int(code[0]-'0')*100 + int(code[1]-'0')*10 + int(code[2]-'0')
 	if strings.ContainsFunc(reason, isCTL) {
-		return nil, fmt.Errorf("%w: status line %q", errUpstreamProtocol, trimForError(line))
+		return nil, fmt.Errorf("%w: status line %q", errUpstreamProtocol, trimForErrorString(line))
 	}
+	strs := make([]string, n)
 	for len(rest) > 0 {
-		line, rest = cutLine(rest)
+		line, rest = cutLineString(rest)
 		if len(line) == 0 {
 			break
 		}
 		if line[0] == ' ' || line[0] == '\t' {
 			return nil, fmt.Errorf("%w: folded header line", errUpstreamProtocol)
 		}
-		k, v, ok := bytes.Cut(line, []byte{':'})
-		if !ok || !validFieldName(string(k)) {
-			return nil, fmt.Errorf("%w: header line %q", errUpstreamProtocol, trimForError(line))
+		k, v, ok := strings.Cut(line, ":")
+		if !ok || !validFieldName(k) {
+			return nil, fmt.Errorf("%w: header line %q", errUpstreamProtocol, trimForErrorString(line))
 		}
-		v = bytes.Trim(v, " \t")
-		if bytes.ContainsFunc(v, isCTL) {
-			return nil, fmt.Errorf("%w: control byte in header %q", errUpstreamProtocol, trimForError(k))
+		v = strings.Trim(v, " \t")
+		if strings.ContainsFunc(v, isCTL) {
+			return nil, fmt.Errorf("%w: control byte in header %q", errUpstreamProtocol, trimForErrorString(k))
 		}
-		key := textproto.CanonicalMIMEHeaderKey(string(k))
-		resp.Header[key] = append(resp.Header[key], string(v))
+		key := textproto.CanonicalMIMEHeaderKey(k)
+		vv := resp.Header[key]
+		if vv == nil && len(strs) > 0 {
+			strs[0] = v
+			vv, strs = strs[:1:1], strs[1:]
+		} else {
+			vv = append(vv, v)
+		}
+		resp.Header[key] = vv
 	}
 	return resp, nil
+}
+
+// cutLineString splits off the first line (its CRLF or LF removed).
+func cutLineString(s string) (line, rest string) {
+	i := strings.IndexByte(s, '\n')
+	if i < 0 {
+		return s, ""
+	}
+	line, rest = s[:i], s[i+1:]
+	return strings.TrimSuffix(line, "\r"), rest
+}
+
+func trimForErrorString(s string) string {
+	const n = 64
+	if len(s) > n {
+		return s[:n] + "..."
+	}
+	return s
 }
 
 // isCTL reports control characters other than HTAB, which no header
@@ -519,16 +550,6 @@ func trimForError(b []byte) string {
 		return string(b[:n]) + "..."
 	}
 	return string(b)
-}
-
-// cutLine splits off the first line (its CRLF or LF removed).
-func cutLine(b []byte) (line, rest []byte) {
-	i := bytes.IndexByte(b, '\n')
-	if i < 0 {
-		return b, nil
-	}
-	line, rest = b[:i], b[i+1:]
-	return bytes.TrimSuffix(line, []byte{'\r'}), rest
 }
 
 // Body framings (RFC 9112 6.3).

@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"reflect"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -458,5 +459,33 @@ func TestPooledBodiesStayApart(t *testing.T) {
 	close(errs)
 	for err := range errs {
 		t.Error(err)
+	}
+}
+
+// TestParseResponseHeadHeaders: the header fields of a head parse as
+// net/http parses them (repeated fields in order, keys canonical, values
+// trimmed), values sharing one string of the head.
+func TestParseResponseHeadHeaders(t *testing.T) {
+	heads := []string{
+		"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 12\r\n\r\n",
+		"HTTP/1.1 200 OK\r\nset-cookie: a=1\r\nX-A:  x \t\r\nSet-Cookie: b=2\r\nx-a: y\r\ndate: now\r\n\r\n",
+		"HTTP/1.0 404 Not Found\nServer: s\n\n",
+		"HTTP/1.1 204 No Content\r\n\r\n",
+	}
+	for _, h := range heads {
+		got, err := parseResponseHead([]byte(h))
+		if err != nil {
+			t.Fatalf("%q: %v", h, err)
+		}
+		want, err := http.ReadResponse(bufio.NewReader(strings.NewReader(h)), nil)
+		if err != nil {
+			t.Fatalf("%q: net/http: %v", h, err)
+		}
+		if got.StatusCode != want.StatusCode || got.Status != want.Status || got.Proto != want.Proto {
+			t.Errorf("%q: status %d %q %q, net/http %d %q %q", h, got.StatusCode, got.Status, got.Proto, want.StatusCode, want.Status, want.Proto)
+		}
+		if !reflect.DeepEqual(got.Header, want.Header) {
+			t.Errorf("%q: header %v, net/http %v", h, got.Header, want.Header)
+		}
 	}
 }

@@ -658,7 +658,9 @@ type chatScan struct {
 var chatTopFields = []string{"model", "messages", "tools", "stream", "stream_options", "cache_salt", "prompt_cache_key", "bootstrap_room"}
 
 // scanChat is RenderChat's fast path; ok=false means "ask RenderChatStd".
-func scanChat(body []byte) (Prompt, bool) {
+// It renders into buf when cap(buf) >= len(body) (RenderChatTo), else
+// into a new array.
+func scanChat(body, buf []byte) (Prompt, bool) {
 	c := chatScan{jsonScanner: jsonScanner{buf: body}}
 	if !c.eat('{') {
 		return Prompt{}, false
@@ -685,7 +687,11 @@ func scanChat(body []byte) (Prompt, bool) {
 			// The rendering is about as long as the body: the content is
 			// most of both. Sizing for it avoids regrowing a large text
 			// several times.
-			c.text = make([]byte, 0, len(body)+64)
+			if cap(buf) >= len(body) {
+				c.text = buf[:0]
+			} else {
+				c.text = make([]byte, 0, len(body)+64)
+			}
 		}
 		switch string(key) {
 		case "messages":
@@ -723,9 +729,9 @@ func scanChat(body []byte) (Prompt, bool) {
 		copy(text[msgs[0]+len(tl):], text[msgs[0]:msgs[1]])
 		copy(text[msgs[0]:], tl)
 	}
-	if cap(text) > 2*len(text)+4096 {
+	if cap(text) > 2*len(text)+4096 && buf == nil {
 		// Mostly images or ignored fields: do not hold a body-sized
-		// buffer for a short text.
+		// buffer for a short text (a lent buffer goes back anyway).
 		text = bytes.Clone(text)
 	}
 	return t.prompt(true, text), true

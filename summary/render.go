@@ -230,7 +230,19 @@ func hex4(b []byte) (rune, bool) {
 // (an error, an unusual key, invalid UTF-8, ...) is decided by
 // renderChatStd, the encoding/json definition of the result.
 func RenderChat(body []byte) (Prompt, error) {
-	if p, ok := scanChat(body); ok {
+	if p, ok := scanChat(body, nil); ok {
+		return p, nil
+	}
+	return RenderChatStd(body)
+}
+
+// RenderChatTo is RenderChat rendering into buf's storage when it can
+// hold a text as long as the body (a router lends it from a pool, so that
+// an 8 KB prompt is not 8 KB of garbage per request): the Prompt's Text may
+// then share buf's array, and buf must not be reused while the Prompt is
+// in use. The result is RenderChat's.
+func RenderChatTo(buf, body []byte) (Prompt, error) {
+	if p, ok := scanChat(body, buf); ok {
 		return p, nil
 	}
 	return RenderChatStd(body)

@@ -243,9 +243,23 @@ type renderer struct {
 }
 
 var renderers = []renderer{
-	{"chat", scanChat, RenderChat, RenderChatStd},
+	{"chat", func(b []byte) (Prompt, bool) { return scanChat(b, nil) }, RenderChat, RenderChatStd},
 	{"completion", scanCompletion, RenderCompletion, renderCompletionStd},
+	// Chat into a lent buffer holding another request's bytes
+	// (RenderChatTo); renderCases of chatCase run through it too.
+	{"chat-lent", func(b []byte) (Prompt, bool) { return scanChat(b, dirtyBuf(len(b))) }, lentRenderChat, RenderChatStd},
 }
+
+// dirtyBuf is a lent buffer of capacity n full of another prompt's bytes.
+func dirtyBuf(n int) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = "\x1e\x1fuser"[i%6]
+	}
+	return b[:min(n, 3)]
+}
+
+func lentRenderChat(b []byte) (Prompt, error) { return RenderChatTo(dirtyBuf(len(b)), b) }
 
 // checkAgainstReference fails t if the scanner accepts what the reference
 // rejects, renders differently, or the public function disagrees with the
@@ -394,6 +408,12 @@ func TestRenderMatchesReference(t *testing.T) {
 	for _, tc := range renderCases {
 		t.Run(tc.name, func(t *testing.T) {
 			fast, ok := checkAgainstReference(t, renderers[tc.kind], []byte(tc.body))
+			if tc.kind == chatCase {
+				lentFast, lentOK := checkAgainstReference(t, renderers[2], []byte(tc.body))
+				if lentFast != fast || lentOK != ok {
+					t.Errorf("lent buffer: fast=%v accepted=%v, without: fast=%v accepted=%v", lentFast, lentOK, fast, ok)
+				}
+			}
 			if ok != tc.ok {
 				t.Errorf("reference accepted=%v, want %v", ok, tc.ok)
 			}
