@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvmesh/kvmesh/internal/threadcpu"
 	"github.com/kvmesh/kvmesh/route"
 	"github.com/kvmesh/kvmesh/summary"
 )
@@ -156,12 +157,12 @@ func BenchmarkDecisionCold(b *testing.B) {
 			hashes[j] = rng.Uint64()
 		}
 		b.StartTimer()
-		t0, c0 := time.Now(), threadCPU()
+		t0, c0 := time.Now(), threadcpu.OrWall()
 		cands := a.CandidatesInto("m", &buf)
 		probes = summary.MakeProbes(probes[:0], hashes)
 		p.Pick(route.Request{Hashes: hashes, Probes: probes, Root: 1}, cands)
 		wall.add(time.Since(t0))
-		cpu.add(threadCPU() - c0)
+		cpu.add(threadcpu.OrWall() - c0)
 	}
 	wall.report(b)
 	cpu.reportAs(b, "cpu-")
@@ -212,12 +213,12 @@ func BenchmarkDecisionMarking(b *testing.B) {
 		for j := range hashes {
 			hashes[j] = rng.Uint64()
 		}
-		t0, c0 := time.Now(), threadCPU()
+		t0, c0 := time.Now(), threadcpu.OrWall()
 		cands := a.CandidatesInto("m", &buf)
 		probes = summary.MakeProbes(probes[:0], hashes)
 		p.Pick(route.Request{Hashes: hashes, Probes: probes, Root: 1}, cands)
 		wall.add(time.Since(t0))
-		cpu.add(threadCPU() - c0)
+		cpu.add(threadcpu.OrWall() - c0)
 	}
 	runtime.UnlockOSThread()
 	close(stop)

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvmesh/kvmesh/internal/threadcpu"
 	"github.com/kvmesh/kvmesh/route"
 	"github.com/kvmesh/kvmesh/summary"
 )
@@ -383,7 +384,7 @@ func pairedDecisions(b *testing.B, a *testRouter, rng *rand.Rand, seen func([]ro
 			for j := range hashes {
 				hashes[j] = rng.Uint64()
 			}
-			t0, c0 := time.Now(), threadCPU()
+			t0, c0 := time.Now(), threadcpu.OrWall()
 			now := (i+k)%2 == 0
 			if now {
 				cands = a.CandidatesInto("m", &buf)
@@ -394,10 +395,10 @@ func pairedDecisions(b *testing.B, a *testRouter, rng *rand.Rand, seen func([]ro
 			p.Pick(route.Request{Hashes: hashes, Probes: probes, Root: 1}, cands)
 			if now {
 				cur.add(time.Since(t0))
-				curCPU.add(threadCPU() - c0)
+				curCPU.add(threadcpu.OrWall() - c0)
 			} else {
 				ref.add(time.Since(t0))
-				refCPU.add(threadCPU() - c0)
+				refCPU.add(threadcpu.OrWall() - c0)
 			}
 			seen(cands)
 		}

@@ -26,6 +26,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kvmesh/kvmesh/internal/threadcpu"
 	"github.com/kvmesh/kvmesh/mesh"
 	"github.com/kvmesh/kvmesh/route"
 	"github.com/kvmesh/kvmesh/summary"
@@ -319,14 +320,14 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	turnEvery := max(int(cfg.Rate/100), 1)   // about 100 next turns a second
 	route1 := func(k int, hashes []uint64) (string, route.Decision, time.Duration) {
 		t0 := time.Now()
-		c0, cpuOK := threadCPU()
+		c0, cpuOK := threadcpu.Now()
 		cands := routers[k].m.CandidatesInto("m", &buf)
 		probes = summary.MakeProbes(probes[:0], hashes)
 		req := route.Request{Hashes: hashes, Probes: probes, Root: hashes[0] ^ 1}
 		d := policy.Pick(req, cands)
 		took := time.Since(t0)
 		lastCPU = -1
-		if c1, ok := threadCPU(); cpuOK && ok {
+		if c1, ok := threadcpu.Now(); cpuOK && ok {
 			lastCPU = c1 - c0
 		}
 		if d.Index < 0 {
