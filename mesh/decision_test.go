@@ -128,16 +128,7 @@ func BenchmarkCandidates1024(b *testing.B) {
 // a miss, so this is the figure a smaller working set improves. It
 // reports the wall and thread-CPU p50 and p99.
 func BenchmarkDecisionCold(b *testing.B) {
-	a := newRouter(b, "a", func(c *Config) { c.DefaultCapacityBlocks = 4096 })
-	rng := rand.New(rand.NewPCG(1, 2))
-	declare1024(rng, a)
-	eventually(b, wait, "all owned", func() error {
-		if n := len(a.Candidates("m", nil)); n != 1024 {
-			return fmt.Errorf("%d candidates", n)
-		}
-		return nil
-	})
-	warmIndex(a.Mesh, rng)
+	a, rng := owning1024(b)
 	p := route.DefaultPolicy()
 	var buf CandidateBuffer
 	hashes := make([]uint64, 32)
@@ -157,12 +148,7 @@ func BenchmarkDecisionCold(b *testing.B) {
 			hashes[j] = rng.Uint64()
 		}
 		b.StartTimer()
-		t0, c0 := time.Now(), threadcpu.OrWall()
-		cands := a.CandidatesInto("m", &buf)
-		probes = summary.MakeProbes(probes[:0], hashes)
-		p.Pick(route.Request{Hashes: hashes, Probes: probes, Root: 1}, cands)
-		wall.add(time.Since(t0))
-		cpu.add(threadcpu.OrWall() - c0)
+		probes = timedDecision(a, p, &buf, hashes, probes, wall, cpu)
 	}
 	wall.report(b)
 	cpu.reportAs(b, "cpu-")
@@ -179,16 +165,7 @@ func BenchmarkDecisionCold(b *testing.B) {
 // decisions' p99 two to three times the quiet one's). It reports the
 // wall and thread-CPU p50 and p99, and the cycles run.
 func BenchmarkDecisionMarking(b *testing.B) {
-	a := newRouter(b, "a", func(c *Config) { c.DefaultCapacityBlocks = 4096 })
-	rng := rand.New(rand.NewPCG(1, 2))
-	declare1024(rng, a)
-	eventually(b, wait, "all owned", func() error {
-		if n := len(a.Candidates("m", nil)); n != 1024 {
-			return fmt.Errorf("%d candidates", n)
-		}
-		return nil
-	})
-	warmIndex(a.Mesh, rng)
+	a, rng := owning1024(b)
 	stop, done := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(done)
@@ -213,12 +190,7 @@ func BenchmarkDecisionMarking(b *testing.B) {
 		for j := range hashes {
 			hashes[j] = rng.Uint64()
 		}
-		t0, c0 := time.Now(), threadcpu.OrWall()
-		cands := a.CandidatesInto("m", &buf)
-		probes = summary.MakeProbes(probes[:0], hashes)
-		p.Pick(route.Request{Hashes: hashes, Probes: probes, Root: 1}, cands)
-		wall.add(time.Since(t0))
-		cpu.add(threadcpu.OrWall() - c0)
+		probes = timedDecision(a, p, &buf, hashes, probes, wall, cpu)
 	}
 	runtime.UnlockOSThread()
 	close(stop)
@@ -227,4 +199,17 @@ func BenchmarkDecisionMarking(b *testing.B) {
 	b.ReportMetric(float64(ms1.NumGC-ms0.NumGC), "gc-cycles")
 	wall.report(b)
 	cpu.reportAs(b, "cpu-")
+}
+
+// timedDecision makes one decision for a new prompt (CandidatesInto,
+// probes, Pick) on a locked thread and adds its wall and thread-CPU time
+// to wall and cpu; it returns probes for reuse.
+func timedDecision(a *testRouter, p route.Policy, buf *CandidateBuffer, hashes []uint64, probes []summary.Probe, wall, cpu *latencies) []summary.Probe {
+	t0, c0 := time.Now(), threadcpu.OrWall()
+	cands := a.CandidatesInto("m", buf)
+	probes = summary.MakeProbes(probes[:0], hashes)
+	p.Pick(route.Request{Hashes: hashes, Probes: probes, Root: 1}, cands)
+	wall.add(time.Since(t0))
+	cpu.add(threadcpu.OrWall() - c0)
+	return probes
 }

@@ -243,16 +243,7 @@ func BenchmarkCandidates1024Paired(b *testing.B) {
 // (touching every summary's header in Candidates so Pick's Match finds it
 // in cache measured no faster: p50 287 µs against 284 µs, loaded machine).
 func BenchmarkDecisionPaired(b *testing.B) {
-	a := newRouter(b, "a", func(c *Config) { c.DefaultCapacityBlocks = 4096 })
-	rng := rand.New(rand.NewPCG(1, 2))
-	declare1024(rng, a)
-	eventually(b, wait, "all owned", func() error {
-		if n := len(a.Candidates("m", nil)); n != 1024 {
-			return fmt.Errorf("%d candidates", n)
-		}
-		return nil
-	})
-	warmIndex(a.Mesh, rng)
+	a, rng := owning1024(b)
 	pairedDecisions(b, a, rng, func([]route.Candidate) {})
 }
 
@@ -413,6 +404,23 @@ func pairedDecisions(b *testing.B, a *testRouter, rng *rand.Rand, seen func([]ro
 
 // declare1024 declares 1,024 replicas of 4,096 blocks at r, serving "m",
 // each holding 100 random 32-block prompts.
+// owning1024 starts a router owning 1,024 replicas whose summaries hold
+// new prompts (declare1024), waits until it lists them all and warms its
+// Index: the decision benchmarks' common start. rng goes on from there.
+func owning1024(b *testing.B) (*testRouter, *rand.Rand) {
+	a := newRouter(b, "a", func(c *Config) { c.DefaultCapacityBlocks = 4096 })
+	rng := rand.New(rand.NewPCG(1, 2))
+	declare1024(rng, a)
+	eventually(b, wait, "all owned", func() error {
+		if n := len(a.Candidates("m", nil)); n != 1024 {
+			return fmt.Errorf("%d candidates", n)
+		}
+		return nil
+	})
+	warmIndex(a.Mesh, rng)
+	return a, rng
+}
+
 func declare1024(rng *rand.Rand, r *testRouter) {
 	for i := range 1024 {
 		id := fmt.Sprintf("http://replica-%04d:8000", i)
@@ -435,16 +443,7 @@ func declare1024(rng *rand.Rand, r *testRouter) {
 // (Pick with the answers at hand). It is the harness for a change to one
 // of them: a loaded machine moves all three, their ratios less.
 func BenchmarkDecisionSplit(b *testing.B) {
-	a := newRouter(b, "a", func(c *Config) { c.DefaultCapacityBlocks = 4096 })
-	rng := rand.New(rand.NewPCG(1, 2))
-	declare1024(rng, a)
-	eventually(b, wait, "all owned", func() error {
-		if n := len(a.Candidates("m", nil)); n != 1024 {
-			return fmt.Errorf("%d candidates", n)
-		}
-		return nil
-	})
-	warmIndex(a.Mesh, rng)
+	a, rng := owning1024(b)
 	p := route.DefaultPolicy()
 	var buf CandidateBuffer
 	hashes := make([]uint64, 32)
