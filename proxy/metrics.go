@@ -180,7 +180,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	// Initialise every label value so dashboards see zeros, not gaps.
 	m.byReason = map[route.Reason]prometheus.Counter{}
-	for _, r := range append(slices.Clone(route.Reasons), ReasonRehint) {
+	for _, r := range append(slices.Clone(route.Reasons), ReasonRehint, ReasonPreviousResponse, ReasonLoad, ReasonPolicyFault) {
 		m.byReason[r] = m.decisions.WithLabelValues(string(r))
 	}
 	for i, t := range []string{targetLocal, targetPeer} {
