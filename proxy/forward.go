@@ -56,15 +56,28 @@ type reqState struct {
 	netHTTP bool
 }
 
-// bodyBufs holds request body buffers by size class: a body of known
-// length up to preallocBody is read into one (readKnown), so that the
-// request path's largest allocation (the body, e.g. 8 KB of an 8 KB chat
-// request) is not garbage after every request. Classes of 8, 16, 32 and
-// 64 KB (+1 byte, readKnown's EOF check) keep what a request holds for
-// its whole life, a long stream included, near its body's size.
-var bodyBufs [4]sync.Pool
+// sizedPool lends byte buffers by size class: 8, 16, 32 and 64 KB (plus
+// extra bytes each), so that what a request holds for its whole life, a
+// long stream included, is near the size it asked for, and is not garbage
+// after every request.
+type sizedPool struct {
+	extra   int
+	classes [4]sync.Pool
+}
 
-// bodyClass is the size class of a body of n bytes (0 < n <= preallocBody).
+// bodyBufs holds request body buffers: a body of known length up to
+// preallocBody is read into one (readKnown), the request path's largest
+// allocation (8 KB of an 8 KB chat request). The extra byte is readKnown's
+// EOF check.
+var bodyBufs = sizedPool{extra: 1}
+
+// textBufs holds buffers for rendered prompts (endpoint.renderTo), sized
+// by the body: the rendering is the request path's other body-sized
+// allocation. A request holds its buffer until inference returns; nothing
+// keeps the prompt's text after that (the summary keeps hashes).
+var textBufs sizedPool
+
+// bodyClass is the size class of n bytes (0 < n <= preallocBody).
 func bodyClass(n int64) int {
 	c := 0
 	for int64(8<<10)<<c < n {
@@ -73,44 +86,24 @@ func bodyClass(n int64) int {
 	return c
 }
 
-// getBodyBuf lends a buffer that holds a body of n bytes, nil when n is
-// unknown or over preallocBody (readBody then allocates).
-func getBodyBuf(n int64) *[]byte {
+// get lends an empty buffer of capacity at least n (plus extra), nil when
+// n is unknown or over preallocBody (the caller then allocates).
+func (p *sizedPool) get(n int64) *[]byte {
 	if n <= 0 || n > preallocBody {
 		return nil
 	}
 	c := bodyClass(n)
-	if b, ok := bodyBufs[c].Get().(*[]byte); ok {
+	if b, ok := p.classes[c].Get().(*[]byte); ok {
 		return b
 	}
-	b := make([]byte, 0, (8<<10)<<c+1)
+	b := make([]byte, 0, (8<<10)<<c+p.extra)
 	return &b
 }
 
-func putBodyBuf(b *[]byte) { bodyBufs[bodyClass(int64(cap(*b)-1))].Put(b) }
-
-// textBufs holds buffers for rendered prompts (endpoint.renderTo), by the
-// size classes of bodyBufs: the rendering of an 8 KB chat body is the
-// request path's other body-sized allocation. A request holds its buffer
-// until inference returns; nothing keeps the prompt's text after that
-// (the summary keeps hashes).
-var textBufs [4]sync.Pool
-
-// getTextBuf lends a buffer for the rendering of a body of n bytes
-// (cap >= n), nil when n is 0 or over preallocBody.
-func getTextBuf(n int) *[]byte {
-	if n <= 0 || n > preallocBody {
-		return nil
-	}
-	c := bodyClass(int64(n))
-	if b, ok := textBufs[c].Get().(*[]byte); ok {
-		return b
-	}
-	b := make([]byte, 0, (8<<10)<<c)
-	return &b
+// put returns a buffer get lent.
+func (p *sizedPool) put(b *[]byte) {
+	p.classes[bodyClass(int64(cap(*b)-p.extra))].Put(b)
 }
-
-func putTextBuf(b *[]byte) { textBufs[bodyClass(int64(cap(*b)))].Put(b) }
 
 // errNotFlushed: relay did not flush the head (the stream loop needs it
 // on the wire before it writes the body's chunks).
@@ -150,7 +143,7 @@ func (p *Proxy) inference(w http.ResponseWriter, r *http.Request, ep *endpoint) 
 		defer release()
 	}
 	var dst []byte
-	bp := getBodyBuf(r.ContentLength)
+	bp := bodyBufs.get(r.ContentLength)
 	if bp != nil {
 		dst = *bp
 	}
@@ -163,7 +156,7 @@ func (p *Proxy) inference(w http.ResponseWriter, r *http.Request, ep *endpoint) 
 			return
 		}
 		if shares := cap(body) > 0 && &body[:1][0] == &(*bp)[:1][0]; !shares || !st.netHTTP {
-			putBodyBuf(bp)
+			bodyBufs.put(bp)
 		}
 	}()
 	if err != nil {
@@ -174,10 +167,10 @@ func (p *Proxy) inference(w http.ResponseWriter, r *http.Request, ep *endpoint) 
 	st.body = body
 	var tp *[]byte
 	if ep.renderTo != nil {
-		tp = getTextBuf(len(body))
+		tp = textBufs.get(int64(len(body)))
 	}
 	if tp != nil {
-		defer putTextBuf(tp)
+		defer textBufs.put(tp)
 		st.prompt, err = ep.renderTo(*tp, body)
 	} else {
 		st.prompt, err = ep.render(body)

@@ -52,7 +52,7 @@ func TestReadKnown(t *testing.T) {
 // its whole life), and goes back to the class it came from.
 func TestBodyBufClasses(t *testing.T) {
 	for _, n := range []int64{1, 100, 8 << 10, 8<<10 + 1, 20 << 10, 32 << 10, 40 << 10, preallocBody} {
-		b := getBodyBuf(n)
+		b := bodyBufs.get(n)
 		if b == nil {
 			t.Fatalf("n=%d: no buffer", n)
 		}
@@ -62,10 +62,10 @@ func TestBodyBufClasses(t *testing.T) {
 		if bodyClass(int64(cap(*b)-1)) != bodyClass(n) {
 			t.Errorf("n=%d: capacity %d goes back to class %d, not %d", n, cap(*b), bodyClass(int64(cap(*b)-1)), bodyClass(n))
 		}
-		putBodyBuf(b)
+		bodyBufs.put(b)
 	}
 	for _, n := range []int64{-1, 0, preallocBody + 1} {
-		if getBodyBuf(n) != nil {
+		if bodyBufs.get(n) != nil {
 			t.Errorf("n=%d: a buffer lent for a body of unknown or large size", n)
 		}
 	}
