@@ -200,7 +200,7 @@ func (l *ConnLimiter) Accept() (net.Conn, error) {
 			if l.max <= 0 {
 				l.open.Add(1)
 			}
-			return &limitedConn{Conn: c, l: l}, nil
+			return &limitedConn{Conn: c, l: l, io: newSockIO(c)}, nil
 		}
 		l.open.Add(-1)
 		if l.onDrop != nil {
@@ -249,11 +249,27 @@ func (l *ConnLimiter) reject(c net.Conn) {
 	_, _ = c.Write(answer)
 }
 
-// limitedConn gives its slot back once, on the first Close.
+// limitedConn gives its slot back once, on the first Close. Its reads
+// and writes are raw system calls where it can make them (sockio.go).
 type limitedConn struct {
 	net.Conn
 	l    *ConnLimiter
+	io   *sockIO // nil: the Conn's own
 	once sync.Once
+}
+
+func (c *limitedConn) Read(p []byte) (int, error) {
+	if c.io != nil {
+		return c.io.Read(p)
+	}
+	return c.Conn.Read(p)
+}
+
+func (c *limitedConn) Write(p []byte) (int, error) {
+	if c.io != nil {
+		return c.io.Write(p)
+	}
+	return c.Conn.Write(p)
 }
 
 func (c *limitedConn) Close() error {

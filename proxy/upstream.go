@@ -288,6 +288,7 @@ func isTokenByte(c byte) bool {
 // upConn is one connection to a replica with its read buffer.
 type upConn struct {
 	nc     net.Conn
+	io     *sockIO         // raw reads and writes (sockio.go); nil: nc's
 	raw    syscall.RawConn // nil: not a socket; idle checks are skipped
 	host   string
 	buf    []byte
@@ -307,6 +308,7 @@ func newUpConn(nc net.Conn, host string) *upConn {
 	if pc, ok := inner.(*peerConn); ok {
 		inner = pc.Conn
 	}
+	c.io = newSockIO(inner)
 	if sc, ok := inner.(syscall.Conn); ok && idleChecks {
 		if raw, err := sc.SyscallConn(); err == nil {
 			c.raw = raw
@@ -339,6 +341,9 @@ func (c *upConn) read(b []byte) (int, error) {
 	if c.inLoop {
 		return c.loopRead(b)
 	}
+	if c.io != nil {
+		return c.io.Read(b)
+	}
 	return c.nc.Read(b)
 }
 
@@ -366,6 +371,9 @@ func (c *upConn) fill(limit int) error {
 // it), a large body with writev.
 func (c *upConn) writeRequest(head, body []byte) (int, error) {
 	if len(body) == 0 {
+		if c.io != nil {
+			return c.io.Write(head)
+		}
 		return c.nc.Write(head)
 	}
 	bufs := net.Buffers{head, body}
