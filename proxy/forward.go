@@ -164,6 +164,10 @@ func (p *Proxy) inference(w http.ResponseWriter, r *http.Request, ep *endpoint) 
 		return
 	}
 	p.clearBodyDeadline(w, r)
+	// Read to its end, the body is closed now: net/http otherwise looks
+	// for more of it after the handler (io.CopyN through a LimitReader,
+	// two allocations per request).
+	_ = r.Body.Close()
 	st.body = body
 	var tp *[]byte
 	if ep.renderTo != nil {

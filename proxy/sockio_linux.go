@@ -15,6 +15,8 @@ type sockIO struct {
 	rc syscall.RawConn
 	r  rawOp
 	w  rawOp
+	// peekFn is idle's call, under r's mutex.
+	peekFn func(fd uintptr) bool
 }
 
 // rawOp is one direction's call in progress. Its function is made once
@@ -41,7 +43,26 @@ func newPlatformSockIO(c net.Conn) *sockIO {
 	s := &sockIO{c: c, rc: rc}
 	s.r.fn = s.readOnce
 	s.w.fn = s.writeAll
+	s.peekFn = s.peek
 	return s
+}
+
+// idle peeks at an idle socket (idleOpen) without a closure per call.
+func (s *sockIO) idle() bool {
+	o := &s.r
+	o.mu.Lock()
+	o.n = 0
+	err := s.rc.Read(s.peekFn)
+	ok := err == nil && o.n == 1
+	o.mu.Unlock()
+	return ok
+}
+
+func (s *sockIO) peek(fd uintptr) bool {
+	if idleOpen(fd) {
+		s.r.n = 1
+	}
+	return true
 }
 
 // Read is net.Conn's Read: one read that returns what the socket holds,
@@ -127,8 +148,15 @@ func (s *sockIO) writeAll(fd uintptr) bool {
 }
 
 // opError wraps err as net.Conn's methods do: net/http tells the read
-// its abortPendingRead ended from a failure by net.Error's Timeout.
+// its abortPendingRead ended from a failure by net.Error's Timeout. The
+// poller's errors (a deadline, a closed socket) come from RawConn as a
+// *net.OpError already, named "raw-read" or "raw-write": renamed, not
+// wrapped again (the aborted read is one per request).
 func (s *sockIO) opError(op string, err error) error {
+	if oe, ok := err.(*net.OpError); ok {
+		oe.Op = op
+		return oe
+	}
 	return &net.OpError{Op: op, Net: "tcp", Source: s.c.LocalAddr(), Addr: s.c.RemoteAddr(), Err: err}
 }
 

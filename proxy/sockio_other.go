@@ -9,3 +9,5 @@ import "net"
 type sockIO struct{ net.Conn }
 
 func newPlatformSockIO(net.Conn) *sockIO { return nil }
+
+func (*sockIO) idle() bool { return true }

@@ -322,6 +322,9 @@ func (c *upConn) close() { _ = c.nc.Close() }
 // alive peeks at an idle connection without blocking: a server that
 // closed it (or sent something unasked) makes it unusable.
 func (c *upConn) alive() bool {
+	if c.io != nil {
+		return c.io.idle()
+	}
 	if c.raw == nil {
 		return true
 	}
