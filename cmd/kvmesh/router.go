@@ -20,6 +20,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/memberlist"
+	"github.com/kvmesh/kvmesh/internal/gcpace"
 	"github.com/kvmesh/kvmesh/mesh"
 	"github.com/kvmesh/kvmesh/proxy"
 	"github.com/kvmesh/kvmesh/route"
@@ -31,6 +32,10 @@ import (
 // defaultDrainTimeout bounds how long a stopping router waits for
 // in-flight requests before cutting them: long enough for a long stream.
 const defaultDrainTimeout = 60 * time.Second
+
+// defaultGCHeadroom is --gc-headroom's default: at most 32 MiB more heap
+// than GOGC=100 would hold (a live heap under about 11 MB gets GOGC=400).
+const defaultGCHeadroom = 32 << 20
 
 // routerConfig is the parsed command line of `kvmesh router`.
 type routerConfig struct {
@@ -72,6 +77,10 @@ type routerConfig struct {
 	hopDispatchTimeout   time.Duration
 	drainTimeout         time.Duration
 	gossipStreams        mesh.StreamLimits
+	// gcHeadroom: internal/gcpace's headroom in bytes (0: the runtime's
+	// GOGC as it is); gogcSet: GOGC is in the environment, which wins.
+	gcHeadroom int64
+	gogcSet    bool
 }
 
 // parseRouterFlags parses args, then fills every flag not given on the
@@ -196,6 +205,10 @@ flags:
 	if err := checkEdgeFlags(&cfg); err != nil {
 		return cfg, err
 	}
+	if cfg.gcHeadroom < 0 {
+		return cfg, fmt.Errorf("router: --gc-headroom %d must not be negative", cfg.gcHeadroom)
+	}
+	_, cfg.gogcSet = getenv("GOGC")
 	cfg.contract = summary.DefaultContract()
 	cfg.registerProcessGo = true
 	return cfg, nil
@@ -241,6 +254,12 @@ func runRouter(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	cfg.logOutput = stderr
+	if cfg.gcHeadroom > 0 && !cfg.gogcSet {
+		// The GC percent is the process's: set here, in the command, not
+		// by startRouter (tests run several routers in one process).
+		pacer := gcpace.Start(uint64(cfg.gcHeadroom), gcMaxPercent, gcPaceInterval)
+		defer pacer.Stop()
+	}
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
@@ -250,6 +269,14 @@ func runRouter(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	return r.run(ctx, hup)
 }
+
+// The router's GC pacing (--gc-headroom, internal/gcpace): the percent
+// is at most 400 (the CPU per request stops improving much beyond it,
+// docs/BENCHMARKS.md), and follows the live heap every few seconds.
+const (
+	gcMaxPercent   = 400
+	gcPaceInterval = 5 * time.Second
+)
 
 // router is one running kvmesh router.
 type router struct {

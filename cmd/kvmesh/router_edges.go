@@ -38,6 +38,7 @@ func edgeFlags(fs *flag.FlagSet, cfg *routerConfig) {
 	fs.IntVar(&cfg.maxAttempts, "max-attempts", 3, "most upstream attempts per request")
 	fs.BoolVar(&cfg.noStreamLoop, "no-stream-loop", false, "relay every stream on its request's goroutine: turns off the Linux stream loop, which relays SSE streams from owned replicas to plain HTTP/1.1 clients by their sockets (epoll)")
 	fs.DurationVar(&cfg.drainTimeout, "drain-timeout", defaultDrainTimeout, "on SIGTERM, time in-flight requests (streams included) have to finish after the router has left the mesh and stopped accepting")
+	fs.Int64Var(&cfg.gcHeadroom, "gc-headroom", defaultGCHeadroom, "bytes the heap may grow beyond Go's default GOGC=100 goal so that the garbage collector runs less often: the GC percent is up to 400 while the live heap is small and falls towards 100 as it grows (0: off; a GOGC in the environment turns it off too; GOMEMLIMIT still applies)")
 	fs.IntVar(&cfg.gossipStreams.MaxStreams, "gossip-max-streams", mesh.DefaultMaxStreams, "most inbound gossip TCP streams read at once; more are closed unread")
 	fs.Int64Var(&cfg.gossipStreams.BudgetBytes, "gossip-stream-budget", mesh.DefaultStreamBytes, "bytes inbound gossip streams may make the router buffer at once, before they are authenticated")
 }

@@ -320,7 +320,8 @@ func TestEdgeFlags(t *testing.T) {
 	}
 	if c.adminListen != "127.0.0.1:9090" || c.maxConns != proxy.DefaultMaxConns || c.maxInflightPerClient != proxy.DefaultMaxInflightPerClient ||
 		c.bodyTimeout != proxy.DefaultBodyTimeout || c.drainTimeout != 60*time.Second || c.retryBudget != proxy.DefaultRetryBudget ||
-		c.maxAttempts != 3 || c.gossipStreams != (mesh.StreamLimits{MaxStreams: mesh.DefaultMaxStreams, BudgetBytes: mesh.DefaultStreamBytes}) {
+		c.maxAttempts != 3 || c.gossipStreams != (mesh.StreamLimits{MaxStreams: mesh.DefaultMaxStreams, BudgetBytes: mesh.DefaultStreamBytes}) ||
+		c.gcHeadroom != defaultGCHeadroom || c.gogcSet {
 		t.Errorf("defaults: %+v", c)
 	}
 	for _, tc := range []struct {
@@ -332,10 +333,21 @@ func TestEdgeFlags(t *testing.T) {
 		{[]string{"--drain-timeout", "0s"}, "drain-timeout"},
 		{[]string{"--max-attempts", "0"}, "max-attempts"},
 		{[]string{"--gossip-stream-budget", "10"}, "gossip-stream-budget"},
+		{[]string{"--gc-headroom", "-1"}, "gc-headroom"},
 	} {
 		if _, err := parseRouterFlags(append([]string{"--name", "r"}, tc.args...), none, io.Discard); err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 			t.Errorf("%v: error %v, want %q", tc.args, err, tc.wantErr)
 		}
+	}
+	// An operator's GOGC wins over the router's pacing.
+	gogc := func(k string) (string, bool) {
+		if k == "GOGC" {
+			return "200", true
+		}
+		return "", false
+	}
+	if c, err := parseRouterFlags([]string{"--name", "r"}, gogc, io.Discard); err != nil || !c.gogcSet {
+		t.Errorf("GOGC in the environment not seen: %v, %+v", err, c.gogcSet)
 	}
 }
 
