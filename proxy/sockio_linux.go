@@ -17,6 +17,11 @@ type sockIO struct {
 	w  rawOp
 	// peekFn is idle's call, under r's mutex.
 	peekFn func(fd uintptr) bool
+	// writev's call and its second buffer (the first is w.b), under w's
+	// mutex; iov is its vector (a field: on the stack it would escape).
+	vfn func(fd uintptr) bool
+	b2  []byte
+	iov [2]syscall.Iovec
 }
 
 // rawOp is one direction's call in progress. Its function is made once
@@ -44,7 +49,63 @@ func newPlatformSockIO(c net.Conn) *sockIO {
 	s.r.fn = s.readOnce
 	s.w.fn = s.writeAll
 	s.peekFn = s.peek
+	s.vfn = s.writevAll
 	return s
+}
+
+// writev writes a and then b in one call where the socket takes both
+// (the upstream request's head and body, the body not copied).
+func (s *sockIO) writev(a, b []byte) (int, error) {
+	o := &s.w
+	o.mu.Lock()
+	o.b, s.b2, o.n, o.err = a, b, 0, nil
+	err := s.rc.Write(s.vfn)
+	n := o.n
+	if err == nil {
+		err = o.err
+	}
+	o.b, s.b2, o.err = nil, nil, nil
+	s.iov = [2]syscall.Iovec{} // no pointers into the caller's buffers kept
+	o.mu.Unlock()
+	if err != nil {
+		return n, s.opError("write", err)
+	}
+	return n, nil
+}
+
+func (s *sockIO) writevAll(fd uintptr) bool {
+	o := &s.w
+	a, b := o.b, s.b2
+	for o.n < len(a)+len(b) {
+		cnt := 0
+		if o.n < len(a) {
+			s.iov[0].Base = &a[o.n]
+			s.iov[0].SetLen(len(a) - o.n)
+			cnt = 1
+			if len(b) > 0 {
+				s.iov[1].Base = &b[0]
+				s.iov[1].SetLen(len(b))
+				cnt = 2
+			}
+		} else {
+			rest := b[o.n-len(a):]
+			s.iov[0].Base = &rest[0]
+			s.iov[0].SetLen(len(rest))
+			cnt = 1
+		}
+		r, _, e := syscall.RawSyscall(syscall.SYS_WRITEV, fd, uintptr(unsafe.Pointer(&s.iov[0])), uintptr(cnt))
+		switch {
+		case e == 0:
+			o.n += int(r)
+		case e == syscall.EINTR:
+		case e == syscall.EAGAIN:
+			return false
+		default:
+			o.err = os.NewSyscallError("writev", e)
+			return true
+		}
+	}
+	return true
 }
 
 // idle peeks at an idle socket (idleOpen) without a closure per call.

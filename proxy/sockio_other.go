@@ -11,3 +11,5 @@ type sockIO struct{ net.Conn }
 func newPlatformSockIO(net.Conn) *sockIO { return nil }
 
 func (*sockIO) idle() bool { return true }
+
+func (*sockIO) writev(a, b []byte) (int, error) { return 0, nil }

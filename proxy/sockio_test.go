@@ -153,3 +153,38 @@ func TestIdleOpen(t *testing.T) {
 		})
 	}
 }
+
+// writev writes both buffers whole, in order, however the socket takes
+// them (a large body fills the socket and is written in parts).
+func TestSockIOWritev(t *testing.T) {
+	for _, size := range []int{0, 1, 8 << 10, 1 << 20} {
+		a, b := tcpPair(t)
+		wa := newSockIO(a)
+		if wa == nil {
+			t.Skip("no raw socket calls on this platform")
+		}
+		head := []byte("POST / HTTP/1.1\r\nContent-Length: n\r\n\r\n")
+		body := bytes.Repeat([]byte("0123456789abcdef"), size/16)
+		errc := make(chan error, 1)
+		go func() {
+			n, err := wa.writev(head, body)
+			if err == nil && n != len(head)+len(body) {
+				err = io.ErrShortWrite
+			}
+			if err == nil {
+				err = a.(*net.TCPConn).CloseWrite()
+			}
+			errc <- err
+		}()
+		got, err := io.ReadAll(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := <-errc; err != nil {
+			t.Fatalf("writev of %d bytes: %v", size, err)
+		}
+		if want := append(append([]byte(nil), head...), body...); !bytes.Equal(got, want) {
+			t.Errorf("writev of %d bytes: read %d bytes, not the %d written", size, len(got), len(want))
+		}
+	}
+}
