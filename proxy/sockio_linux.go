@@ -56,6 +56,11 @@ func newPlatformSockIO(c net.Conn) *sockIO {
 // writev writes a and then b in one call where the socket takes both
 // (the upstream request's head and body, the body not copied).
 func (s *sockIO) writev(a, b []byte) (int, error) {
+	if len(a)+len(b) > maxRaw {
+		bufs := net.Buffers{a, b}
+		n, err := bufs.WriteTo(s.c)
+		return int(n), err
+	}
 	o := &s.w
 	o.mu.Lock()
 	o.b, s.b2, o.n, o.err = a, b, 0, nil
@@ -108,6 +113,13 @@ func (s *sockIO) writevAll(fd uintptr) bool {
 	return true
 }
 
+// maxRaw bounds the bytes of one raw call: the call keeps its processor
+// (nothing else runs there meanwhile, and a GC waits for it), which is
+// right for the microseconds a request's head or an 8 KB body take, not
+// for the milliseconds of copying megabytes. A longer read is cut short
+// (Read may return less); a longer write goes through net.Conn.
+const maxRaw = 64 << 10
+
 // idle peeks at an idle socket (idleOpen) without a closure per call.
 func (s *sockIO) idle() bool {
 	o := &s.r
@@ -131,6 +143,9 @@ func (s *sockIO) peek(fd uintptr) bool {
 func (s *sockIO) Read(p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
+	}
+	if len(p) > maxRaw {
+		p = p[:maxRaw]
 	}
 	o := &s.r
 	o.mu.Lock()
@@ -173,6 +188,9 @@ func (s *sockIO) readOnce(fd uintptr) bool {
 func (s *sockIO) Write(p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
+	}
+	if len(p) > maxRaw {
+		return s.c.Write(p)
 	}
 	o := &s.w
 	o.mu.Lock()

@@ -46,18 +46,31 @@ func TestSockIOIsNetConn(t *testing.T) {
 	if wa == nil || rb == nil {
 		t.Skip("no raw socket calls on this platform")
 	}
-	msg := bytes.Repeat([]byte("0123456789abcdef"), 1<<16) // 1 MB: more than the socket buffers hold
+	// The reader starts late: the raw writes fill the socket and wait in
+	// the poller for the rest (EAGAIN); the last write, over maxRaw,
+	// goes through net.Conn.
+	msg := bytes.Repeat([]byte("0123456789abcdef"), 1<<16) // 1 MB
 	errc := make(chan error, 1)
 	go func() {
-		n, err := wa.Write(msg)
-		if err == nil && n != len(msg) {
-			err = io.ErrShortWrite
+		var err error
+		for off := 0; off < len(msg)/2 && err == nil; off += 32 << 10 {
+			var n int
+			if n, err = wa.Write(msg[off : off+32<<10]); err == nil && n != 32<<10 {
+				err = io.ErrShortWrite
+			}
+		}
+		if err == nil {
+			var n int
+			if n, err = wa.Write(msg[len(msg)/2:]); err == nil && n != len(msg)/2 {
+				err = io.ErrShortWrite
+			}
 		}
 		if err == nil {
 			err = a.(*net.TCPConn).CloseWrite()
 		}
 		errc <- err
 	}()
+	time.Sleep(20 * time.Millisecond)
 	got, err := io.ReadAll(rb)
 	if err != nil {
 		t.Fatalf("read: %v", err)
@@ -157,12 +170,16 @@ func TestIdleOpen(t *testing.T) {
 // writev writes both buffers whole, in order, however the socket takes
 // them (a large body fills the socket and is written in parts).
 func TestSockIOWritev(t *testing.T) {
-	for _, size := range []int{0, 1, 8 << 10, 1 << 20} {
+	for _, size := range []int{0, 1, 8 << 10, 60 << 10, 1 << 20} {
 		a, b := tcpPair(t)
 		wa := newSockIO(a)
 		if wa == nil {
 			t.Skip("no raw socket calls on this platform")
 		}
+		// A small send buffer and a late reader: a raw writev is
+		// written in parts (the head alone, then the body from an
+		// offset); 1 MB goes through net.Buffers.
+		_ = a.(*net.TCPConn).SetWriteBuffer(8 << 10)
 		head := []byte("POST / HTTP/1.1\r\nContent-Length: n\r\n\r\n")
 		body := bytes.Repeat([]byte("0123456789abcdef"), size/16)
 		errc := make(chan error, 1)
@@ -176,6 +193,7 @@ func TestSockIOWritev(t *testing.T) {
 			}
 			errc <- err
 		}()
+		time.Sleep(10 * time.Millisecond)
 		got, err := io.ReadAll(b)
 		if err != nil {
 			t.Fatal(err)
