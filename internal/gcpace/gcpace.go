@@ -1,8 +1,8 @@
 // Package gcpace sets the garbage collector's percent (GOGC) of a process
 // whose live heap is small: the router's is a few megabytes, under which
-// GOGC=100 collects every few megabytes allocated, dozens of times a
-// second under load (about 40 KB allocated per proxied request), at a
-// fixed cost per cycle. A higher percent collects less often for a
+// GOGC=100 collects every few megabytes allocated (every few hundred
+// proxied requests), each cycle at a fixed cost and emptying the pools of
+// request buffers (sync.Pool keeps them for one cycle). A higher percent collects less often for a
 // bounded price: the heap may grow past the default GOGC's by at most
 // the headroom, since the percent falls back towards 100 as the live
 // heap grows (docs/BENCHMARKS.md, branch s17-reqcpu). A memory limit
