@@ -401,14 +401,16 @@ func (s *Summary) ApplyDelta(d *Delta) error {
 		return fmt.Errorf("%w: generation left full", ErrBadDelta)
 	}
 	pos = d.From
+	w := s.mirrorWrites()
 	for _, g := range d.segs {
 		end := pos + g.n()
 		if end > s.version {
 			switch g.op {
 			case opAdd:
 				for _, key := range g.keys {
-					s.applyAdd(key)
+					s.applyAdd(key, &w)
 				}
+				w.flush() // before any rotation, and before the unlock
 				s.curCount += int(end - max(pos, s.version))
 			case opForget:
 				for _, key := range g.keys {
