@@ -45,6 +45,10 @@ type decisionView struct {
 	// gossip behind m.mu).
 	pendMu sync.Mutex
 	pend   []viewOp // guarded by pendMu
+	// spare is the storage of the ops drainView last applied, for pend
+	// to reuse (guarded by pendMu): a router under gossip queues ops in
+	// every write section.
+	spare []viewOp
 }
 
 // viewOp is one queued change of the view: a rebuild's arrays to swap in
@@ -141,7 +145,11 @@ func (m *Mesh) publishViewLocked() {
 	if len(m.viewDirty) == 0 && !m.viewRebuild {
 		return
 	}
-	var upd []viewOp
+	// Queued straight into pend (drainView only swaps it, briefly).
+	v := &m.view
+	v.pendMu.Lock()
+	defer v.pendMu.Unlock()
+	n0 := len(v.pend)
 	rebuild := m.viewRebuild
 	for _, r := range m.viewDirty {
 		r.viewDirty = false
@@ -153,17 +161,14 @@ func (m *Mesh) publishViewLocked() {
 			rebuild = true
 			continue
 		}
-		upd = append(upd, viewOp{at: r.viewAt, e: e})
+		v.pend = append(v.pend, viewOp{at: r.viewAt, e: e})
 	}
 	clear(m.viewDirty)
 	m.viewDirty, m.viewRebuild = m.viewDirty[:0], false
 	if rebuild {
-		upd = []viewOp{{views: m.buildViewLocked()}}
+		clear(v.pend[n0:])
+		v.pend = append(v.pend[:n0], viewOp{views: m.buildViewLocked()})
 	}
-	v := &m.view
-	v.pendMu.Lock()
-	v.pend = append(v.pend, upd...)
-	v.pendMu.Unlock()
 }
 
 // drainView applies the queued changes, in order, under the view's lock.
@@ -182,7 +187,7 @@ func (m *Mesh) drainView() {
 	defer v.mu.Unlock()
 	v.pendMu.Lock()
 	ops := v.pend
-	v.pend = nil
+	v.pend, v.spare = v.spare[:0], nil
 	v.pendMu.Unlock()
 	for _, op := range ops {
 		if op.views != nil {
@@ -193,6 +198,10 @@ func (m *Mesh) drainView() {
 			s.mv.entries[s.i] = op.e
 		}
 	}
+	clear(ops) // the entries' summaries and the old arrays may go
+	v.pendMu.Lock()
+	v.spare = ops[:0]
+	v.pendMu.Unlock()
 }
 
 // buildViewLocked builds every model's array from the replicas.

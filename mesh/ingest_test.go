@@ -86,3 +86,47 @@ func BenchmarkReadersUnderIngest(b *testing.B) {
 	b.ReportMetric(float64(slow), "calls>100µs")
 	b.ReportMetric(0, "ns/op")
 }
+
+// TestAssembleSplitsAtTheLimits packs entries into batches: each message
+// decodes to its share of the entries, in order, stays under
+// maxBatchBytes, and is allocated at its size.
+func TestAssembleSplitsAtTheLimits(t *testing.T) {
+	m := &Mesh{cfg: Config{Name: "a"}, boot: 7}
+	big := make([]byte, maxBatchBytes/3)
+	var parts [][]byte
+	for i := range 10 {
+		st := stateMsg{header: header{Origin: "a", Boot: 7, Seq: uint64(i)}, Replica: fmt.Sprintf("http://r:%d", i), Owned: true}
+		var payload []byte
+		kind := payloadNone
+		if i%3 == 2 { // three of a third of the limit each: more than one message
+			payload, kind = big, payloadFull
+		}
+		parts = append(parts, appendEntryRaw(nil, st.append(nil), kind, payload))
+	}
+	msgs := m.assemble(parts)
+	if len(msgs) < 2 {
+		t.Fatalf("%d messages for %d bytes", len(msgs), 3*len(big))
+	}
+	next := 0
+	for k, b := range msgs {
+		if len(b) > maxBatchBytes || cap(b) != len(b) {
+			t.Fatalf("message %d: %d bytes, capacity %d", k, len(b), cap(b))
+		}
+		v, err := decodeMsg(b)
+		if err != nil {
+			t.Fatalf("message %d: %v", k, err)
+		}
+		for _, e := range v.(batchMsg).Entries {
+			if want := fmt.Sprintf("http://r:%d", next); e.State.Replica != want {
+				t.Fatalf("message %d: entry %q, want %q", k, e.State.Replica, want)
+			}
+			next++
+		}
+	}
+	if next != len(parts) {
+		t.Fatalf("%d entries out of %d", next, len(parts))
+	}
+	if msgs := m.assemble(nil); len(msgs) != 0 {
+		t.Fatalf("%d messages of no entries", len(msgs))
+	}
+}
