@@ -145,11 +145,7 @@ func (m *Mesh) publishViewLocked() {
 	if len(m.viewDirty) == 0 && !m.viewRebuild {
 		return
 	}
-	// Queued straight into pend (drainView only swaps it, briefly).
-	v := &m.view
-	v.pendMu.Lock()
-	defer v.pendMu.Unlock()
-	n0 := len(v.pend)
+	upd := m.viewUpd[:0]
 	rebuild := m.viewRebuild
 	for _, r := range m.viewDirty {
 		r.viewDirty = false
@@ -161,14 +157,20 @@ func (m *Mesh) publishViewLocked() {
 			rebuild = true
 			continue
 		}
-		v.pend = append(v.pend, viewOp{at: r.viewAt, e: e})
+		upd = append(upd, viewOp{at: r.viewAt, e: e})
 	}
 	clear(m.viewDirty)
 	m.viewDirty, m.viewRebuild = m.viewDirty[:0], false
 	if rebuild {
-		clear(v.pend[n0:])
-		v.pend = append(v.pend[:n0], viewOp{views: m.buildViewLocked()})
+		clear(upd)
+		upd = append(upd[:0], viewOp{views: m.buildViewLocked()})
 	}
+	v := &m.view
+	v.pendMu.Lock()
+	v.pend = append(v.pend, upd...)
+	v.pendMu.Unlock()
+	clear(upd) // pend holds them now
+	m.viewUpd = upd[:0]
 }
 
 // drainView applies the queued changes, in order, under the view's lock.
