@@ -401,16 +401,14 @@ func (s *Summary) ApplyDelta(d *Delta) error {
 		return fmt.Errorf("%w: generation left full", ErrBadDelta)
 	}
 	pos = d.From
-	w := s.mirrorWrites()
 	for _, g := range d.segs {
 		end := pos + g.n()
 		if end > s.version {
 			switch g.op {
 			case opAdd:
 				for _, key := range g.keys {
-					s.applyAdd(key, &w)
+					s.applyAdd(key)
 				}
-				w.flush() // before any rotation, and before the unlock
 				s.curCount += int(end - max(pos, s.version))
 			case opForget:
 				for _, key := range g.keys {

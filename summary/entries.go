@@ -42,19 +42,16 @@ func (s *Summary) Apply(epoch, from uint64, entries []uint64) error {
 			return ErrBadDelta
 		}
 	}
-	w := s.mirrorWrites()
-	defer w.flush() // before the unlock
 	for _, e := range entries[skip:] {
 		switch key := e &^ opMask; e & opMask {
 		case opAdd:
-			s.applyAdd(key, &w)
+			s.applyAdd(key)
 			s.curCount++
 		case opForget:
 			if len(s.neg) < maxNegOf(s.geo) {
 				s.applyForget(key)
 			}
 		case opRotate:
-			w.flush()
 			s.rotate()
 		default:
 			return ErrBadDelta

@@ -332,8 +332,6 @@ func (s *Summary) Version() uint64 {
 func (s *Summary) Add(hashes []uint64) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	w := s.mirrorWrites()
-	defer w.flush() // before the unlock
 	n := 0
 	for _, h := range hashes {
 		key := s.geo.key(probeOf(h))
@@ -343,13 +341,12 @@ func (s *Summary) Add(hashes []uint64) int {
 			continue
 		}
 		s.noteAdd(key, base, bits, forgotten)
-		s.applyAdd(key, &w)
+		s.applyAdd(key)
 		s.version++
 		s.curCount++
 		s.record(key | opAdd)
 		n++
 		if s.curCount >= s.rotateAt() {
-			w.flush()
 			s.rotate()
 			s.version++
 			s.record(opRotate)
@@ -381,19 +378,11 @@ func (s *Summary) Forget(hashes []uint64) int {
 	return n
 }
 
-// mirrorWrites returns the batch of the Index writes of a section
-// holding the write lock: applyAdd queues its column's writes there, and
-// the section flushes it before a rotation (which clears the column's
-// other generation) and before it ends.
-func (s *Summary) mirrorWrites() rowWrites {
-	return rowWrites{c: s.mirror.Load(), on: true}
-}
-
-func (s *Summary) applyAdd(key uint64, w *rowWrites) {
+func (s *Summary) applyAdd(key uint64) {
 	base, bits := s.geo.locate(key)
 	fresh := set(s.words[s.cur], s.geo, base, bits)
-	if w.c != nil && fresh != 0 {
-		w.c.set(w, s.cur, base, bits, fresh)
+	if c := s.mirror.Load(); c != nil && fresh != 0 {
+		c.set(s.cur, base, bits, fresh)
 	}
 	if len(s.neg) > 0 {
 		delete(s.neg, key)

@@ -171,15 +171,15 @@ type column struct {
 }
 
 // set mirrors a set of a key's bits in generation gen: those of its
-// positions that fresh marks (bit i for the i-th, see the summary's set),
-// queued in w (w.c is c).
-func (c *column) set(w *rowWrites, gen int, base, bits, fresh uint64) {
+// positions that fresh marks (bit i for the i-th, see the summary's set).
+func (c *column) set(gen int, base, bits, fresh uint64) {
 	g := c.sh.geo
+	word, bit := uint64(c.col>>6), uint64(1)<<(c.col&63)
 	row0 := uint64(gen)*uint64(g.m) + base*64
 	for i := uint(0); i < g.k; i++ {
 		if fresh&(1<<i) != 0 {
 			pos := bits & (blockBits - 1)
-			w.add((row0 + pos) * shardWords)
+			atomic.OrUint64(&c.sh.rows[(row0+pos)*shardWords+word], bit)
 		}
 		bits >>= 9
 	}
@@ -187,77 +187,28 @@ func (c *column) set(w *rowWrites, gen int, base, bits, fresh uint64) {
 
 // clear mirrors the clearing of generation gen, whose words are still
 // words: only the bits set there are in the column.
-func (c *column) clear(words []uint64, gen int) {
-	w := rowWrites{c: c, on: false}
-	for i, v := range words {
-		c.applyWord(&w, gen, i, v)
+func (c *column) clear(words []uint64, gen int) { c.apply(words, gen, false) }
+
+// apply sets (or clears) in the column every bit set in words.
+func (c *column) apply(words []uint64, gen int, on bool) {
+	for i, w := range words {
+		c.applyWord(gen, i, w, on)
 	}
-	w.flush()
 }
 
-// applyWord queues in w (w.c is c) the bits set in v, word i of
+// applyWord sets (or clears) in the column the bits set in w, word i of
 // generation gen.
-func (c *column) applyWord(w *rowWrites, gen, i int, v uint64) {
+func (c *column) applyWord(gen, i int, w uint64, on bool) {
+	word, bit := uint64(c.col>>6), uint64(1)<<(c.col&63)
 	row0 := uint64(gen)*uint64(c.sh.geo.m) + uint64(i)*64
-	for ; v != 0; v &= v - 1 {
-		w.add((row0 + uint64(trailingZeros(v))) * shardWords)
-	}
-}
-
-// rowWrites is a write section's sets (or clears) of one column's bits
-// in its shard's rows, made a batch at a time. Each is an atomic
-// read-modify-write of a row's word, where the rows a key sets are k
-// lines apart in megabytes of them: a cache miss each. An x86 locked
-// instruction starts no later load before it is done, so made one by one
-// a key's k misses, and the next key's, came one after the other: half
-// of a router's CPU under issue 9's gossip (the scale harness's profile,
-// docs/BENCHMARKS.md), most of it under the mesh's write lock. add loads
-// each word first (a load the core overlaps with the batch's others;
-// atomic, for the race detector, and a plain MOV on amd64), and flush
-// then writes them all, their lines in cache by then.
-//
-// The caller holds the column's summary's write lock from the first add
-// to the flush, as for any write of its bits, and flushes before the
-// section ends: until then Match sees the batch's adds as not arrived.
-type rowWrites struct {
-	c  *column // nil: no mirror, nothing to write
-	on bool    // set the bits (else clear them)
-	n  int
-	at [rowWritesBatch]uint64 // the words' offsets in c.sh.rows, less c's word
-}
-
-// rowWritesBatch is the writes per batch: enough to keep the core's
-// outstanding misses busy (10-16 line fill buffers on x86), few enough
-// that the lines stay in L1 until written.
-const rowWritesBatch = 32
-
-// add queues the write of c's bit in the row at offset off (row ×
-// shardWords).
-func (w *rowWrites) add(off uint64) {
-	atomic.LoadUint64(&w.c.sh.rows[off+uint64(w.c.col>>6)])
-	w.at[w.n] = off
-	w.n++
-	if w.n == len(w.at) {
-		w.flush()
-	}
-}
-
-// flush writes the queued bits.
-func (w *rowWrites) flush() {
-	if w.n == 0 {
-		return
-	}
-	rows, word, bit := w.c.sh.rows, uint64(w.c.col>>6), uint64(1)<<(w.c.col&63)
-	if w.on {
-		for _, off := range w.at[:w.n] {
-			atomic.OrUint64(&rows[off+word], bit)
-		}
-	} else {
-		for _, off := range w.at[:w.n] {
-			atomic.AndUint64(&rows[off+word], ^bit)
+	for ; w != 0; w &= w - 1 {
+		r := row0 + uint64(trailingZeros(w))
+		if on {
+			atomic.OrUint64(&c.sh.rows[r*shardWords+word], bit)
+		} else {
+			atomic.AndUint64(&c.sh.rows[r*shardWords+word], ^bit)
 		}
 	}
-	w.n = 0
 }
 
 func trailingZeros(x uint64) int { return bits.TrailingZeros64(x) }
@@ -688,18 +639,15 @@ func (x *Index) handOverLocked(old *column, s *Summary, seq uint64) *column {
 	old.sh.owners[old.col].CompareAndSwap(o, nil)
 	x.rebinds.Add(1)
 	c := &column{idx: x, sh: old.sh, col: old.col, s: s, key: old.key, hasKey: true}
-	sets, clears := rowWrites{c: c, on: true}, rowWrites{c: c, on: false}
 	for g := range 2 {
 		ow, sw := o.words[g], s.words[g]
 		for i, w := range sw {
 			if d := w ^ ow[i]; d != 0 {
-				c.applyWord(&sets, g, i, w&d)
-				c.applyWord(&clears, g, i, ow[i]&d)
+				c.applyWord(g, i, w&d, true)
+				c.applyWord(g, i, ow[i]&d, false)
 			}
 		}
 	}
-	sets.flush()
-	clears.flush()
 	c.sh.cols[c.col], c.sh.lastUse[c.col] = c, seq
 	x.byKey[c.key] = c
 	s.mirror.Store(c)

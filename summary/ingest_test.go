@@ -103,12 +103,12 @@ func benchApplyDelta(b *testing.B, routers int, indexed bool) {
 	b.ReportMetric(0, "ns/op")
 }
 
-// TestIndexMirrorsBatchedWrites binds owners and copies, then writes
-// through each path that batches its Index writes (rowWrites): Add,
-// ApplyDelta and Apply, each with hundreds of fresh bits (many batches)
-// and rotations in the middle, and checks that the Index answers as
-// Summary.Match for the blocks added, those rotated out and new ones.
-func TestIndexMirrorsBatchedWrites(t *testing.T) {
+// TestIndexMirrorsLargeWrites binds owners and copies, then writes
+// through each path that mirrors into the Index: Add, ApplyDelta and
+// Apply, each with hundreds of fresh bits and rotations in the middle,
+// and checks that the Index answers as Summary.Match for the blocks
+// added, those rotated out and new ones.
+func TestIndexMirrorsLargeWrites(t *testing.T) {
 	const n = IndexMinSummaries
 	p := Params{CapacityBlocks: 256, FalsePositiveRate: 0.01} // a rotation every 192 adds
 	rng := rand.New(rand.NewPCG(5, 6))
