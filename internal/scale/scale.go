@@ -176,6 +176,9 @@ type RuntimeStats struct {
 	// SchedLatencyP99 is how long a runnable goroutine waited for a P
 	// (bucket upper bound): the queue within the process.
 	SchedLatencyP99 time.Duration
+	// AllocBytes is the heap allocated during the load, every router's
+	// and the generator's: what sets the collector's pace.
+	AllocBytes uint64
 }
 
 // MeshOutPerRouter is the mean of MeshOut.
@@ -643,7 +646,7 @@ func snapshot(routers []*router) []counters {
 
 // runtime/metrics read before and after the load.
 var runtimeMetrics = []string{"/gc/cycles/total:gc-cycles", "/gc/pauses:seconds", "/cpu/classes/gc/total:cpu-seconds",
-	"/cpu/classes/gc/mark/assist:cpu-seconds", "/sched/latencies:seconds"}
+	"/cpu/classes/gc/mark/assist:cpu-seconds", "/sched/latencies:seconds", "/gc/heap/allocs:bytes"}
 
 func readRuntime() []metrics.Sample {
 	ss := make([]metrics.Sample, len(runtimeMetrics))
@@ -670,7 +673,7 @@ func runtimeStats(a, b []metrics.Sample) RuntimeStats {
 		}
 		return time.Duration((b[i].Value.Float64() - a[i].Value.Float64()) * 1e9)
 	}
-	st.GCCycles, st.GCCPU, st.GCAssistCPU = u(0), f(2), f(3)
+	st.GCCycles, st.GCCPU, st.GCAssistCPU, st.AllocBytes = u(0), f(2), f(3), u(5)
 	st.GCPauseP99, st.GCPauseMax = histDelta(a[1], b[1], 0.99), histDelta(a[1], b[1], 1)
 	st.SchedLatencyP99 = histDelta(a[4], b[4], 0.99)
 	return st
@@ -758,8 +761,12 @@ func (r *Result) Report(w io.Writer) {
 		r.DecisionCPUP50.Round(time.Microsecond/10), r.DecisionCPUP99.Round(time.Microsecond/10), r.CPUPerRequest.Round(time.Microsecond/10),
 		float64(r.HeapPerRouter)/1e6, float64(r.RSS)/1e6)
 	rt := r.Runtime
-	fmt.Fprintf(w, "  runtime during the load (GOMAXPROCS %d): %d GC cycles, pauses p99 %v max %v, GC CPU %v (assists %v), goroutines' wait for a P p99 %v\n",
-		rt.GOMAXPROCS, rt.GCCycles, rt.GCPauseP99.Round(time.Microsecond), rt.GCPauseMax.Round(time.Microsecond),
+	perReq := 0.0
+	if r.Requests > 0 {
+		perReq = float64(rt.AllocBytes) / float64(r.Requests) / 1e3
+	}
+	fmt.Fprintf(w, "  runtime during the load (GOMAXPROCS %d): %.0f MB allocated (%.1f KB per request), %d GC cycles, pauses p99 %v max %v, GC CPU %v (assists %v), goroutines' wait for a P p99 %v\n",
+		rt.GOMAXPROCS, float64(rt.AllocBytes)/1e6, perReq, rt.GCCycles, rt.GCPauseP99.Round(time.Microsecond), rt.GCPauseMax.Round(time.Microsecond),
 		rt.GCCPU.Round(time.Millisecond), rt.GCAssistCPU.Round(time.Millisecond), rt.SchedLatencyP99.Round(time.Microsecond))
 }
 
