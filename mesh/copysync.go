@@ -118,15 +118,10 @@ func (m *Mesh) handleBatch(b *batchMsg) {
 // not fit the copy (a gap, a bad delta) changes nothing here and meets
 // the write section as it did before. Another write section may run
 // between the two: it sees the copy a delta further on, as if the batch
-// had come a moment earlier. It only tries m.mu: with a writer in or
-// waiting, the write section applies the deltas, as it did before,
-// rather than the inbox wait twice for the lock (each wait a goroutine
-// parked and woken, on a loaded machine a wait for a core too).
+// had come a moment earlier.
 func (m *Mesh) preApply(b *batchMsg, deltas []*summary.Delta, fulls []*summary.Summary) {
-	if !m.mu.TryRLock() {
-		return
-	}
 	sums := make([]*summary.Summary, len(deltas))
+	m.mu.RLock()
 	for i, d := range deltas {
 		if d == nil || fulls[i] != nil {
 			continue
