@@ -48,17 +48,16 @@ func (m *Mesh) handleMsg(b []byte) {
 }
 
 // handleBatch applies an owner's batch: payloads are decoded first,
-// without the lock, and deltas applied to the copies they extend
-// (preApply); then, per entry, the declaration (it decides the owner), a
-// full copy, the delta, and last the state, which then finds the copy it
-// describes.
+// without the lock; then, per entry, the declaration (it decides the
+// owner), a full copy, the delta, and last the state, which then finds the
+// copy it describes.
 func (m *Mesh) handleBatch(b *batchMsg) {
 	if b.Origin == m.cfg.Name {
 		return
 	}
 	deltas := make([]*summary.Delta, len(b.Entries))
 	fulls := make([]*summary.Summary, len(b.Entries))
-	nfull, ndelta := 0, 0
+	nfull := 0
 	for i := range b.Entries {
 		e := &b.Entries[i]
 		switch e.Kind {
@@ -70,7 +69,6 @@ func (m *Mesh) handleBatch(b *batchMsg) {
 				continue
 			}
 			deltas[i] = d
-			ndelta++
 		case payloadFull:
 			fulls[i] = m.decodeSummary(&stateWithSummary{State: e.State, Summary: e.Payload})
 			nfull++
@@ -80,9 +78,6 @@ func (m *Mesh) handleBatch(b *batchMsg) {
 	if nfull > 0 {
 		checks = m.compareFulls(len(fulls), func(i int) string { return b.Entries[i].State.Replica },
 			func(i int) *summary.Summary { return fulls[i] })
-	}
-	if ndelta > 0 {
-		m.preApply(b, deltas, fulls)
 	}
 	now := time.Now()
 	m.mu.Lock()
@@ -99,44 +94,6 @@ func (m *Mesh) handleBatch(b *batchMsg) {
 			m.handleDeltaLocked(st.Origin, st.Replica, deltas[i], now)
 		}
 		m.handleStateLocked(st, now)
-	}
-}
-
-// preApply applies each delta of b to the copy it extends, under that
-// summary's lock only, before handleBatch takes m.mu: the write section
-// then finds each such delta applied (ApplyDelta of versions the copy
-// has is a no-op) and runs the copy's state machine on it as before.
-//
-// Why: applying is most of a batch's cost (every add sets its bits in the
-// copy and, once a decision has bound it, in the Index's rows: ~0.3 µs a
-// block), and under m.mu it held up every reader for as long: the
-// proxy's Record, Begin and Locate of each request, for about half a
-// millisecond per owner's batch at issue 9's 5,000 req/s of 32-block
-// prompts. A delta is pre-applied only where the write section would
-// apply it (a copy, of the delta's epoch, of a replica whose owner is
-// the sender, with no full copy in the same entry); a delta that does
-// not fit the copy (a gap, a bad delta) changes nothing here and meets
-// the write section as it did before. Another write section may run
-// between the two: it sees the copy a delta further on, as if the batch
-// had come a moment earlier.
-func (m *Mesh) preApply(b *batchMsg, deltas []*summary.Delta, fulls []*summary.Summary) {
-	sums := make([]*summary.Summary, len(deltas))
-	m.mu.RLock()
-	for i, d := range deltas {
-		if d == nil || fulls[i] != nil {
-			continue
-		}
-		r := m.replicas[b.Entries[i].State.Replica]
-		if r == nil || r.owned || r.sum == nil || r.sum.Epoch() != d.Epoch || m.ownerLocked(r) != b.Origin {
-			continue
-		}
-		sums[i] = r.sum
-	}
-	m.mu.RUnlock()
-	for i, s := range sums {
-		if s != nil {
-			_ = s.ApplyDelta(deltas[i]) // an error changed nothing: the write section meets it again
-		}
 	}
 }
 
