@@ -186,7 +186,6 @@ func (m *Mesh) drainView() {
 		return
 	}
 	v.mu.Lock()
-	defer v.mu.Unlock()
 	v.pendMu.Lock()
 	ops := v.pend
 	v.pend, v.spare = v.spare[:0], nil
@@ -200,6 +199,9 @@ func (m *Mesh) drainView() {
 			s.mv.entries[s.i] = op.e
 		}
 	}
+	v.mu.Unlock()
+	// After the view's lock, which decisions wait for: ops is this
+	// call's alone now.
 	clear(ops) // the entries' summaries and the old arrays may go
 	v.pendMu.Lock()
 	v.spare = ops[:0]
