@@ -11,6 +11,7 @@ package mesh
 import (
 	"context"
 	"encoding/binary"
+	"math"
 	"sync"
 	"time"
 
@@ -282,7 +283,7 @@ func (m *Mesh) assemble(parts [][]byte) [][]byte {
 	var msgs [][]byte
 	for i := 0; i < len(parts); {
 		h := m.nextHeader()
-		size := 1 + 1 + len(h.Origin) + 8 + 8 + 2 // header.append, then the count
+		size := 1 + 1 + min(len(h.Origin), math.MaxUint8) + 8 + 8 + 2 // header.append (appendS8), then the count
 		j := i
 		for j < len(parts) && j-i < maxBatchEntries && (j == i || size+len(parts[j]) <= maxBatchBytes) {
 			size += len(parts[j])

@@ -13,9 +13,9 @@ import (
 // prompt), applied to the copies of routers whose copies are all bound
 // in their router's Index (as a router's are once it has decided), so
 // every add also sets its bits in the Index's rows. Each router's rows
-// and copies are ~19 MB, beyond the caches, as they are in a router that
-// also decides and encodes. It reports the apply's time per key, p50 and
-// mean.
+// and copies are ~19 MB, beyond a core's own caches, as they are in a
+// router that also decides and encodes. It reports the apply's time per
+// key, p50 and mean; "unbound" is the same copies without an Index.
 func BenchmarkApplyDeltaIndexed(b *testing.B) {
 	for _, indexed := range []bool{true, false} {
 		b.Run(map[bool]string{true: "indexed", false: "unbound"}[indexed], func(b *testing.B) {
