@@ -45,6 +45,10 @@ type decisionView struct {
 	// gossip behind m.mu).
 	pendMu sync.Mutex
 	pend   []viewOp // guarded by pendMu
+	// spare is the storage of the ops drainView last applied, for pend
+	// to reuse (guarded by pendMu): a router under gossip queues ops in
+	// every write section.
+	spare []viewOp
 }
 
 // viewOp is one queued change of the view: a rebuild's arrays to swap in
@@ -141,7 +145,7 @@ func (m *Mesh) publishViewLocked() {
 	if len(m.viewDirty) == 0 && !m.viewRebuild {
 		return
 	}
-	var upd []viewOp
+	upd := m.viewUpd[:0]
 	rebuild := m.viewRebuild
 	for _, r := range m.viewDirty {
 		r.viewDirty = false
@@ -158,12 +162,15 @@ func (m *Mesh) publishViewLocked() {
 	clear(m.viewDirty)
 	m.viewDirty, m.viewRebuild = m.viewDirty[:0], false
 	if rebuild {
-		upd = []viewOp{{views: m.buildViewLocked()}}
+		clear(upd)
+		upd = append(upd[:0], viewOp{views: m.buildViewLocked()})
 	}
 	v := &m.view
 	v.pendMu.Lock()
 	v.pend = append(v.pend, upd...)
 	v.pendMu.Unlock()
+	clear(upd) // pend holds them now
+	m.viewUpd = upd[:0]
 }
 
 // drainView applies the queued changes, in order, under the view's lock.
@@ -179,10 +186,9 @@ func (m *Mesh) drainView() {
 		return
 	}
 	v.mu.Lock()
-	defer v.mu.Unlock()
 	v.pendMu.Lock()
 	ops := v.pend
-	v.pend = nil
+	v.pend, v.spare = v.spare[:0], nil
 	v.pendMu.Unlock()
 	for _, op := range ops {
 		if op.views != nil {
@@ -193,6 +199,13 @@ func (m *Mesh) drainView() {
 			s.mv.entries[s.i] = op.e
 		}
 	}
+	v.mu.Unlock()
+	// After the view's lock, which decisions wait for: ops is this
+	// call's alone now.
+	clear(ops) // the entries' summaries and the old arrays may go
+	v.pendMu.Lock()
+	v.spare = ops[:0]
+	v.pendMu.Unlock()
 }
 
 // buildViewLocked builds every model's array from the replicas.

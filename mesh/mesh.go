@@ -178,6 +178,7 @@ type Mesh struct {
 	view        decisionView
 	viewDirty   []*replica
 	viewRebuild bool
+	viewUpd     []viewOp      // publishViewLocked's scratch, kept from section to section
 	bufs        sync.Pool     // *CandidateBuffer lent by PooledCandidates
 	loads       []replicaLoad // the slab newLoadLocked takes counters from
 	t0          time.Time     // origin of the view's clock (viewEntry.heard)

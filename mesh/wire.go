@@ -390,6 +390,9 @@ func (r *reader) batch() batchMsg {
 	if r.err == nil && n*7 > len(r.b) {
 		r.fail(fmt.Errorf("%d entries in %d bytes", n, len(r.b)))
 	}
+	if r.err == nil {
+		b.Entries = make([]batchEntry, 0, n) // bounded by the input, as above
+	}
 	for i := 0; i < n && r.err == nil; i++ {
 		var e batchEntry
 		sub := reader{b: r.take(r.u16())}

@@ -16,9 +16,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
 	"os"
 	"runtime"
+	"runtime/metrics"
 	"slices"
 	"strconv"
 	"strings"
@@ -155,6 +157,28 @@ type Result struct {
 	// routers: installed, or equal to the copy held and so kept (the
 	// Index keeps the copy's column as it is).
 	FullsInstalled, FullsEqual float64
+	// Runtime is the Go runtime's account of the load (runtime/metrics):
+	// what the collector and the scheduler took of the process, which the
+	// decision's wall time shares.
+	Runtime RuntimeStats
+}
+
+// RuntimeStats is the Go runtime's view of the load phase.
+type RuntimeStats struct {
+	GOMAXPROCS int
+	// GCCycles completed during the load; GCPauseP99 and GCPauseMax are
+	// of their stop-the-world pauses (bucket upper bounds).
+	GCCycles               uint64
+	GCPauseP99, GCPauseMax time.Duration
+	// GCCPU is all the collector's CPU during the load, GCAssistCPU the
+	// part charged to allocating goroutines (assists).
+	GCCPU, GCAssistCPU time.Duration
+	// SchedLatencyP99 is how long a runnable goroutine waited for a P
+	// (bucket upper bound): the queue within the process.
+	SchedLatencyP99 time.Duration
+	// AllocBytes is the heap allocated during the load, every router's
+	// and the generator's: what sets the collector's pace.
+	AllocBytes uint64
 }
 
 // MeshOutPerRouter is the mean of MeshOut.
@@ -265,6 +289,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	warmDecisions(routers, policy, cfg, rng)
 	res.IdleDecisionP50, res.IdleDecisionP99 = idleDecisions(routers[0].m, policy, cfg, rng)
 	before := snapshot(routers)
+	rt0 := readRuntime()
 	cpu0 := cpuTime()
 
 	var mu sync.Mutex
@@ -396,6 +421,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	res.Elapsed = time.Since(start)
 	res.Requests = i
 	cpu1 := cpuTime()
+	res.Runtime = runtimeStats(rt0, readRuntime())
 	after := snapshot(routers)
 	secs := res.Elapsed.Seconds()
 	var db, de float64
@@ -618,6 +644,73 @@ func snapshot(routers []*router) []counters {
 	return out
 }
 
+// runtime/metrics read before and after the load.
+var runtimeMetrics = []string{"/gc/cycles/total:gc-cycles", "/gc/pauses:seconds", "/cpu/classes/gc/total:cpu-seconds",
+	"/cpu/classes/gc/mark/assist:cpu-seconds", "/sched/latencies:seconds", "/gc/heap/allocs:bytes"}
+
+func readRuntime() []metrics.Sample {
+	ss := make([]metrics.Sample, len(runtimeMetrics))
+	for i, name := range runtimeMetrics {
+		ss[i].Name = name
+	}
+	metrics.Read(ss)
+	return ss
+}
+
+// runtimeStats is what the runtime's counters and histograms (cumulative)
+// gained from a to b.
+func runtimeStats(a, b []metrics.Sample) RuntimeStats {
+	st := RuntimeStats{GOMAXPROCS: runtime.GOMAXPROCS(0)}
+	u := func(i int) uint64 {
+		if b[i].Value.Kind() != metrics.KindUint64 {
+			return 0
+		}
+		return b[i].Value.Uint64() - a[i].Value.Uint64()
+	}
+	f := func(i int) time.Duration {
+		if b[i].Value.Kind() != metrics.KindFloat64 {
+			return 0
+		}
+		return time.Duration((b[i].Value.Float64() - a[i].Value.Float64()) * 1e9)
+	}
+	st.GCCycles, st.GCCPU, st.GCAssistCPU, st.AllocBytes = u(0), f(2), f(3), u(5)
+	st.GCPauseP99, st.GCPauseMax = histDelta(a[1], b[1], 0.99), histDelta(a[1], b[1], 1)
+	st.SchedLatencyP99 = histDelta(a[4], b[4], 0.99)
+	return st
+}
+
+// histDelta is the q-quantile (an upper bound of its bucket) of what the
+// histogram b counted since a; 0 when it counted nothing.
+func histDelta(a, b metrics.Sample, q float64) time.Duration {
+	if a.Value.Kind() != metrics.KindFloat64Histogram || b.Value.Kind() != metrics.KindFloat64Histogram {
+		return 0
+	}
+	ha, hb := a.Value.Float64Histogram(), b.Value.Float64Histogram()
+	if len(ha.Counts) != len(hb.Counts) {
+		return 0
+	}
+	var total uint64
+	for i := range hb.Counts {
+		total += hb.Counts[i] - ha.Counts[i]
+	}
+	if total == 0 {
+		return 0
+	}
+	want := uint64(math.Ceil(q * float64(total)))
+	var n uint64
+	for i := range hb.Counts {
+		n += hb.Counts[i] - ha.Counts[i]
+		if n >= max(want, 1) {
+			upper := hb.Buckets[i+1]
+			if math.IsInf(upper, 1) {
+				upper = hb.Buckets[i]
+			}
+			return time.Duration(upper * 1e9)
+		}
+	}
+	return 0
+}
+
 func cpuTime() time.Duration {
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
@@ -667,6 +760,14 @@ func (r *Result) Report(w io.Writer) {
 		r.DecisionP50.Round(time.Microsecond/10), r.DecisionP99.Round(time.Microsecond/10),
 		r.DecisionCPUP50.Round(time.Microsecond/10), r.DecisionCPUP99.Round(time.Microsecond/10), r.CPUPerRequest.Round(time.Microsecond/10),
 		float64(r.HeapPerRouter)/1e6, float64(r.RSS)/1e6)
+	rt := r.Runtime
+	perReq := 0.0
+	if r.Requests > 0 {
+		perReq = float64(rt.AllocBytes) / float64(r.Requests) / 1e3
+	}
+	fmt.Fprintf(w, "  runtime during the load (GOMAXPROCS %d): %.0f MB allocated (%.1f KB per request), %d GC cycles, pauses p99 %v max %v, GC CPU %v (assists %v), goroutines' wait for a P p99 %v\n",
+		rt.GOMAXPROCS, float64(rt.AllocBytes)/1e6, perReq, rt.GCCycles, rt.GCPauseP99.Round(time.Microsecond), rt.GCPauseMax.Round(time.Microsecond),
+		rt.GCCPU.Round(time.Millisecond), rt.GCAssistCPU.Round(time.Millisecond), rt.SchedLatencyP99.Round(time.Microsecond))
 }
 
 func mean(rs []RouterStats, f func(RouterStats) float64) float64 {
