@@ -7,9 +7,9 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"syscall"
 	"testing"
 
+	"github.com/kvmesh/kvmesh/internal/threadcpu"
 	"github.com/kvmesh/kvmesh/route"
 	"github.com/kvmesh/kvmesh/summary"
 )
@@ -79,9 +79,9 @@ func BenchmarkRequestJSON(b *testing.B) {
 
 // processCPU returns the process's user + system CPU time in nanoseconds.
 func processCPU(b *testing.B) int64 {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		b.Fatal(err)
+	d, ok := threadcpu.Process()
+	if !ok {
+		b.Skip("process CPU time is not read on this platform")
 	}
-	return ru.Utime.Nano() + ru.Stime.Nano()
+	return int64(d)
 }

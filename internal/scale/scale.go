@@ -25,7 +25,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/kvmesh/kvmesh/internal/threadcpu"
@@ -711,12 +710,10 @@ func histDelta(a, b metrics.Sample, q float64) time.Duration {
 	return 0
 }
 
+// cpuTime is the process's CPU time, 0 where it is not read.
 func cpuTime() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	d, _ := threadcpu.Process()
+	return d
 }
 
 // rss is the process's resident set (Linux), 0 when unknown.
