@@ -605,6 +605,12 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, resp *http.Respons
 		case loopFailed:
 			failed(err)
 			return
+		case loopPanicked:
+			// Part of the stream may be lost with the panic: only a
+			// broken connection tells the client the response is not
+			// whole. Not the replica's failure.
+			st.code = http.StatusInternalServerError
+			panic(http.ErrAbortHandler)
 		case loopHandback:
 			if len(pending) > 0 {
 				// The rest of a chunk, behind which the client's socket

@@ -137,6 +137,7 @@ type Proxy struct {
 	lookups   *lookups
 	clients   *clientLimiter // nil: no per-client cap
 	junk      junkLog
+	panicLog  *ratelog.Limiter // recover.go
 	now       func() time.Time
 	// load counts this router's in-flight requests by heat key and times
 	// its replicas' slots (load.go).
@@ -210,13 +211,13 @@ func New(cfg Config) (*Proxy, error) {
 		cfg.Logger = hclog.NewNullLogger()
 	}
 	p := &Proxy{cfg: cfg, log: cfg.Logger, m: newMetrics(cfg.Registerer), edge: newEdgeMetrics(cfg.Registerer), client: cfg.Client,
-		junk: junkLog{log: cfg.Logger, lim: ratelog.New(5, time.Second)}, now: time.Now,
+		junk: junkLog{log: cfg.Logger, lim: ratelog.New(5, time.Second)}, panicLog: ratelog.New(5, time.Second), now: time.Now,
 		sessionHeader: cfg.SessionHeader, responses: newResponseLRU(cfg.MaxResponses),
 		lookups: newLookups(cfg.Registerer),
 		load:    newLoadBook(), hops: newHopBook(), up: newUpstreamClient(cfg.Client)}
 	p.clock, _ = cfg.View.(loadClock)
 	if !cfg.NoStreamLoop {
-		p.loops = newStreamLoops(p.m)
+		p.loops = newStreamLoops(p.m, p.recovered)
 	}
 	if cfg.MaxInflightPerClient > 0 {
 		p.clients = &clientLimiter{max: cfg.MaxInflightPerClient, n: map[string]int{}}
@@ -245,7 +246,18 @@ const (
 // ServeHTTP serves the OpenAI endpoints, /healthz and /readyz. Every
 // other path is a plain 404; /metrics and /debug/mesh are on
 // AdminHandler, which the router serves on its own (loopback) address.
+//
+// A panic in a handler is contained here (recover.go): the client gets an
+// OpenAI-shaped 500, or a broken stream when the head was sent already.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	t := trackedWriters.Get().(*trackedWriter)
+	t.ResponseWriter, t.wrote = w, false
+	defer p.contain(t)
+	p.serve(t, r)
+}
+
+// serve is ServeHTTP under its recovery.
+func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) {
 	p.setBodyDeadline(w, r)
 	switch r.URL.Path {
 	case "/v1/chat/completions":
