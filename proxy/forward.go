@@ -556,8 +556,10 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, resp *http.Respons
 	sse := isEventStream(resp.Header.Get("Content-Type"))
 	flush := sse || resp.ContentLength < 0
 	rc := http.NewResponseController(w)
+	wd := p.writeDeadline(rc)
 	var flushed error = errNotFlushed
 	if flush {
+		wd.extend()
 		flushed = rc.Flush() // the client sees the headers before the first token
 	}
 	var sink *answerSink
@@ -615,9 +617,9 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, resp *http.Respons
 			if len(pending) > 0 {
 				// The rest of a chunk, behind which the client's socket
 				// was full: written as the handler's goroutine writes.
+				wd.extend()
 				if _, werr := cc.Write(pending); werr != nil {
-					p.log.Debug("client went away mid-response", "replica", id, "error", werr)
-					st.code = statusClientGone
+					p.clientGone(st, id, werr)
 					return
 				}
 			}
@@ -631,14 +633,14 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, resp *http.Respons
 			n, rerr := resp.Body.Read(buf)
 			if n > 0 {
 				tap.data(buf[:n])
+				wd.extend()
 				if _, werr := w.Write(buf[:n]); werr != nil {
-					p.log.Debug("client went away mid-response", "replica", id, "error", werr)
-					st.code = statusClientGone
+					p.clientGone(st, id, werr)
 					return
 				}
 				if flush {
 					if err := rc.Flush(); err != nil {
-						st.code = statusClientGone
+						p.clientGone(st, id, err)
 						return
 					}
 				}

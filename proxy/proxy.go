@@ -72,6 +72,10 @@ type Config struct {
 	// BodyTimeout bounds reading a request body (default
 	// DefaultBodyTimeout; negative: none).
 	BodyTimeout time.Duration
+	// WriteTimeout bounds each write of a relayed response to its client
+	// (default DefaultWriteTimeout; negative: none): a client that reads
+	// nothing for that long is taken for gone.
+	WriteTimeout time.Duration
 	// MaxInflightPerClient caps concurrent inference requests per client
 	// IP address (0: no cap).
 	MaxInflightPerClient int
@@ -206,6 +210,9 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	if cfg.BodyTimeout == 0 {
 		cfg.BodyTimeout = DefaultBodyTimeout
+	}
+	if cfg.WriteTimeout == 0 {
+		cfg.WriteTimeout = DefaultWriteTimeout
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = hclog.NewNullLogger()
