@@ -67,7 +67,7 @@ type SlowResult struct {
 	Latency   []SlowLatency `json:"latency"`
 	CutBy     float64       `json:"cut_by_s"`   // when the router had closed every stalled stream (-1: not within Hold)
 	StillOpen int           `json:"still_open"` // stalled streams the router had not closed at the end
-	Completed int           `json:"completed"`  // stalled streams that ended cleanly (a whole response)
+	Closed    int           `json:"closed"`     // stalled streams the router had closed at the end
 }
 
 func (c *SlowConfig) defaults() {
@@ -172,8 +172,11 @@ func RunSlowClients(ctx context.Context, cfg SlowConfig) (SlowResult, error) {
 	deadline := start.Add(cfg.Hold)
 	latencyDone := make(chan struct{})
 	go func() {
+		// Back to back while the stalled streams are held.
 		defer close(latencyDone)
-		latency("while stalled")
+		for time.Until(deadline) > cfg.Window && ctx.Err() == nil {
+			latency(fmt.Sprintf("from t=%.0fs", time.Since(start).Seconds()))
+		}
 	}()
 	for time.Now().Before(deadline) && ctx.Err() == nil {
 		s := sample()
@@ -194,8 +197,8 @@ func RunSlowClients(ctx context.Context, cfg SlowConfig) (SlowResult, error) {
 		switch err, _ := s.end.Load().(error); {
 		case err == nil || errors.Is(err, os.ErrDeadlineExceeded):
 			res.StillOpen++
-		case err == io.EOF:
-			res.Completed++
+		default: // EOF or reset: the router closed it (a whole response would keep it open)
+			res.Closed++
 		}
 		s.c.Close()
 	}
@@ -234,7 +237,7 @@ func openStalled(ctx context.Context, host string, cfg SlowConfig, n int64) *sta
 		return s
 	}
 	// The head only: the status line is in the first bytes.
-	line, err := bufio.NewReaderSize(c, 16).ReadSlice('\n')
+	line, err := bufio.NewReaderSize(c, 64).ReadSlice('\n')
 	s.head = err == nil && strings.HasPrefix(string(line), "HTTP/1.1 200")
 	_ = c.SetDeadline(time.Time{})
 	return s
@@ -270,9 +273,9 @@ func (s *stalledConn) read(rate int, stop <-chan struct{}) {
 // drain reads what is buffered; a connection the router closed ends (EOF
 // or reset), one it holds times out.
 func (s *stalledConn) drain(b []byte) {
-	end := time.Now().Add(2 * time.Second) // a stream still relayed reads on
+	end := time.Now().Add(15 * time.Second) // a stream still relayed reads on
 	for {
-		dl := time.Now().Add(500 * time.Millisecond)
+		dl := time.Now().Add(time.Second)
 		if dl.After(end) {
 			dl = end
 		}
@@ -385,7 +388,7 @@ func WriteSlowTable(w io.Writer, r SlowResult) error {
 	if r.CutBy >= 0 {
 		cut = fmt.Sprintf("by %.1fs", r.CutBy)
 	}
-	_, err := fmt.Fprintf(w, "\n%d stalled streams (%d opened in %.1fs, %d failed); the router let go of them %s; at the end %d still open, %d complete\n",
-		r.Stalled, r.Opened, r.OpenedIn, r.OpenErrs, cut, r.StillOpen, r.Completed)
+	_, err := fmt.Fprintf(w, "\n%d stalled streams (%d opened in %.1fs, %d failed); the router let go of them %s; at the end %d still open, %d closed by the router\n",
+		r.Stalled, r.Opened, r.OpenedIn, r.OpenErrs, cut, r.StillOpen, r.Closed)
 	return err
 }
