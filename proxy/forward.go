@@ -570,6 +570,7 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, resp *http.Respons
 		p.cfg.View.Record(id, st.hashes)
 		if resp.StatusCode == http.StatusOK {
 			sink = newAnswerSink(sse)
+			sink.budget = p.answers
 			defer sink.release()
 		}
 	}

@@ -153,6 +153,8 @@ type Proxy struct {
 	// loops relay SSE streams by their sockets (streamloop.go); nil when
 	// off or not on Linux.
 	loops *streamLoops
+	// answers bounds the answer bytes all streams hold (answer.go).
+	answers *answerBudget
 }
 
 // NewClient returns the default client to replicas and peers: keep-alive
@@ -221,7 +223,7 @@ func New(cfg Config) (*Proxy, error) {
 		junk: junkLog{log: cfg.Logger, lim: ratelog.New(5, time.Second)}, panicLog: ratelog.New(5, time.Second), now: time.Now,
 		sessionHeader: cfg.SessionHeader, responses: newResponseLRU(cfg.MaxResponses),
 		lookups: newLookups(cfg.Registerer),
-		load:    newLoadBook(), hops: newHopBook(), up: newUpstreamClient(cfg.Client)}
+		load:    newLoadBook(), hops: newHopBook(), up: newUpstreamClient(cfg.Client), answers: newAnswerBudget(answerBudgetBytes)}
 	p.clock, _ = cfg.View.(loadClock)
 	if !cfg.NoStreamLoop {
 		p.loops = newStreamLoops(p.m, p.recovered)
