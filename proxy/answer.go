@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"sync"
+	"sync/atomic"
 )
 
 // maxAnswerBytes bounds what the owner keeps of a response to learn the
@@ -12,6 +13,45 @@ const maxAnswerBytes = 4 << 20
 
 // maxSSELine bounds one pending SSE line; a longer line is skipped.
 const maxSSELine = 1 << 20
+
+// answerBudgetBytes bounds what all of a router's sinks hold beyond
+// freeAnswerBytes each: maxAnswerBytes and maxSSELine bound one stream,
+// and without a bound on their sum 4,096 connections of long generations
+// could make a router hold 16 GB of answers to record. A sink that cannot
+// reserve more records the prefix it has (still true of what the engine
+// holds) and skips the rest, as one past maxAnswerBytes does.
+const answerBudgetBytes = 256 << 20
+
+// freeAnswerBytes is what a sink holds without reserving: a typical
+// answer never touches the budget (no shared counter per request).
+const freeAnswerBytes = 64 << 10
+
+// answerBudget is a router's answerBudgetBytes; nil: no budget.
+type answerBudget struct{ left atomic.Int64 }
+
+func newAnswerBudget(n int64) *answerBudget {
+	b := &answerBudget{}
+	b.left.Store(n)
+	return b
+}
+
+// reserve makes sure s may hold n bytes (beyond its free share),
+// reserving from the budget in steps of freeAnswerBytes. Once it could
+// not, the answer is full: nothing more is appended, so what is recorded
+// stays a prefix.
+func (s *answerSink) reserve(n int) bool {
+	if n <= freeAnswerBytes+s.held || s.budget == nil {
+		return true
+	}
+	step := (n - freeAnswerBytes - s.held + freeAnswerBytes - 1) / freeAnswerBytes * freeAnswerBytes
+	if s.budget.left.Add(-int64(step)) < 0 {
+		s.budget.left.Add(int64(step))
+		s.full = true
+		return false
+	}
+	s.held += step
+	return true
+}
 
 // maxPooledBytes is the largest buffer a released sink keeps for reuse;
 // the rare huge answer's buffer goes to the garbage collector instead of
@@ -33,6 +73,10 @@ type answerSink struct {
 	tmp    []byte // scratch for one chunk's answer text
 	tpl    chunkTemplate
 	plain  bool // never use the template (the tests' reference)
+	// budget is the router's (nil: none); held is what s reserved of it.
+	budget *answerBudget
+	held   int
+	full   bool // the budget was spent: the answer takes no more
 }
 
 // chunkTemplate is the shape of the last chunk that was read in full:
@@ -60,6 +104,9 @@ func newAnswerSink(sse bool) *answerSink {
 // release resets the sink and returns it to the pool. The sink must not
 // be used afterwards.
 func (s *answerSink) release() {
+	if s.held > 0 {
+		s.budget.left.Add(int64(s.held))
+	}
 	if cap(s.buf) > maxPooledBytes {
 		s.buf = nil
 	}
@@ -83,7 +130,7 @@ func (s *answerSink) feed(b []byte) {
 		if s.skip {
 			return
 		}
-		if len(s.buf)+len(b) > maxAnswerBytes {
+		if len(s.buf)+len(b) > maxAnswerBytes || !s.reserve(len(s.buf)+len(b)) {
 			s.skip, s.buf = true, s.buf[:0]
 			return
 		}
@@ -94,7 +141,7 @@ func (s *answerSink) feed(b []byte) {
 		i := bytes.IndexByte(b, '\n')
 		if i < 0 {
 			if !s.skip {
-				if len(s.buf)+len(b) > maxSSELine {
+				if len(s.buf)+len(b) > maxSSELine || !s.reserve(len(s.answer)+len(s.buf)+len(b)) {
 					s.skip, s.buf = true, s.buf[:0]
 				} else {
 					s.buf = append(s.buf, b...)
@@ -173,8 +220,14 @@ func takeFull(dst, doc []byte, usage answerUsage, tpl chunkTemplate, sse bool) (
 }
 
 func (s *answerSink) appendAnswer(t []byte) {
+	if s.full {
+		return
+	}
 	if room := maxAnswerBytes - len(s.answer); len(t) > room {
 		t = t[:room]
+	}
+	if !s.reserve(len(s.answer) + len(s.buf) + len(t)) {
+		return // the budget is spent: the prefix so far is recorded
 	}
 	s.answer = append(s.answer, t...)
 }

@@ -556,8 +556,10 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, resp *http.Respons
 	sse := isEventStream(resp.Header.Get("Content-Type"))
 	flush := sse || resp.ContentLength < 0
 	rc := http.NewResponseController(w)
+	wd := p.writeDeadline(rc)
 	var flushed error = errNotFlushed
 	if flush {
+		wd.extend()
 		flushed = rc.Flush() // the client sees the headers before the first token
 	}
 	var sink *answerSink
@@ -568,6 +570,7 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, resp *http.Respons
 		p.cfg.View.Record(id, st.hashes)
 		if resp.StatusCode == http.StatusOK {
 			sink = newAnswerSink(sse)
+			sink.budget = p.answers
 			defer sink.release()
 		}
 	}
@@ -605,13 +608,19 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, resp *http.Respons
 		case loopFailed:
 			failed(err)
 			return
+		case loopPanicked:
+			// Part of the stream may be lost with the panic: only a
+			// broken connection tells the client the response is not
+			// whole. Not the replica's failure.
+			st.code = http.StatusInternalServerError
+			panic(http.ErrAbortHandler)
 		case loopHandback:
 			if len(pending) > 0 {
 				// The rest of a chunk, behind which the client's socket
 				// was full: written as the handler's goroutine writes.
+				wd.extend()
 				if _, werr := cc.Write(pending); werr != nil {
-					p.log.Debug("client went away mid-response", "replica", id, "error", werr)
-					st.code = statusClientGone
+					p.clientGone(st, id, werr)
 					return
 				}
 			}
@@ -625,14 +634,14 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, resp *http.Respons
 			n, rerr := resp.Body.Read(buf)
 			if n > 0 {
 				tap.data(buf[:n])
+				wd.extend()
 				if _, werr := w.Write(buf[:n]); werr != nil {
-					p.log.Debug("client went away mid-response", "replica", id, "error", werr)
-					st.code = statusClientGone
+					p.clientGone(st, id, werr)
 					return
 				}
 				if flush {
 					if err := rc.Flush(); err != nil {
-						st.code = statusClientGone
+						p.clientGone(st, id, err)
 						return
 					}
 				}

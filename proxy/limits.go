@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -47,6 +48,9 @@ const (
 	rejectAuth        = "auth"
 	rejectBadHop      = "bad_hop_mac"
 	rejectBodyTimeout = "body_timeout"
+	// rejectWriteTimeout: a response's client took nothing for
+	// Config.WriteTimeout (counted once the request is ended).
+	rejectWriteTimeout = "write_timeout"
 )
 
 func newEdgeMetrics(reg prometheus.Registerer) *edgeMetrics {
@@ -54,7 +58,7 @@ func newEdgeMetrics(reg prometheus.Registerer) *edgeMetrics {
 		Name: "kvmesh_rejected_requests_total",
 		Help: "Requests and connections the router refused at its edge, by reason.",
 	}, []string{"reason"})}
-	for _, r := range []string{rejectClientLimit, rejectConnLimit, rejectAuth, rejectBadHop, rejectBodyTimeout} {
+	for _, r := range []string{rejectClientLimit, rejectConnLimit, rejectAuth, rejectBadHop, rejectBodyTimeout, rejectWriteTimeout} {
 		m.rejected.WithLabelValues(r)
 	}
 	return m
@@ -292,4 +296,59 @@ func (j junkLog) Printf(format string, args ...any) {
 		}
 		j.log.Warn(fmt.Sprintf(format, args...))
 	}
+}
+
+// DefaultWriteTimeout bounds one write to a client: a client that takes
+// no byte of its response for this long (a stalled reader) has its
+// request ended as gone (499) and its connection closed, which frees the
+// goroutine, buffers and replica connection it held (and cancels its
+// generation). nginx's send_timeout has the same meaning and default.
+const DefaultWriteTimeout = 60 * time.Second
+
+// writeDeadline bounds each write of a response to its client by
+// Config.WriteTimeout. A deadline is set on the connection before a write
+// when the last one is older than a quarter of the timeout, so a write
+// that takes nothing for between 3/4 of the timeout and the timeout
+// fails, at the cost of one clock read per write and a deadline set per
+// quarter timeout (net/http's WriteTimeout, by contrast, bounds the whole
+// response, which a stream lasting minutes cannot have). The deadline
+// also bounds net/http's last flush after the handler; net/http lifts it
+// then (Go 1.22 and later), before the connection's next request.
+type writeDeadline struct {
+	rc  *http.ResponseController
+	d   time.Duration
+	set time.Time
+}
+
+func (p *Proxy) writeDeadline(rc *http.ResponseController) writeDeadline {
+	if p.cfg.WriteTimeout <= 0 {
+		return writeDeadline{}
+	}
+	return writeDeadline{rc: rc, d: p.cfg.WriteTimeout}
+}
+
+// extend makes sure the next write has a deadline (when a timeout is set).
+func (wd *writeDeadline) extend() {
+	if wd.d <= 0 {
+		return
+	}
+	now := time.Now()
+	if now.Sub(wd.set) < wd.d/4 {
+		return
+	}
+	if wd.rc.SetWriteDeadline(now.Add(wd.d)) == nil {
+		wd.set = now
+	}
+}
+
+// clientGone ends a response whose client write failed with err: 499,
+// counted as a write timeout when it was one.
+func (p *Proxy) clientGone(st *reqState, id string, err error) {
+	st.code = statusClientGone
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		p.edge.rejected.WithLabelValues(rejectWriteTimeout).Inc()
+		p.junk.Printf("a client of replica %s took nothing of its response for %v: ended", id, p.cfg.WriteTimeout)
+		return
+	}
+	p.log.Debug("client went away mid-response", "replica", id, "error", err)
 }

@@ -72,6 +72,10 @@ type Config struct {
 	// BodyTimeout bounds reading a request body (default
 	// DefaultBodyTimeout; negative: none).
 	BodyTimeout time.Duration
+	// WriteTimeout bounds each write of a relayed response to its client
+	// (default DefaultWriteTimeout; negative: none): a client that reads
+	// nothing for that long is taken for gone.
+	WriteTimeout time.Duration
 	// MaxInflightPerClient caps concurrent inference requests per client
 	// IP address (0: no cap).
 	MaxInflightPerClient int
@@ -137,6 +141,7 @@ type Proxy struct {
 	lookups   *lookups
 	clients   *clientLimiter // nil: no per-client cap
 	junk      junkLog
+	panicLog  *ratelog.Limiter // recover.go
 	now       func() time.Time
 	// load counts this router's in-flight requests by heat key and times
 	// its replicas' slots (load.go).
@@ -148,6 +153,8 @@ type Proxy struct {
 	// loops relay SSE streams by their sockets (streamloop.go); nil when
 	// off or not on Linux.
 	loops *streamLoops
+	// answers bounds the answer bytes all streams hold (answer.go).
+	answers *answerBudget
 }
 
 // NewClient returns the default client to replicas and peers: keep-alive
@@ -206,17 +213,20 @@ func New(cfg Config) (*Proxy, error) {
 	if cfg.BodyTimeout == 0 {
 		cfg.BodyTimeout = DefaultBodyTimeout
 	}
+	if cfg.WriteTimeout == 0 {
+		cfg.WriteTimeout = DefaultWriteTimeout
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = hclog.NewNullLogger()
 	}
 	p := &Proxy{cfg: cfg, log: cfg.Logger, m: newMetrics(cfg.Registerer), edge: newEdgeMetrics(cfg.Registerer), client: cfg.Client,
-		junk: junkLog{log: cfg.Logger, lim: ratelog.New(5, time.Second)}, now: time.Now,
+		junk: junkLog{log: cfg.Logger, lim: ratelog.New(5, time.Second)}, panicLog: ratelog.New(5, time.Second), now: time.Now,
 		sessionHeader: cfg.SessionHeader, responses: newResponseLRU(cfg.MaxResponses),
 		lookups: newLookups(cfg.Registerer),
-		load:    newLoadBook(), hops: newHopBook(), up: newUpstreamClient(cfg.Client)}
+		load:    newLoadBook(), hops: newHopBook(), up: newUpstreamClient(cfg.Client), answers: newAnswerBudget(answerBudgetBytes)}
 	p.clock, _ = cfg.View.(loadClock)
 	if !cfg.NoStreamLoop {
-		p.loops = newStreamLoops(p.m)
+		p.loops = newStreamLoops(p.m, p.recovered)
 	}
 	if cfg.MaxInflightPerClient > 0 {
 		p.clients = &clientLimiter{max: cfg.MaxInflightPerClient, n: map[string]int{}}
@@ -245,7 +255,18 @@ const (
 // ServeHTTP serves the OpenAI endpoints, /healthz and /readyz. Every
 // other path is a plain 404; /metrics and /debug/mesh are on
 // AdminHandler, which the router serves on its own (loopback) address.
+//
+// A panic in a handler is contained here (recover.go): the client gets an
+// OpenAI-shaped 500, or a broken stream when the head was sent already.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	t := trackedWriters.Get().(*trackedWriter)
+	t.ResponseWriter, t.wrote = w, false
+	defer p.contain(t)
+	p.serve(t, r)
+}
+
+// serve is ServeHTTP under its recovery.
+func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) {
 	p.setBodyDeadline(w, r)
 	switch r.URL.Path {
 	case "/v1/chat/completions":

@@ -90,6 +90,9 @@ const (
 	loopClientGone
 	// loopFailed: reading the replica failed (the error is returned).
 	loopFailed
+	// loopPanicked: the stream's code panicked on the loop (recovered,
+	// counted and logged there); the response cannot be finished.
+	loopPanicked
 )
 
 // loopEligible reports whether relay may hand this response's body to the
@@ -107,7 +110,7 @@ func (p *Proxy) loopEligible(w http.ResponseWriter, r *http.Request, resp *http.
 	if len(w.Header()["Content-Length"]) > 0 {
 		return nil, nil
 	}
-	if _, wrapped := w.(interface{ Unwrap() http.ResponseWriter }); wrapped {
+	if _, wrapped := unwrapTracked(w).(interface{ Unwrap() http.ResponseWriter }); wrapped {
 		// A wrapper reads what is written (responseIDSniffer): the
 		// bytes must go through it.
 		return nil, nil

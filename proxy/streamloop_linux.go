@@ -18,15 +18,19 @@ import (
 // machine the answer extraction of thousands of streams is not held to
 // one core. A stream goes to the next loop in turn.
 type streamLoops struct {
-	m       *metrics
-	mu      sync.Mutex
-	loops   []*streamLoop
-	closed  bool
-	next    atomic.Uint32
-	stopped sync.WaitGroup
+	m *metrics
+	// recovered counts and logs a panic a loop recovered (recover.go).
+	recovered func(where string, v any)
+	mu        sync.Mutex
+	loops     []*streamLoop
+	closed    bool
+	next      atomic.Uint32
+	stopped   sync.WaitGroup
 }
 
-func newStreamLoops(m *metrics) *streamLoops { return &streamLoops{m: m} }
+func newStreamLoops(m *metrics, recovered func(string, any)) *streamLoops {
+	return &streamLoops{m: m, recovered: recovered}
+}
 
 // loopBuffer is the loop's read and frame buffer: a chunk's size line,
 // up to this much data, and its CRLF.
@@ -47,6 +51,12 @@ type streamLoop struct {
 	// Owned by the loop's goroutine:
 	streams map[int32]*loopStream // by the replica socket's descriptor
 	buf     []byte
+	// work is the queue drain took, done up to worked; cur is the
+	// stream whose code runs. A panic there ends cur, and the loop
+	// goes on with the rest of work (contain).
+	work   []loopMsg
+	worked int
+	cur    *loopStream
 }
 
 // loopMsg asks the loop to take a stream, or (cancel) to drop one.
@@ -253,6 +263,24 @@ func (l *streamLoop) wakeLocked() {
 func (l *streamLoop) run() {
 	defer l.ls.stopped.Done()
 	events := make([]syscall.EpollEvent, 128)
+	for !l.poll(events) {
+	}
+}
+
+// poll serves the loop's sockets until the loop stops (true) or the code
+// of a stream panics (false: that stream has ended, and run polls again;
+// the readiness of the sockets not served yet is reported again, since
+// the set is level-triggered, and the queue's rest is in work).
+func (l *streamLoop) poll(events []syscall.EpollEvent) (stopped bool) {
+	defer func() {
+		if v := recover(); v != nil {
+			stopped = l.contain(v)
+		}
+	}()
+	if l.worked < len(l.work) && l.drain() {
+		l.stop()
+		return true
+	}
 	for {
 		var n int
 		var err error
@@ -268,14 +296,14 @@ func (l *streamLoop) run() {
 			l.closing = true
 			l.mu.Unlock()
 			l.stop()
-			return
+			return true
 		}
 		for i := range n {
 			fd := events[i].Fd
 			if fd == int32(l.wakeR) {
 				if l.drain() {
 					l.stop()
-					return
+					return true
 				}
 				continue
 			}
@@ -284,6 +312,31 @@ func (l *streamLoop) run() {
 			}
 		}
 	}
+}
+
+// contain ends the stream whose code panicked (loopPanicked: its handler
+// aborts the client's connection) and reports whether the loop stops: a
+// panic outside any stream's code leaves the loop's own state in doubt,
+// so the loop then hands every stream back and stops (the Proxy serves on
+// without it, each stream by its handler's goroutine).
+func (l *streamLoop) contain(v any) (stopped bool) {
+	l.ls.recovered(panicStreamLoop, v)
+	s := l.cur
+	l.cur = nil
+	if s == nil {
+		l.mu.Lock()
+		l.closing = true
+		l.mu.Unlock()
+		l.stop()
+		return true
+	}
+	s.pending = nil
+	if l.streams[int32(s.upFD)] == s {
+		l.finish(s, loopPanicked, nil)
+	} else {
+		l.done(s, loopPanicked, nil)
+	}
+	return false
 }
 
 // drain empties the wake pipe and the queue; true when the loop is to stop.
@@ -296,11 +349,22 @@ func (l *streamLoop) drain() bool {
 		}
 	}
 	l.mu.Lock()
-	q, closing := l.queue, l.closing
-	l.queue = nil
+	if l.worked == len(l.work) {
+		// The slices swap: no allocation once both have grown.
+		l.work, l.queue, l.worked = l.queue, l.work[:0], 0
+	} else {
+		l.work = append(l.work, l.queue...)
+		clear(l.queue)
+		l.queue = l.queue[:0]
+	}
+	closing := l.closing
 	l.mu.Unlock()
-	for _, m := range q {
+	for l.worked < len(l.work) {
+		m := l.work[l.worked]
+		l.work[l.worked] = loopMsg{}
+		l.worked++
 		s := m.s
+		l.cur = s
 		if m.cancel {
 			if l.streams[int32(s.upFD)] == s {
 				l.finish(s, loopClientGone, nil)
@@ -316,6 +380,8 @@ func (l *streamLoop) drain() bool {
 		// Bytes read with the head are in the buffer already.
 		l.serve(s, 0)
 	}
+	l.cur = nil
+	l.work, l.worked = l.work[:0], 0
 	return closing
 }
 
@@ -330,11 +396,12 @@ func (l *streamLoop) stop() {
 	_ = syscall.Close(l.wakeW)
 	l.wakeW = -1
 	l.mu.Unlock()
-	for _, m := range q {
+	for _, m := range append(l.work[l.worked:], q...) {
 		if !m.cancel {
 			l.done(m.s, loopHandback, nil)
 		}
 	}
+	l.work, l.worked = nil, 0
 	_ = l.epf.Close()
 	_ = syscall.Close(l.wakeR)
 }
@@ -342,6 +409,12 @@ func (l *streamLoop) stop() {
 // serve relays what s's replica socket has: the buffered bytes and at
 // most reads more reads of the socket.
 func (l *streamLoop) serve(s *loopStream, reads int) {
+	l.cur = s
+	l.relay(s, reads)
+	l.cur = nil
+}
+
+func (l *streamLoop) relay(s *loopStream, reads int) {
 	s.body.c.loopReads = reads
 	data := l.buf[frameRoom : frameRoom+loopBuffer]
 	for {
@@ -399,6 +472,11 @@ func (l *streamLoop) finish(s *loopStream, res loopResult, err error) {
 }
 
 func (l *streamLoop) done(s *loopStream, res loopResult, err error) {
+	select {
+	case <-s.done:
+		return // given back already (a panic after its end: contain)
+	default:
+	}
 	_ = syscall.Close(s.clFD)
 	s.body.c.loopReads = 0
 	s.res, s.err = res, err

@@ -11,7 +11,7 @@ import (
 // every stream takes the normal path.
 type streamLoops struct{}
 
-func newStreamLoops(*metrics) *streamLoops { return nil }
+func newStreamLoops(*metrics, func(string, any)) *streamLoops { return nil }
 
 func (*streamLoops) relay(*http.Request, *upBody, *net.TCPConn, func([]byte)) (loopResult, []byte, error) {
 	return loopNotTaken, nil, nil

@@ -101,6 +101,14 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	ohStreams := fs.Int("streams", 200, "overhead: streams per front end for the CPU step (negative: skip)")
 	ohTokens := fs.Int("stream-tokens", 1000, "overhead: tokens per stream")
 	ohBase := fs.String("baseline", "haproxy", "overhead: the group the ratios are taken against")
+	var slow bench.SlowConfig
+	fs.IntVar(&slow.Stalled, "slow-clients", 0, "open this many streaming requests to --frontend (a router) that read nothing (or --read-rate bytes/s), while --normal-clients keep sending small streams; report the router's goroutines, RSS and descriptors (--admin, --router-pid) and the normal clients' latency, every second for --hold")
+	fs.IntVar(&slow.ReadRate, "read-rate", 0, "slow clients: bytes a second each stalled reader reads (0: none)")
+	fs.IntVar(&slow.Tokens, "slow-tokens", 100000, "slow clients: max_tokens of a stalled stream (more than socket buffers hold)")
+	fs.IntVar(&slow.Normal, "normal-clients", 4, "slow clients: closed-loop normal clients")
+	fs.DurationVar(&slow.Hold, "hold", 30*time.Second, "slow clients: how long the stalled streams are watched")
+	adminURL := fs.String("admin", "", "slow clients: the router's admin base URL (/metrics)")
+	fs.IntVar(&slow.PID, "router-pid", 0, "slow clients: the router's process ID (RSS, descriptors)")
 	var tableFrom listFlag
 	fs.Var(&tableFrom, "table-from", "print the table of earlier --conversations --json outputs (files, repeatable or a comma list) and exit")
 	if err := fs.Parse(args); err != nil {
@@ -120,6 +128,22 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	if *instant != "" {
 		return serveInstant(ctx, *instant, *model, *tokenGap, stderr)
+	}
+	if slow.Stalled > 0 {
+		if len(frontends) != 1 {
+			return errors.New("bench: --slow-clients needs one --frontend (the router)")
+		}
+		slow.Router, slow.Admin, slow.Model, slow.Progress = frontends[0], *adminURL, *model, stderr
+		res, err := bench.RunSlowClients(ctx, slow)
+		if err != nil {
+			return fmt.Errorf("bench: %w", err)
+		}
+		if *jsonOut {
+			enc := json.NewEncoder(stdout)
+			enc.SetIndent("", "  ")
+			return enc.Encode(res)
+		}
+		return bench.WriteSlowTable(stdout, res)
 	}
 	if *overhead {
 		cfg := bench.OverheadConfig{Direct: *direct, Model: *model, BodyBytes: *ohBody, Round: *ohRound, Rounds: *ohRounds,

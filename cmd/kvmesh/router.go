@@ -70,6 +70,7 @@ type routerConfig struct {
 	maxInflightPerClient int
 	headerTimeout        time.Duration
 	bodyTimeout          time.Duration
+	writeTimeout         time.Duration
 	noStreamLoop         bool
 	idleTimeout          time.Duration
 	retryBudget          time.Duration
@@ -376,7 +377,7 @@ func startRouter(ctx context.Context, cfg routerConfig) (*router, error) {
 		RouterName: cfg.name, View: m, Policy: policy, Contract: cfg.contract,
 		MaxBodyBytes: cfg.maxBodyBytes, Client: client, Logger: log.Named("proxy"),
 		Registerer: reg, Gatherer: reg, Debug: m.Debug, Ready: r.ready, ModelsKnown: r.modelsKnown, ReportFailure: hc.ReportFailure,
-		MaxAttempts: cfg.maxAttempts, RetryBudget: cfg.retryBudget, BodyTimeout: cfg.bodyTimeout,
+		MaxAttempts: cfg.maxAttempts, RetryBudget: cfg.retryBudget, BodyTimeout: cfg.bodyTimeout, WriteTimeout: cfg.writeTimeout,
 		HopDispatchTimeout:   hopDispatchTimeout(cfg.hopDispatchTimeout),
 		MaxInflightPerClient: cfg.maxInflightPerClient, HopKey: proxy.HopKey(cfg.gossipKey),
 		TrustPeerCerts: edges.serverTLS != nil && edges.peerCA != nil, RequirePeerTLS: edges.peerCA != nil, APIKeys: edges.keys,

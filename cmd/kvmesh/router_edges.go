@@ -33,6 +33,7 @@ func edgeFlags(fs *flag.FlagSet, cfg *routerConfig) {
 	fs.IntVar(&cfg.maxInflightPerClient, "max-inflight-per-client", proxy.DefaultMaxInflightPerClient, "most concurrent inference requests from one client IP; more get 429 with Retry-After (0: no cap; use 0 behind an L7 load balancer)")
 	fs.DurationVar(&cfg.headerTimeout, "header-timeout", 10*time.Second, "time a client has to send a request's headers")
 	fs.DurationVar(&cfg.bodyTimeout, "body-timeout", proxy.DefaultBodyTimeout, "time a client has to send a request's body (then 408 and the connection is closed)")
+	fs.DurationVar(&cfg.writeTimeout, "write-timeout", proxy.DefaultWriteTimeout, "time a client may take no byte of its response (a stalled stream reader); its request is then ended (499) and its connection closed, which cancels the generation")
 	fs.DurationVar(&cfg.idleTimeout, "idle-timeout", 2*time.Minute, "time an idle keep-alive connection is kept")
 	fs.DurationVar(&cfg.retryBudget, "retry-budget", proxy.DefaultRetryBudget, "time from a request's first upstream attempt within which another may start (only requests that never reached a replica are retried)")
 	fs.IntVar(&cfg.maxAttempts, "max-attempts", 3, "most upstream attempts per request")
@@ -54,7 +55,7 @@ func checkEdgeFlags(cfg *routerConfig) error {
 		return errors.New("router: --max-conns and --max-inflight-per-client must be ≥ 0, --max-attempts ≥ 1")
 	}
 	for name, d := range map[string]time.Duration{"header-timeout": cfg.headerTimeout, "body-timeout": cfg.bodyTimeout,
-		"idle-timeout": cfg.idleTimeout, "retry-budget": cfg.retryBudget, "drain-timeout": cfg.drainTimeout} {
+		"idle-timeout": cfg.idleTimeout, "retry-budget": cfg.retryBudget, "drain-timeout": cfg.drainTimeout, "write-timeout": cfg.writeTimeout} {
 		if d <= 0 {
 			return fmt.Errorf("router: --%s must be positive", name)
 		}
@@ -130,7 +131,8 @@ func (r *router) edgeListener(ln net.Listener, maxConns int) net.Listener {
 // apiServer is the API's http.Server. It has no ReadTimeout or
 // WriteTimeout: a generation streams for minutes, and net/http cancels a
 // request whose connection hits a read deadline while it is being served.
-// The proxy bounds each body read instead (--body-timeout).
+// The proxy bounds each body read instead (--body-timeout), and each
+// write of a response (--write-timeout).
 func (r *router) apiServer(cfg routerConfig, h http.Handler) *http.Server {
 	header, idle := cfg.headerTimeout, cfg.idleTimeout
 	if header <= 0 {

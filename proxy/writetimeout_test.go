@@ -1,0 +1,110 @@
+package proxy
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+// stalledStream sends a streaming chat request over a connection with a
+// small receive buffer and never reads: a stalled reader.
+func stalledStream(t *testing.T, url string) net.Conn {
+	t.Helper()
+	d := net.Dialer{Control: func(_, _ string, c syscall.RawConn) error {
+		var serr error
+		err := c.Control(func(fd uintptr) { serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096) })
+		if err != nil {
+			return err
+		}
+		return serr
+	}}
+	c, err := d.Dial("tcp", strings.TrimPrefix(url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	body := chatBody("m", true, longPrompt)
+	fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	return c
+}
+
+// endlessReplica streams tokens until its client goes away, and reports
+// that on gone.
+func endlessReplica(t *testing.T, gone chan<- struct{}) *replicaServer {
+	tok := strings.Repeat("x", 200)
+	return newReplica(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		defer func() { gone <- struct{}{} }()
+		for {
+			if _, err := fmt.Fprintf(w, "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":%q}}]}\n\n", tok); err != nil {
+				return
+			}
+			w.(http.Flusher).Flush()
+			select {
+			case <-r.Context().Done():
+				return
+			default:
+			}
+		}
+	})
+}
+
+// TestWriteTimeoutEndsStalledStream: a client that reads nothing of its
+// stream has its request ended once a write waited WriteTimeout (by the
+// normal path, and after the stream loop handed it back): counted as a
+// write timeout, the replica's request cancelled, nothing left in flight.
+func TestWriteTimeoutEndsStalledStream(t *testing.T) {
+	for _, off := range []bool{false, true} {
+		t.Run(fmt.Sprintf("no_loop=%v", off), func(t *testing.T) {
+			gone := make(chan struct{}, 1)
+			rep := endlessReplica(t, gone)
+			view := newFakeView([]string{"m"}, fakeReplica{id: rep.URL})
+			p, srv, _ := newTestProxy(t, view, func(c *Config) {
+				c.NoStreamLoop = off
+				c.WriteTimeout = 100 * time.Millisecond
+			})
+			stalledStream(t, srv.URL)
+			view.waitDone(t)
+			select {
+			case <-gone:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the replica's request was never cancelled")
+			}
+			if n := testutil.ToFloat64(p.edge.rejected.WithLabelValues(rejectWriteTimeout)); n != 1 {
+				t.Errorf("write timeouts counted: %v, want 1", n)
+			}
+			if n := testutil.ToFloat64(p.m.requests.WithLabelValues(epChat, "499")); n != 1 {
+				t.Errorf("499s counted: %v, want 1", n)
+			}
+			requireReleased(t, p, rep.URL)
+		})
+	}
+}
+
+// TestWriteTimeoutLiftedForNextRequest: the write deadline a stream left
+// on its connection (net/http lifts it after each response) does not fail
+// the connection's next answer, however long after it comes.
+func TestWriteTimeoutLiftedForNextRequest(t *testing.T) {
+	rep := newReplica(t, func(w http.ResponseWriter, r *http.Request) { sseChat(w, deltas(20, 8), 3) })
+	view := newFakeView([]string{"m"}, fakeReplica{id: rep.URL})
+	_, srv, _ := newTestProxy(t, view, func(c *Config) { c.WriteTimeout = 20 * time.Millisecond })
+	c, br, resp := rawStream(t, srv.URL)
+	if _, err := io.Copy(io.Discard, resp.Body); err != nil {
+		t.Fatal(err)
+	}
+	view.waitDone(t)
+	time.Sleep(100 * time.Millisecond) // the deadline is in the past now
+	fmt.Fprintf(c, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+	next, err := http.ReadResponse(br, nil)
+	if err != nil || next.StatusCode != 200 {
+		t.Fatalf("next request on the connection: %v", err)
+	}
+	next.Body.Close()
+}
