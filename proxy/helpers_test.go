@@ -249,3 +249,13 @@ func readAll(t *testing.T, resp *http.Response) string {
 	}
 	return string(b)
 }
+
+// deltas are n distinct stream tokens.
+func deltas(n, size int) []string {
+	d := make([]string, n)
+	for i := range d {
+		s := fmt.Sprintf("[%d]", i)
+		d[i] = s + strings.Repeat("x", max(size-len(s), 0))
+	}
+	return d
+}

@@ -40,16 +40,6 @@ func rawStream(t *testing.T, url string) (*net.TCPConn, *bufio.Reader, *http.Res
 	return tc, br, resp
 }
 
-// deltas are n distinct stream tokens.
-func deltas(n, size int) []string {
-	d := make([]string, n)
-	for i := range d {
-		s := fmt.Sprintf("[%d]", i)
-		d[i] = s + strings.Repeat("x", max(size-len(s), 0))
-	}
-	return d
-}
-
 // TestStreamLoopRelaysLikeTheNormalPath: a stream relayed by the loop
 // reaches the client as through the normal path (head, chunked framing,
 // every byte, the connection kept alive for the next request) and its

@@ -14,7 +14,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"text/tabwriter"
 	"time"
 )
@@ -219,11 +218,7 @@ func RunSlowClients(ctx context.Context, cfg SlowConfig) (SlowResult, error) {
 // openStalled opens one stalled stream and reads its head.
 func openStalled(ctx context.Context, host string, cfg SlowConfig, n int64) *stalledConn {
 	s := &stalledConn{}
-	d := net.Dialer{Timeout: 5 * time.Second, Control: func(_, _ string, c syscall.RawConn) error {
-		var serr error
-		err := c.Control(func(fd uintptr) { serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096) })
-		return errors.Join(err, serr)
-	}}
+	d := net.Dialer{Timeout: 5 * time.Second, Control: smallReceiveBuffer}
 	c, err := d.DialContext(ctx, "tcp", host)
 	if err != nil {
 		s.end.Store(err)
