@@ -117,10 +117,7 @@ func (m *Mesh) Candidates(model string, dst []route.Candidate) []route.Candidate
 // them for a server). The zero value is ready to use.
 type CandidateBuffer struct {
 	cands []route.Candidate
-	// details are the candidates' Details, cands[i]'s at details[i],
-	// kept from call to call so that their pointers are written once.
-	details []route.Detail
-	batch   matchBatch
+	batch matchBatch
 	// hints are the Index's hints (matchBatch.hints) of each mesh and
 	// model the buffer decided for lately, at most maxHintSets: a
 	// buffer that goes from one model to another (a proxy's pool) or
@@ -137,7 +134,25 @@ type hintSet struct {
 	m     *Mesh
 	model string
 	hints []summary.IndexHint
-	used  uint64
+	// sums is the batch's summaries (matchBatch.sums) of the last call
+	// for this mesh and model, which the batch takes for the call: add
+	// writes only the summaries that changed, and a buffer that went
+	// from one view to another (the scale harness's sixteen routers, a
+	// pool's buffer from model to model) found them all changed and
+	// wrote a thousand pointers per decision, each through the write
+	// barrier while the collector marks (the decisions of the mark
+	// phases were the harness's slowest percent). Each set keeps alive
+	// the summaries of its last call.
+	sums []*summary.Summary
+	// details are the candidates' Details of the last call for this
+	// mesh and model (a candidate's at its place in the call), kept
+	// from call to call so that their IDs are written once: a buffer
+	// that changed views rewrote every ID, a thousand small strings
+	// for the write barrier to shade while the collector marks; the
+	// candidates' pointers to them, written anew instead, all point
+	// into the same two arrays.
+	details []route.Detail
+	used    uint64
 }
 
 // maxHintSets bounds a buffer's hint sets (16 bytes per replica each).
@@ -147,9 +162,11 @@ const maxHintSets = 32
 // their matchers, are valid until the next call with buf (which reuses
 // them).
 func (m *Mesh) CandidatesInto(model string, buf *CandidateBuffer) []route.Candidate {
-	buf.cands = m.candidates(model, buf.cands[:0], &buf.batch, &buf.details)
-	b := &buf.batch
 	hs := buf.hintsFor(m, model)
+	b := &buf.batch
+	b.sums = hs.sums
+	buf.cands = m.candidates(model, buf.cands[:0], b, &hs.details)
+	hs.sums = b.sums
 	if len(hs.hints) < len(b.sums) { // hints pay from call to call
 		hs.hints = append(hs.hints, make([]summary.IndexHint, len(b.sums)-len(hs.hints))...)
 	}
@@ -171,7 +188,10 @@ func (buf *CandidateBuffer) hintsFor(m *Mesh, model string) *hintSet {
 		buf.hints = append(buf.hints, hintSet{})
 	} else {
 		slices.SortFunc(buf.hints, func(a, b hintSet) int { return cmp.Compare(b.used, a.used) })
-		clear(buf.hints[len(buf.hints)-1].hints) // wrong for another mesh or model
+		last := &buf.hints[len(buf.hints)-1]
+		clear(last.hints) // wrong for another mesh or model
+		clear(last.sums[:cap(last.sums)])
+		last.sums = last.sums[:0]
 	}
 	hs := &buf.hints[len(buf.hints)-1]
 	hs.m, hs.model, hs.used = m, model, buf.uses
@@ -255,7 +275,7 @@ func (m *Mesh) candidates(model string, dst []route.Candidate, b *matchBatch, ds
 				c.Stale = true
 			}
 		}
-		if c.Summary != sum {
+		if !sameMatcher(c.Summary, sum) {
 			c.Summary = sum
 		}
 	}
@@ -263,6 +283,17 @@ func (m *Mesh) candidates(model string, dst []route.Candidate, b *matchBatch, ds
 		b.trim()
 	}
 	return dst
+}
+
+// sameMatcher is a == b for the matchers candidates writes, without
+// comparing interfaces: that calls runtime.ifaceeq once the types agree,
+// a call per candidate where a batch's cell is one pointer compare.
+func sameMatcher(a, b route.Matcher) bool {
+	if x, ok := a.(*matchCell); ok {
+		y, ok := b.(*matchCell)
+		return ok && x == y
+	}
+	return a == b
 }
 
 // fillCandidate writes e's fields into c, all but the Summary, which the
