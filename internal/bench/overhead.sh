@@ -28,35 +28,10 @@ set -euo pipefail
 HOST=127.0.0.1
 BASE_PORT=${BASE_PORT:-19300}
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-repo=$(cd "$here/../.." && pwd)
-dir=$(mktemp -d "${TMPDIR:-/tmp}/kvmesh-overhead.XXXXXX")
-while IFS= read -r v; do unset "$v"; done < <(compgen -e | grep '^KVMESH_' || true)
-pids=()
-cleanup() {
-	local i
-	for ((i = ${#pids[@]} - 1; i >= 0; i--)); do kill -TERM "${pids[i]}" 2>/dev/null || true; done
-	for ((i = ${#pids[@]} - 1; i >= 0; i--)); do wait "${pids[i]}" 2>/dev/null || true; done
-	rm -rf "$dir"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+source "$here/lib.sh"
+bench_init overhead.sh
 command -v haproxy >/dev/null || { echo "overhead.sh: haproxy not installed (apt-get install haproxy)" >&2; exit 1; }
-
-wait_ok() {
-	local tries=0
-	until [[ $(curl -s -o /dev/null -w '%{http_code}' --max-time 2 -H 'Content-Type: application/json' \
-		-d '{"model":"bench","messages":[{"role":"user","content":"hi"}],"max_tokens":1}' "$1/v1/chat/completions" || true) == 200 ]]; do
-		((++tries > 300)) && { echo "overhead.sh: $1 not ready" >&2; exit 1; }
-		sleep 0.1
-	done
-}
-
-(cd "$repo" && go build -o "$dir/kvmesh" ./cmd/kvmesh)
-if [[ -n ${BEFORE_REV:-} ]]; then
-	mkdir "$dir/before"
-	(cd "$repo" && git archive "$BEFORE_REV") | tar -x -C "$dir/before"
-	(cd "$dir/before" && go build -o "$dir/kvmesh-before" ./cmd/kvmesh)
-fi
+bench_build
 rep=http://$HOST:$BASE_PORT
 "$dir/kvmesh" bench --instant-replica "$HOST:$BASE_PORT" --model bench --token-gap "${TOKEN_GAP:-1ms}" 2>"$dir/replica.log" &
 pids+=("$!")

@@ -20,27 +20,14 @@ set -euo pipefail
 HOST=127.0.0.1
 BASE_PORT=${BASE_PORT:-19500}
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-repo=$(cd "$here/../.." && pwd)
-dir=$(mktemp -d "${TMPDIR:-/tmp}/kvmesh-slow.XXXXXX")
-while IFS= read -r v; do unset "$v"; done < <(compgen -e | grep '^KVMESH_' || true)
-pids=()
-cleanup() {
-	local i
-	for ((i = ${#pids[@]} - 1; i >= 0; i--)); do kill -TERM "${pids[i]}" 2>/dev/null || true; done
-	for ((i = ${#pids[@]} - 1; i >= 0; i--)); do wait "${pids[i]}" 2>/dev/null || true; done
-	rm -rf "$dir"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+source "$here/lib.sh"
+bench_init slowclients.sh
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 
-(cd "$repo" && go build -o "$dir/kvmesh" ./cmd/kvmesh)
+bench_build
 router_bin=$dir/kvmesh
 timeout_flag=(--write-timeout "${WRITE_TIMEOUT:-10s}")
 if [[ -n ${BEFORE_REV:-} ]]; then
-	mkdir "$dir/before"
-	(cd "$repo" && git archive "$BEFORE_REV") | tar -x -C "$dir/before"
-	(cd "$dir/before" && go build -o "$dir/kvmesh-before" ./cmd/kvmesh)
 	router_bin=$dir/kvmesh-before
 	"$router_bin" router --help 2>&1 | grep -q -- '-write-timeout' || timeout_flag=()
 fi
@@ -51,12 +38,7 @@ pids+=("$!")
 	--max-inflight-per-client 0 "${timeout_flag[@]}" 2>"$dir/router.log" &
 router_pid=$!
 pids+=("$router_pid")
-tries=0
-until [[ $(curl -s -o /dev/null -w '%{http_code}' --max-time 2 -H 'Content-Type: application/json' \
-	-d '{"model":"bench","messages":[{"role":"user","content":"hi"}],"max_tokens":1}' "http://$HOST:$((BASE_PORT + 1))/v1/chat/completions" || true) == 200 ]]; do
-	((++tries > 300)) && { echo "slowclients.sh: router not ready" >&2; cat "$dir/router.log" >&2; exit 1; }
-	sleep 0.1
-done
+wait_ok "http://$HOST:$((BASE_PORT + 1))" || { cat "$dir/router.log" >&2; exit 1; }
 echo "router: ${BEFORE_REV:-this tree} ${timeout_flag[*]:-(no write timeout)}; load: $(uptime)" >&2
 "$dir/kvmesh" bench --slow-clients "${STALLED:-2000}" --read-rate "${READ_RATE:-0}" --hold "${HOLD:-40s}" \
 	--frontend "http://$HOST:$((BASE_PORT + 1))" --admin "http://$HOST:$((BASE_PORT + 6))" --router-pid "$router_pid" \
