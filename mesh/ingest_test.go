@@ -19,23 +19,7 @@ import (
 // the max and the calls over 100 µs show them. It reports the reader's
 // wall time per call, p50, p99, p99.9 and max, and the calls over 100 µs.
 func BenchmarkReadersUnderIngest(b *testing.B) {
-	owner := newRouter(b, "owner", func(c *Config) { c.DefaultCapacityBlocks = 4096; c.Timing = LANTiming() })
-	a := newRouter(b, "a", func(c *Config) { c.DefaultCapacityBlocks = 4096; c.Timing = LANTiming(); joining(owner)(c) })
-	rng := rand.New(rand.NewPCG(1, 2))
-	declare1024(rng, owner)
-	eventually(b, 60*time.Second, "a counts every copy", func() error {
-		n := 0
-		for _, c := range a.candidatesRef("m", nil) {
-			if c.Summary != nil {
-				n++
-			}
-		}
-		if n != 1024 {
-			return fmt.Errorf("%d copies count", n)
-		}
-		return nil
-	})
-	warmIndex(a.Mesh, rng)
+	owner, a, _ := copying1024(b)
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Add(1)

@@ -322,25 +322,7 @@ func warmIndex(m *Mesh, rng *rand.Rand) {
 // gossiped by another router (15 in 16 at a router of 16), whose
 // Candidates reads the owner's state and the copy's epoch and age.
 func BenchmarkDecisionCopiesPaired(b *testing.B) {
-	// LAN timing: copies count for 10 s after their owner's last word, so
-	// a loaded machine does not turn them stale mid-run.
-	owner := newRouter(b, "owner", func(c *Config) { c.DefaultCapacityBlocks = 4096; c.Timing = LANTiming() })
-	a := newRouter(b, "a", func(c *Config) { c.DefaultCapacityBlocks = 4096; c.Timing = LANTiming(); joining(owner)(c) })
-	rng := rand.New(rand.NewPCG(1, 2))
-	declare1024(rng, owner)
-	eventually(b, 60*time.Second, "a counts every copy", func() error {
-		n := 0
-		for _, c := range a.candidatesRef("m", nil) {
-			if c.Summary != nil {
-				n++
-			}
-		}
-		if n != 1024 {
-			return fmt.Errorf("%d copies count", n)
-		}
-		return nil
-	})
-	warmIndex(a.Mesh, rng)
+	_, a, rng := copying1024(b)
 	counted := 0
 	n := pairedDecisions(b, a, rng, func(cands []route.Candidate) {
 		for _, c := range cands {
@@ -419,6 +401,31 @@ func owning1024(b *testing.B) (*testRouter, *rand.Rand) {
 	})
 	warmIndex(a.Mesh, rng)
 	return a, rng
+}
+
+// copying1024 is an owner of 1,024 replicas (declare1024) and a router a
+// that owns none and counts the copies of all of them, its Index warm.
+// LAN timing: copies count for 10 s after their owner's last word, so a
+// loaded machine does not turn them stale mid-run.
+func copying1024(b *testing.B) (owner, a *testRouter, rng *rand.Rand) {
+	owner = newRouter(b, "owner", func(c *Config) { c.DefaultCapacityBlocks = 4096; c.Timing = LANTiming() })
+	a = newRouter(b, "a", func(c *Config) { c.DefaultCapacityBlocks = 4096; c.Timing = LANTiming(); joining(owner)(c) })
+	rng = rand.New(rand.NewPCG(1, 2))
+	declare1024(rng, owner)
+	eventually(b, 60*time.Second, "a counts every copy", func() error {
+		n := 0
+		for _, c := range a.candidatesRef("m", nil) {
+			if c.Summary != nil {
+				n++
+			}
+		}
+		if n != 1024 {
+			return fmt.Errorf("%d copies count", n)
+		}
+		return nil
+	})
+	warmIndex(a.Mesh, rng)
+	return owner, a, rng
 }
 
 func declare1024(rng *rand.Rand, r *testRouter) {
