@@ -139,9 +139,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			return fmt.Errorf("bench: %w", err)
 		}
 		if *jsonOut {
-			enc := json.NewEncoder(stdout)
-			enc.SetIndent("", "  ")
-			return enc.Encode(res)
+			return writeIndentedJSON(stdout, res)
 		}
 		return bench.WriteSlowTable(stdout, res)
 	}
@@ -175,9 +173,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			return fmt.Errorf("bench: %w", err)
 		}
 		if *jsonOut {
-			enc := json.NewEncoder(stdout)
-			enc.SetIndent("", "  ")
-			return enc.Encode(res)
+			return writeIndentedJSON(stdout, res)
 		}
 		return bench.WriteOverheadTable(stdout, res, *ohBase)
 	}
@@ -247,9 +243,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 
 	if *jsonOut {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(struct {
+		if err := writeIndentedJSON(stdout, struct {
 			Frontends []bench.Result `json:"frontends"`
 		}{results}); err != nil {
 			return fmt.Errorf("bench: write json: %w", err)
@@ -348,9 +342,7 @@ func runConvBench(ctx context.Context, groups []benchGroup, conv bench.ConvConfi
 		}
 	}
 	if jsonOut {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(struct {
+		if err := writeIndentedJSON(stdout, struct {
 			Frontends []bench.ConvResult `json:"frontends"`
 		}{results}); err != nil {
 			return fmt.Errorf("bench: write json: %w", err)
@@ -499,4 +491,12 @@ func serveTCPRelay(ctx context.Context, addr, target string, stderr io.Writer) e
 			pump(c, up)
 		}()
 	}
+}
+
+// writeIndentedJSON writes v as indented JSON, the form of every
+// `kvmesh bench --json` report.
+func writeIndentedJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
 }
