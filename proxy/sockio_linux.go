@@ -147,16 +147,7 @@ func (s *sockIO) Read(p []byte) (int, error) {
 	if len(p) > maxRaw {
 		p = p[:maxRaw]
 	}
-	o := &s.r
-	o.mu.Lock()
-	o.b, o.n, o.err = p, 0, nil
-	err := s.rc.Read(o.fn)
-	n := o.n
-	if err == nil {
-		err = o.err
-	}
-	o.b, o.err = nil, nil
-	o.mu.Unlock()
+	n, err := s.call(&s.r, p, false)
 	if err != nil && err != io.EOF {
 		return n, s.opError("read", err)
 	}
@@ -192,20 +183,32 @@ func (s *sockIO) Write(p []byte) (int, error) {
 	if len(p) > maxRaw {
 		return s.c.Write(p)
 	}
-	o := &s.w
+	n, err := s.call(&s.w, p, true)
+	if err != nil {
+		return n, s.opError("write", err)
+	}
+	return n, nil
+}
+
+// call runs o's call over b in the poller (RawConn's Write or Read: it
+// waits there while the call finds the socket not ready) and returns
+// what the call moved and its error, the poller's first.
+func (s *sockIO) call(o *rawOp, b []byte, write bool) (int, error) {
 	o.mu.Lock()
-	o.b, o.n, o.err = p, 0, nil
-	err := s.rc.Write(o.fn)
+	o.b, o.n, o.err = b, 0, nil
+	var err error
+	if write {
+		err = s.rc.Write(o.fn)
+	} else {
+		err = s.rc.Read(o.fn)
+	}
 	n := o.n
 	if err == nil {
 		err = o.err
 	}
 	o.b, o.err = nil, nil
 	o.mu.Unlock()
-	if err != nil {
-		return n, s.opError("write", err)
-	}
-	return n, nil
+	return n, err
 }
 
 func (s *sockIO) writeAll(fd uintptr) bool {
