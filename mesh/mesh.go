@@ -156,6 +156,7 @@ type Mesh struct {
 	seq        atomic.Uint64
 
 	ml       *memberlist.Memberlist
+	guard    *guardedTransport // nil with Config.Transport (transport.go)
 	numAlive atomic.Int64
 	inbox    chan []byte
 	repairs  chan job

@@ -81,6 +81,11 @@ type guardedTransport struct {
 
 	mu   sync.Mutex
 	used int64
+	// admitted and peak (the most ever charged at once) let a test
+	// check the bound itself rather than how many streams a given
+	// schedule happened to refuse.
+	admitted int64
+	peak     int64
 }
 
 // guardTransport gives memberlist a guarded NetTransport (or the test's
@@ -112,7 +117,8 @@ func (m *Mesh) guardTransport(mc *memberlist.Config) error {
 			mc.AdvertisePort = mc.BindPort
 		}
 	}
-	mc.Transport = newGuardedTransport(nt, m.cfg.Streams, len(mc.SecretKey) > 0, m.cfg.Registerer, mc.Logger.Printf)
+	m.guard = newGuardedTransport(nt, m.cfg.Streams, len(mc.SecretKey) > 0, m.cfg.Registerer, mc.Logger.Printf)
+	mc.Transport = m.guard
 	return nil
 }
 
@@ -206,6 +212,8 @@ func (t *guardedTransport) reserve(n int64) bool {
 		return false
 	}
 	t.used += n
+	t.admitted++
+	t.peak = max(t.peak, t.used)
 	return true
 }
 
