@@ -14,6 +14,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/kvmesh/kvmesh/internal/engine"
+	"github.com/kvmesh/kvmesh/internal/panics"
 	"github.com/kvmesh/kvmesh/summary"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
@@ -52,6 +53,10 @@ type HealthConfig struct {
 	// Engine is the kind of engine behind every replica; "" or auto
 	// detects each replica's from its /metrics.
 	Engine engine.Kind
+	// Panics counts the panics of a poll (an adapter meeting metrics it
+	// did not expect): the poll is dropped and its replica polled again
+	// at the next tick. Default: a recorder of its own, not registered.
+	Panics *panics.Recorder
 }
 
 func (c HealthConfig) withDefaults() HealthConfig {
@@ -174,6 +179,9 @@ func NewHealthChecker(cfg HealthConfig, replicas []string, client *http.Client, 
 		onChange = func(string, ReplicaStatus) {}
 	}
 	f := promauto.With(reg)
+	if cfg.Panics == nil {
+		cfg.Panics = panics.New(nil, logger)
+	}
 	h := &HealthChecker{
 		cfg: cfg.withDefaults(), client: client, onChange: onChange,
 		blockBytes: max(blockBytes, 1), log: logger, state: map[string]*replicaHealth{},
@@ -277,7 +285,9 @@ func (h *HealthChecker) startLocked(id string, s *replicaHealth) {
 		t := time.NewTicker(period)
 		defer t.Stop()
 		for {
-			h.poll(ctx, id, s, false)
+			// One poll is the unit a panic costs: poll holds no lock
+			// while it reads the replica, and apply's is deferred.
+			h.cfg.Panics.Guard(panics.HealthCheck, func() { h.poll(ctx, id, s, false) })
 			select {
 			case <-ctx.Done():
 				return
@@ -329,7 +339,7 @@ func (h *HealthChecker) round(ctx context.Context) {
 	h.mu.Unlock()
 	var wg sync.WaitGroup
 	for id, s := range states {
-		wg.Go(func() { h.poll(ctx, id, s, true) })
+		wg.Go(func() { h.cfg.Panics.Guard(panics.HealthCheck, func() { h.poll(ctx, id, s, true) }) })
 	}
 	wg.Wait()
 	if ctx.Err() == nil {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/kvmesh/kvmesh/internal/engine"
+	"github.com/kvmesh/kvmesh/internal/panics"
 	"github.com/kvmesh/kvmesh/internal/replicasim"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -411,6 +412,34 @@ func TestHealthCheckerRunDynamic(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("Run did not return after cancel")
 	}
+}
+
+// TestHealthCheckerPollPanicContained: a panic in one poll (here in the
+// owner's callback; an adapter meeting metrics it did not expect would
+// panic at the same place) is counted as where="health_check" and the
+// replica's poller polls on: a later change is still reported.
+func TestHealthCheckerPollPanicContained(t *testing.T) {
+	e := &engineReplica{metrics: vllmMetrics}
+	rep := newReplica(t, e.serve)
+	rec := panics.New(nil, nil)
+	var got reports
+	var calls atomic.Int32
+	onChange := func(id string, s ReplicaStatus) {
+		if calls.Add(1) == 1 {
+			panic("test: a bug in a poll")
+		}
+		got.add(id, s)
+	}
+	h := NewHealthChecker(HealthConfig{Interval: 5 * time.Millisecond, LoadInterval: 5 * time.Millisecond, Panics: rec},
+		[]string{rep.URL}, nil, onChange, 1024, nil, nil)
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { h.Run(ctx); close(done) }()
+	waitFor(t, "the panic", func() bool { return testutil.ToFloat64(rec.Counter(panics.HealthCheck)) == 1 })
+	e.set(4, 1)
+	waitFor(t, "a report after the panic", func() bool { c, _ := got.last(rep.URL); return c.Running == 4 })
+	cancel()
+	<-done
 }
 
 // TestHealthCheckerRunStops: Run checks at once and returns when its

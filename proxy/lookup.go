@@ -97,9 +97,13 @@ func (p *Proxy) replicaOfResponse(ctx context.Context, r *http.Request, id strin
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if rep, ok := p.askPeer(ctx, r, base, id); ok {
-				found <- rep
-			}
+			// Off the request's goroutine, where no ServeHTTP recovers:
+			// a panic asking one peer costs that peer's answer.
+			p.panics.Guard(panicHandler, func() {
+				if rep, ok := p.askPeer(ctx, r, base, id); ok {
+					found <- rep
+				}
+			})
 		}()
 	}
 	// The askers end by the deadline at the latest; this one closes found

@@ -36,7 +36,6 @@ type metrics struct {
 	retries         prometheus.Counter
 	loopStreams     prometheus.Counter
 	loopClientWaits prometheus.Counter
-	panics          *prometheus.CounterVec // recover.go
 
 	// Children resolved once: WithLabelValues hashes its labels and
 	// takes a lock on every call, and the request path would call it
@@ -179,7 +178,6 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Streams the stream loop handed back to the normal path because the client's socket was full (a slow client).",
 		}),
 	}
-	m.panics = newPanicCounter(f)
 	// Initialise every label value so dashboards see zeros, not gaps.
 	m.byReason = map[route.Reason]prometheus.Counter{}
 	for _, r := range append(slices.Clone(route.Reasons), ReasonRehint, ReasonPreviousResponse, ReasonLoad, ReasonPolicyFault) {

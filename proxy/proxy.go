@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/kvmesh/kvmesh/internal/panics"
 	"github.com/kvmesh/kvmesh/internal/ratelog"
 	"github.com/kvmesh/kvmesh/route"
 	"github.com/kvmesh/kvmesh/summary"
@@ -95,6 +96,10 @@ type Config struct {
 	Logger hclog.Logger
 	// Registerer registers the proxy's metrics (default: none).
 	Registerer prometheus.Registerer
+	// Panics counts and logs the panics the proxy recovers (default: its
+	// own, registered with Registerer). A router shares one among every
+	// component that recovers, so the metric is registered once.
+	Panics *panics.Recorder
 	// Gatherer serves GET /metrics on the admin handler (nil: 404).
 	Gatherer prometheus.Gatherer
 	// Debug serves GET /debug/mesh as JSON on the admin handler (nil: 404).
@@ -141,7 +146,7 @@ type Proxy struct {
 	lookups   *lookups
 	clients   *clientLimiter // nil: no per-client cap
 	junk      junkLog
-	panicLog  *ratelog.Limiter // recover.go
+	panics    *panics.Recorder // recover.go
 	now       func() time.Time
 	// load counts this router's in-flight requests by heat key and times
 	// its replicas' slots (load.go).
@@ -219,8 +224,11 @@ func New(cfg Config) (*Proxy, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = hclog.NewNullLogger()
 	}
+	if cfg.Panics == nil {
+		cfg.Panics = panics.New(cfg.Registerer, cfg.Logger)
+	}
 	p := &Proxy{cfg: cfg, log: cfg.Logger, m: newMetrics(cfg.Registerer), edge: newEdgeMetrics(cfg.Registerer), client: cfg.Client,
-		junk: junkLog{log: cfg.Logger, lim: ratelog.New(5, time.Second)}, panicLog: ratelog.New(5, time.Second), now: time.Now,
+		junk: junkLog{log: cfg.Logger, lim: ratelog.New(5, time.Second)}, panics: cfg.Panics, now: time.Now,
 		sessionHeader: cfg.SessionHeader, responses: newResponseLRU(cfg.MaxResponses),
 		lookups: newLookups(cfg.Registerer),
 		load:    newLoadBook(), hops: newHopBook(), up: newUpstreamClient(cfg.Client), answers: newAnswerBudget(answerBudgetBytes)}

@@ -1,14 +1,10 @@
 package proxy
 
 import (
-	"bytes"
-	"fmt"
 	"net/http"
-	"runtime/debug"
 	"sync"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promauto"
+	"github.com/kvmesh/kvmesh/internal/panics"
 )
 
 // A panic in the router's own code (an answer extractor meeting input it
@@ -24,47 +20,16 @@ import (
 // kvmesh_recovered_panics_total{where} and logged a few times a second at
 // most, with the first lines of the stack.
 
-// Where a panic was recovered (the label of kvmesh_recovered_panics_total).
+// Where a panic was recovered (the label of kvmesh_recovered_panics_total,
+// internal/panics).
 const (
-	panicHandler    = "handler"
-	panicStreamLoop = "stream_loop"
+	panicHandler    = panics.Handler
+	panicStreamLoop = panics.StreamLoop
+	panicAdmin      = panics.Admin
 )
 
-func newPanicCounter(f promauto.Factory) *prometheus.CounterVec {
-	c := f.NewCounterVec(prometheus.CounterOpts{
-		Name: "kvmesh_recovered_panics_total",
-		Help: "Panics the router recovered from, by where: in a request's handler (the client got a 500, or its stream was aborted) or on a stream loop (that stream was aborted; the loop served on).",
-	}, []string{"where"})
-	c.WithLabelValues(panicHandler)
-	c.WithLabelValues(panicStreamLoop)
-	return c
-}
-
-// stackLines is how many lines of a recovered panic's stack are logged:
-// the panic, the goroutine's header and the innermost frames.
-const stackLines = 24
-
-// headOfStack returns the first n lines of stack.
-func headOfStack(stack []byte, n int) string {
-	i := 0
-	for range n {
-		j := bytes.IndexByte(stack[i:], '\n')
-		if j < 0 {
-			return string(stack)
-		}
-		i += j + 1
-	}
-	return string(stack[:i])
-}
-
 // recovered counts and logs (rate-limited) a panic recovered where.
-func (p *Proxy) recovered(where string, v any) {
-	p.m.panics.WithLabelValues(where).Inc()
-	if ok, suppressed := p.panicLog.Allow(); ok {
-		p.log.Error("recovered from a panic", "where", where, "panic", fmt.Sprint(v),
-			"suppressed_since_last", suppressed, "stack", headOfStack(debug.Stack(), stackLines))
-	}
-}
+func (p *Proxy) recovered(where string, v any) { p.panics.Recovered(where, v) }
 
 // trackedWriter is the ResponseWriter every handler of ServeHTTP gets: it
 // knows whether the response's head is written, which is what decides how
@@ -106,8 +71,26 @@ func unwrapTracked(w http.ResponseWriter) http.ResponseWriter {
 // contain is ServeHTTP's deferred recovery. It runs after every deferred
 // release of the handler (load counts, hop books, pooled buffers), which
 // ran as the panic unwound their frames.
-func (p *Proxy) contain(t *trackedWriter) {
-	v := recover()
+func (p *Proxy) contain(t *trackedWriter) { containHTTP(p.panics, panicHandler, t, recover()) }
+
+// ContainAdmin serves h (the admin server's handler: /metrics,
+// /debug/mesh, the status page) with its panics contained as the API's
+// are: an OpenAI-shaped 500 when nothing was written yet, an aborted
+// response otherwise, counted as where="admin". net/http would contain
+// them too, but by closing the connection with nothing sent and a stack
+// in the log per request.
+func (p *Proxy) ContainAdmin(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		t := trackedWriters.Get().(*trackedWriter)
+		t.ResponseWriter, t.wrote = w, false
+		defer func() { containHTTP(p.panics, panicAdmin, t, recover()) }()
+		h.ServeHTTP(t, r)
+	})
+}
+
+// containHTTP answers a handler's recovered panic v (nil: none, and t
+// goes back to its pool) and counts it in rec as where.
+func containHTTP(rec *panics.Recorder, where string, t *trackedWriter, v any) {
 	if v == nil {
 		t.ResponseWriter = nil
 		trackedWriters.Put(t)
@@ -118,7 +101,7 @@ func (p *Proxy) contain(t *trackedWriter) {
 		// (relay's mid-stream failure): not a bug.
 		panic(v)
 	}
-	p.recovered(panicHandler, v)
+	rec.Recovered(where, v)
 	if t.wrote {
 		// Bytes of a success were sent: only a broken connection tells
 		// the client the response is not whole.

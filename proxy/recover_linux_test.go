@@ -78,7 +78,7 @@ func TestStreamLoopContainsPanic(t *testing.T) {
 	if n := testutil.ToFloat64(p.m.loopStreams); n != 3 {
 		t.Errorf("loop streams %v, want 3", n)
 	}
-	if n := testutil.ToFloat64(p.m.panics.WithLabelValues(panicStreamLoop)); n != 1 {
+	if n := testutil.ToFloat64(p.panics.Counter(panicStreamLoop)); n != 1 {
 		t.Errorf("loop panics counted: %v, want 1", n)
 	}
 	requireReleased(t, p, rep.URL)

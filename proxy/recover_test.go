@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -66,7 +67,7 @@ func TestHandlerPanicAnswers500(t *testing.T) {
 	if err := json.Unmarshal([]byte(body), &e); err != nil || e.Error.Type != "server_error" || e.Error.Message == "" {
 		t.Fatalf("not an OpenAI error: %s (%v)", body, err)
 	}
-	if n := testutil.ToFloat64(p.m.panics.WithLabelValues(panicHandler)); n != 1 {
+	if n := testutil.ToFloat64(p.panics.Counter(panicHandler)); n != 1 {
 		t.Errorf("panics counted: %v, want 1", n)
 	}
 	requireReleased(t, p, dead)
@@ -95,8 +96,48 @@ func TestHandlerPanicMidStreamAborts(t *testing.T) {
 	}
 	resp.Body.Close()
 	view.waitDone(t)
-	if n := testutil.ToFloat64(p.m.panics.WithLabelValues(panicHandler)); n != 1 {
+	if n := testutil.ToFloat64(p.panics.Counter(panicHandler)); n != 1 {
 		t.Errorf("panics counted: %v, want 1", n)
 	}
 	requireReleased(t, p, rep.URL)
+}
+
+// TestAdminPanicAnswers500: a panic in the admin server's handler (here
+// the debug view; the status page's view of the mesh is served the same
+// way) answers an OpenAI-shaped 500, is counted as where="admin", and the
+// admin server and the API serve on.
+func TestAdminPanicAnswers500(t *testing.T) {
+	view := newFakeView([]string{"m"})
+	var calls atomic.Int32
+	p, srv, _ := newTestProxy(t, view, func(c *Config) {
+		c.Debug = func() any {
+			if calls.Add(1) == 1 {
+				panic("test: a bug in the debug view")
+			}
+			return map[string]int{"ok": 1}
+		}
+	})
+	admin := httptest.NewServer(p.ContainAdmin(p.AdminHandler()))
+	defer admin.Close()
+	resp, err := http.Get(admin.URL + "/debug/mesh")
+	if err != nil {
+		t.Fatalf("the client got no answer: %v", err)
+	}
+	body := readAll(t, resp)
+	var e apiError
+	if resp.StatusCode != http.StatusInternalServerError || json.Unmarshal([]byte(body), &e) != nil || e.Error.Type != "server_error" {
+		t.Fatalf("status %d, want an OpenAI-shaped 500: %s", resp.StatusCode, body)
+	}
+	if n := testutil.ToFloat64(p.panics.Counter(panicAdmin)); n != 1 {
+		t.Errorf("panics counted: %v, want 1", n)
+	}
+	for _, u := range []string{admin.URL + "/debug/mesh", admin.URL + "/metrics", srv.URL + "/healthz"} {
+		resp, err := http.Get(u)
+		if err != nil {
+			t.Fatalf("%s after the panic: %v", u, err)
+		}
+		if b := readAll(t, resp); resp.StatusCode != http.StatusOK {
+			t.Errorf("%s after the panic: %d %s", u, resp.StatusCode, b)
+		}
+	}
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/memberlist"
 	"github.com/kvmesh/kvmesh/internal/gcpace"
+	"github.com/kvmesh/kvmesh/internal/panics"
 	"github.com/kvmesh/kvmesh/mesh"
 	"github.com/kvmesh/kvmesh/proxy"
 	"github.com/kvmesh/kvmesh/route"
@@ -355,13 +356,16 @@ func startRouter(ctx context.Context, cfg routerConfig) (*router, error) {
 		closeLns()
 		return nil, fmt.Errorf("router: %w", err)
 	}
+	// One recorder of recovered panics for every component that
+	// contains them (internal/panics): one metric, one log throttle.
+	rec := panics.New(reg, log)
 	// Replicas are declared once they pass a health check (replicaSet).
 	set := newReplicaSet(m, log.Named("replicas"))
 	client := proxy.NewClient()
 	if edges.peerTLS != nil {
 		client.Transport.(*http.Transport).TLSClientConfig = edges.peerTLS
 	}
-	hc := proxy.NewHealthChecker(proxy.HealthConfig{Interval: cfg.healthInterval, LoadInterval: cfg.sources.loadInterval, Engine: cfg.sources.engine},
+	hc := proxy.NewHealthChecker(proxy.HealthConfig{Interval: cfg.healthInterval, LoadInterval: cfg.sources.loadInterval, Engine: cfg.sources.engine, Panics: rec},
 		nil, client, set.onStatus, cfg.contract.BlockBytes, log.Named("health"), reg)
 	set.health = hc
 	set.update("static", cfg.replicas)
@@ -376,7 +380,7 @@ func startRouter(ctx context.Context, cfg routerConfig) (*router, error) {
 	p, err := proxy.New(proxy.Config{
 		RouterName: cfg.name, View: m, Policy: policy, Contract: cfg.contract,
 		MaxBodyBytes: cfg.maxBodyBytes, Client: client, Logger: log.Named("proxy"),
-		Registerer: reg, Gatherer: reg, Debug: m.Debug, Ready: r.ready, ModelsKnown: r.modelsKnown, ReportFailure: hc.ReportFailure,
+		Registerer: reg, Gatherer: reg, Panics: rec, Debug: m.Debug, Ready: r.ready, ModelsKnown: r.modelsKnown, ReportFailure: hc.ReportFailure,
 		MaxAttempts: cfg.maxAttempts, RetryBudget: cfg.retryBudget, BodyTimeout: cfg.bodyTimeout, WriteTimeout: cfg.writeTimeout,
 		HopDispatchTimeout:   hopDispatchTimeout(cfg.hopDispatchTimeout),
 		MaxInflightPerClient: cfg.maxInflightPerClient, HopKey: proxy.HopKey(cfg.gossipKey),
@@ -399,13 +403,13 @@ func startRouter(ctx context.Context, cfg routerConfig) (*router, error) {
 			return nil, err
 		}
 		r.adminLn = adminLn
-		r.admin = &http.Server{Handler: admin, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: time.Minute, ErrorLog: r.srv.ErrorLog}
+		r.admin = &http.Server{Handler: p.ContainAdmin(admin), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: time.Minute, ErrorLog: r.srv.ErrorLog}
 	}
 	hctx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	r.stopHealth = stop
 	r.wg.Add(2)
 	go func() { defer r.wg.Done(); hc.Run(hctx) }()
-	go func() { defer r.wg.Done(); runDiscovery(hctx, cfg.sources, set, log.Named("discover")) }()
+	go func() { defer r.wg.Done(); runDiscovery(hctx, cfg.sources, set, log.Named("discover"), rec) }()
 	r.serve("API", r.srv, r.ln)
 	if r.admin != nil {
 		r.serve("admin", r.admin, r.adminLn)

@@ -16,6 +16,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/kvmesh/kvmesh/internal/discover"
 	"github.com/kvmesh/kvmesh/internal/engine"
+	"github.com/kvmesh/kvmesh/internal/panics"
 	"github.com/kvmesh/kvmesh/mesh"
 	"github.com/kvmesh/kvmesh/proxy"
 )
@@ -146,7 +147,7 @@ func (s *replicaSet) update(source string, ids []string) {
 }
 
 // runDiscovery watches the DNS and file sources until ctx is done.
-func runDiscovery(ctx context.Context, src replicaSources, set *replicaSet, log hclog.Logger) {
+func runDiscovery(ctx context.Context, src replicaSources, set *replicaSet, log hclog.Logger, rec *panics.Recorder) {
 	var wg sync.WaitGroup
 	if src.dns != "" {
 		scheme := src.dnsScheme
@@ -158,7 +159,7 @@ func runDiscovery(ctx context.Context, src replicaSources, set *replicaSet, log 
 			log.Error("replica DNS", "error", err)
 		} else {
 			wg.Go(func() {
-				discover.Watch(ctx, d, src.dnsInterval, nil, func(ids []string) { set.update("dns", ids) }, log)
+				discover.Watch(ctx, d, src.dnsInterval, nil, func(ids []string) { set.update("dns", ids) }, log, rec)
 			})
 		}
 	}
@@ -185,7 +186,7 @@ func runDiscovery(ctx context.Context, src replicaSources, set *replicaSet, log 
 		}
 		f := discover.NewFile(src.file, log)
 		wg.Go(func() {
-			discover.Watch(ctx, f, src.filePoll, poke, func(ids []string) { set.update("file", ids) }, log)
+			discover.Watch(ctx, f, src.filePoll, poke, func(ids []string) { set.update("file", ids) }, log, rec)
 		})
 	}
 	wg.Wait()

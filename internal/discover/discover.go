@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/kvmesh/kvmesh/internal/panics"
 )
 
 // Source lists replica base URLs.
@@ -45,10 +46,17 @@ const (
 // receives, and calls update with every list that differs from the last
 // one (the first always). A failed listing keeps the last list: a DNS
 // server that times out or a file being rewritten must not empty the
-// router. It returns when ctx is done.
-func Watch(ctx context.Context, src Source, interval time.Duration, poke <-chan struct{}, update func([]string), log hclog.Logger) {
+// router. A listing or an update that panics is recovered and counted in
+// rec (nil: a recorder of Watch's own, not registered) as a failed
+// listing is: the last list stays, and the next listing (at its time)
+// updates again, so the watcher outlives a bug rather than the router
+// dying of it. It returns when ctx is done.
+func Watch(ctx context.Context, src Source, interval time.Duration, poke <-chan struct{}, update func([]string), log hclog.Logger, rec *panics.Recorder) {
 	if log == nil {
 		log = hclog.NewNullLogger()
+	}
+	if rec == nil {
+		rec = panics.New(nil, log)
 	}
 	t := time.NewTicker(interval)
 	defer t.Stop()
@@ -56,7 +64,11 @@ func Watch(ctx context.Context, src Source, interval time.Duration, poke <-chan 
 	first, failing := true, false
 	for {
 		lctx, cancel := context.WithTimeout(ctx, listTimeout)
-		l, err := src.List(lctx)
+		var l []string
+		var err error
+		if rec.Guard(panics.Discovery, func() { l, err = src.List(lctx) }) {
+			err = errListPanicked
+		}
 		cancel()
 		if err == nil && len(l) > MaxReplicas {
 			err = fmt.Errorf("%d replicas listed, more than %d", len(l), MaxReplicas)
@@ -76,8 +88,9 @@ func Watch(ctx context.Context, src Source, interval time.Duration, poke <-chan 
 			failing = false
 			if first || !slices.Equal(l, last) {
 				log.Info("replicas listed", "source", src.Name(), "replicas", strings.Join(l, ","))
-				last, first = l, false
-				update(slices.Clone(l))
+				if !rec.Guard(panics.Discovery, func() { update(slices.Clone(l)) }) {
+					last, first = l, false
+				}
 			}
 		}
 		select {
@@ -91,6 +104,10 @@ func Watch(ctx context.Context, src Source, interval time.Duration, poke <-chan 
 		}
 	}
 }
+
+// errListPanicked is a listing that panicked (counted and logged by the
+// recorder).
+var errListPanicked = errors.New("listing panicked")
 
 // NewResolver returns a resolver that asks the DNS server at server
 // (HOST:PORT) instead of the system's ("" returns the system resolver).

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/internal/discover/dnstest"
+	"github.com/kvmesh/kvmesh/internal/panics"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 func startDNS(t *testing.T) *dnstest.Server {
@@ -115,14 +117,18 @@ type scripted struct {
 }
 
 type result struct {
-	list []string
-	err  error
+	list     []string
+	err      error
+	panicked bool // List panics
 }
 
 func (s *scripted) Name() string { return "scripted" }
 func (s *scripted) List(ctx context.Context) ([]string, error) {
 	select {
 	case r := <-s.results:
+		if r.panicked {
+			panic("test: a bug in a listing")
+		}
 		return r.list, r.err
 	case <-ctx.Done():
 		return nil, ctx.Err()
@@ -140,7 +146,7 @@ func TestWatch(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan struct{})
 	go func() {
-		Watch(ctx, src, time.Hour, poke, func(l []string) { updates <- l }, nil)
+		Watch(ctx, src, time.Hour, poke, func(l []string) { updates <- l }, nil, nil)
 		close(done)
 	}()
 	feed := []result{
@@ -169,6 +175,57 @@ func TestWatch(t *testing.T) {
 	}
 	if len(src.invalidated) != len(feed) {
 		t.Errorf("%d invalidations, want %d", len(src.invalidated), len(feed))
+	}
+}
+
+// TestWatchPanicContained: a listing that panics is counted as
+// where="discovery" and keeps the last list, as a failed one does; an
+// update that panics is counted and applied again at the next listing
+// of the same list. The watcher serves on either way.
+func TestWatchPanicContained(t *testing.T) {
+	src := &scripted{results: make(chan result), invalidated: make(chan struct{}, 10)}
+	rec := panics.New(nil, nil)
+	updates := make(chan []string, 10)
+	var calls int
+	update := func(l []string) {
+		calls++
+		if calls == 2 {
+			panic("test: a bug in an update")
+		}
+		updates <- l
+	}
+	poke := make(chan struct{})
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() {
+		Watch(ctx, src, time.Hour, poke, update, nil, rec)
+		close(done)
+	}()
+	feed := []result{
+		{list: []string{"http://a"}},
+		{panicked: true},
+		{list: []string{"http://a", "http://b"}}, // its update panics
+		{list: []string{"http://a", "http://b"}}, // applied again
+	}
+	for i, r := range feed {
+		if i > 0 {
+			poke <- struct{}{}
+		}
+		src.results <- r
+	}
+	poke <- struct{}{}
+	cancel()
+	<-done
+	close(updates)
+	var got []string
+	for l := range updates {
+		got = append(got, strings.Join(l, " "))
+	}
+	if want := []string{"http://a", "http://a http://b"}; !slices.Equal(got, want) {
+		t.Errorf("updates %q, want %q", got, want)
+	}
+	if n := testutil.ToFloat64(rec.Counter(panics.Discovery)); n != 2 {
+		t.Errorf("%v panics counted, want 2", n)
 	}
 }
 
