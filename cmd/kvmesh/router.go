@@ -69,6 +69,7 @@ type routerConfig struct {
 	apiKeyFile           string
 	maxConns             int
 	maxInflightPerClient int
+	clientSendBuffer     int
 	headerTimeout        time.Duration
 	bodyTimeout          time.Duration
 	writeTimeout         time.Duration
@@ -393,7 +394,7 @@ func startRouter(ctx context.Context, cfg routerConfig) (*router, error) {
 		return nil, fmt.Errorf("router: %w", err)
 	}
 	r.proxy = p
-	r.ln = r.edgeListener(ln, cfg.maxConns)
+	r.ln = r.edgeListener(ln, cfg.maxConns, cfg.clientSendBuffer)
 	r.srv = r.apiServer(cfg, p)
 	if adminLn != nil {
 		admin, err := withStatusPage(p.AdminHandler(), cfg.name, m, reg, log.Named("status"))

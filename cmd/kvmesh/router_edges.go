@@ -33,6 +33,7 @@ func edgeFlags(fs *flag.FlagSet, cfg *routerConfig) {
 	fs.IntVar(&cfg.maxInflightPerClient, "max-inflight-per-client", proxy.DefaultMaxInflightPerClient, "most concurrent inference requests from one client IP; more get 429 with Retry-After (0: no cap; use 0 behind an L7 load balancer)")
 	fs.DurationVar(&cfg.headerTimeout, "header-timeout", 10*time.Second, "time a client has to send a request's headers")
 	fs.DurationVar(&cfg.bodyTimeout, "body-timeout", proxy.DefaultBodyTimeout, "time a client has to send a request's body (then 408 and the connection is closed)")
+	fs.IntVar(&cfg.clientSendBuffer, "client-send-buffer", proxy.DefaultClientSendBuffer, "send buffer (SO_SNDBUF) of each API connection in bytes: bounds the kernel memory a client that reads nothing pins until --write-timeout (0: the kernel's default, autotuned up to tcp_wmem's maximum, 4 MB on Linux)")
 	fs.DurationVar(&cfg.writeTimeout, "write-timeout", proxy.DefaultWriteTimeout, "time a client may take no byte of its response (a stalled stream reader); its request is then ended (499) and its connection closed, which cancels the generation")
 	fs.DurationVar(&cfg.idleTimeout, "idle-timeout", 2*time.Minute, "time an idle keep-alive connection is kept")
 	fs.DurationVar(&cfg.retryBudget, "retry-budget", proxy.DefaultRetryBudget, "time from a request's first upstream attempt within which another may start (only requests that never reached a replica are retried)")
@@ -54,6 +55,9 @@ func checkEdgeFlags(cfg *routerConfig) error {
 	if cfg.maxConns < 0 || cfg.maxInflightPerClient < 0 || cfg.maxAttempts < 1 {
 		return errors.New("router: --max-conns and --max-inflight-per-client must be ≥ 0, --max-attempts ≥ 1")
 	}
+	if cfg.clientSendBuffer != 0 && (cfg.clientSendBuffer < minClientSendBuffer || cfg.clientSendBuffer > maxClientSendBuffer) {
+		return fmt.Errorf("router: --client-send-buffer %d must be 0 (the kernel's) or %d to %d bytes", cfg.clientSendBuffer, minClientSendBuffer, maxClientSendBuffer)
+	}
 	for name, d := range map[string]time.Duration{"header-timeout": cfg.headerTimeout, "body-timeout": cfg.bodyTimeout,
 		"idle-timeout": cfg.idleTimeout, "retry-budget": cfg.retryBudget, "drain-timeout": cfg.drainTimeout, "write-timeout": cfg.writeTimeout} {
 		if d <= 0 {
@@ -65,6 +69,13 @@ func checkEdgeFlags(cfg *routerConfig) error {
 	}
 	return nil
 }
+
+// Bounds of --client-send-buffer: below 16 KB a stream's every event
+// waits on the client's acknowledgements; over 64 MB is no bound.
+const (
+	minClientSendBuffer = 16 << 10
+	maxClientSendBuffer = 64 << 20
+)
 
 // routerEdges is what the edge flags load: certificates, keys, CA.
 type routerEdges struct {
@@ -114,14 +125,16 @@ func loadEdges(cfg routerConfig, log hclog.Logger) (routerEdges, error) {
 	return e, nil
 }
 
-// edgeListener caps the API's connections and adds TLS.
-func (r *router) edgeListener(ln net.Listener, maxConns int) net.Listener {
+// edgeListener caps the API's connections, bounds their send buffers
+// and adds TLS.
+func (r *router) edgeListener(ln net.Listener, maxConns, sendBuf int) net.Listener {
 	lim := proxy.LimitConns(ln, maxConns, r.edges.serverTLS, func(remote string) {
 		r.proxy.ConnRefused()
 		if ok, n := r.edges.junk.Allow(); ok {
 			r.log.Warn("connection limit reached; refusing connections", "remote", remote, "suppressed_since_last", n)
 		}
 	})
+	lim.SetSendBuffer(sendBuf)
 	if r.edges.serverTLS != nil {
 		return tls.NewListener(lim, r.edges.serverTLS)
 	}

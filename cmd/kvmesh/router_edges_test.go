@@ -321,8 +321,18 @@ func TestEdgeFlags(t *testing.T) {
 	if c.adminListen != "127.0.0.1:9090" || c.maxConns != proxy.DefaultMaxConns || c.maxInflightPerClient != proxy.DefaultMaxInflightPerClient ||
 		c.bodyTimeout != proxy.DefaultBodyTimeout || c.drainTimeout != 60*time.Second || c.retryBudget != proxy.DefaultRetryBudget ||
 		c.maxAttempts != 3 || c.gossipStreams != (mesh.StreamLimits{MaxStreams: mesh.DefaultMaxStreams, BudgetBytes: mesh.DefaultStreamBytes}) ||
-		c.gcHeadroom != defaultGCHeadroom || c.gogcSet {
+		c.gcHeadroom != defaultGCHeadroom || c.gogcSet || c.clientSendBuffer != proxy.DefaultClientSendBuffer {
 		t.Errorf("defaults: %+v", c)
+	}
+	// 0 is the kernel's default; the environment sets it like any flag.
+	env := func(k string) (string, bool) {
+		if k == "KVMESH_CLIENT_SEND_BUFFER" {
+			return "0", true
+		}
+		return "", false
+	}
+	if c, err := parseRouterFlags([]string{"--name", "r"}, env, io.Discard); err != nil || c.clientSendBuffer != 0 {
+		t.Errorf("KVMESH_CLIENT_SEND_BUFFER=0: %v, %d", err, c.clientSendBuffer)
 	}
 	for _, tc := range []struct {
 		args    []string
@@ -334,6 +344,8 @@ func TestEdgeFlags(t *testing.T) {
 		{[]string{"--max-attempts", "0"}, "max-attempts"},
 		{[]string{"--gossip-stream-budget", "10"}, "gossip-stream-budget"},
 		{[]string{"--gc-headroom", "-1"}, "gc-headroom"},
+		{[]string{"--client-send-buffer", "-1"}, "client-send-buffer"},
+		{[]string{"--client-send-buffer", "1024"}, "client-send-buffer"},
 	} {
 		if _, err := parseRouterFlags(append([]string{"--name", "r"}, tc.args...), none, io.Discard); err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 			t.Errorf("%v: error %v, want %q", tc.args, err, tc.wantErr)

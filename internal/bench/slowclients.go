@@ -38,12 +38,16 @@ type SlowConfig struct {
 
 // SlowSample is the router at one moment.
 type SlowSample struct {
-	At            float64 `json:"at_s"` // seconds since the stalled streams began to open
-	Goroutines    int     `json:"goroutines"`
-	RSSKB         int     `json:"rss_kb"`
-	FDs           int     `json:"fds"`
-	WriteTimeouts int     `json:"write_timeouts"`
-	Open          int     `json:"stalled_open"` // stalled connections the router has not closed (known at the end)
+	At         float64 `json:"at_s"` // seconds since the stalled streams began to open
+	Goroutines int     `json:"goroutines"`
+	RSSKB      int     `json:"rss_kb"`
+	FDs        int     `json:"fds"`
+	// TCPMemKB is the kernel's memory in TCP socket buffers, the whole
+	// host's (/proc/net/sockstat; 0 elsewhere): on 127.0.0.1 the router's
+	// sockets and the clients' and replica's alike.
+	TCPMemKB      int `json:"tcp_mem_kb"`
+	WriteTimeouts int `json:"write_timeouts"`
+	Open          int `json:"stalled_open"` // stalled connections the router has not closed (known at the end)
 }
 
 // SlowLatency is one window of the normal clients.
@@ -130,6 +134,7 @@ func RunSlowClients(ctx context.Context, cfg SlowConfig) (SlowResult, error) {
 	sample := func() SlowSample {
 		s := SlowSample{At: time.Since(start).Seconds()}
 		s.RSSKB, s.FDs = procStats(cfg.PID)
+		s.TCPMemKB = tcpMemKB()
 		s.Goroutines, s.WriteTimeouts = routerMetrics(client, cfg.Admin)
 		return s
 	}
@@ -180,7 +185,7 @@ func RunSlowClients(ctx context.Context, cfg SlowConfig) (SlowResult, error) {
 	for time.Now().Before(deadline) && ctx.Err() == nil {
 		s := sample()
 		res.Samples = append(res.Samples, s)
-		fmt.Fprintf(cfg.Progress, "t=%5.1fs goroutines %d rss %d MB fds %d write timeouts %d\n", s.At, s.Goroutines, s.RSSKB>>10, s.FDs, s.WriteTimeouts)
+		fmt.Fprintf(cfg.Progress, "t=%5.1fs goroutines %d rss %d MB fds %d tcp mem %d MB write timeouts %d\n", s.At, s.Goroutines, s.RSSKB>>10, s.FDs, s.TCPMemKB>>10, s.WriteTimeouts)
 		select {
 		case <-time.After(cfg.Every):
 		case <-ctx.Done():
@@ -334,6 +339,28 @@ func procStats(pid int) (rssKB, fds int) {
 	return rssKB, fds
 }
 
+// tcpMemKB is the kernel's TCP buffer memory ("TCP: ... mem PAGES" of
+// /proc/net/sockstat) in KB, 0 where there is none.
+func tcpMemKB() int {
+	b, err := os.ReadFile("/proc/net/sockstat")
+	if err != nil {
+		return 0
+	}
+	for line := range strings.SplitSeq(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 0 || f[0] != "TCP:" {
+			continue
+		}
+		for i := 1; i+1 < len(f); i++ {
+			if f[i] == "mem" {
+				pages, _ := strconv.Atoi(f[i+1])
+				return pages * os.Getpagesize() >> 10
+			}
+		}
+	}
+	return 0
+}
+
 // routerMetrics reads go_goroutines and the write timeouts from the
 // router's /metrics.
 func routerMetrics(client *http.Client, admin string) (goroutines, writeTimeouts int) {
@@ -364,9 +391,9 @@ func routerMetrics(client *http.Client, admin string) (goroutines, writeTimeouts
 // WriteSlowTable prints r as tables.
 func WriteSlowTable(w io.Writer, r SlowResult) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(tw, "t (s)\tgoroutines\tRSS (MB)\tFDs\twrite timeouts\t\n")
+	fmt.Fprintf(tw, "t (s)\tgoroutines\tRSS (MB)\tFDs\tTCP mem (MB)\twrite timeouts\t\n")
 	for _, s := range r.Samples {
-		fmt.Fprintf(tw, "%.1f\t%d\t%.1f\t%d\t%d\t\n", s.At, s.Goroutines, float64(s.RSSKB)/1024, s.FDs, s.WriteTimeouts)
+		fmt.Fprintf(tw, "%.1f\t%d\t%.1f\t%d\t%.1f\t%d\t\n", s.At, s.Goroutines, float64(s.RSSKB)/1024, s.FDs, float64(s.TCPMemKB)/1024, s.WriteTimeouts)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
