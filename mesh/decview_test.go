@@ -53,7 +53,7 @@ func TestViewFollowsReplicas(t *testing.T) {
 	const x, y = "http://x:8000", "http://y:8000"
 	find := func(model, id string) (route.Candidate, error) {
 		for _, c := range a.Candidates(model, nil) {
-			if c.ID == id {
+			if c.ID() == id {
 				return c, nil
 			}
 		}
@@ -163,8 +163,8 @@ func TestCandidateBufferReused(t *testing.T) {
 			t.Fatalf("round %d: the buffer's candidates moved", round)
 		}
 		for i, c := range cands {
-			if got, want := c.Summary.Match(probes), a.MatchReplica(c.ID, probes); got != want {
-				t.Fatalf("round %d, %s: Match %d, summary's %d", round, c.ID, got, want)
+			if got, want := c.Summary.Match(probes), a.MatchReplica(c.ID(), probes); got != want {
+				t.Fatalf("round %d, %s: Match %d, summary's %d", round, c.ID(), got, want)
 			}
 			if i == 7 {
 				probes = summary.MakeProbes(nil, chain(uint64(i), 4)) // a held prompt, a new slice
@@ -209,8 +209,8 @@ func TestPooledCandidatesMatch(t *testing.T) {
 				cands, release := a.PooledCandidates("m")
 				probes := summary.MakeProbes(nil, chain(uint64((w*20+round)%n), 4))
 				for _, c := range cands {
-					if got, want := c.Summary.Match(probes), a.MatchReplica(c.ID, probes); got != want {
-						errs <- fmt.Errorf("worker %d round %d, %s: Match %d, summary's %d", w, round, c.ID, got, want)
+					if got, want := c.Summary.Match(probes), a.MatchReplica(c.ID(), probes); got != want {
+						errs <- fmt.Errorf("worker %d round %d, %s: Match %d, summary's %d", w, round, c.ID(), got, want)
 						release()
 						return
 					}
@@ -375,8 +375,8 @@ func TestCandidateBufferKeepsHintsPerModel(t *testing.T) {
 		for _, model := range []string{"m", "n"} {
 			probes := summary.MakeProbes(nil, chain(uint64(2*round), 4))
 			for _, c := range a.CandidatesInto(model, &buf) {
-				if got, want := c.Summary.Match(probes), a.MatchReplica(c.ID, probes); got != want {
-					t.Fatalf("round %d, model %s, %s: Match %d, summary's %d", round, model, c.ID, got, want)
+				if got, want := c.Summary.Match(probes), a.MatchReplica(c.ID(), probes); got != want {
+					t.Fatalf("round %d, model %s, %s: Match %d, summary's %d", round, model, c.ID(), got, want)
 				}
 			}
 		}

@@ -112,7 +112,7 @@ func chain(seed uint64, n int) []uint64 {
 
 func candidate(m *Mesh, model, id string) (route.Candidate, bool) {
 	for _, c := range m.Candidates(model, nil) {
-		if c.ID == id {
+		if c.ID() == id {
 			return c, true
 		}
 	}

@@ -281,10 +281,10 @@ func TestCandidatesBatchMatchesEqualSummaries(t *testing.T) {
 			probes = summary.MakeProbes(probes[:0], q) // rewritten in place
 			for _, c := range cands {
 				if _, ok := c.Summary.(*matchCell); !ok {
-					t.Fatalf("candidate %s: Summary is %T, want the batch's", c.ID, c.Summary)
+					t.Fatalf("candidate %s: Summary is %T, want the batch's", c.ID(), c.Summary)
 				}
-				if got, want := c.Summary.Match(probes), a.MatchReplica(c.ID, probes); got != want {
-					t.Fatalf("round %d query %d, %s: Match = %d, summary's = %d", round, qi, c.ID, got, want)
+				if got, want := c.Summary.Match(probes), a.MatchReplica(c.ID(), probes); got != want {
+					t.Fatalf("round %d query %d, %s: Match = %d, summary's = %d", round, qi, c.ID(), got, want)
 				}
 			}
 			ref := a.candidatesRef("m", nil)

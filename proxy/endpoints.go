@@ -98,7 +98,7 @@ func (p *Proxy) decide(ep *endpoint, st *reqState, req route.Request, cands []ro
 		// load bounds do not apply; when the replica is gone (or this
 		// router never saw the response) the request is routed as usual.
 		if rep, ok := p.responses.get(id); ok {
-			if i := slices.IndexFunc(cands, func(c route.Candidate) bool { return c.ID == rep }); i >= 0 {
+			if i := slices.IndexFunc(cands, func(c route.Candidate) bool { return c.ID() == rep }); i >= 0 {
 				return route.Decision{Index: i, Reason: ReasonPreviousResponse}
 			}
 		}
@@ -141,7 +141,7 @@ func leastLoaded(cands []route.Candidate, clientKey uint64, body []byte) route.D
 	var bestW uint64
 	for i := range cands {
 		c := &cands[i]
-		w := mix64(route.HashID(c.ID) ^ key)
+		w := mix64(route.HashID(c.ID()) ^ key)
 		if best < 0 {
 			best, bestW = i, w
 			continue

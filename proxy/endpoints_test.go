@@ -301,8 +301,8 @@ func TestLeastLoaded(t *testing.T) {
 		{"then fewest waiting", []route.Candidate{c("a", 0, 1, 3), c("b", 0, 1, 2)}, "b"},
 	}
 	for _, tc := range tests {
-		if d := leastLoaded(tc.cands, 0, []byte("x")); tc.cands[d.Index].ID != tc.want || d.Reason != ReasonLoad {
-			t.Errorf("%s: picked %s (%s), want %s", tc.name, tc.cands[d.Index].ID, d.Reason, tc.want)
+		if d := leastLoaded(tc.cands, 0, []byte("x")); tc.cands[d.Index].ID() != tc.want || d.Reason != ReasonLoad {
+			t.Errorf("%s: picked %s (%s), want %s", tc.name, tc.cands[d.Index].ID(), d.Reason, tc.want)
 		}
 	}
 	// Equal replicas share the load: different bodies spread.

@@ -247,16 +247,16 @@ func (p *Proxy) inference(w http.ResponseWriter, r *http.Request, ep *endpoint) 
 				counted = true
 				if p.log.IsDebug() {
 					c := &cands[d.Index]
-					p.log.Debug("decision", "reason", reason, "replica", c.ID, "match", d.Match, "blocks", len(st.hashes),
+					p.log.Debug("decision", "reason", reason, "replica", c.ID(), "match", d.Match, "blocks", len(st.hashes),
 						"candidates", len(cands), "in_flight", c.InFlight, "running", c.Running, "waiting", c.Waiting, "slots", c.Slots,
 						"pending", c.PendingPrefillBlocks, "stale", c.Stale, "client_key", req.ClientKey != 0)
 				}
 			}
 		}
 		st.blockMs = blockMsOf(p.cfg.Policy, &cands[d.Index])
-		switch p.attempt(w, r, st, cands[d.Index].ID, d, more) {
+		switch p.attempt(w, r, st, cands[d.Index].ID(), d, more) {
 		case attemptDone:
-			p.served(w, st, cands[d.Index].ID)
+			p.served(w, st, cands[d.Index].ID())
 			return
 		case attemptFailed:
 			msg := fmt.Sprintf("the upstream for the model '%s' failed after the request was sent; not retried, since a generation may be running", st.prompt.Model)
@@ -387,17 +387,17 @@ func readKnown(dst []byte, body io.Reader, n, limit int64) ([]byte, error) {
 func (p *Proxy) ownCandidates(cands []route.Candidate, hint string) ([]route.Candidate, int) {
 	keep := false
 	for i := range cands {
-		if cands[i].ID == hint {
+		if cands[i].ID() == hint {
 			keep = p.cfg.Policy.KeepHint(cands, i)
 			break
 		}
 	}
 	own, hinted := cands[:0], -1
 	for _, c := range cands {
-		if _, local, ok := p.cfg.View.Locate(c.ID); !ok || !local {
+		if _, local, ok := p.cfg.View.Locate(c.ID()); !ok || !local {
 			continue
 		}
-		if c.ID == hint && keep {
+		if c.ID() == hint && keep {
 			hinted = len(own)
 		}
 		own = append(own, c)

@@ -277,7 +277,7 @@ func (p *Proxy) announceDispatch(w http.ResponseWriter, r *http.Request, st *req
 func (p *Proxy) avoidOwner(cands []route.Candidate, ownerAPI string, since time.Time) []route.Candidate {
 	out, local := cands[:0], 0
 	for _, c := range cands {
-		api, isLocal, ok := p.cfg.View.Locate(c.ID)
+		api, isLocal, ok := p.cfg.View.Locate(c.ID())
 		if !ok || (!isLocal && api == ownerAPI) {
 			continue
 		}
@@ -292,7 +292,7 @@ func (p *Proxy) avoidOwner(cands []route.Candidate, ownerAPI string, since time.
 	if local > 0 {
 		own := out[:0]
 		for _, c := range out {
-			if _, isLocal, _ := p.cfg.View.Locate(c.ID); isLocal {
+			if _, isLocal, _ := p.cfg.View.Locate(c.ID()); isLocal {
 				own = append(own, c)
 			}
 		}
@@ -304,7 +304,7 @@ func (p *Proxy) avoidOwner(cands []route.Candidate, ownerAPI string, since time.
 	}
 	heard := 0
 	for i := range out {
-		if t, ok := clock.LoadHeard(out[i].ID); ok && t.After(since) {
+		if t, ok := clock.LoadHeard(out[i].ID()); ok && t.After(since) {
 			heard++
 		}
 	}
@@ -313,7 +313,7 @@ func (p *Proxy) avoidOwner(cands []route.Candidate, ownerAPI string, since time.
 	}
 	kept := out[:0]
 	for _, c := range out {
-		if t, ok := clock.LoadHeard(c.ID); ok && t.After(since) {
+		if t, ok := clock.LoadHeard(c.ID()); ok && t.After(since) {
 			kept = append(kept, c)
 		}
 	}

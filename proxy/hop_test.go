@@ -328,7 +328,7 @@ func TestAvoidOwner(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			var got []string
 			for _, c := range p.avoidOwner(cands(tc.in...), tc.down, time.Time{}) {
-				got = append(got, c.ID)
+				got = append(got, c.ID())
 			}
 			if strings.Join(got, ",") != strings.Join(tc.want, ",") {
 				t.Errorf("got %v, want %v", got, tc.want)
@@ -365,7 +365,7 @@ func TestAvoidOwnerPrefersOwnersHeardSince(t *testing.T) {
 	ids := func(cs []route.Candidate) string {
 		var out []string
 		for _, c := range cs {
-			out = append(out, c.ID)
+			out = append(out, c.ID())
 		}
 		return strings.Join(out, ",")
 	}

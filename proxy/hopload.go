@@ -144,8 +144,8 @@ func (b *hopBook) fill(cands []route.Candidate, clock loadClock) {
 		if !q[len(q)-1].at.After(b.now().Add(-hopMarkFresh)) {
 			continue // nothing sent there lately: the owner has said it all
 		}
-		i := sort.Search(len(cands), func(i int) bool { return cands[i].ID >= id })
-		if i == len(cands) || cands[i].ID != id || cands[i].Stale {
+		i := sort.Search(len(cands), func(i int) bool { return cands[i].ID() >= id })
+		if i == len(cands) || cands[i].ID() != id || cands[i].Stale {
 			continue // a stale candidate's load is unknown, not counted
 		}
 		heard, ok := clock.LoadHeard(id)

@@ -47,8 +47,8 @@ func TestHopBookAddsWhatTheOwnerHasNotSaid(t *testing.T) {
 	check := func(step string, cs []route.Candidate, w map[string]want) {
 		t.Helper()
 		for _, c := range cs {
-			if g := (want{int(c.InFlight), c.PendingPrefillBlocks}); g != w[c.ID] {
-				t.Errorf("%s: %s has %+v, want %+v", step, c.ID, g, w[c.ID])
+			if g := (want{int(c.InFlight), c.PendingPrefillBlocks}); g != w[c.ID()] {
+				t.Errorf("%s: %s has %+v, want %+v", step, c.ID(), g, w[c.ID()])
 			}
 		}
 	}

@@ -176,12 +176,15 @@ func (b *loadBook) fill(cands []route.Candidate) {
 	defer b.mu.Unlock()
 	now := b.now()
 	for i := range cands {
-		c := &cands[i]
-		if c.SeqMs <= 0 {
-			c.SeqMs = b.seq[c.ID]
+		d := cands[i].Detail
+		if d == nil {
+			continue // no ID to look up, nowhere to write: the zero Detail
 		}
-		if q := b.runs[c.ID]; c.SlotAgeMs <= 0 && len(q) > 0 {
-			c.SlotAgeMs = max(float64(now.Sub(q[0].at))/float64(time.Millisecond), 1e-3)
+		if d.SeqMs <= 0 {
+			d.SeqMs = b.seq[d.ID]
+		}
+		if q := b.runs[d.ID]; d.SlotAgeMs <= 0 && len(q) > 0 {
+			d.SlotAgeMs = max(float64(now.Sub(q[0].at))/float64(time.Millisecond), 1e-3)
 		}
 	}
 }

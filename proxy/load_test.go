@@ -83,8 +83,8 @@ func TestLoadBookSeq(t *testing.T) {
 			}
 			cands := []route.Candidate{{Detail: &route.Detail{ID: "a"}}, {Detail: &route.Detail{ID: "b"}}, {Detail: &route.Detail{ID: "a", SeqMs: 5}}}
 			b.fill(cands)
-			if cands[0].SeqMs != tt.want || cands[1].SeqMs != 0 || cands[2].SeqMs != 5 {
-				t.Fatalf("SeqMs %v %v %v, want %v 0 5 (the view's own kept)", cands[0].SeqMs, cands[1].SeqMs, cands[2].SeqMs, tt.want)
+			if cands[0].SeqMs() != tt.want || cands[1].SeqMs() != 0 || cands[2].SeqMs() != 5 {
+				t.Fatalf("SeqMs %v %v %v, want %v 0 5 (the view's own kept)", cands[0].SeqMs(), cands[1].SeqMs(), cands[2].SeqMs(), tt.want)
 			}
 		})
 	}
@@ -200,10 +200,10 @@ func TestLoadBookSlotAge(t *testing.T) {
 	age := func() float64 {
 		cands := []route.Candidate{{Detail: &route.Detail{ID: "a"}}, {Detail: &route.Detail{ID: "b"}}}
 		b.fill(cands)
-		if cands[1].SlotAgeMs != 0 {
-			t.Fatalf("replica with nothing in flight has age %v", cands[1].SlotAgeMs)
+		if cands[1].SlotAgeMs() != 0 {
+			t.Fatalf("replica with nothing in flight has age %v", cands[1].SlotAgeMs())
 		}
-		return cands[0].SlotAgeMs
+		return cands[0].SlotAgeMs()
 	}
 	if got := age(); got != 2000 {
 		t.Fatalf("age %v ms, want 2000 (the first request's)", got)
@@ -221,5 +221,18 @@ func TestLoadBookSlotAge(t *testing.T) {
 	end3()
 	if got := age(); got != 0 || len(b.runs) != 0 {
 		t.Fatalf("all ended: age %v, %d replicas tracked; want 0 and none", got, len(b.runs))
+	}
+}
+
+// TestLoadFillNilDetail: a candidate without a Detail has no ID to look up
+// and nowhere to write: fill leaves it as the zero Detail and fills the
+// others.
+func TestLoadFillNilDetail(t *testing.T) {
+	b := newLoadBook()
+	b.observe("a", 800)
+	cands := []route.Candidate{{}, {Detail: &route.Detail{ID: "a"}}}
+	b.fill(cands)
+	if cands[0].Detail != nil || cands[0].SeqMs() != 0 || cands[1].SeqMs() != 800 {
+		t.Fatalf("Detail %v, SeqMs %v and %v, want nil, 0 and 800", cands[0].Detail, cands[0].SeqMs(), cands[1].SeqMs())
 	}
 }

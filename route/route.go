@@ -95,12 +95,14 @@ type Candidate struct {
 	// BlockMs is the replica's prefill time per block; 0 means the
 	// policy's default.
 	BlockMs float64
-	// Detail holds what a decision rarely reads (ID, SeqMs, SlotAgeMs);
-	// its fields are promoted, so c.ID reads c.Detail.ID. The view that
+	// Detail holds what a decision rarely reads (ID, SeqMs, SlotAgeMs),
+	// read through c.ID(), c.SeqMs() and c.SlotAgeMs(), which take nil
+	// for the zero Detail: a view (or a test's) that leaves it out costs
+	// an empty ID, never a panic on the request path. The view that
 	// fills a candidate sets it, to storage of its own: a Candidate
 	// copied shares its Detail. Pick reads it only of a candidate with no
-	// free slot, and treats nil as the zero Detail.
-	*Detail
+	// free slot.
+	Detail *Detail
 	// InFlight is the number of requests in flight at the replica.
 	InFlight int32
 	// Running and Waiting are the engine's own counts of sequences it runs
@@ -156,6 +158,30 @@ func seqAndAge(c *Candidate) (seqMs, slotAgeMs float64) {
 		return d.SeqMs, d.SlotAgeMs
 	}
 	return 0, 0
+}
+
+// ID is the replica's ID ("" without a Detail).
+func (c *Candidate) ID() string {
+	if c.Detail == nil {
+		return ""
+	}
+	return c.Detail.ID
+}
+
+// SeqMs is Detail.SeqMs (0, not measured, without a Detail).
+func (c *Candidate) SeqMs() float64 {
+	if c.Detail == nil {
+		return 0
+	}
+	return c.Detail.SeqMs
+}
+
+// SlotAgeMs is Detail.SlotAgeMs (0, unknown, without a Detail).
+func (c *Candidate) SlotAgeMs() float64 {
+	if c.Detail == nil {
+		return 0
+	}
+	return c.Detail.SlotAgeMs
 }
 
 // HashID returns the rendezvous hash of a replica ID.

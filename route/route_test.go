@@ -39,7 +39,7 @@ func candidates(n int) []Candidate {
 	c := make([]Candidate, n)
 	for i := range c {
 		c[i].Detail = &Detail{ID: fmt.Sprintf("http://replica-%d:8000", i)}
-		c[i].Hash = HashID(c[i].ID)
+		c[i].Hash = HashID(c[i].ID())
 	}
 	return c
 }
@@ -129,14 +129,14 @@ func TestFallbackAgreesAcrossIndependentRouters(t *testing.T) {
 		first := chainOf(nil, 3, conv+100)
 		a := routerA.Pick(request(first), viewA)
 		b := routerB.Pick(request(first), viewB)
-		if viewA[a.Index].ID != viewB[b.Index].ID {
-			t.Fatalf("conversation %d: routers disagree (%s vs %s)", conv, viewA[a.Index].ID, viewB[b.Index].ID)
+		if viewA[a.Index].ID() != viewB[b.Index].ID() {
+			t.Fatalf("conversation %d: routers disagree (%s vs %s)", conv, viewA[a.Index].ID(), viewB[b.Index].ID())
 		}
 		later := routerB.Pick(request(chainOf(first, 5, conv+1000)), viewB)
-		if viewB[later.Index].ID != viewA[a.Index].ID {
+		if viewB[later.Index].ID() != viewA[a.Index].ID() {
 			t.Fatalf("conversation %d: a later turn hashed elsewhere", conv)
 		}
-		spread[viewA[a.Index].ID]++
+		spread[viewA[a.Index].ID()]++
 	}
 	if len(spread) < 14 {
 		t.Fatalf("200 cold conversations used only %d of 16 replicas", len(spread))
@@ -356,7 +356,7 @@ func TestPickSpillsWhenTheHolderQueuesForSlots(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			cs := candidates(4)
 			for i := range cs {
-				cs[i].Summary, cs[i].Slots, cs[i].SeqMs, cs[i].InFlight = held(t), 4, tc.seqMs, 2
+				cs[i].Summary, cs[i].Slots, cs[i].Detail.SeqMs, cs[i].InFlight = held(t), 4, tc.seqMs, 2
 			}
 			cs[0].Summary, cs[0].InFlight = held(t, conv), 4
 			if tc.otherHolder {
@@ -467,8 +467,8 @@ func TestClientKeyPlacesAlikeAcrossRouters(t *testing.T) {
 		b := request(chainOf(nil, 6, k+1000)) // another prompt, same client
 		a.ClientKey, b.ClientKey = k*7919, k*7919
 		da, db := DefaultPolicy().Pick(a, viewA), DefaultPolicy().Pick(b, viewB)
-		if viewA[da.Index].ID != viewB[db.Index].ID || da.Key != a.ClientKey {
-			t.Fatalf("client %d: %s vs %s (key %x)", k, viewA[da.Index].ID, viewB[db.Index].ID, da.Key)
+		if viewA[da.Index].ID() != viewB[db.Index].ID() || da.Key != a.ClientKey {
+			t.Fatalf("client %d: %s vs %s (key %x)", k, viewA[da.Index].ID(), viewB[db.Index].ID(), da.Key)
 		}
 	}
 }
@@ -520,7 +520,7 @@ func TestHotPrefixReplicatesWhenItsHolderIsFull(t *testing.T) {
 	req := request(chainOf(hot, 1, 5))
 	cs := candidates(4)
 	for i := range cs {
-		cs[i].Summary, cs[i].Slots, cs[i].SeqMs = held(t), 4, 4000
+		cs[i].Summary, cs[i].Slots, cs[i].Detail.SeqMs = held(t), 4, 4000
 	}
 	cs[0].Summary, cs[0].InFlight = held(t, hot), 5 // 2 ahead: 2 s of slot wait
 	for _, tc := range []struct {
@@ -586,7 +586,7 @@ func TestPickAllFullKeepsLoneRequestAtHolder(t *testing.T) {
 			req.Concurrent = tc.concurrent
 			cs := candidates(4)
 			for i := range cs {
-				cs[i].Summary, cs[i].Slots, cs[i].SeqMs, cs[i].InFlight = held(t), 4, 40000, 4
+				cs[i].Summary, cs[i].Slots, cs[i].Detail.SeqMs, cs[i].InFlight = held(t), 4, 40000, 4
 				if tc.othersFree {
 					cs[i].InFlight = 3
 				}
@@ -659,7 +659,7 @@ func TestForkedStemLeavesAFullHolder(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			cs := candidates(4)
 			for i := range cs {
-				cs[i].Summary, cs[i].Slots, cs[i].SeqMs = held(t), 4, 4000
+				cs[i].Summary, cs[i].Slots, cs[i].Detail.SeqMs = held(t), 4, 4000
 			}
 			// Three requests ahead at the holder: 3 s of slot wait, more
 			// than the stem's 400 ms of prefill, less than 16 times it.
@@ -695,7 +695,7 @@ func TestHotPrefixCopiesOnlyToAnIdleReplica(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			cs := candidates(4)
 			for i := range cs {
-				cs[i].Summary, cs[i].Slots, cs[i].SeqMs, cs[i].PendingPrefillBlocks = held(t), 4, 4000, tc.pending
+				cs[i].Summary, cs[i].Slots, cs[i].Detail.SeqMs, cs[i].PendingPrefillBlocks = held(t), 4, 4000, tc.pending
 			}
 			// 2 ahead at the holder: 2 s of slot wait, more than the
 			// copy's 420 ms and the 200 ms of prefill queued elsewhere.
@@ -722,7 +722,7 @@ func TestColdHotPromptCopiesOnlyToAnIdleReplica(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			cs := candidates(4)
 			for i := range cs {
-				cs[i].Summary, cs[i].Slots, cs[i].SeqMs = held(t), 4, 4000
+				cs[i].Summary, cs[i].Slots, cs[i].Detail.SeqMs = held(t), 4, 4000
 			}
 			// The holders: full, prefill queued, 1 the shorter wait.
 			cs[0].Summary, cs[0].InFlight, cs[0].PendingPrefillBlocks = held(t, hot), 6, 10
@@ -750,7 +750,7 @@ func TestPickAllFullIgnoresQueuedPrefillOfALoneRequest(t *testing.T) {
 	req := request(chainOf(conv, 2, 11))
 	cs := candidates(4)
 	for i := range cs {
-		cs[i].Summary, cs[i].Slots, cs[i].SeqMs, cs[i].InFlight = held(t), 4, 4000, 5
+		cs[i].Summary, cs[i].Slots, cs[i].Detail.SeqMs, cs[i].InFlight = held(t), 4, 4000, 5
 	}
 	cs[0].Summary, cs[0].PendingPrefillBlocks = held(t, conv), 60 // the holder: 1.2 s of prefill queued
 	cs[1].Summary = held(t, conv[:9])                             // holds 9 of 14: 3 more to recompute
@@ -779,7 +779,7 @@ func TestSpillCopiesOnlyToAnIdleReplica(t *testing.T) {
 			cs[1].Summary, cs[1].PendingPrefillBlocks = held(t, conv), 0
 			// Over the bound on its queue, with a wait (7 × 1000 / 4 ms)
 			// shorter than the recompute a move costs: a spill.
-			cs[1].InFlight, cs[1].Running, cs[1].Waiting, cs[1].SeqMs = 10, 4, 6, 1000
+			cs[1].InFlight, cs[1].Running, cs[1].Waiting, cs[1].Detail.SeqMs = 10, 4, 6, 1000
 			d := DefaultPolicy().Pick(request(chainOf(conv, 3, 4)), cs)
 			if (d.Index == 1) != tc.stay || (!tc.stay && d.Reason != ReasonSpill) {
 				t.Fatalf("decision %+v, want stay at the holder = %v", d, tc.stay)
@@ -839,5 +839,24 @@ func TestColdPlacementHotPromptHeldOnlyFarther(t *testing.T) {
 	d := DefaultPolicy().Pick(req, cs)
 	if d.Index != 0 && d.Index != 1 {
 		t.Fatalf("decision %+v, want replica 0 or 1 (the nearest tier)", d)
+	}
+}
+
+// TestCandidateNilDetail: a candidate without a Detail (a view that
+// leaves it out) reads as the zero Detail through its accessors, and a
+// decision over such candidates, full engines included (the slot wait
+// reads SeqMs and SlotAgeMs), does not panic.
+func TestCandidateNilDetail(t *testing.T) {
+	var c Candidate
+	if c.ID() != "" || c.SeqMs() != 0 || c.SlotAgeMs() != 0 {
+		t.Fatalf("nil Detail reads %q %v %v, want the zero Detail", c.ID(), c.SeqMs(), c.SlotAgeMs())
+	}
+	cands := []Candidate{
+		{Hash: HashID("a"), Slots: 2, Running: 2, Waiting: 3, InFlight: 5},
+		{Hash: HashID("b"), Slots: 2, Running: 2, Waiting: 1, InFlight: 3},
+	}
+	d := DefaultPolicy().Pick(Request{Hashes: []uint64{1, 2, 3}}, cands)
+	if d.Index < 0 || d.Index >= len(cands) {
+		t.Fatalf("decision %+v over candidates without a Detail", d)
 	}
 }

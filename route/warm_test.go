@@ -29,7 +29,7 @@ func randomCandidates(rng *rand.Rand, n, blocks int) []Candidate {
 	for i := range cs {
 		c := &cs[i]
 		c.Detail = &Detail{ID: fmt.Sprintf("r%d", rng.IntN(n+n/8+1))}
-		c.Hash = HashID(c.ID)
+		c.Hash = HashID(c.ID())
 		c.InFlight = int32(rng.IntN(6))
 		c.PendingPrefillBlocks = float64(rng.IntN(4)) * []float64{0, 0.5, 3, 40}[rng.IntN(4)]
 		c.NetworkMs = []float64{0, 0, 0.3, 2, 7.5}[rng.IntN(5)]
@@ -37,8 +37,8 @@ func randomCandidates(rng *rand.Rand, n, blocks int) []Candidate {
 		c.Tier = []int8{0, 0, 0, 1}[rng.IntN(4)]
 		c.Running, c.Waiting = int32(rng.IntN(5)), []int32{0, 0, 0, 1, 3}[rng.IntN(5)]
 		c.Slots = []int32{0, 2, 4, 8}[rng.IntN(4)]
-		c.SeqMs = []float64{0, 500, 4000}[rng.IntN(3)]
-		c.SlotAgeMs = []float64{0, 0, 100, 6000}[rng.IntN(4)]
+		c.Detail.SeqMs = []float64{0, 500, 4000}[rng.IntN(3)]
+		c.Detail.SlotAgeMs = []float64{0, 0, 100, 6000}[rng.IntN(4)]
 		switch r := rng.IntN(20); {
 		case r == 0:
 			c.Stale = true
@@ -121,7 +121,7 @@ func TestPickSkipsOnlyWhatCannotWin(t *testing.T) {
 	for i := range cands {
 		cands[i].Summary = fixedMatch(0)
 	}
-	cands[3].ID, cands[3].Hash, cands[3].Summary = cands[9].ID, cands[9].Hash, fixedMatch(4)
+	cands[3].Detail.ID, cands[3].Hash, cands[3].Summary = cands[9].ID(), cands[9].Hash, fixedMatch(4)
 	cands[9].Summary = fixedMatch(5)
 	cands[9].NetworkMs = p.RecomputeWeight * p.DefaultBlockMs
 	req := request(chainOf(nil, 8, 1))

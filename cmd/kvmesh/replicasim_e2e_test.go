@@ -200,7 +200,7 @@ func TestEndToEndReplicaSimNextTurnHitsCache(t *testing.T) {
 	wantBlocks := len(c.AppendHashes(nil, 0, p1.AppendAnswer(answer)))
 	eventually(t, "router "+other.name+" to learn the first turn's blocks", func() bool {
 		for _, cand := range other.mesh.Candidates(simModel, nil) {
-			if cand.ID == reps[first].srv.URL && cand.Summary != nil && cand.Summary.Match(probes) >= wantBlocks {
+			if cand.ID() == reps[first].srv.URL && cand.Summary != nil && cand.Summary.Match(probes) >= wantBlocks {
 				return true
 			}
 		}

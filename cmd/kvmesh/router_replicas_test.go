@@ -129,7 +129,7 @@ func (c *countingSim) port(t *testing.T) uint16 {
 
 // hasCandidate reports whether r would route model to replica url.
 func hasCandidate(r *router, model, url string) bool {
-	return slices.ContainsFunc(r.mesh.Candidates(model, nil), func(c route.Candidate) bool { return c.ID == url })
+	return slices.ContainsFunc(r.mesh.Candidates(model, nil), func(c route.Candidate) bool { return c.ID() == url })
 }
 
 // streamBody is a streaming chat request of maxTokens answer tokens.

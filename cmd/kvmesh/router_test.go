@@ -276,7 +276,7 @@ func TestEndToEndNextTurnFollowsCache(t *testing.T) {
 	}
 	eventually(t, "the other router to learn the first turn's blocks", func() bool {
 		for _, cand := range other.mesh.Candidates("m", nil) {
-			if cand.ID == reps[first].URL && cand.Summary != nil && cand.Summary.Match(probes) >= wantBlocks {
+			if cand.ID() == reps[first].URL && cand.Summary != nil && cand.Summary.Match(probes) >= wantBlocks {
 				return true
 			}
 		}

@@ -357,7 +357,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		if d.Index < 0 {
 			return "", d, took
 		}
-		return cands[d.Index].ID, d, took
+		return cands[d.Index].ID(), d, took
 	}
 	fmt.Fprintf(cfg.Progress, "scale: load %.0f req/s for %v\n", cfg.Rate, cfg.Duration)
 	start := time.Now()

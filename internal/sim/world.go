@@ -445,10 +445,10 @@ func (w *world) fillCandidates(k int, r *simReq) {
 		}
 		c.InFlight, c.PendingPrefillBlocks = route.Count32(inFlight), pending
 		c.Running, c.Waiting, c.Slots = route.Count32(eng.running), route.Count32(eng.waiting), route.Count32(eng.slots)
-		c.SeqMs = eng.seqMs
-		c.SlotAgeMs = 0
+		c.Detail.SeqMs = eng.seqMs
+		c.Detail.SlotAgeMs = 0
 		if eng.hasOldest {
-			c.SlotAgeMs = max(w.now-eng.oldest, 1e-3)
+			c.Detail.SlotAgeMs = max(w.now-eng.oldest, 1e-3)
 		}
 	}
 }
