@@ -474,7 +474,7 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, st *reqState, id
 		var done func()
 		firstByte, done = p.cfg.View.Begin(id, float64(len(st.hashes)-d.Match))
 		defer done()
-		defer p.load.dispatch(id)()
+		defer p.load.dispatch(id, !st.hop)()
 	} else {
 		p.signHop(out, id, d.Match, st.concurrent, st.fork)
 		var done func()
