@@ -148,9 +148,9 @@ type Detail struct {
 	// reports that this router owns the replica. InFlight is exact for
 	// the replicas a router owns, with the requests the other routers
 	// just sent them, and for the others it is their owner's last state
-	// plus this router's own requests since: when that state shows no
-	// one else's requests (InFlight == Own) the view is lopsided, and a
-	// cold request spreads by Own (hashPick).
+	// plus this router's own requests since; Own is known alike for
+	// every replica. A cold request of a burst onto an idle cluster
+	// spreads by it (hashPick).
 	Own   int32
 	Local bool
 }
@@ -864,25 +864,26 @@ func (p Policy) hashPick(cands []Candidate, tier int, key uint64, lim limits, co
 		switch {
 		case first < 0:
 			continue
-		case leastWait && (!idle(&cands[first]) || (runner >= 0 && !idle(&cands[runner]))) && lopsided(cands, tier):
+		case leastWait && (!idle(&cands[first]) || (runner >= 0 && !idle(&cands[runner]))) && burst(cands, tier):
 			// The key's first two choices are busy, so the next turn
 			// will not retrace this placement by the key anyway (it
-			// finds it by summary), and the view that would rank the
-			// others is lopsided: this router sees the requests other
-			// routers just sent to the replicas it owns, and none of
-			// theirs at the other replicas (their owners' last states
-			// show none): a burst on an idle cluster, before gossip.
-			// Routers that each place their burst by such a view push it
-			// onto the replicas they do not own, all onto the same ones.
-			// What a router knows alike of every replica is its own
-			// share of the load: spreading its own requests evenly
-			// spreads the sum evenly, whatever the others do at the same
-			// instant. The bound on queued prefill is left out for the
-			// same reason: it is the mean of those lopsided loads (a
-			// replica this router owns exceeds it with the requests the
-			// others just sent there). The spread still takes only a
-			// replica that can start the request, and the shorter wait
-			// among equal shares.
+			// finds it by summary), and the engines last reported idle:
+			// the load in view is a burst sent since, and the view of
+			// it is lopsided. This router sees the requests the other
+			// routers just sent to the replicas it owns, but theirs at
+			// the other replicas only with their owners' next states.
+			// Routers that each place their burst by such a view push
+			// it onto the replicas they do not own, all onto the same
+			// ones (five cold turns on one replica of four slots in
+			// issue 7's chat). What a router knows alike of every
+			// replica is its own share of the load: spreading its own
+			// requests evenly spreads the sum evenly, whatever the
+			// others do at the same instant. The bound on queued
+			// prefill is left out for the same reason: it is the mean
+			// of those lopsided loads (a replica this router owns
+			// exceeds it with the requests the others just sent there).
+			// The spread still takes only a replica that can start the
+			// request, and the shorter wait among equal shares.
 			f.lim.work = math.Inf(1)
 			return p.spread(cands, key, f)
 		case leastWait:
@@ -946,25 +947,25 @@ func (f coldFilter) eligible(c *Candidate) bool {
 	return !f.holdersOnly && idle(c)
 }
 
-// lopsided reports that the candidates of tier mix replicas this router
-// owns with others, and that at none of the others does it know of a
-// request but its own: it sees the other routers' latest requests at its
-// own replicas only.
-func lopsided(cands []Candidate, tier int) bool {
+// burst reports that the candidates of tier mix replicas this router
+// owns with others and that every engine among them last reported
+// nothing running or waiting: whatever is in flight was sent since, a
+// burst onto an idle cluster, of which this router sees the other
+// routers' part only at its own replicas.
+func burst(cands []Candidate, tier int) bool {
 	local, remote := false, false
 	for i := range cands {
 		c := &cands[i]
 		if int(c.Tier) != tier || c.Stale {
 			continue
 		}
-		d := c.Detail
-		if d != nil && d.Local {
-			local = true
-			continue
-		}
-		remote = true
-		if d == nil || c.InFlight > d.Own {
+		if c.Running > 0 || c.Waiting > 0 {
 			return false
+		}
+		if d := c.Detail; d != nil && d.Local {
+			local = true
+		} else {
+			remote = true
 		}
 	}
 	return local && remote

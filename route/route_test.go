@@ -903,10 +903,10 @@ func TestColdBurstSpreadsAcrossRouters(t *testing.T) {
 
 // A cold request whose key's first two choices are idle goes by the key,
 // as on any router (the next turn retraces it before gossip), however
-// this router's own requests are spread. Only when they are busy and the
-// view is lopsided (this router sees no one's requests but its own at the
-// replicas it does not own) does it spread by its own requests; once it
-// knows of the others' load there, the shortest wait decides again.
+// this router's own requests are spread. Only when they are busy in a
+// burst onto an idle cluster (every engine last reported nothing running
+// or waiting) does it spread by its own requests; once an engine reports
+// work, the shortest wait decides again.
 func TestColdSpreadOnlyWhenTheKeysChoicesAreBusy(t *testing.T) {
 	req := request(chainOf(nil, 4, 12))
 	cs := candidates(5)
@@ -924,21 +924,26 @@ func TestColdSpreadOnlyWhenTheKeysChoicesAreBusy(t *testing.T) {
 		name     string
 		inFlight map[int]int32 // each with 4 blocks of queued prefill
 		own      map[int]int32
+		running  bool // the first choice's engine reports a sequence running
 		want     int
 	}{
-		{"all idle", nil, nil, first},
+		{"all idle", nil, nil, false, first},
 		{"first busy with this router's request: the other idle ones by the key", map[int]int32{first: 1},
-			map[int]int32{first: 1}, second},
+			map[int]int32{first: 1}, false, second},
 		{"all busy, the least of this router's own on its replica", map[int]int32{first: 1, second: 1, third: 1, fourth: 2, fifth: 1},
-			map[int]int32{first: 1, second: 1, third: 1, fifth: 1}, fourth},
+			map[int]int32{first: 1, second: 1, third: 1, fifth: 1}, false, fourth},
 		{"all busy, equal shares and waits: the key's order", map[int]int32{first: 1, second: 1, third: 1, fourth: 1, fifth: 1},
-			map[int]int32{first: 1, second: 1, third: 1, fourth: 1, fifth: 1}, first},
-		{"others' load known at a remote replica: shortest wait", map[int]int32{first: 2, second: 1, third: 1, fourth: 2, fifth: 1},
-			map[int]int32{first: 1, second: 1, third: 1, fifth: 1}, second},
+			map[int]int32{first: 1, second: 1, third: 1, fourth: 1, fifth: 1}, false, first},
+		{"an engine reports a sequence running: shortest wait", map[int]int32{first: 2, second: 1, third: 1, fourth: 2, fifth: 1},
+			map[int]int32{first: 1, second: 1, third: 1, fifth: 1}, true, second},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for i := range cs {
 				cs[i].InFlight, cs[i].Own, cs[i].Local = tc.inFlight[i], tc.own[i], i == fourth
+				cs[i].Running = 0
+				if tc.running && i == first {
+					cs[i].Running = 1
+				}
 				cs[i].PendingPrefillBlocks = float64(4 * tc.inFlight[i])
 			}
 			if d := DefaultPolicy().Pick(req, cs); d.Index != tc.want || d.Reason != ReasonFallbackCold {
