@@ -21,7 +21,13 @@
 //     (else it queues at the holder with the shortest wait). With
 //     every summary fresh it takes the shortest wait among them; among
 //     equal waits, the one of the key's first two choices with fewer
-//     requests in flight (fewer arrivals queue behind its prefill). Requests that will share a prefix share the key, so
+//     requests in flight (fewer arrivals queue behind its prefill). In a
+//     burst onto an idle cluster (every engine last reported idle) whose
+//     key's first two choices are busy, it takes the replica with the
+//     fewest of this router's own requests (Detail.Own) instead: each
+//     router sees the others' part of the burst only at its own replicas,
+//     and routers that each spread their own share spread the sum.
+//     Requests that will share a prefix share the key, so
 //     they land together, and routers that cannot talk still agree.
 //  3. Otherwise every candidate is scored by an estimate of time to first
 //     token plus the recompute a move costs the cluster: network + prefill
