@@ -23,7 +23,7 @@
 //     equal waits, the one of the key's first two choices with fewer
 //     requests in flight (fewer arrivals queue behind its prefill). In a
 //     burst onto an idle cluster (every engine last reported idle) whose
-//     key's first two choices are busy, it takes the replica with the
+//     key's first choice is busy, it takes the replica with the
 //     fewest of this router's own requests (Detail.Own) instead: each
 //     router sees the others' part of the burst only at its own replicas,
 //     and routers that each spread their own share spread the sum.
@@ -838,8 +838,8 @@ func (p Policy) hashPick(cands []Candidate, tier int, key uint64, lim limits, co
 	hot := common > 1
 	for pass := 0; pass < 2; pass++ {
 		f := coldFilter{lim: lim, tier: tier, common: common, hot: hot, holdersOnly: pass == 0}
-		first, runner, shortest, second := -1, -1, -1, -1
-		var firstW, runnerW, shortestW, secondW uint64
+		first, shortest, second := -1, -1, -1
+		var firstW, shortestW, secondW uint64
 		var shortestWait float64
 		for i := range cands {
 			c := &cands[i]
@@ -848,10 +848,7 @@ func (p Policy) hashPick(cands []Candidate, tier int, key uint64, lim limits, co
 			}
 			w := weight(key, c.Hash)
 			if first < 0 || w > firstW {
-				runner, runnerW = first, firstW
 				first, firstW = i, w
-			} else if runner < 0 || w > runnerW {
-				runner, runnerW = i, w
 			}
 			// The shortest estimated wait, ties in rendezvous order (an
 			// idle cluster still places exactly by the key); second is
@@ -870,10 +867,11 @@ func (p Policy) hashPick(cands []Candidate, tier int, key uint64, lim limits, co
 		switch {
 		case first < 0:
 			continue
-		case leastWait && (!idle(&cands[first]) || (runner >= 0 && !idle(&cands[runner]))) && burst(cands, tier):
-			// The key's first two choices are busy, so the next turn
-			// will not retrace this placement by the key anyway (it
-			// finds it by summary), and the engines last reported idle:
+		case leastWait && !idle(&cands[first]) && burst(cands, tier):
+			// The key's first choice is busy, so the shortest wait would
+			// move the request off it too and the next turn will not
+			// retrace it by the key anyway (it finds it by summary),
+			// and the engines last reported idle:
 			// the load in view is a burst sent since, and the view of
 			// it is lopsided. This router sees the requests the other
 			// routers just sent to the replicas it owns, but theirs at

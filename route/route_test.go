@@ -901,13 +901,13 @@ func TestColdBurstSpreadsAcrossRouters(t *testing.T) {
 	}
 }
 
-// A cold request whose key's first two choices are idle goes by the key,
-// as on any router (the next turn retraces it before gossip), however
-// this router's own requests are spread. Only when they are busy in a
+// A cold request whose key's first choice is idle goes by the key, as on
+// any router (the next turn retraces it before gossip), however this
+// router's own requests are spread. Only when it is busy in a
 // burst onto an idle cluster (every engine last reported nothing running
 // or waiting) does it spread by its own requests; once an engine reports
 // work, the shortest wait decides again.
-func TestColdSpreadOnlyWhenTheKeysChoicesAreBusy(t *testing.T) {
+func TestColdSpreadOnlyWhenTheKeysFirstChoiceIsBusy(t *testing.T) {
 	req := request(chainOf(nil, 4, 12))
 	cs := candidates(5)
 	for i := range cs {
