@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"sort"
 	"sync"
 	"sync/atomic"
 
@@ -89,26 +90,21 @@ func (b *placeBook) recordLocked(id string, blocks float64, own bool) uint64 {
 	return seq
 }
 
-// catchUp adds placement e to its candidate in cands, if there and not
-// stale (a stale candidate's load is unknown, not counted), and reports
-// whether it did.
+// catchUp adds placement e to its candidate in cands (sorted by ID, as
+// View.Candidates returns them), if there and not stale (a stale
+// candidate's load is unknown, not counted), and reports whether it did.
 func catchUp(cands []route.Candidate, e *placement) bool {
-	for i := range cands {
-		c := &cands[i]
-		if c.ID != e.id {
-			continue
-		}
-		if c.Stale {
-			return false
-		}
-		c.InFlight++
-		c.PendingPrefillBlocks += e.blocks
-		if e.own {
-			c.Own++
-		}
-		return true
+	i := sort.Search(len(cands), func(i int) bool { return cands[i].ID >= e.id })
+	if i == len(cands) || cands[i].ID != e.id || cands[i].Stale {
+		return false
 	}
-	return false
+	c := &cands[i]
+	c.InFlight++
+	c.PendingPrefillBlocks += e.blocks
+	if e.own {
+		c.Own++
+	}
+	return true
 }
 
 // booking is a request's accounting at the replica it was sent to: the
