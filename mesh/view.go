@@ -104,7 +104,7 @@ func (m *Mesh) countsLocked(r *replica, now time.Time) bool {
 // its answer unlocked), as a request's are.
 //
 // Candidates allocates the batch (32 bytes per replica) and the
-// candidates' Details (route.Detail, 32 bytes per replica) on every call,
+// candidates' Details (route.Detail, 40 bytes per replica) on every call,
 // and dst when it is short; CandidatesInto reuses all three.
 func (m *Mesh) Candidates(model string, dst []route.Candidate) []route.Candidate {
 	return m.candidates(model, dst, nil, nil)
@@ -263,6 +263,7 @@ func (m *Mesh) candidates(model string, dst []route.Candidate, b *matchBatch, ds
 		fillCandidate(c, e, &details[k])
 		k++
 		if l := e.load; l != nil { // owned here
+			c.Detail.Local = true
 			c.InFlight = int32(min(max(l.inFlight.Load(), 0), math.MaxInt32))
 			c.PendingPrefillBlocks = float64(max(l.pendingK.Load(), 0)) / 1000
 			if e.sum != nil {
@@ -316,7 +317,7 @@ func fillCandidate(c *route.Candidate, e *viewEntry, x *route.Detail) {
 	if unsafe.StringData(x.ID) != unsafe.StringData(e.id) || len(x.ID) != len(e.id) {
 		x.ID = e.id
 	}
-	x.SeqMs, x.SlotAgeMs = 0, 0
+	x.SeqMs, x.SlotAgeMs, x.Own, x.Local = 0, 0, 0, false
 	c.Hash, c.InFlight, c.PendingPrefillBlocks, c.NetworkMs, c.BlockMs = e.hash, e.inFlight, e.pending, e.networkMs, 0
 	c.Tier, c.Running, c.Waiting, c.Slots = e.tier, e.running, e.waiting, e.slots
 	c.Stale = false

@@ -30,7 +30,7 @@ func (m *Mesh) candidatesRef(model string, dst []route.Candidate) []route.Candid
 			if !r.healthy || !slices.Contains(r.models, model) {
 				continue
 			}
-			c := route.Candidate{Detail: &route.Detail{ID: r.id}, Hash: r.hash, InFlight: int32(max(r.load.inFlight.Load(), 0)),
+			c := route.Candidate{Detail: &route.Detail{ID: r.id, Local: true}, Hash: r.hash, InFlight: int32(max(r.load.inFlight.Load(), 0)),
 				PendingPrefillBlocks: float64(max(r.load.pendingK.Load(), 0)) / 1000,
 				Running:              route.Count32(r.running), Waiting: route.Count32(r.waiting), Slots: route.Count32(r.slots)}
 			if r.sum != nil {

@@ -210,6 +210,7 @@ func (p *Proxy) inference(w http.ResponseWriter, r *http.Request, ep *endpoint) 
 	}
 	p.load.fill(cands)
 	p.hops.fill(cands, p.clock)
+	snap := p.places.snapshot()
 	hinted, hintMatch := -1, 0
 	if st.hop && len(cands) > 0 {
 		cands, hinted = p.ownCandidates(cands, r.Header.Get(HeaderReplica))
@@ -232,12 +233,20 @@ func (p *Proxy) inference(w http.ResponseWriter, r *http.Request, ep *endpoint) 
 	}
 	for ; ; attempt++ {
 		var d route.Decision
-		if hinted >= 0 {
+		decided := hinted < 0
+		if !decided {
 			// The deciding router counted this decision; the owner serves it.
 			d = route.Decision{Index: hinted, Match: hintMatch}
 			hinted = -1
 		} else {
 			d = p.decide(ep, st, req, cands)
+		}
+		// Book the request before the next decision of this router reads
+		// the loads: the decisions computed alongside it are caught up
+		// (placeBook); attempt ends the booking.
+		var bk booking
+		d, bk, snap = p.commit(ep, st, req, cands, d, snap, decided)
+		if decided {
 			if !counted {
 				reason := d.Reason
 				if st.hop {
@@ -254,7 +263,7 @@ func (p *Proxy) inference(w http.ResponseWriter, r *http.Request, ep *endpoint) 
 			}
 		}
 		st.blockMs = blockMsOf(p.cfg.Policy, &cands[d.Index])
-		switch p.attempt(w, r, st, cands[d.Index].ID(), d, more) {
+		switch p.attempt(w, r, st, cands[d.Index].ID(), d, more, &bk) {
 		case attemptDone:
 			p.served(w, st, cands[d.Index].ID())
 			return
@@ -423,7 +432,8 @@ const (
 // attempt sends the request to one candidate. more reports whether
 // another attempt may follow; when not, an upstream's refusal is passed
 // through to the client (its own Retry-After is more useful than a 502).
-func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, st *reqState, id string, d route.Decision, more func() bool) attemptResult {
+func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, st *reqState, id string, d route.Decision, more func() bool, bk *booking) attemptResult {
+	defer bk.end()
 	ownerAPI, local, ok := p.cfg.View.Locate(id)
 	if !ok || (st.hop && !local) {
 		p.log.Warn("candidate vanished before dispatch", "replica", id)
@@ -465,22 +475,20 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, st *reqState, id
 		// net/http replays the body only when nothing was written (see retry.go).
 		out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
 	}
-	firstByte := func() {}
+	// The request's accounting at the replica was booked with the
+	// decision (bk, placeBook), and ends when this returns.
+	firstByte := bk.firstByte
+	if firstByte == nil {
+		firstByte = func() {}
+	}
 	var watch *hopWatch
 	if local {
 		if !p.announceDispatch(w, r, st, id) {
 			return attemptDone
 		}
-		var done func()
-		firstByte, done = p.cfg.View.Begin(id, float64(len(st.hashes)-d.Match))
-		defer done()
-		defer p.load.dispatch(id)()
 	} else {
 		p.signHop(out, id, d.Match, st.concurrent, st.fork)
-		var done func()
-		var mark *hopMark
-		mark, firstByte, done = p.hops.sendMark(id, float64(len(st.hashes)-d.Match))
-		defer done()
+		mark := bk.mark
 		if p.cfg.HopDispatchTimeout > 0 {
 			out, watch = p.watchHop(ctx, out, func(to string) {
 				// The owner decided again: count the request where it runs.

@@ -133,20 +133,23 @@ func (b *hopBook) move(m *hopMark, to string) {
 
 // fill adds to each remote candidate the requests this router sent it
 // after its owner's load was heard: one more in flight each, and their
-// prefill while it is pending. cands are sorted by ID (View.Candidates).
+// prefill while it is pending. It sets Own, this router's requests in
+// flight there, whatever the clock. cands are sorted by ID
+// (View.Candidates).
 func (b *hopBook) fill(cands []route.Candidate, clock loadClock) {
-	if clock == nil {
-		return
-	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	for id, q := range b.marks {
-		if !q[len(q)-1].at.After(b.now().Add(-hopMarkFresh)) {
-			continue // nothing sent there lately: the owner has said it all
-		}
 		i := sort.Search(len(cands), func(i int) bool { return cands[i].ID() >= id })
-		if i == len(cands) || cands[i].ID() != id || cands[i].Stale {
-			continue // a stale candidate's load is unknown, not counted
+		if i == len(cands) || cands[i].ID() != id {
+			continue
+		}
+		cands[i].Detail.Own = route.Count32(len(q)) // a matching ID has a Detail
+		if clock == nil || !q[len(q)-1].at.After(b.now().Add(-hopMarkFresh)) || cands[i].Stale {
+			// No clock, nothing sent there lately (the owner has said it
+			// all), or a stale candidate, whose load is unknown, not
+			// counted.
+			continue
 		}
 		heard, ok := clock.LoadHeard(id)
 		if !ok {

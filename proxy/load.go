@@ -34,36 +34,46 @@ type loadBook struct {
 	stems map[uint64]route.Stem      // heat key -> the last request decided under it, as it ended
 	seq   map[string]float64         // replica ID -> mean slot time, ms
 	runs  map[string][]*dispatchMark // owned replica ID -> its requests in flight, oldest first
-	now   func() time.Time
+	// mine counts, per owned replica, the requests in runs this router
+	// decided itself (not forwarded to it by another router's decision):
+	// its share of the load there, route.Detail.Own.
+	mine map[string]int
+	now  func() time.Time
 }
 
 // dispatchMark is one request this router sent to an owned replica.
 type dispatchMark struct {
 	at    time.Time
 	ended bool // under book.mu
+	mine  bool // decided by this router (counted in book.mine)
 	book  *loadBook
 	id    string
 }
 
 func newLoadBook() *loadBook {
-	return &loadBook{heat: map[uint64]int{}, stems: map[uint64]route.Stem{}, seq: map[string]float64{}, runs: map[string][]*dispatchMark{}, now: time.Now}
+	return &loadBook{heat: map[uint64]int{}, stems: map[uint64]route.Stem{}, seq: map[string]float64{},
+		runs: map[string][]*dispatchMark{}, mine: map[string]int{}, now: time.Now}
 }
 
-// dispatch marks a request sent to owned replica id now and returns the
+// dispatch marks a request sent to owned replica id now, decided by this
+// router (mine) or by another that forwarded it, and returns the
 // function that ends it. Every request to an owned replica passes through
 // its owner, so the oldest mark is the sequence that has held its slot
 // longest (its age counts its wait in the engine's queue too, so the
 // slot it frees is dated early, never late: route then waits rather than
 // moves).
-func (b *loadBook) dispatch(id string) func() {
+func (b *loadBook) dispatch(id string, mine bool) func() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	q, ok := b.runs[id]
 	if !ok && len(b.runs) >= maxSeqReplicas {
 		return func() {}
 	}
-	m := &dispatchMark{at: b.now(), book: b, id: id}
+	m := &dispatchMark{at: b.now(), book: b, id: id, mine: mine}
 	b.runs[id] = append(q, m)
+	if mine {
+		b.mine[id]++
+	}
 	return m.end
 }
 
@@ -76,6 +86,13 @@ func (m *dispatchMark) end() {
 		return
 	}
 	m.ended = true
+	if m.mine {
+		if n := b.mine[m.id] - 1; n > 0 {
+			b.mine[m.id] = n
+		} else {
+			delete(b.mine, m.id)
+		}
+	}
 	q := b.runs[m.id]
 	for len(q) > 0 && q[0].ended {
 		q[0] = nil
@@ -170,7 +187,8 @@ func (b *loadBook) observe(id string, ms float64) {
 }
 
 // fill sets SeqMs, and for owned replicas with requests in flight
-// SlotAgeMs, on the candidates the view left without them.
+// SlotAgeMs, on the candidates the view left without them, and Own for
+// the owned replicas (hopBook.fill sets it for the others).
 func (b *loadBook) fill(cands []route.Candidate) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -185,6 +203,9 @@ func (b *loadBook) fill(cands []route.Candidate) {
 		}
 		if q := b.runs[d.ID]; d.SlotAgeMs <= 0 && len(q) > 0 {
 			d.SlotAgeMs = max(float64(now.Sub(q[0].at))/float64(time.Millisecond), 1e-3)
+		}
+		if n, ok := b.mine[d.ID]; ok {
+			d.Own = route.Count32(n)
 		}
 	}
 }

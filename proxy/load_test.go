@@ -192,11 +192,11 @@ func TestLoadBookSlotAge(t *testing.T) {
 	b := newLoadBook()
 	now := time.Unix(1000, 0)
 	b.now = func() time.Time { return now }
-	end1 := b.dispatch("a")
+	end1 := b.dispatch("a", true)
 	now = now.Add(time.Second)
-	end2 := b.dispatch("a")
+	end2 := b.dispatch("a", true)
 	now = now.Add(time.Second)
-	end3 := b.dispatch("a")
+	end3 := b.dispatch("a", true)
 	age := func() float64 {
 		cands := []route.Candidate{{Detail: &route.Detail{ID: "a"}}, {Detail: &route.Detail{ID: "b"}}}
 		b.fill(cands)

@@ -155,6 +155,9 @@ type Proxy struct {
 	// their gossiped loads (hopload.go); clock is the view's, if it has one.
 	hops  *hopBook
 	clock loadClock
+	// places makes this router's decisions serializable: each books its
+	// request before the next one reads the loads (place.go).
+	places placeBook
 	// loops relay SSE streams by their sockets (streamloop.go); nil when
 	// off or not on Linux.
 	loops *streamLoops

@@ -21,7 +21,13 @@
 //     (else it queues at the holder with the shortest wait). With
 //     every summary fresh it takes the shortest wait among them; among
 //     equal waits, the one of the key's first two choices with fewer
-//     requests in flight (fewer arrivals queue behind its prefill). Requests that will share a prefix share the key, so
+//     requests in flight (fewer arrivals queue behind its prefill). In a
+//     burst onto an idle cluster (every engine last reported idle) whose
+//     key's first choice is busy, it takes the replica with the
+//     fewest of this router's own requests (Detail.Own) instead: each
+//     router sees the others' part of the burst only at its own replicas,
+//     and routers that each spread their own share spread the sum.
+//     Requests that will share a prefix share the key, so
 //     they land together, and routers that cannot talk still agree.
 //  3. Otherwise every candidate is scored by an estimate of time to first
 //     token plus the recompute a move costs the cluster: network + prefill
@@ -144,6 +150,17 @@ type Detail struct {
 	// slots that filled in one burst free together, late, and slots held
 	// by requests past the mean free soon.
 	SlotAgeMs float64
+	// Own is how many of the requests in flight at the replica this
+	// router placed itself (its own dispatches and forwards, not the
+	// requests other routers sent to a replica it owns), and Local
+	// reports that this router owns the replica. InFlight is exact for
+	// the replicas a router owns, with the requests the other routers
+	// just sent them, and for the others it is their owner's last state
+	// plus this router's own requests since; Own is known alike for
+	// every replica. A cold request of a burst onto an idle cluster
+	// spreads by it (hashPick).
+	Own   int32
+	Local bool
 }
 
 // Count32 is n as a Candidate's count: saturated at the int32 range
@@ -846,13 +863,13 @@ func (p Policy) hashPick(cands []Candidate, tier int, key uint64, lim limits, co
 	// queues at the holder with the shortest wait instead.
 	hot := common > 1
 	for pass := 0; pass < 2; pass++ {
+		f := coldFilter{lim: lim, tier: tier, common: common, hot: hot, holdersOnly: pass == 0}
 		first, shortest, second := -1, -1, -1
 		var firstW, shortestW, secondW uint64
 		var shortestWait float64
 		for i := range cands {
 			c := &cands[i]
-			if int(c.Tier) != tier || (pass == 0 && hot && lacks(c, common)) || !lim.admits(c) ||
-				(pass == 1 && hot && lacks(c, common) && !idle(c)) {
+			if !f.eligible(c) {
 				continue
 			}
 			w := weight(key, c.Hash)
@@ -876,6 +893,29 @@ func (p Policy) hashPick(cands []Candidate, tier int, key uint64, lim limits, co
 		switch {
 		case first < 0:
 			continue
+		case leastWait && !idle(&cands[first]) && burst(cands, tier):
+			// The key's first choice is busy, so the shortest wait would
+			// move the request off it too and the next turn will not
+			// retrace it by the key anyway (it finds it by summary),
+			// and the engines last reported idle:
+			// the load in view is a burst sent since, and the view of
+			// it is lopsided. This router sees the requests the other
+			// routers just sent to the replicas it owns, but theirs at
+			// the other replicas only with their owners' next states.
+			// Routers that each place their burst by such a view push
+			// it onto the replicas they do not own, all onto the same
+			// ones (five cold turns on one replica of four slots in
+			// issue 7's chat). What a router knows alike of every
+			// replica is its own share of the load: spreading its own
+			// requests evenly spreads the sum evenly, whatever the
+			// others do at the same instant. The bound on queued
+			// prefill is left out for the same reason: it is the mean
+			// of those lopsided loads (a replica this router owns
+			// exceeds it with the requests the others just sent there).
+			// The spread still takes only a replica that can start the
+			// request, and the shorter wait among equal shares.
+			f.lim.work = math.Inf(1)
+			return p.spread(cands, key, f)
 		case leastWait:
 			// Of the key's first two choices at the shortest wait, the
 			// one with fewer requests in flight: a cold prefill delays
@@ -912,6 +952,78 @@ func (p Policy) hashPick(cands []Candidate, tier int, key uint64, lim limits, co
 		}
 	}
 	return -1 // no candidate in the tier: cannot happen, tier is the least of theirs
+}
+
+// coldFilter is which candidates one pass of hashPick places among.
+type coldFilter struct {
+	lim    limits
+	tier   int
+	common int
+	// hot: the common prefix is longer than one block (a hot prompt).
+	// holdersOnly: the first pass, among the holders of a hot prompt;
+	// the second admits a replica lacking it only when idle.
+	hot, holdersOnly bool
+}
+
+// eligible reports that c is in the nearest tier, under the limits, and
+// holds a hot common prefix or (second pass) is idle to copy it.
+func (f coldFilter) eligible(c *Candidate) bool {
+	if int(c.Tier) != f.tier || !f.lim.admits(c) {
+		return false
+	}
+	if !f.hot || !lacks(c, f.common) {
+		return true
+	}
+	return !f.holdersOnly && idle(c)
+}
+
+// burst reports that the candidates of tier mix replicas this router
+// owns with others and that every engine among them last reported
+// nothing running or waiting: whatever is in flight was sent since, a
+// burst onto an idle cluster, of which this router sees the other
+// routers' part only at its own replicas.
+func burst(cands []Candidate, tier int) bool {
+	local, remote := false, false
+	for i := range cands {
+		c := &cands[i]
+		if int(c.Tier) != tier || c.Stale {
+			continue
+		}
+		if c.Running > 0 || c.Waiting > 0 {
+			return false
+		}
+		if d := c.Detail; d != nil && d.Local {
+			local = true
+		} else {
+			remote = true
+		}
+	}
+	return local && remote
+}
+
+// spread is the eligible candidate with the fewest of this router's own
+// requests in flight (Detail.Own), ties to the shortest estimated wait,
+// then in rendezvous order for key.
+func (p Policy) spread(cands []Candidate, key uint64, f coldFilter) int {
+	best := -1
+	var bestOwn int32
+	var bestWait float64
+	var bestW uint64
+	for i := range cands {
+		c := &cands[i]
+		if !f.eligible(c) {
+			continue
+		}
+		var own int32
+		if d := c.Detail; d != nil {
+			own = d.Own
+		}
+		wait, w := p.waitMs(c), weight(key, c.Hash)
+		if best < 0 || own < bestOwn || (own == bestOwn && (wait < bestWait || (wait == bestWait && w > bestW))) {
+			best, bestOwn, bestWait, bestW = i, own, wait, w
+		}
+	}
+	return best
 }
 
 // lacks reports that c's summary counts and lacks the common prefix.

@@ -860,3 +860,114 @@ func TestCandidateNilDetail(t *testing.T) {
 		t.Fatalf("decision %+v over candidates without a Detail", d)
 	}
 }
+
+// The first turns of issue 7's chat arrive at once at three routers over
+// four replicas (router k owns replicas j with j mod 3 == k). A router
+// sees its own replicas exactly, with the requests the others just sent
+// there, and the others' replicas only with its own requests (no gossip
+// yet). Placing by that view, routers pushed their bursts onto the
+// replicas they do not own, five onto one replica of four slots; each
+// spreading its own requests puts three on every replica, in any
+// interleaving of the decisions and whatever the keys.
+func TestColdBurstSpreadsAcrossRouters(t *testing.T) {
+	const replicas, routers, perRouter, blocks = 4, 3, 4, 4
+	for _, tc := range []struct {
+		name       string
+		slots      int32
+		sequential bool // each router's burst after the previous one's
+	}{
+		{"slots unknown, interleaved", 0, false},
+		{"slots known, interleaved", 4, false},
+		{"slots unknown, one router after another", 0, true},
+		{"slots known, one router after another", 4, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for trial := range 50 {
+				var at [replicas]int32
+				var own [routers][replicas]int32
+				view := func(k int) []Candidate {
+					cs := candidates(replicas)
+					for j := range cs {
+						n := own[k][j]
+						if j%routers == k {
+							n = at[j]
+						}
+						cs[j].Summary, cs[j].Slots, cs[j].Detail.Local = held(t), tc.slots, j%routers == k
+						cs[j].InFlight, cs[j].PendingPrefillBlocks, cs[j].Detail.Own = n, float64(blocks*n), own[k][j]
+					}
+					return cs
+				}
+				for i := range routers * perRouter {
+					k := i % routers
+					if tc.sequential {
+						k = i / perRouter
+					}
+					req := request(chainOf(nil, blocks, uint64(1000*trial+i+1)))
+					d := DefaultPolicy().Pick(req, view(k))
+					if d.Reason != ReasonFallbackCold {
+						t.Fatalf("trial %d: decision %+v, want fallback-cold", trial, d)
+					}
+					at[d.Index]++
+					own[k][d.Index]++
+				}
+				for j, n := range at {
+					if n != routers {
+						t.Fatalf("trial %d: replica %d got %d of the burst (all: %v), want %d each", trial, j, n, at, routers)
+					}
+				}
+			}
+		})
+	}
+}
+
+// A cold request whose key's first choice is idle goes by the key, as on
+// any router (the next turn retraces it before gossip), however this
+// router's own requests are spread. Only when it is busy in a
+// burst onto an idle cluster (every engine last reported nothing running
+// or waiting) does it spread by its own requests; once an engine reports
+// work, the shortest wait decides again.
+func TestColdSpreadOnlyWhenTheKeysFirstChoiceIsBusy(t *testing.T) {
+	req := request(chainOf(nil, 4, 12))
+	cs := candidates(5)
+	for i := range cs {
+		cs[i].Summary, cs[i].Slots = held(t), 8 // free slots: the in-flight guard does not apply
+	}
+	key := DefaultPolicy().Pick(req, cs).Key
+	order := []int{0, 1, 2, 3, 4}
+	slices.SortFunc(order, func(a, b int) int {
+		return cmp.Compare(weight(key, cs[b].Hash), weight(key, cs[a].Hash))
+	})
+	first, second, third, fourth, fifth := order[0], order[1], order[2], order[3], order[4]
+	// fourth is this router's; the others are not.
+	for _, tc := range []struct {
+		name     string
+		inFlight map[int]int32 // each with 4 blocks of queued prefill
+		own      map[int]int32
+		running  bool // the first choice's engine reports a sequence running
+		want     int
+	}{
+		{"all idle", nil, nil, false, first},
+		{"first busy with this router's request: the other idle ones by the key", map[int]int32{first: 1},
+			map[int]int32{first: 1}, false, second},
+		{"all busy, the least of this router's own on its replica", map[int]int32{first: 1, second: 1, third: 1, fourth: 2, fifth: 1},
+			map[int]int32{first: 1, second: 1, third: 1, fifth: 1}, false, fourth},
+		{"all busy, equal shares and waits: the key's order", map[int]int32{first: 1, second: 1, third: 1, fourth: 1, fifth: 1},
+			map[int]int32{first: 1, second: 1, third: 1, fourth: 1, fifth: 1}, false, first},
+		{"an engine reports a sequence running: shortest wait", map[int]int32{first: 2, second: 1, third: 1, fourth: 2, fifth: 1},
+			map[int]int32{first: 1, second: 1, third: 1, fifth: 1}, true, second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for i := range cs {
+				cs[i].InFlight, cs[i].Detail.Own, cs[i].Detail.Local = tc.inFlight[i], tc.own[i], i == fourth
+				cs[i].Running = 0
+				if tc.running && i == first {
+					cs[i].Running = 1
+				}
+				cs[i].PendingPrefillBlocks = float64(4 * tc.inFlight[i])
+			}
+			if d := DefaultPolicy().Pick(req, cs); d.Index != tc.want || d.Reason != ReasonFallbackCold {
+				t.Fatalf("decision %+v, want %d by fallback-cold", d, tc.want)
+			}
+		})
+	}
+}

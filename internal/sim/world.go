@@ -408,21 +408,26 @@ func (w *world) fillCandidates(k int, r *simReq) {
 		c.Summary, c.Stale = nil, false
 		rep := w.rep[j]
 		var eng engSnap
-		var inFlight int
+		var inFlight, own int
 		var pending float64
+		local := false
 		switch w.policy {
 		case PolicyExactView, PolicyPooled:
+			// One view of everything: every request in flight is as
+			// known as the router's own.
 			w.exact[j].ids = r.ids
 			c.Summary = &w.exact[j]
 			inFlight, pending = rep.inFlight, w.pendingNow(rep)
+			own, local = inFlight, true
 			eng = w.ownerEng(j)
 		case PolicySingle:
 			c.Summary = w.routers[0].copies[j]
 			inFlight, pending = rep.inFlight, w.pendingNow(rep)
+			own, local = inFlight, true
 			eng = w.ownerEng(j)
 		case PolicyIsolated:
 			c.Summary = w.routers[k].copies[j]
-			inFlight, pending = w.ownLoad(k, j, nil)
+			inFlight, pending, own = w.ownLoad(k, j, nil)
 		default: // mesh, partitioned
 			rt := w.routers[k]
 			o := w.owner(j)
@@ -430,13 +435,15 @@ func (w *world) fillCandidates(k int, r *simReq) {
 			case o == k:
 				c.Summary = rt.copies[j]
 				inFlight, pending = rep.inFlight, w.pendingNow(rep)
+				_, _, own = w.ownLoad(k, j, nil)
+				local = true
 				eng = w.ownerEng(j)
 			case w.now-rt.lastHeard[o] > stale:
 				c.Stale = true
-				inFlight, pending = w.ownLoad(k, j, nil)
+				inFlight, pending, own = w.ownLoad(k, j, nil)
 			default:
 				c.Summary = rt.copies[j]
-				inFlight, pending = w.ownLoad(k, j, &rt.told[j])
+				inFlight, pending, own = w.ownLoad(k, j, &rt.told[j])
 				eng = rt.told[j].eng
 				// Only the owner knows when the requests at its replicas
 				// began (the mesh does not gossip it), as in the proxy.
@@ -446,6 +453,7 @@ func (w *world) fillCandidates(k int, r *simReq) {
 		c.InFlight, c.PendingPrefillBlocks = route.Count32(inFlight), pending
 		c.Running, c.Waiting, c.Slots = route.Count32(eng.running), route.Count32(eng.waiting), route.Count32(eng.slots)
 		c.Detail.SeqMs = eng.seqMs
+		c.Detail.Own, c.Detail.Local = route.Count32(own), local
 		c.Detail.SlotAgeMs = 0
 		if eng.hasOldest {
 			c.Detail.SlotAgeMs = max(w.now-eng.oldest, 1e-3)
@@ -455,10 +463,10 @@ func (w *world) fillCandidates(k int, r *simReq) {
 
 // ownLoad is router k's estimate of replica j's load: what the owner told
 // it (if anything) plus its own dispatches since that snapshot, or its own
-// unfinished dispatches alone when it was told nothing.
-func (w *world) ownLoad(k, j int, told *loadSnap) (int, float64) {
+// unfinished dispatches alone when it was told nothing; and how many of
+// its own dispatches there are unfinished (route.Detail.Own).
+func (w *world) ownLoad(k, j int, told *loadSnap) (inFlight int, pending float64, mine int) {
 	rt := w.routers[k]
-	inFlight, pending := 0, 0.0
 	since := -1.0
 	if told != nil && told.valid {
 		inFlight, pending, since = told.inFlight, told.pending, told.t
@@ -479,7 +487,7 @@ func (w *world) ownLoad(k, j int, told *loadSnap) (int, float64) {
 	}
 	clear(rt.own[j][len(own):])
 	rt.own[j] = own
-	return inFlight, pending
+	return inFlight, pending, len(own)
 }
 
 // dispatch sends request i from router k to replica j, records it in the

@@ -1,0 +1,140 @@
+package proxy
+
+import (
+	"sort"
+	"sync"
+	"sync/atomic"
+
+	"github.com/kvmesh/kvmesh/route"
+)
+
+// placeLogLen is how many of its latest placements a router remembers
+// for decisions that ran alongside them: more decisions than this at one
+// router between one decision's view and its commit are caught up only in
+// part (the older ones are then counted in the view anyway, being that
+// old).
+const placeLogLen = 256
+
+// placeBook makes one router's decisions serializable without holding a
+// lock while they are computed. A decision reads the loads (View,
+// loadBook, hopBook) and then books its request there (View.Begin,
+// hopBook.send); two requests decided at once on one view both saw the
+// same replica idle, and both went there (three cold turns of a burst on
+// one replica of four slots, issue 7's chat). Each decision notes the
+// placement sequence after its view is read; its commit, under the lock,
+// adds to its candidates the placements committed since, and decides
+// again when one of them went to the replica it chose. Only a decision
+// that collided pays a second Pick, and only its Pick is serialized. It
+// is safe for concurrent use.
+type placeBook struct {
+	mu  sync.Mutex
+	seq atomic.Uint64 // placements committed; written under mu
+	log [placeLogLen]placement
+}
+
+// placement is one committed placement: a request booked at a replica,
+// decided by this router (own) or by another that forwarded it here.
+type placement struct {
+	seq    uint64
+	id     string
+	blocks float64
+	own    bool
+}
+
+// snapshot is the sequence a decision's view reflects: read after the
+// view's loads are.
+func (b *placeBook) snapshot() uint64 { return b.seq.Load() }
+
+// commit books the request of decision d (at cands[d.Index]) under the
+// lock: it adds to cands the placements committed after snap (one more
+// in flight, their prefill queued, and one more of this router's own
+// where it decided them), and when one of them went to the chosen
+// replica and redecide is set (not a forwarded hint, which is the
+// deciding router's), it decides again (Proxy.decide). It returns the
+// decision, the request's booking, and the sequence cands now reflect
+// (for a retry's commit).
+func (p *Proxy) commit(ep *endpoint, st *reqState, req route.Request, cands []route.Candidate, d route.Decision,
+	snap uint64, redecide bool) (route.Decision, booking, uint64) {
+	b := &p.places
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.catchUpLocked(cands, snap, cands[d.Index].ID()) && redecide {
+		d = p.decide(ep, st, req, cands)
+	}
+	id := cands[d.Index].ID()
+	blocks, mine := float64(len(st.hashes)-d.Match), !st.hop
+	var bk booking
+	if _, local, ok := p.cfg.View.Locate(id); ok {
+		bk = p.book(id, local, blocks, mine)
+	}
+	return d, bk, b.recordLocked(id, blocks, mine)
+}
+
+// catchUpLocked adds to cands the placements committed after snap and
+// reports whether one of them went to replica chosen.
+func (b *placeBook) catchUpLocked(cands []route.Candidate, snap uint64, chosen string) bool {
+	seq, hit := b.seq.Load(), false
+	for s := max(snap+1, seq-min(seq, placeLogLen-1)); s <= seq; s++ {
+		if e := &b.log[s%placeLogLen]; e.seq == s && catchUp(cands, e) && e.id == chosen {
+			hit = true
+		}
+	}
+	return hit
+}
+
+// recordLocked commits a placement and returns its sequence.
+func (b *placeBook) recordLocked(id string, blocks float64, own bool) uint64 {
+	seq := b.seq.Load() + 1
+	b.log[seq%placeLogLen] = placement{seq: seq, id: id, blocks: blocks, own: own}
+	b.seq.Store(seq)
+	return seq
+}
+
+// catchUp adds placement e to its candidate in cands (sorted by ID, as
+// View.Candidates returns them), if there and not stale (a stale
+// candidate's load is unknown, not counted), and reports whether it did.
+func catchUp(cands []route.Candidate, e *placement) bool {
+	i := sort.Search(len(cands), func(i int) bool { return cands[i].ID() >= e.id })
+	if i == len(cands) || cands[i].ID() != e.id || cands[i].Stale {
+		return false
+	}
+	c := &cands[i]
+	c.InFlight++
+	c.PendingPrefillBlocks += e.blocks
+	if e.own {
+		c.Detail.Own++
+	}
+	return true
+}
+
+// booking is a request's accounting at the replica it was sent to: the
+// view's in-flight count and queued prefill and the load book's dispatch
+// (an owned replica), or the hop book's mark (another router's). end
+// ends it, firstByte its prefill (nil in the zero booking); both are
+// idempotent.
+type booking struct {
+	firstByte, done, dispatched func()
+	mark                        *hopMark // a remote replica's, for move
+}
+
+// end ends the request's accounting.
+func (bk *booking) end() {
+	if bk.dispatched != nil {
+		bk.dispatched()
+	}
+	if bk.done != nil {
+		bk.done()
+	}
+}
+
+// book makes the accounting of a request sent to replica id (owned when
+// local) bringing blocks of prefill; mine reports that this router
+// decided it.
+func (p *Proxy) book(id string, local bool, blocks float64, mine bool) booking {
+	if local {
+		firstByte, done := p.cfg.View.Begin(id, blocks)
+		return booking{firstByte: firstByte, done: done, dispatched: p.load.dispatch(id, mine)}
+	}
+	mark, firstByte, done := p.hops.sendMark(id, blocks)
+	return booking{firstByte: firstByte, done: done, mark: mark}
+}
