@@ -425,6 +425,10 @@ func TestResponseByIDGoesToItsReplica(t *testing.T) {
 			t.Errorf("%s %s reached the replica as %+v", tc.method, tc.path, s)
 		}
 	}
+	// Counted as the owner's handler ends, after its client had the body.
+	waitFor(t, "the owner's relay counted", func() bool {
+		return testutil.ToFloat64(ownerProxy.m.requests.WithLabelValues(epResponses, "200")) >= 1
+	})
 	if got := testutil.ToFloat64(ownerProxy.m.requests.WithLabelValues(epResponses, "200")); got != 1 {
 		t.Errorf("the owner router relayed %v requests for its replica's response, want 1", got)
 	}

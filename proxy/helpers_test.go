@@ -16,6 +16,7 @@ import (
 	"github.com/kvmesh/kvmesh/route"
 	"github.com/kvmesh/kvmesh/summary"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 // testContract has small blocks so short test prompts span many.
@@ -117,6 +118,27 @@ func (v *fakeView) waitDone(t *testing.T) string {
 		t.Fatal("request never finished")
 		return ""
 	}
+}
+
+// waitCounted waits (a bounded poll) until n requests to endpoint ep
+// were counted, whatever their status. The count is the last thing a
+// request's handler does (inference's first deferred call), after every
+// release of what it held; the view's done (waitDone) comes before those
+// releases, and a client has its last byte before them too, so what a
+// finished request left behind is checked after this, not after either.
+func waitCounted(t *testing.T, p *Proxy, ep string, n int) {
+	t.Helper()
+	waitFor(t, fmt.Sprintf("%d %s requests counted", n, ep), func() bool {
+		p.m.mu.RLock()
+		defer p.m.mu.RUnlock()
+		got := 0.0
+		for k, c := range p.m.reqs {
+			if k.endpoint == ep {
+				got += testutil.ToFloat64(c)
+			}
+		}
+		return got >= float64(n)
+	})
 }
 
 // newTestProxy serves a Proxy over view on 127.0.0.1.

@@ -152,6 +152,7 @@ func TestProxyLoadBook(t *testing.T) {
 	}
 	close(release)
 	wg.Wait()
+	waitCounted(t, p, epChat, 2) // the clients had their last byte before the handlers' releases
 	p.load.mu.Lock()
 	keys = len(p.load.heat)
 	seq := p.load.seq[good.URL]
@@ -176,6 +177,7 @@ func TestProxyLoadBook(t *testing.T) {
 	view2 := newFakeView([]string{"m"}, fakeReplica{id: bad.URL})
 	p2, srv2, _ := newTestProxy(t, view2, nil)
 	readAll(t, post(t, context.Background(), srv2.URL+"/v1/chat/completions", body))
+	waitCounted(t, p2, epChat, 1)
 	p2.load.mu.Lock()
 	_, timed := p2.load.seq[bad.URL]
 	keys = len(p2.load.heat)

@@ -75,6 +75,7 @@ func TestStreamLoopContainsPanic(t *testing.T) {
 		t.Fatalf("stream after the panic incomplete: %q", b)
 	}
 	view.waitDone(t)
+	waitCounted(t, p, epChat, 3) // the handlers have released what they held
 	if n := testutil.ToFloat64(p.m.loopStreams); n != 3 {
 		t.Errorf("loop streams %v, want 3", n)
 	}

@@ -79,6 +79,8 @@ func TestWriteTimeoutEndsStalledStream(t *testing.T) {
 			case <-time.After(10 * time.Second):
 				t.Fatal("the replica's request was never cancelled")
 			}
+			// The handler still releases what it held after both.
+			waitCounted(t, p, epChat, 1)
 			if n := testutil.ToFloat64(p.edge.rejected.WithLabelValues(rejectWriteTimeout)); n != 1 {
 				t.Errorf("write timeouts counted: %v, want 1", n)
 			}
