@@ -221,7 +221,9 @@ func timedDecision(a *testRouter, p route.Policy, buf *CandidateBuffer, hashes [
 // does. It reports the thread-CPU p50 and p99 of the whole decision and
 // of its parts: fill (CandidatesInto and the probes), index (the first
 // Match, which asks the Index for every summary) and pick (Pick with the
-// answers at hand).
+// answers at hand). "marking" has a goroutine run the collector cycle
+// after cycle meanwhile (BenchmarkDecisionMarking): the decisions of the
+// harness's mark phases were its slowest.
 func BenchmarkDecisionRotating(b *testing.B) {
 	var rs []*testRouter
 	var rng *rand.Rand
@@ -229,6 +231,26 @@ func BenchmarkDecisionRotating(b *testing.B) {
 		var a *testRouter
 		a, rng = owning1024(b)
 		rs = append(rs, a)
+	}
+	b.Run("quiet", func(b *testing.B) { rotating(b, rs, rng, false) })
+	b.Run("marking", func(b *testing.B) { rotating(b, rs, rng, true) })
+}
+
+func rotating(b *testing.B, rs []*testRouter, rng *rand.Rand, marking bool) {
+	if marking {
+		stop, done := make(chan struct{}), make(chan struct{})
+		go func() {
+			defer close(done)
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+					runtime.GC()
+				}
+			}
+		}()
+		defer func() { close(stop); <-done }()
 	}
 	p := route.DefaultPolicy()
 	var buf CandidateBuffer

@@ -117,7 +117,17 @@ func (m *Mesh) Candidates(model string, dst []route.Candidate) []route.Candidate
 // them for a server). The zero value is ready to use.
 type CandidateBuffer struct {
 	cands []route.Candidate
-	batch matchBatch
+	// details are the candidates' Details, cands[i] pointing at
+	// details[i] from call to call: one array for every view the buffer
+	// decides for, so that going from one router's view to another's (the
+	// scale harness's sixteen routers) rewrites no Detail pointer, and,
+	// as a replica's ID is one string in the process (replicaLocked), no
+	// ID either. Per view (hint set) the pointers changed with the view:
+	// a thousand pointers written per decision, each through the write
+	// barrier while the collector marks, which made those decisions
+	// several times slower (BenchmarkDecisionRotating/marking).
+	details []route.Detail
+	batch   matchBatch
 	// hints are the Index's hints (matchBatch.hints) of each mesh and
 	// model the buffer decided for lately, at most maxHintSets: a
 	// buffer that goes from one model to another (a proxy's pool) or
@@ -144,15 +154,7 @@ type hintSet struct {
 	// phases were the harness's slowest percent). Each set keeps alive
 	// the summaries of its last call.
 	sums []*summary.Summary
-	// details are the candidates' Details of the last call for this
-	// mesh and model (a candidate's at its place in the call), kept
-	// from call to call so that their IDs are written once: a buffer
-	// that changed views rewrote every ID, a thousand small strings
-	// for the write barrier to shade while the collector marks; the
-	// candidates' pointers to them, written anew instead, all point
-	// into the same two arrays.
-	details []route.Detail
-	used    uint64
+	used uint64
 }
 
 // maxHintSets bounds a buffer's hint sets (16 bytes per replica each).
@@ -165,7 +167,7 @@ func (m *Mesh) CandidatesInto(model string, buf *CandidateBuffer) []route.Candid
 	hs := buf.hintsFor(m, model)
 	b := &buf.batch
 	b.sums = hs.sums
-	buf.cands = m.candidates(model, buf.cands[:0], b, &hs.details)
+	buf.cands = m.candidates(model, buf.cands[:0], b, &buf.details)
 	hs.sums = b.sums
 	if len(hs.hints) < len(b.sums) { // hints pay from call to call
 		hs.hints = append(hs.hints, make([]summary.IndexHint, len(b.sums)-len(hs.hints))...)
