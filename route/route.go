@@ -358,6 +358,10 @@ func (p Policy) pick(req Request, cands []Candidate, ms []int32) Decision {
 	minNet, minQueued, minBm := math.Inf(1), math.Inf(1), math.Inf(1)
 	finite := 0.0
 	defBm := p.DefaultBlockMs
+	// The answers of the batch the last candidate's cell was of (Batch):
+	// read here rather than through a call per candidate.
+	var batch *Batch
+	var batchRes []int
 	for i := range cands {
 		c := &cands[i]
 		c.match = 0
@@ -411,7 +415,14 @@ func (p Policy) pick(req Request, cands []Candidate, ms []int32) Decision {
 		}
 		m := 0
 		if n > 0 {
-			m = c.Summary.Match(req.Probes)
+			if bc, ok := c.Summary.(*BatchCell); ok {
+				if bc.b != batch {
+					batch, batchRes = bc.b, bc.b.answer(req.Probes)
+				}
+				m = batchRes[bc.i]
+			} else {
+				m = c.Summary.Match(req.Probes)
+			}
 		}
 		c.match = int32(m)
 		if ms != nil {
