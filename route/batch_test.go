@@ -1,6 +1,7 @@
 package route
 
 import (
+	"math"
 	"math/rand/v2"
 	"testing"
 
@@ -75,6 +76,26 @@ func TestPickReadsBatchCells(t *testing.T) {
 		}
 		if srcs[0].calls > 1 || srcs[1].calls > 1 {
 			t.Fatalf("round %d: a batch asked again for the same probes", round)
+		}
+	}
+}
+
+// TestAdmitsCold holds admitsCold, which hashPick asks of every
+// candidate, to admits under cold limits, over random candidates and
+// limits (a NaN and infinite work bound among them).
+func TestAdmitsCold(t *testing.T) {
+	rng := rand.New(rand.NewPCG(4, 4))
+	for round := range 200 {
+		cands := randomCandidates(rng, 64, 8)
+		for i := range cands {
+			cands[i].match = int32(rng.IntN(9))
+		}
+		lim := limits{inFlight: rng.IntN(8), queued: rng.IntN(4), blocks: 8, cold: true,
+			work: []float64{0, 0.5, 3, 50, math.Inf(1), math.NaN()}[rng.IntN(6)]}
+		for i := range cands {
+			if got, want := lim.admitsCold(&cands[i]), lim.admits(&cands[i]); got != want {
+				t.Fatalf("round %d: admitsCold(%+v) = %v under %+v, admits %v", round, cands[i], got, lim, want)
+			}
 		}
 	}
 }

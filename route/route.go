@@ -741,6 +741,14 @@ func (l limits) admits(c *Candidate) bool {
 	return c.Slots > 0 || int(c.InFlight)+1 <= l.inFlight
 }
 
+// admitsCold is admits for cold limits (l.cold: hashPick's), in few enough lines
+// to inline: a candidate that can start the request has nobody queued
+// for a slot (queuedAt is 0), so only the work and in-flight bounds are
+// left to check. TestAdmitsCold holds it to admits.
+func (l limits) admitsCold(c *Candidate) bool {
+	return c.Stale || !(c.PendingPrefillBlocks > l.work) && canStart(c) && (c.Slots > 0 || int(c.InFlight)+1 <= l.inFlight)
+}
+
 // idle reports that c can start a request at once: a sequence slot known
 // to be free and no prefill queued. (With unknown slots an empty waiting
 // queue says too little: the guard applies.)
@@ -822,7 +830,8 @@ func (p Policy) key(req Request, common int) uint64 {
 // computes alone: the first choice. When no candidate is under the
 // limits, the one with the shortest wait takes it. Candidates whose
 // summary holds a common prefix longer than one block (a hot prompt, not
-// a system prompt still spreading) go first: recomputing it costs.
+// a system prompt still spreading) go first: recomputing it costs. lim
+// are cold limits (lim.cold).
 func (p Policy) hashPick(cands []Candidate, tier int, key uint64, lim limits, common int, leastWait bool) int {
 	// First among the holders of the common prefix, then among all. A
 	// copy of a common prefix longer than one block (a hot prompt) goes
@@ -830,13 +839,17 @@ func (p Policy) hashPick(cands []Candidate, tier int, key uint64, lim limits, co
 	// one its prefill delays the requests queued there, and the request
 	// queues at the holder with the shortest wait instead.
 	hot := common > 1
+	// A thousand candidates are asked the limits and their wait: both by
+	// hand here (admitsCold, waitMs's own lines), not through calls, which
+	// the compiler does not inline.
+	defBm := p.DefaultBlockMs
 	for pass := 0; pass < 2; pass++ {
 		first, shortest, second := -1, -1, -1
 		var firstW, shortestW, secondW uint64
 		var shortestWait float64
 		for i := range cands {
 			c := &cands[i]
-			if int(c.Tier) != tier || (pass == 0 && hot && lacks(c, common)) || !lim.admits(c) ||
+			if int(c.Tier) != tier || (pass == 0 && hot && lacks(c, common)) || !lim.admitsCold(c) ||
 				(pass == 1 && hot && lacks(c, common) && !idle(c)) {
 				continue
 			}
@@ -847,7 +860,14 @@ func (p Policy) hashPick(cands []Candidate, tier int, key uint64, lim limits, co
 			// The shortest estimated wait, ties in rendezvous order (an
 			// idle cluster still places exactly by the key); second is
 			// the runner-up in rendezvous order at that wait.
-			if wait := p.waitMs(c); shortest < 0 || wait < shortestWait {
+			slot, bm := 0.0, c.BlockMs
+			if slotsAhead(c) > 0 {
+				slot = p.slotWaitMs(c)
+			}
+			if !(bm > 0) { // blockMs
+				bm = defBm
+			}
+			if wait := bm*c.PendingPrefillBlocks + slot; shortest < 0 || wait < shortestWait {
 				shortest, shortestW, shortestWait, second = i, w, wait, -1
 			} else if wait == shortestWait {
 				if w > shortestW {
