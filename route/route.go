@@ -347,16 +347,11 @@ func (p Policy) pick(req Request, cands []Candidate, ms []int32) Decision {
 	var hist [65]int32 // matches capped for the common-prefix vote
 	var histOver []int32
 	// What the later passes would otherwise each read every candidate
-	// for: the nearest tier, how many could start a request at once (of
-	// all, and of those that count), and the bounds warmPricing prunes
-	// with (the least network cost, queued prefill time and block time;
-	// finite sums the float fields a cost reads, the slot wait's only of
-	// the candidates that would be asked it, so that a NaN or an
-	// infinity turns pruning off rather than making it guess).
+	// for: the nearest tier and how many could start a request at once
+	// (of all, and of those that count). The bounds warmPricing prunes
+	// with are a warm decision's only (pruneBounds).
 	tier := cands[0].Tier
 	canAny, canKnown := 0, 0
-	minNet, minQueued, minBm := math.Inf(1), math.Inf(1), math.Inf(1)
-	finite := 0.0
 	defBm := p.DefaultBlockMs
 	// The answers of the batch the last candidate's cell was of (Batch):
 	// read here rather than through a call per candidate.
@@ -386,28 +381,6 @@ func (p Policy) pick(req Request, cands []Candidate, ms []int32) Decision {
 			}
 		}
 		if ms != nil {
-			// blockMs by hand, the default read once (the method on a
-			// Policy value copied the policy for every candidate), and
-			// comparisons, not min (its care for NaN and -0 costs
-			// branches; finite catches a NaN).
-			bm := c.BlockMs
-			if !(bm > 0) {
-				bm = defBm
-			}
-			if c.NetworkMs < minNet {
-				minNet = c.NetworkMs
-			}
-			if q := bm * c.PendingPrefillBlocks; q < minQueued {
-				minQueued = q
-			}
-			if bm < minBm {
-				minBm = bm
-			}
-			finite += c.NetworkMs + c.PendingPrefillBlocks + c.BlockMs
-			if !can { // only these are asked their slot wait
-				seq, age := seqAndAge(c)
-				finite += seq + age
-			}
 			ms[i] = 0
 		}
 		if c.Summary == nil {
@@ -538,7 +511,12 @@ func (p Policy) pick(req Request, cands []Candidate, ms []int32) Decision {
 	}
 	w := warmPricing{p: p, cands: cands, lim: lim, key: d.Key, n: n, fork: fork,
 		rw: rw, stemWeight: stemWeight, slotWeight: slotWeight}
-	if ms != nil && w.bounded(best, minNet, minQueued, minBm, finite) {
+	pruned := false
+	if ms != nil {
+		minNet, minQueued, minBm, finite := pruneBounds(cands, defBm)
+		pruned = w.bounded(best, minNet, minQueued, minBm, finite)
+	}
+	if pruned {
 		w.choosePruned(ms, best)
 	} else {
 		w.chooseAll()
@@ -558,6 +536,43 @@ func (p Policy) pick(req Request, cands []Candidate, ms []int32) Decision {
 		d.Reason = ReasonSpill
 	}
 	return d
+}
+
+// pruneBounds is what warmPricing prunes with, over every candidate: the
+// least network cost, queued prefill time and block time, and finite, a
+// sum of the float fields a cost reads (the slot wait's only of the
+// candidates that would be asked it), so that a NaN or an infinity turns
+// pruning off rather than making it guess. Only a warm decision asks it,
+// after the first pass: a cold one (most requests of a chat trace are a
+// conversation's first turn) does not pay for it.
+func pruneBounds(cands []Candidate, defBm float64) (minNet, minQueued, minBm, finite float64) {
+	minNet, minQueued, minBm = math.Inf(1), math.Inf(1), math.Inf(1)
+	for i := range cands {
+		c := &cands[i]
+		// blockMs by hand, the default read once (the method on a
+		// Policy value copied the policy for every candidate), and
+		// comparisons, not min (its care for NaN and -0 costs branches;
+		// finite catches a NaN).
+		bm := c.BlockMs
+		if !(bm > 0) {
+			bm = defBm
+		}
+		if c.NetworkMs < minNet {
+			minNet = c.NetworkMs
+		}
+		if q := bm * c.PendingPrefillBlocks; q < minQueued {
+			minQueued = q
+		}
+		if bm < minBm {
+			minBm = bm
+		}
+		finite += c.NetworkMs + c.PendingPrefillBlocks + c.BlockMs
+		if !canStart(c) { // only these are asked their slot wait
+			seq, age := seqAndAge(c)
+			finite += seq + age
+		}
+	}
+	return minNet, minQueued, minBm, finite
 }
 
 // holdersOf counts the candidates holding best blocks of the request (no
