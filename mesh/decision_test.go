@@ -213,3 +213,85 @@ func timedDecision(a *testRouter, p route.Policy, buf *CandidateBuffer, hashes [
 	cpu.add(threadcpu.OrWall() - c0)
 	return probes
 }
+
+// BenchmarkDecisionRotating is the scale harness's decision in the lab:
+// new 32-block prompts decided at four routers in turn (each owning
+// 1,024 replicas) with one CandidateBuffer, 8 MB of other data read
+// between decisions (untimed), as the harness's sixteen routers' ingest
+// does. It reports the thread-CPU p50 and p99 of the whole decision and
+// of its parts: fill (CandidatesInto and the probes), index (the first
+// Match, which asks the Index for every summary) and pick (Pick with the
+// answers at hand). "marking" has a goroutine run the collector cycle
+// after cycle meanwhile (BenchmarkDecisionMarking): the decisions of the
+// harness's mark phases were its slowest.
+func BenchmarkDecisionRotating(b *testing.B) {
+	var rs []*testRouter
+	var rng *rand.Rand
+	for range 4 {
+		var a *testRouter
+		a, rng = owning1024(b)
+		rs = append(rs, a)
+	}
+	b.Run("quiet", func(b *testing.B) { rotating(b, rs, rng, false) })
+	b.Run("marking", func(b *testing.B) { rotating(b, rs, rng, true) })
+}
+
+func rotating(b *testing.B, rs []*testRouter, rng *rand.Rand, marking bool) {
+	if marking {
+		stop, done := make(chan struct{}), make(chan struct{})
+		go func() {
+			defer close(done)
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+					runtime.GC()
+				}
+			}
+		}()
+		defer func() { close(stop); <-done }()
+	}
+	p := route.DefaultPolicy()
+	var buf CandidateBuffer
+	hashes := make([]uint64, 32)
+	var probes []summary.Probe
+	sweep := make([]uint64, 8<<20/8)
+	sink := uint64(0)
+	whole, fill, index, pick := newLatencies(), newLatencies(), newLatencies(), newLatencies()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	i := 0
+	for b.Loop() {
+		b.StopTimer()
+		for i := 0; i < len(sweep); i += 8 {
+			sweep[i]++
+			sink += sweep[i]
+		}
+		for j := range hashes {
+			hashes[j] = rng.Uint64()
+		}
+		a := rs[i%len(rs)]
+		i++
+		b.StartTimer()
+		c0 := threadcpu.OrWall()
+		cands := a.CandidatesInto("m", &buf)
+		probes = summary.MakeProbes(probes[:0], hashes)
+		c1 := threadcpu.OrWall()
+		cands[0].Summary.Match(probes)
+		c2 := threadcpu.OrWall()
+		p.Pick(route.Request{Hashes: hashes, Probes: probes, Root: 1}, cands)
+		c3 := threadcpu.OrWall()
+		whole.add(c3 - c0)
+		fill.add(c1 - c0)
+		index.add(c2 - c1)
+		pick.add(c3 - c2)
+	}
+	whole.reportAs(b, "cpu-")
+	fill.reportAs(b, "fill-cpu-")
+	index.reportAs(b, "index-cpu-")
+	pick.reportAs(b, "pick-cpu-")
+	if sink == 1 {
+		b.Log(sink)
+	}
+}

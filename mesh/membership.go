@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unique"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/memberlist"
@@ -155,7 +156,16 @@ func (m *Mesh) reconnect(now time.Time) {
 func (m *Mesh) replicaLocked(id string, create bool) *replica {
 	r := m.replicas[id]
 	if r == nil && create && len(m.replicas) < maxReplicas && id != "" && len(id) <= maxReplicaIDLen {
-		r = &replica{id: id, hash: route.HashID(id), declarers: map[string]bool{}, declHeard: map[string]time.Time{},
+		// The ID's one copy in the process (unique), as long as a
+		// replica holds its handle: the routers of one process (the
+		// scale harness, tests) then hand out the same string for a
+		// replica, and a CandidateBuffer going from one router's view to
+		// another's finds its Details' IDs already right (a string
+		// written to the heap is a pointer for the write barrier while
+		// the collector marks).
+		h := unique.Make(id)
+		id = h.Value()
+		r = &replica{id: id, idh: h, hash: route.HashID(id), declarers: map[string]bool{}, declHeard: map[string]time.Time{},
 			load: m.newLoadLocked()}
 		m.replicas[id] = r
 		i, _ := slices.BinarySearchFunc(m.order, id, func(x *replica, id string) int { return strings.Compare(x.id, id) })

@@ -31,6 +31,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unique"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/memberlist"
@@ -76,6 +77,7 @@ type member struct {
 // replica is everything this router knows of one replica.
 type replica struct {
 	id   string
+	idh  unique.Handle[string] // keeps id the process's one copy (replicaLocked)
 	hash uint64
 
 	// Local declaration and the proxy's health checks.

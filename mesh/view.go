@@ -117,7 +117,17 @@ func (m *Mesh) Candidates(model string, dst []route.Candidate) []route.Candidate
 // them for a server). The zero value is ready to use.
 type CandidateBuffer struct {
 	cands []route.Candidate
-	batch matchBatch
+	// details are the candidates' Details, cands[i] pointing at
+	// details[i] from call to call: one array for every view the buffer
+	// decides for, so that going from one router's view to another's (the
+	// scale harness's sixteen routers) rewrites no Detail pointer, and,
+	// as a replica's ID is one string in the process (replicaLocked), no
+	// ID either. Per view (hint set) the pointers changed with the view:
+	// a thousand pointers written per decision, each through the write
+	// barrier while the collector marks, which made those decisions
+	// several times slower (BenchmarkDecisionRotating/marking).
+	details []route.Detail
+	batch   matchBatch
 	// hints are the Index's hints (matchBatch.hints) of each mesh and
 	// model the buffer decided for lately, at most maxHintSets: a
 	// buffer that goes from one model to another (a proxy's pool) or
@@ -144,15 +154,7 @@ type hintSet struct {
 	// phases were the harness's slowest percent). Each set keeps alive
 	// the summaries of its last call.
 	sums []*summary.Summary
-	// details are the candidates' Details of the last call for this
-	// mesh and model (a candidate's at its place in the call), kept
-	// from call to call so that their IDs are written once: a buffer
-	// that changed views rewrote every ID, a thousand small strings
-	// for the write barrier to shade while the collector marks; the
-	// candidates' pointers to them, written anew instead, all point
-	// into the same two arrays.
-	details []route.Detail
-	used    uint64
+	used uint64
 }
 
 // maxHintSets bounds a buffer's hint sets (16 bytes per replica each).
@@ -165,7 +167,7 @@ func (m *Mesh) CandidatesInto(model string, buf *CandidateBuffer) []route.Candid
 	hs := buf.hintsFor(m, model)
 	b := &buf.batch
 	b.sums = hs.sums
-	buf.cands = m.candidates(model, buf.cands[:0], b, &hs.details)
+	buf.cands = m.candidates(model, buf.cands[:0], b, &buf.details)
 	hs.sums = b.sums
 	if len(hs.hints) < len(b.sums) { // hints pay from call to call
 		hs.hints = append(hs.hints, make([]summary.IndexHint, len(b.sums)-len(hs.hints))...)
@@ -290,8 +292,8 @@ func (m *Mesh) candidates(model string, dst []route.Candidate, b *matchBatch, ds
 // comparing interfaces: that calls runtime.ifaceeq once the types agree,
 // a call per candidate where a batch's cell is one pointer compare.
 func sameMatcher(a, b route.Matcher) bool {
-	if x, ok := a.(*matchCell); ok {
-		y, ok := b.(*matchCell)
+	if x, ok := a.(*route.BatchCell); ok {
+		y, ok := b.(*route.BatchCell)
 		return ok && x == y
 	}
 	return a == b
@@ -324,22 +326,18 @@ func fillCandidate(c *route.Candidate, e *viewEntry, x *route.Detail) {
 }
 
 // matchBatch is the summaries of one Candidates call, matched together
-// through the mesh's Index when a candidate's Match is first asked.
+// through the mesh's Index when a candidate's Match is first asked (the
+// candidates' Summary is a cell of its route.Batch).
 type matchBatch struct {
-	idx   *summary.Index
-	sums  []*summary.Summary
-	keys  []uint64    // the replicas' hashes: a replica's summary keeps its column in the Index
-	cells []matchCell // cells[i] answers for sums[i]
+	idx  *summary.Index
+	sums []*summary.Summary
+	keys []uint64 // the replicas' hashes: a replica's summary keeps its column in the Index
 	// hints[i] is where the Index answered sums[i] last time: kept from
 	// call to call in a CandidateBuffer (a view's replicas keep their
 	// places), so the Index need not read each summary and its column
 	// (summary.IndexHint); nil in a batch of one call.
 	hints []summary.IndexHint
-	res   []int
-	// The probes res answers: the caller's slice, its first and last.
-	probes      []summary.Probe
-	first, last summary.Probe
-	valid       bool
+	rb    route.Batch
 }
 
 // reset readies b for a call over up to n summaries of idx, keeping its
@@ -350,22 +348,7 @@ func (b *matchBatch) reset(idx *summary.Index, n int) {
 	// those that changed (a pointer written costs a write barrier while
 	// the collector marks); trim drops the ones past this call's.
 	b.sums, b.keys = slices.Grow(b.sums[:0], n), slices.Grow(b.keys[:0], n)
-	// The cells are written once, not per call: each is its place in
-	// b, which they keep while b stays where it is.
-	if cap(b.cells) < n || (n > 0 && b.cells[:1][0].b != b) {
-		b.cells = make([]matchCell, max(n, cap(b.cells)))
-		for i := range b.cells {
-			b.cells[i] = matchCell{b: b, i: i}
-		}
-	}
-	b.cells = b.cells[:n]
-	b.probes, b.valid = nil, false
-}
-
-// matchCell is one candidate's summary in a batch: its route.Matcher.
-type matchCell struct {
-	b *matchBatch
-	i int
+	b.rb.Reset(b, n)
 }
 
 // add returns the Matcher of s for a candidate: s itself without a batch
@@ -379,7 +362,7 @@ func (b *matchBatch) add(s *summary.Summary, key uint64) route.Matcher {
 	if b.sums[i] != s {
 		b.sums[i] = s
 	}
-	return &b.cells[i]
+	return b.rb.Cell(i)
 }
 
 // trim clears the summaries past this call's: a buffer at rest keeps
@@ -388,32 +371,14 @@ func (b *matchBatch) trim() {
 	clear(b.sums[len(b.sums):cap(b.sums)])
 }
 
-// Match is the summary's Match: the batch's answer for these probes,
-// computed for every summary of the batch on the first call.
-func (c *matchCell) Match(probes []summary.Probe) int {
-	b := c.b
-	if !b.answers(probes) {
-		var hints []summary.IndexHint
-		if len(b.hints) >= len(b.sums) {
-			hints = b.hints[:len(b.sums)]
-		}
-		b.res = b.idx.MatchHinted(b.res, b.sums, b.keys, hints, probes)
-		b.probes, b.valid = probes, true
-		if len(probes) > 0 {
-			b.first, b.last = probes[0], probes[len(probes)-1]
-		}
+// MatchBatch is route.BatchMatcher: every summary's match through the
+// Index, with the buffer's hints when it has them.
+func (b *matchBatch) MatchBatch(dst []int, probes []summary.Probe) []int {
+	var hints []summary.IndexHint
+	if len(b.hints) >= len(b.sums) {
+		hints = b.hints[:len(b.sums)]
 	}
-	return b.res[c.i]
-}
-
-func (b *matchBatch) answers(probes []summary.Probe) bool {
-	switch {
-	case !b.valid || len(probes) != len(b.probes):
-		return false
-	case len(probes) == 0:
-		return true
-	}
-	return &probes[0] == &b.probes[0] && probes[0] == b.first && probes[len(probes)-1] == b.last
+	return b.idx.MatchHinted(dst, b.sums, b.keys, hints, probes)
 }
 
 // Locate says how to reach a replica: directly when this router owns it,

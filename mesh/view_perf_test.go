@@ -280,7 +280,7 @@ func TestCandidatesBatchMatchesEqualSummaries(t *testing.T) {
 		for qi, q := range queries {
 			probes = summary.MakeProbes(probes[:0], q) // rewritten in place
 			for _, c := range cands {
-				if _, ok := c.Summary.(*matchCell); !ok {
+				if _, ok := c.Summary.(*route.BatchCell); !ok {
 					t.Fatalf("candidate %s: Summary is %T, want the batch's", c.ID(), c.Summary)
 				}
 				if got, want := c.Summary.Match(probes), a.MatchReplica(c.ID(), probes); got != want {

@@ -3,8 +3,11 @@ package route
 import (
 	"bytes"
 	"fmt"
+	"runtime"
 	"testing"
+	"time"
 
+	"github.com/kvmesh/kvmesh/internal/threadcpu"
 	"github.com/kvmesh/kvmesh/summary"
 )
 
@@ -48,4 +51,38 @@ func BenchmarkDecision(b *testing.B) {
 			})
 		}
 	}
+}
+
+// BenchmarkPickCold is Pick for a new prompt over 1,024 candidates as the
+// scale harness's router sees them (copies a few network costs apart, no
+// load, no slots known, every summary fresh and holding none of it): the
+// cold path, the first pass and hashPick's over every candidate.
+func BenchmarkPickCold(b *testing.B) {
+	cs := make([]Candidate, 1024)
+	for i := range cs {
+		id := fmt.Sprintf("http://replica-%04d:8000", i)
+		cs[i] = Candidate{Detail: &Detail{ID: id}, Hash: HashID(id), NetworkMs: []float64{0.05, 0.08, 0.11, 0.2}[i%4],
+			Summary: fixedMatch(0)}
+	}
+	p := DefaultPolicy()
+	hashes := make([]uint64, 32)
+	var probes []summary.Probe
+	n := uint64(0)
+	var cpu []time.Duration
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	for b.Loop() {
+		for j := range hashes {
+			n++
+			hashes[j] = n * 0x9e3779b97f4a7c15
+		}
+		probes = summary.MakeProbes(probes[:0], hashes)
+		c0 := threadcpu.OrWall()
+		d := p.Pick(Request{Hashes: hashes, Probes: probes, Root: 1}, cs)
+		cpu = append(cpu, threadcpu.OrWall()-c0)
+		if d.Reason != ReasonFallbackCold {
+			b.Fatalf("reason %s, want %s", d.Reason, ReasonFallbackCold)
+		}
+	}
+	reportQuantiles(b, "cpu-", cpu)
 }

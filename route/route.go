@@ -390,17 +390,16 @@ func (p Policy) pick(req Request, cands []Candidate, ms []int32) Decision {
 	var hist [65]int32 // matches capped for the common-prefix vote
 	var histOver []int32
 	// What the later passes would otherwise each read every candidate
-	// for: the nearest tier, how many could start a request at once (of
-	// all, and of those that count), and the bounds warmPricing prunes
-	// with (the least network cost, queued prefill time and block time;
-	// finite sums the float fields a cost reads, the slot wait's only of
-	// the candidates that would be asked it, so that a NaN or an
-	// infinity turns pruning off rather than making it guess).
+	// for: the nearest tier and how many could start a request at once
+	// (of all, and of those that count). The bounds warmPricing prunes
+	// with are a warm decision's only (pruneBounds).
 	tier := cands[0].Tier
 	canAny, canKnown := 0, 0
-	minNet, minQueued, minBm := math.Inf(1), math.Inf(1), math.Inf(1)
-	finite := 0.0
 	defBm := p.DefaultBlockMs
+	// The answers of the batch the last candidate's cell was of (Batch):
+	// read here rather than through a call per candidate.
+	var batch *Batch
+	var batchRes []int
 	for i := range cands {
 		c := &cands[i]
 		c.match = 0
@@ -425,28 +424,6 @@ func (p Policy) pick(req Request, cands []Candidate, ms []int32) Decision {
 			}
 		}
 		if ms != nil {
-			// blockMs by hand, the default read once (the method on a
-			// Policy value copied the policy for every candidate), and
-			// comparisons, not min (its care for NaN and -0 costs
-			// branches; finite catches a NaN).
-			bm := c.BlockMs
-			if !(bm > 0) {
-				bm = defBm
-			}
-			if c.NetworkMs < minNet {
-				minNet = c.NetworkMs
-			}
-			if q := bm * c.PendingPrefillBlocks; q < minQueued {
-				minQueued = q
-			}
-			if bm < minBm {
-				minBm = bm
-			}
-			finite += c.NetworkMs + c.PendingPrefillBlocks + c.BlockMs
-			if !can { // only these are asked their slot wait
-				seq, age := seqAndAge(c)
-				finite += seq + age
-			}
 			ms[i] = 0
 		}
 		if c.Summary == nil {
@@ -454,7 +431,14 @@ func (p Policy) pick(req Request, cands []Candidate, ms []int32) Decision {
 		}
 		m := 0
 		if n > 0 {
-			m = c.Summary.Match(req.Probes)
+			if bc, ok := c.Summary.(*BatchCell); ok {
+				if bc.b != batch {
+					batch, batchRes = bc.b, bc.b.answer(req.Probes)
+				}
+				m = batchRes[bc.i]
+			} else {
+				m = c.Summary.Match(req.Probes)
+			}
 		}
 		c.match = int32(m)
 		if ms != nil {
@@ -570,7 +554,12 @@ func (p Policy) pick(req Request, cands []Candidate, ms []int32) Decision {
 	}
 	w := warmPricing{p: p, cands: cands, lim: lim, key: d.Key, n: n, fork: fork,
 		rw: rw, stemWeight: stemWeight, slotWeight: slotWeight}
-	if ms != nil && w.bounded(best, minNet, minQueued, minBm, finite) {
+	pruned := false
+	if ms != nil {
+		minNet, minQueued, minBm, finite := pruneBounds(cands, defBm)
+		pruned = w.bounded(best, minNet, minQueued, minBm, finite)
+	}
+	if pruned {
 		w.choosePruned(ms, best)
 	} else {
 		w.chooseAll()
@@ -590,6 +579,43 @@ func (p Policy) pick(req Request, cands []Candidate, ms []int32) Decision {
 		d.Reason = ReasonSpill
 	}
 	return d
+}
+
+// pruneBounds is what warmPricing prunes with, over every candidate: the
+// least network cost, queued prefill time and block time, and finite, a
+// sum of the float fields a cost reads (the slot wait's only of the
+// candidates that would be asked it), so that a NaN or an infinity turns
+// pruning off rather than making it guess. Only a warm decision asks it,
+// after the first pass: a cold one (most requests of a chat trace are a
+// conversation's first turn) does not pay for it.
+func pruneBounds(cands []Candidate, defBm float64) (minNet, minQueued, minBm, finite float64) {
+	minNet, minQueued, minBm = math.Inf(1), math.Inf(1), math.Inf(1)
+	for i := range cands {
+		c := &cands[i]
+		// blockMs by hand, the default read once (the method on a
+		// Policy value copied the policy for every candidate), and
+		// comparisons, not min (its care for NaN and -0 costs branches;
+		// finite catches a NaN).
+		bm := c.BlockMs
+		if !(bm > 0) {
+			bm = defBm
+		}
+		if c.NetworkMs < minNet {
+			minNet = c.NetworkMs
+		}
+		if q := bm * c.PendingPrefillBlocks; q < minQueued {
+			minQueued = q
+		}
+		if bm < minBm {
+			minBm = bm
+		}
+		finite += c.NetworkMs + c.PendingPrefillBlocks + c.BlockMs
+		if !canStart(c) { // only these are asked their slot wait
+			seq, age := seqAndAge(c)
+			finite += seq + age
+		}
+	}
+	return minNet, minQueued, minBm, finite
 }
 
 // holdersOf counts the candidates holding best blocks of the request (no
@@ -773,6 +799,14 @@ func (l limits) admits(c *Candidate) bool {
 	return c.Slots > 0 || int(c.InFlight)+1 <= l.inFlight
 }
 
+// admitsCold is admits for cold limits (l.cold: hashPick's), in few enough lines
+// to inline: a candidate that can start the request has nobody queued
+// for a slot (queuedAt is 0), so only the work and in-flight bounds are
+// left to check. TestAdmitsCold holds it to admits.
+func (l limits) admitsCold(c *Candidate) bool {
+	return c.Stale || !(c.PendingPrefillBlocks > l.work) && canStart(c) && (c.Slots > 0 || int(c.InFlight)+1 <= l.inFlight)
+}
+
 // idle reports that c can start a request at once: a sequence slot known
 // to be free and no prefill queued. (With unknown slots an empty waiting
 // queue says too little: the guard applies.)
@@ -854,7 +888,8 @@ func (p Policy) key(req Request, common int) uint64 {
 // computes alone: the first choice. When no candidate is under the
 // limits, the one with the shortest wait takes it. Candidates whose
 // summary holds a common prefix longer than one block (a hot prompt, not
-// a system prompt still spreading) go first: recomputing it costs.
+// a system prompt still spreading) go first: recomputing it costs. lim
+// are cold limits (lim.cold).
 func (p Policy) hashPick(cands []Candidate, tier int, key uint64, lim limits, common int, leastWait bool) int {
 	// First among the holders of the common prefix, then among all. A
 	// copy of a common prefix longer than one block (a hot prompt) goes
@@ -862,6 +897,10 @@ func (p Policy) hashPick(cands []Candidate, tier int, key uint64, lim limits, co
 	// one its prefill delays the requests queued there, and the request
 	// queues at the holder with the shortest wait instead.
 	hot := common > 1
+	// A thousand candidates are asked the limits and their wait: both by
+	// hand here (admitsCold, waitMs's own lines), not through calls, which
+	// the compiler does not inline.
+	defBm := p.DefaultBlockMs
 	for pass := 0; pass < 2; pass++ {
 		f := coldFilter{lim: lim, tier: tier, common: common, hot: hot, holdersOnly: pass == 0}
 		first, shortest, second := -1, -1, -1
@@ -869,7 +908,8 @@ func (p Policy) hashPick(cands []Candidate, tier int, key uint64, lim limits, co
 		var shortestWait float64
 		for i := range cands {
 			c := &cands[i]
-			if !f.eligible(c) {
+			if int(c.Tier) != tier || (pass == 0 && hot && lacks(c, common)) || !lim.admitsCold(c) ||
+				(pass == 1 && hot && lacks(c, common) && !idle(c)) {
 				continue
 			}
 			w := weight(key, c.Hash)
@@ -879,7 +919,14 @@ func (p Policy) hashPick(cands []Candidate, tier int, key uint64, lim limits, co
 			// The shortest estimated wait, ties in rendezvous order (an
 			// idle cluster still places exactly by the key); second is
 			// the runner-up in rendezvous order at that wait.
-			if wait := p.waitMs(c); shortest < 0 || wait < shortestWait {
+			slot, bm := 0.0, c.BlockMs
+			if slotsAhead(c) > 0 {
+				slot = p.slotWaitMs(c)
+			}
+			if !(bm > 0) { // blockMs
+				bm = defBm
+			}
+			if wait := bm*c.PendingPrefillBlocks + slot; shortest < 0 || wait < shortestWait {
 				shortest, shortestW, shortestWait, second = i, w, wait, -1
 			} else if wait == shortestWait {
 				if w > shortestW {
@@ -968,7 +1015,7 @@ type coldFilter struct {
 // eligible reports that c is in the nearest tier, under the limits, and
 // holds a hot common prefix or (second pass) is idle to copy it.
 func (f coldFilter) eligible(c *Candidate) bool {
-	if int(c.Tier) != f.tier || !f.lim.admits(c) {
+	if int(c.Tier) != f.tier || !f.lim.admitsCold(c) {
 		return false
 	}
 	if !f.hot || !lacks(c, f.common) {
