@@ -99,3 +99,32 @@ func TestAdmitsCold(t *testing.T) {
 		}
 	}
 }
+
+// TestScanCold holds hashPick's scan for an unstale view without a hot
+// prompt to the general one's first pass.
+func TestScanCold(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 5))
+	p := DefaultPolicy()
+	for round := range 500 {
+		cands := randomCandidates(rng, 1+rng.IntN(64), 8)
+		for i := range cands {
+			cands[i].Stale = false
+			cands[i].match = int32(rng.IntN(9))
+		}
+		if round%3 == 0 { // many equal waits: the ties' order
+			for i := range cands {
+				cands[i].PendingPrefillBlocks = 0
+			}
+		}
+		lim := limits{inFlight: rng.IntN(8), queued: rng.IntN(4), blocks: 8, cold: true,
+			work: []float64{0, 0.5, 3, 50, math.Inf(1), math.NaN()}[rng.IntN(6)]}
+		tier, key, defBm := rng.IntN(2), rng.Uint64(), []float64{10, 0, math.NaN()}[rng.IntN(3)]
+		f, s, s2 := scanCold(cands, tier, key, lim.work, lim.inFlight, defBm)
+		for pass := range 2 {
+			wf, ws, ws2 := p.scanColdAll(cands, pass, false, tier, key, lim, rng.IntN(2), defBm)
+			if f != wf || s != ws || s2 != ws2 {
+				t.Fatalf("round %d pass %d: scanCold = %d, %d, %d; scanColdAll %d, %d, %d", round, pass, f, s, s2, wf, ws, ws2)
+			}
+		}
+	}
+}

@@ -497,7 +497,7 @@ func (p Policy) pick(req Request, cands []Candidate, ms []int32) Decision {
 		// A client key promises that every router places the client's
 		// requests alike; the shortest wait would follow this router's
 		// view of the loads, which another router does not share.
-		home = p.hashPick(cands, int(tier), d.Key, cold, common, fresh == len(cands) && req.ClientKey == 0)
+		home = p.hashPick(cands, int(tier), d.Key, cold, common, fresh == len(cands) && req.ClientKey == 0, stale == 0)
 	}
 	if isCold || (home >= 0 && cands[home].Stale) {
 		d.Reason = ReasonFallbackCold
@@ -890,7 +890,10 @@ func (p Policy) key(req Request, common int) uint64 {
 // summary holds a common prefix longer than one block (a hot prompt, not
 // a system prompt still spreading) go first: recomputing it costs. lim
 // are cold limits (lim.cold).
-func (p Policy) hashPick(cands []Candidate, tier int, key uint64, lim limits, common int, leastWait bool) int {
+//
+// noStale reports that no candidate is stale: every one admitted can
+// then start the request (admitsCold), so none has a slot wait.
+func (p Policy) hashPick(cands []Candidate, tier int, key uint64, lim limits, common int, leastWait, noStale bool) int {
 	// First among the holders of the common prefix, then among all. A
 	// copy of a common prefix longer than one block (a hot prompt) goes
 	// only to an idle replica (a free slot, no prefill queued): on a busy
@@ -903,39 +906,18 @@ func (p Policy) hashPick(cands []Candidate, tier int, key uint64, lim limits, co
 	defBm := p.DefaultBlockMs
 	for pass := 0; pass < 2; pass++ {
 		f := coldFilter{lim: lim, tier: tier, common: common, hot: hot, holdersOnly: pass == 0}
-		first, shortest, second := -1, -1, -1
-		var firstW, shortestW, secondW uint64
-		var shortestWait float64
-		for i := range cands {
-			c := &cands[i]
-			if int(c.Tier) != tier || (pass == 0 && hot && lacks(c, common)) || !lim.admitsCold(c) ||
-				(pass == 1 && hot && lacks(c, common) && !idle(c)) {
-				continue
+		var first, shortest, second int
+		if !hot && noStale {
+			// The usual cold decision (no hot prompt, every summary
+			// counting): one scan without the filter's other terms or
+			// a slot wait, in a loop of its own; the second pass would
+			// be the same scan.
+			first, shortest, second = scanCold(cands, tier, key, lim.work, lim.inFlight, defBm)
+			if first < 0 {
+				break
 			}
-			w := weight(key, c.Hash)
-			if first < 0 || w > firstW {
-				first, firstW = i, w
-			}
-			// The shortest estimated wait, ties in rendezvous order (an
-			// idle cluster still places exactly by the key); second is
-			// the runner-up in rendezvous order at that wait.
-			slot, bm := 0.0, c.BlockMs
-			if slotsAhead(c) > 0 {
-				slot = p.slotWaitMs(c)
-			}
-			if !(bm > 0) { // blockMs
-				bm = defBm
-			}
-			if wait := bm*c.PendingPrefillBlocks + slot; shortest < 0 || wait < shortestWait {
-				shortest, shortestW, shortestWait, second = i, w, wait, -1
-			} else if wait == shortestWait {
-				if w > shortestW {
-					second, secondW = shortest, shortestW
-					shortest, shortestW = i, w
-				} else if second < 0 || w > secondW {
-					second, secondW = i, w
-				}
-			}
+		} else {
+			first, shortest, second = p.scanColdAll(cands, pass, hot, tier, key, lim, common, defBm)
 		}
 		switch {
 		case first < 0:
@@ -999,6 +981,86 @@ func (p Policy) hashPick(cands []Candidate, tier int, key uint64, lim limits, co
 		}
 	}
 	return -1 // no candidate in the tier: cannot happen, tier is the least of theirs
+}
+
+// scanColdAll is one pass of hashPick over cands: among the candidates
+// of tier under lim (and, of a hot prompt, its holders on the first
+// pass, or an idle replica lacking it on the second), first has the
+// highest rendezvous weight for key, shortest the shortest estimated
+// wait, ties in rendezvous order, and second the runner-up in
+// rendezvous order at that wait; -1 for none.
+func (p Policy) scanColdAll(cands []Candidate, pass int, hot bool, tier int, key uint64, lim limits, common int, defBm float64) (first, shortest, second int) {
+	first, shortest, second = -1, -1, -1
+	var firstW, shortestW, secondW uint64
+	var shortestWait float64
+	for i := range cands {
+		c := &cands[i]
+		if int(c.Tier) != tier || (pass == 0 && hot && lacks(c, common)) || !lim.admitsCold(c) ||
+			(pass == 1 && hot && lacks(c, common) && !idle(c)) {
+			continue
+		}
+		w := weight(key, c.Hash)
+		if first < 0 || w > firstW {
+			first, firstW = i, w
+		}
+		slot, bm := 0.0, c.BlockMs
+		if slotsAhead(c) > 0 {
+			slot = p.slotWaitMs(c)
+		}
+		if !(bm > 0) { // blockMs
+			bm = defBm
+		}
+		if wait := bm*c.PendingPrefillBlocks + slot; shortest < 0 || wait < shortestWait {
+			shortest, shortestW, shortestWait, second = i, w, wait, -1
+		} else if wait == shortestWait {
+			if w > shortestW {
+				second, secondW = shortest, shortestW
+				shortest, shortestW = i, w
+			} else if second < 0 || w > secondW {
+				second, secondW = i, w
+			}
+		}
+	}
+	return first, shortest, second
+}
+
+// scanCold is scanColdAll when no candidate is stale and the prompt is
+// not hot (cold limits of work and inFlight): the filter is the tier and
+// admitsCold without its stale term, and the wait has no slot wait (a
+// candidate admitted can start the request). It makes no call, so that
+// its running bests stay in registers: scanColdAll's call of slotWaitMs
+// spilled them to the stack on every candidate, the cold decision's
+// largest cost after the weight itself. TestScanCold holds it to
+// scanColdAll.
+func scanCold(cands []Candidate, tier int, key uint64, work float64, inFlight int, defBm float64) (first, shortest, second int) {
+	first, shortest, second = -1, -1, -1
+	var firstW, shortestW, secondW uint64
+	var shortestWait float64
+	for i := range cands {
+		c := &cands[i]
+		if int(c.Tier) != tier || c.PendingPrefillBlocks > work || !canStart(c) || (c.Slots <= 0 && int(c.InFlight)+1 > inFlight) {
+			continue
+		}
+		w := weight(key, c.Hash)
+		if first < 0 || w > firstW {
+			first, firstW = i, w
+		}
+		bm := c.BlockMs
+		if !(bm > 0) { // blockMs
+			bm = defBm
+		}
+		if wait := bm * c.PendingPrefillBlocks; shortest < 0 || wait < shortestWait {
+			shortest, shortestW, shortestWait, second = i, w, wait, -1
+		} else if wait == shortestWait {
+			if w > shortestW {
+				second, secondW = shortest, shortestW
+				shortest, shortestW = i, w
+			} else if second < 0 || w > secondW {
+				second, secondW = i, w
+			}
+		}
+	}
+	return first, shortest, second
 }
 
 // coldFilter is which candidates one pass of hashPick places among.
