@@ -400,9 +400,12 @@ func (p Policy) pick(req Request, cands []Candidate, ms []int32) Decision {
 	// read here rather than through a call per candidate.
 	var batch *Batch
 	var batchRes []int
+	// Two loops, the loads' and the matches', the first and the usual
+	// part of the second without a call (a call in a loop makes the
+	// compiler keep its running sums on the stack, a store and a load
+	// each per candidate).
 	for i := range cands {
 		c := &cands[i]
-		c.match = 0
 		tier = min(tier, c.Tier)
 		can := canStart(c)
 		if can {
@@ -423,6 +426,53 @@ func (p Policy) pick(req Request, cands []Candidate, ms []int32) Decision {
 				canKnown++
 			}
 		}
+	}
+	// The matches of the candidates whose summary is a cell of the batch
+	// the first summary's is (the mesh's candidates), read without a call
+	// until one is not, or its match is past hist; the rest, in the
+	// general loop below.
+	i0 := 0
+	if n > 0 {
+		for i := range cands {
+			if s := cands[i].Summary; s != nil {
+				if bc, ok := s.(*BatchCell); ok {
+					batch, batchRes = bc.b, bc.b.answer(req.Probes)
+				}
+				break
+			}
+		}
+	}
+	for ; i0 < len(cands); i0++ {
+		c := &cands[i0]
+		m := 0
+		if s := c.Summary; s == nil {
+			c.match = 0
+			if ms != nil {
+				ms[i0] = 0
+			}
+			continue
+		} else if n > 0 {
+			bc, ok := s.(*BatchCell)
+			if !ok || bc.b != batch {
+				break
+			}
+			if m = batchRes[bc.i]; m >= len(hist) {
+				break
+			}
+		}
+		c.match = int32(m)
+		if ms != nil {
+			ms[i0] = int32(m)
+		}
+		fresh++
+		best = max(best, m)
+		if m != 0 {
+			hist[m]++
+		}
+	}
+	for i := i0; i < len(cands); i++ {
+		c := &cands[i]
+		c.match = 0
 		if ms != nil {
 			ms[i] = 0
 		}
