@@ -31,7 +31,9 @@ func TestPickReadsBatchCells(t *testing.T) {
 	p := DefaultPolicy()
 	var batches [2]Batch
 	for round := range 300 {
-		n, blocks := 1+rng.IntN(200), 1+rng.IntN(40)
+		// Prompts past 64 blocks too: Pick's loop without calls hands a
+		// match past its histogram to the general loop.
+		n, blocks := 1+rng.IntN(200), 1+rng.IntN([]int{40, 100}[round%2])
 		plain := randomCandidates(rng, n, blocks)
 		batched := make([]Candidate, n)
 		copy(batched, plain)
@@ -40,6 +42,9 @@ func TestPickReadsBatchCells(t *testing.T) {
 		for i := range batched {
 			if f, ok := batched[i].Summary.(fixedMatch); ok {
 				w := rng.IntN(2)
+				if round%3 == 0 { // one batch, as the mesh's candidates
+					w = 0
+				}
 				which[i] = len(srcs[w].ms)
 				srcs[w].ms = append(srcs[w].ms, int(f))
 				batched[i].Summary = fixedMatch(-1 - w) // which batch, resolved below

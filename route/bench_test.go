@@ -56,13 +56,31 @@ func BenchmarkDecision(b *testing.B) {
 // BenchmarkPickCold is Pick for a new prompt over 1,024 candidates as the
 // scale harness's router sees them (copies a few network costs apart, no
 // load, no slots known, every summary fresh and holding none of it): the
-// cold path, the first pass and hashPick's over every candidate.
+// cold path, the first pass and hashPick's over every candidate. The
+// summaries are plain matchers (fixed: the simulator's kind, a call
+// each) or cells of one Batch (batch: the mesh's).
 func BenchmarkPickCold(b *testing.B) {
+	for _, batched := range []bool{false, true} {
+		name := "fixed"
+		if batched {
+			name = "batch"
+		}
+		b.Run(name, func(b *testing.B) { pickCold(b, batched) })
+	}
+}
+
+func pickCold(b *testing.B, batched bool) {
 	cs := make([]Candidate, 1024)
+	var batch Batch
+	src := &tableMatcher{ms: make([]int, len(cs))}
+	batch.Reset(src, len(cs))
 	for i := range cs {
 		id := fmt.Sprintf("http://replica-%04d:8000", i)
 		cs[i] = Candidate{Detail: &Detail{ID: id}, Hash: HashID(id), NetworkMs: []float64{0.05, 0.08, 0.11, 0.2}[i%4],
 			Summary: fixedMatch(0)}
+		if batched {
+			cs[i].Summary = batch.Cell(i)
+		}
 	}
 	p := DefaultPolicy()
 	hashes := make([]uint64, 32)
