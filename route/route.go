@@ -958,8 +958,8 @@ func (p Policy) hashPick(cands []Candidate, tier int, key uint64, lim limits, co
 		f := coldFilter{lim: lim, tier: tier, common: common, hot: hot, holdersOnly: pass == 0}
 		var first, shortest, second int
 		if !hot && noStale {
-			// The usual cold decision (no hot prompt, every summary
-			// counting): one scan without the filter's other terms or
+			// The usual cold decision (no hot prompt, no stale
+			// candidate): one scan without the filter's other terms or
 			// a slot wait, in a loop of its own; the second pass would
 			// be the same scan.
 			first, shortest, second = scanCold(cands, tier, key, lim.work, lim.inFlight, defBm)
