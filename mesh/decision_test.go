@@ -166,18 +166,7 @@ func BenchmarkDecisionCold(b *testing.B) {
 // wall and thread-CPU p50 and p99, and the cycles run.
 func BenchmarkDecisionMarking(b *testing.B) {
 	a, rng := owning1024(b)
-	stop, done := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-				runtime.GC()
-			}
-		}
-	}()
+	stopChurn := collectorChurn()
 	p := route.DefaultPolicy()
 	var buf CandidateBuffer
 	hashes := make([]uint64, 32)
@@ -193,8 +182,7 @@ func BenchmarkDecisionMarking(b *testing.B) {
 		probes = timedDecision(a, p, &buf, hashes, probes, wall, cpu)
 	}
 	runtime.UnlockOSThread()
-	close(stop)
-	<-done
+	stopChurn()
 	runtime.ReadMemStats(&ms1)
 	b.ReportMetric(float64(ms1.NumGC-ms0.NumGC), "gc-cycles")
 	wall.report(b)
@@ -236,21 +224,27 @@ func BenchmarkDecisionRotating(b *testing.B) {
 	b.Run("marking", func(b *testing.B) { rotating(b, rs, rng, true) })
 }
 
+// collectorChurn runs the collector cycle after cycle on a goroutine of
+// its own until the returned stop is called (which waits for it).
+func collectorChurn() (stop func()) {
+	quit, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-quit:
+				return
+			default:
+				runtime.GC()
+			}
+		}
+	}()
+	return func() { close(quit); <-done }
+}
+
 func rotating(b *testing.B, rs []*testRouter, rng *rand.Rand, marking bool) {
 	if marking {
-		stop, done := make(chan struct{}), make(chan struct{})
-		go func() {
-			defer close(done)
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-					runtime.GC()
-				}
-			}
-		}()
-		defer func() { close(stop); <-done }()
+		defer collectorChurn()()
 	}
 	p := route.DefaultPolicy()
 	var buf CandidateBuffer

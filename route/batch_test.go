@@ -126,7 +126,8 @@ func TestScanCold(t *testing.T) {
 		tier, key, defBm := rng.IntN(2), rng.Uint64(), []float64{10, 0, math.NaN()}[rng.IntN(3)]
 		f, s, s2 := scanCold(cands, tier, key, lim.work, lim.inFlight, defBm)
 		for pass := range 2 {
-			wf, ws, ws2 := p.scanColdAll(cands, pass, false, tier, key, lim, rng.IntN(2), defBm)
+			cf := coldFilter{lim: lim, tier: tier, common: rng.IntN(2), holdersOnly: pass == 0}
+			wf, ws, ws2 := p.scanColdAll(cands, cf, key, defBm)
 			if f != wf || s != ws || s2 != ws2 {
 				t.Fatalf("round %d pass %d: scanCold = %d, %d, %d; scanColdAll %d, %d, %d", round, pass, f, s, s2, wf, ws, ws2)
 			}

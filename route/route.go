@@ -967,7 +967,7 @@ func (p Policy) hashPick(cands []Candidate, tier int, key uint64, lim limits, co
 				break
 			}
 		} else {
-			first, shortest, second = p.scanColdAll(cands, pass, hot, tier, key, lim, common, defBm)
+			first, shortest, second = p.scanColdAll(cands, f, key, defBm)
 		}
 		switch {
 		case first < 0:
@@ -1034,19 +1034,19 @@ func (p Policy) hashPick(cands []Candidate, tier int, key uint64, lim limits, co
 }
 
 // scanColdAll is one pass of hashPick over cands: among the candidates
-// of tier under lim (and, of a hot prompt, its holders on the first
-// pass, or an idle replica lacking it on the second), first has the
-// highest rendezvous weight for key, shortest the shortest estimated
-// wait, ties in rendezvous order, and second the runner-up in
-// rendezvous order at that wait; -1 for none.
-func (p Policy) scanColdAll(cands []Candidate, pass int, hot bool, tier int, key uint64, lim limits, common int, defBm float64) (first, shortest, second int) {
+// f admits (f.eligible), first has the highest rendezvous weight for
+// key, shortest the shortest estimated wait, ties in rendezvous order,
+// and second the runner-up in rendezvous order at that wait; -1 for
+// none. The ranking is scanCold's, written out in both: a shared
+// ranker would be a struct of seven fields, which the compiler keeps
+// in memory, not registers (scanCold's point).
+func (p Policy) scanColdAll(cands []Candidate, f coldFilter, key uint64, defBm float64) (first, shortest, second int) {
 	first, shortest, second = -1, -1, -1
 	var firstW, shortestW, secondW uint64
 	var shortestWait float64
 	for i := range cands {
 		c := &cands[i]
-		if int(c.Tier) != tier || (pass == 0 && hot && lacks(c, common)) || !lim.admitsCold(c) ||
-			(pass == 1 && hot && lacks(c, common) && !idle(c)) {
+		if !f.eligible(c) {
 			continue
 		}
 		w := weight(key, c.Hash)
