@@ -788,6 +788,20 @@ func TestSpillCopiesOnlyToAnIdleReplica(t *testing.T) {
 	}
 }
 
+// keyOrder is cs's indexes in the rendezvous order of req's key, the
+// key's first choice first.
+func keyOrder(req Request, cs []Candidate) []int {
+	key := DefaultPolicy().Pick(req, cs).Key
+	order := make([]int, len(cs))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortFunc(order, func(a, b int) int {
+		return cmp.Compare(weight(key, cs[b].Hash), weight(key, cs[a].Hash))
+	})
+	return order
+}
+
 // Among replicas of equal wait, a cold request takes the one of the key's
 // first two rendezvous choices with fewer requests in flight (fewer
 // arrivals queue behind its prefill), not the least loaded of all (routers
@@ -798,11 +812,7 @@ func TestColdPlacementTwoChoicesByInFlight(t *testing.T) {
 	for i := range cs {
 		cs[i].Summary, cs[i].Slots = held(t), 8 // free slots: the in-flight guard does not apply
 	}
-	key := DefaultPolicy().Pick(req, cs).Key
-	order := []int{0, 1, 2, 3, 4}
-	slices.SortFunc(order, func(a, b int) int {
-		return cmp.Compare(weight(key, cs[b].Hash), weight(key, cs[a].Hash))
-	})
+	order := keyOrder(req, cs)
 	first, second := order[0], order[1]
 	for _, tc := range []struct {
 		name          string
@@ -932,11 +942,7 @@ func TestColdSpreadOnlyWhenTheKeysFirstChoiceIsBusy(t *testing.T) {
 	for i := range cs {
 		cs[i].Summary, cs[i].Slots = held(t), 8 // free slots: the in-flight guard does not apply
 	}
-	key := DefaultPolicy().Pick(req, cs).Key
-	order := []int{0, 1, 2, 3, 4}
-	slices.SortFunc(order, func(a, b int) int {
-		return cmp.Compare(weight(key, cs[b].Hash), weight(key, cs[a].Hash))
-	})
+	order := keyOrder(req, cs)
 	first, second, third, fourth, fifth := order[0], order[1], order[2], order[3], order[4]
 	// fourth is this router's; the others are not.
 	for _, tc := range []struct {
