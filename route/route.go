@@ -37,11 +37,9 @@
 //     router knows it) + RecomputeWeight × the prefill of the blocks it lacks. The
 //     holder keeps the request while it can start it at once; it moves only
 //     when the wait it would impose beats the weighted recompute, and then
-//     to the next holder first. When no replica can start it, the slot
-//     wait leaves the score of a request no other in flight shares: it
-//     queues anywhere, so it queues where its prefix is (queued prefill
-//     leaves the score too: at a full engine it is the prefill of the
-//     requests waiting for slots). A stem other
+//     to the next holder first, and off the holders to a replica this
+//     router owns (whose load it sees exactly) before one whose free
+//     slot it knows only from gossip. A stem other
 //     requests fork from (Request.ForkBlocks: a hot template or document,
 //     not a conversation's history) costs only its prefill to copy when
 //     its holders are full and at least half the replicas could start
@@ -390,11 +388,11 @@ func (p Policy) pick(req Request, cands []Candidate, ms []int32) Decision {
 	var hist [65]int32 // matches capped for the common-prefix vote
 	var histOver []int32
 	// What the later passes would otherwise each read every candidate
-	// for: the nearest tier and how many could start a request at once
-	// (of all, and of those that count). The bounds warmPricing prunes
-	// with are a warm decision's only (pruneBounds).
+	// for: the nearest tier and how many of those that count could start
+	// a request at once. The bounds warmPricing prunes with are a warm
+	// decision's only (pruneBounds).
 	tier := cands[0].Tier
-	canAny, canKnown := 0, 0
+	canKnown := 0
 	defBm := p.DefaultBlockMs
 	// The answers of the batch the last candidate's cell was of (Batch):
 	// read here rather than through a call per candidate.
@@ -408,9 +406,6 @@ func (p Policy) pick(req Request, cands []Candidate, ms []int32) Decision {
 		c := &cands[i]
 		tier = min(tier, c.Tier)
 		can := canStart(c)
-		if can {
-			canAny++
-		}
 		// A stale candidate's load is as unknown as its cache: it neither
 		// counts towards the mean nor is held to the bound (a router that
 		// cannot talk to the owner must place requests as if it knew
@@ -572,19 +567,6 @@ func (p Policy) pick(req Request, cands []Candidate, ms []int32) Decision {
 			rw = 1
 		}
 	}
-	// When no candidate can start the request it queues wherever it
-	// goes, and the slot waits only rank queues that all drain slot by
-	// slot; moving a lone request (no other in flight wants its prefix)
-	// for that difference gives up its prefix for an estimate. The
-	// prefill queued there is part of that queue (at a full engine it is
-	// the prefill of the requests waiting for slots), so it leaves the
-	// score too. It stays with the cheapest recompute; the hot-spot guard
-	// still bounds the holder's queue. A prefix others want at once keeps
-	// the wait in the score, so that it spreads.
-	slotWeight := 1.0
-	if req.Concurrent <= 1 && canAny == 0 {
-		slotWeight = 0
-	}
 	// A forked stem's copy is not dead weight: the stem's other requests
 	// use it too (a conversation's history is used only by its next
 	// turn, which follows the copy and orphans the old one). So when no
@@ -602,8 +584,8 @@ func (p Policy) pick(req Request, cands []Candidate, ms []int32) Decision {
 			fork, stemWeight = min(req.ForkBlocks, n), 1
 		}
 	}
-	w := warmPricing{p: p, cands: cands, lim: lim, key: d.Key, n: n, fork: fork,
-		rw: rw, stemWeight: stemWeight, slotWeight: slotWeight}
+	w := warmPricing{p: p, cands: cands, lim: lim, key: d.Key, n: n, best: best, fork: fork,
+		rw: rw, stemWeight: stemWeight}
 	pruned := false
 	if ms != nil {
 		minNet, minQueued, minBm, finite := pruneBounds(cands, defBm)

@@ -564,21 +564,25 @@ func TestSlotWaitMs(t *testing.T) {
 	}
 }
 
-// With every replica's slots full, a lone warm request queues wherever it
-// goes, so it queues at its holder (within the hot-spot guard); a prefix
-// other requests in flight want too still spreads.
-func TestPickAllFullKeepsLoneRequestAtHolder(t *testing.T) {
+// With every replica's slots full the request queues wherever it goes, and
+// the slot waits still rank those queues: a warm request, lone or not,
+// leaves a holder whose queue is longer than the recompute a move costs,
+// and stays at one whose queue is not.
+func TestPickAllFullWeighsTheWaitAgainstTheRecompute(t *testing.T) {
 	conv := chainOf(nil, 10, 2)
 	tests := []struct {
 		name       string
 		concurrent int
+		holderIn   int32 // the holder's requests in flight (4 slots)
 		othersFree bool
 		stay       bool
 	}{
-		{"all full, lone: stay", 1, false, true},
-		{"all full, unknown concurrency: stay", 0, false, true},
-		{"all full, wanted by others: move", 3, false, false},
-		{"another can start: move", 1, true, false},
+		{"all full, lone, 3 ahead at the holder: move", 1, 6, false, false},
+		{"all full, unknown concurrency: move", 0, 6, false, false},
+		{"all full, wanted by others: move", 3, 6, false, false},
+		{"all full, lone, 2 ahead at the holder: move", 1, 5, false, false},
+		{"all full, lone, 1 ahead everywhere: stay", 1, 4, false, true},
+		{"another can start: move", 1, 6, true, false},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -591,13 +595,70 @@ func TestPickAllFullKeepsLoneRequestAtHolder(t *testing.T) {
 					cs[i].InFlight = 3
 				}
 			}
-			// 3 ahead at the holder: 30 s; 1 ahead elsewhere: 10 s + 16 ×
-			// 10 blocks × 20 ms of recompute. Its queue of 2 is within the
-			// guard, ceil(2 × (2+4) / 4) = 3.
-			cs[0].Summary, cs[0].InFlight = held(t, conv), 6
+			// k ahead at the holder: k × 10 s; 1 ahead elsewhere: 10 s +
+			// 16 × 10 blocks × 20 ms of recompute. Its queue of at most 2
+			// is within the guard, ceil(2 × (2+4) / 4) = 3.
+			cs[0].Summary, cs[0].InFlight = held(t, conv), tc.holderIn
 			d := DefaultPolicy().Pick(req, cs)
 			if (d.Index == 0) != tc.stay {
 				t.Fatalf("decision %+v, want stay at the holder %v", d, tc.stay)
+			}
+		})
+	}
+}
+
+// A warm request that leaves its holder goes to a replica this router
+// owns, whose load it sees exactly, before one whose free slot it knows
+// only from another router's gossip (a slot the other routers see free
+// too); a router that owns none of the candidates, or a view without
+// ownership, takes the cheapest as before; and a remote replica stays
+// the hot-spot guard's last resort when no near one is under its bound.
+func TestPickMovesToAnOwnedReplicaBeforeARemoteOne(t *testing.T) {
+	conv := chainOf(nil, 10, 2)
+	const holder, remote, owned = 0, 1, 2
+	everything := []int{0, 1, 2, 3, 4, 5, 6, 7}
+	tests := []struct {
+		name     string
+		local    []int // the candidates this router owns
+		guard    bool  // the holder and the owned replica queue past the guard
+		noDetail bool
+		want     int
+	}{
+		{"owns a non-holder: it takes the move", []int{owned}, false, false, owned},
+		{"owns the holder only: stays", []int{holder}, false, false, holder},
+		{"owns nothing: the cheapest", nil, false, false, remote},
+		{"owns everything (one router): the cheapest", everything, false, false, remote},
+		{"no Details: the cheapest", nil, false, true, remote},
+		{"near ones past the guard: a remote idle one", []int{owned}, true, false, remote},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			req := request(chainOf(conv, 2, 5))
+			cs := candidates(8)
+			for i := range cs {
+				cs[i].Summary, cs[i].Slots, cs[i].Detail.SeqMs, cs[i].InFlight = held(t), 4, 40000, 4
+			}
+			// The holder: 3 ahead, 30 s. The remote non-holder can start
+			// it at once; the owned one and the others wait for one slot
+			// (10 s): every non-holder beats the holder by more than the
+			// 3.2 s of recompute, the remote one most. The holder's queue
+			// of 2 is within the guard, ceil(2 × (2+8) / 8) = 3.
+			cs[holder].Summary, cs[holder].InFlight = held(t, conv), 6
+			cs[remote].InFlight = 3
+			if tc.guard {
+				// Both queue 4, past the bound ceil(2 × (8+8) / 8) = 4.
+				cs[holder].InFlight, cs[owned].InFlight = 8, 8
+			}
+			for _, i := range tc.local {
+				cs[i].Detail.Local = true
+			}
+			if tc.noDetail {
+				for i := range cs {
+					cs[i].Detail = nil
+				}
+			}
+			if d := DefaultPolicy().Pick(req, cs); d.Index != tc.want {
+				t.Fatalf("decision %+v, want %d", d, tc.want)
 			}
 		})
 	}
@@ -742,21 +803,27 @@ func TestColdHotPromptCopiesOnlyToAnIdleReplica(t *testing.T) {
 	}
 }
 
-// With every replica full, a lone request queues wherever it goes: its
-// prefill queued at the holder is part of that queue, not a reason to
-// move to a replica holding less of it.
-func TestPickAllFullIgnoresQueuedPrefillOfALoneRequest(t *testing.T) {
+// With every replica full, the prefill queued at the holder is part of
+// the wait a move saves: a request moves to a replica holding less of it
+// when that prefill costs more than the extra recompute (1.2 s against
+// 3 blocks × 16 × 20 ms = 0.96 s), and stays when it costs less.
+func TestPickAllFullCountsQueuedPrefill(t *testing.T) {
 	conv := chainOf(nil, 12, 10)
 	req := request(chainOf(conv, 2, 11))
-	cs := candidates(4)
-	for i := range cs {
-		cs[i].Summary, cs[i].Slots, cs[i].Detail.SeqMs, cs[i].InFlight = held(t), 4, 4000, 5
-	}
-	cs[0].Summary, cs[0].PendingPrefillBlocks = held(t, conv), 60 // the holder: 1.2 s of prefill queued
-	cs[1].Summary = held(t, conv[:9])                             // holds 9 of 14: 3 more to recompute
 	req.Concurrent = 1
-	if d := DefaultPolicy().Pick(req, cs); d.Index != 0 {
-		t.Fatalf("decision %+v, want the holder (0)", d)
+	for _, tc := range []struct {
+		pending float64
+		want    int
+	}{{60, 1}, {40, 0}} {
+		cs := candidates(4)
+		for i := range cs {
+			cs[i].Summary, cs[i].Slots, cs[i].Detail.SeqMs, cs[i].InFlight = held(t), 4, 4000, 5
+		}
+		cs[0].Summary, cs[0].PendingPrefillBlocks = held(t, conv), tc.pending // the holder
+		cs[1].Summary = held(t, conv[:9])                                     // holds 9 of 14: 3 more to recompute
+		if d := DefaultPolicy().Pick(req, cs); d.Index != tc.want {
+			t.Fatalf("%v blocks queued at the holder: decision %+v, want %d", tc.pending, d, tc.want)
+		}
 	}
 }
 

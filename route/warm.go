@@ -27,6 +27,13 @@ const (
 // them and not the other (which Go permits); a few ulps cover that.
 const boundSlack = 1e-9
 
+// farMs is added to the cost of a far candidate (warmPricing.far): more
+// than any cost of a near one (about 30 years), so that it ranks after
+// all of them and is taken only when the hot-spot guard admits no near
+// candidate. A finite offset, not an exclusion: the lower bounds the pass
+// prunes with stay bounds, and the guard keeps its last resort.
+const farMs = 1e12
+
 // warmPricing is one warm pass: the cheapest candidate the limits admit
 // (chosen) and the cheapest of all (cheapest, which tells a spill).
 type warmPricing struct {
@@ -35,10 +42,15 @@ type warmPricing struct {
 	lim   limits
 	key   uint64
 	n     int // the request's blocks
+	best  int // the longest match of any candidate
 	fork  int // blocks of a forked stem priced at stemWeight, else 0
-	// rw, stemWeight and slotWeight weigh a candidate's missing blocks,
-	// missing stem blocks and slot wait.
-	rw, stemWeight, slotWeight float64
+	// rw and stemWeight weigh a candidate's missing blocks and missing
+	// stem blocks.
+	rw, stemWeight float64
+	// owns: whether this router owns a candidate (Detail.Local), asked
+	// only when a remote candidate lacking part of the prefix is priced
+	// (far): 0 not asked yet, 1 yes, 2 no.
+	owns int8
 
 	chosen, cheapest         int
 	chosenCost, cheapestCost float64
@@ -59,17 +71,17 @@ type warmPricing struct {
 func (w *warmPricing) bounded(best int, minNet, minQueued, minBm, finite float64) bool {
 	p := w.p
 	rw := p.RecomputeWeight
-	if best > w.n || !(minNet >= 0 && minQueued >= 0 && minBm >= 0 && w.rw >= 0 && w.stemWeight >= 0 && rw >= 0 && w.slotWeight >= 0 && p.DefaultSeqMs >= 0) {
+	if best > w.n || !(minNet >= 0 && minQueued >= 0 && minBm >= 0 && w.rw >= 0 && w.stemWeight >= 0 && rw >= 0 && p.DefaultSeqMs >= 0) {
 		return false
 	}
-	for _, f := range [...]float64{finite, p.DefaultBlockMs, p.DefaultSeqMs, w.rw, rw, w.slotWeight} {
+	for _, f := range [...]float64{finite, p.DefaultBlockMs, p.DefaultSeqMs, w.rw, rw} {
 		if math.IsNaN(f) || math.IsInf(f, 0) {
 			return false
 		}
 	}
 	// A busy candidate's missing blocks weigh RecomputeWeight, an idle
 	// one's rw and stemWeight (price): the bound takes the lesser.
-	w.base, w.missBm, w.stemBm = minNet+w.slotWeight*minQueued, min(w.rw, rw)*minBm, min(w.stemWeight, rw)*minBm
+	w.base, w.missBm, w.stemBm = minNet+minQueued, min(w.rw, rw)*minBm, min(w.stemWeight, rw)*minBm
 	return true
 }
 
@@ -159,8 +171,11 @@ func (w *warmPricing) price(i int) bool {
 	} else if c.PendingPrefillBlocks >= 1 {
 		rw, sw = p.RecomputeWeight, p.RecomputeWeight
 	}
-	cost := c.NetworkMs + w.slotWeight*(bm*c.PendingPrefillBlocks+slot) +
+	cost := c.NetworkMs + bm*c.PendingPrefillBlocks + slot +
 		rw*bm*float64(w.n-m-stem) + sw*bm*float64(stem)
+	if m < w.best && w.owns != 2 && w.far(c) {
+		cost += farMs
+	}
 	if cost != cost {
 		w.nan = true
 	}
@@ -197,4 +212,34 @@ func (w *warmPricing) price(i int) bool {
 		}
 	}
 	return false
+}
+
+// far reports that a move to c, a candidate lacking part of the prefix,
+// would go by a view of its load a gossip interval old: another router
+// owns it (Detail.Local false) while this one owns some candidate, whose
+// load it sees exactly. A free slot in that old view is one the other
+// routers see too, and in a burst they fill it before the owner's next
+// state (issue 7's grid: 9% of such views showed a free slot the engine
+// lacked); the request has then given up its prefix to queue at the
+// owner's choice. A move off the holders therefore goes to a replica
+// this router owns, or to another holder, first. A router that owns no
+// candidate (or a view without Details) has no exact view to prefer.
+//
+// Whether the router owns a candidate is asked once per decision, and
+// first: a router that owns none reads no candidate's Detail again.
+func (w *warmPricing) far(c *Candidate) bool {
+	if w.owns == 0 {
+		w.owns = 2
+		for i := range w.cands {
+			if d := w.cands[i].Detail; d != nil && d.Local {
+				w.owns = 1
+				break
+			}
+		}
+	}
+	if w.owns != 1 {
+		return false
+	}
+	d := c.Detail
+	return d != nil && !d.Local
 }

@@ -23,7 +23,8 @@ func (f fixedMatch) Match([]summary.Probe) int { return int(f) }
 // so that costs tie often; duplicate IDs (equal rendezvous weights, so
 // that only the index breaks a tie); stale and summary-less candidates;
 // full engines with known and unknown slots; matches of every length up
-// to blocks, mostly short.
+// to blocks, mostly short; a third of the replicas owned by the deciding
+// router (the others far when they lack the prefix).
 func randomCandidates(rng *rand.Rand, n, blocks int) []Candidate {
 	cs := make([]Candidate, n)
 	for i := range cs {
@@ -39,6 +40,7 @@ func randomCandidates(rng *rand.Rand, n, blocks int) []Candidate {
 		c.Slots = []int32{0, 2, 4, 8}[rng.IntN(4)]
 		c.Detail.SeqMs = []float64{0, 500, 4000}[rng.IntN(3)]
 		c.Detail.SlotAgeMs = []float64{0, 0, 100, 6000}[rng.IntN(4)]
+		c.Detail.Local = rng.IntN(3) == 0 // a third owned here: far candidates
 		switch r := rng.IntN(20); {
 		case r == 0:
 			c.Stale = true
