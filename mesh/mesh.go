@@ -87,6 +87,7 @@ type replica struct {
 	capacity int
 	// The engine's load from the last health check (see ReplicaStatus).
 	running, waiting, slots int
+	hasLoad                 bool
 	load                    *replicaLoad // the requests in flight here (Begin)
 
 	declarers map[string]bool // routers known to declare it

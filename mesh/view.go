@@ -56,8 +56,11 @@ type ReplicaStatus struct {
 	Healthy        bool
 	CapacityBlocks int
 	// Running, Waiting and Slots are the engine's counts (see
-	// route.Candidate); Slots 0 means unknown.
+	// route.Candidate); Slots 0 means unknown. HasLoad reports that the
+	// engine published Running and Waiting at its last scrape
+	// (route.Candidate.HasLoad): without it they are 0 and say nothing.
 	Running, Waiting, Slots int
+	HasLoad                 bool
 }
 
 // UpdateReplica records the proxy's latest health check of a declared
@@ -73,7 +76,7 @@ func (m *Mesh) UpdateReplica(id string, s ReplicaStatus) {
 		return
 	}
 	r.models, r.healthy, r.capacity = models, healthy, capacityBlocks
-	r.running, r.waiting, r.slots = s.Running, s.Waiting, s.Slots
+	r.running, r.waiting, r.slots, r.hasLoad = s.Running, s.Waiting, s.Slots, s.HasLoad
 	m.touchLocked(r)
 	if r.owned {
 		m.ensureSummaryLocked(r) // the next tick's batch carries the change
@@ -321,7 +324,7 @@ func fillCandidate(c *route.Candidate, e *viewEntry, x *route.Detail) {
 	}
 	x.SeqMs, x.SlotAgeMs, x.Own, x.Local = 0, 0, 0, false
 	c.Hash, c.InFlight, c.PendingPrefillBlocks, c.NetworkMs, c.BlockMs = e.hash, e.inFlight, e.pending, e.networkMs, 0
-	c.Tier, c.Running, c.Waiting, c.Slots = e.tier, e.running, e.waiting, e.slots
+	c.Tier, c.Running, c.Waiting, c.Slots, c.HasLoad = e.tier, e.running, e.waiting, e.slots, e.hasLoad
 	c.Stale = false
 }
 
@@ -540,10 +543,12 @@ type ReplicaDebug struct {
 	PendingPref float64  `json:"pending_prefill_blocks"`
 	// The engine's own load: from this router's health checks for an
 	// owned replica, as its owner gossips it for another's. Slots 0 is
-	// unknown; all three 0 is an engine whose load is not known.
-	EngineRunning int `json:"engine_running"`
-	EngineWaiting int `json:"engine_waiting"`
-	EngineSlots   int `json:"engine_slots"`
+	// unknown; running and waiting count only with EngineHasLoad (the
+	// engine publishes them).
+	EngineRunning int  `json:"engine_running"`
+	EngineWaiting int  `json:"engine_waiting"`
+	EngineSlots   int  `json:"engine_slots"`
+	EngineHasLoad bool `json:"engine_has_load"`
 }
 
 // DebugInfo is the JSON-able picture Debug returns.
@@ -564,12 +569,13 @@ func (m *Mesh) Debug() any {
 		if r.owned {
 			d.Models, d.Healthy, d.Counts = r.models, r.healthy, r.sum != nil
 			d.InFlight, d.PendingPref = int(r.load.inFlight.Load()), float64(r.load.pendingK.Load())/1000
-			d.EngineRunning, d.EngineWaiting, d.EngineSlots = r.running, r.waiting, r.slots
+			d.EngineRunning, d.EngineWaiting, d.EngineSlots, d.EngineHasLoad = r.running, r.waiting, r.slots, r.hasLoad
 		} else if r.hasState && r.st.Origin == d.Owner {
 			d.Models, d.Healthy, d.Counts = r.st.Models, r.st.Healthy, m.countsLocked(r, now)
 			d.InFlight, d.PendingPref, d.OwnerVer = int(r.st.InFlight), r.st.Pending, r.st.Version
 			d.AgeSeconds = now.Sub(r.heard).Seconds()
 			d.EngineRunning, d.EngineWaiting, d.EngineSlots = int(r.st.Running), int(r.st.Waiting), int(r.st.Slots)
+			d.EngineHasLoad = !r.st.NoLoad
 		}
 		if r.sum != nil {
 			s := r.sum.Stats()
