@@ -23,6 +23,7 @@ func (m *Mesh) DeclareReplica(id string) {
 	r := m.replicaLocked(id, true)
 	if r != nil {
 		r.declared, r.withdrawT = true, 0
+		m.declaredLoads.Store(r.id, r.load)
 		m.addDeclarerLocked(r, m.cfg.Name)
 	}
 	m.unlockAndRun()
@@ -42,6 +43,7 @@ func (m *Mesh) WithdrawReplica(id string) {
 		return
 	}
 	r.declared, r.withdrawT = false, withdrawTicks
+	m.declaredLoads.Delete(r.id)
 	delete(r.declarers, m.cfg.Name)
 	m.markOwnerLocked(r)
 	if r.owned {
@@ -471,16 +473,15 @@ func (m *Mesh) Forget(replicaID string, hashes []uint64) {
 
 // Begin accounts a request dispatched to a replica declared here: one
 // more in flight and prefillBlocks more pending prefill, until firstByte
-// and done (both idempotent).
+// and done (both idempotent). It takes no lock of the mesh's (the proxy
+// calls it under its placement lock).
 func (m *Mesh) Begin(replicaID string, prefillBlocks float64) (firstByte, done func()) {
-	m.mu.RLock()
-	r := m.replicas[replicaID]
-	m.mu.RUnlock()
-	if r == nil || !r.declared {
+	v, ok := m.declaredLoads.Load(replicaID)
+	if !ok {
 		return func() {}, func() {}
 	}
 	k := int64(max(prefillBlocks, 0) * 1000)
-	l := r.load
+	l := v.(*replicaLoad)
 	l.inFlight.Add(1)
 	l.pendingK.Add(k)
 	b := &begun{l: l, k: k}

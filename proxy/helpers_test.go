@@ -56,7 +56,10 @@ func (v *fakeView) Candidates(model string, dst []route.Candidate) []route.Candi
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	for _, r := range v.replicas {
-		c := route.Candidate{Detail: &route.Detail{ID: r.id}, Hash: route.HashID(r.id), InFlight: route.Count32(r.inFlight), PendingPrefillBlocks: r.pending}
+		// Local as the mesh sets it (the proxy books by it): the
+		// replicas this router owns.
+		c := route.Candidate{Detail: &route.Detail{ID: r.id, Local: r.owner == ""}, Hash: route.HashID(r.id),
+			InFlight: route.Count32(r.inFlight), PendingPrefillBlocks: r.pending}
 		c.Summary = fixedMatch(r.match)
 		dst = append(dst, c)
 	}

@@ -2,6 +2,8 @@ package proxy
 
 import (
 	"fmt"
+	"net/http"
+	"sync/atomic"
 	"testing"
 
 	"github.com/kvmesh/kvmesh/route"
@@ -81,5 +83,68 @@ func TestPlaceBookCatchUpWraps(t *testing.T) {
 	}
 	if !b.catchUpLocked(cs, 0, "r0") || cs[0].InFlight != placeLogLen {
 		t.Fatalf("caught up %d placements, want the %d the log holds", cs[0].InFlight, placeLogLen)
+	}
+}
+
+// lockCheckView counts the proxy's Locate calls and those it makes while
+// its placement lock is held (the mesh's Locate takes the mesh's lock,
+// which gossip holds for writes).
+type lockCheckView struct {
+	*fakeView
+	p                  atomic.Pointer[Proxy]
+	locates, underLock atomic.Int32
+}
+
+func (v *lockCheckView) held() bool {
+	p := v.p.Load()
+	if p == nil || p.places.mu.TryLock() {
+		if p != nil {
+			p.places.mu.Unlock()
+		}
+		return false
+	}
+	return true
+}
+
+func (v *lockCheckView) Locate(id string) (string, bool, bool) {
+	v.locates.Add(1)
+	if v.held() {
+		v.underLock.Add(1)
+	}
+	return v.fakeView.Locate(id)
+}
+
+// A decision books its request by the candidate's Local (the view's word
+// on who owns the replica), asking the view nothing under the placement
+// lock, and Locate runs once per decision (attempt's, for the owner's
+// address): owned replicas are booked in the view (Begin), another
+// router's in the hop book.
+func TestPlaceBookLocatesOnce(t *testing.T) {
+	rep := newReplica(t, func(w http.ResponseWriter, r *http.Request) { jsonChat(w, "ok", 0) })
+	owner := newReplica(t, func(w http.ResponseWriter, r *http.Request) { jsonChat(w, "hop", 0) })
+	view := &lockCheckView{fakeView: newFakeView([]string{"m"}, fakeReplica{id: rep.URL},
+		fakeReplica{id: "http://remote-replica", owner: owner.URL})}
+	p, srv, _ := newTestProxy(t, view, nil)
+	view.p.Store(p)
+	const n = 8
+	for i := range n {
+		resp := post(t, t.Context(), srv.URL+"/v1/chat/completions", chatBody("m", false, fmt.Sprintf("%d %s", i, longPrompt)))
+		if body := readAll(t, resp); resp.StatusCode != 200 {
+			t.Fatalf("status %d: %s", resp.StatusCode, body)
+		}
+	}
+	waitCounted(t, p, epChat, n)
+	if got := view.locates.Load(); got != n {
+		t.Errorf("%d Locate calls for %d decisions, want one each", got, n)
+	}
+	if got := view.underLock.Load(); got != 0 {
+		t.Errorf("%d Locate calls under the placement lock", got)
+	}
+	view.mu.Lock()
+	begins := view.begins[rep.URL]
+	view.mu.Unlock()
+	if local, remote := rep.count(), owner.count(); local == 0 || remote == 0 || begins != local || local+remote != n {
+		t.Errorf("%d requests at the owned replica (%d booked in the view), %d hops; want both used, each owned one booked",
+			local, begins, remote)
 	}
 }
