@@ -487,7 +487,7 @@ func TestHealthCheckerPollPanicContained(t *testing.T) {
 	e.set(4, 1)
 	waitFor(t, "a report after the panic", func() bool { c, _ := got.last(rep.URL); return c.Running == 4 })
 	cancel()
-	<-done
+	recv(t, done, "Run to return after cancel")
 }
 
 // TestHealthCheckerRunStops: Run checks at once and returns when its
@@ -507,17 +507,15 @@ func TestHealthCheckerRunStops(t *testing.T) {
 	}
 }
 
-// waitFor polls cond every 5ms for up to 10s (a liveness bound, not a
-// speed assertion).
+// waitFor polls cond every 5ms for up to testWait (a liveness bound, not
+// a speed assertion).
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	for range 2000 {
-		if cond() {
-			return
+	for deadline := time.Now().Add(testWait); !cond(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
 		}
-		time.Sleep(5 * time.Millisecond)
 	}
-	t.Fatalf("timed out waiting for %s", what)
 }
 
 // TestHealthCheckerLearnsReplicaSimSlots: kvmesh's replica-sim publishes

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -21,6 +22,41 @@ import (
 
 // testContract has small blocks so short test prompts span many.
 var testContract = summary.Contract{BlockBytes: 16, Seed: 7}
+
+// testWait bounds every wait of these tests (a channel, a WaitGroup, a
+// poll, a client's request): a liveness bound, never a speed assertion.
+// Under a parallel `go test -race ./...` on two cores a wait of
+// milliseconds can take seconds; past the bound a test fails saying what
+// it waited for, where an unbounded wait hung the binary to its timeout.
+const testWait = 60 * time.Second
+
+// TestMain bounds the requests the tests send through net/http's default
+// client (http.Get, http.Post, post): a proxy that never answers fails the
+// test instead of hanging it.
+func TestMain(m *testing.M) {
+	http.DefaultClient.Timeout = testWait
+	os.Exit(m.Run())
+}
+
+// recv receives from ch within testWait.
+func recv[T any](t testing.TB, ch <-chan T, what string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(testWait):
+		t.Fatalf("timed out waiting for %s", what)
+		panic("unreachable")
+	}
+}
+
+// waitGroup waits for wg within testWait.
+func waitGroup(t testing.TB, wg *sync.WaitGroup, what string) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	recv(t, done, what)
+}
 
 // fixedMatch is a summary that claims the same prefix match for any request.
 type fixedMatch int
@@ -102,7 +138,14 @@ func (v *fakeView) Begin(id string, prefill float64) (func(), func()) {
 	v.begins[id]++
 	v.mu.Unlock()
 	var once sync.Once
-	return func() {}, func() { once.Do(func() { v.dones <- id }) }
+	return func() {}, func() {
+		once.Do(func() {
+			select {
+			case v.dones <- id:
+			default: // a test that does not read them (more than the buffer) is not held up
+			}
+		})
+	}
 }
 
 func (v *fakeView) recorded(id string) [][]uint64 {
@@ -114,13 +157,7 @@ func (v *fakeView) recorded(id string) [][]uint64 {
 // waitDone waits for the proxy to finish a request at an owned replica.
 func (v *fakeView) waitDone(t *testing.T) string {
 	t.Helper()
-	select {
-	case id := <-v.dones:
-		return id
-	case <-time.After(10 * time.Second):
-		t.Fatal("request never finished")
-		return ""
-	}
+	return recv(t, v.dones, "a request to finish")
 }
 
 // waitCounted waits (a bounded poll) until n requests to endpoint ep

@@ -96,7 +96,7 @@ func TestForwardedRequestCounts(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	free()
-	<-done
+	recv(t, done, "the client's response")
 	for p.hops.inFlight(rep.URL) != 0 {
 		if time.Now().After(deadline) {
 			t.Fatal("the forwarded request still counts after it ended")
@@ -214,5 +214,5 @@ func TestDispatchNamesTheReplica(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	free()
-	<-done
+	recv(t, done, "the client's response")
 }

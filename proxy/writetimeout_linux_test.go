@@ -43,7 +43,12 @@ func endlessReplica(t *testing.T, gone chan<- struct{}) *replicaServer {
 	tok := strings.Repeat("x", 200)
 	return newReplica(t, func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/event-stream")
-		defer func() { gone <- struct{}{} }()
+		defer func() {
+			select {
+			case gone <- struct{}{}:
+			default: // reported already (a request retried): never hold the handler
+			}
+		}()
 		for {
 			if _, err := fmt.Fprintf(w, "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":%q}}]}\n\n", tok); err != nil {
 				return
