@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -201,17 +200,6 @@ func newTestProxy(t *testing.T, view View, mod func(*Config)) (*Proxy, *httptest
 	return p, srv, reg
 }
 
-// deadAddr returns a URL on which nothing listens: connections are refused.
-func deadAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
-	return "http://" + addr
-}
 
 // chatBody is a chat request whose prompt is long enough for many blocks.
 func chatBody(model string, stream bool, msgs ...string) string {

@@ -132,8 +132,10 @@ func TestPlaceBookLocatesOnce(t *testing.T) {
 		if body := readAll(t, resp); resp.StatusCode != 200 {
 			t.Fatalf("status %d: %s", resp.StatusCode, body)
 		}
+		// Ended before the next: each decision sees idle replicas, and
+		// places by its key.
+		waitCounted(t, p, epChat, i+1)
 	}
-	waitCounted(t, p, epChat, n)
 	if got := view.locates.Load(); got != n {
 		t.Errorf("%d Locate calls for %d decisions, want one each", got, n)
 	}
