@@ -200,7 +200,6 @@ func newTestProxy(t *testing.T, view View, mod func(*Config)) (*Proxy, *httptest
 	return p, srv, reg
 }
 
-
 // chatBody is a chat request whose prompt is long enough for many blocks.
 func chatBody(model string, stream bool, msgs ...string) string {
 	type msg struct {
