@@ -60,7 +60,9 @@ func (b *placeBook) snapshot() uint64 { return b.seq.Load() }
 // gossip holds for writes), and attempt's Locate, which finds the
 // owner's address, is the decision's only one. A replica gone since the
 // view was read is booked all the same, and attempt, finding it gone,
-// ends the booking.
+// ends the booking; one whose owner changed in that instant is booked
+// as the view had it, until the request ends (the two Locates before
+// had the same window, between themselves).
 func (p *Proxy) commit(ep *endpoint, st *reqState, req route.Request, cands []route.Candidate, d route.Decision,
 	snap uint64, redecide bool) (route.Decision, booking, uint64) {
 	b := &p.places
