@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvmesh/kvmesh/internal/deadaddr"
 	"github.com/kvmesh/kvmesh/route"
 	"github.com/kvmesh/kvmesh/summary"
 	"github.com/prometheus/client_golang/prometheus"
@@ -198,6 +199,15 @@ func newTestProxy(t *testing.T, view View, mod func(*Config)) (*Proxy, *httptest
 	t.Cleanup(p.Close) // after srv.Close (cleanups run last first)
 	t.Cleanup(srv.Close)
 	return p, srv, reg
+}
+
+// deadAddr returns a URL on which nothing listens: connections are
+// refused until the test ends (internal/deadaddr: a listener closed at
+// once had its port handed to the test's next listener under load, and
+// the "dead" replica answered).
+func deadAddr(t *testing.T) string {
+	t.Helper()
+	return "http://" + deadaddr.Addr(t)
 }
 
 // chatBody is a chat request whose prompt is long enough for many blocks.
