@@ -118,12 +118,17 @@ func (v *lockCheckView) Locate(id string) (string, bool, bool) {
 // on who owns the replica), asking the view nothing under the placement
 // lock, and Locate runs once per decision (attempt's, for the owner's
 // address): owned replicas are booked in the view (Begin), another
-// router's in the hop book.
+// router's in the hop book. At the owner a forwarded request keeps its
+// own candidates by Local too: one Locate for its attempt.
 func TestPlaceBookLocatesOnce(t *testing.T) {
 	rep := newReplica(t, func(w http.ResponseWriter, r *http.Request) { jsonChat(w, "ok", 0) })
-	owner := newReplica(t, func(w http.ResponseWriter, r *http.Request) { jsonChat(w, "hop", 0) })
+	far := newReplica(t, func(w http.ResponseWriter, r *http.Request) { jsonChat(w, "hop", 0) })
+	ownerView := &lockCheckView{fakeView: newFakeView([]string{"m"}, fakeReplica{id: far.URL},
+		fakeReplica{id: "http://elsewhere", owner: "http://127.0.0.1:1"})}
+	po, owner, _ := newTestProxy(t, ownerView, nil)
+	ownerView.p.Store(po)
 	view := &lockCheckView{fakeView: newFakeView([]string{"m"}, fakeReplica{id: rep.URL},
-		fakeReplica{id: "http://remote-replica", owner: owner.URL})}
+		fakeReplica{id: far.URL, owner: owner.URL})}
 	p, srv, _ := newTestProxy(t, view, nil)
 	view.p.Store(p)
 	const n = 8
@@ -136,17 +141,25 @@ func TestPlaceBookLocatesOnce(t *testing.T) {
 		// places by its key.
 		waitCounted(t, p, epChat, i+1)
 	}
-	if got := view.locates.Load(); got != n {
-		t.Errorf("%d Locate calls for %d decisions, want one each", got, n)
-	}
-	if got := view.underLock.Load(); got != 0 {
-		t.Errorf("%d Locate calls under the placement lock", got)
+	local, hops := rep.count(), far.count()
+	waitCounted(t, po, epChat, hops)
+	for _, c := range []struct {
+		name      string
+		v         *lockCheckView
+		decisions int
+	}{{"entry", view, n}, {"owner", ownerView, hops}} {
+		if got := c.v.locates.Load(); got != int32(c.decisions) {
+			t.Errorf("%s: %d Locate calls for %d decisions, want one each", c.name, got, c.decisions)
+		}
+		if got := c.v.underLock.Load(); got != 0 {
+			t.Errorf("%s: %d Locate calls under the placement lock", c.name, got)
+		}
 	}
 	view.mu.Lock()
 	begins := view.begins[rep.URL]
 	view.mu.Unlock()
-	if local, remote := rep.count(), owner.count(); local == 0 || remote == 0 || begins != local || local+remote != n {
+	if local == 0 || hops == 0 || begins != local || local+hops != n {
 		t.Errorf("%d requests at the owned replica (%d booked in the view), %d hops; want both used, each owned one booked",
-			local, begins, remote)
+			local, begins, hops)
 	}
 }
