@@ -83,6 +83,9 @@ type viewEntry struct {
 	inFlight                int32
 	running, waiting, slots int32
 	tier                    int8
+	// hasLoad: running and waiting are the engine's published counts
+	// (route.Candidate.HasLoad).
+	hasLoad bool
 	// ok: healthy, with an owner whose word this router has (else the
 	// replica is no candidate, but keeps its place in the arrays so that
 	// health flapping does not rebuild them).
@@ -119,6 +122,7 @@ func (m *Mesh) entryLocked(r *replica) (viewEntry, []string) {
 	case owner == m.cfg.Name:
 		e.ok, e.sum, e.load = r.healthy, r.sum, r.load
 		e.running, e.waiting, e.slots = route.Count32(r.running), route.Count32(r.waiting), route.Count32(r.slots)
+		e.hasLoad = r.hasLoad
 		return e, r.models
 	case !r.hasState || r.st.Origin != owner:
 		return e, nil
@@ -126,6 +130,7 @@ func (m *Mesh) entryLocked(r *replica) (viewEntry, []string) {
 	e.ok = r.st.Healthy
 	e.inFlight, e.pending = route.Count32(int(r.st.InFlight)), r.st.Pending
 	e.running, e.waiting, e.slots = route.Count32(int(r.st.Running)), route.Count32(int(r.st.Waiting)), route.Count32(int(r.st.Slots))
+	e.hasLoad = !r.st.NoLoad
 	if r.sum != nil && !r.wantFull && r.sum.Epoch() == r.st.Epoch && !r.heard.IsZero() {
 		e.counts, e.sum, e.heard = true, r.sum, int64(r.heard.Sub(m.t0))
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/memberlist"
+	"github.com/kvmesh/kvmesh/route"
 	"github.com/kvmesh/kvmesh/summary"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
@@ -33,6 +34,81 @@ func TestEngineLoadReachesEveryRouter(t *testing.T) {
 				}
 			}
 			return nil
+		})
+	}
+}
+
+// TestEngineWithoutLoadNeverSpreads: whether an engine publishes its
+// running and waiting counts (ReplicaStatus.HasLoad) reaches every
+// router's candidates and debug view, and only a cluster whose every
+// engine publishes them, all at 0, makes a busy first choice spread by
+// this router's own requests (route's burst rule): an engine that
+// publishes none reports 0 and 0 for ever, and would otherwise make the
+// rule fire whenever a key's first choice is busy.
+func TestEngineWithoutLoadNeverSpreads(t *testing.T) {
+	a := newRouter(t, "a", nil)
+	b := newRouter(t, "b", joining(a))
+	own, b1, b2 := "http://a-rep", "http://b-rep1", "http://b-rep2"
+	declare(a, own)
+	declare(b, b1)
+	declare(b, b2)
+	status := func(hasLoad bool) ReplicaStatus {
+		return ReplicaStatus{Models: []string{"m"}, Healthy: true, CapacityBlocks: 2048, Slots: 8, HasLoad: hasLoad}
+	}
+	req := route.Request{Hashes: chain(77, 4)}
+	req.Probes = probes(req.Hashes)
+	for _, tc := range []struct {
+		name    string
+		noLoad  string // the replica whose engine publishes no counts
+		spreads bool
+	}{
+		{"every engine publishes its counts", "", true},
+		{"this router's engine publishes none", own, false},
+		{"another router's engine publishes none", b1, false},
+		{"every engine publishes its counts again", "", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a.UpdateReplica(own, status(tc.noLoad != own))
+			b.UpdateReplica(b1, status(tc.noLoad != b1))
+			b.UpdateReplica(b2, status(tc.noLoad != b2))
+			var cands []route.Candidate
+			for _, r := range []*testRouter{b, a} {
+				eventually(t, wait, r.cfg.Name+" sees whose counts are known", func() error {
+					cands = r.Candidates("m", nil)
+					if len(cands) != 3 {
+						return fmt.Errorf("%d candidates", len(cands))
+					}
+					for _, c := range cands {
+						if c.Summary == nil || c.HasLoad != (c.ID() != tc.noLoad) {
+							return fmt.Errorf("%s: summary %v, has load %v", c.ID(), c.Summary != nil, c.HasLoad)
+						}
+					}
+					for _, d := range r.Debug().(DebugInfo).Replicas {
+						if d.EngineHasLoad != (d.ID != tc.noLoad) {
+							return fmt.Errorf("debug view: %s has load %v", d.ID, d.EngineHasLoad)
+						}
+					}
+					return nil
+				})
+			}
+			// At a, in a burst every engine reported idle from: its own
+			// replica holds two requests the other routers sent (none of
+			// a's own), b's replicas one of a's each. The key's first
+			// choice is busy whichever it is: the burst rule takes a's
+			// replica (the fewest of a's own), the shortest wait one of
+			// b's.
+			for i := range cands {
+				c := &cands[i]
+				if c.ID() == own {
+					c.InFlight, c.PendingPrefillBlocks, c.Detail.Own = 2, 8, 0
+				} else {
+					c.InFlight, c.PendingPrefillBlocks, c.Detail.Own = 1, 4, 1
+				}
+			}
+			d := route.DefaultPolicy().Pick(req, cands)
+			if d.Reason != route.ReasonFallbackCold || (cands[d.Index].ID() == own) != tc.spreads {
+				t.Fatalf("decision %+v (%s), want spread to a's replica %v", d, cands[d.Index].ID(), tc.spreads)
+			}
 		})
 	}
 }

@@ -114,6 +114,7 @@ func (m *Mesh) ownedStateLocked(r *replica) stateMsg {
 		st.InFlight = uint32(max(r.load.inFlight.Load(), 0))
 		st.Pending = float64(max(r.load.pendingK.Load(), 0)) / 1000
 		st.Running, st.Waiting, st.Slots = u32(r.running), u32(r.waiting), u32(r.slots)
+		st.NoLoad = !r.hasLoad
 		if r.digestVer == r.lastSent+1 {
 			st.Digest = r.digest
 		}

@@ -87,6 +87,7 @@ type replica struct {
 	capacity int
 	// The engine's load from the last health check (see ReplicaStatus).
 	running, waiting, slots int
+	hasLoad                 bool
 	load                    *replicaLoad // the requests in flight here (Begin)
 
 	declarers map[string]bool // routers known to declare it
@@ -185,6 +186,12 @@ type Mesh struct {
 	bufs        sync.Pool     // *CandidateBuffer lent by PooledCandidates
 	loads       []replicaLoad // the slab newLoadLocked takes counters from
 	t0          time.Time     // origin of the view's clock (viewEntry.heard)
+	// declaredLoads is the load counters of the replicas declared here
+	// (replica ID → *replicaLoad), written under mu with r.declared and
+	// read by Begin without mu: the proxy books a request under its
+	// placement lock (proxy/place.go), which must not wait for the
+	// gossip's write sections.
+	declaredLoads sync.Map
 
 	ctx       context.Context
 	cancel    context.CancelFunc

@@ -351,3 +351,44 @@ func sharedPair(t *testing.T, id string) (owner, other *testRouter) {
 	})
 	return owner, other
 }
+
+// TestBeginTakesNoMeshLock: Begin books a request at a declared replica
+// while a write section holds the mesh's lock (the proxy calls it under
+// its placement lock, which must not wait for gossip), and books nothing
+// at a replica not declared here or withdrawn.
+func TestBeginTakesNoMeshLock(t *testing.T) {
+	a := newRouter(t, "a", nil)
+	id := "http://a-rep"
+	declare(a, id)
+	load := func(id string) int64 {
+		a.mu.RLock()
+		defer a.mu.RUnlock()
+		return a.replicas[id].load.inFlight.Load()
+	}
+	a.mu.Lock()
+	booked := make(chan func(), 1)
+	go func() {
+		_, done := a.Begin(id, 1)
+		booked <- done
+	}()
+	var done func()
+	select {
+	case done = <-booked:
+	case <-time.After(wait):
+		a.mu.Unlock()
+		t.Fatal("Begin waited for the mesh's lock")
+	}
+	a.mu.Unlock()
+	if got := load(id); got != 1 {
+		t.Fatalf("in flight %d after Begin, want 1", got)
+	}
+	done()
+	a.WithdrawReplica(id)
+	_, done = a.Begin(id, 1)
+	if got := load(id); got != 0 {
+		t.Fatalf("in flight %d after Begin at a withdrawn replica, want 0", got)
+	}
+	done()
+	_, done = a.Begin("http://unknown", 1)
+	done()
+}

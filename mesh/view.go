@@ -23,6 +23,7 @@ func (m *Mesh) DeclareReplica(id string) {
 	r := m.replicaLocked(id, true)
 	if r != nil {
 		r.declared, r.withdrawT = true, 0
+		m.declaredLoads.Store(r.id, r.load)
 		m.addDeclarerLocked(r, m.cfg.Name)
 	}
 	m.unlockAndRun()
@@ -42,6 +43,7 @@ func (m *Mesh) WithdrawReplica(id string) {
 		return
 	}
 	r.declared, r.withdrawT = false, withdrawTicks
+	m.declaredLoads.Delete(r.id)
 	delete(r.declarers, m.cfg.Name)
 	m.markOwnerLocked(r)
 	if r.owned {
@@ -56,8 +58,11 @@ type ReplicaStatus struct {
 	Healthy        bool
 	CapacityBlocks int
 	// Running, Waiting and Slots are the engine's counts (see
-	// route.Candidate); Slots 0 means unknown.
+	// route.Candidate); Slots 0 means unknown. HasLoad reports that the
+	// engine published Running and Waiting at its last scrape
+	// (route.Candidate.HasLoad): without it they are 0 and say nothing.
 	Running, Waiting, Slots int
+	HasLoad                 bool
 }
 
 // UpdateReplica records the proxy's latest health check of a declared
@@ -73,7 +78,7 @@ func (m *Mesh) UpdateReplica(id string, s ReplicaStatus) {
 		return
 	}
 	r.models, r.healthy, r.capacity = models, healthy, capacityBlocks
-	r.running, r.waiting, r.slots = s.Running, s.Waiting, s.Slots
+	r.running, r.waiting, r.slots, r.hasLoad = s.Running, s.Waiting, s.Slots, s.HasLoad
 	m.touchLocked(r)
 	if r.owned {
 		m.ensureSummaryLocked(r) // the next tick's batch carries the change
@@ -321,7 +326,7 @@ func fillCandidate(c *route.Candidate, e *viewEntry, x *route.Detail) {
 	}
 	x.SeqMs, x.SlotAgeMs, x.Own, x.Local = 0, 0, 0, false
 	c.Hash, c.InFlight, c.PendingPrefillBlocks, c.NetworkMs, c.BlockMs = e.hash, e.inFlight, e.pending, e.networkMs, 0
-	c.Tier, c.Running, c.Waiting, c.Slots = e.tier, e.running, e.waiting, e.slots
+	c.Tier, c.Running, c.Waiting, c.Slots, c.HasLoad = e.tier, e.running, e.waiting, e.slots, e.hasLoad
 	c.Stale = false
 }
 
@@ -468,16 +473,15 @@ func (m *Mesh) Forget(replicaID string, hashes []uint64) {
 
 // Begin accounts a request dispatched to a replica declared here: one
 // more in flight and prefillBlocks more pending prefill, until firstByte
-// and done (both idempotent).
+// and done (both idempotent). It takes no lock of the mesh's (the proxy
+// calls it under its placement lock).
 func (m *Mesh) Begin(replicaID string, prefillBlocks float64) (firstByte, done func()) {
-	m.mu.RLock()
-	r := m.replicas[replicaID]
-	m.mu.RUnlock()
-	if r == nil || !r.declared {
+	v, ok := m.declaredLoads.Load(replicaID)
+	if !ok {
 		return func() {}, func() {}
 	}
 	k := int64(max(prefillBlocks, 0) * 1000)
-	l := r.load
+	l := v.(*replicaLoad)
 	l.inFlight.Add(1)
 	l.pendingK.Add(k)
 	b := &begun{l: l, k: k}
@@ -540,10 +544,12 @@ type ReplicaDebug struct {
 	PendingPref float64  `json:"pending_prefill_blocks"`
 	// The engine's own load: from this router's health checks for an
 	// owned replica, as its owner gossips it for another's. Slots 0 is
-	// unknown; all three 0 is an engine whose load is not known.
-	EngineRunning int `json:"engine_running"`
-	EngineWaiting int `json:"engine_waiting"`
-	EngineSlots   int `json:"engine_slots"`
+	// unknown; running and waiting count only with EngineHasLoad (the
+	// engine publishes them).
+	EngineRunning int  `json:"engine_running"`
+	EngineWaiting int  `json:"engine_waiting"`
+	EngineSlots   int  `json:"engine_slots"`
+	EngineHasLoad bool `json:"engine_has_load"`
 }
 
 // DebugInfo is the JSON-able picture Debug returns.
@@ -564,12 +570,13 @@ func (m *Mesh) Debug() any {
 		if r.owned {
 			d.Models, d.Healthy, d.Counts = r.models, r.healthy, r.sum != nil
 			d.InFlight, d.PendingPref = int(r.load.inFlight.Load()), float64(r.load.pendingK.Load())/1000
-			d.EngineRunning, d.EngineWaiting, d.EngineSlots = r.running, r.waiting, r.slots
+			d.EngineRunning, d.EngineWaiting, d.EngineSlots, d.EngineHasLoad = r.running, r.waiting, r.slots, r.hasLoad
 		} else if r.hasState && r.st.Origin == d.Owner {
 			d.Models, d.Healthy, d.Counts = r.st.Models, r.st.Healthy, m.countsLocked(r, now)
 			d.InFlight, d.PendingPref, d.OwnerVer = int(r.st.InFlight), r.st.Pending, r.st.Version
 			d.AgeSeconds = now.Sub(r.heard).Seconds()
 			d.EngineRunning, d.EngineWaiting, d.EngineSlots = int(r.st.Running), int(r.st.Waiting), int(r.st.Slots)
+			d.EngineHasLoad = !r.st.NoLoad
 		}
 		if r.sum != nil {
 			s := r.sum.Stats()

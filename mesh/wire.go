@@ -26,6 +26,16 @@ import (
 //
 // Kinds 2 (a delta of raw 64-bit hashes on the UDP broadcast queue) and 4
 // (a full reply) belonged to protocol 1 and are refused.
+//
+// A state's flags grow by bits a decoder refuses until it knows them (the
+// format has no slack a sender could hide data in), so a new bit says
+// what is rare and what older routers may do without: flagNoLoad is set
+// only by an owner whose engine publishes no load counts, and every
+// other state is encoded as before it, byte for byte. A router older
+// than the flag refuses every batch and push/pull that carries it (the
+// sender's replicas then look stale there until the upgrade reaches
+// it); one that knows it reads an older owner's states, which never
+// carry it, as load known, as the older owner meant them.
 const (
 	kindState    byte = 1
 	kindFullReq  byte = 3
@@ -42,6 +52,9 @@ const (
 	flagHealthy   byte = 2
 	flagWithdrawn byte = 4 // the origin no longer declares the replica
 	flagSlim      byte = 8 // only epoch and version follow: nothing else changed
+	// flagNoLoad: the owner's engine publishes no running and waiting
+	// counts (its 0 and 0 say nothing); only in an owner's full state.
+	flagNoLoad byte = 16
 
 	// maxFullBytes is memberlist's limit on one SendReliable message and on
 	// push/pull user state (20 MiB); above it delivery silently fails.
@@ -205,8 +218,12 @@ type stateMsg struct {
 	InFlight       uint32
 	Pending        float64
 	// Running, Waiting and Slots are the engine's own load (see
-	// route.Candidate); Slots 0 means unknown.
+	// route.Candidate); Slots 0 means unknown. NoLoad reports that the
+	// engine publishes no Running and Waiting (route.Candidate.HasLoad
+	// false); it is a flag of the inverse sense so that a state with
+	// known counts is encoded as before the flag was (wire.go's comment).
 	Running, Waiting, Slots uint32
+	NoLoad                  bool
 	Models                  []string
 	DeclaredBy              []string
 }
@@ -226,6 +243,9 @@ func (s *stateMsg) append(dst []byte) []byte {
 	}
 	if s.Slim {
 		f |= flagSlim
+	}
+	if s.NoLoad {
+		f |= flagNoLoad
 	}
 	dst = append(dst, f)
 	dst = binary.BigEndian.AppendUint64(dst, s.Epoch)
@@ -257,8 +277,13 @@ func (r *reader) state() stateMsg {
 	s.Replica = r.s16()
 	f := r.u8()
 	s.Owned, s.Healthy, s.Withdrawn, s.Slim = f&flagOwned != 0, f&flagHealthy != 0, f&flagWithdrawn != 0, f&flagSlim != 0
-	if f&^(flagOwned|flagHealthy|flagWithdrawn|flagSlim) != 0 {
+	s.NoLoad = f&flagNoLoad != 0
+	if f&^(flagOwned|flagHealthy|flagWithdrawn|flagSlim|flagNoLoad) != 0 {
 		r.fail(fmt.Errorf("unknown flags %#x", f))
+	}
+	if s.NoLoad && (!s.Owned || s.Slim) {
+		// Only an owner's full state carries the engine's load.
+		r.fail(fmt.Errorf("flags %#x: no load without an owner's full state", f))
 	}
 	s.Epoch, s.Version = r.u64(), r.u64()
 	if s.Slim {

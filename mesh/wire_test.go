@@ -1,6 +1,7 @@
 package mesh
 
 import (
+	"encoding/hex"
 	"fmt"
 	"math/rand/v2"
 	"reflect"
@@ -29,12 +30,17 @@ func sampleMessages(t testing.TB) [][]byte {
 	pp = appendS8(pp, "a")
 	pp = append(pp, 0, 0, 0, 0, 0, 0, 0, 7, 0, 0, 0, 1)
 	pp = appendStateWithSummary(pp, &st, sum)
+	noLoad := st
+	noLoad.NoLoad, noLoad.Running, noLoad.Waiting = true, 0, 0
+	nb := batchMsg{header: header{Origin: "a", Boot: 7, Seq: 12}, Entries: []batchEntry{{State: noLoad, Kind: payloadDelta, Payload: delta}}}
 	return [][]byte{
 		st.append(nil),
 		b.append(nil),
 		fullReq{Origin: "b", Replica: "http://r:1"}.append(nil),
 		pp,
 		nodeMeta{Region: "eu", API: "http://a:8080", Contract: summary.DefaultContract().ID()}.encode(),
+		noLoad.append(nil),
+		nb.append(nil),
 	}
 }
 
@@ -92,6 +98,83 @@ func TestWireRoundTrip(t *testing.T) {
 	for _, kind := range []byte{2, 4} {
 		if _, err := decodeMsg([]byte{kind, 1, 'a'}); err == nil {
 			t.Fatalf("kind %d decoded", kind)
+		}
+	}
+}
+
+// goldenState is sampleState() as the encoder wrote it before flagNoLoad
+// (main at be3583b): what every router up to then decodes.
+const goldenState = "01016100000000000000070000000000000009000a687474703a2f2f723a310300000000000000030000000000000004" +
+	"000008000000000000000005000000023ff800000000000000000003000000010000000802026d31026d320201610162"
+
+// TestWireNoLoad: an owner's state whose engine publishes no load counts
+// round-trips with NoLoad; a state whose counts are known is encoded
+// byte for byte as before the flag, so older routers read it as they
+// always did, and this decoder reads their states as load known; the
+// flag differs from such a state in that bit only (the one older routers
+// refuse), and it is refused where no load is carried.
+func TestWireNoLoad(t *testing.T) {
+	known := sampleState()
+	if got := hex.EncodeToString(known.append(nil)); got != goldenState {
+		t.Fatalf("a state with known load is encoded\n%s\nwant, as before the flag,\n%s", got, goldenState)
+	}
+	old, err := hex.DecodeString(goldenState)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := decodeMsg(old)
+	if err != nil {
+		t.Fatalf("an older router's state: %v", err)
+	}
+	if st := v.(stateMsg); st.NoLoad || !reflect.DeepEqual(st, known) {
+		t.Fatalf("an older router's state decodes to %+v, want %+v (load known)", st, known)
+	}
+
+	none := known
+	none.NoLoad = true
+	b := none.append(nil)
+	v, err = decodeMsg(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(v, none) {
+		t.Fatalf("got %+v\nwant %+v", v, none)
+	}
+	diff := 0
+	for i := range b {
+		if b[i] != old[i] {
+			diff++
+			if b[i]^old[i] != flagNoLoad {
+				t.Fatalf("byte %d: %#x, want %#x with flagNoLoad", i, b[i], old[i])
+			}
+		}
+	}
+	if len(b) != len(old) || diff != 1 {
+		t.Fatalf("%d bytes differ (lengths %d, %d), want the flags byte only", diff, len(b), len(old))
+	}
+	// In a batch and a push/pull too.
+	bm := batchMsg{header: header{Origin: "a", Boot: 7, Seq: 10}, Entries: []batchEntry{{State: none}, {State: known}}}
+	v, err = decodeMsg(bm.append(nil))
+	if err != nil || !v.(batchMsg).Entries[0].State.NoLoad || v.(batchMsg).Entries[1].State.NoLoad {
+		t.Fatalf("batch %+v %v", v, err)
+	}
+	pp := appendS8([]byte{kindPushPull}, "a")
+	pp = append(pp, 0, 0, 0, 0, 0, 0, 0, 7, 0, 0, 0, 1)
+	pp = appendStateWithSummary(pp, &none, nil)
+	if p, err := decodePushPull(pp); err != nil || len(p.Entries) != 1 || !p.Entries[0].State.NoLoad {
+		t.Fatalf("push/pull %+v %v", p, err)
+	}
+
+	// Only an owner's full state carries load.
+	for _, tc := range []struct {
+		name string
+		st   stateMsg
+	}{
+		{"declaration", stateMsg{header: known.header, Replica: known.Replica, NoLoad: true}},
+		{"slim", stateMsg{header: known.header, Replica: known.Replica, Owned: true, Slim: true, NoLoad: true}},
+	} {
+		if _, err := decodeMsg(tc.st.append(nil)); err == nil {
+			t.Fatalf("%s with flagNoLoad decoded", tc.name)
 		}
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -48,6 +49,7 @@ func rawRequest(t *testing.T, addr string, contentLength int, prefix string) net
 	if err != nil {
 		t.Fatal(err)
 	}
+	_ = c.SetDeadline(time.Now().Add(testWait)) // every read and write of the test's is bounded
 	fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", contentLength, prefix)
 	return c
 }
@@ -96,15 +98,14 @@ func newEdgeProxy(t *testing.T, view View, mod func(*Config)) (*Proxy, *httptest
 	return p, srv, active
 }
 
+// waitUntil is waitFor polling every 10ms.
 func waitUntil(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	for range 2000 {
-		if cond() {
-			return
+	for deadline := time.Now().Add(testWait); !cond(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("gave up waiting for %s", what)
 		}
-		time.Sleep(10 * time.Millisecond)
 	}
-	t.Fatalf("gave up waiting for %s", what)
 }
 
 // TestBodyFloodBounded is issue 8 item 1: 100 connections announcing
@@ -184,6 +185,9 @@ func TestClientInflightCap(t *testing.T) {
 	slow := newReplica(t, func(w http.ResponseWriter, r *http.Request) { <-release; jsonChat(w, "ok", 0) })
 	view := newFakeView([]string{"m"}, fakeReplica{id: slow.URL})
 	_, srv, _ := newEdgeProxy(t, view, func(c *Config) { c.MaxInflightPerClient = 2; c.BodyTimeout = time.Minute })
+	var once sync.Once
+	free := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(free) // a test failed before it ends: before the servers close, which wait for the handlers
 	done := make(chan int, 2)
 	for range 2 {
 		go func() {
@@ -218,9 +222,9 @@ func TestClientInflightCap(t *testing.T) {
 	if r, err := http.Get(srv.URL + "/healthz"); err != nil || r.StatusCode != 200 {
 		t.Fatalf("/healthz: %v", err)
 	}
-	close(release)
+	free()
 	for range 2 {
-		if c := <-done; c != 200 {
+		if c := recv(t, done, "an admitted request"); c != 200 {
 			t.Errorf("admitted request: %d", c)
 		}
 	}

@@ -421,7 +421,7 @@ func TestResponseByIDGoesToItsReplica(t *testing.T) {
 			t.Fatalf("%s %s: status %d, body %s; want replica %s", tc.method, tc.path, code, body, tc.want)
 		}
 		// Hints never leave the mesh: the replica sees the client's request.
-		if s := <-got; s.method != tc.method || s.path != tc.path || s.hop != "" || s.replica != "" {
+		if s := recv(t, got, "the request at the replica"); s.method != tc.method || s.path != tc.path || s.hop != "" || s.replica != "" {
 			t.Errorf("%s %s reached the replica as %+v", tc.method, tc.path, s)
 		}
 	}

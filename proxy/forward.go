@@ -403,7 +403,7 @@ func (p *Proxy) ownCandidates(cands []route.Candidate, hint string) ([]route.Can
 	}
 	own, hinted := cands[:0], -1
 	for _, c := range cands {
-		if _, local, ok := p.cfg.View.Locate(c.ID()); !ok || !local {
+		if c.Detail == nil || !c.Detail.Local { // the view's word, as commit books by it: no Locate per candidate
 			continue
 		}
 		if c.ID() == hint && keep {

@@ -97,8 +97,13 @@ type ReplicaStatus struct {
 	// unknown, the mesh assumes its default).
 	CapacityBlocks int
 	// Running and Waiting are the engine's running and queued requests
-	// at the last successful scrape (0 when the engine publishes none).
+	// at the last scrape, when HasLoad; HasLoad is false (and both 0)
+	// when the engine publishes none (an OpenAI-compatible server, an
+	// engine without them on its /metrics) or its last scrape failed:
+	// 0 and 0 then say nothing, and must not read as an idle engine
+	// (route.Candidate.HasLoad).
 	Running, Waiting int
+	HasLoad          bool
 	// Slots is how many sequences the engine runs at once: published by
 	// the engine, else learned (see HealthChecker); 0 is unknown.
 	Slots int
@@ -109,7 +114,7 @@ type ReplicaStatus struct {
 
 func (s ReplicaStatus) equal(o ReplicaStatus) bool {
 	return s.Healthy == o.Healthy && slices.Equal(s.Models, o.Models) && s.CapacityBlocks == o.CapacityBlocks &&
-		s.Running == o.Running && s.Waiting == o.Waiting && s.Slots == o.Slots && s.Engine == o.Engine
+		s.Running == o.Running && s.Waiting == o.Waiting && s.HasLoad == o.HasLoad && s.Slots == o.Slots && s.Engine == o.Engine
 }
 
 // HealthChecker checks the replicas declared at this router, each in its
@@ -356,6 +361,7 @@ type pollResult struct {
 	models                  []string
 	metrics                 engine.Stats
 	scraped, infoTried      bool
+	scrapeFailed            bool
 	infoRead                bool
 	info                    engine.Stats
 }
@@ -390,6 +396,7 @@ func (h *HealthChecker) poll(ctx context.Context, id string, s *replicaHealth, f
 				r.metrics, r.scraped = r.adapter.FromMetrics(fams), true
 			}
 		} else {
+			r.scrapeFailed = true
 			h.log.Debug("reading engine metrics", "replica", id, "error", err)
 		}
 	}
@@ -434,6 +441,12 @@ func (h *HealthChecker) apply(id string, s *replicaHealth, r pollResult) {
 	}
 	if s.adapter == nil && r.adapter != nil {
 		s.adapter = r.adapter
+	}
+	if r.scrapeFailed {
+		// The last counts are of an engine that no longer answers its
+		// /metrics: unknown until a scrape succeeds again. What else
+		// it published (slots, cache size) does not change with load.
+		s.metrics.Running, s.metrics.Waiting, s.metrics.HasLoad = 0, 0, false
 	}
 	if r.scraped {
 		s.metrics, s.lastLoad = r.metrics, r.now
@@ -494,7 +507,7 @@ func (h *HealthChecker) statusLocked(s *replicaHealth) ReplicaStatus {
 	st := s.metrics.Merge(s.info)
 	out := ReplicaStatus{Models: s.models, Healthy: s.healthy, Engine: h.kindLocked(s), Slots: st.Slots}
 	if st.HasLoad {
-		out.Running, out.Waiting = st.Running, st.Waiting
+		out.Running, out.Waiting, out.HasLoad = st.Running, st.Waiting, true
 	}
 	if out.Slots == 0 {
 		out.Slots = s.learnedSlots

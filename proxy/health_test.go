@@ -61,6 +61,7 @@ func (r *reports) last(id string) (ReplicaStatus, int) {
 // metrics page with the current load.
 type engineReplica struct {
 	failing          atomic.Bool
+	metricsFailing   atomic.Bool // /metrics alone answers 500
 	mu               sync.Mutex
 	metrics          string
 	running, waiting int
@@ -85,6 +86,10 @@ func (e *engineReplica) serve(w http.ResponseWriter, r *http.Request) {
 	case "/v1/models":
 		fmt.Fprint(w, `{"object":"list","data":[{"id":"m2"},{"id":"m1"}]}`)
 	case "/metrics":
+		if e.metricsFailing.Load() {
+			http.Error(w, "metrics down", 500)
+			return
+		}
 		if strings.Contains(e.metrics, "%d") {
 			fmt.Fprintf(w, e.metrics, e.running, e.waiting)
 		} else {
@@ -111,7 +116,7 @@ func TestHealthCheckerEjectsAndReadmits(t *testing.T) {
 	}
 	h.round(ctx)
 	// 2048 blocks × 16 tokens × 4 bytes / 1024 = 128 router blocks.
-	want := ReplicaStatus{Models: []string{"m1", "m2"}, Healthy: true, CapacityBlocks: 128, Running: 3, Waiting: 1, Slots: 3, Engine: "vllm"}
+	want := ReplicaStatus{Models: []string{"m1", "m2"}, Healthy: true, CapacityBlocks: 128, Running: 3, Waiting: 1, HasLoad: true, Slots: 3, Engine: "vllm"}
 	if c, n := got.last(rep.URL); n != 1 || !c.equal(want) {
 		t.Fatalf("after first round: %+v (%d reports), want %+v", c, n, want)
 	}
@@ -143,8 +148,10 @@ func TestHealthCheckerEjectsAndReadmits(t *testing.T) {
 			t.Fatalf("step %d: gauge %v", i, healthyGauge())
 		}
 	}
-	if _, n := got.last(rep.URL); n != 3 {
-		t.Errorf("%d reports, want 3 (admitted, ejected, re-admitted)", n)
+	// Admitted; its load unknown at the first failed scrape; ejected; its
+	// load known again at the first pass; re-admitted.
+	if _, n := got.last(rep.URL); n != 5 {
+		t.Errorf("%d reports, want 5 (admitted, load unknown, ejected, load known, re-admitted)", n)
 	}
 	// Passive failures eject too.
 	h.ReportFailure(rep.URL)
@@ -223,9 +230,50 @@ func TestHealthCheckerLearnsSlots(t *testing.T) {
 	h.SetReplicas([]string{lrep.URL})
 	h.round(t.Context())
 	// 2 slots × 1024 tokens × 4 bytes / 1024.
-	want := ReplicaStatus{Models: []string{"m1", "m2"}, Healthy: true, CapacityBlocks: 8, Running: 2, Waiting: 5, Slots: 2, Engine: "llamacpp"}
+	want := ReplicaStatus{Models: []string{"m1", "m2"}, Healthy: true, CapacityBlocks: 8, Running: 2, Waiting: 5, HasLoad: true, Slots: 2, Engine: "llamacpp"}
 	if c, _ := got.last(lrep.URL); !c.equal(want) {
 		t.Errorf("llama.cpp: %+v, want %+v", c, want)
+	}
+}
+
+// TestHealthCheckerHasLoad: a status says whether the engine's running
+// and waiting counts are known. An engine whose /metrics lacks them, or
+// whose scrape fails, reports them unknown (HasLoad false, both 0: not an
+// idle engine), and known again once a scrape reads them; what else it
+// published (slots, cache) stays.
+func TestHealthCheckerHasLoad(t *testing.T) {
+	noCounts := strings.Join(strings.Split(vllmMetrics, "\n")[:3], "\n") + "\n" // the cache config alone
+	e := &engineReplica{metrics: noCounts}
+	rep := newReplica(t, e.serve)
+	var got reports
+	h := NewHealthChecker(HealthConfig{Engine: engine.VLLM}, []string{rep.URL}, nil, got.add, 1024, nil, nil)
+	base := ReplicaStatus{Models: []string{"m1", "m2"}, Healthy: true, CapacityBlocks: 128, Engine: "vllm"}
+	steps := []struct {
+		name             string
+		metrics          string
+		failing          bool
+		running, waiting int
+		want             ReplicaStatus
+	}{
+		{"no counts published", noCounts, false, 0, 0, base},
+		{"counts published", vllmMetrics, false, 2, 0, ReplicaStatus{Running: 2, HasLoad: true}},
+		{"counts published, idle", vllmMetrics, false, 0, 0, ReplicaStatus{HasLoad: true}},
+		{"the scrape fails", vllmMetrics, true, 3, 0, base},
+		{"the scrape succeeds again", vllmMetrics, false, 3, 0, ReplicaStatus{Running: 3, HasLoad: true}},
+		{"the counts go", noCounts, false, 3, 0, base},
+	}
+	for i, s := range steps {
+		e.mu.Lock()
+		e.metrics = s.metrics
+		e.mu.Unlock()
+		e.set(s.running, s.waiting)
+		e.metricsFailing.Store(s.failing)
+		h.round(t.Context())
+		want := s.want
+		want.Models, want.Healthy, want.CapacityBlocks, want.Engine = base.Models, true, base.CapacityBlocks, "vllm"
+		if c, _ := got.last(rep.URL); !c.equal(want) {
+			t.Fatalf("step %d (%s): %+v, want %+v", i, s.name, c, want)
+		}
 	}
 }
 
@@ -283,7 +331,7 @@ func TestHealthCheckerEngines(t *testing.T) {
 				h := NewHealthChecker(HealthConfig{Engine: cfgKind}, []string{rep.URL}, nil, got.add, 1024, nil, nil)
 				h.round(t.Context())
 				want := tc.want
-				want.Models, want.Healthy, want.Engine = []string{"m"}, true, string(tc.kind)
+				want.Models, want.Healthy, want.Engine, want.HasLoad = []string{"m"}, true, string(tc.kind), true
 				if c, _ := got.last(rep.URL); !c.equal(want) {
 					t.Errorf("got %+v, want %+v", c, want)
 				}
@@ -308,7 +356,7 @@ func TestHealthCheckerUnknownEngine(t *testing.T) {
 	var got reports
 	h := NewHealthChecker(HealthConfig{}, []string{rep.URL}, nil, got.add, 1024, nil, nil)
 	h.round(t.Context())
-	if c, n := got.last(rep.URL); n != 1 || !c.Healthy || c.Engine != "openai" || c.Running != 0 || c.CapacityBlocks != 0 {
+	if c, n := got.last(rep.URL); n != 1 || !c.Healthy || c.Engine != "openai" || c.Running != 0 || c.HasLoad || c.CapacityBlocks != 0 {
 		t.Errorf("got %+v (%d reports)", c, n)
 	}
 	// A fixed engine whose health path is missing fails the check.
@@ -439,7 +487,7 @@ func TestHealthCheckerPollPanicContained(t *testing.T) {
 	e.set(4, 1)
 	waitFor(t, "a report after the panic", func() bool { c, _ := got.last(rep.URL); return c.Running == 4 })
 	cancel()
-	<-done
+	recv(t, done, "Run to return after cancel")
 }
 
 // TestHealthCheckerRunStops: Run checks at once and returns when its
@@ -459,17 +507,15 @@ func TestHealthCheckerRunStops(t *testing.T) {
 	}
 }
 
-// waitFor polls cond every 5ms for up to 10s (a liveness bound, not a
-// speed assertion).
+// waitFor polls cond every 5ms for up to testWait (a liveness bound, not
+// a speed assertion).
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	for range 2000 {
-		if cond() {
-			return
+	for deadline := time.Now().Add(testWait); !cond(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
 		}
-		time.Sleep(5 * time.Millisecond)
 	}
-	t.Fatalf("timed out waiting for %s", what)
 }
 
 // TestHealthCheckerLearnsReplicaSimSlots: kvmesh's replica-sim publishes

@@ -5,14 +5,15 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/kvmesh/kvmesh/internal/deadaddr"
 	"github.com/kvmesh/kvmesh/route"
 	"github.com/kvmesh/kvmesh/summary"
 	"github.com/prometheus/client_golang/prometheus"
@@ -21,6 +22,41 @@ import (
 
 // testContract has small blocks so short test prompts span many.
 var testContract = summary.Contract{BlockBytes: 16, Seed: 7}
+
+// testWait bounds every wait of these tests (a channel, a WaitGroup, a
+// poll, a client's request): a liveness bound, never a speed assertion.
+// Under a parallel `go test -race ./...` on two cores a wait of
+// milliseconds can take seconds; past the bound a test fails saying what
+// it waited for, where an unbounded wait hung the binary to its timeout.
+const testWait = 60 * time.Second
+
+// TestMain bounds the requests the tests send through net/http's default
+// client (http.Get, http.Post, post): a proxy that never answers fails the
+// test instead of hanging it.
+func TestMain(m *testing.M) {
+	http.DefaultClient.Timeout = testWait
+	os.Exit(m.Run())
+}
+
+// recv receives from ch within testWait.
+func recv[T any](t testing.TB, ch <-chan T, what string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(testWait):
+		t.Fatalf("timed out waiting for %s", what)
+		panic("unreachable")
+	}
+}
+
+// waitGroup waits for wg within testWait.
+func waitGroup(t testing.TB, wg *sync.WaitGroup, what string) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	recv(t, done, what)
+}
 
 // fixedMatch is a summary that claims the same prefix match for any request.
 type fixedMatch int
@@ -56,7 +92,10 @@ func (v *fakeView) Candidates(model string, dst []route.Candidate) []route.Candi
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	for _, r := range v.replicas {
-		c := route.Candidate{Detail: &route.Detail{ID: r.id}, Hash: route.HashID(r.id), InFlight: route.Count32(r.inFlight), PendingPrefillBlocks: r.pending}
+		// Local as the mesh sets it (the proxy books by it): the
+		// replicas this router owns.
+		c := route.Candidate{Detail: &route.Detail{ID: r.id, Local: r.owner == ""}, Hash: route.HashID(r.id),
+			InFlight: route.Count32(r.inFlight), PendingPrefillBlocks: r.pending}
 		c.Summary = fixedMatch(r.match)
 		dst = append(dst, c)
 	}
@@ -99,7 +138,14 @@ func (v *fakeView) Begin(id string, prefill float64) (func(), func()) {
 	v.begins[id]++
 	v.mu.Unlock()
 	var once sync.Once
-	return func() {}, func() { once.Do(func() { v.dones <- id }) }
+	return func() {}, func() {
+		once.Do(func() {
+			select {
+			case v.dones <- id:
+			default: // a test that does not read them (more than the buffer) is not held up
+			}
+		})
+	}
 }
 
 func (v *fakeView) recorded(id string) [][]uint64 {
@@ -111,13 +157,7 @@ func (v *fakeView) recorded(id string) [][]uint64 {
 // waitDone waits for the proxy to finish a request at an owned replica.
 func (v *fakeView) waitDone(t *testing.T) string {
 	t.Helper()
-	select {
-	case id := <-v.dones:
-		return id
-	case <-time.After(10 * time.Second):
-		t.Fatal("request never finished")
-		return ""
-	}
+	return recv(t, v.dones, "a request to finish")
 }
 
 // waitCounted waits (a bounded poll) until n requests to endpoint ep
@@ -161,16 +201,13 @@ func newTestProxy(t *testing.T, view View, mod func(*Config)) (*Proxy, *httptest
 	return p, srv, reg
 }
 
-// deadAddr returns a URL on which nothing listens: connections are refused.
+// deadAddr returns a URL on which nothing listens: connections are
+// refused until the test ends (internal/deadaddr: a listener closed at
+// once had its port handed to the test's next listener under load, and
+// the "dead" replica answered).
 func deadAddr(t *testing.T) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
-	return "http://" + addr
+	return "http://" + deadaddr.Addr(t)
 }
 
 // chatBody is a chat request whose prompt is long enough for many blocks.

@@ -136,9 +136,18 @@ func (b *hopBook) move(m *hopMark, to string) {
 // prefill while it is pending. It sets Own, this router's requests in
 // flight there, whatever the clock. cands are sorted by ID
 // (View.Candidates).
+//
+// The clock is read without b.mu: LoadHeard takes the mesh's lock, which
+// gossip holds for writes, and a decision's commit takes b.mu (sendMark)
+// under the placement lock (place.go), which must not wait for gossip
+// through a fill holding b.mu. So fill notes under b.mu the candidates
+// whose owners it must ask, asks them, and counts under b.mu again; a
+// request that ends in between is not counted, one sent in between is
+// (it is after the owner's word either way).
 func (b *hopBook) fill(cands []route.Candidate, clock loadClock) {
+	var buf [8]heardAt
+	ask := buf[:0]
 	b.mu.Lock()
-	defer b.mu.Unlock()
 	for id, q := range b.marks {
 		i := sort.Search(len(cands), func(i int) bool { return cands[i].ID() >= id })
 		if i == len(cands) || cands[i].ID() != id {
@@ -151,21 +160,40 @@ func (b *hopBook) fill(cands []route.Candidate, clock loadClock) {
 			// counted.
 			continue
 		}
-		heard, ok := clock.LoadHeard(id)
-		if !ok {
-			continue
+		ask = append(ask, heardAt{i: i})
+	}
+	b.mu.Unlock()
+	if len(ask) == 0 {
+		return
+	}
+	n := 0
+	for _, a := range ask {
+		if at, ok := clock.LoadHeard(cands[a.i].ID()); ok {
+			ask[n] = heardAt{i: a.i, at: at}
+			n++
 		}
-		c := &cands[i]
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, a := range ask[:n] {
+		c := &cands[a.i]
+		q := b.marks[c.ID()]
 		// Marks are in dispatch order: walk back from the newest to the
 		// owner's last word, so a decision costs the requests sent since,
 		// not all those in flight (long streams).
-		for j := len(q) - 1; j >= 0 && q[j].at.After(heard); j-- {
+		for j := len(q) - 1; j >= 0 && q[j].at.After(a.at); j-- {
 			c.InFlight++
 			if !q[j].prefilled {
 				c.PendingPrefillBlocks += q[j].blocks
 			}
 		}
 	}
+}
+
+// heardAt is a candidate (its index) whose owner's load was heard at at.
+type heardAt struct {
+	i  int
+	at time.Time
 }
 
 // inFlight counts the requests in flight to remote replica id (tests).

@@ -96,7 +96,7 @@ func TestForwardedRequestCounts(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	free()
-	<-done
+	recv(t, done, "the client's response")
 	for p.hops.inFlight(rep.URL) != 0 {
 		if time.Now().After(deadline) {
 			t.Fatal("the forwarded request still counts after it ended")
@@ -214,5 +214,32 @@ func TestDispatchNamesTheReplica(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	free()
-	<-done
+	recv(t, done, "the client's response")
+}
+
+// TestHopBookFillAsksTheClockUnlocked: fill reads the owners' clocks (the
+// mesh's lock) without the book's lock, which a commit takes under the
+// placement lock: a decision never waits for gossip through it.
+func TestHopBookFillAsksTheClockUnlocked(t *testing.T) {
+	b := newHopBook()
+	t0 := time.Unix(1000, 0)
+	b.now = func() time.Time { return t0 }
+	for _, id := range []string{"a", "b"} {
+		b.send(id, 2)
+	}
+	asked := 0
+	clock := clockFunc(func(id string) (time.Time, bool) {
+		asked++
+		if !b.mu.TryLock() {
+			t.Errorf("LoadHeard(%s) asked under the hop book's lock", id)
+			return time.Time{}, false
+		}
+		b.mu.Unlock()
+		return t0.Add(-time.Second), true
+	})
+	cs := []route.Candidate{{Detail: &route.Detail{ID: "a"}}, {Detail: &route.Detail{ID: "b"}}}
+	b.fill(cs, clock)
+	if asked != 2 || cs[0].InFlight != 1 || cs[1].InFlight != 1 || cs[0].PendingPrefillBlocks != 2 || cs[0].Detail.Own != 1 {
+		t.Fatalf("asked %d clocks; candidates %+v %+v", asked, cs[0], cs[1])
+	}
 }

@@ -123,6 +123,9 @@ func TestProxyLoadBook(t *testing.T) {
 	})
 	view := newFakeView([]string{"m"}, fakeReplica{id: good.URL})
 	p, srv, _ := newTestProxy(t, view, nil)
+	var once sync.Once
+	free := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(free) // a test failed before it ends: before the servers close, which wait for the handlers
 	body := chatBody("m", true, "the same long prompt that two clients send at once, many blocks long")
 
 	var wg sync.WaitGroup
@@ -135,11 +138,7 @@ func TestProxyLoadBook(t *testing.T) {
 		}()
 	}
 	for range 2 {
-		select {
-		case <-arrived:
-		case <-time.After(10 * time.Second):
-			t.Fatal("requests never reached the replica")
-		}
+		recv(t, arrived, "the requests at the replica")
 	}
 	p.load.mu.Lock()
 	keys, count := len(p.load.heat), 0
@@ -150,8 +149,8 @@ func TestProxyLoadBook(t *testing.T) {
 	if keys != 1 || count != 2 {
 		t.Fatalf("in flight: %d keys, count %d; want one key counting 2", keys, count)
 	}
-	close(release)
-	wg.Wait()
+	free()
+	waitGroup(t, &wg, "the clients' responses")
 	waitCounted(t, p, epChat, 2) // the clients had their last byte before the handlers' releases
 	p.load.mu.Lock()
 	keys = len(p.load.heat)

@@ -53,6 +53,16 @@ func (b *placeBook) snapshot() uint64 { return b.seq.Load() }
 // deciding router's), it decides again (Proxy.decide). It returns the
 // decision, the request's booking, and the sequence cands now reflect
 // (for a retry's commit).
+//
+// The booking's kind (an owned replica's or a hop's) is the candidate's
+// Detail.Local, from the view the decision read: commit asks the mesh
+// nothing under the place lock (Locate takes the mesh's lock, which
+// gossip holds for writes), and attempt's Locate, which finds the
+// owner's address, is the decision's only one. A replica gone since the
+// view was read is booked all the same, and attempt, finding it gone,
+// ends the booking; one whose owner changed in that instant is booked
+// as the view had it, until the request ends (the two Locates before
+// had the same window, between themselves).
 func (p *Proxy) commit(ep *endpoint, st *reqState, req route.Request, cands []route.Candidate, d route.Decision,
 	snap uint64, redecide bool) (route.Decision, booking, uint64) {
 	b := &p.places
@@ -61,13 +71,10 @@ func (p *Proxy) commit(ep *endpoint, st *reqState, req route.Request, cands []ro
 	if b.catchUpLocked(cands, snap, cands[d.Index].ID()) && redecide {
 		d = p.decide(ep, st, req, cands)
 	}
-	id := cands[d.Index].ID()
+	c := &cands[d.Index]
+	id, local := c.ID(), c.Detail != nil && c.Detail.Local
 	blocks, mine := float64(len(st.hashes)-d.Match), !st.hop
-	var bk booking
-	if _, local, ok := p.cfg.View.Locate(id); ok {
-		bk = p.book(id, local, blocks, mine)
-	}
-	return d, bk, b.recordLocked(id, blocks, mine)
+	return d, p.book(id, local, blocks, mine), b.recordLocked(id, blocks, mine)
 }
 
 // catchUpLocked adds to cands the placements committed after snap and

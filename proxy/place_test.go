@@ -2,6 +2,8 @@ package proxy
 
 import (
 	"fmt"
+	"net/http"
+	"sync/atomic"
 	"testing"
 
 	"github.com/kvmesh/kvmesh/route"
@@ -81,5 +83,83 @@ func TestPlaceBookCatchUpWraps(t *testing.T) {
 	}
 	if !b.catchUpLocked(cs, 0, "r0") || cs[0].InFlight != placeLogLen {
 		t.Fatalf("caught up %d placements, want the %d the log holds", cs[0].InFlight, placeLogLen)
+	}
+}
+
+// lockCheckView counts the proxy's Locate calls and those it makes while
+// its placement lock is held (the mesh's Locate takes the mesh's lock,
+// which gossip holds for writes).
+type lockCheckView struct {
+	*fakeView
+	p                  atomic.Pointer[Proxy]
+	locates, underLock atomic.Int32
+}
+
+func (v *lockCheckView) held() bool {
+	p := v.p.Load()
+	if p == nil || p.places.mu.TryLock() {
+		if p != nil {
+			p.places.mu.Unlock()
+		}
+		return false
+	}
+	return true
+}
+
+func (v *lockCheckView) Locate(id string) (string, bool, bool) {
+	v.locates.Add(1)
+	if v.held() {
+		v.underLock.Add(1)
+	}
+	return v.fakeView.Locate(id)
+}
+
+// A decision books its request by the candidate's Local (the view's word
+// on who owns the replica), asking the view nothing under the placement
+// lock, and Locate runs once per decision (attempt's, for the owner's
+// address): owned replicas are booked in the view (Begin), another
+// router's in the hop book. At the owner a forwarded request keeps its
+// own candidates by Local too: one Locate for its attempt.
+func TestPlaceBookLocatesOnce(t *testing.T) {
+	rep := newReplica(t, func(w http.ResponseWriter, r *http.Request) { jsonChat(w, "ok", 0) })
+	far := newReplica(t, func(w http.ResponseWriter, r *http.Request) { jsonChat(w, "hop", 0) })
+	ownerView := &lockCheckView{fakeView: newFakeView([]string{"m"}, fakeReplica{id: far.URL},
+		fakeReplica{id: "http://elsewhere", owner: "http://127.0.0.1:1"})}
+	po, owner, _ := newTestProxy(t, ownerView, nil)
+	ownerView.p.Store(po)
+	view := &lockCheckView{fakeView: newFakeView([]string{"m"}, fakeReplica{id: rep.URL},
+		fakeReplica{id: far.URL, owner: owner.URL})}
+	p, srv, _ := newTestProxy(t, view, nil)
+	view.p.Store(p)
+	const n = 8
+	for i := range n {
+		resp := post(t, t.Context(), srv.URL+"/v1/chat/completions", chatBody("m", false, fmt.Sprintf("%d %s", i, longPrompt)))
+		if body := readAll(t, resp); resp.StatusCode != 200 {
+			t.Fatalf("status %d: %s", resp.StatusCode, body)
+		}
+		// Ended before the next: each decision sees idle replicas, and
+		// places by its key.
+		waitCounted(t, p, epChat, i+1)
+	}
+	local, hops := rep.count(), far.count()
+	waitCounted(t, po, epChat, hops)
+	for _, c := range []struct {
+		name      string
+		v         *lockCheckView
+		decisions int
+	}{{"entry", view, n}, {"owner", ownerView, hops}} {
+		if got := c.v.locates.Load(); got != int32(c.decisions) {
+			t.Errorf("%s: %d Locate calls for %d decisions, want one each", c.name, got, c.decisions)
+		}
+		if got := c.v.underLock.Load(); got != 0 {
+			t.Errorf("%s: %d Locate calls under the placement lock", c.name, got)
+		}
+	}
+	view.mu.Lock()
+	begins := view.begins[rep.URL]
+	view.mu.Unlock()
+	if local == 0 || hops == 0 || begins != local || local+hops != n {
+		t.Errorf("%d requests at the owned replica (%d booked in the view), %d hops; want both used, each owned one booked",
+			local, begins, hops)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -34,6 +35,9 @@ func TestStreamLoopContainsPanic(t *testing.T) {
 	})
 	view := &panicView{fakeView: newFakeView([]string{"m"}, fakeReplica{id: rep.URL}), panicAt: 2}
 	p, srv, _ := newTestProxy(t, view, nil)
+	var once sync.Once
+	free := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(free) // a test failed before it ends: before the servers close, which wait for the handlers
 
 	_, _, first := rawStream(t, srv.URL)
 	if first.StatusCode != 200 {
@@ -54,7 +58,7 @@ func TestStreamLoopContainsPanic(t *testing.T) {
 	resp.Body.Close()
 	view.waitDone(t)
 
-	close(release)
+	free()
 	rest, err := io.ReadAll(first.Body)
 	if err != nil {
 		t.Fatalf("the loop's other stream broke: %v", err)

@@ -27,11 +27,14 @@ func tcpPair(t *testing.T) (client, server net.Conn) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	server = <-acc
+	server = recv(t, acc, "the accepted connection")
 	if server == nil {
 		t.Fatal("accept failed")
 	}
 	t.Cleanup(func() { client.Close(); server.Close() })
+	// Every read and write of the tests' is bounded.
+	_ = client.SetDeadline(time.Now().Add(testWait))
+	_ = server.SetDeadline(time.Now().Add(testWait))
 	return client, server
 }
 
@@ -75,7 +78,7 @@ func TestSockIOIsNetConn(t *testing.T) {
 	if err != nil {
 		t.Fatalf("read: %v", err)
 	}
-	if werr := <-errc; werr != nil {
+	if werr := recv(t, errc, "the write"); werr != nil {
 		t.Fatalf("write: %v", werr)
 	}
 	if !bytes.Equal(got, msg) {
@@ -198,7 +201,7 @@ func TestSockIOWritev(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := <-errc; err != nil {
+		if err := recv(t, errc, "the writev"); err != nil {
 			t.Fatalf("writev of %d bytes: %v", size, err)
 		}
 		if want := append(append([]byte(nil), head...), body...); !bytes.Equal(got, want) {

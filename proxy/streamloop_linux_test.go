@@ -3,6 +3,7 @@ package proxy
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"crypto/tls"
 	"encoding/json"
 	"fmt"
@@ -29,6 +30,7 @@ func rawStream(t *testing.T, url string) (*net.TCPConn, *bufio.Reader, *http.Res
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
+	_ = c.SetDeadline(time.Now().Add(testWait)) // every read and write of the test's is bounded
 	tc := c.(*net.TCPConn)
 	body := chatBody("m", true, longPrompt)
 	fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
@@ -284,7 +286,9 @@ func TestStreamLoopSkipsTLSAndHTTP2(t *testing.T) {
 			tr.TLSNextProto = map[string]func(string, *tls.Conn) http.RoundTripper{}
 			tr.TLSClientConfig.NextProtos = []string{"http/1.1"}
 		}
-		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/chat/completions", strings.NewReader(chatBody("m", true, longPrompt)))
+		ctx, cancel := context.WithTimeout(t.Context(), testWait) // the round trip and its body
+		defer cancel()
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/v1/chat/completions", strings.NewReader(chatBody("m", true, longPrompt)))
 		resp, err := tr.RoundTrip(req)
 		if err != nil {
 			t.Fatal(err)

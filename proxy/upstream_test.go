@@ -226,6 +226,7 @@ type rawServer struct {
 	conns atomic.Int32
 	mu    sync.Mutex
 	next  int
+	open  []net.Conn // guarded by mu: closed at the test's end
 	wg    sync.WaitGroup
 }
 
@@ -242,6 +243,9 @@ func newRawServer(t *testing.T, answers ...string) *rawServer {
 				return
 			}
 			s.conns.Add(1)
+			s.mu.Lock()
+			s.open = append(s.open, c)
+			s.mu.Unlock()
 			s.wg.Go(func() {
 				defer c.Close()
 				br := bufio.NewReader(c)
@@ -267,7 +271,17 @@ func newRawServer(t *testing.T, answers ...string) *rawServer {
 			})
 		}
 	})
-	t.Cleanup(func() { ln.Close(); s.wg.Wait() })
+	t.Cleanup(func() {
+		// Its connections too: one a client keeps open (a test that
+		// failed before closing its pool) holds its reader otherwise.
+		ln.Close()
+		s.mu.Lock()
+		for _, c := range s.open {
+			c.Close()
+		}
+		s.mu.Unlock()
+		waitGroup(t, &s.wg, "the raw server's connections")
+	})
 	return s
 }
 
@@ -329,7 +343,7 @@ func TestUpstreamClientSkipsClosedIdle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	closed := make(chan struct{}, 4)
+	closed := make(chan struct{}, 16) // more than the connections: a send never blocks the server
 	var conns atomic.Int32
 	var wg sync.WaitGroup
 	wg.Go(func() {
@@ -362,7 +376,7 @@ func TestUpstreamClientSkipsClosedIdle(t *testing.T) {
 			t.Fatalf("request %d body %q %v", i, b, err)
 		}
 		resp.Body.Close()
-		<-closed // the server's FIN is on its way back before the next request
+		recv(t, closed, "the server's close") // its FIN is on its way back before the next request
 	}
 	if got := conns.Load(); got != 3 {
 		t.Fatalf("%d connections, want 3 (one per request)", got)
@@ -390,10 +404,10 @@ func TestUpstreamClientCancel(t *testing.T) {
 		_, err := u.do(ctx, "http://"+ln.Addr().String()+"/v1/x", http.Header{}, []byte("{}"))
 		done <- err
 	}()
-	c := <-accepted
+	c := recv(t, accepted, "the accepted connection")
 	defer c.Close()
 	cancel()
-	if err := <-done; err == nil {
+	if err := recv(t, done, "the cancelled request"); err == nil {
 		t.Fatal("a cancelled request returned a response")
 	}
 }
@@ -433,7 +447,7 @@ func TestPooledBodiesStayApart(t *testing.T) {
 	})
 	view := nopRecordView{newFakeView([]string{"m"}, fakeReplica{id: rep.URL})}
 	_, srv, _ := newTestProxy(t, view, nil)
-	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 8}}
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 8}, Timeout: testWait}
 	defer client.CloseIdleConnections()
 	var wg sync.WaitGroup
 	errs := make(chan error, 8)
@@ -455,7 +469,7 @@ func TestPooledBodiesStayApart(t *testing.T) {
 			}
 		})
 	}
-	wg.Wait()
+	waitGroup(t, &wg, "the clients")
 	close(errs)
 	for err := range errs {
 		t.Error(err)

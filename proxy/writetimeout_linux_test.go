@@ -43,7 +43,12 @@ func endlessReplica(t *testing.T, gone chan<- struct{}) *replicaServer {
 	tok := strings.Repeat("x", 200)
 	return newReplica(t, func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/event-stream")
-		defer func() { gone <- struct{}{} }()
+		defer func() {
+			select {
+			case gone <- struct{}{}:
+			default: // reported already (a request retried): never hold the handler
+			}
+		}()
 		for {
 			if _, err := fmt.Fprintf(w, "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":%q}}]}\n\n", tok); err != nil {
 				return
@@ -98,13 +103,18 @@ func TestWriteTimeoutEndsStalledStream(t *testing.T) {
 func TestWriteTimeoutLiftedForNextRequest(t *testing.T) {
 	rep := newReplica(t, func(w http.ResponseWriter, r *http.Request) { sseChat(w, deltas(20, 8), 3) })
 	view := newFakeView([]string{"m"}, fakeReplica{id: rep.URL})
-	_, srv, _ := newTestProxy(t, view, func(c *Config) { c.WriteTimeout = 20 * time.Millisecond })
+	// The stream's writes must all meet the timeout (a 20 ms one was
+	// missed under a loaded -race run, the stream cut: a handler
+	// descheduled between its deadline and its write), and the next
+	// request comes after it has passed.
+	const writeTimeout = 500 * time.Millisecond
+	_, srv, _ := newTestProxy(t, view, func(c *Config) { c.WriteTimeout = writeTimeout })
 	c, br, resp := rawStream(t, srv.URL)
 	if _, err := io.Copy(io.Discard, resp.Body); err != nil {
 		t.Fatal(err)
 	}
 	view.waitDone(t)
-	time.Sleep(100 * time.Millisecond) // the deadline is in the past now
+	time.Sleep(writeTimeout + 100*time.Millisecond) // the deadline is in the past now
 	fmt.Fprintf(c, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
 	next, err := http.ReadResponse(br, nil)
 	if err != nil || next.StatusCode != 200 {

@@ -22,9 +22,10 @@
 //     every summary fresh it takes the shortest wait among them; among
 //     equal waits, the one of the key's first two choices with fewer
 //     requests in flight (fewer arrivals queue behind its prefill). In a
-//     burst onto an idle cluster (every engine last reported idle) whose
-//     key's first choice is busy, it takes the replica with the
-//     fewest of this router's own requests (Detail.Own) instead: each
+//     burst onto an idle cluster (every engine last reported idle, with
+//     counts it publishes: HasLoad) whose key's first choice is busy, it
+//     takes the replica with the fewest of this router's own requests
+//     (Detail.Own) instead: each
 //     router sees the others' part of the burst only at its own replicas,
 //     and routers that each spread their own share spread the sum.
 //     Requests that will share a prefix share the key, so
@@ -80,8 +81,9 @@ type Matcher interface {
 // Its layout is the decision's cost: a decision over a thousand replicas
 // reads every candidate two or three times, so each byte of the struct is
 // a kilobyte per pass. The fields every decision reads of every candidate
-// come first and fill 80 bytes (counts as int32, the tier as an int8; the
-// times stay float64, as a float32 would change costs and so decisions);
+// come first and fill 80 bytes (counts as int32, the tier as an int8,
+// Stale and HasLoad in what was padding; the times stay float64, as a
+// float32 would change costs and so decisions);
 // the replica's ID and the slot-timing fields, which only the views and
 // the slot wait of a full engine read, are behind the *Detail pointer.
 // TestCandidateSize holds the size.
@@ -129,6 +131,12 @@ type Candidate struct {
 	// Stale reports that a summary exists but does not count: too old, or
 	// its owner is suspect or gone.
 	Stale bool
+	// HasLoad reports that Running and Waiting are the engine's counts:
+	// its last scrape published them. An engine that publishes none
+	// (no such gauges on its /metrics, a generic OpenAI server) or whose
+	// scrape fails reports 0 and 0, which say nothing: it never reads
+	// as idle to the burst rule (hashPick).
+	HasLoad bool
 }
 
 // Detail is what a decision rarely reads of a candidate.
@@ -1122,7 +1130,10 @@ func (f coldFilter) eligible(c *Candidate) bool {
 // owns with others and that every engine among them last reported
 // nothing running or waiting: whatever is in flight was sent since, a
 // burst onto an idle cluster, of which this router sees the other
-// routers' part only at its own replicas.
+// routers' part only at its own replicas. An engine whose counts are
+// unknown (HasLoad false) is no evidence of an idle cluster: its zeros
+// would make every busy first choice spread, which costs the key's
+// placement for nothing (tried: it lost grid cells).
 func burst(cands []Candidate, tier int) bool {
 	local, remote := false, false
 	for i := range cands {
@@ -1130,7 +1141,7 @@ func burst(cands []Candidate, tier int) bool {
 		if int(c.Tier) != tier || c.Stale {
 			continue
 		}
-		if c.Running > 0 || c.Waiting > 0 {
+		if !c.HasLoad || c.Running > 0 || c.Waiting > 0 {
 			return false
 		}
 		if d := c.Detail; d != nil && d.Local {

@@ -969,7 +969,7 @@ func TestColdBurstSpreadsAcrossRouters(t *testing.T) {
 						if j%routers == k {
 							n = at[j]
 						}
-						cs[j].Summary, cs[j].Slots, cs[j].Detail.Local = held(t), tc.slots, j%routers == k
+						cs[j].Summary, cs[j].Slots, cs[j].Detail.Local, cs[j].HasLoad = held(t), tc.slots, j%routers == k, true
 						cs[j].InFlight, cs[j].PendingPrefillBlocks, cs[j].Detail.Own = n, float64(blocks*n), own[k][j]
 					}
 					return cs
@@ -1017,22 +1017,27 @@ func TestColdSpreadOnlyWhenTheKeysFirstChoiceIsBusy(t *testing.T) {
 		inFlight map[int]int32 // each with 4 blocks of queued prefill
 		own      map[int]int32
 		running  bool // the first choice's engine reports a sequence running
+		noLoad   int  // 1+ the index of an engine that publishes no counts (0: none)
 		want     int
 	}{
-		{"all idle", nil, nil, false, first},
+		{"all idle", nil, nil, false, 0, first},
 		{"first busy with this router's request: the other idle ones by the key", map[int]int32{first: 1},
-			map[int]int32{first: 1}, false, second},
+			map[int]int32{first: 1}, false, 0, second},
 		{"all busy, the least of this router's own on its replica", map[int]int32{first: 1, second: 1, third: 1, fourth: 2, fifth: 1},
-			map[int]int32{first: 1, second: 1, third: 1, fifth: 1}, false, fourth},
+			map[int]int32{first: 1, second: 1, third: 1, fifth: 1}, false, 0, fourth},
 		{"all busy, equal shares and waits: the key's order", map[int]int32{first: 1, second: 1, third: 1, fourth: 1, fifth: 1},
-			map[int]int32{first: 1, second: 1, third: 1, fourth: 1, fifth: 1}, false, first},
+			map[int]int32{first: 1, second: 1, third: 1, fourth: 1, fifth: 1}, false, 0, first},
 		{"an engine reports a sequence running: shortest wait", map[int]int32{first: 2, second: 1, third: 1, fourth: 2, fifth: 1},
-			map[int]int32{first: 1, second: 1, third: 1, fifth: 1}, true, second},
+			map[int]int32{first: 1, second: 1, third: 1, fifth: 1}, true, 0, second},
+		{"an engine publishes no counts: shortest wait", map[int]int32{first: 2, second: 1, third: 1, fourth: 2, fifth: 1},
+			map[int]int32{first: 1, second: 1, third: 1, fifth: 1}, false, 1 + fifth, second},
+		{"the first choice's engine publishes no counts: shortest wait", map[int]int32{first: 1, second: 1, third: 1, fourth: 2, fifth: 1},
+			map[int]int32{first: 1, second: 1, third: 1, fifth: 1}, false, 1 + first, first},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for i := range cs {
 				cs[i].InFlight, cs[i].Detail.Own, cs[i].Detail.Local = tc.inFlight[i], tc.own[i], i == fourth
-				cs[i].Running = 0
+				cs[i].Running, cs[i].HasLoad = 0, tc.noLoad != 1+i
 				if tc.running && i == first {
 					cs[i].Running = 1
 				}
@@ -1040,6 +1045,46 @@ func TestColdSpreadOnlyWhenTheKeysFirstChoiceIsBusy(t *testing.T) {
 			}
 			if d := DefaultPolicy().Pick(req, cs); d.Index != tc.want || d.Reason != ReasonFallbackCold {
 				t.Fatalf("decision %+v, want %d by fallback-cold", d, tc.want)
+			}
+		})
+	}
+}
+
+// TestBurst: the burst rule's condition holds only when every engine of
+// the tier (stale ones aside: their load is unknown, not counted) last
+// reported nothing running or waiting in counts it publishes, and the
+// tier mixes this router's replicas with others.
+func TestBurst(t *testing.T) {
+	type c struct {
+		tier             int8
+		local, stale     bool
+		hasLoad          bool
+		running, waiting int32
+	}
+	for _, tc := range []struct {
+		name  string
+		cands []c
+		want  bool
+	}{
+		{"idle, mixed", []c{{local: true, hasLoad: true}, {hasLoad: true}}, true},
+		{"one engine publishes no counts", []c{{local: true, hasLoad: true}, {hasLoad: true}, {}}, false},
+		{"this router's engine publishes no counts", []c{{local: true}, {hasLoad: true}}, false},
+		{"no engine publishes counts", []c{{local: true}, {}}, false},
+		{"the engine without counts is stale", []c{{local: true, hasLoad: true}, {hasLoad: true}, {stale: true}}, true},
+		{"the engine without counts is in another tier", []c{{local: true, hasLoad: true}, {hasLoad: true}, {tier: 1}}, true},
+		{"a sequence running", []c{{local: true, hasLoad: true}, {hasLoad: true, running: 1}}, false},
+		{"a request waiting", []c{{local: true, hasLoad: true, waiting: 1}, {hasLoad: true}}, false},
+		{"only this router's", []c{{local: true, hasLoad: true}, {local: true, hasLoad: true}}, false},
+		{"only others'", []c{{hasLoad: true}, {hasLoad: true}}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cs := candidates(len(tc.cands))
+			for i, x := range tc.cands {
+				cs[i].Tier, cs[i].Stale, cs[i].HasLoad, cs[i].Running, cs[i].Waiting = x.tier, x.stale, x.hasLoad, x.running, x.waiting
+				cs[i].Detail.Local = x.local
+			}
+			if got := burst(cs, 0); got != tc.want {
+				t.Fatalf("burst = %v, want %v", got, tc.want)
 			}
 		})
 	}

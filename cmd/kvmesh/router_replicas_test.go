@@ -337,3 +337,65 @@ func TestRouterReplicaFile(t *testing.T) {
 		t.Errorf("checked replicas %v", r.health.Replicas())
 	}
 }
+
+// TestEngineLoadKnownReachesThePeers: whether an engine publishes its
+// running and waiting counts travels from the owner's health check to
+// every router's candidates (route.Candidate.HasLoad): a replica-sim
+// (vLLM's gauges) has them, an OpenAI-compatible server without them
+// does not, and with it in the view the cold burst rule stays off
+// (route's burst).
+func TestEngineLoadKnownReachesThePeers(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	sim := startCountingSim(t, "sim", replicasim.Config{TimeScale: 1000, DefaultMaxTokens: 16})
+	defer sim.close()
+	plain := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/models" {
+			fmt.Fprintf(w, `{"object":"list","data":[{"id":%q}]}`, simModel)
+			return
+		}
+		http.NotFound(w, r)
+	}))
+	defer plain.Close()
+	logs := &lockedWriter{}
+	base := routerConfig{
+		region: "local", listen: "127.0.0.1:0", gossipBind: "127.0.0.1:0", logLevel: hclog.Warn, logOutput: logs,
+		maxBodyBytes: proxy.DefaultMaxBodyBytes, capacityBlocks: 4096, loadFactor: 1.25,
+		timing: mesh.TestTiming(), healthInterval: 50 * time.Millisecond, contract: summary.DefaultContract(),
+		sources: replicaSources{loadInterval: 50 * time.Millisecond},
+	}
+	ca := base
+	ca.name, ca.replicas = "a", []string{sim.srv.URL, plain.URL}
+	a, err := startRouter(ctx, ca)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cb := base
+	cb.name, cb.join = "b", []string{a.mesh.GossipAddr()}
+	b, err := startRouter(ctx, cb)
+	if err != nil {
+		_ = a.shutdown()
+		t.Fatal(err)
+	}
+	defer func() {
+		for _, r := range []*router{a, b} {
+			if err := r.shutdown(); err != nil {
+				t.Errorf("shutdown %s: %v", r.name, err)
+			}
+		}
+		if t.Failed() {
+			t.Log(logs.String())
+		}
+	}()
+	for _, r := range []*router{a, b} {
+		eventually(t, r.name+" to know whose counts are known", func() bool {
+			cands := r.mesh.Candidates(simModel, nil)
+			known := map[string]bool{}
+			for _, c := range cands {
+				known[c.ID()] = c.HasLoad
+			}
+			return len(cands) == 2 && known[sim.srv.URL] && !known[plain.URL]
+		})
+	}
+}

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvmesh/kvmesh/internal/deadaddr"
 	"github.com/kvmesh/kvmesh/internal/trace"
 )
 
@@ -191,9 +192,11 @@ func TestRunMeasures(t *testing.T) {
 }
 
 func TestRunErrorKinds(t *testing.T) {
-	closed := newFake(t, "")
-	closedURL := closed.srv.URL
-	closed.srv.Close()
+	// Refused for the whole test: a fake closed at once had its port
+	// given to another binary's listener under a parallel go test ./...,
+	// which accepted and never answered (the run then waited out the
+	// client's header timeout).
+	closedURL := "http://" + deadaddr.Addr(t)
 	tests := []struct {
 		mode   string
 		url    string // overrides the fake's

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"encoding/json"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -12,6 +11,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/kvmesh/kvmesh/internal/deadaddr"
 )
 
 func quiet() hclog.Logger {
@@ -196,12 +196,9 @@ func TestStreamingPassesThrough(t *testing.T) {
 }
 
 func TestDeadBackend502(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dead := "http://" + ln.Addr().String()
-	ln.Close()
+	// Refused for the whole test (a listener closed at once may have its
+	// port given to the front itself).
+	dead := "http://" + deadaddr.Addr(t)
 	f := front(t, RoundRobin, dead)
 	status, body := get(t, f.URL+"/v1/models")
 	if status != http.StatusBadGateway {

@@ -452,6 +452,7 @@ func (w *world) fillCandidates(k int, r *simReq) {
 		}
 		c.InFlight, c.PendingPrefillBlocks = route.Count32(inFlight), pending
 		c.Running, c.Waiting, c.Slots = route.Count32(eng.running), route.Count32(eng.waiting), route.Count32(eng.slots)
+		c.HasLoad = true // every simulated engine publishes its counts
 		c.Detail.SeqMs = eng.seqMs
 		c.Detail.Own, c.Detail.Local = route.Count32(own), local
 		c.Detail.SlotAgeMs = 0
