@@ -253,6 +253,12 @@ func (m *Mesh) candidates(model string, dst []route.Candidate, b *matchBatch, ds
 		}
 		b = nil
 	}
+	// The batch's summaries and keys are appended to here, in locals,
+	// and stored in b once: b is in the heap (a CandidateBuffer), and
+	// storing its slices per candidate put two pointers per candidate
+	// through the write barrier while the collector marks, the most of
+	// such a decision's fill (BenchmarkDecisionRotating/marking).
+	bf := b.filling()
 	for i := range es {
 		e := &es[i]
 		if !e.ok {
@@ -269,11 +275,11 @@ func (m *Mesh) candidates(model string, dst []route.Candidate, b *matchBatch, ds
 			c.InFlight = int32(min(max(l.inFlight.Load(), 0), math.MaxInt32))
 			c.PendingPrefillBlocks = float64(max(l.pendingK.Load(), 0)) / 1000
 			if e.sum != nil {
-				sum = b.add(e.sum, c.Hash)
+				sum = bf.add(e.sum, c.Hash)
 			}
 		} else {
 			if e.counts && now-e.heard <= stale {
-				sum = b.add(e.sum, c.Hash)
+				sum = bf.add(e.sum, c.Hash)
 			} else {
 				c.Stale = true
 			}
@@ -282,10 +288,52 @@ func (m *Mesh) candidates(model string, dst []route.Candidate, b *matchBatch, ds
 			c.Summary = sum
 		}
 	}
-	if b != nil {
-		b.trim()
-	}
+	b.filled(bf)
 	return dst
+}
+
+// batchFill is a matchBatch's summaries and keys while candidates adds
+// to them, held on the stack (rb nil: no batch).
+type batchFill struct {
+	sums []*summary.Summary
+	keys []uint64
+	rb   *route.Batch
+}
+
+// filling returns b's summaries and keys to add to (no batch when b is
+// nil).
+func (b *matchBatch) filling() batchFill {
+	if b == nil {
+		return batchFill{}
+	}
+	return batchFill{sums: b.sums, keys: b.keys, rb: &b.rb}
+}
+
+// filled stores in b what f added, and clears the summaries past them:
+// a buffer at rest keeps alive no more than the summaries of its last
+// call.
+func (b *matchBatch) filled(f batchFill) {
+	if b == nil {
+		return
+	}
+	b.sums, b.keys = f.sums, f.keys
+	clear(b.sums[len(b.sums):cap(b.sums)])
+}
+
+// add returns the Matcher of s for a candidate: s itself without a batch
+// (a view too small for the Index to pay), else the batch's cell for it.
+// It writes the summary into the batch only when it changed (a pointer
+// written costs a write barrier while the collector marks).
+func (f *batchFill) add(s *summary.Summary, key uint64) route.Matcher {
+	if f.rb == nil {
+		return s
+	}
+	i := len(f.sums)
+	f.sums, f.keys = f.sums[:i+1], append(f.keys, key)
+	if f.sums[i] != s {
+		f.sums[i] = s
+	}
+	return f.rb.Cell(i)
 }
 
 // sameMatcher is a == b for the matchers candidates writes, without
@@ -346,29 +394,9 @@ func (b *matchBatch) reset(idx *summary.Index, n int) {
 	b.idx = idx
 	// sums keeps the last call's summaries, so that add writes only
 	// those that changed (a pointer written costs a write barrier while
-	// the collector marks); trim drops the ones past this call's.
+	// the collector marks); filled drops the ones past this call's.
 	b.sums, b.keys = slices.Grow(b.sums[:0], n), slices.Grow(b.keys[:0], n)
 	b.rb.Reset(b, n)
-}
-
-// add returns the Matcher of s for a candidate: s itself without a batch
-// (a view too small for the Index to pay), else the batch's cell for it.
-func (b *matchBatch) add(s *summary.Summary, key uint64) route.Matcher {
-	if b == nil {
-		return s
-	}
-	i := len(b.sums)
-	b.sums, b.keys = b.sums[:i+1], append(b.keys, key)
-	if b.sums[i] != s {
-		b.sums[i] = s
-	}
-	return b.rb.Cell(i)
-}
-
-// trim clears the summaries past this call's: a buffer at rest keeps
-// alive no more than the summaries of its last call.
-func (b *matchBatch) trim() {
-	clear(b.sums[len(b.sums):cap(b.sums)])
 }
 
 // MatchBatch is route.BatchMatcher: every summary's match through the
