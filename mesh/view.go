@@ -224,9 +224,7 @@ func (m *Mesh) candidates(model string, dst []route.Candidate, b *matchBatch, ds
 	defer m.view.mu.RUnlock()
 	mv := m.view.models[model]
 	if mv == nil {
-		if b != nil {
-			b.sums = b.sums[:0]
-		}
+		b.drop()
 		return dst
 	}
 	es := mv.entries
@@ -248,9 +246,7 @@ func (m *Mesh) candidates(model string, dst []route.Candidate, b *matchBatch, ds
 		}
 		b.reset(&m.index, len(es))
 	} else {
-		if b != nil {
-			b.sums = b.sums[:0] // no batch this call (CandidatesInto's hints)
-		}
+		b.drop() // no batch this call (CandidatesInto's hints)
 		b = nil
 	}
 	// The batch's summaries and keys are appended to here, in locals,
@@ -317,7 +313,18 @@ func (b *matchBatch) filled(f batchFill) {
 		return
 	}
 	b.sums, b.keys = f.sums, f.keys
-	clear(b.sums[len(b.sums):cap(b.sums)])
+	// Only those the last call set: clearing the whole spare capacity
+	// put every slot through the write barrier while the collector
+	// marks, a hundred and more per decision.
+	clear(b.sums[len(b.sums):max(b.held, len(b.sums))])
+}
+
+// drop empties b's summaries (b may be nil).
+func (b *matchBatch) drop() {
+	if b != nil {
+		clear(b.sums)
+		b.sums = b.sums[:0]
+	}
 }
 
 // add returns the Matcher of s for a candidate: s itself without a batch
@@ -386,6 +393,9 @@ type matchBatch struct {
 	// (summary.IndexHint); nil in a batch of one call.
 	hints []summary.IndexHint
 	rb    route.Batch
+	// held is how many summaries sums held before reset: past them its
+	// storage is nil (filled and drop keep it so).
+	held int
 }
 
 // reset readies b for a call over up to n summaries of idx, keeping its
@@ -395,6 +405,7 @@ func (b *matchBatch) reset(idx *summary.Index, n int) {
 	// sums keeps the last call's summaries, so that add writes only
 	// those that changed (a pointer written costs a write barrier while
 	// the collector marks); filled drops the ones past this call's.
+	b.held = len(b.sums)
 	b.sums, b.keys = slices.Grow(b.sums[:0], n), slices.Grow(b.keys[:0], n)
 	b.rb.Reset(b, n)
 }
