@@ -154,6 +154,12 @@ type hintSet struct {
 	// phases were the harness's slowest percent). Each set keeps alive
 	// the summaries of its last call.
 	sums []*summary.Summary
+	// plan is where the Index answered sums last time
+	// (summary.IndexPlan): while a view's summaries stay the same, a
+	// decision reads the rows of their columns without reading a
+	// thousand hints and shards' owners again. Forgotten when sums
+	// changes.
+	plan summary.IndexPlan
 	used uint64
 }
 
@@ -166,7 +172,7 @@ const maxHintSets = 32
 func (m *Mesh) CandidatesInto(model string, buf *CandidateBuffer) []route.Candidate {
 	hs := buf.hintsFor(m, model)
 	b := &buf.batch
-	b.sums = hs.sums
+	b.sums, b.plan = hs.sums, &hs.plan
 	buf.cands = m.candidates(model, buf.cands[:0], b, &buf.details)
 	hs.sums = b.sums
 	if len(hs.hints) < len(b.sums) { // hints pay from call to call
@@ -194,6 +200,7 @@ func (buf *CandidateBuffer) hintsFor(m *Mesh, model string) *hintSet {
 		clear(last.hints) // wrong for another mesh or model
 		clear(last.sums[:cap(last.sums)])
 		last.sums = last.sums[:0]
+		last.plan.Forget()
 	}
 	hs := &buf.hints[len(buf.hints)-1]
 	hs.m, hs.model, hs.used = m, model, buf.uses
@@ -294,6 +301,8 @@ type batchFill struct {
 	sums []*summary.Summary
 	keys []uint64
 	rb   *route.Batch
+	// changed: a summary written (not the last call's at its place).
+	changed bool
 }
 
 // filling returns b's summaries and keys to add to (no batch when b is
@@ -313,6 +322,9 @@ func (b *matchBatch) filled(f batchFill) {
 		return
 	}
 	b.sums, b.keys = f.sums, f.keys
+	if f.changed || len(b.sums) != b.held {
+		b.plan.Forget()
+	}
 	// Only those the last call set: clearing the whole spare capacity
 	// put every slot through the write barrier while the collector
 	// marks, a hundred and more per decision.
@@ -324,6 +336,7 @@ func (b *matchBatch) drop() {
 	if b != nil {
 		clear(b.sums)
 		b.sums = b.sums[:0]
+		b.plan.Forget()
 	}
 }
 
@@ -338,7 +351,7 @@ func (f *batchFill) add(s *summary.Summary, key uint64) route.Matcher {
 	i := len(f.sums)
 	f.sums, f.keys = f.sums[:i+1], append(f.keys, key)
 	if f.sums[i] != s {
-		f.sums[i] = s
+		f.sums[i], f.changed = s, true
 	}
 	return f.rb.Cell(i)
 }
@@ -392,7 +405,10 @@ type matchBatch struct {
 	// places), so the Index need not read each summary and its column
 	// (summary.IndexHint); nil in a batch of one call.
 	hints []summary.IndexHint
-	rb    route.Batch
+	// plan is the Index's plan of sums, kept with the hints (nil in a
+	// batch of one call); the batch Forgets it when sums changes.
+	plan *summary.IndexPlan
+	rb   route.Batch
 	// held is how many summaries sums held before reset: past them its
 	// storage is nil (filled and drop keep it so).
 	held int
@@ -417,7 +433,7 @@ func (b *matchBatch) MatchBatch(dst []int, probes []summary.Probe) []int {
 	if len(b.hints) >= len(b.sums) {
 		hints = b.hints[:len(b.sums)]
 	}
-	return b.idx.MatchHinted(dst, b.sums, b.keys, hints, probes)
+	return b.idx.MatchPlanned(dst, b.sums, b.keys, hints, b.plan, probes)
 }
 
 // Locate says how to reach a replica: directly when this router owns it,
