@@ -282,9 +282,8 @@ type IndexPlan struct {
 	// direct is the summaries answered by Summary.Match (a negative
 	// record): a negative record stays until the summary is replaced.
 	direct  []int32
-	zero    []int32 // the nil summaries (their match is 0)
-	n       int     // the set's length
-	rebinds uint64  // Index.rebinds before the call that made it
+	n       int    // the set's length
+	rebinds uint64 // Index.rebinds before the call that made it
 	idx     *Index
 	ok      bool
 }
@@ -331,14 +330,14 @@ func (p *IndexPlan) record(x *Index, reqs []*shardReq, direct []int32, sums []*S
 			return
 		}
 	}
-	p.zero = p.zero[:0]
 	if asked+len(direct) != len(sums) {
-		for i, s := range sums {
+		nils := 0 // answered 0 (MatchPlanned clears dst)
+		for _, s := range sums {
 			if s == nil {
-				p.zero = append(p.zero, int32(i))
+				nils++
 			}
 		}
-		if asked+len(direct)+len(p.zero) != len(sums) {
+		if asked+len(direct)+nils != len(sums) {
 			return
 		}
 	}
@@ -363,8 +362,10 @@ func (x *Index) MatchPlanned(dst []int, sums []*Summary, keys []uint64, hints []
 		dst = make([]int, len(sums))
 	}
 	dst = dst[:len(sums)]
+	// Every answer is 0 unless found below: one clear, rather than each
+	// column's answer written apart (a thousand scattered stores).
+	clear(dst)
 	if len(probes) == 0 {
-		clear(dst)
 		return dst
 	}
 	seq := x.seq.Add(1)
@@ -380,9 +381,6 @@ func (x *Index) MatchPlanned(dst []int, sums []*Summary, keys []uint64, hints []
 		// rebinds is the plan's: no column changed hands since it was
 		// made, so each of its columns still mirrors its summary.
 		sc.direct = append(sc.direct, plan.direct...)
-		for _, i := range plan.zero {
-			dst[i] = 0
-		}
 		x.matchReqs(sc, plan.reqs, sums, probes, dst, seq%dateEvery == 0, seq, rebinds)
 		if len(sc.direct) > len(plan.direct) {
 			plan.Forget() // a column changed hands meanwhile
@@ -412,8 +410,7 @@ func (x *Index) MatchPlanned(dst []int, sums []*Summary, keys []uint64, hints []
 			}
 		}
 		switch {
-		case s == nil:
-			dst[i] = 0
+		case s == nil: // 0
 		case c == nil:
 			sc.unb = append(sc.unb, int32(i))
 		case s.negN.Load() != 0:
@@ -952,7 +949,8 @@ func (s *Summary) unbind(c *column) {
 }
 
 // matchShard runs Summary.Match's gallop and bisection on every asked
-// column of r at once, on sets of columns.
+// column of r at once, on sets of columns, and writes the answers
+// found (dst holds 0 for the others).
 func (x *Index) matchShard(sc *indexScratch, r *shardReq, probes []Probe, dst []int) {
 	n := len(probes)
 	if cap(sc.locs) < n {
@@ -961,11 +959,6 @@ func (x *Index) matchShard(sc *indexScratch, r *shardReq, probes []Probe, dst []
 	sc.locs, sc.have = sc.locs[:n], sc.have[:n]
 	clear(sc.have)
 	m := &matcher{sh: r.sh, probes: probes, locs: sc.locs, have: sc.have, r: r, dst: dst}
-	for w := range r.cols { // columns asked get 0 unless found below
-		for b := r.cols[w]; b != 0; b &= b - 1 {
-			dst[r.out[w*64+trailingZeros(b)]] = 0
-		}
-	}
 	alive := m.held(0, &r.cols)
 	lo, step := 0, 1
 	for !alive.empty() {
