@@ -183,6 +183,52 @@ func TestCandidateBufferReused(t *testing.T) {
 	}
 }
 
+// TestCandidateBufferDropsSummaries: a buffer keeps no summary past
+// those of its last call (filled clears only the ones the call before
+// set), whether the view shrinks or the call takes no batch.
+func TestCandidateBufferDropsSummaries(t *testing.T) {
+	a := newRouter(t, "a", nil)
+	const n = summary.IndexMinSummaries + 8 // enough for the batch path
+	for i := range n {
+		id := fmt.Sprintf("http://replica-%04d:8000", i)
+		a.DeclareReplica(id)
+		a.UpdateReplica(id, ReplicaStatus{Models: []string{"m"}, Healthy: true})
+		a.Record(id, chain(uint64(i), 4))
+	}
+	var buf CandidateBuffer
+	eventually(t, wait, "all owned", func() error {
+		if got := len(a.CandidatesInto("m", &buf)); got != n {
+			return fmt.Errorf("%d candidates", got)
+		}
+		return nil
+	})
+	held := func(what string, want int) {
+		t.Helper()
+		// The hint set's summaries, which the next call for the view
+		// takes as its batch's.
+		sums := buf.hintsFor(a.Mesh, "m").sums
+		if len(sums) != want {
+			t.Fatalf("%s: %d summaries, want %d", what, len(sums), want)
+		}
+		for i, s := range sums[:cap(sums)] {
+			if (s != nil) != (i < want) {
+				t.Fatalf("%s: summary %d of %d set: %v", what, i, want, s != nil)
+			}
+		}
+	}
+	held("all", n)
+	for i := range 5 { // the view shrinks, still batched
+		a.UpdateReplica(fmt.Sprintf("http://replica-%04d:8000", i), ReplicaStatus{Models: []string{"m"}, Healthy: false})
+	}
+	a.CandidatesInto("m", &buf)
+	held("5 unhealthy", n-5)
+	for i := range n - 9 { // a view below the Index's threshold: no batch
+		a.WithdrawReplica(fmt.Sprintf("http://replica-%04d:8000", i))
+	}
+	a.CandidatesInto("m", &buf)
+	held("no batch", 0)
+}
+
 // TestPooledCandidatesMatch: candidates lent from the pool answer as
 // Candidates' own do, on the batch path, concurrently (the race detector
 // checks two requests never share a lent buffer).

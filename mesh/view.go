@@ -159,6 +159,12 @@ type hintSet struct {
 	// phases were the harness's slowest percent). Each set keeps alive
 	// the summaries of its last call.
 	sums []*summary.Summary
+	// plan is where the Index answered sums last time
+	// (summary.IndexPlan): while a view's summaries stay the same, a
+	// decision reads the rows of their columns without reading a
+	// thousand hints and shards' owners again. Forgotten when sums
+	// changes.
+	plan summary.IndexPlan
 	used uint64
 }
 
@@ -171,7 +177,7 @@ const maxHintSets = 32
 func (m *Mesh) CandidatesInto(model string, buf *CandidateBuffer) []route.Candidate {
 	hs := buf.hintsFor(m, model)
 	b := &buf.batch
-	b.sums = hs.sums
+	b.sums, b.plan = hs.sums, &hs.plan
 	buf.cands = m.candidates(model, buf.cands[:0], b, &buf.details)
 	hs.sums = b.sums
 	if len(hs.hints) < len(b.sums) { // hints pay from call to call
@@ -199,6 +205,7 @@ func (buf *CandidateBuffer) hintsFor(m *Mesh, model string) *hintSet {
 		clear(last.hints) // wrong for another mesh or model
 		clear(last.sums[:cap(last.sums)])
 		last.sums = last.sums[:0]
+		last.plan.Forget()
 	}
 	hs := &buf.hints[len(buf.hints)-1]
 	hs.m, hs.model, hs.used = m, model, buf.uses
@@ -229,9 +236,7 @@ func (m *Mesh) candidates(model string, dst []route.Candidate, b *matchBatch, ds
 	defer m.view.mu.RUnlock()
 	mv := m.view.models[model]
 	if mv == nil {
-		if b != nil {
-			b.sums = b.sums[:0]
-		}
+		b.drop()
 		return dst
 	}
 	es := mv.entries
@@ -253,11 +258,15 @@ func (m *Mesh) candidates(model string, dst []route.Candidate, b *matchBatch, ds
 		}
 		b.reset(&m.index, len(es))
 	} else {
-		if b != nil {
-			b.sums = b.sums[:0] // no batch this call (CandidatesInto's hints)
-		}
+		b.drop() // no batch this call (CandidatesInto's hints)
 		b = nil
 	}
+	// The batch's summaries and keys are appended to here, in locals,
+	// and stored in b once: b is in the heap (a CandidateBuffer), and
+	// storing its slices per candidate put two pointers per candidate
+	// through the write barrier while the collector marks, the most of
+	// such a decision's fill (BenchmarkDecisionRotating/marking).
+	bf := b.filling()
 	for i := range es {
 		e := &es[i]
 		if !e.ok {
@@ -274,11 +283,11 @@ func (m *Mesh) candidates(model string, dst []route.Candidate, b *matchBatch, ds
 			c.InFlight = int32(min(max(l.inFlight.Load(), 0), math.MaxInt32))
 			c.PendingPrefillBlocks = float64(max(l.pendingK.Load(), 0)) / 1000
 			if e.sum != nil {
-				sum = b.add(e.sum, c.Hash)
+				sum = bf.add(e.sum, c.Hash)
 			}
 		} else {
 			if e.counts && now-e.heard <= stale {
-				sum = b.add(e.sum, c.Hash)
+				sum = bf.add(e.sum, c.Hash)
 			} else {
 				c.Stale = true
 			}
@@ -287,10 +296,69 @@ func (m *Mesh) candidates(model string, dst []route.Candidate, b *matchBatch, ds
 			c.Summary = sum
 		}
 	}
-	if b != nil {
-		b.trim()
-	}
+	b.filled(bf)
 	return dst
+}
+
+// batchFill is a matchBatch's summaries and keys while candidates adds
+// to them, held on the stack (rb nil: no batch).
+type batchFill struct {
+	sums []*summary.Summary
+	keys []uint64
+	rb   *route.Batch
+	// changed: a summary written (not the last call's at its place).
+	changed bool
+}
+
+// filling returns b's summaries and keys to add to (no batch when b is
+// nil).
+func (b *matchBatch) filling() batchFill {
+	if b == nil {
+		return batchFill{}
+	}
+	return batchFill{sums: b.sums, keys: b.keys, rb: &b.rb}
+}
+
+// filled stores in b what f added, and clears the summaries past them:
+// a buffer at rest keeps alive no more than the summaries of its last
+// call.
+func (b *matchBatch) filled(f batchFill) {
+	if b == nil {
+		return
+	}
+	b.sums, b.keys = f.sums, f.keys
+	if f.changed || len(b.sums) != b.held {
+		b.plan.Forget()
+	}
+	// Only those the last call set: clearing the whole spare capacity
+	// put every slot through the write barrier while the collector
+	// marks, a hundred and more per decision.
+	clear(b.sums[len(b.sums):max(b.held, len(b.sums))])
+}
+
+// drop empties b's summaries (b may be nil).
+func (b *matchBatch) drop() {
+	if b != nil {
+		clear(b.sums)
+		b.sums = b.sums[:0]
+		b.plan.Forget()
+	}
+}
+
+// add returns the Matcher of s for a candidate: s itself without a batch
+// (a view too small for the Index to pay), else the batch's cell for it.
+// It writes the summary into the batch only when it changed (a pointer
+// written costs a write barrier while the collector marks).
+func (f *batchFill) add(s *summary.Summary, key uint64) route.Matcher {
+	if f.rb == nil {
+		return s
+	}
+	i := len(f.sums)
+	f.sums, f.keys = f.sums[:i+1], append(f.keys, key)
+	if f.sums[i] != s {
+		f.sums[i], f.changed = s, true
+	}
+	return f.rb.Cell(i)
 }
 
 // sameMatcher is a == b for the matchers candidates writes, without
@@ -342,7 +410,13 @@ type matchBatch struct {
 	// places), so the Index need not read each summary and its column
 	// (summary.IndexHint); nil in a batch of one call.
 	hints []summary.IndexHint
-	rb    route.Batch
+	// plan is the Index's plan of sums, kept with the hints (nil in a
+	// batch of one call); the batch Forgets it when sums changes.
+	plan *summary.IndexPlan
+	rb   route.Batch
+	// held is how many summaries sums held before reset: past them its
+	// storage is nil (filled and drop keep it so).
+	held int
 }
 
 // reset readies b for a call over up to n summaries of idx, keeping its
@@ -351,29 +425,10 @@ func (b *matchBatch) reset(idx *summary.Index, n int) {
 	b.idx = idx
 	// sums keeps the last call's summaries, so that add writes only
 	// those that changed (a pointer written costs a write barrier while
-	// the collector marks); trim drops the ones past this call's.
+	// the collector marks); filled drops the ones past this call's.
+	b.held = len(b.sums)
 	b.sums, b.keys = slices.Grow(b.sums[:0], n), slices.Grow(b.keys[:0], n)
 	b.rb.Reset(b, n)
-}
-
-// add returns the Matcher of s for a candidate: s itself without a batch
-// (a view too small for the Index to pay), else the batch's cell for it.
-func (b *matchBatch) add(s *summary.Summary, key uint64) route.Matcher {
-	if b == nil {
-		return s
-	}
-	i := len(b.sums)
-	b.sums, b.keys = b.sums[:i+1], append(b.keys, key)
-	if b.sums[i] != s {
-		b.sums[i] = s
-	}
-	return b.rb.Cell(i)
-}
-
-// trim clears the summaries past this call's: a buffer at rest keeps
-// alive no more than the summaries of its last call.
-func (b *matchBatch) trim() {
-	clear(b.sums[len(b.sums):cap(b.sums)])
 }
 
 // MatchBatch is route.BatchMatcher: every summary's match through the
@@ -383,7 +438,7 @@ func (b *matchBatch) MatchBatch(dst []int, probes []summary.Probe) []int {
 	if len(b.hints) >= len(b.sums) {
 		hints = b.hints[:len(b.sums)]
 	}
-	return b.idx.MatchHinted(dst, b.sums, b.keys, hints, probes)
+	return b.idx.MatchPlanned(dst, b.sums, b.keys, hints, b.plan, probes)
 }
 
 // Locate says how to reach a replica: directly when this router owns it,

@@ -78,6 +78,8 @@ func (m *Mesh) candidatesPrev(model string, dst []route.Candidate) []route.Candi
 		b = &matchBatch{}
 		b.reset(&m.index, len(m.order))
 	}
+	bf := b.filling()
+	defer func() { b.filled(bf) }()
 	for _, r := range m.order {
 		owner := r.owner
 		switch {
@@ -91,7 +93,7 @@ func (m *Mesh) candidatesPrev(model string, dst []route.Candidate) []route.Candi
 				PendingPrefillBlocks: float64(max(r.load.pendingK.Load(), 0)) / 1000,
 				Running:              route.Count32(r.running), Waiting: route.Count32(r.waiting), Slots: route.Count32(r.slots)}
 			if r.sum != nil {
-				c.Summary = b.add(r.sum, r.hash)
+				c.Summary = bf.add(r.sum, r.hash)
 			}
 			dst = append(dst, c)
 		default:
@@ -101,7 +103,7 @@ func (m *Mesh) candidatesPrev(model string, dst []route.Candidate) []route.Candi
 			c := route.Candidate{Detail: detail(details, len(dst)-n0, r.id), Hash: r.hash, InFlight: route.Count32(int(r.st.InFlight)), PendingPrefillBlocks: r.st.Pending,
 				Running: route.Count32(int(r.st.Running)), Waiting: route.Count32(int(r.st.Waiting)), Slots: route.Count32(int(r.st.Slots))}
 			if m.countsLocked(r, now) {
-				c.Summary = b.add(r.sum, r.hash)
+				c.Summary = bf.add(r.sum, r.hash)
 			} else {
 				c.Stale = true
 			}

@@ -263,12 +263,109 @@ func (x *Index) Match(dst []int, sums []*Summary, keys []uint64, probes []Probe)
 // that tend to come back at the same place: a view's replicas), and is
 // set here for the next call. A wrong or stale hint costs a check.
 func (x *Index) MatchHinted(dst []int, sums []*Summary, keys []uint64, hints []IndexHint, probes []Probe) []int {
+	return x.MatchPlanned(dst, sums, keys, hints, nil, probes)
+}
+
+// IndexPlan is where an Index answered each summary of a caller's set the
+// last time it asked with the plan: the columns of each shard, and each
+// column's place in the set. While the set is the same (the caller's to
+// tell: Forget when it changes) and no column of the Index has changed
+// hands since (Index.rebinds), MatchPlanned reads the rows of the plan's
+// columns straight away, without reading the hints, the shards' owners
+// and the summaries of a thousand summaries and sorting them into
+// shards again: a third of a decision's matching over a thousand
+// replicas, most of it cache misses once other work has filled the
+// caches (the scale harness). The zero value is an empty plan. A plan is
+// for one goroutine at a time.
+type IndexPlan struct {
+	reqs []*shardReq // the caller's own, never pooled
+	// direct is the summaries answered by Summary.Match (a negative
+	// record): a negative record stays until the summary is replaced.
+	direct  []int32
+	n       int    // the set's length
+	rebinds uint64 // Index.rebinds before the call that made it
+	idx     *Index
+	ok      bool
+}
+
+// Forget empties the plan (a nil plan is left alone): the caller's set
+// of summaries changed (one replaced, added or removed), so its columns
+// may be others.
+func (p *IndexPlan) Forget() {
+	if p != nil {
+		p.ok = false
+	}
+}
+
+// usable reports whether p answers a set of n summaries in x now: made
+// by x for n, no column changed hands since, and none of its columns'
+// summaries has a negative record (MatchHinted matches those directly).
+func (p *IndexPlan) usable(x *Index, n int) bool {
+	if p == nil || !p.ok || p.idx != x || p.n != n || x.rebinds.Load() != p.rebinds {
+		return false
+	}
+	for _, r := range p.reqs {
+		for w := range r.cols {
+			if r.cols[w]&r.sh.negs[w].Load() != 0 {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// record makes p the plan of the call whose requests are reqs, and
+// direct the summaries of sums it matches directly: when every summary
+// is one or the other, those matched directly for a negative record only
+// (a plan would keep any other from being bound), with no column changing
+// hands (rebinds, as read before the mirrors, still current); else an
+// empty plan.
+func (p *IndexPlan) record(x *Index, reqs []*shardReq, direct []int32, sums []*Summary, asked int, rebinds uint64) {
+	p.ok = false
+	if x.rebinds.Load() != rebinds {
+		return
+	}
+	for _, i := range direct {
+		if sums[i].negN.Load() == 0 {
+			return
+		}
+	}
+	if asked+len(direct) != len(sums) {
+		nils := 0 // answered 0 (MatchPlanned clears dst)
+		for _, s := range sums {
+			if s == nil {
+				nils++
+			}
+		}
+		if asked+len(direct)+nils != len(sums) {
+			return
+		}
+	}
+	p.direct = append(p.direct[:0], direct...)
+	for len(p.reqs) < len(reqs) {
+		p.reqs = append(p.reqs, &shardReq{})
+	}
+	p.reqs = p.reqs[:len(reqs)]
+	for i, r := range reqs {
+		*p.reqs[i] = *r
+	}
+	p.n, p.rebinds, p.idx, p.ok = len(sums), rebinds, x, true
+}
+
+// MatchPlanned is MatchHinted with a plan, when not nil, that the caller
+// keeps from call to call for the same set of summaries and Forgets when
+// the set changes: a usable plan answers from the columns it holds (see
+// IndexPlan); otherwise the call reads every summary's hint and makes the
+// plan anew.
+func (x *Index) MatchPlanned(dst []int, sums []*Summary, keys []uint64, hints []IndexHint, plan *IndexPlan, probes []Probe) []int {
 	if cap(dst) < len(sums) {
 		dst = make([]int, len(sums))
 	}
 	dst = dst[:len(sums)]
+	// Every answer is 0 unless found below: one clear, rather than each
+	// column's answer written apart (a thousand scattered stores).
+	clear(dst)
 	if len(probes) == 0 {
-		clear(dst)
 		return dst
 	}
 	seq := x.seq.Add(1)
@@ -280,6 +377,17 @@ func (x *Index) MatchHinted(dst []int, sums []*Summary, keys []uint64, hints []I
 		sc = &indexScratch{}
 	}
 	sc.reqs, sc.direct, sc.unb = sc.reqs[:0], sc.direct[:0], sc.unb[:0]
+	if plan.usable(x, len(sums)) {
+		// rebinds is the plan's: no column changed hands since it was
+		// made, so each of its columns still mirrors its summary.
+		sc.direct = append(sc.direct, plan.direct...)
+		x.matchReqs(sc, plan.reqs, sums, probes, dst, seq%dateEvery == 0, seq, rebinds)
+		if len(sc.direct) > len(plan.direct) {
+			plan.Forget() // a column changed hands meanwhile
+		}
+		x.pool.Put(sc)
+		return dst
+	}
 	for i, s := range sums {
 		if hints != nil && s != nil {
 			if h := hints[i]; h.sh != nil && h.sh.idx == x && h.sh.owners[h.col].Load() == s {
@@ -302,8 +410,7 @@ func (x *Index) MatchHinted(dst []int, sums []*Summary, keys []uint64, hints []I
 			}
 		}
 		switch {
-		case s == nil:
-			dst[i] = 0
+		case s == nil: // 0
 		case c == nil:
 			sc.unb = append(sc.unb, int32(i))
 		case s.negN.Load() != 0:
@@ -314,19 +421,54 @@ func (x *Index) MatchHinted(dst []int, sums []*Summary, keys []uint64, hints []I
 			r.out[c.col] = int32(i)
 		}
 	}
-	switch {
-	case len(sc.unb) > 0:
-		rebinds = x.bookkeep(sc, sums, keys, seq)
-	case len(sc.reqs) > 0 && seq%dateEvery == 0:
-		x.date(sc, seq)
+	date, binds := seq%dateEvery == 0, false
+	if len(sc.unb) > 0 {
+		for _, i := range sc.unb {
+			binds = binds || sums[i].negN.Load() == 0
+		}
+		rebinds, date = x.bookkeep(sc, sums, keys, seq), false // it dates them
+	}
+	direct := len(sc.direct)
+	if binds {
+		// Summaries this call may bind have no hint yet: the plan is
+		// made by the next call, which sets them, so that the hints
+		// serve when the plan is forgotten.
+		plan.Forget()
+	} else if plan != nil {
+		asked := 0
+		for _, r := range sc.reqs {
+			for _, m := range r.cols {
+				asked += bits.OnesCount64(m)
+			}
+		}
+		plan.record(x, sc.reqs, sc.direct, sums, asked, rebinds)
+	}
+	x.matchReqs(sc, sc.reqs, sums, probes, dst, date, seq, rebinds)
+	if plan != nil && len(sc.direct) > direct {
+		plan.Forget() // a column changed hands meanwhile
 	}
 	for _, r := range sc.reqs {
+		r.sh = nil
+	}
+	x.pool.Put(sc)
+	return dst
+}
+
+// matchReqs answers the summaries of reqs from their columns' rows, and
+// those of sc.direct (and every one of reqs when a column changed hands
+// since rebinds was read) with Summary.Match; with date it dates the
+// columns asked as of seq (every dateEvery calls).
+func (x *Index) matchReqs(sc *indexScratch, reqs []*shardReq, sums []*Summary, probes []Probe, dst []int, date bool, seq, rebinds uint64) {
+	if len(reqs) > 0 && date {
+		x.date(reqs, seq)
+	}
+	for _, r := range reqs {
 		x.matchShard(sc, r, probes, dst)
 	}
 	if x.rebinds.Load() != rebinds {
 		// A column changed hands while rows were read (another call
 		// reclaimed it): match the indexed summaries directly.
-		for _, r := range sc.reqs {
+		for _, r := range reqs {
 			for w, m := range r.cols {
 				for ; m != 0; m &= m - 1 {
 					sc.direct = append(sc.direct, r.out[w*64+trailingZeros(m)])
@@ -337,11 +479,6 @@ func (x *Index) MatchHinted(dst []int, sums []*Summary, keys []uint64, hints []I
 	for _, i := range sc.direct {
 		dst[i] = sums[i].Match(probes)
 	}
-	for _, r := range sc.reqs {
-		r.sh = nil
-	}
-	x.pool.Put(sc)
-	return dst
 }
 
 // mirrorOf returns s's column in x, nil when it has none there.
@@ -388,10 +525,10 @@ const dateEvery = 64
 // dateEvery decisions): a column given to another summary since this
 // call read the mirrors has moved x.rebinds, and Match then answers
 // directly; dating it only keeps it from being reclaimed a while longer.
-func (x *Index) date(sc *indexScratch, seq uint64) {
+func (x *Index) date(reqs []*shardReq, seq uint64) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	for _, r := range sc.reqs {
+	for _, r := range reqs {
 		for w, m := range r.cols {
 			for ; m != 0; m &= m - 1 {
 				r.sh.lastUse[w*64+trailingZeros(m)] = seq
@@ -812,7 +949,8 @@ func (s *Summary) unbind(c *column) {
 }
 
 // matchShard runs Summary.Match's gallop and bisection on every asked
-// column of r at once, on sets of columns.
+// column of r at once, on sets of columns, and writes the answers
+// found (dst holds 0 for the others).
 func (x *Index) matchShard(sc *indexScratch, r *shardReq, probes []Probe, dst []int) {
 	n := len(probes)
 	if cap(sc.locs) < n {
@@ -821,11 +959,6 @@ func (x *Index) matchShard(sc *indexScratch, r *shardReq, probes []Probe, dst []
 	sc.locs, sc.have = sc.locs[:n], sc.have[:n]
 	clear(sc.have)
 	m := &matcher{sh: r.sh, probes: probes, locs: sc.locs, have: sc.have, r: r, dst: dst}
-	for w := range r.cols { // columns asked get 0 unless found below
-		for b := r.cols[w]; b != 0; b &= b - 1 {
-			dst[r.out[w*64+trailingZeros(b)]] = 0
-		}
-	}
 	alive := m.held(0, &r.cols)
 	lo, step := 0, 1
 	for !alive.empty() {

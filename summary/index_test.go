@@ -89,22 +89,35 @@ func (f *indexFixture) step(t testing.TB, rng *rand.Rand) {
 
 // check compares Index.Match (MatchHinted with hints, when not nil:
 // the caller keeps them from call to call) with Summary.Match on every
-// summary of sums for queries from the held chains and random ones; it
-// returns how many summaries the index answered (bound, no negative
-// record).
-func checkIndex(t *testing.T, x *Index, sums []*Summary, keys []uint64, hints []IndexHint, qs [][]uint64, what string) int {
+// summary of sums for queries from the held chains and random ones, and
+// MatchPlanned's answers too with plan, when not nil (the caller keeps it
+// for sums, and Forgets it when sums changes); it returns how many
+// summaries the index answered (bound, no negative record).
+func checkIndex(t *testing.T, x *Index, sums []*Summary, keys []uint64, hints []IndexHint, plan *IndexPlan, qs [][]uint64, what string) int {
 	t.Helper()
 	got := make([]int, len(sums))
 	for _, q := range qs {
 		p := MakeProbes(nil, q)
-		got = x.MatchHinted(got, sums, keys, hints, p)
-		for i, s := range sums {
-			want := 0
-			if s != nil {
-				want = refMatch(s, p)
+		for _, planned := range []bool{true, false} { // planned first: the other may rebind
+			switch {
+			case !planned:
+				got = x.MatchHinted(got, sums, keys, hints, p)
+			case plan == nil:
+				continue
+			default:
+				for i := range got {
+					got[i] = -1 // every answer is written
+				}
+				got = x.MatchPlanned(got, sums, keys, hints, plan, p)
 			}
-			if got[i] != want {
-				t.Fatalf("%s: summary %d: Index.Match = %d, Summary.Match = %d (query of %d blocks)", what, i, got[i], want, len(q))
+			for i, s := range sums {
+				want := 0
+				if s != nil {
+					want = refMatch(s, p)
+				}
+				if got[i] != want {
+					t.Fatalf("%s: summary %d: Index.Match (planned %v) = %d, Summary.Match = %d (query of %d blocks)", what, i, planned, got[i], want, len(q))
+				}
 			}
 		}
 	}
@@ -140,6 +153,7 @@ func TestIndexMatchEqualsSummaryMatch(t *testing.T) {
 			var x Index
 			maxIndexed := 0
 			hints := map[string][]IndexHint{} // per side, kept across steps as a view keeps them
+			plans := map[string]*IndexPlan{"owners": {}, "copies": {}}
 			for step := range 40 {
 				f.step(t, rng)
 				if tc.other > 0 {
@@ -162,7 +176,8 @@ func TestIndexMatchEqualsSummaryMatch(t *testing.T) {
 					if len(hints[side.name]) != len(sums) {
 						hints[side.name] = make([]IndexHint, len(sums))
 					}
-					n := checkIndex(t, &x, sums, keys, hints[side.name], qs, fmt.Sprintf("step %d %s", step, side.name))
+					plans[side.name].Forget() // sums is the step's: a summary may be new
+					n := checkIndex(t, &x, sums, keys, hints[side.name], plans[side.name], qs, fmt.Sprintf("step %d %s", step, side.name))
 					maxIndexed = max(maxIndexed, n)
 				}
 			}
@@ -196,6 +211,7 @@ func TestIndexReclaimsColumns(t *testing.T) {
 			}
 			var x Index
 			hints := make([]IndexHint, len(f.copies))
+			var plan IndexPlan
 			for round := range 6 {
 				f.step(t, rng)
 				for i := range f.copies {
@@ -203,6 +219,7 @@ func TestIndexReclaimsColumns(t *testing.T) {
 						f.copies[i] = mustDecode(t, f.owners[i])
 					}
 				}
+				plan.Forget()
 				eligible := 0 // summaries with forgotten blocks are matched directly
 				for _, c := range f.copies {
 					if c.negN.Load() == 0 {
@@ -211,7 +228,7 @@ func TestIndexReclaimsColumns(t *testing.T) {
 				}
 				bound := 0
 				for call := 0; call < reclaimAfter+10 && bound < eligible; call++ {
-					bound = checkIndex(t, &x, f.copies, keys, hints, matchQueries(rng, f.held, 1), fmt.Sprintf("round %d", round))
+					bound = checkIndex(t, &x, f.copies, keys, hints, &plan, matchQueries(rng, f.held, 1), fmt.Sprintf("round %d", round))
 				}
 				if bound < eligible {
 					t.Fatalf("round %d: %d of %d bound", round, bound, eligible)
@@ -287,20 +304,23 @@ func TestIndexUnderWriters(t *testing.T) {
 			}
 		}
 	}()
+	var plan IndexPlan
 	for done := false; !done; {
 		select {
 		case <-stop:
 			done = true
 		default:
 		}
-		for _, m := range x.Match(got, f.owners, nil, p) {
+		// With a plan: the owners are the same summaries throughout,
+		// whose columns may change hands under it.
+		for _, m := range x.MatchPlanned(got, f.owners, nil, nil, &plan, p) {
 			if m < 0 || m > len(p) {
 				t.Fatalf("Match = %d", m)
 			}
 		}
 	}
 	wg.Wait()
-	n := checkIndex(t, &x, f.owners, nil, nil, [][]uint64{held, chain(16, 41), chain(16, 30), chain(40, 999)}, "quiescent")
+	n := checkIndex(t, &x, f.owners, nil, nil, nil, [][]uint64{held, chain(16, 41), chain(16, 30), chain(40, 999)}, "quiescent")
 	if n == 0 {
 		t.Fatal("nothing indexed")
 	}
@@ -418,12 +438,14 @@ func TestIndexHandsColumnsOver(t *testing.T) {
 			}
 			var x Index
 			hints := make([]IndexHint, len(f.copies))
+			var plan IndexPlan
 			for range 3 {
-				checkIndex(t, &x, f.copies, keys, hints, matchQueries(rng, f.held, 1), "binding")
+				checkIndex(t, &x, f.copies, keys, hints, &plan, matchQueries(rng, f.held, 1), "binding")
 			}
 			for i := range 256 {
 				f.copies[i] = tc.replace(rng, i, f.owners[i], f.owners[(i+1)%len(f.owners)])
 			}
+			plan.Forget()
 			negs := 0
 			for _, s := range f.copies {
 				if s.negN.Load() != 0 {
@@ -431,7 +453,7 @@ func TestIndexHandsColumnsOver(t *testing.T) {
 				}
 			}
 			q := matchQueries(rng, f.held, 1)[:1]
-			if bound := checkIndex(t, &x, f.copies, keys, hints, q, "replaced"); bound != len(f.copies)-negs {
+			if bound := checkIndex(t, &x, f.copies, keys, hints, &plan, q, "replaced"); bound != len(f.copies)-negs {
 				t.Fatalf("%d of %d summaries bound after one Match", bound, len(f.copies)-negs)
 			}
 			if st := x.Stats(); st.Shards != 1 {
@@ -443,8 +465,49 @@ func TestIndexHandsColumnsOver(t *testing.T) {
 					s.Forget(f.held[0])
 				}
 			}
-			checkIndex(t, &x, f.copies, keys, hints, matchQueries(rng, f.held, 4), "written after")
-			checkIndex(t, &x, f.copies, keys, nil, matchQueries(rng, f.held, 4), "without hints")
+			// The same summaries, some now with a negative record: the
+			// plan must send those to Summary.Match.
+			checkIndex(t, &x, f.copies, keys, hints, &plan, matchQueries(rng, f.held, 4), "written after")
+			checkIndex(t, &x, f.copies, keys, nil, nil, matchQueries(rng, f.held, 4), "without hints")
 		})
 	}
+}
+
+// TestIndexPlanAfterHandOver: a plan made for a set of summaries is not
+// used once another caller's summary takes over the column of one of
+// them (a newer copy of a replica's summary, under its key), though the
+// set itself is the same: the old summary is no longer what the column
+// holds.
+func TestIndexPlanAfterHandOver(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	p := Params{CapacityBlocks: 64, FalsePositiveRate: 0.01}
+	f := newIndexFixture(t, rng, 300, p)
+	for range 3 {
+		f.step(t, rng)
+	}
+	keys := make([]uint64, len(f.copies))
+	for i := range keys {
+		keys[i] = uint64(i) + 11
+	}
+	var x Index
+	old := slices.Clone(f.copies)
+	var plan IndexPlan
+	for range 3 {
+		checkIndex(t, &x, old, keys, nil, &plan, matchQueries(rng, f.held, 1), "binding")
+	}
+	// Another caller's set: the same keys, each summary replaced by an
+	// empty one (the columns are handed over).
+	newer := make([]*Summary, len(old))
+	for i := range newer {
+		s, err := New(p, uint64(i+1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		newer[i] = s
+	}
+	checkIndex(t, &x, newer, keys, nil, nil, matchQueries(rng, f.held, 2), "newer")
+	// Chains the old summaries hold, so that the newer columns' answers
+	// differ (the first query's planned call is the one at stake: the
+	// unplanned call after it takes the columns back).
+	checkIndex(t, &x, old, keys, nil, &plan, f.held[len(f.held)-8:], "the planned set after")
 }

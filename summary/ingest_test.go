@@ -159,7 +159,7 @@ func TestIndexMirrorsLargeWrites(t *testing.T) {
 		}
 		qs := append(matchQueries(rng, held, 40), held[len(held)-20:]...)
 		for k, sums := range all {
-			if got := checkIndex(t, idx[k], sums, nil, nil, qs, fmt.Sprintf("round %d, side %d", round, k)); got != n {
+			if got := checkIndex(t, idx[k], sums, nil, nil, nil, qs, fmt.Sprintf("round %d, side %d", round, k)); got != n {
 				t.Fatalf("round %d, side %d: %d of %d summaries bound", round, k, got, n)
 			}
 		}
