@@ -386,8 +386,6 @@ func pairedDecisions(b *testing.B, a *testRouter, rng *rand.Rand, seen func([]ro
 	return 2 * i
 }
 
-// declare1024 declares 1,024 replicas of 4,096 blocks at r, serving "m",
-// each holding 100 random 32-block prompts.
 // owning1024 starts a router owning 1,024 replicas whose summaries hold
 // new prompts (declare1024), waits until it lists them all and warms its
 // Index: the decision benchmarks' common start. rng goes on from there.
@@ -430,6 +428,8 @@ func copying1024(b *testing.B) (owner, a *testRouter, rng *rand.Rand) {
 	return owner, a, rng
 }
 
+// declare1024 declares 1,024 replicas of 4,096 blocks at r, serving "m",
+// each holding 100 random 32-block prompts.
 func declare1024(rng *rand.Rand, r *testRouter) {
 	for i := range 1024 {
 		id := fmt.Sprintf("http://replica-%04d:8000", i)
