@@ -2,7 +2,9 @@ package proxy
 
 import (
 	"context"
+	"io"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -133,8 +135,16 @@ func TestProxyLoadBook(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			resp := post(t, context.Background(), srv.URL+"/v1/chat/completions", body)
-			readAll(t, resp)
+			// Not post and readAll: their t.Fatal belongs to the test's goroutine.
+			resp, err := http.Post(srv.URL+"/v1/chat/completions", "application/json", strings.NewReader(body))
+			if err != nil {
+				t.Errorf("request: %v", err)
+				return
+			}
+			defer resp.Body.Close()
+			if _, err := io.Copy(io.Discard, resp.Body); err != nil {
+				t.Errorf("reading response: %v", err)
+			}
 		}()
 	}
 	for range 2 {
