@@ -137,24 +137,39 @@ func TestViewFollowsReplicas(t *testing.T) {
 	}
 }
 
-// TestCandidateBufferReused checks that CandidatesInto answers as
-// Candidates does and, once grown, reuses its storage.
-func TestCandidateBufferReused(t *testing.T) {
+// batchRouter starts a router owning enough replicas for the batch path
+// (summary.IndexMinSummaries + 8), replica i holding chain(i, 4), and
+// returns it with their number.
+func batchRouter(t *testing.T) (*testRouter, int) {
+	t.Helper()
 	a := newRouter(t, "a", nil)
-	const n = summary.IndexMinSummaries + 8 // enough for the batch path
+	n := summary.IndexMinSummaries + 8
 	for i := range n {
 		id := fmt.Sprintf("http://replica-%04d:8000", i)
 		a.DeclareReplica(id)
 		a.UpdateReplica(id, ReplicaStatus{Models: []string{"m"}, Healthy: true})
 		a.Record(id, chain(uint64(i), 4))
 	}
-	var buf CandidateBuffer
+	return a, n
+}
+
+// fillAll waits until buf's call lists all n of a's replicas.
+func fillAll(t *testing.T, a *testRouter, buf *CandidateBuffer, n int) {
+	t.Helper()
 	eventually(t, wait, "all owned", func() error {
-		if got := len(a.CandidatesInto("m", &buf)); got != n {
+		if got := len(a.CandidatesInto("m", buf)); got != n {
 			return fmt.Errorf("%d candidates", got)
 		}
 		return nil
 	})
+}
+
+// TestCandidateBufferReused checks that CandidatesInto answers as
+// Candidates does and, once grown, reuses its storage.
+func TestCandidateBufferReused(t *testing.T) {
+	a, n := batchRouter(t)
+	var buf CandidateBuffer
+	fillAll(t, a, &buf, n)
 	first := &a.CandidatesInto("m", &buf)[0]
 	probes := summary.MakeProbes(nil, chain(7, 4))
 	for round := range 3 {
@@ -187,21 +202,9 @@ func TestCandidateBufferReused(t *testing.T) {
 // those of its last call (filled clears only the ones the call before
 // set), whether the view shrinks or the call takes no batch.
 func TestCandidateBufferDropsSummaries(t *testing.T) {
-	a := newRouter(t, "a", nil)
-	const n = summary.IndexMinSummaries + 8 // enough for the batch path
-	for i := range n {
-		id := fmt.Sprintf("http://replica-%04d:8000", i)
-		a.DeclareReplica(id)
-		a.UpdateReplica(id, ReplicaStatus{Models: []string{"m"}, Healthy: true})
-		a.Record(id, chain(uint64(i), 4))
-	}
+	a, n := batchRouter(t)
 	var buf CandidateBuffer
-	eventually(t, wait, "all owned", func() error {
-		if got := len(a.CandidatesInto("m", &buf)); got != n {
-			return fmt.Errorf("%d candidates", got)
-		}
-		return nil
-	})
+	fillAll(t, a, &buf, n)
 	held := func(what string, want int) {
 		t.Helper()
 		// The hint set's summaries, which the next call for the view

@@ -170,19 +170,7 @@ func TestEndToEndDNSDiscovery(t *testing.T) {
 		timing: mesh.TestTiming(), healthInterval: checkEvery, contract: summary.DefaultContract(),
 		sources: replicaSources{dns: service, dnsServer: dns.Addr, dnsInterval: resolveEvery},
 	}
-	ca := base
-	ca.name = "a"
-	a, err := startRouter(ctx, ca)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cb := base
-	cb.name, cb.join = "b", []string{a.mesh.GossipAddr()}
-	b, err := startRouter(ctx, cb)
-	if err != nil {
-		_ = a.shutdown()
-		t.Fatal(err)
-	}
+	a, b := startPair(ctx, t, base, nil)
 	routers := []*router{a, b}
 	defer func() {
 		for _, r := range routers {
@@ -365,19 +353,7 @@ func TestEngineLoadKnownReachesThePeers(t *testing.T) {
 		timing: mesh.TestTiming(), healthInterval: 50 * time.Millisecond, contract: summary.DefaultContract(),
 		sources: replicaSources{loadInterval: 50 * time.Millisecond},
 	}
-	ca := base
-	ca.name, ca.replicas = "a", []string{sim.srv.URL, plain.URL}
-	a, err := startRouter(ctx, ca)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cb := base
-	cb.name, cb.join = "b", []string{a.mesh.GossipAddr()}
-	b, err := startRouter(ctx, cb)
-	if err != nil {
-		_ = a.shutdown()
-		t.Fatal(err)
-	}
+	a, b := startPair(ctx, t, base, []string{sim.srv.URL, plain.URL})
 	defer func() {
 		for _, r := range []*router{a, b} {
 			if err := r.shutdown(); err != nil {
@@ -398,4 +374,23 @@ func TestEngineLoadKnownReachesThePeers(t *testing.T) {
 			return len(cands) == 2 && known[sim.srv.URL] && !known[plain.URL]
 		})
 	}
+}
+
+// startPair starts router "a" from base with the given replicas and
+// router "b" from base joining it; the caller shuts both down.
+func startPair(ctx context.Context, t *testing.T, base routerConfig, replicas []string) (a, b *router) {
+	t.Helper()
+	ca := base
+	ca.name, ca.replicas = "a", replicas
+	a, err := startRouter(ctx, ca)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cb := base
+	cb.name, cb.join = "b", []string{a.mesh.GossipAddr()}
+	if b, err = startRouter(ctx, cb); err != nil {
+		_ = a.shutdown()
+		t.Fatal(err)
+	}
+	return a, b
 }
