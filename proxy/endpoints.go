@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"container/list"
+	"context"
 	"fmt"
 	"net/http"
 	"runtime/debug"
@@ -382,7 +383,10 @@ func (p *Proxy) serveResponseByID(w http.ResponseWriter, r *http.Request) {
 	if r.URL.RawQuery != "" {
 		url += "?" + r.URL.RawQuery
 	}
-	out, err := http.NewRequestWithContext(r.Context(), r.Method, url, bytes.NewReader(body))
+	// The attempt's own cancellation ends an upstream silent mid-body.
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	out, err := http.NewRequestWithContext(ctx, r.Method, url, bytes.NewReader(body))
 	if err != nil {
 		st.code = writeError(w, http.StatusBadGateway, fmt.Sprintf("bad upstream URL %s: %v", url, err))
 		return
@@ -403,5 +407,5 @@ func (p *Proxy) serveResponseByID(w http.ResponseWriter, r *http.Request) {
 	}
 	defer resp.Body.Close()
 	st.code = resp.StatusCode
-	p.relay(w, r, resp, st, replica, route.Decision{}, local, start, func() {})
+	p.relay(w, r, resp, st, replica, route.Decision{}, local, start, cancel, func() {})
 }

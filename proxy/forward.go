@@ -456,11 +456,11 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, st *reqState, id
 	fast := local && p.up != nil && plain
 	ctx := r.Context()
 	var out *http.Request
+	var cancel context.CancelFunc
 	if !fast {
 		// net/http's request ends with the attempt. The own client's
 		// needs no context of its own: the body's Close (deferred below,
 		// so before the attempt returns) ends it.
-		var cancel context.CancelFunc
 		ctx, cancel = context.WithCancel(ctx)
 		defer cancel()
 		st.netHTTP = true
@@ -543,7 +543,14 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, st *reqState, id
 	}
 	st.code = resp.StatusCode
 	var first time.Time
-	p.relay(w, r, resp, st, id, d, local, start, func() { first = p.now(); firstByte() })
+	// An upstream silent mid-body is cut off (idle.go): a blocked read
+	// of the own client's connection fails on a past deadline, net/http's
+	// on the attempt's cancellation.
+	kill := cancel
+	if b, ok := resp.Body.(*upBody); ok {
+		kill = func() { _ = b.c.nc.SetReadDeadline(time.Unix(1, 0)) }
+	}
+	p.relay(w, r, resp, st, id, d, local, start, kill, func() { first = p.now(); firstByte() })
 	p.observeSlot(st, id, d, first)
 	return attemptDone
 }
@@ -551,8 +558,20 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, st *reqState, id
 // relay streams the upstream response to the client as it arrives. For
 // an owned replica's successful response it learns the answer on the way
 // and records prompt + answer once the response is complete.
-func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, resp *http.Response, st *reqState, id string, d route.Decision, local bool, start time.Time, firstByte func()) {
+// kill makes a blocked read of the body fail (the upstream idle timeout).
+func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, resp *http.Response, st *reqState, id string, d route.Decision, local bool, start time.Time, kill, firstByte func()) {
 	obs := p.m.target(local)
+	var idle *idleWatch
+	if kill != nil {
+		idle = p.watchIdle(kill)
+		defer func() {
+			if idle.stop() {
+				if b, ok := resp.Body.(*upBody); ok {
+					b.reuse = false // its read deadline is past
+				}
+			}
+		}()
+	}
 	h := w.Header()
 	for k, vv := range resp.Header {
 		if !hopByHop(k) {
@@ -582,14 +601,19 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, resp *http.Respons
 			defer sink.release()
 		}
 	}
-	tap := streamTap{sink: sink, firstByte: firstByte, ttft: obs.ttft, start: start}
+	tap := streamTap{sink: sink, firstByte: firstByte, ttft: obs.ttft, start: start, idle: idle}
 	// failed handles a failed read of the replica mid-response.
 	failed := func(rerr error) {
 		if r.Context().Err() != nil {
 			st.code = statusClientGone
 			return
 		}
-		p.log.Warn("upstream failed mid-response, aborting the client connection", "replica", id, "error", rerr)
+		if idle.fired() {
+			p.m.upstreamIdle.Inc()
+			p.junk.Printf("upstream %s sent nothing of its response for %v: ended", id, p.cfg.UpstreamIdleTimeout)
+		} else {
+			p.log.Warn("upstream failed mid-response, aborting the client connection", "replica", id, "error", rerr)
+		}
 		if local {
 			p.reportFailure(id)
 		}
@@ -604,7 +628,7 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, resp *http.Respons
 		// so that the normal path's stays on the stack.
 		lt := new(streamTap)
 		*lt = tap
-		res, pending, err := p.loops.relay(r, body, cc, lt.data)
+		res, pending, err := p.loops.relay(r, body, cc, lt.data, idle.firedC())
 		tap = *lt
 		switch res {
 		case loopEOF:
@@ -682,9 +706,11 @@ type streamTap struct {
 	firstByte func()
 	ttft      prometheus.Observer
 	start     time.Time
+	idle      *idleWatch // nil: no upstream idle timeout
 }
 
 func (t *streamTap) data(b []byte) {
+	t.idle.saw()
 	if !t.got {
 		t.got = true
 		t.firstByte()

@@ -36,6 +36,7 @@ type metrics struct {
 	retries         prometheus.Counter
 	loopStreams     prometheus.Counter
 	loopClientWaits prometheus.Counter
+	upstreamIdle    prometheus.Counter
 
 	// Children resolved once: WithLabelValues hashes its labels and
 	// takes a lock on every call, and the request path would call it
@@ -176,6 +177,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		loopClientWaits: f.NewCounter(prometheus.CounterOpts{
 			Name: "kvmesh_stream_loop_client_waits_total",
 			Help: "Streams the stream loop handed back to the normal path because the client's socket was full (a slow client).",
+		}),
+		upstreamIdle: f.NewCounter(prometheus.CounterOpts{
+			Name: "kvmesh_upstream_idle_timeouts_total",
+			Help: "Responses ended because their upstream (a replica or a peer router) sent no byte of the body for the upstream idle timeout.",
 		}),
 	}
 	// Initialise every label value so dashboards see zeros, not gaps.

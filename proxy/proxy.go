@@ -77,6 +77,12 @@ type Config struct {
 	// (default DefaultWriteTimeout; negative: none): a client that reads
 	// nothing for that long is taken for gone.
 	WriteTimeout time.Duration
+	// UpstreamIdleTimeout bounds the silence of an upstream (a replica,
+	// or a peer router on a hop) in the middle of a response body, once
+	// its headers arrived (default DefaultUpstreamIdleTimeout; negative:
+	// none): the response is then ended and the upstream's connection
+	// closed (idle.go).
+	UpstreamIdleTimeout time.Duration
 	// MaxInflightPerClient caps concurrent inference requests per client
 	// IP address (0: no cap).
 	MaxInflightPerClient int
@@ -223,6 +229,9 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	if cfg.WriteTimeout == 0 {
 		cfg.WriteTimeout = DefaultWriteTimeout
+	}
+	if cfg.UpstreamIdleTimeout == 0 {
+		cfg.UpstreamIdleTimeout = DefaultUpstreamIdleTimeout
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = hclog.NewNullLogger()

@@ -59,10 +59,13 @@ type streamLoop struct {
 	cur    *loopStream
 }
 
-// loopMsg asks the loop to take a stream, or (cancel) to drop one.
+// loopMsg asks the loop to take a stream, or (cancel) to drop one: its
+// client went away, or (idle) its replica sent nothing for the upstream
+// idle timeout.
 type loopMsg struct {
 	s      *loopStream
 	cancel bool
+	idle   bool
 }
 
 // loopStream is one stream in a loop.
@@ -82,7 +85,7 @@ type loopStream struct {
 // come back: relayed to its end, failed, or handed back (with the bytes
 // of a chunk cc did not take yet). onData sees every decoded piece of
 // the body on the loop's goroutine, before it is written.
-func (ls *streamLoops) relay(r *http.Request, body *upBody, cc *net.TCPConn, onData func([]byte)) (loopResult, []byte, error) {
+func (ls *streamLoops) relay(r *http.Request, body *upBody, cc *net.TCPConn, onData func([]byte), idle <-chan struct{}) (loopResult, []byte, error) {
 	l := ls.pick()
 	if l == nil {
 		return loopNotTaken, nil, nil
@@ -111,6 +114,10 @@ func (ls *streamLoops) relay(r *http.Request, body *upBody, cc *net.TCPConn, onD
 	case <-s.done:
 	case <-r.Context().Done():
 		l.send(loopMsg{s: s, cancel: true})
+		<-s.done
+	case <-idle:
+		// The upstream idle timeout (idle.go): the replica sent nothing.
+		l.send(loopMsg{s: s, cancel: true, idle: true})
 		<-s.done
 	}
 	body.c.inLoop = false
@@ -367,7 +374,11 @@ func (l *streamLoop) drain() bool {
 		l.cur = s
 		if m.cancel {
 			if l.streams[int32(s.upFD)] == s {
-				l.finish(s, loopClientGone, nil)
+				if m.idle {
+					l.finish(s, loopFailed, errUpstreamIdle)
+				} else {
+					l.finish(s, loopClientGone, nil)
+				}
 			}
 			continue
 		}

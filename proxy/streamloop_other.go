@@ -13,7 +13,7 @@ type streamLoops struct{}
 
 func newStreamLoops(*metrics, func(string, any)) *streamLoops { return nil }
 
-func (*streamLoops) relay(*http.Request, *upBody, *net.TCPConn, func([]byte)) (loopResult, []byte, error) {
+func (*streamLoops) relay(*http.Request, *upBody, *net.TCPConn, func([]byte), <-chan struct{}) (loopResult, []byte, error) {
 	return loopNotTaken, nil, nil
 }
 

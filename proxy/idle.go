@@ -1,0 +1,106 @@
+package proxy
+
+import (
+	"errors"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// DefaultUpstreamIdleTimeout bounds how long an upstream may send no byte
+// of a response body once its headers arrived (nginx's proxy_read_timeout
+// has the same meaning and default). An LLM engine sends a non-streamed
+// answer whole right after its headers (it computes before it answers, a
+// wait the response header timeout bounds), and a stream a token every
+// few milliseconds to seconds, so a minute of silence mid-body means a
+// dead or unreachable upstream (a blackholed connection), which TCP
+// keepalive would notice only after minutes.
+const DefaultUpstreamIdleTimeout = 60 * time.Second
+
+// errUpstreamIdle ends a response whose upstream went silent.
+var errUpstreamIdle = errors.New("upstream sent nothing for the upstream idle timeout")
+
+// idleWatch ends a response whose upstream sends no body byte for d. The
+// relay stamps the time of every piece of body it gets (a monotonic clock
+// read and an atomic store, no syscall); a timer, reset at most once per
+// timeout, compares the stamp with the clock and, once the upstream was
+// silent for d, marks the watch fired, closes fired's channel (the stream
+// loop's waiting handler watches it) and calls kill, which makes the
+// relay's blocked read fail (a past read deadline on the own client's
+// connection, the attempt's cancellation under net/http). The connection
+// then never goes back to the pool: a body that did not end is closed.
+type idleWatch struct {
+	d     time.Duration
+	start time.Time
+	last  atomic.Int64 // time.Since(start) of the last body byte
+	timer *time.Timer
+	c     chan struct{} // closed when fired
+	kill  func()
+	// mu orders a firing against stop: once stop returned, kill is
+	// neither running nor to run.
+	mu      sync.Mutex
+	stopped bool
+	isFired atomic.Bool
+}
+
+// watchIdle starts the watch of a response whose headers just arrived;
+// nil when there is no timeout. stop must be called when the relay ends.
+func (p *Proxy) watchIdle(kill func()) *idleWatch {
+	d := p.cfg.UpstreamIdleTimeout
+	if d <= 0 {
+		return nil
+	}
+	w := &idleWatch{d: d, start: time.Now(), c: make(chan struct{}), kill: kill}
+	w.timer = time.AfterFunc(d, w.check)
+	return w
+}
+
+// saw records that body bytes arrived now.
+func (w *idleWatch) saw() {
+	if w != nil {
+		w.last.Store(int64(time.Since(w.start)))
+	}
+}
+
+// check runs on the timer: it ends the response after d of silence, or
+// waits for the rest of d since the last byte.
+func (w *idleWatch) check() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.stopped {
+		return
+	}
+	idle := time.Since(w.start) - time.Duration(w.last.Load())
+	if idle < w.d {
+		w.timer.Reset(w.d - idle)
+		return
+	}
+	w.stopped = true
+	w.isFired.Store(true)
+	close(w.c)
+	w.kill()
+}
+
+// fired reports whether the watch ended the response.
+func (w *idleWatch) fired() bool { return w != nil && w.isFired.Load() }
+
+// firedC is closed when the watch fires (nil, never closed, without one).
+func (w *idleWatch) firedC() <-chan struct{} {
+	if w == nil {
+		return nil
+	}
+	return w.c
+}
+
+// stop ends the watch and reports whether it fired (the upstream's
+// connection must then not be reused).
+func (w *idleWatch) stop() bool {
+	if w == nil {
+		return false
+	}
+	w.mu.Lock()
+	w.stopped = true
+	w.mu.Unlock()
+	w.timer.Stop()
+	return w.isFired.Load()
+}
