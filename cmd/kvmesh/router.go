@@ -73,6 +73,7 @@ type routerConfig struct {
 	headerTimeout        time.Duration
 	bodyTimeout          time.Duration
 	writeTimeout         time.Duration
+	upstreamIdleTimeout  time.Duration
 	noStreamLoop         bool
 	idleTimeout          time.Duration
 	retryBudget          time.Duration
@@ -383,6 +384,7 @@ func startRouter(ctx context.Context, cfg routerConfig) (*router, error) {
 		MaxBodyBytes: cfg.maxBodyBytes, Client: client, Logger: log.Named("proxy"),
 		Registerer: reg, Gatherer: reg, Panics: rec, Debug: m.Debug, Ready: r.ready, ModelsKnown: r.modelsKnown, ReportFailure: hc.ReportFailure,
 		MaxAttempts: cfg.maxAttempts, RetryBudget: cfg.retryBudget, BodyTimeout: cfg.bodyTimeout, WriteTimeout: cfg.writeTimeout,
+		UpstreamIdleTimeout:  upstreamIdle(cfg.upstreamIdleTimeout),
 		HopDispatchTimeout:   hopDispatchTimeout(cfg.hopDispatchTimeout),
 		MaxInflightPerClient: cfg.maxInflightPerClient, HopKey: proxy.HopKey(cfg.gossipKey),
 		TrustPeerCerts: edges.serverTLS != nil && edges.peerCA != nil, RequirePeerTLS: edges.peerCA != nil, APIKeys: edges.keys,

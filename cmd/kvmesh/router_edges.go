@@ -35,6 +35,7 @@ func edgeFlags(fs *flag.FlagSet, cfg *routerConfig) {
 	fs.DurationVar(&cfg.bodyTimeout, "body-timeout", proxy.DefaultBodyTimeout, "time a client has to send a request's body (then 408 and the connection is closed)")
 	fs.IntVar(&cfg.clientSendBuffer, "client-send-buffer", proxy.DefaultClientSendBuffer, "send buffer (SO_SNDBUF) of each API connection in bytes: bounds the kernel memory a client that reads nothing pins until --write-timeout (0: the kernel's default, autotuned up to tcp_wmem's maximum, 4 MB on Linux)")
 	fs.DurationVar(&cfg.writeTimeout, "write-timeout", proxy.DefaultWriteTimeout, "time a client may take no byte of its response (a stalled stream reader); its request is then ended (499) and its connection closed, which cancels the generation")
+	fs.DurationVar(&cfg.upstreamIdleTimeout, "upstream-idle-timeout", proxy.DefaultUpstreamIdleTimeout, "time an upstream (a replica, or a peer router on a hop) may send no byte of a response body once its headers arrived; the response is then ended (a stream's client connection aborted) and the upstream connection closed (0: none)")
 	fs.DurationVar(&cfg.idleTimeout, "idle-timeout", 2*time.Minute, "time an idle keep-alive connection is kept")
 	fs.DurationVar(&cfg.retryBudget, "retry-budget", proxy.DefaultRetryBudget, "time from a request's first upstream attempt within which another may start (only requests that never reached a replica are retried)")
 	fs.IntVar(&cfg.maxAttempts, "max-attempts", 3, "most upstream attempts per request")
@@ -63,6 +64,9 @@ func checkEdgeFlags(cfg *routerConfig) error {
 		if d <= 0 {
 			return fmt.Errorf("router: --%s must be positive", name)
 		}
+	}
+	if cfg.upstreamIdleTimeout < 0 {
+		return errors.New("router: --upstream-idle-timeout must be ≥ 0 (0: none)")
 	}
 	if cfg.gossipStreams.MaxStreams < 1 || cfg.gossipStreams.BudgetBytes < 1<<20 {
 		return errors.New("router: --gossip-max-streams must be ≥ 1 and --gossip-stream-budget ≥ 1 MiB")
@@ -238,4 +242,13 @@ func (r *router) ready() bool {
 // yet (503).
 func (r *router) modelsKnown() bool {
 	return r.health.Ready() && len(r.mesh.Models()) > 0
+}
+
+// upstreamIdle maps --upstream-idle-timeout to proxy.Config's field, where
+// 0 is the default and a negative duration none.
+func upstreamIdle(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
 }
