@@ -628,7 +628,7 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, resp *http.Respons
 		// so that the normal path's stays on the stack.
 		lt := new(streamTap)
 		*lt = tap
-		res, pending, err := p.loops.relay(r, body, cc, lt.data, idle.firedC())
+		res, pending, err := p.loops.relay(r, body, cc, lt.loopData, idle.firedC())
 		tap = *lt
 		switch res {
 		case loopEOF:
@@ -663,6 +663,9 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, resp *http.Respons
 		defer copyBufs.Put(bufp)
 		buf := *bufp
 		for {
+			// The silence counted is the time spent waiting in Read: a
+			// write to a slow client in between is not the upstream's.
+			idle.saw()
 			n, rerr := resp.Body.Read(buf)
 			if n > 0 {
 				tap.data(buf[:n])
@@ -709,8 +712,14 @@ type streamTap struct {
 	idle      *idleWatch // nil: no upstream idle timeout
 }
 
-func (t *streamTap) data(b []byte) {
+// loopData is data on the stream loop, whose reads of the replica never
+// wait for the client: each piece of body is when the replica last spoke.
+func (t *streamTap) loopData(b []byte) {
 	t.idle.saw()
+	t.data(b)
+}
+
+func (t *streamTap) data(b []byte) {
 	if !t.got {
 		t.got = true
 		t.firstByte()

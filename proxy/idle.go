@@ -21,8 +21,11 @@ const DefaultUpstreamIdleTimeout = 60 * time.Second
 var errUpstreamIdle = errors.New("upstream sent nothing for the upstream idle timeout")
 
 // idleWatch ends a response whose upstream sends no body byte for d. The
-// relay stamps the time of every piece of body it gets (a monotonic clock
-// read and an atomic store, no syscall); a timer, reset at most once per
+// relay stamps the time it starts waiting for the body (before each read
+// on the normal path, each piece of body on the stream loop, whose reads
+// never wait for the client), so time spent writing to a slow client is
+// not counted as the upstream's silence: a monotonic clock read and an
+// atomic store, no syscall. A timer, reset at most once per
 // timeout, compares the stamp with the clock and, once the upstream was
 // silent for d, marks the watch fired, closes fired's channel (the stream
 // loop's waiting handler watches it) and calls kill, which makes the
@@ -32,7 +35,7 @@ var errUpstreamIdle = errors.New("upstream sent nothing for the upstream idle ti
 type idleWatch struct {
 	d     time.Duration
 	start time.Time
-	last  atomic.Int64 // time.Since(start) of the last body byte
+	last  atomic.Int64 // time.Since(start) of the last stamp
 	timer *time.Timer
 	c     chan struct{} // closed when fired
 	kill  func()
@@ -55,7 +58,7 @@ func (p *Proxy) watchIdle(kill func()) *idleWatch {
 	return w
 }
 
-// saw records that body bytes arrived now.
+// saw records that the upstream is waited for from now (or spoke now).
 func (w *idleWatch) saw() {
 	if w != nil {
 		w.last.Store(int64(time.Since(w.start)))
