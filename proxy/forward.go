@@ -543,14 +543,7 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, st *reqState, id
 	}
 	st.code = resp.StatusCode
 	var first time.Time
-	// An upstream silent mid-body is cut off (idle.go): a blocked read
-	// of the own client's connection fails on a past deadline, net/http's
-	// on the attempt's cancellation.
-	kill := cancel
-	if b, ok := resp.Body.(*upBody); ok {
-		kill = func() { _ = b.c.nc.SetReadDeadline(time.Unix(1, 0)) }
-	}
-	p.relay(w, r, resp, st, id, d, local, start, kill, func() { first = p.now(); firstByte() })
+	p.relay(w, r, resp, st, id, d, local, start, cancel, func() { first = p.now(); firstByte() })
 	p.observeSlot(st, id, d, first)
 	return attemptDone
 }
@@ -558,12 +551,20 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, st *reqState, id
 // relay streams the upstream response to the client as it arrives. For
 // an owned replica's successful response it learns the answer on the way
 // and records prompt + answer once the response is complete.
-// kill makes a blocked read of the body fail (the upstream idle timeout).
-func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, resp *http.Response, st *reqState, id string, d route.Decision, local bool, start time.Time, kill, firstByte func()) {
+// cancel, when not nil, cancels a net/http request (resp's).
+//
+// An upstream silent mid-body is cut off (idle.go): a blocked read of the
+// own client's connection fails on a past deadline, net/http's on the
+// request's cancellation.
+func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, resp *http.Response, st *reqState, id string, d route.Decision, local bool, start time.Time, cancel, firstByte func()) {
 	obs := p.m.target(local)
 	var idle *idleWatch
-	if kill != nil {
-		idle = p.watchIdle(kill)
+	if b, ok := resp.Body.(*upBody); ok {
+		idle = p.watchIdle(b.c.nc, nil)
+	} else if cancel != nil {
+		idle = p.watchIdle(nil, cancel)
+	}
+	if idle != nil {
 		defer func() {
 			if idle.stop() {
 				if b, ok := resp.Body.(*upBody); ok {

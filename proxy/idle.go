@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"errors"
+	"net"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -27,18 +28,21 @@ var errUpstreamIdle = errors.New("upstream sent nothing for the upstream idle ti
 // not counted as the upstream's silence: a monotonic clock read and an
 // atomic store, no syscall. A timer, reset at most once per
 // timeout, compares the stamp with the clock and, once the upstream was
-// silent for d, marks the watch fired, closes fired's channel (the stream
-// loop's waiting handler watches it) and calls kill, which makes the
-// relay's blocked read fail (a past read deadline on the own client's
-// connection, the attempt's cancellation under net/http). The connection
+// silent for d, marks the watch fired, closes its channel (the stream
+// loop's waiting handler watches it) and makes the relay's blocked read
+// fail (a past read deadline on the own client's connection, the
+// request's cancellation under net/http). The connection
 // then never goes back to the pool: a body that did not end is closed.
 type idleWatch struct {
 	d     time.Duration
 	start time.Time
 	last  atomic.Int64 // time.Since(start) of the last stamp
 	timer *time.Timer
-	c     chan struct{} // closed when fired
-	kill  func()
+	conn  net.Conn // the own client's connection: a past read deadline ends the read
+	kill  func()   // else this ends it
+	// c is closed when the watch fires; made only for the stream loop
+	// (firedC), under mu.
+	c chan struct{}
 	// mu orders a firing against stop: once stop returned, kill is
 	// neither running nor to run.
 	mu      sync.Mutex
@@ -48,12 +52,12 @@ type idleWatch struct {
 
 // watchIdle starts the watch of a response whose headers just arrived;
 // nil when there is no timeout. stop must be called when the relay ends.
-func (p *Proxy) watchIdle(kill func()) *idleWatch {
+func (p *Proxy) watchIdle(conn net.Conn, kill func()) *idleWatch {
 	d := p.cfg.UpstreamIdleTimeout
 	if d <= 0 {
 		return nil
 	}
-	w := &idleWatch{d: d, start: time.Now(), c: make(chan struct{}), kill: kill}
+	w := &idleWatch{d: d, start: time.Now(), conn: conn, kill: kill}
 	w.timer = time.AfterFunc(d, w.check)
 	return w
 }
@@ -80,8 +84,14 @@ func (w *idleWatch) check() {
 	}
 	w.stopped = true
 	w.isFired.Store(true)
-	close(w.c)
-	w.kill()
+	if w.c != nil {
+		close(w.c)
+	}
+	if w.conn != nil {
+		_ = w.conn.SetReadDeadline(time.Unix(1, 0))
+	} else {
+		w.kill()
+	}
 }
 
 // fired reports whether the watch ended the response.
@@ -91,6 +101,14 @@ func (w *idleWatch) fired() bool { return w != nil && w.isFired.Load() }
 func (w *idleWatch) firedC() <-chan struct{} {
 	if w == nil {
 		return nil
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.c == nil {
+		w.c = make(chan struct{})
+		if w.isFired.Load() {
+			close(w.c)
+		}
 	}
 	return w.c
 }
