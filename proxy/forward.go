@@ -648,6 +648,7 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, resp *http.Respons
 			st.code = http.StatusInternalServerError
 			panic(http.ErrAbortHandler)
 		case loopHandback:
+			idle.busy() // until the normal path reads again
 			if len(pending) > 0 {
 				// The rest of a chunk, behind which the client's socket
 				// was full: written as the handler's goroutine writes.
@@ -668,6 +669,7 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, resp *http.Respons
 			// write to a slow client in between is not the upstream's.
 			idle.saw()
 			n, rerr := resp.Body.Read(buf)
+			idle.busy()
 			if n > 0 {
 				tap.data(buf[:n])
 				wd.extend()

@@ -24,9 +24,10 @@ var errUpstreamIdle = errors.New("upstream sent nothing for the upstream idle ti
 // idleWatch ends a response whose upstream sends no body byte for d. The
 // relay stamps the time it starts waiting for the body (before each read
 // on the normal path, each piece of body on the stream loop, whose reads
-// never wait for the client), so time spent writing to a slow client is
-// not counted as the upstream's silence: a monotonic clock read and an
-// atomic store, no syscall. A timer, reset at most once per
+// never wait for the client: a monotonic clock read and an atomic store,
+// no syscall), and marks itself busy after each read of the normal path,
+// so time spent writing to a slow client is not counted as the upstream's
+// silence. A timer, reset at most once per
 // timeout, compares the stamp with the clock and, once the upstream was
 // silent for d, marks the watch fired, closes its channel (the stream
 // loop's waiting handler watches it) and makes the relay's blocked read
@@ -69,6 +70,17 @@ func (w *idleWatch) saw() {
 	}
 }
 
+// notWaiting marks a relay busy with anything but its upstream.
+const notWaiting = -1
+
+// busy records that the relay does not wait for the upstream (it writes
+// to its client) until the next saw: no silence is counted meanwhile.
+func (w *idleWatch) busy() {
+	if w != nil {
+		w.last.Store(notWaiting)
+	}
+}
+
 // check runs on the timer: it ends the response after d of silence, or
 // waits for the rest of d since the last byte.
 func (w *idleWatch) check() {
@@ -77,7 +89,12 @@ func (w *idleWatch) check() {
 	if w.stopped {
 		return
 	}
-	idle := time.Since(w.start) - time.Duration(w.last.Load())
+	last := w.last.Load()
+	if last == notWaiting {
+		w.timer.Reset(w.d)
+		return
+	}
+	idle := time.Since(w.start) - time.Duration(last)
 	if idle < w.d {
 		w.timer.Reset(w.d - idle)
 		return

@@ -3,6 +3,7 @@
 package proxy
 
 import (
+	"bufio"
 	"fmt"
 	"io"
 	"net"
@@ -121,4 +122,53 @@ func TestWriteTimeoutLiftedForNextRequest(t *testing.T) {
 		t.Fatalf("next request on the connection: %v", err)
 	}
 	next.Body.Close()
+}
+
+// TestUpstreamIdleTimeoutSparesSlowClient: a stream whose client stops
+// reading for longer than UpstreamIdleTimeout (but within WriteTimeout)
+// is not cut for the upstream's silence: the router, not the replica,
+// was waiting (on the client), and the stream arrives whole once the
+// client reads again; by the normal path and after the loop handed it back.
+func TestUpstreamIdleTimeoutSparesSlowClient(t *testing.T) {
+	for _, off := range []bool{false, true} {
+		t.Run(fmt.Sprintf("no_loop=%v", off), func(t *testing.T) {
+			const events = 40000 // 8 MB: more than the sockets between hold
+			tok := strings.Repeat("x", 150)
+			rep := newReplica(t, func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", "text/event-stream")
+				for range events {
+					if _, err := fmt.Fprintf(w, "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":%q}}]}\n\n", tok); err != nil {
+						return
+					}
+				}
+				fmt.Fprint(w, "data: [DONE]\n\n")
+			})
+			view := newFakeView([]string{"m"}, fakeReplica{id: rep.URL})
+			p, srv, _ := newTestProxy(t, view, func(c *Config) {
+				c.NoStreamLoop = off
+				c.WriteTimeout = 30 * time.Second
+				c.UpstreamIdleTimeout = 200 * time.Millisecond
+			})
+			c := stalledStream(t, srv.URL)
+			time.Sleep(time.Second) // the router's writes wait on the client
+			_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := io.ReadAll(resp.Body)
+			if err != nil || !strings.HasSuffix(string(b), "data: [DONE]\n\n") {
+				t.Fatalf("stream not whole (%d bytes, %v; idle timeouts %v)", len(b), err, testutil.ToFloat64(p.m.upstreamIdle))
+			}
+			if n := strings.Count(string(b), "data: {"); n != events {
+				t.Errorf("got %d events, want %d", n, events)
+			}
+			if n := testutil.ToFloat64(p.m.upstreamIdle); n != 0 {
+				t.Errorf("idle timeouts counted: %v, want 0", n)
+			}
+			if n := testutil.ToFloat64(p.m.loopClientWaits); !off && n != 1 {
+				t.Errorf("loop handbacks to a waiting client: %v, want 1", n)
+			}
+		})
+	}
 }
