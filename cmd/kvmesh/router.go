@@ -384,8 +384,8 @@ func startRouter(ctx context.Context, cfg routerConfig) (*router, error) {
 		MaxBodyBytes: cfg.maxBodyBytes, Client: client, Logger: log.Named("proxy"),
 		Registerer: reg, Gatherer: reg, Panics: rec, Debug: m.Debug, Ready: r.ready, ModelsKnown: r.modelsKnown, ReportFailure: hc.ReportFailure,
 		MaxAttempts: cfg.maxAttempts, RetryBudget: cfg.retryBudget, BodyTimeout: cfg.bodyTimeout, WriteTimeout: cfg.writeTimeout,
-		UpstreamIdleTimeout:  upstreamIdle(cfg.upstreamIdleTimeout),
-		HopDispatchTimeout:   hopDispatchTimeout(cfg.hopDispatchTimeout),
+		UpstreamIdleTimeout:  offTimeout(cfg.upstreamIdleTimeout),
+		HopDispatchTimeout:   offTimeout(cfg.hopDispatchTimeout),
 		MaxInflightPerClient: cfg.maxInflightPerClient, HopKey: proxy.HopKey(cfg.gossipKey),
 		TrustPeerCerts: edges.serverTLS != nil && edges.peerCA != nil, RequirePeerTLS: edges.peerCA != nil, APIKeys: edges.keys,
 		SessionHeader: cfg.sessionHeader, Peers: m.PeerAPIs, NoStreamLoop: cfg.noStreamLoop,
@@ -482,9 +482,10 @@ func (r *router) shutdown() error {
 	return errors.Join(errs...)
 }
 
-// hopDispatchTimeout maps --hop-dispatch-timeout to the proxy's setting,
-// in which 0 is the default and a negative value none.
-func hopDispatchTimeout(d time.Duration) time.Duration {
+// offTimeout maps a timeout flag whose 0 turns the bound off
+// (--hop-dispatch-timeout, --upstream-idle-timeout) to proxy.Config's
+// field, in which 0 is the default and a negative value none.
+func offTimeout(d time.Duration) time.Duration {
 	if d <= 0 {
 		return -1
 	}

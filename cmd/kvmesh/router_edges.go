@@ -243,12 +243,3 @@ func (r *router) ready() bool {
 func (r *router) modelsKnown() bool {
 	return r.health.Ready() && len(r.mesh.Models()) > 0
 }
-
-// upstreamIdle maps --upstream-idle-timeout to proxy.Config's field, where
-// 0 is the default and a negative duration none.
-func upstreamIdle(d time.Duration) time.Duration {
-	if d == 0 {
-		return -1
-	}
-	return d
-}
