@@ -136,26 +136,17 @@ func (s *scripted) List(ctx context.Context) ([]string, error) {
 }
 func (s *scripted) Invalidate() { s.invalidated <- struct{}{} }
 
-// TestWatch: updates come for the first list and for each change only; a
-// failed listing keeps the last list; a poke lists again at once and
-// invalidates the source.
-func TestWatch(t *testing.T) {
-	src := &scripted{results: make(chan result), invalidated: make(chan struct{}, 10)}
-	updates := make(chan []string, 10)
+// watchFeed runs Watch over src, feeding it feed one listing per poke,
+// then stops it and returns the lists update passed to updates, joined.
+func watchFeed(t *testing.T, src *scripted, feed []result, update func([]string), rec *panics.Recorder, updates chan []string) []string {
+	t.Helper()
 	poke := make(chan struct{})
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan struct{})
 	go func() {
-		Watch(ctx, src, time.Hour, poke, func(l []string) { updates <- l }, nil, nil)
+		Watch(ctx, src, time.Hour, poke, update, nil, rec)
 		close(done)
 	}()
-	feed := []result{
-		{list: []string{}},
-		{list: []string{"http://a"}},
-		{err: errors.New("timeout")},
-		{list: []string{"http://a"}},
-		{list: []string{"http://a", "http://b"}},
-	}
 	for i, r := range feed {
 		if i > 0 {
 			poke <- struct{}{}
@@ -170,6 +161,23 @@ func TestWatch(t *testing.T) {
 	for l := range updates {
 		got = append(got, strings.Join(l, " "))
 	}
+	return got
+}
+
+// TestWatch: updates come for the first list and for each change only; a
+// failed listing keeps the last list; a poke lists again at once and
+// invalidates the source.
+func TestWatch(t *testing.T) {
+	src := &scripted{results: make(chan result), invalidated: make(chan struct{}, 10)}
+	updates := make(chan []string, 10)
+	feed := []result{
+		{list: []string{}},
+		{list: []string{"http://a"}},
+		{err: errors.New("timeout")},
+		{list: []string{"http://a"}},
+		{list: []string{"http://a", "http://b"}},
+	}
+	got := watchFeed(t, src, feed, func(l []string) { updates <- l }, nil, updates)
 	if want := []string{"", "http://a", "http://a http://b"}; !slices.Equal(got, want) {
 		t.Errorf("updates %q, want %q", got, want)
 	}
@@ -194,33 +202,13 @@ func TestWatchPanicContained(t *testing.T) {
 		}
 		updates <- l
 	}
-	poke := make(chan struct{})
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan struct{})
-	go func() {
-		Watch(ctx, src, time.Hour, poke, update, nil, rec)
-		close(done)
-	}()
 	feed := []result{
 		{list: []string{"http://a"}},
 		{panicked: true},
 		{list: []string{"http://a", "http://b"}}, // its update panics
 		{list: []string{"http://a", "http://b"}}, // applied again
 	}
-	for i, r := range feed {
-		if i > 0 {
-			poke <- struct{}{}
-		}
-		src.results <- r
-	}
-	poke <- struct{}{}
-	cancel()
-	<-done
-	close(updates)
-	var got []string
-	for l := range updates {
-		got = append(got, strings.Join(l, " "))
-	}
+	got := watchFeed(t, src, feed, update, rec, updates)
 	if want := []string{"http://a", "http://a http://b"}; !slices.Equal(got, want) {
 		t.Errorf("updates %q, want %q", got, want)
 	}
