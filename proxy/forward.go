@@ -725,6 +725,7 @@ func (t *streamTap) loopData(b []byte) {
 func (t *streamTap) data(b []byte) {
 	if !t.got {
 		t.got = true
+		t.idle.heard()
 		t.firstByte()
 		t.ttft.Observe(time.Since(t.start).Seconds())
 	}

@@ -15,7 +15,10 @@ import (
 // wait the response header timeout bounds), and a stream a token every
 // few milliseconds to seconds, so a minute of silence mid-body means a
 // dead or unreachable upstream (a blackholed connection), which TCP
-// keepalive would notice only after minutes.
+// keepalive would notice only after minutes. Until the first body byte
+// the bound is the longer upstreamHeaderTimeout: an engine sends a
+// stream's headers at once, and its first token only after the request
+// waited in its queue and was prefilled, which under load takes minutes.
 const DefaultUpstreamIdleTimeout = 60 * time.Second
 
 // errUpstreamIdle ends a response whose upstream went silent.
@@ -36,6 +39,7 @@ var errUpstreamIdle = errors.New("upstream sent nothing for the upstream idle ti
 // then never goes back to the pool: a body that did not end is closed.
 type idleWatch struct {
 	d     time.Duration
+	first time.Duration // the bound until the first body byte (heard)
 	start time.Time
 	last  atomic.Int64 // time.Since(start) of the last stamp
 	timer *time.Timer
@@ -49,6 +53,7 @@ type idleWatch struct {
 	mu      sync.Mutex
 	stopped bool
 	isFired atomic.Bool
+	spoke   atomic.Bool // a body byte arrived: d bounds the silences from now
 }
 
 // watchIdle starts the watch of a response whose headers just arrived;
@@ -58,7 +63,7 @@ func (p *Proxy) watchIdle(conn net.Conn, kill func()) *idleWatch {
 	if d <= 0 {
 		return nil
 	}
-	w := &idleWatch{d: d, start: time.Now(), conn: conn, kill: kill}
+	w := &idleWatch{d: d, first: max(d, upstreamHeaderTimeout), start: time.Now(), conn: conn, kill: kill}
 	w.timer = time.AfterFunc(d, w.check)
 	return w
 }
@@ -67,6 +72,14 @@ func (p *Proxy) watchIdle(conn net.Conn, kill func()) *idleWatch {
 func (w *idleWatch) saw() {
 	if w != nil {
 		w.last.Store(int64(time.Since(w.start)))
+	}
+}
+
+// heard records the response's first body byte: from now on d bounds
+// the upstream's silences, not first.
+func (w *idleWatch) heard() {
+	if w != nil {
+		w.spoke.Store(true)
 	}
 }
 
@@ -94,9 +107,13 @@ func (w *idleWatch) check() {
 		w.timer.Reset(w.d)
 		return
 	}
+	limit := w.d
+	if !w.spoke.Load() {
+		limit = w.first
+	}
 	idle := time.Since(w.start) - time.Duration(last)
-	if idle < w.d {
-		w.timer.Reset(w.d - idle)
+	if idle < limit {
+		w.timer.Reset(min(limit-idle, w.d))
 		return
 	}
 	w.stopped = true

@@ -189,11 +189,18 @@ func NewClient() *http.Client {
 		MaxIdleConns:          1024,
 		MaxIdleConnsPerHost:   256,
 		IdleConnTimeout:       90 * time.Second,
-		ResponseHeaderTimeout: 10 * time.Minute,
+		ResponseHeaderTimeout: upstreamHeaderTimeout,
 		ExpectContinueTimeout: time.Second,
 		DisableCompression:    true,
 	}}
 }
+
+// upstreamHeaderTimeout bounds the wait for a response to start: the
+// headers of a non-streamed generation, which come once it is complete,
+// and the first body byte of a stream, whose headers an engine sends at
+// once but whose first token waits for the queue and the prefill
+// (idle.go).
+const upstreamHeaderTimeout = 10 * time.Minute
 
 // upstreamWriteBuffer is the write buffer of each upstream connection.
 const upstreamWriteBuffer = 64 << 10
