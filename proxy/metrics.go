@@ -37,6 +37,9 @@ type metrics struct {
 	loopStreams     prometheus.Counter
 	loopClientWaits prometheus.Counter
 	upstreamIdle    prometheus.Counter
+	// midstream counts streams failed after their head, by cause and by
+	// how they ended (midstream.go); its four children are resolved once.
+	midstream *prometheus.CounterVec
 
 	// Children resolved once: WithLabelValues hashes its labels and
 	// takes a lock on every call, and the request path would call it
@@ -182,6 +185,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "kvmesh_upstream_idle_timeouts_total",
 			Help: "Responses ended because their upstream (a replica or a peer router) sent no byte of the body for the upstream idle timeout.",
 		}),
+		midstream: f.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvmesh_upstream_midstream_failures_total",
+			Help: "Responses whose upstream failed after their head was sent to the client, by cause (idle_timeout, upstream_error) and by how the client's response ended (error_event: an SSE error event and a clean end; aborted: the connection broken).",
+		}, []string{"cause", "end"}),
 	}
 	// Initialise every label value so dashboards see zeros, not gaps.
 	m.byReason = map[route.Reason]prometheus.Counter{}
@@ -190,6 +197,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	for i, t := range []string{targetLocal, targetPeer} {
 		m.upstream[i] = upstreamObservers{ttft: m.ttft.WithLabelValues(t), duration: m.duration.WithLabelValues(t)}
+	}
+	for _, c := range []string{midstreamIdle, midstreamError} {
+		for _, e := range []string{endErrorEvent, endAborted} {
+			m.midstream.WithLabelValues(c, e)
+		}
 	}
 	m.reqs = map[requestKey]prometheus.Counter{}
 	m.replicas = map[string]prometheus.Gauge{}
