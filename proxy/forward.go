@@ -538,8 +538,7 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, st *reqState, id
 	}
 	defer resp.Body.Close()
 	if refused(resp.StatusCode) && more() {
-		// Drain a little so the connection can be reused.
-		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+		p.drainRefused(resp, cancel)
 		p.log.Warn("upstream refused the request, trying another", "replica", id, "status", resp.StatusCode)
 		if local && resp.StatusCode >= 500 {
 			p.reportFailure(id)
