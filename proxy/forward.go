@@ -566,9 +566,9 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, resp *http.Respons
 	obs := p.m.target(local)
 	var idle *idleWatch
 	if b, ok := resp.Body.(*upBody); ok {
-		idle = p.watchIdle(b.c.nc, nil)
+		idle = p.watchIdle(b.c.nc, nil, !local)
 	} else if cancel != nil {
-		idle = p.watchIdle(nil, cancel)
+		idle = p.watchIdle(nil, cancel, !local)
 	}
 	if idle != nil {
 		defer func() {
@@ -620,7 +620,7 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, resp *http.Respons
 		if idle.fired() {
 			cause = midstreamIdle
 			p.m.upstreamIdle.Inc()
-			p.junk.Printf("upstream %s sent nothing of its response for %v: ended", id, p.cfg.UpstreamIdleTimeout)
+			p.junk.Printf("upstream %s sent nothing of its response for %v: ended", id, idle.d)
 		} else {
 			p.log.Warn("upstream failed mid-response", "replica", id, "error", rerr)
 		}
@@ -629,7 +629,7 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, resp *http.Respons
 		}
 		obs.duration.Observe(time.Since(start).Seconds())
 		st.cut = true
-		if fr.canEnd() && p.endStream(w, rc, &wd, st, cause) {
+		if fr.canEnd() && endStream(w, rc, &wd, st, cause, idle) {
 			p.m.midstream.WithLabelValues(cause, endErrorEvent).Inc()
 			return
 		}
@@ -735,10 +735,10 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, resp *http.Respons
 // endpoint's error event, flushed; relay then returns and net/http ends
 // the body. It reports whether the event was written (a client that is
 // gone leaves st.code 499 and nothing to end).
-func (p *Proxy) endStream(w http.ResponseWriter, rc *http.ResponseController, wd *writeDeadline, st *reqState, cause string) bool {
+func endStream(w http.ResponseWriter, rc *http.ResponseController, wd *writeDeadline, st *reqState, cause string, idle *idleWatch) bool {
 	code, msg := codeUpstreamError, "the upstream failed in the middle of the response; it is incomplete"
 	if cause == midstreamIdle {
-		code, msg = codeUpstreamTimeout, fmt.Sprintf("the upstream sent nothing for %v in the middle of the response; it is incomplete", p.cfg.UpstreamIdleTimeout)
+		code, msg = codeUpstreamTimeout, fmt.Sprintf("the upstream sent nothing for %v in the middle of the response; it is incomplete", idle.d)
 	}
 	wd.extend()
 	if _, err := w.Write(streamErrorEvent(st.path, code, msg)); err != nil {
