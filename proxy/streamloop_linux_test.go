@@ -303,3 +303,39 @@ func TestStreamLoopSkipsTLSAndHTTP2(t *testing.T) {
 		t.Errorf("loop streams %v, want 0", got)
 	}
 }
+
+// TestStreamLoopHandsBackHeldEvent: a partial event the loop holds back
+// (eventFraming) goes with the stream when the loop hands it back (here
+// on Close): the normal path writes it once its end arrives, so the
+// client gets every event whole, once, in order.
+func TestStreamLoopHandsBackHeldEvent(t *testing.T) {
+	release := make(chan struct{})
+	ev0, ev1 := event(0), event(1)
+	rep := newReplica(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, ev0+ev1[:20]) // one write: one read of the loop
+		w.(http.Flusher).Flush()
+		<-release
+		io.WriteString(w, ev1[20:]+"data: [DONE]\n\n")
+	})
+	view := newFakeView([]string{"m"}, fakeReplica{id: rep.URL})
+	p, srv, _ := newTestProxy(t, view, nil)
+	_, _, resp := rawStream(t, srv.URL)
+	first := make([]byte, len(ev0))
+	if _, err := io.ReadFull(resp.Body, first); err != nil || string(first) != ev0 {
+		t.Fatalf("first event %q, %v", first, err)
+	}
+	p.Close() // the loop hands the stream back, with what it held
+	close(release)
+	rest, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(rest) != ev1+"data: [DONE]\n\n" {
+		t.Fatalf("after the hand-back the client got %q", rest)
+	}
+	view.waitDone(t)
+	if got := testutil.ToFloat64(p.m.loopStreams); got != 1 {
+		t.Errorf("loop streams %v, want 1", got)
+	}
+}
