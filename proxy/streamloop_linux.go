@@ -77,7 +77,7 @@ type loopStream struct {
 	// frame follows the stream's SSE events (eventFraming); held is a
 	// partial event read and held back until its end comes. The loop
 	// owns both until done is closed, the handler after.
-	frame *eventFraming
+	frame eventFraming
 	held  []byte
 	// Set by the loop before done is closed:
 	res     loopResult
@@ -108,7 +108,7 @@ func (ls *streamLoops) relay(r *http.Request, body *upBody, cc *net.TCPConn, onD
 	if !ok {
 		return loopNotTaken, nil, nil, nil
 	}
-	s := &loopStream{body: body, upFD: upFD, clFD: clFD, onData: onData, frame: fr, done: make(chan struct{})}
+	s := &loopStream{body: body, upFD: upFD, clFD: clFD, onData: onData, frame: *fr, done: make(chan struct{})}
 	body.c.loopFD, body.c.loopReads, body.c.inLoop = upFD, 0, true
 	if !l.send(loopMsg{s: s}) {
 		body.c.inLoop = false
@@ -130,6 +130,7 @@ func (ls *streamLoops) relay(r *http.Request, body *upBody, cc *net.TCPConn, onD
 	if s.res == loopHandback && len(s.pending) > 0 {
 		ls.m.loopClientWaits.Inc()
 	}
+	*fr = s.frame // fr stays the handler's (on its stack): the loop had a copy
 	return s.res, s.pending, s.held, s.err
 }
 
