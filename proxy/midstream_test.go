@@ -405,3 +405,25 @@ func FuzzEventEnd(f *testing.F) {
 		}
 	})
 }
+
+// BenchmarkEventFraming is the framing's cost per read of a stream: a
+// read that ends with an event (how nearly every read ends), and one
+// that ends inside an event (the rare read split mid-event, scanned back
+// to the last event end).
+func BenchmarkEventFraming(b *testing.B) {
+	ev := []byte(`data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":" tok"},"logprobs":null,"finish_reason":null}]}` + "\n\n")
+	split := append(append([]byte{}, ev...), ev[:100]...)
+	for _, tc := range []struct {
+		name string
+		b    []byte
+	}{{"whole", ev}, {"split", split}} {
+		b.Run(tc.name, func(b *testing.B) {
+			f := eventFraming{on: true}
+			for b.Loop() {
+				if f.cut(tc.b, 0, false) != len(ev) {
+					b.Fatal("wrong cut")
+				}
+			}
+		})
+	}
+}

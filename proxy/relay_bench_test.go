@@ -54,6 +54,7 @@ func benchRelayStream(b *testing.B, loop bool) {
 	defer p.Close()
 	body := []byte(chatBody("m", true, strings.Repeat("lorem ipsum dolor sit amet ", 300)))
 	client := &http.Client{Transport: &http.Transport{DisableCompression: true}}
+	cpu0 := processCPU(b)
 	for b.Loop() {
 		resp, err := client.Post(router.URL+"/v1/chat/completions", "application/json", bytes.NewReader(body))
 		if err != nil {
@@ -65,6 +66,10 @@ func benchRelayStream(b *testing.B, loop bool) {
 			b.Fatal(fmt.Sprint(resp.StatusCode, n))
 		}
 	}
+	// The process's CPU per stream (the client's and the replica's
+	// included, as in BenchmarkUpstreamClient): steadier than the wall
+	// time on a shared machine.
+	b.ReportMetric(float64(processCPU(b)-cpu0)/float64(b.N), "cpu-ns/op")
 	if loop && runtime.GOOS == "linux" && testutil.ToFloat64(p.m.loopStreams) == 0 {
 		b.Fatal("the stream loop took no stream")
 	}
