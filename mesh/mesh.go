@@ -69,6 +69,7 @@ type MemberInfo struct {
 type member struct {
 	node     memberlist.Node // a copy: memberlist mutates its own under its lock
 	meta     nodeMeta
+	wire     wireVersion // the highest it decodes, as it last advertised (delegate.go)
 	alive    bool
 	failedAt time.Time
 	rtt      time.Duration
@@ -155,6 +156,7 @@ type Mesh struct {
 	met        *metrics
 	fp         uint64
 	contractID string
+	wire       wireVersion // what this router decodes and encodes at most (wireLatest)
 	boot       uint64
 	seq        atomic.Uint64
 
@@ -214,6 +216,10 @@ func New(ctx context.Context, cfg Config) (*Mesh, error) {
 		repairs: make(chan job, repairSize),
 		members: map[string]*member{}, replicas: map[string]*replica{},
 		stateSeen: map[string]seenState{}, refused: map[string]time.Time{}, peers: map[string]*peer{},
+	}
+	m.wire = wireLatest
+	if cfg.wire != nil {
+		m.wire = min(*cfg.wire, wireLatest)
 	}
 	m.numAlive.Store(1)
 	// Before memberlist starts: its delegates may use the context at once.
