@@ -150,7 +150,7 @@ func (e *entryEnc) stateFor(m *Mesh, v wireVersion) []byte {
 	}
 	if e.stOld[v] == nil {
 		st := e.c.st.at(v)
-		e.stOld[v] = m.encodeState(&st)
+		e.stOld[v] = m.encodeState(make([]byte, 0, len(e.stFull)), &st) // at most as long
 	}
 	return e.stOld[v]
 }
@@ -184,7 +184,7 @@ func (m *Mesh) offer(now time.Time, peers []*peer, cuts []cut, others []stateMsg
 		c := &cuts[i]
 		e := &encs[i]
 		e.id, e.c, e.changed = c.r.id, c, c.changed
-		e.stFull, e.need = m.encodeState(&c.st), c.st.needs()
+		e.stFull, e.need = m.encodeState(nil, &c.st), c.st.needs()
 		slim := stateMsg{header: c.st.header, Replica: c.st.Replica, Owned: c.st.Owned, Healthy: c.st.Healthy,
 			Slim: true, Epoch: c.st.Epoch, Version: c.st.Version}
 		e.stSlim = slim.append(nil)
@@ -197,7 +197,7 @@ func (m *Mesh) offer(now time.Time, peers []*peer, cuts []cut, others []stateMsg
 	}
 	var rest [][]byte
 	for i := range others {
-		rest = append(rest, appendEntryRaw(nil, m.encodeState(&others[i]), payloadNone, nil))
+		rest = append(rest, appendEntryRaw(nil, m.encodeState(nil, &others[i]), payloadNone, nil))
 	}
 	limit := m.maxPeerMsgs()
 	// A peer's entries are encoded into one buffer, reused for the next

@@ -71,7 +71,7 @@ func TestEntryStateForOldPeer(t *testing.T) {
 	st.NoLoad = true
 	c := cut{st: st}
 	e := entryEnc{c: &c}
-	e.stFull, e.need = m.encodeState(&c.st), c.st.needs()
+	e.stFull, e.need = m.encodeState(nil, &c.st), c.st.needs()
 	known := sampleState()
 	if got := e.stateFor(m, wireBase); !bytes.Equal(got, known.append(nil)) {
 		t.Fatalf("an old peer's state\n%x\nwant the state without the flag\n%x", got, known.append(nil))
@@ -91,7 +91,7 @@ func TestEntryStateForOldPeer(t *testing.T) {
 
 	k := cut{st: sampleState()}
 	ke := entryEnc{c: &k}
-	ke.stFull, ke.need = m.encodeState(&k.st), k.st.needs()
+	ke.stFull, ke.need = m.encodeState(nil, &k.st), k.st.needs()
 	if got := ke.stateFor(m, wireBase); &got[0] != &ke.stFull[0] || ke.stOld[wireBase] != nil {
 		t.Fatal("a state with known load is encoded twice")
 	}
@@ -145,4 +145,18 @@ func TestRollingUpgradeNoLoad(t *testing.T) {
 	if n := testutil.ToFloat64(b.met.dropped.WithLabelValues(dropDecode)); n != 0 {
 		t.Fatalf("b refused %v messages", n)
 	}
+}
+
+// BenchmarkOfferOldPeer is BenchmarkOffer when every replica's engine
+// publishes no load and one of the 8 peers is from before flagNoLoad:
+// each state is encoded twice, once whole and once for the old peer.
+func BenchmarkOfferOldPeer(b *testing.B) {
+	benchOffer(b, func(cuts []cut, peers []*peer) {
+		for i := range cuts {
+			cuts[i].st.NoLoad = true
+		}
+		for _, p := range peers[1:] {
+			p.wire = wireLatest
+		}
+	})
 }
