@@ -195,6 +195,9 @@ func (m *Mesh) offer(now time.Time, peers []*peer, cuts []cut, others []stateMsg
 			e.delta = c.delta
 		}
 	}
+	// Declarations and withdrawals carry nothing a wire version added
+	// (stateMsg.needs is wireBase for them), so one encoding serves every
+	// peer; an addition they carry would take stateFor's way.
 	var rest [][]byte
 	for i := range others {
 		rest = append(rest, appendEntryRaw(nil, m.encodeState(nil, &others[i]), payloadNone, nil))

@@ -117,6 +117,11 @@ func TestRollingUpgradeNoLoad(t *testing.T) {
 			return nil
 		})
 	}
+	for _, mb := range a.Members() {
+		if want := map[string]int{"a": int(wireLatest), "b": int(wireBase), "c": int(wireLatest)}[mb.Name]; mb.Wire != want {
+			t.Fatalf("a lists %s at wire version %d, want %d", mb.Name, mb.Wire, want)
+		}
+	}
 	id := "http://a-rep"
 	a.DeclareReplica(id)
 	a.UpdateReplica(id, ReplicaStatus{Models: []string{"m"}, Healthy: true, CapacityBlocks: 2048, Slots: 8}) // no HasLoad
