@@ -3,9 +3,11 @@ package mesh
 import (
 	"bytes"
 	"fmt"
+	"net"
 	"testing"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/memberlist"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
@@ -164,4 +166,55 @@ func BenchmarkOfferOldPeer(b *testing.B) {
 			p.wire = wireLatest
 		}
 	})
+}
+
+// TestHeardWire: a router's wire version comes from memberlist's events
+// and from every alive message about it, which is how a router that
+// restarted into another build before its failure was noticed (no event:
+// its metadata did not change) is known by its new version; an alive
+// message about a router not known yet, or about another node by a known
+// name, changes nothing.
+func TestHeardWire(t *testing.T) {
+	a := newRouter(t, "a", nil)
+	d := &delegate{m: a.Mesh}
+	meta := nodeMeta{Region: "r1", API: "http://b.test", Contract: a.contractID}.encode()
+	node := func(addr string, dmax wireVersion) *memberlist.Node {
+		return &memberlist.Node{Name: "b", Addr: net.ParseIP(addr), Port: 7946, Meta: meta, DMax: uint8(dmax)}
+	}
+	wireOf := func() (wireVersion, bool) {
+		a.mu.RLock()
+		defer a.mu.RUnlock()
+		mb := a.members["b"]
+		if mb == nil {
+			return 0, false
+		}
+		return mb.wire, true
+	}
+	if err := d.NotifyAlive(node("10.0.0.2", wireLatest)); err != nil {
+		t.Fatal(err)
+	}
+	if _, known := wireOf(); known {
+		t.Fatal("an alive message made a member; the join event does")
+	}
+	d.NotifyJoin(node("10.0.0.2", wireBase))
+	for _, step := range []struct {
+		name string
+		n    *memberlist.Node
+		want wireVersion
+	}{
+		{"restarted into a newer build", node("10.0.0.2", wireLatest), wireLatest},
+		{"another node by its name", node("10.0.0.9", wireBase), wireLatest},
+		{"restarted into an older build", node("10.0.0.2", wireBase), wireBase},
+	} {
+		if err := d.NotifyAlive(step.n); err != nil {
+			t.Fatal(err)
+		}
+		if got, _ := wireOf(); got != step.want {
+			t.Fatalf("%s: wire %d, want %d", step.name, got, step.want)
+		}
+	}
+	d.NotifyUpdate(node("10.0.0.2", wireLatest))
+	if got, _ := wireOf(); got != wireLatest {
+		t.Fatalf("after an update event: wire %d", got)
+	}
 }
