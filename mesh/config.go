@@ -101,6 +101,11 @@ type Config struct {
 	Logger hclog.Logger
 	// Registerer receives the mesh's metrics; nil registers nowhere.
 	Registerer prometheus.Registerer
+
+	// wire, when set (tests), is the wire version this router advertises,
+	// decodes and encodes at most, as a router of that version would: a
+	// router before a wire addition, in one process with newer ones.
+	wire *wireVersion
 }
 
 func (c *Config) validate() error {

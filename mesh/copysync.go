@@ -25,7 +25,7 @@ func (m *Mesh) inboxLoop() {
 
 // handleMsg decodes and applies one direct message.
 func (m *Mesh) handleMsg(b []byte) {
-	msg, err := decodeMsg(b)
+	msg, err := decodeMsg(b, m.wire)
 	if err != nil {
 		m.met.dropped.WithLabelValues(dropDecode).Inc()
 		m.log.Debug("undecodable message", "bytes", len(b), "error", err)

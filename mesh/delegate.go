@@ -73,7 +73,13 @@ func (d *delegate) LocalState(join bool) []byte {
 		sum *summary.Summary
 	}
 	var entries []entry
+	var live []wireVersion
 	m.mu.RLock()
+	for name, mb := range m.members {
+		if mb.alive && name != m.cfg.Name {
+			live = append(live, mb.wire)
+		}
+	}
 	for _, r := range m.replicas {
 		if !r.declared && !r.owned {
 			continue
@@ -85,6 +91,7 @@ func (d *delegate) LocalState(join bool) []byte {
 		entries = append(entries, e)
 	}
 	m.mu.RUnlock()
+	v := pushPullWire(m.wire, join, live)
 	b := []byte{kindPushPull}
 	b = appendS8(b, m.cfg.Name)
 	b = binary.BigEndian.AppendUint64(b, m.boot)
@@ -98,7 +105,8 @@ func (d *delegate) LocalState(join bool) []byte {
 				sum = nil
 			}
 		}
-		b = appendStateWithSummary(b, &e.st, sum)
+		st := e.st.at(v)
+		b = appendStateWithSummary(b, &st, sum)
 	}
 	m.met.out(kindPushPull, len(b))
 	return b
@@ -108,7 +116,7 @@ func (d *delegate) LocalState(join bool) []byte {
 // everything and only logs and counts what it cannot decode.
 func (d *delegate) MergeRemoteState(buf []byte, join bool) {
 	m := d.m
-	p, err := decodePushPull(buf)
+	p, err := decodePushPull(buf, m.wire)
 	if err != nil {
 		m.met.dropped.WithLabelValues(dropDecode).Inc()
 		m.log.Warn("undecodable push/pull state", "bytes", len(buf), "error", err)
@@ -175,12 +183,45 @@ func (d *delegate) checkPeer(n *memberlist.Node) error {
 	return err
 }
 
-// NotifyAlive filters every alive message (memberlist holds its lock).
+// NotifyAlive filters every alive message (memberlist holds its lock),
+// and takes a known router's wire version from it.
 func (d *delegate) NotifyAlive(n *memberlist.Node) error {
 	if n.Name == d.m.cfg.Name {
 		return nil
 	}
-	return d.checkPeer(n)
+	if err := d.checkPeer(n); err != nil {
+		return err
+	}
+	d.heardWire(n)
+	return nil
+}
+
+// heardWire records the wire version an alive message of a known router
+// advertises. memberlist tells the event delegate of a router that came
+// back only when it was gone or its metadata changed, not when it
+// restarted, with another build, before its failure was detected: the
+// version would stay the old build's. Alive messages carry the new one
+// (the restarted router refutes its old incarnation with one), and every
+// push/pull repeats each router's; one that a third router relays from
+// before the restart may set the old version back, until the next
+// push/pull. Either way the version is wrong only for a while: sent too
+// low, a state loses what the peer could have read; too high, the peer
+// refuses the batch and repairs its copies with full ones once the
+// version is right.
+func (d *delegate) heardWire(n *memberlist.Node) {
+	m, v := d.m, wireVersion(n.DMax)
+	m.mu.RLock()
+	mb := m.members[n.Name]
+	skip := mb == nil || mb.wire == v || !mb.node.Addr.Equal(n.Addr) || mb.node.Port != n.Port
+	m.mu.RUnlock()
+	if skip {
+		return // not known yet (NotifyJoin records it), or another node by that name
+	}
+	m.mu.Lock()
+	if mb := m.members[n.Name]; mb != nil {
+		mb.wire = v
+	}
+	m.mu.Unlock()
 }
 
 // NotifyMerge refuses a join with a cluster of another contract.
@@ -211,7 +252,7 @@ func (d *delegate) upsert(n *memberlist.Node, alive bool) {
 	if mb.meta != meta {
 		m.touchOwnedByLocked(mb) // their entries carry its region
 	}
-	mb.node, mb.meta = node, meta
+	mb.node, mb.meta, mb.wire = node, meta, wireVersion(n.DMax)
 	if mb.alive && !alive {
 		mb.failedAt = time.Now()
 	}

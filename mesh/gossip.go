@@ -124,18 +124,18 @@ func (m *Mesh) ownedStateLocked(r *replica) stateMsg {
 
 func u32(n int) uint32 { return uint32(min(max(n, 0), 1<<31)) }
 
-// encodeState encodes a state within maxStateBytes, dropping declarers
-// then models that do not fit (a replica with hundreds of models is not
-// routed for all).
-func (m *Mesh) encodeState(st *stateMsg) []byte {
-	b := st.append(nil)
+// encodeState appends a state to dst within maxStateBytes, dropping
+// declarers then models that do not fit (a replica with hundreds of
+// models is not routed for all).
+func (m *Mesh) encodeState(dst []byte, st *stateMsg) []byte {
+	b := st.append(dst)
 	for len(b) > maxStateBytes && len(st.DeclaredBy) > 1 {
 		st.DeclaredBy = st.DeclaredBy[:len(st.DeclaredBy)-1]
-		b = st.append(b[:0])
+		b = st.append(b[:len(dst)])
 	}
 	for len(b) > maxStateBytes && len(st.Models) > 0 {
 		st.Models = st.Models[:len(st.Models)-1]
-		b = st.append(b[:0])
+		b = st.append(b[:len(dst)])
 		if len(b) <= maxStateBytes {
 			m.log.Warn("replica state over its bound; models left out", "replica", st.Replica, "kept", len(st.Models))
 		}

@@ -96,7 +96,7 @@ func TestAssembleSplitsAtTheLimits(t *testing.T) {
 		if len(b) > maxBatchBytes || cap(b) != len(b) {
 			t.Fatalf("message %d: %d bytes, capacity %d", k, len(b), cap(b))
 		}
-		v, err := decodeMsg(b)
+		v, err := decodeMsg(b, wireLatest)
 		if err != nil {
 			t.Fatalf("message %d: %v", k, err)
 		}

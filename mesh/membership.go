@@ -34,6 +34,11 @@ func (m *Mesh) memberlistConfig() (*memberlist.Config, error) {
 	// does not shrink; compressing every stream cost more CPU than the
 	// batches themselves.
 	mc.EnableCompression = false
+	// The wire version (wire.go's wireVersion): the maximum says what
+	// this router decodes; the minimum and current stay wireBase, which
+	// every router speaks, or memberlist would refuse the routers from
+	// before versioning, which advertise 0, 0, 0.
+	mc.DelegateProtocolMin, mc.DelegateProtocolVersion, mc.DelegateProtocolMax = uint8(wireBase), uint8(wireBase), uint8(m.wire)
 	if cfg.SecretKey != nil {
 		mc.SecretKey = append([]byte(nil), cfg.SecretKey...)
 	}

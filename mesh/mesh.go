@@ -64,11 +64,16 @@ type MemberInfo struct {
 	State  string  `json:"state"` // "alive" or "failed"
 	RTTMs  float64 `json:"rtt_ms"`
 	Self   bool    `json:"self"`
+	// Wire is the highest gossip wire version the router decodes, as it
+	// advertises it (wire.go): during a rolling upgrade, the routers
+	// still on an older build show a lower one.
+	Wire int `json:"wire_version"`
 }
 
 type member struct {
 	node     memberlist.Node // a copy: memberlist mutates its own under its lock
 	meta     nodeMeta
+	wire     wireVersion // the highest it decodes, as it last advertised (delegate.go)
 	alive    bool
 	failedAt time.Time
 	rtt      time.Duration
@@ -155,6 +160,7 @@ type Mesh struct {
 	met        *metrics
 	fp         uint64
 	contractID string
+	wire       wireVersion // what this router decodes and encodes at most (wireLatest)
 	boot       uint64
 	seq        atomic.Uint64
 
@@ -214,6 +220,10 @@ func New(ctx context.Context, cfg Config) (*Mesh, error) {
 		repairs: make(chan job, repairSize),
 		members: map[string]*member{}, replicas: map[string]*replica{},
 		stateSeen: map[string]seenState{}, refused: map[string]time.Time{}, peers: map[string]*peer{},
+	}
+	m.wire = wireLatest
+	if cfg.wire != nil {
+		m.wire = min(*cfg.wire, wireLatest)
 	}
 	m.numAlive.Store(1)
 	// Before memberlist starts: its delegates may use the context at once.

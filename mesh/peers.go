@@ -44,6 +44,7 @@ type peer struct {
 
 	mu     sync.Mutex // after m.mu when both are held, never before
 	node   memberlist.Node
+	wire   wireVersion // what its batches are encoded at (peerWire)
 	q      [][]byte
 	qBytes int
 	// handBack holds copies handed back to this peer's new incarnation
@@ -81,13 +82,13 @@ func (m *Mesh) syncPeersLocked() []*peer {
 		case mb.alive && p == nil:
 			ctx, cancel := context.WithCancel(m.ctx)
 			p = &peer{name: name, wake: make(chan struct{}, 1), stop: cancel, node: mb.node, fullSome: map[string]bool{},
-				fresh: true, fullAll: true, fullWhy: fullNewPeer}
+				fresh: true, fullAll: true, fullWhy: fullNewPeer, wire: peerWire(m.wire, mb.wire)}
 			m.peers[name] = p
 			m.wg.Add(1)
 			go m.sendLoop(ctx, p)
 		case mb.alive:
 			p.mu.Lock()
-			p.node = mb.node
+			p.node, p.wire = mb.node, peerWire(m.wire, mb.wire)
 			p.mu.Unlock()
 		case p != nil:
 			m.dropPeerLocked(p)
@@ -128,8 +129,12 @@ func (m *Mesh) handleFullReqLocked(f fullReq) {
 // entryEnc is one owned replica's share of a tick, encoded once and
 // shared by every peer's batch.
 type entryEnc struct {
-	id      string
-	stFull  []byte // the full state
+	id     string
+	stFull []byte      // the full state, whole
+	need   wireVersion // the least version stFull is for (stateMsg.needs)
+	// stOld holds the full state at each version below need, encoded
+	// for the first peer of that version (stateFor).
+	stOld   [wireLatest][]byte
 	stSlim  []byte // the slim state (position only)
 	delta   []byte // nil when nothing changed
 	changed bool   // the full state goes to everyone
@@ -138,18 +143,30 @@ type entryEnc struct {
 	c       *cut
 }
 
+// stateFor is the full state as a peer of version v is to read it.
+func (e *entryEnc) stateFor(m *Mesh, v wireVersion) []byte {
+	if v >= e.need {
+		return e.stFull
+	}
+	if e.stOld[v] == nil {
+		st := e.c.st.at(v)
+		e.stOld[v] = m.encodeState(make([]byte, 0, len(e.stFull)), &st) // at most as long
+	}
+	return e.stOld[v]
+}
+
 // entry assembles the entry a peer gets.
-func (e *entryEnc) entry(dst []byte, p *peer, wantFull string, due bool, fp uint64) []byte {
+func (e *entryEnc) entry(m *Mesh, dst []byte, p *peer, wantFull string, due bool) []byte {
 	st := e.stSlim
 	if e.changed || p.fresh {
-		st = e.stFull
+		st = e.stateFor(m, p.wire)
 	}
 	switch {
 	case wantFull != "" && due:
 		if e.full == nil {
-			e.full = e.c.sum.AppendEncode(nil, fp)
+			e.full = e.c.sum.AppendEncode(nil, m.fp)
 		}
-		return appendEntryRaw(dst, e.stFull, payloadFull, e.full)
+		return appendEntryRaw(dst, e.stateFor(m, p.wire), payloadFull, e.full)
 	case wantFull != "":
 		return appendEntryRaw(dst, st, payloadNone, nil)
 	case e.delta != nil:
@@ -167,7 +184,7 @@ func (m *Mesh) offer(now time.Time, peers []*peer, cuts []cut, others []stateMsg
 		c := &cuts[i]
 		e := &encs[i]
 		e.id, e.c, e.changed = c.r.id, c, c.changed
-		e.stFull = m.encodeState(&c.st)
+		e.stFull, e.need = m.encodeState(nil, &c.st), c.st.needs()
 		slim := stateMsg{header: c.st.header, Replica: c.st.Replica, Owned: c.st.Owned, Healthy: c.st.Healthy,
 			Slim: true, Epoch: c.st.Epoch, Version: c.st.Version}
 		e.stSlim = slim.append(nil)
@@ -178,9 +195,12 @@ func (m *Mesh) offer(now time.Time, peers []*peer, cuts []cut, others []stateMsg
 			e.delta = c.delta
 		}
 	}
+	// Declarations and withdrawals carry nothing a wire version added
+	// (stateMsg.needs is wireBase for them), so one encoding serves every
+	// peer; an addition they carry would take stateFor's way.
 	var rest [][]byte
 	for i := range others {
-		rest = append(rest, appendEntryRaw(nil, m.encodeState(&others[i]), payloadNone, nil))
+		rest = append(rest, appendEntryRaw(nil, m.encodeState(nil, &others[i]), payloadNone, nil))
 	}
 	limit := m.maxPeerMsgs()
 	// A peer's entries are encoded into one buffer, reused for the next
@@ -197,7 +217,7 @@ func (m *Mesh) offer(now time.Time, peers []*peer, cuts []cut, others []stateMsg
 			e := &encs[i]
 			why := p.wantFull(e)
 			n0 := len(buf)
-			buf = e.entry(buf, p, why, due, m.fp)
+			buf = e.entry(m, buf, p, why, due)
 			if len(buf) == n0 {
 				continue
 			}
@@ -239,7 +259,7 @@ func (m *Mesh) offer(now time.Time, peers []*peer, cuts []cut, others []stateMsg
 			p.fullAll, p.fullWhy = true, fullOverflow
 			parts = parts[:0]
 			for i := range encs {
-				if b := encs[i].entry(nil, p, fullOverflow, false, m.fp); len(b) > 0 {
+				if b := encs[i].entry(m, nil, p, fullOverflow, false); len(b) > 0 {
 					parts = append(parts, b)
 				}
 			}

@@ -575,7 +575,7 @@ func (m *Mesh) Members() []MemberInfo {
 			st = "alive"
 		}
 		out = append(out, MemberInfo{Name: name, Region: mb.meta.Region, API: mb.meta.API, Addr: mb.node.Address(),
-			State: st, RTTMs: float64(mb.rtt.Microseconds()) / 1000, Self: name == m.cfg.Name})
+			State: st, RTTMs: float64(mb.rtt.Microseconds()) / 1000, Self: name == m.cfg.Name, Wire: int(mb.wire)})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out

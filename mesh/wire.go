@@ -28,14 +28,15 @@ import (
 // (a full reply) belonged to protocol 1 and are refused.
 //
 // A state's flags grow by bits a decoder refuses until it knows them (the
-// format has no slack a sender could hide data in), so a new bit says
-// what is rare and what older routers may do without: flagNoLoad is set
-// only by an owner whose engine publishes no load counts, and every
-// other state is encoded as before it, byte for byte. A router older
-// than the flag refuses every batch and push/pull that carries it (the
-// sender's replicas then look stale there until the upgrade reaches
-// it); one that knows it reads an older owner's states, which never
-// carry it, as load known, as the older owner meant them.
+// format has no slack a sender could hide data in). So that a rolling
+// upgrade works, every such addition since versioning began has a wire
+// version (wireVersion, below), each router advertises the highest it
+// decodes, and a sender encodes for a peer only what the peer's version
+// knows (stateMsg.at): flagNoLoad, set only by an owner whose engine
+// publishes no load counts, goes only to routers of wireNoLoad or later;
+// an older router gets the state without it, byte for byte what it
+// always read. A router reads an older owner's states, which never carry
+// it, as load known, as the older owner meant them.
 const (
 	kindState    byte = 1
 	kindFullReq  byte = 3
@@ -66,12 +67,89 @@ const (
 	maxNameLen      = 128
 )
 
+// wireVersion names what a router's decoders understand. A router
+// advertises its own as memberlist's DelegateProtocolMax (membership.go),
+// and encodes for a peer at the lesser of the two (peerWire, and
+// pushPullWire for push/pull, where memberlist does not say who the peer
+// is). The next addition to the wire (a flag, a field, a message kind)
+// takes the next number: it gets a constant here, a case in
+// stateFlags, needs and at (or their like for what it adds), and older
+// routers keep reading what they always read.
+//
+// memberlist refuses a push/pull in which an alive router's current
+// delegate version lies outside some router's [min, max], and routers
+// before versioning advertise 0, 0, 0: so every router advertises
+// wireBase as its current version and its minimum, and only its maximum
+// grows. Raising the minimum is how a future version would refuse
+// routers older than it (memberlist then refuses them at join).
+type wireVersion uint8
+
+const (
+	// wireBase is every router before versioning (memberlist's default
+	// delegate versions, 0, 0, 0).
+	wireBase wireVersion = 0
+	// wireNoLoad decodes the state flag flagNoLoad.
+	wireNoLoad wireVersion = 1
+	// wireLatest is this build's version.
+	wireLatest = wireNoLoad
+)
+
+// peerWire is the version a router of version self encodes at for a
+// peer that advertises peer.
+func peerWire(self, peer wireVersion) wireVersion { return min(self, peer) }
+
+// pushPullWire is the version of a router's push/pull state. memberlist
+// asks for it (Delegate.LocalState) without saying which router it goes
+// to, so it is the least version of the live peers; in a join the peer
+// may be one this router does not know yet (it answers before it merges
+// the joiner's state), so it is wireBase. The batches that follow a join
+// carry every state at the peer's own version.
+func pushPullWire(self wireVersion, join bool, live []wireVersion) wireVersion {
+	if join {
+		return wireBase
+	}
+	v := self
+	for _, p := range live {
+		v = peerWire(v, p)
+	}
+	return v
+}
+
+// stateFlags is the state flags a router of version v decodes.
+func (v wireVersion) stateFlags() byte {
+	f := flagOwned | flagHealthy | flagWithdrawn | flagSlim
+	if v >= wireNoLoad {
+		f |= flagNoLoad
+	}
+	return f
+}
+
+// needs is the least version that carries s whole.
+func (s *stateMsg) needs() wireVersion {
+	if s.NoLoad {
+		return wireNoLoad
+	}
+	return wireBase
+}
+
+// at is s as a router of version v is to read it: what v does not know
+// is left out. Without flagNoLoad an engine's 0 running and 0 waiting
+// read as known counts, as every router before the flag read them.
+func (s stateMsg) at(v wireVersion) stateMsg {
+	if v < wireNoLoad {
+		s.NoLoad = false
+	}
+	return s
+}
+
 var errShort = errors.New("truncated")
 
 // reader decodes with bounds checks; the first error sticks.
 type reader struct {
 	b   []byte
 	err error
+	// v is the version decoded: what a later version added is refused.
+	v wireVersion
 }
 
 func (r *reader) fail(err error) {
@@ -278,7 +356,7 @@ func (r *reader) state() stateMsg {
 	f := r.u8()
 	s.Owned, s.Healthy, s.Withdrawn, s.Slim = f&flagOwned != 0, f&flagHealthy != 0, f&flagWithdrawn != 0, f&flagSlim != 0
 	s.NoLoad = f&flagNoLoad != 0
-	if f&^(flagOwned|flagHealthy|flagWithdrawn|flagSlim|flagNoLoad) != 0 {
+	if f&^r.v.stateFlags() != 0 {
 		r.fail(fmt.Errorf("unknown flags %#x", f))
 	}
 	if s.NoLoad && (!s.Owned || s.Slim) {
@@ -347,7 +425,7 @@ func appendStateWithSummary(dst []byte, st *stateMsg, sum []byte) []byte {
 
 func (r *reader) stateWithSummary(limit int) stateWithSummary {
 	var out stateWithSummary
-	sub := reader{b: r.take(r.u16())}
+	sub := reader{b: r.take(r.u16()), v: r.v}
 	if r.err != nil {
 		return out
 	}
@@ -420,7 +498,7 @@ func (r *reader) batch() batchMsg {
 	}
 	for i := 0; i < n && r.err == nil; i++ {
 		var e batchEntry
-		sub := reader{b: r.take(r.u16())}
+		sub := reader{b: r.take(r.u16()), v: r.v}
 		if r.err != nil {
 			break
 		}
@@ -453,10 +531,10 @@ type pushPull struct {
 	Entries []stateWithSummary
 }
 
-// decodeMsg decodes one direct message; it returns one of stateMsg,
-// fullReq or batchMsg.
-func decodeMsg(b []byte) (any, error) {
-	r := reader{b: b}
+// decodeMsg decodes one direct message as a router of version v; it
+// returns one of stateMsg, fullReq or batchMsg.
+func decodeMsg(b []byte, v wireVersion) (any, error) {
+	r := reader{b: b, v: v}
 	kind := r.u8()
 	var out any
 	switch kind {
@@ -481,8 +559,9 @@ func decodeMsg(b []byte) (any, error) {
 	return out, nil
 }
 
-func decodePushPull(b []byte) (pushPull, error) {
-	r := reader{b: b}
+// decodePushPull decodes a push/pull state as a router of version v.
+func decodePushPull(b []byte, v wireVersion) (pushPull, error) {
+	r := reader{b: b, v: v}
 	var p pushPull
 	if k := r.u8(); r.err == nil && k != kindPushPull {
 		return p, fmt.Errorf("push/pull state: kind %d", k)

@@ -33,6 +33,10 @@ func sampleMessages(t testing.TB) [][]byte {
 	noLoad := st
 	noLoad.NoLoad, noLoad.Running, noLoad.Waiting = true, 0, 0
 	nb := batchMsg{header: header{Origin: "a", Boot: 7, Seq: 12}, Entries: []batchEntry{{State: noLoad, Kind: payloadDelta, Payload: delta}}}
+	npp := appendS8([]byte{kindPushPull}, "a")
+	npp = append(npp, 0, 0, 0, 0, 0, 0, 0, 7, 0, 0, 0, 2)
+	npp = appendStateWithSummary(npp, &noLoad, sum)
+	npp = appendStateWithSummary(npp, &st, nil)
 	return [][]byte{
 		st.append(nil),
 		b.append(nil),
@@ -41,6 +45,7 @@ func sampleMessages(t testing.TB) [][]byte {
 		nodeMeta{Region: "eu", API: "http://a:8080", Contract: summary.DefaultContract().ID()}.encode(),
 		noLoad.append(nil),
 		nb.append(nil),
+		npp,
 	}
 }
 
@@ -62,7 +67,7 @@ func TestWireRoundTrip(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := decodeMsg(tc.b)
+			got, err := decodeMsg(tc.b, wireLatest)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -71,7 +76,7 @@ func TestWireRoundTrip(t *testing.T) {
 			}
 		})
 	}
-	v, err := decodeMsg(msgs[1])
+	v, err := decodeMsg(msgs[1], wireLatest)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,7 +91,7 @@ func TestWireRoundTrip(t *testing.T) {
 	if _, err := summary.Decode(b.Entries[1].Payload, summary.DefaultContract().Fingerprint()); err != nil {
 		t.Fatalf("batch full summary: %v", err)
 	}
-	p, err := decodePushPull(msgs[3])
+	p, err := decodePushPull(msgs[3], wireLatest)
 	if err != nil || p.Origin != "a" || p.Boot != 7 || len(p.Entries) != 1 {
 		t.Fatalf("push/pull %+v %v", p, err)
 	}
@@ -96,7 +101,7 @@ func TestWireRoundTrip(t *testing.T) {
 	}
 	// Protocol 1's kinds are refused.
 	for _, kind := range []byte{2, 4} {
-		if _, err := decodeMsg([]byte{kind, 1, 'a'}); err == nil {
+		if _, err := decodeMsg([]byte{kind, 1, 'a'}, wireLatest); err == nil {
 			t.Fatalf("kind %d decoded", kind)
 		}
 	}
@@ -122,7 +127,7 @@ func TestWireNoLoad(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	v, err := decodeMsg(old)
+	v, err := decodeMsg(old, wireLatest)
 	if err != nil {
 		t.Fatalf("an older router's state: %v", err)
 	}
@@ -133,7 +138,7 @@ func TestWireNoLoad(t *testing.T) {
 	none := known
 	none.NoLoad = true
 	b := none.append(nil)
-	v, err = decodeMsg(b)
+	v, err = decodeMsg(b, wireLatest)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,16 +157,28 @@ func TestWireNoLoad(t *testing.T) {
 	if len(b) != len(old) || diff != 1 {
 		t.Fatalf("%d bytes differ (lengths %d, %d), want the flags byte only", diff, len(b), len(old))
 	}
+	// A router before the flag (wireBase) reads the older state and
+	// refuses the flag, as the routers before versioning do; for it, the
+	// state is encoded without the flag: the older bytes.
+	if v, err := decodeMsg(old, wireBase); err != nil || !reflect.DeepEqual(v, known) {
+		t.Fatalf("the older state at wireBase: %+v %v", v, err)
+	}
+	if _, err := decodeMsg(b, wireBase); err == nil {
+		t.Fatal("a router before the flag decodes it")
+	}
+	if ob := none.at(wireBase); hex.EncodeToString(ob.append(nil)) != goldenState {
+		t.Fatalf("the state for a router before the flag is not the older bytes")
+	}
 	// In a batch and a push/pull too.
 	bm := batchMsg{header: header{Origin: "a", Boot: 7, Seq: 10}, Entries: []batchEntry{{State: none}, {State: known}}}
-	v, err = decodeMsg(bm.append(nil))
+	v, err = decodeMsg(bm.append(nil), wireLatest)
 	if err != nil || !v.(batchMsg).Entries[0].State.NoLoad || v.(batchMsg).Entries[1].State.NoLoad {
 		t.Fatalf("batch %+v %v", v, err)
 	}
 	pp := appendS8([]byte{kindPushPull}, "a")
 	pp = append(pp, 0, 0, 0, 0, 0, 0, 0, 7, 0, 0, 0, 1)
 	pp = appendStateWithSummary(pp, &none, nil)
-	if p, err := decodePushPull(pp); err != nil || len(p.Entries) != 1 || !p.Entries[0].State.NoLoad {
+	if p, err := decodePushPull(pp, wireLatest); err != nil || len(p.Entries) != 1 || !p.Entries[0].State.NoLoad {
 		t.Fatalf("push/pull %+v %v", p, err)
 	}
 
@@ -173,7 +190,7 @@ func TestWireNoLoad(t *testing.T) {
 		{"declaration", stateMsg{header: known.header, Replica: known.Replica, NoLoad: true}},
 		{"slim", stateMsg{header: known.header, Replica: known.Replica, Owned: true, Slim: true, NoLoad: true}},
 	} {
-		if _, err := decodeMsg(tc.st.append(nil)); err == nil {
+		if _, err := decodeMsg(tc.st.append(nil), wireLatest); err == nil {
 			t.Fatalf("%s with flagNoLoad decoded", tc.name)
 		}
 	}
@@ -183,8 +200,8 @@ func TestWireNoLoad(t *testing.T) {
 func TestWireTruncated(t *testing.T) {
 	for i, b := range sampleMessages(t) {
 		for n := 0; n < len(b); n++ {
-			_, e1 := decodeMsg(b[:n])
-			_, e2 := decodePushPull(b[:n])
+			_, e1 := decodeMsg(b[:n], wireLatest)
+			_, e2 := decodePushPull(b[:n], wireLatest)
 			_, e3 := decodeMeta(b[:n])
 			if e1 == nil && e2 == nil && e3 == nil {
 				t.Fatalf("message %d truncated to %d bytes decoded", i, n)
@@ -212,7 +229,7 @@ func TestDelegateGarbage(t *testing.T) {
 		return err != nil
 	}
 	badMsg := func(b []byte) int {
-		v, err := decodeMsg(b)
+		v, err := decodeMsg(b, wireLatest)
 		if err != nil {
 			return 1
 		}
@@ -234,7 +251,7 @@ func TestDelegateGarbage(t *testing.T) {
 		return n
 	}
 	badPushPull := func(b []byte) int {
-		p, err := decodePushPull(b)
+		p, err := decodePushPull(b, wireLatest)
 		if err != nil {
 			return 1
 		}
@@ -302,7 +319,12 @@ func FuzzDecodeMsg(f *testing.F) {
 		f.Add(b)
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
-		v, err := decodeMsg(b)
+		// What an older version decodes, a newer one decodes the same.
+		vb, errBase := decodeMsg(b, wireBase)
+		v, err := decodeMsg(b, wireLatest)
+		if errBase == nil && (err != nil || !reflect.DeepEqual(vb, v)) {
+			t.Fatalf("decoded at wireBase as %+v, at wireLatest as %+v, %v", vb, v, err)
+		}
 		if err != nil {
 			return
 		}
@@ -329,7 +351,11 @@ func FuzzDecodePushPull(f *testing.F) {
 	}
 	fp := summary.DefaultContract().Fingerprint()
 	f.Fuzz(func(t *testing.T, b []byte) {
-		p, err := decodePushPull(b)
+		pb, errBase := decodePushPull(b, wireBase)
+		p, err := decodePushPull(b, wireLatest)
+		if errBase == nil && (err != nil || !reflect.DeepEqual(pb, p)) {
+			t.Fatalf("decoded at wireBase as %+v, at wireLatest as %+v, %v", pb, p, err)
+		}
 		if err != nil {
 			return
 		}
@@ -347,7 +373,7 @@ func FuzzBatchPayloads(f *testing.F) {
 	}
 	fp := summary.DefaultContract().Fingerprint()
 	f.Fuzz(func(t *testing.T, b []byte) {
-		v, err := decodeMsg(b)
+		v, err := decodeMsg(b, wireLatest)
 		if err != nil {
 			return
 		}

@@ -203,17 +203,27 @@ func (p *Proxy) inference(w http.ResponseWriter, r *http.Request, ep *endpoint) 
 	if id := st.prompt.PreviousResponseID; id != "" {
 		p.replicaOfResponse(r.Context(), r, id, st.hop) // decide finds it
 	}
+	// The loads, and the placement sequence they reflect (placeBook).
 	var cands []route.Candidate
-	if pv, ok := p.cfg.View.(pooledView); ok {
-		var release func()
-		cands, release = pv.PooledCandidates(st.prompt.Model)
+	var release func()
+	snap := p.places.read(func() {
+		if pv, ok := p.cfg.View.(pooledView); ok {
+			if release != nil {
+				release()
+			}
+			cands, release = pv.PooledCandidates(st.prompt.Model)
+		} else {
+			cands = p.cfg.View.Candidates(st.prompt.Model, cands[:0])
+		}
+		p.load.fill(cands)
+		p.hops.fill(cands, p.clock)
+		if p.loadsRead != nil {
+			p.loadsRead()
+		}
+	})
+	if release != nil {
 		defer release()
-	} else {
-		cands = p.cfg.View.Candidates(st.prompt.Model, nil)
 	}
-	p.load.fill(cands)
-	p.hops.fill(cands, p.clock)
-	snap := p.places.snapshot()
 	hinted, hintMatch := -1, 0
 	if st.hop && len(cands) > 0 {
 		cands, hinted = p.ownCandidates(cands, r.Header.Get(HeaderReplica))

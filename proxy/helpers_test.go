@@ -70,6 +70,8 @@ type fakeReplica struct {
 	match    int    // the prefix match its summary claims
 	inFlight int
 	pending  float64 // queued prefill blocks
+	slots    int     // the engine's sequence slots (0: unknown)
+	seqMs    float64 // a sequence's mean time in a slot (0: unknown)
 }
 
 // fakeView is a View over a fixed set of replicas that records what the
@@ -95,7 +97,8 @@ func (v *fakeView) Candidates(model string, dst []route.Candidate) []route.Candi
 		// Local as the mesh sets it (the proxy books by it): the
 		// replicas this router owns.
 		c := route.Candidate{Detail: &route.Detail{ID: r.id, Local: r.owner == ""}, Hash: route.HashID(r.id),
-			InFlight: route.Count32(r.inFlight), PendingPrefillBlocks: r.pending}
+			InFlight: route.Count32(r.inFlight), PendingPrefillBlocks: r.pending, Slots: route.Count32(r.slots)}
+		c.Detail.SeqMs = r.seqMs
 		c.Summary = fixedMatch(r.match)
 		dst = append(dst, c)
 	}

@@ -87,6 +87,12 @@ func (p *Proxy) verifyStamp(h http.Header, mac func(ts string) []byte) bool {
 // maxHopCount bounds the counts a hop header carries.
 const maxHopCount = 1 << 20
 
+// maxHopValue bounds the length of a hop header's value parseHop reads:
+// "1;c=1048576;f=1048576" is 21 bytes, and a later version's fields
+// leave room; a longer value, a stranger's or a broken one, is read as
+// "1" without looking further.
+const maxHopValue = 64
+
 // hopValue is X-Kvmesh-Hop's value: "1", then ";c=N" and ";f=M" for a
 // deciding router's Concurrent and ForkBlocks when they say anything.
 // Owners of earlier versions only test that the header is present, and
@@ -102,24 +108,57 @@ func hopValue(concurrent, fork int) string {
 	return v
 }
 
-// parseHop reads the counts of a hop header's value; what is missing or
-// malformed is 0 (unknown).
+// parseHop reads the counts of a hop header's value, strictly: the value
+// is "1" and fields "k=N", N in decimal without sign or leading zero, at
+// most maxHopCount. A count that is malformed, out of range or given
+// twice is 0 (unknown); a value over maxHopValue bytes, or not "1"
+// first, carries none. A field of another name is a later version's and
+// is skipped. The owner bounds what it does with them anyway (the fork
+// to the request's blocks; the concurrency only compares).
 func parseHop(v string) (concurrent, fork int) {
-	_, rest, _ := strings.Cut(v, ";")
+	if len(v) > maxHopValue {
+		return 0, 0
+	}
+	first, rest, _ := strings.Cut(v, ";")
+	if first != "1" {
+		return 0, 0
+	}
+	seenC, seenF := false, false
 	for f := range strings.SplitSeq(rest, ";") {
-		k, val, ok := strings.Cut(f, "=")
-		n, err := strconv.Atoi(val)
-		if !ok || err != nil || n < 0 || n > maxHopCount {
-			continue
-		}
+		k, val, _ := strings.Cut(f, "=")
+		var seen *bool
+		var dst *int
 		switch k {
 		case "c":
-			concurrent = n
+			seen, dst = &seenC, &concurrent
 		case "f":
-			fork = n
+			seen, dst = &seenF, &fork
+		default:
+			continue
 		}
+		n, ok := hopCount(val)
+		if *seen || !ok {
+			n = 0 // twice or malformed: unknown
+		}
+		*seen, *dst = true, n
 	}
 	return concurrent, fork
+}
+
+// hopCount parses a count as hopValue writes it: decimal digits, no sign,
+// no leading zero, at most maxHopCount.
+func hopCount(s string) (int, bool) {
+	if s == "" || len(s) > 7 || (s[0] == '0' && len(s) > 1) {
+		return 0, false
+	}
+	n := 0
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return 0, false
+		}
+		n = n*10 + int(s[i]-'0')
+	}
+	return n, n <= maxHopCount
 }
 
 // hopOf reports whether r is a forwarded request whose hints this router

@@ -127,11 +127,41 @@ func TestHopValue(t *testing.T) {
 			t.Errorf("parseHop(%q) = %d, %d", tc.want, c, f)
 		}
 	}
-	for _, junk := range []string{"", "1;", "1;c=", "1;c=-4", "1;f=x", "1;c=99999999999", ";;;", "1;z=3"} {
+	for _, junk := range []string{"", "1;", "1;c=", "1;c=-4", "1;f=x", "1;c=99999999999", ";;;", "1;z=3",
+		"1;c=+5", "1;c=05", "1;c= 5", "1;c=5 ", "1;c=1048577", "1;c=3;c=3", "1;f=2;f=9", "2;c=3", "x;c=3", "c=3",
+		"1;c=3;" + strings.Repeat("z", maxHopValue)} {
 		if c, f := parseHop(junk); c != 0 || f != 0 {
 			t.Errorf("parseHop(%q) = %d, %d, want 0, 0", junk, c, f)
 		}
 	}
+	// A later version's field is skipped; a bad count leaves the other.
+	for v, want := range map[string][2]int{"1;z=3;c=4": {4, 0}, "1;c=4;f=0x1": {4, 0}, "1;c=7;c=8;f=2": {0, 2}} {
+		if c, f := parseHop(v); c != want[0] || f != want[1] {
+			t.Errorf("parseHop(%q) = %d, %d, want %v", v, c, f, want)
+		}
+	}
+}
+
+// FuzzParseHop: whatever a stranger puts in the header, the counts are
+// in range and stable: written back by hopValue they read the same.
+func FuzzParseHop(f *testing.F) {
+	for _, s := range []string{"1", "1;c=3", "1;f=24", "1;c=5;f=7", "1;c=1048576;f=1048576", "1;c=05", "1;c=3;c=4",
+		"1;z=9;f=2", "2;c=3", "1;c=-1", ";", "1;c=" + strings.Repeat("9", 70)} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, v string) {
+		c, fk := parseHop(v)
+		if c < 0 || c > maxHopCount || fk < 0 || fk > maxHopCount {
+			t.Fatalf("parseHop(%q) = %d, %d: out of range", v, c, fk)
+		}
+		wc := c
+		if wc == 1 {
+			wc = 0 // hopValue leaves out what says nothing
+		}
+		if c2, f2 := parseHop(hopValue(c, fk)); c2 != wc || f2 != fk {
+			t.Fatalf("parseHop(%q) = %d, %d; written back as %q, read %d, %d", v, c, fk, hopValue(c, fk), c2, f2)
+		}
+	})
 }
 
 // TestSignedHopCarriesCounts: the counts are under the hop's MAC: the
@@ -241,5 +271,56 @@ func TestHopBookFillAsksTheClockUnlocked(t *testing.T) {
 	b.fill(cs, clock)
 	if asked != 2 || cs[0].InFlight != 1 || cs[1].InFlight != 1 || cs[0].PendingPrefillBlocks != 2 || cs[0].Detail.Own != 1 {
 		t.Fatalf("asked %d clocks; candidates %+v %+v", asked, cs[0], cs[1])
+	}
+}
+
+// TestOwnerRedecidesWithTheHopsCounts: an owner that cannot keep the
+// hint (its replica holds the prefix but has no free slot) decides again
+// with the deciding router's Concurrent and ForkBlocks from the hop, as
+// the simulator's owner does: one request alone waits at the holder; one
+// of several concurrent ones for the prefix, or one forking from a stem
+// it shares, starts at once on another replica of the owner's.
+func TestOwnerRedecidesWithTheHopsCounts(t *testing.T) {
+	prompt := chatBody("m", false, longPrompt)
+	for _, tc := range []struct {
+		name, hop string
+		holder    bool
+	}{
+		{"no counts: the holder", "1", true},
+		{"alone: the holder", "1;c=1", true},
+		{"several for the prefix: another replica", "1;c=3", false},
+		{"a stem's fork: another replica", "1;f=1000", false},
+		{"the largest count acts as any over the holders", "1;c=1048576", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			chat := func(w http.ResponseWriter, r *http.Request) { jsonChat(w, "hi", 0) }
+			holder := newReplica(t, chat)
+			others := []*replicaServer{newReplica(t, chat), newReplica(t, chat), newReplica(t, chat)}
+			// The holder: two requests ahead for its 4 slots (2 s of
+			// wait at 4 s a sequence); the others idle, holding nothing.
+			rs := []fakeReplica{{id: holder.URL, match: 1 << 20, slots: 4, inFlight: 5, seqMs: 4000}}
+			for _, o := range others {
+				rs = append(rs, fakeReplica{id: o.URL, slots: 4, seqMs: 4000})
+			}
+			_, srv, _ := newTestProxy(t, newFakeView([]string{"m"}, rs...), nil)
+			req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, srv.URL+"/v1/chat/completions", strings.NewReader(prompt))
+			if err != nil {
+				t.Fatal(err)
+			}
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set(HeaderHop, tc.hop)
+			req.Header.Set(HeaderReplica, holder.URL)
+			req.Header.Set(HeaderMatch, "1000")
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if body := readAll(t, resp); resp.StatusCode != http.StatusOK {
+				t.Fatalf("status %d: %s", resp.StatusCode, body)
+			}
+			if got := holder.count() == 1; got != tc.holder {
+				t.Fatalf("served at the holder %v, want %v", got, tc.holder)
+			}
+		})
 	}
 }

@@ -228,7 +228,7 @@ func slotMs(first, last time.Time, missBlocks int, blockMs float64) float64 {
 // requests this router decides, as in the simulator (counting the
 // forwarded ones at the owner too raised copies of conversations'
 // prefixes and cost hit ratio on no-shared-head at 4 slots,
-// docs/SIMULATION.md).
+// docs/history/simulation.md).
 func (p *Proxy) countHeat(st *reqState, req *route.Request) func() {
 	if st.byLoad || st.hop {
 		return func() {}

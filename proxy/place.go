@@ -21,15 +21,46 @@ const placeLogLen = 256
 // hopBook.send); two requests decided at once on one view both saw the
 // same replica idle, and both went there (three cold turns of a burst on
 // one replica of four slots, issue 7's chat). Each decision notes the
-// placement sequence after its view is read; its commit, under the lock,
-// adds to its candidates the placements committed since, and decides
-// again when one of them went to the replica it chose. Only a decision
-// that collided pays a second Pick, and only its Pick is serialized. It
-// is safe for concurrent use.
+// placement sequence its view of the loads reflects (read); its commit,
+// under the lock, adds to its candidates the placements committed since,
+// and decides again when one of them went to the replica it chose. Only
+// a decision that collided pays a second Pick, and only its Pick is
+// serialized. It is safe for concurrent use.
+//
+// The sequence a view reflects is exact only if no commit booked while
+// the loads were read: a commit that lands between the loads and the
+// sequence is in neither (read after the loads, the sequence counts it;
+// the loads do not), and one that lands between the sequence and the
+// loads is in both (read before them). So gen is a sequence lock around
+// each commit's booking (odd while a commit books and records), and read
+// reads the loads again when it moved, a bounded number of times.
 type placeBook struct {
 	mu  sync.Mutex
 	seq atomic.Uint64 // placements committed; written under mu
+	gen atomic.Uint64 // odd while a commit books; +2 per commit; written under mu
 	log [placeLogLen]placement
+}
+
+// placeReadTries bounds how often read reads the loads: a commit books in
+// about a microsecond, so three reads overlap one only under a stream of
+// commits, where the last read's sequence stands (a placement that
+// overlapped it may then be missed, as before the sequence lock).
+const placeReadTries = 3
+
+// read calls loads, which reads the decision's view of the loads, until
+// no commit booked while it ran (at most placeReadTries times), and
+// returns the placement sequence that view reflects.
+func (b *placeBook) read(loads func()) uint64 {
+	for try := 1; ; try++ {
+		g, s := b.gen.Load(), b.seq.Load()
+		loads()
+		if g%2 == 0 && b.gen.Load() == g {
+			return s // no commit began or ended meanwhile: exact
+		}
+		if try == placeReadTries {
+			return b.seq.Load()
+		}
+	}
 }
 
 // placement is one committed placement: a request booked at a replica,
@@ -40,10 +71,6 @@ type placement struct {
 	blocks float64
 	own    bool
 }
-
-// snapshot is the sequence a decision's view reflects: read after the
-// view's loads are.
-func (b *placeBook) snapshot() uint64 { return b.seq.Load() }
 
 // commit books the request of decision d (at cands[d.Index]) under the
 // lock: it adds to cands the placements committed after snap (one more
@@ -72,9 +99,20 @@ func (p *Proxy) commit(ep *endpoint, st *reqState, req route.Request, cands []ro
 		d = p.decide(ep, st, req, cands)
 	}
 	c := &cands[d.Index]
-	id, local := c.ID(), c.Detail != nil && c.Detail.Local
-	blocks, mine := float64(len(st.hashes)-d.Match), !st.hop
-	return d, p.book(id, local, blocks, mine), b.recordLocked(id, blocks, mine)
+	bk, seq := p.bookLocked(c.ID(), c.Detail != nil && c.Detail.Local, float64(len(st.hashes)-d.Match), !st.hop)
+	return d, bk, seq
+}
+
+// bookLocked books a request at replica id and records the placement,
+// within the sequence lock that read checks; it returns the booking and
+// the placement's sequence.
+func (p *Proxy) bookLocked(id string, local bool, blocks float64, mine bool) (booking, uint64) {
+	b := &p.places
+	b.gen.Add(1)
+	bk := p.book(id, local, blocks, mine)
+	seq := b.recordLocked(id, blocks, mine)
+	b.gen.Add(1)
+	return bk, seq
 }
 
 // catchUpLocked adds to cands the placements committed after snap and

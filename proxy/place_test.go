@@ -3,6 +3,7 @@ package proxy
 import (
 	"fmt"
 	"net/http"
+	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -161,5 +162,132 @@ func TestPlaceBookLocatesOnce(t *testing.T) {
 	if local == 0 || hops == 0 || begins != local || local+hops != n {
 		t.Errorf("%d requests at the owned replica (%d booked in the view), %d hops; want both used, each owned one booked",
 			local, begins, hops)
+	}
+}
+
+// TestPlaceBookReadIsExact: whatever commits land while a decision reads
+// the loads, each placement counts once in what the decision sees: in
+// the loads it read, or caught up from the sequence read returns. A
+// commit that books between the loads and the sequence was in neither
+// when the sequence was read after the loads (the order before the
+// sequence lock); read reads the loads again instead. Only commits in
+// every read, placeReadTries times, leave it inexact.
+func TestPlaceBookReadIsExact(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		during []string // per read of the loads, what a commit does after it: "" nothing, "commit", "begin", "end"
+		reads  int
+		exact  bool
+	}{
+		{"no commit", nil, 1, true},
+		{"a commit after the loads were read", []string{"commit"}, 2, true},
+		{"a commit booking when the read began, done during it", []string{"begin", "end"}, 3, true},
+		{"a commit during every read", []string{"commit", "commit", "commit"}, placeReadTries, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var b placeBook
+			booked := 0 // the loads: what commits have booked
+			commits := 0
+			b.mu.Lock()
+			defer b.mu.Unlock()
+			begin := func() { b.gen.Add(1); booked++ }
+			end := func() { b.recordLocked("r0", 1, true); b.gen.Add(1); commits++ }
+			begin()
+			end() // one before the decision
+			seen, reads := 0, 0
+			snap := b.read(func() {
+				seen = booked
+				if reads < len(tc.during) {
+					switch tc.during[reads] {
+					case "commit":
+						begin()
+						end()
+					case "begin":
+						begin()
+					case "end":
+						end()
+					}
+				}
+				reads++
+			})
+			cs := []route.Candidate{{Detail: &route.Detail{ID: "r0"}}}
+			b.catchUpLocked(cs, snap, "r0")
+			if reads != tc.reads {
+				t.Errorf("%d reads of the loads, want %d", reads, tc.reads)
+			}
+			if got := seen + int(cs[0].InFlight); (got == commits) != tc.exact {
+				t.Errorf("%d placements seen (%d in the loads, %d caught up) of %d, want exact %v",
+					got, seen, cs[0].InFlight, commits, tc.exact)
+			}
+		})
+	}
+}
+
+// bookingView is a fakeView whose Begin counts in the candidates' in
+// flight, as the mesh's does.
+type bookingView struct{ *fakeView }
+
+func (v bookingView) Begin(id string, prefill float64) (func(), func()) {
+	v.add(id, 1)
+	firstByte, done := v.fakeView.Begin(id, prefill)
+	var once sync.Once
+	return firstByte, func() {
+		once.Do(func() { v.add(id, -1) })
+		done()
+	}
+}
+
+func (v bookingView) add(id string, n int) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	for i := range v.replicas {
+		if v.replicas[i].id == id {
+			v.replicas[i].inFlight += n
+		}
+	}
+}
+
+// TestDecisionSeesACommitDuringItsRead: a request booked at a replica of
+// one slot after another decision read the loads, and before that
+// decision's placement sequence was checked (the hook), fills the
+// replica for it: the decision reads the loads again, and the cold
+// request goes to the other replica instead of queueing behind the one
+// booked in the window.
+func TestDecisionSeesACommitDuringItsRead(t *testing.T) {
+	chat := func(w http.ResponseWriter, r *http.Request) { jsonChat(w, "ok", 0) }
+	reps := []*replicaServer{newReplica(t, chat), newReplica(t, chat)}
+	view := bookingView{newFakeView([]string{"m"}, fakeReplica{id: reps[0].URL, slots: 1}, fakeReplica{id: reps[1].URL, slots: 1})}
+	p, srv, _ := newTestProxy(t, view, nil)
+	body := chatBody("m", false, longPrompt)
+	served := func() []int { return []int{reps[0].count(), reps[1].count()} }
+	// Where the prompt goes on idle replicas: its key's home.
+	if resp := post(t, t.Context(), srv.URL+"/v1/chat/completions", body); resp.StatusCode != http.StatusOK {
+		t.Fatalf("status %d: %s", resp.StatusCode, readAll(t, resp))
+	} else {
+		readAll(t, resp)
+	}
+	view.waitDone(t)
+	home := 0
+	if served()[1] == 1 {
+		home = 1
+	}
+	var bk booking
+	defer func() { bk.end() }()
+	hooked := false
+	p.loadsRead = func() {
+		if hooked {
+			return
+		}
+		hooked = true
+		p.places.mu.Lock()
+		bk, _ = p.bookLocked(reps[home].URL, true, 4, true)
+		p.places.mu.Unlock()
+	}
+	resp := post(t, t.Context(), srv.URL+"/v1/chat/completions", body)
+	if b := readAll(t, resp); resp.StatusCode != http.StatusOK {
+		t.Fatalf("status %d: %s", resp.StatusCode, b)
+	}
+	if got := served(); got[1-home] != 1 || got[home] != 1 {
+		t.Fatalf("served %v; want the second request at replica %d, the home %d being full", got, 1-home, home)
 	}
 }

@@ -165,6 +165,9 @@ type Proxy struct {
 	// places makes this router's decisions serializable: each books its
 	// request before the next one reads the loads (place.go).
 	places placeBook
+	// loadsRead, in tests, runs after a decision has read the loads and
+	// before placeBook checks that no commit overlapped the read.
+	loadsRead func()
 	// loops relay SSE streams by their sockets (streamloop.go); nil when
 	// off or not on Linux.
 	loops *streamLoops

@@ -16,7 +16,7 @@ import (
 // straight to the client's socket. Relaying a token this way costs a
 // read, a write and a share of one epoll_wait: no goroutine is woken per
 // token, and the read that finds nothing, which Go's poller needs before
-// it waits, is never made (docs/BENCHMARKS.md "The stream loop").
+// it waits, is never made (docs/history/benchmarks.md, "The stream loop").
 //
 // Only the body goes this way: the handler writes and flushes the head
 // through net/http first, and net/http writes the last chunk once the

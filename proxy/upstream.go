@@ -26,7 +26,7 @@ import (
 // in one write) and reads the response itself; a chunked body's Read
 // returns every chunk one socket read delivered. Against the router on
 // net/http this took 27 % off its CPU per proxied 8 KB request and 0.8
-// futex calls per request (docs/BENCHMARKS.md, issue 9;
+// futex calls per request (docs/history/benchmarks.md, "The router's own upstream client";
 // BenchmarkUpstreamClient).
 //
 // It speaks only what replicas answer: a response with Content-Length, a

@@ -276,7 +276,7 @@ func runRouter(ctx context.Context, args []string, stdout, stderr io.Writer) err
 
 // The router's GC pacing (--gc-headroom, internal/gcpace): the percent
 // is at most 400 (the CPU per request stops improving much beyond it,
-// docs/BENCHMARKS.md), and follows the live heap every few seconds.
+// docs/history/benchmarks.md, s17-reqcpu), and follows the live heap every few seconds.
 const (
 	gcMaxPercent   = 400
 	gcPaceInterval = 5 * time.Second

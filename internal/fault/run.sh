@@ -16,6 +16,14 @@ if [ ${#need[@]} -gt 0 ]; then
   apt-get install -y "${need[@]}" >/dev/null 2>&1 || { apt-get update >/dev/null && apt-get install -y "${need[@]}" >/dev/null; }
 fi
 
+# One suite per machine: its namespaces (kvf-*) and addresses (10.77.0.0/24)
+# are fixed, so a second run would tear down the first's. Wait for it.
+exec 9>/tmp/kvmesh-fault-suite.lock
+if ! flock -n 9; then
+  echo "fault suite: another run holds /tmp/kvmesh-fault-suite.lock; waiting for it" >&2
+  flock 9
+fi
+
 # Whatever happens (a go test timeout kills the suite with SIGKILL), leave
 # no namespace, process or /etc/netns entry of the suite behind.
 cleanup() {

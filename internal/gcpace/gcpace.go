@@ -5,7 +5,7 @@
 // request buffers (sync.Pool keeps them for one cycle). A higher percent collects less often for a
 // bounded price: the heap may grow past the default GOGC's by at most
 // the headroom, since the percent falls back towards 100 as the live
-// heap grows (docs/BENCHMARKS.md, branch s17-reqcpu). A memory limit
+// heap grows (docs/history/benchmarks.md, branch s17-reqcpu). A memory limit
 // (GOMEMLIMIT) still applies on top, as the runtime applies it.
 package gcpace
 

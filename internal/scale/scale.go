@@ -57,7 +57,7 @@ type Config struct {
 	// (1: all); the others go where consistent hashing of their first
 	// block puts them, which is where a cold decision puts a new prompt.
 	// A decision over 1,024 replicas costs a hundred microseconds or more
-	// of this process's shared CPU (docs/BENCHMARKS.md), which would
+	// of this process's shared CPU (docs/history/benchmarks.md), which would
 	// otherwise cap the request rate the harness can drive below what the
 	// mesh sustains.
 	DecideEvery int

@@ -79,6 +79,17 @@ type Config struct {
 	// router's tree lacks the others' requests. 0 models one tree shared by
 	// every router and updated at once (the optimistic model before).
 	SMGSyncInterval time.Duration
+	// EPPRefreshInterval is how often the llm-d-epp models read the
+	// engines' queue and KV-cache utilization, as the EPP's metrics
+	// refresh does every 50 ms (peers.md §3: RefreshMetricsInterval).
+	// Its default scorers (queue, kv-cache utilization) see only those
+	// scraped gauges, not the EPP's own dispatches since. The model
+	// refreshes lazily, at the first decision at least this long after
+	// the last refresh: a snapshot never older than the real scraper's,
+	// so the lag is if anything kinder to the peer than the real one.
+	// 0 models gauges read at the instant of every decision (the model
+	// before).
+	EPPRefreshInterval time.Duration
 	// SlotsPublished makes the engines publish max-num-seqs; otherwise the
 	// owner learns it from the scrapes (route.SlotEstimate), as a router
 	// must for vLLM.
@@ -119,24 +130,25 @@ var Corrections = []string{CorrectionNone, CorrectionForget, CorrectionCut}
 // DefaultConfig returns the defaults of `kvmesh sim`.
 func DefaultConfig() Config {
 	return Config{
-		Replicas:          8,
-		Routers:           3,
-		CacheFraction:     0.25,
-		Load:              0.7,
-		PrefillTokensPerS: 10000,
-		DecodeMsPerToken:  20,
-		MaxNumSeqs:        32,
-		PrefillOverheadMs: 1,
-		GossipInterval:    200 * time.Millisecond,
-		GossipDelay:       50 * time.Millisecond,
-		StaleAfter:        2 * time.Second,
-		ScrapeInterval:    time.Second,
-		SMGSyncInterval:   time.Second,
-		FalsePositiveRate: 0.01,
-		Seed:              1,
-		Route:             route.DefaultPolicy(),
-		CapacityError:     1,
-		Correction:        CorrectionCut,
+		Replicas:           8,
+		Routers:            3,
+		CacheFraction:      0.25,
+		Load:               0.7,
+		PrefillTokensPerS:  10000,
+		DecodeMsPerToken:   20,
+		MaxNumSeqs:         32,
+		PrefillOverheadMs:  1,
+		GossipInterval:     200 * time.Millisecond,
+		GossipDelay:        50 * time.Millisecond,
+		StaleAfter:         2 * time.Second,
+		ScrapeInterval:     time.Second,
+		SMGSyncInterval:    time.Second,
+		EPPRefreshInterval: 50 * time.Millisecond,
+		FalsePositiveRate:  0.01,
+		Seed:               1,
+		Route:              route.DefaultPolicy(),
+		CapacityError:      1,
+		Correction:         CorrectionCut,
 	}
 }
 
@@ -167,6 +179,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("sim: scrape interval %v, want > 0", c.ScrapeInterval)
 	case c.SMGSyncInterval < 0:
 		return fmt.Errorf("sim: smg sync interval %v, want >= 0", c.SMGSyncInterval)
+	case c.EPPRefreshInterval < 0:
+		return fmt.Errorf("sim: epp refresh interval %v, want >= 0", c.EPPRefreshInterval)
 	case c.StaleAfter <= 0:
 		return fmt.Errorf("sim: stale-after %v, want > 0", c.StaleAfter)
 	case c.CapacityError < 0 || c.CapacityError > 64:

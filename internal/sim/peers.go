@@ -221,6 +221,14 @@ type peerState struct {
 	match, tree, queue, active []int
 	usage, qps                 []float64
 	buf                        []int
+
+	// eppNext[e] is the virtual time (ms) from which EPP e refreshes its
+	// engine gauges again (Config.EPPRefreshInterval); eppQueue[e] and
+	// eppUsage[e] hold them between refreshes. llm-d-epp has one EPP,
+	// llm-d-epp-3 one per router, each with its own scraper.
+	eppNext  []float64
+	eppQueue [][]int
+	eppUsage [][]float64
 }
 
 // smgInsert is one tree insert an smg-mesh router has not yet synced.
@@ -284,6 +292,11 @@ func (w *world) makePeer() {
 		}
 		if w.smgSynced() {
 			ps.unsent = make([][]smgInsert, w.nR)
+		}
+		ps.eppNext = make([]float64, w.nR)
+		ps.eppQueue, ps.eppUsage = make([][]int, w.nR), make([][]float64, w.nR)
+		for k := range ps.eppQueue {
+			ps.eppQueue[k], ps.eppUsage[k] = make([]int, R), make([]float64, R)
 		}
 	case PolicyProductionStack:
 		ps.seen = make([]map[int64]struct{}, R)
@@ -351,16 +364,22 @@ func (w *world) peerArrive(k int, i int32) int {
 		// One active EPP (HA is active-passive), or, for llm-d-epp-3,
 		// three active ones: approximate state is not shared between
 		// EPPs (peers.md §3, #1892), so each learns from its own third.
-		idx := ps.idx[0]
+		e := 0
 		if w.policy == PolicyLLMD3 {
-			idx = ps.idx[k]
+			e = k
 		}
-		for o, rep := range w.rep {
+		idx, queue, usage := ps.idx[e], ps.eppQueue[e], ps.eppUsage[e]
+		if refresh := w.p.cfg.EPPRefreshInterval; refresh == 0 || w.now >= ps.eppNext[e] {
+			for o, rep := range w.rep {
+				queue[o] = len(rep.queue) - rep.qhead
+				usage[o] = float64(rep.runningBlocks) / float64(w.p.cacheBlocks)
+			}
+			ps.eppNext[e] = w.now + ms(refresh.Seconds())
+		}
+		for o := range w.rep {
 			ps.match[o] = idx[o].leadingRun(head)
-			ps.queue[o] = len(rep.queue) - rep.qhead
-			ps.usage[o] = float64(rep.runningBlocks) / float64(w.p.cacheBlocks)
 		}
-		j = eppPick(eppDefault, ps.match, len(head), ps.queue, ps.usage, tie, ps.buf)
+		j = eppPick(eppDefault, ps.match, len(head), queue, usage, tie, ps.buf)
 		// PreRequest records the (capped) hashes for the chosen pod, in
 		// prompt order.
 		idx[j].touchInOrder(head)

@@ -261,3 +261,33 @@ func TestSMGMeshSyncsTrees(t *testing.T) {
 		}
 	}
 }
+
+func TestEPPRefreshLagHerdsABurst(t *testing.T) {
+	// 16 first turns at one instant over 4 idle replicas, every prompt
+	// starting with the global block 0. Read at every decision, the EPP's
+	// queue gauge shows each dispatch at once and outweighs the prefix
+	// score of block 0, so the burst spreads evenly; refreshed every 50 ms,
+	// as the EPP's metrics are, the gauges stay at the burst's start and
+	// block 0's holder wins every request of it.
+	reqs := conversations(16, 1, 4, 0)
+	tests := []struct {
+		refresh time.Duration
+		want    float64 // prefill max/mean over the 4 replicas
+	}{
+		{0, 1},
+		{50 * time.Millisecond, 4},
+	}
+	for _, tc := range tests {
+		cfg := testConfig()
+		cfg.Replicas, cfg.CacheBlocks, cfg.MaxNumSeqs = 4, 1000, 1
+		cfg.EPPRefreshInterval = tc.refresh
+		cfg.Policies = []string{PolicyLLMD}
+		r, err := Run(context.Background(), cfg, reqs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := r.Policies[0].PrefillMaxOverMean; got < tc.want-0.01 || got > tc.want+0.01 {
+			t.Errorf("refresh %v: prefill max/mean %.2f, want %.2f", tc.refresh, got, tc.want)
+		}
+	}
+}

@@ -1,0 +1,220 @@
+package mesh
+
+import (
+	"bytes"
+	"fmt"
+	"net"
+	"testing"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/memberlist"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+// TestWireVersionChoice is the pure part of a rolling upgrade: which
+// version a router encodes at for the peers it knows, and that every
+// peer decodes what it is sent at its own version, flagNoLoad included
+// exactly when every receiver knows it.
+func TestWireVersionChoice(t *testing.T) {
+	noLoad := sampleState()
+	noLoad.NoLoad, noLoad.Running, noLoad.Waiting = true, 0, 0
+	future := wireLatest + 3 // a router newer than this build
+	for _, tc := range []struct {
+		name string
+		self wireVersion
+		join bool
+		live []wireVersion
+		want wireVersion // the push/pull state's version
+	}{
+		{"every peer upgraded", wireLatest, false, []wireVersion{wireLatest, wireLatest}, wireLatest},
+		{"one peer from before versioning", wireLatest, false, []wireVersion{wireLatest, wireBase, wireLatest}, wireBase},
+		{"a peer newer than this router", wireLatest, false, []wireVersion{future, wireLatest}, wireLatest},
+		{"no peer yet", wireLatest, false, nil, wireLatest},
+		{"a join: the peer may be unknown", wireLatest, true, []wireVersion{wireLatest}, wireBase},
+		{"this router from before versioning", wireBase, false, []wireVersion{wireLatest}, wireBase},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			v := pushPullWire(tc.self, tc.join, tc.live)
+			if v != tc.want {
+				t.Fatalf("push/pull at version %d, want %d", v, tc.want)
+			}
+			st := noLoad.at(v)
+			b := st.append(nil)
+			for _, p := range tc.live {
+				// A peer decodes what it knows: this build's decoder
+				// at the peer's version (a newer one knows all of it).
+				got, err := decodeMsg(b, min(p, wireLatest))
+				if err != nil {
+					t.Fatalf("a peer of version %d refuses the push/pull state: %v", p, err)
+				}
+				if got.(stateMsg).NoLoad != (v >= wireNoLoad) {
+					t.Fatalf("a peer of version %d reads no load %v", p, got.(stateMsg).NoLoad)
+				}
+				// A batch goes to each peer at its own version.
+				pv := peerWire(tc.self, p)
+				ps := noLoad.at(pv)
+				got, err = decodeMsg(ps.append(nil), min(p, wireLatest))
+				if err != nil || got.(stateMsg).NoLoad != (min(tc.self, p) >= wireNoLoad) {
+					t.Fatalf("a peer of version %d: batch state at %d: %+v %v", p, pv, got, err)
+				}
+			}
+		})
+	}
+}
+
+// TestEntryStateForOldPeer: an owner's tick encodes a no-load state
+// whole once, and for a peer from before flagNoLoad once more without
+// it: the bytes such a peer always read (the golden state's, when the
+// counts are the sample's), shared by every peer of its version; a state
+// that needs no newer version is the one encoding for everyone.
+func TestEntryStateForOldPeer(t *testing.T) {
+	m := &Mesh{log: hclog.NewNullLogger()}
+	st := sampleState()
+	st.NoLoad = true
+	c := cut{st: st}
+	e := entryEnc{c: &c}
+	e.stFull, e.need = m.encodeState(nil, &c.st), c.st.needs()
+	known := sampleState()
+	if got := e.stateFor(m, wireBase); !bytes.Equal(got, known.append(nil)) {
+		t.Fatalf("an old peer's state\n%x\nwant the state without the flag\n%x", got, known.append(nil))
+	}
+	if v, err := decodeMsg(e.stateFor(m, wireBase), wireBase); err != nil || v.(stateMsg).NoLoad {
+		t.Fatalf("an old decoder reads %+v %v", v, err)
+	}
+	if &e.stateFor(m, wireBase)[0] != &e.stOld[wireBase][0] {
+		t.Fatal("the old peers' encoding is not shared")
+	}
+	if got := e.stateFor(m, wireLatest); !bytes.Equal(got, e.stFull) {
+		t.Fatal("a new peer does not get the whole state")
+	}
+	if _, err := decodeMsg(e.stFull, wireBase); err == nil {
+		t.Fatal("an old decoder reads flagNoLoad: the test tests nothing")
+	}
+
+	k := cut{st: sampleState()}
+	ke := entryEnc{c: &k}
+	ke.stFull, ke.need = m.encodeState(nil, &k.st), k.st.needs()
+	if got := ke.stateFor(m, wireBase); &got[0] != &ke.stFull[0] || ke.stOld[wireBase] != nil {
+		t.Fatal("a state with known load is encoded twice")
+	}
+}
+
+// TestRollingUpgradeNoLoad: a router from before flagNoLoad (b,
+// advertising and decoding wireBase) in a mesh with newer ones keeps a
+// fresh copy of a newer owner's replica whose engine publishes no load
+// counts, across batches and push/pulls, and refuses nothing; a newer
+// router (c) still learns that the engine publishes none. Without the
+// version, the owner's batches and push/pull states carry the flag, b
+// refuses them all, and its copy never counts.
+func TestRollingUpgradeNoLoad(t *testing.T) {
+	old := wireBase
+	a := newRouter(t, "a", nil)
+	b := newRouter(t, "b", func(c *Config) { joining(a)(c); c.wire = &old })
+	c := newRouter(t, "c", joining(a))
+	for _, r := range []*testRouter{a, b, c} {
+		eventually(t, wait, "three members at "+r.cfg.Name, func() error {
+			if n := members(r.Mesh); n != 3 {
+				return fmt.Errorf("%d members", n)
+			}
+			return nil
+		})
+	}
+	for _, mb := range a.Members() {
+		if want := map[string]int{"a": int(wireLatest), "b": int(wireBase), "c": int(wireLatest)}[mb.Name]; mb.Wire != want {
+			t.Fatalf("a lists %s at wire version %d, want %d", mb.Name, mb.Wire, want)
+		}
+	}
+	id := "http://a-rep"
+	a.DeclareReplica(id)
+	a.UpdateReplica(id, ReplicaStatus{Models: []string{"m"}, Healthy: true, CapacityBlocks: 2048, Slots: 8}) // no HasLoad
+	eventually(t, wait, "c learns the engine publishes no counts", func() error {
+		if c, ok := candidate(c.Mesh, "m", id); !ok || c.Summary == nil || c.HasLoad {
+			return fmt.Errorf("ok=%v summary %v has load %v", ok, c.Summary != nil, c.HasLoad)
+		}
+		return nil
+	})
+	pushPulls := func() float64 {
+		return testutil.ToFloat64(b.met.messages.WithLabelValues(kindName(kindPushPull), "in"))
+	}
+	// Rounds of new blocks, until b has merged push/pulls past its join
+	// (a join's is at wireBase whatever the peers) and the copy has
+	// outlived StaleAfter: every round reaches b's copy.
+	start := pushPulls()
+	for i := uint64(0); pushPulls() < start+3; i++ {
+		hashes := chain(100+i, 20)
+		a.Record(id, hashes)
+		eventually(t, wait, fmt.Sprintf("round %d: b's copy matches", i), func() error { return matches(b.Mesh, id, hashes) })
+	}
+	// b reads the state as load known, as it always did.
+	if c, _ := candidate(b.Mesh, "m", id); !c.HasLoad {
+		t.Fatal("b reads a load flag it does not know")
+	}
+	if n := testutil.ToFloat64(b.met.dropped.WithLabelValues(dropDecode)); n != 0 {
+		t.Fatalf("b refused %v messages", n)
+	}
+}
+
+// BenchmarkOfferOldPeer is BenchmarkOffer when every replica's engine
+// publishes no load and one of the 8 peers is from before flagNoLoad:
+// each state is encoded twice, once whole and once for the old peer.
+func BenchmarkOfferOldPeer(b *testing.B) {
+	benchOffer(b, func(cuts []cut, peers []*peer) {
+		for i := range cuts {
+			cuts[i].st.NoLoad = true
+		}
+		for _, p := range peers[1:] {
+			p.wire = wireLatest
+		}
+	})
+}
+
+// TestHeardWire: a router's wire version comes from memberlist's events
+// and from every alive message about it, which is how a router that
+// restarted into another build before its failure was noticed (no event:
+// its metadata did not change) is known by its new version; an alive
+// message about a router not known yet, or about another node by a known
+// name, changes nothing.
+func TestHeardWire(t *testing.T) {
+	a := newRouter(t, "a", nil)
+	d := &delegate{m: a.Mesh}
+	meta := nodeMeta{Region: "r1", API: "http://b.test", Contract: a.contractID}.encode()
+	node := func(addr string, dmax wireVersion) *memberlist.Node {
+		return &memberlist.Node{Name: "b", Addr: net.ParseIP(addr), Port: 7946, Meta: meta, DMax: uint8(dmax)}
+	}
+	wireOf := func() (wireVersion, bool) {
+		a.mu.RLock()
+		defer a.mu.RUnlock()
+		mb := a.members["b"]
+		if mb == nil {
+			return 0, false
+		}
+		return mb.wire, true
+	}
+	if err := d.NotifyAlive(node("10.0.0.2", wireLatest)); err != nil {
+		t.Fatal(err)
+	}
+	if _, known := wireOf(); known {
+		t.Fatal("an alive message made a member; the join event does")
+	}
+	d.NotifyJoin(node("10.0.0.2", wireBase))
+	for _, step := range []struct {
+		name string
+		n    *memberlist.Node
+		want wireVersion
+	}{
+		{"restarted into a newer build", node("10.0.0.2", wireLatest), wireLatest},
+		{"another node by its name", node("10.0.0.9", wireBase), wireLatest},
+		{"restarted into an older build", node("10.0.0.2", wireBase), wireBase},
+	} {
+		if err := d.NotifyAlive(step.n); err != nil {
+			t.Fatal(err)
+		}
+		if got, _ := wireOf(); got != step.want {
+			t.Fatalf("%s: wire %d, want %d", step.name, got, step.want)
+		}
+	}
+	d.NotifyUpdate(node("10.0.0.2", wireLatest))
+	if got, _ := wireOf(); got != wireLatest {
+		t.Fatalf("after an update event: wire %d", got)
+	}
+}
