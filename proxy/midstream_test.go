@@ -427,3 +427,46 @@ func BenchmarkEventFraming(b *testing.B) {
 		})
 	}
 }
+
+// TestMidStreamFailureOtherAPIs: a cut Responses or Messages stream ends
+// with that API's own error event (event: error) and a clean end; the
+// id of a cut response is not remembered for previous_response_id.
+func TestMidStreamFailureOtherAPIs(t *testing.T) {
+	for _, tc := range []struct{ path, body, first, want string }{
+		{"/v1/responses", fmt.Sprintf(`{"model":"m","input":%q,"stream":true}`, longPrompt),
+			"event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":\"resp_cut\",\"status\":\"in_progress\"}}\n\n",
+			`{"type":"error","code":"upstream_timeout","message":"`},
+		{"/v1/messages", fmt.Sprintf(`{"model":"m","max_tokens":16,"stream":true,"messages":[{"role":"user","content":%q}]}`, longPrompt),
+			"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_cut\"}}\n\n",
+			`{"type":"error","error":{"type":"api_error","message":"`},
+	} {
+		t.Run(tc.path, func(t *testing.T) {
+			rep := newReplica(t, func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", "text/event-stream")
+				io.WriteString(w, tc.first+tc.first[:20]) // an event, and the start of the next
+				w.(http.Flusher).Flush()
+				<-r.Context().Done()
+			})
+			view := newFakeView([]string{"m"}, fakeReplica{id: rep.URL})
+			p, srv, _ := newTestProxy(t, view, func(c *Config) { c.UpstreamIdleTimeout = 100 * time.Millisecond })
+			resp := post(t, t.Context(), srv.URL+tc.path, tc.body)
+			b, err := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if err != nil {
+				t.Fatalf("the stream did not end cleanly: %v after %q", err, b)
+			}
+			events, rest := parseSSE(string(b))
+			if len(events) != 2 || rest != "" || string(b[:len(tc.first)]) != tc.first {
+				t.Fatalf("got %q, want the first event, then the error event alone", b)
+			}
+			if e := events[1]; e.event != "error" || !strings.HasPrefix(e.data, tc.want) || !json.Valid([]byte(e.data)) {
+				t.Errorf("error event %+v, want event: error with data %s...", e, tc.want)
+			}
+			view.waitDone(t)
+			waitCounted(t, p, strings.TrimPrefix(tc.path, "/v1/"), 1)
+			if n := p.responses.len(); n != 0 {
+				t.Errorf("%d response ids remembered, want none of a cut stream", n)
+			}
+		})
+	}
+}
