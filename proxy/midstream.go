@@ -8,16 +8,20 @@ import (
 // A stream that fails after its head was sent (its upstream reset, went
 // silent past the upstream idle timeout, or broke its framing) cannot
 // change its status any more. Aborting the client's connection says "not
-// whole", but an OpenAI client reports it as a protocol error
-// (httpx.RemoteProtocolError, "terminated" in openai-node) that callers
-// do not expect from an API. Engines answer their own mid-stream failures
+// whole", but an OpenAI client reports it as a transport failure
+// (APIConnectionError in openai-python 3.x, a bare
+// httpx.RemoteProtocolError in older ones, "terminated" in openai-node),
+// not as the API error callers handle. Engines answer their own mid-stream failures
 // with an error event: vLLM and SGLang write
 // `data: {"error":{"message":...,"type":...,"code":...}}` and end the
 // body, and the official SDKs raise APIError on any event whose data has
 // an "error" key (openai-python's Stream.__stream__, openai-node's
 // Stream). So when the response relayed is an SSE stream, the router ends
 // it the same way: an error event in the endpoint's own shape
-// (streamErrorEvent), then the body's normal end.
+// (streamErrorEvent), then the body's normal end: on every relay path
+// (relay's read and write loop, for the own client and for net/http's
+// hops and TLS replicas; the stream loop hands a failure back to the
+// handler, which writes the event the same way).
 //
 // That needs the client to be at an event boundary when the failure comes:
 // the error event written after half an event would be parsed as that
