@@ -44,7 +44,10 @@
 //     requests fork from (Request.ForkBlocks: a hot template or document,
 //     not a conversation's history) costs only its prefill to copy when
 //     its holders are full and at least half the replicas could start
-//     it: the copy serves the stem's other requests too. A copy is that
+//     it: the copy serves the stem's other requests too. So does a
+//     prefix more requests want at once than replicas hold it
+//     (Request.Concurrent) when no holder is idle: queued prefill makes
+//     a request wait as a full engine does. A copy is that
 //     cheap only on an idle replica (a free slot, no prefill queued);
 //     on a busy one it delays the requests queued there.
 //
