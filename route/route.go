@@ -580,12 +580,11 @@ func (p Policy) pick(req Request, cands []Candidate, ms []int32) Decision {
 	// no prefill queued): the request waits behind queued prefill as it
 	// would for a slot, and so do the others. The copy serves them too,
 	// so its recompute weighs 1 against the wait at the holders (on an
-	// idle replica only: price). Until branch
-	// s20-hot the test was a free slot alone, which a prefill-bound
-	// engine (256 slots) always has: a hot prompt kept one or two
-	// holders while their lanes queued, and more than half the requests
-	// waited (the grid's hot-prompts 0.9/256/1: TTFT p50 156-312 ms,
-	// 41-47 ms since, over seeds 1-6).
+	// idle replica only: price). Until branch s20-hot the test was a free
+	// slot alone, which a prefill-bound engine (256 slots) always has: a
+	// hot prompt kept one or two holders while their lanes queued, and
+	// more than half the requests waited (the grid's hot-prompts
+	// 0.9/256/1: TTFT p50 156-312 ms, 41-46 ms since, over seeds 1-6).
 	rw := p.RecomputeWeight
 	if req.Concurrent > 1 {
 		holders, _, idleHolder := holdersOf(cands, ms, best)
