@@ -44,7 +44,10 @@
 //     requests fork from (Request.ForkBlocks: a hot template or document,
 //     not a conversation's history) costs only its prefill to copy when
 //     its holders are full and at least half the replicas could start
-//     it: the copy serves the stem's other requests too. A copy is that
+//     it: the copy serves the stem's other requests too. So does a
+//     prefix more requests want at once than replicas hold it
+//     (Request.Concurrent) when no holder is idle: queued prefill makes
+//     a request wait as a full engine does. A copy is that
 //     cheap only on an idle replica (a free slot, no prefill queued);
 //     on a busy one it delays the requests queued there.
 //
@@ -229,7 +232,9 @@ type Request struct {
 	// router has in flight, this one included; 0 means unknown (as 1). A
 	// prefix many requests want at once is worth a second copy: the
 	// recompute of a move is shared by the requests that copy will serve,
-	// so the weight of recompute is divided by Concurrent.
+	// so when they outnumber the prefix's holders and no holder can start
+	// the request at once (a free slot and no prefill queued), a move's
+	// recompute weighs 1 instead of RecomputeWeight.
 	Concurrent int
 	// ForkBlocks is the depth, in blocks, of a stem this request shares
 	// with the last request of its heat key without extending it
@@ -568,10 +573,22 @@ func (p Policy) pick(req Request, cands []Candidate, ms []int32) Decision {
 	// wait it would impose exceeds RecomputeWeight times the prefill the
 	// move adds; a move goes to the next holder first, whose recompute is
 	// smallest.
+	//
+	// A prefix more requests want at once than replicas hold it earns a
+	// copy when no holder can start the request at once, whether its
+	// slots are full or its prefill lane is busy (idle: a free slot and
+	// no prefill queued): the request waits behind queued prefill as it
+	// would for a slot, and so do the others. The copy serves them too,
+	// so its recompute weighs 1 against the wait at the holders (on an
+	// idle replica only: price). Until branch s20-hot the test was a free
+	// slot alone, which a prefill-bound engine (256 slots) always has: a
+	// hot prompt kept one or two holders while their lanes queued, and
+	// more than half the requests waited (the grid's hot-prompts
+	// 0.9/256/1: TTFT p50 156-312 ms, 41-46 ms since, over seeds 1-6).
 	rw := p.RecomputeWeight
 	if req.Concurrent > 1 {
-		holders, startable := holdersOf(cands, ms, best)
-		if req.Concurrent > holders && !startable {
+		holders, _, idleHolder := holdersOf(cands, ms, best)
+		if req.Concurrent > holders && !idleHolder {
 			rw = 1
 		}
 	}
@@ -585,10 +602,15 @@ func (p Policy) pick(req Request, cands []Candidate, ms []int32) Decision {
 	// holder longer than that takes. When fewer replicas can start it,
 	// the copy would take the last free slots and lengthen the binding
 	// resource's work, and the stem weighs RecomputeWeight like any
-	// prefix.
+	// prefix. Here "start" is a free slot, not the idle test of the
+	// concurrent rule above: a stem is known to be shared from one
+	// earlier request, not from several in flight, and with the idle
+	// test the rule copied the conversation trace's stems more (hit
+	// ratio -0.3 %) and lost no-shared-head 0.9/4/0.25's hit gate on one
+	// seed of six (branch s20-hot).
 	fork, stemWeight := 0, rw
 	if req.ForkBlocks > 0 {
-		if _, startable := holdersOf(cands, ms, best); !startable && counted > 0 && 2*canKnown >= counted {
+		if _, startable, _ := holdersOf(cands, ms, best); !startable && counted > 0 && 2*canKnown >= counted {
 			fork, stemWeight = min(req.ForkBlocks, n), 1
 		}
 	}
@@ -659,23 +681,27 @@ func pruneBounds(cands []Candidate, defBm float64) (minNet, minQueued, minBm, fi
 }
 
 // holdersOf counts the candidates holding best blocks of the request (no
-// candidate holds more) and reports whether one of them could start it at
-// once; ms, when not nil, is their matches side by side.
-func holdersOf(cands []Candidate, ms []int32, best int) (holders int, startable bool) {
+// candidate holds more) and reports whether one of them has a free
+// sequence slot (startable) and whether one of them is idle (a free slot
+// and no prefill queued: it starts the request at once); ms, when not
+// nil, is their matches side by side.
+func holdersOf(cands []Candidate, ms []int32, best int) (holders int, startable, idleHolder bool) {
 	if ms == nil {
 		for i := range cands {
-			if int(cands[i].match) >= best {
+			if c := &cands[i]; int(c.match) >= best {
 				holders++
-				startable = startable || canStart(&cands[i])
+				startable = startable || canStart(c)
+				idleHolder = idleHolder || idle(c)
 			}
 		}
-		return holders, startable
+		return holders, startable, idleHolder
 	}
 	for i, m := range ms {
-		if int(m) >= best {
+		if c := &cands[i]; int(m) >= best {
 			holders++
-			startable = startable || canStart(&cands[i])
+			startable = startable || canStart(c)
+			idleHolder = idleHolder || idle(c)
 		}
 	}
-	return holders, startable
+	return holders, startable, idleHolder
 }

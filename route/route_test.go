@@ -514,25 +514,45 @@ func TestClientKeyNeedsTwoBlocksOfEvidence(t *testing.T) {
 }
 
 // Concurrent requests for a prefix whose only holder cannot start them
-// make a second copy worth its recompute; one request alone waits.
+// at once make a second copy worth its recompute (weight 1); one request
+// alone waits. "Cannot start" is a full engine or, in a prefill-bound
+// one (many slots, one prefill lane), prefill queued: the request waits
+// behind it as it would for a slot. The move still has to pay: the
+// copy's prefill at an idle replica (21 blocks, 420 ms) against the
+// holder's wait plus the request's own block there, which a busy
+// replica prices at RecomputeWeight (320 ms).
 func TestHotPrefixReplicatesWhenItsHolderIsFull(t *testing.T) {
 	hot := chainOf(nil, 20, 4)
 	req := request(chainOf(hot, 1, 5))
-	cs := candidates(4)
-	for i := range cs {
-		cs[i].Summary, cs[i].Slots, cs[i].Detail.SeqMs = held(t), 4, 4000
-	}
-	cs[0].Summary, cs[0].InFlight = held(t, hot), 5 // 2 ahead: 2 s of slot wait
-	for _, tc := range []struct {
+	tests := []struct {
+		name       string
+		slots      int32
+		inFlight   int32   // at the holder
+		queued     float64 // prefill blocks queued at the holder
 		concurrent int
 		holder     bool
-	}{{1, true}, {3, false}} {
-		r := req
-		r.Concurrent = tc.concurrent
-		d := DefaultPolicy().Pick(r, cs)
-		if (d.Index == 0) != tc.holder {
-			t.Errorf("%d concurrent: decision %+v, want holder=%v", tc.concurrent, d, tc.holder)
-		}
+	}{
+		{"slots full, lone: waits", 4, 5, 0, 1, true}, // 2 ahead: 2 s of slot wait
+		{"slots full, wanted by others: copy", 4, 5, 0, 3, false},
+		{"lane busy, lone: waits", 256, 3, 100, 1, true}, // 2 s of prefill queued
+		{"lane busy, wanted by others: copy", 256, 3, 100, 3, false},
+		{"lane busy briefly, wanted by others: waits", 256, 3, 3, 3, true}, // 60 ms
+		{"holder idle, wanted by others: stays", 256, 3, 0, 3, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cs := candidates(4)
+			for i := range cs {
+				cs[i].Summary, cs[i].Slots, cs[i].Detail.SeqMs = held(t), tc.slots, 4000
+			}
+			cs[0].Summary, cs[0].InFlight, cs[0].PendingPrefillBlocks = held(t, hot), tc.inFlight, tc.queued
+			r := req
+			r.Concurrent = tc.concurrent
+			d := DefaultPolicy().Pick(r, cs)
+			if (d.Index == 0) != tc.holder {
+				t.Errorf("decision %+v, want holder=%v", d, tc.holder)
+			}
+		})
 	}
 }
 
