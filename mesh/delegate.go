@@ -151,7 +151,28 @@ func (d *delegate) MergeRemoteState(buf []byte, join bool) {
 		m.handleFullLocked(&p.Entries[i].State, sums[i], checks[i], now)
 	}
 	for _, i := range valid {
-		m.handleStateLocked(&p.Entries[i].State, now)
+		st := &p.Entries[i].State
+		if join {
+			m.keepNoLoadLocked(st)
+		}
+		m.handleStateLocked(st, now)
+	}
+}
+
+// keepNoLoadLocked carries a copy's flagNoLoad over to a state from a
+// join's push/pull. Those are encoded at wireBase (pushPullWire), which
+// has no such flag: their silence about it says nothing, and taken as
+// "the engine publishes load" it turned a no-load replica's zero counts
+// into known ones at every router a seed re-join reached (routers re-join
+// their seeds after a failure), until the owner's next full state. A
+// state that does not come from a join is encoded at a version the
+// sender chose for its peers and is taken as it says.
+func (m *Mesh) keepNoLoadLocked(st *stateMsg) {
+	if st.NoLoad || !st.Owned || st.Slim || st.Withdrawn {
+		return
+	}
+	if r := m.replicas[st.Replica]; r != nil && r.hasState && r.st.Origin == st.Origin && r.st.NoLoad {
+		st.NoLoad = true
 	}
 }
 

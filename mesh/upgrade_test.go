@@ -218,3 +218,29 @@ func TestHeardWire(t *testing.T) {
 		t.Fatalf("after an update event: wire %d", got)
 	}
 }
+
+// TestJoinPushPullKeepsNoLoad: a join's push/pull is encoded at wireBase,
+// which cannot say an engine publishes no load. A router that re-joins
+// its seed (as routers do after a failure) must not make the seed read a
+// no-load replica's zero counts as known ones.
+func TestJoinPushPullKeepsNoLoad(t *testing.T) {
+	a := newRouter(t, "a", nil)
+	b := newRouter(t, "b", joining(a))
+	id := "http://b-rep"
+	b.DeclareReplica(id)
+	b.UpdateReplica(id, ReplicaStatus{Models: []string{"m"}, Healthy: true, CapacityBlocks: 2048, Slots: 8}) // no HasLoad
+	b.Record(id, chain(1, 20))
+	eventually(t, wait, "a learns b's engine publishes no counts", func() error {
+		if c, ok := candidate(a.Mesh, "m", id); !ok || c.Summary == nil || c.HasLoad {
+			return fmt.Errorf("ok=%v summary %v has load %v", ok, c.Summary != nil, c.HasLoad)
+		}
+		return nil
+	})
+	da, db := &delegate{m: a.Mesh}, &delegate{m: b.Mesh}
+	for _, join := range []bool{true, false} {
+		da.MergeRemoteState(db.LocalState(join), join)
+		if c, ok := candidate(a.Mesh, "m", id); !ok || c.HasLoad {
+			t.Fatalf("after b's push/pull (join %v): candidate ok=%v, has load %v, want no load", join, ok, c.HasLoad)
+		}
+	}
+}
