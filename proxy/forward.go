@@ -51,6 +51,9 @@ type reqState struct {
 	downOwner           string
 	downSince           time.Time
 	hopDispatched       bool
+	// ownerGone: a hop was ended because its owner left the mesh and did
+	// not answer (ownergone.go).
+	ownerGone bool
 	// netHTTP: an attempt went through net/http, whose Transport may
 	// still read the body after it returned; the body is not reused.
 	netHTTP bool
@@ -282,6 +285,12 @@ func (p *Proxy) inference(w http.ResponseWriter, r *http.Request, ep *endpoint) 
 			if st.hopDispatched {
 				msg = fmt.Sprintf("the router owning the replica for the model '%s' failed after it had dispatched the request; not retried, since a generation may be running", st.prompt.Model)
 			}
+			if st.ownerGone {
+				// ownergone.go: 502 with a code a client can act on.
+				st.code = writeErrorCode(w, http.StatusBadGateway, "", codeOwnerGone, fmt.Sprintf(
+					"the router owning the replica for the model '%s' left the mesh and does not answer; the request may have been dispatched, so it was not retried", st.prompt.Model))
+				return
+			}
 			st.code = writeError(w, http.StatusBadGateway, msg)
 			return
 		}
@@ -492,6 +501,7 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, st *reqState, id
 		firstByte = func() {}
 	}
 	var watch *hopWatch
+	var hop *liveHop
 	if local {
 		if !p.announceDispatch(w, r, st, id) {
 			return attemptDone
@@ -499,15 +509,23 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, st *reqState, id
 	} else {
 		p.signHop(out, id, d.Match, st.concurrent, st.fork)
 		mark := bk.mark
+		// The hop's own cancellation, with a cause: the owner's loss
+		// (ownergone.go) ends it, and its error says why.
+		hctx, end := context.WithCancelCause(ctx)
+		defer end(nil)
 		if p.cfg.HopDispatchTimeout > 0 {
-			out, watch = p.watchHop(ctx, out, func(to string) {
+			out, watch = p.watchHop(hctx, out, func(to string) {
 				// The owner decided again: count the request where it runs.
 				if api, local, ok := p.cfg.View.Locate(to); ok && !local && api == ownerAPI {
 					p.hops.move(mark, to)
 				}
 			})
 			defer watch.stop()
+		} else {
+			out = out.WithContext(hctx)
 		}
+		hop = p.owners.add(ownerAPI, watch, end)
+		defer p.owners.remove(hop)
 	}
 	g := p.m.inflightOf(id)
 	g.Inc()
@@ -529,6 +547,12 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, st *reqState, id
 		if local {
 			p.reportFailure(id)
 		}
+		if hop.gone() && !neverReached(err) && (watch == nil || !watch.unsent()) {
+			p.log.Warn("owner router gone from the mesh and silent after it was sent the request; not retrying", "replica", id, "owner", ownerAPI)
+			st.ownerGone = true
+			p.m.ownerGone.WithLabelValues(goneError).Inc()
+			return attemptFailed
+		}
 		if watch != nil {
 			if res, ok := p.hopFailed(watch, st, id, ownerAPI, err); ok {
 				return res
@@ -542,6 +566,9 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, st *reqState, id
 		return attemptFailed
 	}
 	defer resp.Body.Close()
+	if hop != nil {
+		hop.relaying.Store(true)
+	}
 	if refused(resp.StatusCode) && more() {
 		// Drain a little so the connection can be reused.
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))

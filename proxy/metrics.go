@@ -37,6 +37,7 @@ type metrics struct {
 	loopStreams     prometheus.Counter
 	loopClientWaits prometheus.Counter
 	upstreamIdle    prometheus.Counter
+	ownerGone       *prometheus.CounterVec
 
 	// Children resolved once: WithLabelValues hashes its labels and
 	// takes a lock on every call, and the request path would call it
@@ -182,6 +183,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "kvmesh_upstream_idle_timeouts_total",
 			Help: "Responses ended because their upstream (a replica or a peer router) sent no byte of the body for the upstream idle timeout.",
 		}),
+		ownerGone: f.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvmesh_hops_owner_gone_total",
+			Help: "Hops in flight to an owner router the mesh took for gone, by what became of them: error (answered 502 owner_router_gone), cut (its stream ended), kept (the owner answered or refused the probe: leaving or a wrong verdict), left (not dispatched: left to the dispatch timeout).",
+		}, []string{"end"}),
 	}
 	// Initialise every label value so dashboards see zeros, not gaps.
 	m.byReason = map[route.Reason]prometheus.Counter{}
@@ -190,6 +195,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	for i, t := range []string{targetLocal, targetPeer} {
 		m.upstream[i] = upstreamObservers{ttft: m.ttft.WithLabelValues(t), duration: m.duration.WithLabelValues(t)}
+	}
+	for _, e := range []string{goneError, goneCut, goneKept, goneLeft} {
+		m.ownerGone.WithLabelValues(e)
 	}
 	m.reqs = map[requestKey]prometheus.Counter{}
 	m.replicas = map[string]prometheus.Gauge{}
