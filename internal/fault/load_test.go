@@ -43,7 +43,8 @@ type record struct {
 	status     int
 	out        outcome
 	err        string
-	refused    int // routers skipped because the dial failed (never sent)
+	code       string // the OpenAI error code of an error answer ("" for none)
+	refused    int    // routers skipped because the dial failed (never sent)
 }
 
 // load is a closed-loop client: workers send streaming chat requests, each
@@ -166,10 +167,15 @@ func (l *load) one() record {
 			continue
 		}
 		if resp.StatusCode != http.StatusOK {
-			var b [512]byte
-			k, _ := resp.Body.Read(b[:])
+			b, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
 			resp.Body.Close()
-			rec.out, rec.err = lost, fmt.Sprintf("%s: %s", resp.Status, strings.TrimSpace(string(b[:k])))
+			var e struct {
+				Error struct {
+					Code string `json:"code"`
+				} `json:"error"`
+			}
+			_ = json.Unmarshal(b, &e)
+			rec.out, rec.err, rec.code = lost, fmt.Sprintf("%s: %s", resp.Status, strings.TrimSpace(string(b))), e.Error.Code
 			rec.end = time.Now()
 			return rec
 		}
@@ -223,8 +229,12 @@ type tally struct {
 	requests, ok, cut, lost, refused int
 	dupes                            []string // ids generated more than once
 	unseen                           []string // ok ids no replica logged (counting broken)
-	lastBad                          time.Time
-	samples                          []string // a few failures, for the log
+	// ownerGone are the lost requests answered 502 owner_router_gone
+	// (proxy/ownergone.go): their owner router left the mesh and did not
+	// answer after it may have dispatched them.
+	ownerGone []string
+	lastBad   time.Time
+	samples   []string // a few failures, for the log
 }
 
 func tallyOf(recs []record, gens map[string]int) tally {
@@ -242,6 +252,9 @@ func tallyOf(recs []record, gens map[string]int) tally {
 			t.cut++
 		case lost:
 			t.lost++
+			if r.status == http.StatusBadGateway && r.code == ownerGoneCode {
+				t.ownerGone = append(t.ownerGone, r.id)
+			}
 		}
 		if r.out != ok {
 			if r.end.After(t.lastBad) {
