@@ -539,6 +539,9 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, st *reqState, id
 	} else {
 		resp, err = p.client.Do(out)
 	}
+	if err == nil && hop != nil {
+		hop.relaying.Store(true) // the headers came (ownergone.go)
+	}
 	if err != nil {
 		if r.Context().Err() != nil {
 			st.code = statusClientGone
@@ -566,9 +569,6 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, st *reqState, id
 		return attemptFailed
 	}
 	defer resp.Body.Close()
-	if hop != nil {
-		hop.relaying.Store(true)
-	}
 	if refused(resp.StatusCode) && more() {
 		// Drain a little so the connection can be reused.
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
