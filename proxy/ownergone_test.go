@@ -189,7 +189,37 @@ func newGoneRig(t *testing.T, fault func(rig *goneRig, w http.ResponseWriter, r 
 	return rig
 }
 
-// hopPhaseIs waits until A has one hop to B in phase ph.
+// clientAnswer is a client's answer, or the error that prevented it.
+type clientAnswer struct {
+	status int
+	body   string
+	err    error
+}
+
+// postAsync sends a chat request from another goroutine (which must not
+// call t.Fatal) and delivers its answer.
+func postAsync(ctx context.Context, url, body string) <-chan clientAnswer {
+	done := make(chan clientAnswer, 1)
+	go func() {
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
+		if err != nil {
+			done <- clientAnswer{err: err}
+			return
+		}
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			done <- clientAnswer{err: err}
+			return
+		}
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		done <- clientAnswer{resp.StatusCode, string(b), err}
+	}()
+	return done
+}
+
+// waitPhase waits until A has one hop to B in phase ph.
 func (rig *goneRig) waitPhase(t *testing.T, ph hopPhase) {
 	t.Helper()
 	waitFor(t, fmt.Sprintf("a hop in phase %d", ph), func() bool {
@@ -237,20 +267,13 @@ func dispatchAndHang(stream bool) func(rig *goneRig, w http.ResponseWriter, r *h
 func TestOwnerGoneAnswersDispatchedHop(t *testing.T) {
 	rig := newGoneRig(t, dispatchAndHang(false))
 	rig.p.owners.probe = func(ctx context.Context, api string) ownerCheck { return ownerSilent }
-	type result struct {
-		status int
-		body   string
-	}
-	done := make(chan result, 1)
-	go func() {
-		resp := post(t, t.Context(), rig.entry.URL+"/v1/chat/completions", chatBody("m", false, longPrompt))
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		done <- result{resp.StatusCode, string(b)}
-	}()
+	done := postAsync(t.Context(), rig.entry.URL+"/v1/chat/completions", chatBody("m", false, longPrompt))
 	rig.waitPhase(t, phaseDispatched)
 	rig.view.gone(rig.owner.URL)
 	res := recv(t, done, "the client's answer after its owner was gone")
+	if res.err != nil {
+		t.Fatal(res.err)
+	}
 	if res.status != http.StatusBadGateway {
 		t.Fatalf("status %d, want 502: %s", res.status, res.body)
 	}
@@ -315,17 +338,7 @@ func TestOwnerGoneButAnsweringKeepsHop(t *testing.T) {
 		case <-rig.release:
 		}
 	})
-	type result struct {
-		status int
-		body   string
-	}
-	done := make(chan result, 1)
-	go func() {
-		resp := post(t, t.Context(), rig.entry.URL+"/v1/chat/completions", chatBody("m", false, longPrompt))
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		done <- result{resp.StatusCode, string(b)}
-	}()
+	done := postAsync(t.Context(), rig.entry.URL+"/v1/chat/completions", chatBody("m", false, longPrompt))
 	rig.waitPhase(t, phaseDispatched)
 	rig.view.gone(rig.owner.URL)
 	waitFor(t, "the probe's verdict", func() bool {
@@ -333,6 +346,9 @@ func TestOwnerGoneButAnsweringKeepsHop(t *testing.T) {
 	})
 	close(answer)
 	res := recv(t, done, "the kept hop's answer")
+	if res.err != nil {
+		t.Fatal(res.err)
+	}
 	if res.status != http.StatusOK || !strings.Contains(res.body, "finished") {
 		t.Fatalf("status %d %s, want the owner's answer", res.status, res.body)
 	}
