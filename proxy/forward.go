@@ -57,6 +57,9 @@ type reqState struct {
 	// netHTTP: an attempt went through net/http, whose Transport may
 	// still read the body after it returned; the body is not reused.
 	netHTTP bool
+	// cut: the upstream failed mid-response (the client got an error
+	// event or a broken connection); nothing of it is learnt.
+	cut bool
 }
 
 // sizedPool lends byte buffers by size class: 8, 16, 32 and 64 KB (plus
@@ -278,7 +281,9 @@ func (p *Proxy) inference(w http.ResponseWriter, r *http.Request, ep *endpoint) 
 		st.blockMs = blockMsOf(p.cfg.Policy, &cands[d.Index])
 		switch p.attempt(w, r, st, cands[d.Index].ID(), d, more, &bk) {
 		case attemptDone:
-			p.served(w, st, cands[d.Index].ID())
+			if !st.cut {
+				p.served(w, st, cands[d.Index].ID())
+			}
 			return
 		case attemptFailed:
 			msg := fmt.Sprintf("the upstream for the model '%s' failed after the request was sent; not retried, since a generation may be running", st.prompt.Model)
@@ -570,8 +575,7 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, st *reqState, id
 	}
 	defer resp.Body.Close()
 	if refused(resp.StatusCode) && more() {
-		// Drain a little so the connection can be reused.
-		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+		p.drainRefused(resp, cancel)
 		p.log.Warn("upstream refused the request, trying another", "replica", id, "status", resp.StatusCode)
 		if local && resp.StatusCode >= 500 {
 			p.reportFailure(id)
@@ -581,7 +585,9 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, st *reqState, id
 	st.code = resp.StatusCode
 	var first time.Time
 	p.relay(w, r, resp, st, id, d, local, start, cancel, func() { first = p.now(); firstByte() })
-	p.observeSlot(st, id, d, first)
+	if !st.cut {
+		p.observeSlot(st, id, d, first)
+	}
 	return attemptDone
 }
 
@@ -597,9 +603,9 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, resp *http.Respons
 	obs := p.m.target(local)
 	var idle *idleWatch
 	if b, ok := resp.Body.(*upBody); ok {
-		idle = p.watchIdle(b.c.nc, nil)
+		idle = p.watchIdle(b.c.nc, nil, !local)
 	} else if cancel != nil {
-		idle = p.watchIdle(nil, cancel)
+		idle = p.watchIdle(nil, cancel, !local)
 	}
 	if idle != nil {
 		defer func() {
@@ -640,33 +646,43 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, resp *http.Respons
 		}
 	}
 	tap := streamTap{sink: sink, firstByte: firstByte, ttft: obs.ttft, start: start, idle: idle}
+	fr := framing(w, sse)
 	// failed handles a failed read of the replica mid-response.
 	failed := func(rerr error) {
 		if r.Context().Err() != nil {
 			st.code = statusClientGone
 			return
 		}
+		cause := midstreamError
 		if idle.fired() {
+			cause = midstreamIdle
 			p.m.upstreamIdle.Inc()
-			p.junk.Printf("upstream %s sent nothing of its response for %v: ended", id, p.cfg.UpstreamIdleTimeout)
+			p.junk.Printf("upstream %s sent nothing of its response for %v: ended", id, idle.d)
 		} else {
-			p.log.Warn("upstream failed mid-response, aborting the client connection", "replica", id, "error", rerr)
+			p.log.Warn("upstream failed mid-response", "replica", id, "error", rerr)
 		}
 		if local {
 			p.reportFailure(id)
 		}
 		obs.duration.Observe(time.Since(start).Seconds())
+		st.cut = true
+		if fr.canEnd() && endStream(w, rc, &wd, st, cause, idle) {
+			p.m.midstream.WithLabelValues(cause, endErrorEvent).Inc()
+			return
+		}
+		p.m.midstream.WithLabelValues(cause, endAborted).Inc()
 		// The only honest signal once bytes are sent; net/http
 		// recovers it and closes the connection.
 		panic(http.ErrAbortHandler)
 	}
 	ended := false
+	var held []byte // a partial event the stream loop held back (eventFraming)
 	if body, cc := p.loopEligible(w, r, resp, sse); body != nil && flushed == nil {
 		// The loop calls the tap on its goroutine: a copy on the heap,
 		// so that the normal path's stays on the stack.
 		lt := new(streamTap)
 		*lt = tap
-		res, pending, err := p.loops.relay(r, body, cc, lt.loopData, idle.firedC())
+		res, pending, rest, err := p.loops.relay(r, body, cc, lt.loopData, idle.firedC(), &fr)
 		tap = *lt
 		switch res {
 		case loopEOF:
@@ -686,6 +702,7 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, resp *http.Respons
 			panic(http.ErrAbortHandler)
 		case loopHandback:
 			idle.busy() // until the normal path reads again
+			held = rest
 			if len(pending) > 0 {
 				// The rest of a chunk, behind which the client's socket
 				// was full: written as the handler's goroutine writes.
@@ -701,16 +718,25 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, resp *http.Respons
 		bufp := copyBufs.Get().(*[]byte)
 		defer copyBufs.Put(bufp)
 		buf := *bufp
+		// buf[:n] holds what was read and not yet written: a partial
+		// SSE event, held back until its end comes (eventFraming).
+		n := copy(buf, held)
 		for {
 			// The silence counted is the time spent waiting in Read: a
 			// write to a slow client in between is not the upstream's.
 			idle.saw()
-			n, rerr := resp.Body.Read(buf)
+			m, rerr := resp.Body.Read(buf[n:])
 			idle.busy()
-			if n > 0 {
-				tap.data(buf[:n])
+			if m > 0 {
+				tap.data(buf[n : n+m])
+			}
+			k := n + m
+			if rerr != io.EOF {
+				k = fr.cut(buf[:n+m], n, n+m == len(buf))
+			}
+			if k > 0 {
 				wd.extend()
-				if _, werr := w.Write(buf[:n]); werr != nil {
+				if _, werr := w.Write(buf[:k]); werr != nil {
 					p.clientGone(st, id, werr)
 					return
 				}
@@ -721,6 +747,7 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, resp *http.Respons
 					}
 				}
 			}
+			n = copy(buf, buf[k:n+m])
 			if rerr == io.EOF {
 				break
 			}
@@ -739,6 +766,27 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, resp *http.Respons
 		sink.finish()
 		p.learn(st, id, d, sink)
 	}
+}
+
+// endStream ends a failed SSE stream for its client (midstream.go): the
+// endpoint's error event, flushed; relay then returns and net/http ends
+// the body. It reports whether the event was written (a client that is
+// gone leaves st.code 499 and nothing to end).
+func endStream(w http.ResponseWriter, rc *http.ResponseController, wd *writeDeadline, st *reqState, cause string, idle *idleWatch) bool {
+	code, msg := codeUpstreamError, "the upstream failed in the middle of the response; it is incomplete"
+	if cause == midstreamIdle {
+		code, msg = codeUpstreamTimeout, fmt.Sprintf("the upstream sent nothing for %v in the middle of the response; it is incomplete", idle.d)
+	}
+	wd.extend()
+	if _, err := w.Write(streamErrorEvent(st.path, code, msg)); err != nil {
+		st.code = statusClientGone
+		return false
+	}
+	if err := rc.Flush(); err != nil {
+		st.code = statusClientGone
+		return false
+	}
+	return true
 }
 
 // streamTap sees a response's bytes on their way to the client: the

@@ -56,12 +56,28 @@ type idleWatch struct {
 	spoke   atomic.Bool // a body byte arrived: d bounds the silences from now
 }
 
+// hopIdleSlack is added to the idle timeout of a hop (a peer router
+// relaying its replica's response). Routers share the timeout, and a
+// replica's silence is a silence of its owner's relay too: on equal
+// timeouts the entry's watch and the owner's would fire within
+// microseconds of each other, and whichever won would end the stream.
+// The owner's cut is the one worth having: it reports its replica's
+// failure to its health checker, counts it where the replica is, and
+// ends the stream with its error event, which the entry relays. So the
+// entry waits a second longer, time for the owner's event to cross the
+// network; a dead or cut-off owner is still cut off, a second later.
+const hopIdleSlack = time.Second
+
 // watchIdle starts the watch of a response whose headers just arrived;
-// nil when there is no timeout. stop must be called when the relay ends.
-func (p *Proxy) watchIdle(conn net.Conn, kill func()) *idleWatch {
+// nil when there is no timeout. hop adds hopIdleSlack. stop must be
+// called when the relay ends.
+func (p *Proxy) watchIdle(conn net.Conn, kill func(), hop bool) *idleWatch {
 	d := p.cfg.UpstreamIdleTimeout
 	if d <= 0 {
 		return nil
+	}
+	if hop {
+		d += hopIdleSlack
 	}
 	w := &idleWatch{d: d, first: max(d, upstreamHeaderTimeout), start: time.Now(), conn: conn, kill: kill}
 	w.timer = time.AfterFunc(d, w.check)

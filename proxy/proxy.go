@@ -80,8 +80,9 @@ type Config struct {
 	// UpstreamIdleTimeout bounds the silence of an upstream (a replica,
 	// or a peer router on a hop) in the middle of a response body, once
 	// its headers arrived (default DefaultUpstreamIdleTimeout; negative:
-	// none): the response is then ended and the upstream's connection
-	// closed (idle.go).
+	// none; a hop's is hopIdleSlack longer): the response is then ended
+	// (an SSE stream with an error event, midstream.go) and the
+	// upstream's connection closed (idle.go).
 	UpstreamIdleTimeout time.Duration
 	// MaxInflightPerClient caps concurrent inference requests per client
 	// IP address (0: no cap).

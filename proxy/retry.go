@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"io"
 	"net"
 	"net/http"
 	"time"
@@ -64,4 +65,43 @@ func neverReached(err error) bool {
 // unprocessed, so another replica may take it.
 func refused(status int) bool {
 	return status == http.StatusServiceUnavailable || status == http.StatusTooManyRequests
+}
+
+// maxRefusedDrain is how much of a refused response's body is read so
+// that its connection can carry the next request.
+const maxRefusedDrain = 64 << 10
+
+// refusedDrainTimeout bounds the drain of a refused response before the
+// retry, and the idle timeout does when it is shorter. A refusal's body
+// is a short error document sent with its head, so it is there at once
+// or not at all; the drain only saves a later dial, and the client's
+// retry waits on it. An upstream that sends a 503's head and then
+// stalls its body would otherwise hold the request for as long as it
+// stalls, with no idle timeout (the relay's watch starts only for a
+// response that is relayed) nor any other bound.
+const refusedDrainTimeout = time.Second
+
+// drainRefused reads what there is of a refused response's body, up to
+// maxRefusedDrain and for at most refusedDrainTimeout (or the upstream
+// idle timeout when it is shorter). A drain cut short leaves the body
+// unfinished, so its connection is closed rather than pooled. cancel,
+// when not nil, cancels the net/http request resp answers.
+func (p *Proxy) drainRefused(resp *http.Response, cancel func()) {
+	d := refusedDrainTimeout
+	if t := p.cfg.UpstreamIdleTimeout; t > 0 && t < d {
+		d = t
+	}
+	if b, ok := resp.Body.(*upBody); ok {
+		// The own client's read fails on the connection's deadline; a
+		// connection read to its body's end goes back without one.
+		_ = b.c.nc.SetReadDeadline(time.Now().Add(d))
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxRefusedDrain))
+		_ = b.c.nc.SetReadDeadline(time.Time{})
+		return
+	}
+	if cancel != nil {
+		t := time.AfterFunc(d, cancel)
+		defer t.Stop()
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxRefusedDrain))
 }

@@ -74,6 +74,11 @@ type loopStream struct {
 	upFD   int // the replica socket (net/http's descriptor; the body's owner keeps it open)
 	clFD   int // a duplicate of the client socket's descriptor, owned by the loop
 	onData func([]byte)
+	// frame follows the stream's SSE events (eventFraming); held is a
+	// partial event read and held back until its end comes. The loop
+	// owns both until done is closed, the handler after.
+	frame eventFraming
+	held  []byte
 	// Set by the loop before done is closed:
 	res     loopResult
 	err     error
@@ -83,16 +88,17 @@ type loopStream struct {
 
 // relay hands body to a loop, to be written to cc, and waits for it to
 // come back: relayed to its end, failed, or handed back (with the bytes
-// of a chunk cc did not take yet). onData sees every decoded piece of
-// the body on the loop's goroutine, before it is written.
-func (ls *streamLoops) relay(r *http.Request, body *upBody, cc *net.TCPConn, onData func([]byte), idle <-chan struct{}) (loopResult, []byte, error) {
+// of a chunk cc did not take yet, and those of a partial event held back
+// by fr, which the loop updates). onData sees every decoded piece of the
+// body on the loop's goroutine, before it is written.
+func (ls *streamLoops) relay(r *http.Request, body *upBody, cc *net.TCPConn, onData func([]byte), idle <-chan struct{}, fr *eventFraming) (res loopResult, pending, held []byte, err error) {
 	l := ls.pick()
 	if l == nil {
-		return loopNotTaken, nil, nil
+		return loopNotTaken, nil, nil, nil
 	}
 	upFD, ok := sockFD(upstreamTCPConn(body.c.nc), false)
 	if !ok {
-		return loopNotTaken, nil, nil
+		return loopNotTaken, nil, nil, nil
 	}
 	// The client's socket is written through a descriptor of the loop's
 	// own: net/http may close its connection (Server.Close) while the
@@ -100,14 +106,14 @@ func (ls *streamLoops) relay(r *http.Request, body *upBody, cc *net.TCPConn, onD
 	// under it.
 	clFD, ok := sockFD(cc, true)
 	if !ok {
-		return loopNotTaken, nil, nil
+		return loopNotTaken, nil, nil, nil
 	}
-	s := &loopStream{body: body, upFD: upFD, clFD: clFD, onData: onData, done: make(chan struct{})}
+	s := &loopStream{body: body, upFD: upFD, clFD: clFD, onData: onData, frame: *fr, done: make(chan struct{})}
 	body.c.loopFD, body.c.loopReads, body.c.inLoop = upFD, 0, true
 	if !l.send(loopMsg{s: s}) {
 		body.c.inLoop = false
 		_ = syscall.Close(clFD)
-		return loopNotTaken, nil, nil
+		return loopNotTaken, nil, nil, nil
 	}
 	ls.m.loopStreams.Inc()
 	select {
@@ -124,7 +130,8 @@ func (ls *streamLoops) relay(r *http.Request, body *upBody, cc *net.TCPConn, onD
 	if s.res == loopHandback && len(s.pending) > 0 {
 		ls.m.loopClientWaits.Inc()
 	}
-	return s.res, s.pending, s.err
+	*fr = s.frame // fr stays the handler's (on its stack): the loop had a copy
+	return s.res, s.pending, s.held, s.err
 }
 
 // sockFD returns the descriptor of c, or a duplicate of it (close-on-exec).
@@ -429,11 +436,22 @@ func (l *streamLoop) relay(s *loopStream, reads int) {
 	s.body.c.loopReads = reads
 	data := l.buf[frameRoom : frameRoom+loopBuffer]
 	for {
-		n, err := s.body.Read(data)
+		// data[:held] is the partial event held back (usually none).
+		held := copy(data, s.held)
+		n, err := s.body.Read(data[held:])
 		if n > 0 {
-			s.onData(data[:n])
-			start := putChunkHead(l.buf[:frameRoom], n)
-			end := frameRoom + n
+			s.onData(data[held : held+n])
+		}
+		all := held + n
+		k := all
+		if err != io.EOF {
+			k = s.frame.cut(data[:all], held, all == len(data))
+		}
+		// Kept before the chunk's CRLF overwrites its first bytes.
+		s.held = append(s.held[:0], data[k:all]...)
+		if k > 0 {
+			start := putChunkHead(l.buf[:frameRoom], k)
+			end := frameRoom + k
 			l.buf[end], l.buf[end+1] = '\r', '\n'
 			if !l.write(s, l.buf[start:end+2]) {
 				return

@@ -187,7 +187,8 @@ func TestStreamLoopSlowClient(t *testing.T) {
 }
 
 // TestStreamLoopReplicaClosesEarly: a replica that closes its connection
-// mid-body aborts the client's response (no clean end) and is reported.
+// mid-event ends the client's response with the whole events before it,
+// an error event and a clean end, and is reported.
 func TestStreamLoopReplicaClosesEarly(t *testing.T) {
 	rep := newReplica(t, func(w http.ResponseWriter, r *http.Request) {
 		c, bw, err := http.NewResponseController(w).Hijack()
@@ -207,12 +208,9 @@ func TestStreamLoopReplicaClosesEarly(t *testing.T) {
 	view := newFakeView([]string{"m"}, fakeReplica{id: rep.URL})
 	p, srv, _ := newTestProxy(t, view, func(c *Config) { c.ReportFailure = func(string) { failures.Add(1) } })
 	_, _, resp := rawStream(t, srv.URL)
-	b, err := io.ReadAll(resp.Body)
-	if err == nil {
-		t.Fatalf("the client saw a clean end after %q", b)
-	}
-	if !strings.Contains(string(b), `"content":"a"`) {
-		t.Errorf("the first event did not arrive: %q", b)
+	before, _ := readCutStream(t, resp)
+	if len(before) != 1 || !strings.Contains(before[0], `"content":"a"`) {
+		t.Errorf("events before the error %q, want the first (and not the cut one)", before)
 	}
 	view.waitDone(t)
 	if failures.Load() != 1 {
@@ -303,5 +301,41 @@ func TestStreamLoopSkipsTLSAndHTTP2(t *testing.T) {
 	}
 	if got := testutil.ToFloat64(p.m.loopStreams); got != 0 {
 		t.Errorf("loop streams %v, want 0", got)
+	}
+}
+
+// TestStreamLoopHandsBackHeldEvent: a partial event the loop holds back
+// (eventFraming) goes with the stream when the loop hands it back (here
+// on Close): the normal path writes it once its end arrives, so the
+// client gets every event whole, once, in order.
+func TestStreamLoopHandsBackHeldEvent(t *testing.T) {
+	release := make(chan struct{})
+	ev0, ev1 := event(0), event(1)
+	rep := newReplica(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, ev0+ev1[:20]) // one write: one read of the loop
+		w.(http.Flusher).Flush()
+		<-release
+		io.WriteString(w, ev1[20:]+"data: [DONE]\n\n")
+	})
+	view := newFakeView([]string{"m"}, fakeReplica{id: rep.URL})
+	p, srv, _ := newTestProxy(t, view, nil)
+	_, _, resp := rawStream(t, srv.URL)
+	first := make([]byte, len(ev0))
+	if _, err := io.ReadFull(resp.Body, first); err != nil || string(first) != ev0 {
+		t.Fatalf("first event %q, %v", first, err)
+	}
+	p.Close() // the loop hands the stream back, with what it held
+	close(release)
+	rest, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(rest) != ev1+"data: [DONE]\n\n" {
+		t.Fatalf("after the hand-back the client got %q", rest)
+	}
+	view.waitDone(t)
+	if got := testutil.ToFloat64(p.m.loopStreams); got != 1 {
+		t.Errorf("loop streams %v, want 1", got)
 	}
 }

@@ -13,8 +13,8 @@ type streamLoops struct{}
 
 func newStreamLoops(*metrics, func(string, any)) *streamLoops { return nil }
 
-func (*streamLoops) relay(*http.Request, *upBody, *net.TCPConn, func([]byte), <-chan struct{}) (loopResult, []byte, error) {
-	return loopNotTaken, nil, nil
+func (*streamLoops) relay(*http.Request, *upBody, *net.TCPConn, func([]byte), <-chan struct{}, *eventFraming) (res loopResult, pending, held []byte, err error) {
+	return loopNotTaken, nil, nil, nil
 }
 
 func (*streamLoops) close() {}

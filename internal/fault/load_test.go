@@ -205,6 +205,10 @@ func neverSent(err error) bool {
 	return errors.Is(err, syscall.ECONNREFUSED)
 }
 
+// readStream reads a stream to its end and counts its events. A router
+// ends a stream its upstream failed with an error event and a clean end
+// (proxy/midstream.go): that event is not one of the stream's, so a
+// request whose only event is the error is still lost before streaming.
 func readStream(resp *http.Response) (events int, done bool, err error) {
 	defer resp.Body.Close()
 	sc := bufio.NewScanner(resp.Body)
@@ -213,8 +217,15 @@ func readStream(resp *http.Response) (events int, done bool, err error) {
 		if !strings.HasPrefix(line, "data:") {
 			continue
 		}
-		if strings.TrimSpace(strings.TrimPrefix(line, "data:")) == "[DONE]" {
+		data := strings.TrimSpace(strings.TrimPrefix(line, "data:"))
+		if data == "[DONE]" {
 			return events, true, nil
+		}
+		var e struct {
+			Error *struct{ Message string } `json:"error"`
+		}
+		if json.Unmarshal([]byte(data), &e) == nil && e.Error != nil {
+			return events, false, fmt.Errorf("error event: %s", e.Error.Message)
 		}
 		events++
 	}

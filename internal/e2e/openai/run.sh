@@ -5,8 +5,13 @@
 # client from package-lock.json into a temp dir, and runs check.mjs against
 # each router. Then it does it again with the routers secured: HTTPS with a
 # throwaway CA (made here with openssl), mutual TLS between the routers, a
-# gossip key, and a client API key. Every child is killed on exit. Needs go,
-# node >= 20, npm and openssl.
+# gossip key, and a client API key; there, cut.mjs: a replica that stalls
+# mid-stream behind a third router (--upstream-idle-timeout 500ms), reached
+# at that router and over a TLS hop from a fourth, must make the client
+# throw APIError from the router's error event. Every child is killed on
+# exit. Needs go, node >= 20, npm and openssl. BASE_PORT, when set, draws
+# the ports from BASE_PORT to BASE_PORT+99 instead of anywhere below the
+# ephemeral range.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -46,28 +51,31 @@ echo "e2e-openai: building kvmesh"
 
 echo "e2e-openai: installing the openai client (npm ci)"
 mkdir "$work/npm"
-cp "$here/package.json" "$here/package-lock.json" "$here/check.mjs" "$work/npm/"
+cp "$here/package.json" "$here/package-lock.json" "$here/check.mjs" "$here/cut.mjs" "$work/npm/"
 (cd "$work/npm" && npm ci --no-audit --no-fund --loglevel=error) >"$work/npm.log" 2>&1 ||
   { cat "$work/npm.log" >&2; die "npm ci failed"; }
 
-# Twelve ports the OS says are free, each bound on TCP and UDP (gossip uses
+# Nineteen ports the OS says are free, each bound on TCP and UDP (gossip uses
 # both) and held until all are chosen so none repeats. They are drawn
 # below the kernel's ephemeral range, so programs binding port 0 at the
 # same time (a parallel `go test`) cannot take one before we bind it.
 # A command substitution (not < <(...)) waits for python to exit, and so
 # to release the ports, before anything binds them.
-picked=$(python3 - <<'EOF'
-import random, socket
+picked=$(BASE_PORT=${BASE_PORT:-} python3 - <<'EOF'
+import os, random, socket
 try:
     lo = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
 except (OSError, ValueError, IndexError):
     lo = 32768
 lo = max(lo, 12000)
+first = 10000
+if os.environ.get("BASE_PORT"):
+    first = int(os.environ["BASE_PORT"]); lo = first + 100
 held, ports = [], []
 for _ in range(1000):
-    if len(ports) == 12:
+    if len(ports) == 19:
         break
-    port = random.randrange(10000, lo)
+    port = random.randrange(first, lo)
     if port in ports:
         continue
     t = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -82,9 +90,10 @@ print(*ports)
 EOF
 ) || die "could not pick free ports"
 read -r -a ports <<<"$picked"
-[ "${#ports[@]}" -eq 12 ] || die "could not pick free ports"
+[ "${#ports[@]}" -eq 19 ] || die "could not pick free ports"
 sim1=${ports[0]} sim2=${ports[1]} api1=${ports[2]} api2=${ports[3]} gossip1=${ports[4]} gossip2=${ports[5]}
 admin1=${ports[6]} admin2=${ports[7]} tapi1=${ports[8]} tapi2=${ports[9]} tgossip1=${ports[10]} tgossip2=${ports[11]}
+stall=${ports[12]} tapi3=${ports[13]} tapi4=${ports[14]} tgossip3=${ports[15]} tgossip4=${ports[16]} admin3=${ports[17]} admin4=${ports[18]}
 
 start() { # start NAME ARGS...: runs kvmesh ARGS in the background, logging to NAME.log
   local name=$1; shift
@@ -174,13 +183,41 @@ mkdir "$pki"
 ) >"$work/pki.log" 2>&1 || { cat "$work/pki.log" >&2; die "openssl failed"; }
 api_key=$(cat "$pki/api.keys")
 curl_tls=(--cacert "$pki/ca.pem")
-start_routers https "$tapi1" "$tapi2" "$tgossip1" "$tgossip2" \
-  --tls-cert "$pki/router.pem" --tls-key "$pki/router.key" --peer-tls-ca "$pki/ca.pem" \
-  --peer-tls-cert "$pki/router.pem" --peer-tls-key "$pki/router.key" \
-  --gossip-key-file "$pki/gossip.key" --api-key-file "$pki/api.keys"
+tls_flags=(--tls-cert "$pki/router.pem" --tls-key "$pki/router.key" --peer-tls-ca "$pki/ca.pem"
+  --peer-tls-cert "$pki/router.pem" --peer-tls-key "$pki/router.key"
+  --gossip-key-file "$pki/gossip.key" --api-key-file "$pki/api.keys")
+start_routers https "$tapi1" "$tapi2" "$tgossip1" "$tgossip2" "${tls_flags[@]}"
 for api in "$tapi1" "$tapi2"; do
   echo "e2e-openai: check.mjs against router https://127.0.0.1:$api (API key, TLS between routers)"
   (cd "$work/npm" && NODE_EXTRA_CA_CERTS="$pki/ca.pem" KVMESH_URL="https://127.0.0.1:$api" KVMESH_API_KEY="$api_key" KVMESH_MODEL="$model" node check.mjs) ||
     die "check.mjs failed against router https://127.0.0.1:$api"
+done
+
+# A stream cut mid-body, over TLS: a replica that stalls after two events,
+# owned by r3 (idle timeout 500 ms); r4 joins r3 and owns nothing, so its
+# requests hop to r3 over mutual TLS. The client must throw APIError at
+# both, within 20 s of the stall.
+(cd "$work/npm" && KVMESH_MODEL="$model" exec node cut.mjs replica "$stall") >"$work/stall.log" 2>&1 &
+pids+=($!)
+curl_tls=()
+wait_http "http://127.0.0.1:$stall/v1/models" "the stalling replica"
+curl_tls=(--cacert "$pki/ca.pem")
+start router3 router --name r3 --listen "127.0.0.1:$tapi3" --gossip-bind "127.0.0.1:$tgossip3" --admin-listen "127.0.0.1:$admin3" \
+  --replica "http://127.0.0.1:$stall" --upstream-idle-timeout 500ms "${router_flags[@]}" "${tls_flags[@]}"
+wait_http "https://127.0.0.1:$tapi3/readyz" "router 3"
+start router4 router --name r4 --listen "127.0.0.1:$tapi4" --gossip-bind "127.0.0.1:$tgossip4" --admin-listen "127.0.0.1:$admin4" \
+  --join "127.0.0.1:$tgossip3" --upstream-idle-timeout 500ms "${router_flags[@]}" "${tls_flags[@]}"
+wait_http "https://127.0.0.1:$tapi4/readyz" "router 4"
+for admin in "$admin3" "$admin4"; do
+  for ((i = 0; ; i++)); do
+    [ "$(healthy_replicas "$admin")" = 1 ] && break
+    [ "$i" -lt 300 ] || die "router with admin port $admin did not see the stalling replica healthy (/debug/mesh)"
+    sleep 0.1
+  done
+done
+for api in "$tapi3" "$tapi4"; do
+  echo "e2e-openai: cut.mjs against router https://127.0.0.1:$api"
+  (cd "$work/npm" && NODE_EXTRA_CA_CERTS="$pki/ca.pem" KVMESH_URL="https://127.0.0.1:$api" KVMESH_API_KEY="$api_key" KVMESH_MODEL="$model" KVMESH_CUT_BOUND=20 node cut.mjs) ||
+    die "cut.mjs failed against router https://127.0.0.1:$api"
 done
 echo "e2e-openai: passed"

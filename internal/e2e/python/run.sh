@@ -5,8 +5,12 @@
 # client (requirements.txt) into a venv in a temp dir, and runs check.py
 # against each router; then starts two more routers that cannot gossip,
 # each fronting both replicas, and runs keys.py (client routing keys) across
-# them. Every child is killed on exit. Needs go, python3 >= 3.9 (with venv)
-# and curl.
+# them; last, cut.py: a replica that stalls mid-stream behind one router
+# (--upstream-idle-timeout 500ms), reached at that router and over a hop
+# from a second one, must make the client raise APIError from the router's
+# error event. Every child is killed on exit. Needs go, python3 >= 3.9 (with
+# venv) and curl. BASE_PORT, when set, draws the ports from BASE_PORT to
+# BASE_PORT+99 instead of anywhere below the ephemeral range.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -56,18 +60,21 @@ py="$work/venv/bin/python"
 # same time (a parallel `go test`) cannot take one before we bind it.
 # A command substitution (not < <(...)) waits for python to exit, and so
 # to release the ports, before anything binds them.
-picked=$(python3 - <<'EOF'
-import random, socket
+picked=$(BASE_PORT=${BASE_PORT:-} python3 - <<'EOF'
+import os, random, socket
 try:
     lo = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
 except (OSError, ValueError, IndexError):
     lo = 32768
 lo = max(lo, 12000)
+first = 10000
+if os.environ.get("BASE_PORT"):
+    first = int(os.environ["BASE_PORT"]); lo = first + 100
 held, ports = [], []
 for _ in range(1000):
-    if len(ports) == 14:
+    if len(ports) == 21:
         break
-    port = random.randrange(10000, lo)
+    port = random.randrange(first, lo)
     if port in ports:
         continue
     t = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -82,10 +89,11 @@ print(*ports)
 EOF
 ) || die "could not pick free ports"
 read -r -a ports <<<"$picked"
-[ "${#ports[@]}" -eq 14 ] || die "could not pick free ports"
+[ "${#ports[@]}" -eq 21 ] || die "could not pick free ports"
 sim1=${ports[0]} sim2=${ports[1]} api1=${ports[2]} api2=${ports[3]} gossip1=${ports[4]} gossip2=${ports[5]}
 api3=${ports[6]} api4=${ports[7]} gossip3=${ports[8]} gossip4=${ports[9]}
 admin1=${ports[10]} admin2=${ports[11]} admin3=${ports[12]} admin4=${ports[13]}
+stall=${ports[14]} api5=${ports[15]} api6=${ports[16]} gossip5=${ports[17]} gossip6=${ports[18]} admin5=${ports[19]} admin6=${ports[20]}
 
 start() { # start NAME ARGS...: runs kvmesh ARGS in the background, logging to NAME.log
   local name=$1; shift
@@ -166,4 +174,29 @@ echo "e2e-python: keys.py against routers that cannot gossip"
 KVMESH_URLS="http://127.0.0.1:$api3 http://127.0.0.1:$api4" KVMESH_REPLICAS="http://127.0.0.1:$sim1 http://127.0.0.1:$sim2" \
   KVMESH_ADMINS="http://127.0.0.1:$admin3 http://127.0.0.1:$admin4" \
   KVMESH_MODEL="$model" "$py" "$here/keys.py" || die "keys.py failed"
+# A stream cut mid-body: a replica that stalls after two events, owned by
+# r5 (idle timeout 500 ms); r6 joins r5 and owns nothing, so its requests
+# hop to r5. The client must raise APIError at both, within 20 s of the
+# stall (the timeout, r6's hop slack of a second, and a loaded machine's).
+KVMESH_MODEL="$model" "$py" "$here/cut.py" replica "$stall" >"$work/stall.log" 2>&1 &
+pids+=($!)
+wait_http "http://127.0.0.1:$stall/v1/models" "the stalling replica"
+start router5 router --name r5 --listen "127.0.0.1:$api5" --gossip-bind "127.0.0.1:$gossip5" --admin-listen "127.0.0.1:$admin5" \
+  --replica "http://127.0.0.1:$stall" --upstream-idle-timeout 500ms "${router_flags[@]}"
+wait_http "http://127.0.0.1:$api5/readyz" "router 5"
+start router6 router --name r6 --listen "127.0.0.1:$api6" --gossip-bind "127.0.0.1:$gossip6" --admin-listen "127.0.0.1:$admin6" \
+  --join "127.0.0.1:$gossip5" --upstream-idle-timeout 500ms "${router_flags[@]}"
+wait_http "http://127.0.0.1:$api6/readyz" "router 6"
+for admin in "$admin5" "$admin6"; do
+  for ((i = 0; ; i++)); do
+    [ "$(healthy_replicas "$admin")" = 1 ] && break
+    [ "$i" -lt 300 ] || die "router with admin port $admin did not see the stalling replica healthy (/debug/mesh)"
+    sleep 0.1
+  done
+done
+for api in "$api5" "$api6"; do
+  echo "e2e-python: cut.py against router http://127.0.0.1:$api"
+  KVMESH_URL="http://127.0.0.1:$api" KVMESH_MODEL="$model" KVMESH_CUT_BOUND=20 "$py" "$here/cut.py" ||
+    die "cut.py failed against router http://127.0.0.1:$api"
+done
 echo "e2e-python: passed"
