@@ -52,8 +52,9 @@ type reqState struct {
 	downSince           time.Time
 	hopDispatched       bool
 	// ownerGone: a hop was ended because its owner left the mesh and did
-	// not answer (ownergone.go).
+	// not answer (ownergone.go); ownerHop is the hop in flight, if any.
 	ownerGone bool
+	ownerHop  *liveHop
 	// netHTTP: an attempt went through net/http, whose Transport may
 	// still read the body after it returned; the body is not reused.
 	netHTTP bool
@@ -458,6 +459,7 @@ const (
 // through to the client (its own Retry-After is more useful than a 502).
 func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, st *reqState, id string, d route.Decision, more func() bool, bk *booking) attemptResult {
 	defer bk.end()
+	st.ownerHop = nil
 	ownerAPI, local, ok := p.cfg.View.Locate(id)
 	if !ok || (st.hop && !local) {
 		p.log.Warn("candidate vanished before dispatch", "replica", id)
@@ -531,6 +533,7 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, st *reqState, id
 		}
 		hop = p.owners.add(ownerAPI, watch, end)
 		defer p.owners.remove(hop)
+		st.ownerHop = hop
 	}
 	g := p.m.inflightOf(id)
 	g.Inc()
@@ -654,7 +657,10 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, resp *http.Respons
 			return
 		}
 		cause := midstreamError
-		if idle.fired() {
+		if st.ownerHop.gone() {
+			cause = midstreamOwnerGone
+			p.log.Warn("owner router gone from the mesh and silent mid-response: ended", "replica", id, "owner", st.ownerHop.owner)
+		} else if idle.fired() {
 			cause = midstreamIdle
 			p.m.upstreamIdle.Inc()
 			p.junk.Printf("upstream %s sent nothing of its response for %v: ended", id, idle.d)
@@ -774,8 +780,11 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, resp *http.Respons
 // gone leaves st.code 499 and nothing to end).
 func endStream(w http.ResponseWriter, rc *http.ResponseController, wd *writeDeadline, st *reqState, cause string, idle *idleWatch) bool {
 	code, msg := codeUpstreamError, "the upstream failed in the middle of the response; it is incomplete"
-	if cause == midstreamIdle {
+	switch cause {
+	case midstreamIdle:
 		code, msg = codeUpstreamTimeout, fmt.Sprintf("the upstream sent nothing for %v in the middle of the response; it is incomplete", idle.d)
+	case midstreamOwnerGone:
+		code, msg = codeOwnerGone, "the router owning the replica left the mesh and does not answer, in the middle of the response; it is incomplete"
 	}
 	wd.extend()
 	if _, err := w.Write(streamErrorEvent(st.path, code, msg)); err != nil {

@@ -38,7 +38,7 @@ type metrics struct {
 	loopClientWaits prometheus.Counter
 	upstreamIdle    prometheus.Counter
 	// midstream counts streams failed after their head, by cause and by
-	// how they ended (midstream.go); its four children are resolved once.
+	// how they ended (midstream.go); its six children are resolved once.
 	midstream *prometheus.CounterVec
 	// ownerGone counts the hops of owners the mesh lost, by how they
 	// ended (ownergone.go).
@@ -190,7 +190,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 		midstream: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvmesh_upstream_midstream_failures_total",
-			Help: "Responses whose upstream failed after their head was sent to the client, by cause (idle_timeout, upstream_error) and by how the client's response ended (error_event: an SSE error event and a clean end; aborted: the connection broken).",
+			Help: "Responses whose upstream failed after their head was sent to the client, by cause (idle_timeout, upstream_error, owner_gone) and by how the client's response ended (error_event: an SSE error event and a clean end; aborted: the connection broken).",
 		}, []string{"cause", "end"}),
 		ownerGone: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvmesh_hops_owner_gone_total",
@@ -205,7 +205,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	for i, t := range []string{targetLocal, targetPeer} {
 		m.upstream[i] = upstreamObservers{ttft: m.ttft.WithLabelValues(t), duration: m.duration.WithLabelValues(t)}
 	}
-	for _, c := range []string{midstreamIdle, midstreamError} {
+	for _, c := range []string{midstreamIdle, midstreamError, midstreamOwnerGone} {
 		for _, e := range []string{endErrorEvent, endAborted} {
 			m.midstream.WithLabelValues(c, e)
 		}

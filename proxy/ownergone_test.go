@@ -288,8 +288,8 @@ func TestOwnerGoneAnswersDispatchedHop(t *testing.T) {
 
 // TestOwnerGoneCutsRelayedHop: a stream relayed from an owner that went
 // silent ends when the owner is gone, through the mid-stream failure
-// path: the client has the events before, that path's error event, and
-// no [DONE].
+// path: the client has the events before, that path's error event (with
+// the code owner_router_gone), and no [DONE].
 func TestOwnerGoneCutsRelayedHop(t *testing.T) {
 	rig := newGoneRig(t, dispatchAndHang(true))
 	rig.p.owners.probe = func(ctx context.Context, api string) ownerCheck { return ownerSilent }
@@ -311,11 +311,12 @@ func TestOwnerGoneCutsRelayedHop(t *testing.T) {
 		ended <- string(rest)
 	}()
 	rest := recv(t, ended, "the relay's end after its owner was gone")
-	if strings.Contains(rest, "[DONE]") || !strings.Contains(rest, `"error"`) {
-		t.Errorf("a cut stream ended with %q, want the mid-stream error event and no [DONE]", rest)
+	if strings.Contains(rest, "[DONE]") || !strings.Contains(rest, `"code":"`+codeOwnerGone+`"`) {
+		t.Errorf("a cut stream ended with %q, want the mid-stream error event (%s) and no [DONE]", rest, codeOwnerGone)
 	}
-	waitFor(t, "the cut counted", func() bool {
-		return testutil.ToFloat64(rig.p.m.ownerGone.WithLabelValues(goneCut)) == 1
+	waitFor(t, "the cut counted, as owner_gone's error event", func() bool {
+		return testutil.ToFloat64(rig.p.m.ownerGone.WithLabelValues(goneCut)) == 1 &&
+			testutil.ToFloat64(rig.p.m.midstream.WithLabelValues(midstreamOwnerGone, endErrorEvent)) == 1
 	})
 }
 

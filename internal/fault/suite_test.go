@@ -48,7 +48,7 @@ type result struct {
 	// written502sAllowed), counted in the verdict.
 	written502s int
 	// ownerGone are lost requests the scenarios that cut a router off
-	// admit: 502 owner_router_gone (see ownerGoneCode).
+	// admit: owner_router_gone answers (see ownerGoneCode).
 	ownerGone int
 }
 
@@ -64,9 +64,10 @@ const written502sAllowed = 5
 // replica that then failed (proxy/forward.go).
 const written502 = "failed after the request was sent; not retried"
 
-// ownerGoneCode is the error code of the 502 an entry router answers
-// when the owner router of its hop left the mesh and did not answer after
-// it may have dispatched the request (proxy/ownergone.go). The scenarios
+// ownerGoneCode is the error code an entry router answers with (a 502,
+// or a relayed stream's error event) when the owner router of its hop
+// left the mesh and did not answer after it may have dispatched the
+// request (proxy/ownergone.go). The scenarios
 // that cut a router off (a partition, a SIGSTOP) admit these, by design:
 // the generation may be running behind the lost owner, so the router does
 // not retry, and the client is told at once instead of waiting for its
@@ -118,7 +119,7 @@ type sc struct {
 	// allowWritten502s admits up to written502sAllowed 502s for requests
 	// written to a killed replica.
 	allowWritten502s bool
-	// allowOwnerGone admits up to loadWorkers 502 owner_router_gone.
+	// allowOwnerGone admits up to loadWorkers owner_router_gone answers.
 	allowOwnerGone bool
 	conv           time.Time // when the mesh converged after it
 }
@@ -246,7 +247,7 @@ func scenario(t *testing.T, name string, bound time.Duration, targets func() []i
 		}
 		switch {
 		case gone > loadWorkers:
-			s.fail("%d requests answered 502 %s, more than the %d in flight when the router was cut off", gone, ownerGoneCode, loadWorkers)
+			s.fail("%d requests answered %s, more than the %d in flight when the router was cut off", gone, ownerGoneCode, loadWorkers)
 		case s.allowWritten502s && tl.lost > 0 && tl.lost <= written502sAllowed && written == tl.lost && len(tl.dupes) == 0:
 			res.written502s = tl.lost
 			s.note("%d requests answered 502: written to the replica when it was killed, so not retried (by design)", tl.lost)
@@ -255,7 +256,7 @@ func scenario(t *testing.T, name string, bound time.Duration, targets func() []i
 		}
 		if gone > 0 && gone <= loadWorkers {
 			res.ownerGone = gone
-			s.note("%d requests answered 502 %s: their owner router was cut off after it may have dispatched them, so not retried (by design): %v",
+			s.note("%d requests answered %s before their first event: their owner router was cut off after it may have dispatched them, so not retried (by design): %v",
 				gone, ownerGoneCode, tl.ownerGone)
 		}
 		if len(tl.dupes) > 0 {
@@ -360,7 +361,7 @@ func TestFaults(t *testing.T) {
 	})
 
 	scenario(t, "router SIGSTOP", 15*time.Second, except(3), func(s *sc) {
-		// A hop r3 may have dispatched when it stopped is answered 502
+		// A hop r3 may have dispatched when it stopped is answered
 		// owner_router_gone once the mesh fails r3 over, by design.
 		s.allowOwnerGone = true
 		_, err := c.routers[3].signal(syscall.SIGSTOP, 0)
@@ -380,8 +381,8 @@ func TestFaults(t *testing.T) {
 
 	scenario(t, "partition 2+2 past failed-peer timeout", 30*time.Second, allRouters, func(s *sc) {
 		// A hop whose owner may have dispatched it when the partition
-		// cut them apart is answered 502 owner_router_gone once the
-		// mesh fails the owner over, by design.
+		// cut them apart is answered owner_router_gone once the mesh
+		// fails the owner over, by design.
 		s.allowOwnerGone = true
 		// Past the failed-peer timeout and past memberlist's own gossip to
 		// the dead (30 probe intervals, 30 s in the LAN profile): only
