@@ -185,7 +185,7 @@ type ownerHops struct {
 	hops    map[string]map[*liveHop]struct{}
 	probing map[string]bool
 	closed  bool
-	probe   func(ctx context.Context, api string) ownerCheck
+	probe   func(ctx context.Context, api string) (ownerCheck, error)
 	count   func(end string) // the metric, by outcome
 	log     hclog.Logger
 	ctx     context.Context
@@ -202,7 +202,7 @@ const (
 	goneLeft  = "left"  // not dispatched: left to the dispatch timeout
 )
 
-func newOwnerHops(probe func(ctx context.Context, api string) ownerCheck, count func(string), log hclog.Logger) *ownerHops {
+func newOwnerHops(probe func(ctx context.Context, api string) (ownerCheck, error), count func(string), log hclog.Logger) *ownerHops {
 	ctx, cancel := context.WithCancel(context.Background())
 	return &ownerHops{hops: map[string]map[*liveHop]struct{}{}, probing: map[string]bool{},
 		probe: probe, count: count, log: log, ctx: ctx, cancel: cancel}
@@ -236,27 +236,14 @@ func (o *ownerHops) remove(h *liveHop) {
 	}
 }
 
-// gone is the mesh's event (goneWatcher): it probes the owner when this
-// router has hops there. It never blocks.
+// gone is the mesh's event (goneWatcher): when this router has hops to
+// the owner, it probes it, and judges the hops in flight now. Hops sent
+// later went to a router the view took for alive again (it came back, a
+// new process at that address, perhaps), which the probe of the one gone
+// does not describe: they are left to their timeouts. It never blocks.
 func (o *ownerHops) gone(api string) {
 	o.mu.Lock()
 	if o.closed || o.probing[api] || len(o.hops[api]) == 0 {
-		o.mu.Unlock()
-		return
-	}
-	o.probing[api] = true
-	o.wg.Add(1)
-	o.mu.Unlock()
-	go o.check(api)
-}
-
-// check probes a gone owner and ends the hops it cannot answer.
-func (o *ownerHops) check(api string) {
-	defer o.wg.Done()
-	res := o.probe(o.ctx, api)
-	o.mu.Lock()
-	delete(o.probing, api)
-	if o.ctx.Err() != nil {
 		o.mu.Unlock()
 		return
 	}
@@ -264,6 +251,30 @@ func (o *ownerHops) check(api string) {
 	for h := range o.hops[api] {
 		hops = append(hops, h)
 	}
+	o.probing[api] = true
+	o.wg.Add(1)
+	o.mu.Unlock()
+	go o.check(api, hops)
+}
+
+// check probes a gone owner and ends those of hops, still in flight,
+// that it cannot answer.
+func (o *ownerHops) check(api string, hops []*liveHop) {
+	defer o.wg.Done()
+	res, err := o.probe(o.ctx, api)
+	o.mu.Lock()
+	delete(o.probing, api)
+	if o.ctx.Err() != nil {
+		o.mu.Unlock()
+		return
+	}
+	live := hops[:0]
+	for _, h := range hops {
+		if _, ok := o.hops[api][h]; ok {
+			live = append(live, h)
+		}
+	}
+	hops = live
 	o.mu.Unlock()
 	ended := 0
 	for _, h := range hops {
@@ -282,10 +293,10 @@ func (o *ownerHops) check(api string) {
 	}
 	if res == ownerSilent {
 		o.log.Warn("owner router gone from the mesh and silent: ended its hops in flight that may be running", "owner", api,
-			"hops", len(hops), "ended", ended)
+			"hops", len(hops), "ended", ended, "probe", err)
 	} else {
 		o.log.Info("owner router gone from the mesh but reachable (leaving, or a wrong verdict): its hops run on", "owner", api,
-			"hops", len(hops))
+			"hops", len(hops), "probe", err)
 	}
 }
 
@@ -299,17 +310,18 @@ func (o *ownerHops) close() {
 	o.wg.Wait()
 }
 
-// probeOwner asks a gone owner for /healthz within ownerProbeTimeout.
-func (p *Proxy) probeOwner(ctx context.Context, api string) ownerCheck {
+// probeOwner asks a gone owner for /healthz within ownerProbeTimeout; the
+// error, if any, is for the log.
+func (p *Proxy) probeOwner(ctx context.Context, api string) (ownerCheck, error) {
 	ctx, cancel := context.WithTimeout(ctx, ownerProbeTimeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimRight(api, "/")+"/healthz", nil)
 	if err != nil {
-		return ownerSilent
+		return ownerSilent, err
 	}
 	resp, err := p.client.Do(req)
 	if err == nil {
 		resp.Body.Close()
 	}
-	return checkOf(err)
+	return checkOf(err), err
 }

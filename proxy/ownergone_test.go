@@ -73,10 +73,10 @@ func TestProbeOwner(t *testing.T) {
 		w.WriteHeader(http.StatusServiceUnavailable) // any answer is an answer
 	}))
 	defer live.Close()
-	if got := p.probeOwner(t.Context(), live.URL); got != ownerAnswered {
+	if got, _ := p.probeOwner(t.Context(), live.URL); got != ownerAnswered {
 		t.Errorf("live owner: %d, want answered", got)
 	}
-	if got := p.probeOwner(t.Context(), deadAddr(t)); got != ownerRefused {
+	if got, _ := p.probeOwner(t.Context(), deadAddr(t)); got != ownerRefused {
 		t.Errorf("closed port: %d, want refused", got)
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -86,26 +86,26 @@ func TestProbeOwner(t *testing.T) {
 	defer ln.Close() // accepted by the kernel, never answered: a stopped router
 	ctx, cancel := context.WithCancel(t.Context())
 	cancel() // past its bound at once: the outcome, not the wait, is tested
-	if got := p.probeOwner(ctx, "http://"+ln.Addr().String()); got != ownerSilent {
+	if got, _ := p.probeOwner(ctx, "http://"+ln.Addr().String()); got != ownerSilent {
 		t.Errorf("silent owner: %d, want silent", got)
 	}
 }
 
 // TestOwnerHopsBounded: the registry holds a hop from add to remove and
 // nothing after; an event for an owner with no hops probes nothing, one
-// for an owner being probed starts no second probe, and after close
-// nothing is probed.
+// for an owner being probed starts no second probe, a hop sent after the
+// event is not judged by its probe, and after close nothing is probed.
 func TestOwnerHopsBounded(t *testing.T) {
 	release := make(chan struct{})
 	var mu sync.Mutex
 	probes := 0
 	counts := map[string]int{}
-	o := newOwnerHops(func(ctx context.Context, api string) ownerCheck {
+	o := newOwnerHops(func(ctx context.Context, api string) (ownerCheck, error) {
 		mu.Lock()
 		probes++
 		mu.Unlock()
 		<-release
-		return ownerSilent
+		return ownerSilent, nil
 	}, func(end string) { mu.Lock(); counts[end]++; mu.Unlock() }, hclog.NewNullLogger())
 	o.gone("http://b") // no hops there
 	var ended []error
@@ -116,11 +116,18 @@ func TestOwnerHopsBounded(t *testing.T) {
 	h3 := o.add("http://c", nil, end)
 	o.gone("http://b")
 	o.gone("http://b") // being probed: no second probe
+	// Sent after the event, to a router the view took for alive again:
+	// the probe of the one gone does not judge it.
+	h4 := o.add("http://b", nil, end)
 	close(release)
 	o.wg.Wait()
+	if h4.gone() {
+		t.Error("a hop sent after the event was ended")
+	}
 	o.remove(h1)
 	o.remove(h2)
 	o.remove(h3)
+	o.remove(h4)
 	mu.Lock()
 	if probes != 1 || len(ended) != 2 || !errors.Is(ended[0], errOwnerGone) || counts[goneCut] != 1 {
 		t.Errorf("probes %d, ended %v, counts %v; want 1 probe, 2 ended by errOwnerGone, 1 cut", probes, ended, counts)
@@ -266,7 +273,7 @@ func dispatchAndHang(stream bool) func(rig *goneRig, w http.ResponseWriter, r *h
 // probe; without that the client waits for the response-header timeout.
 func TestOwnerGoneAnswersDispatchedHop(t *testing.T) {
 	rig := newGoneRig(t, dispatchAndHang(false))
-	rig.p.owners.probe = func(ctx context.Context, api string) ownerCheck { return ownerSilent }
+	rig.p.owners.probe = func(ctx context.Context, api string) (ownerCheck, error) { return ownerSilent, nil }
 	done := postAsync(t.Context(), rig.entry.URL+"/v1/chat/completions", chatBody("m", false, longPrompt))
 	rig.waitPhase(t, phaseDispatched)
 	rig.view.gone(rig.owner.URL)
@@ -292,7 +299,7 @@ func TestOwnerGoneAnswersDispatchedHop(t *testing.T) {
 // the code owner_router_gone), and no [DONE].
 func TestOwnerGoneCutsRelayedHop(t *testing.T) {
 	rig := newGoneRig(t, dispatchAndHang(true))
-	rig.p.owners.probe = func(ctx context.Context, api string) ownerCheck { return ownerSilent }
+	rig.p.owners.probe = func(ctx context.Context, api string) (ownerCheck, error) { return ownerSilent, nil }
 	resp := post(t, t.Context(), rig.entry.URL+"/v1/chat/completions", chatBody("m", true, longPrompt))
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
