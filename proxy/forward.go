@@ -548,7 +548,11 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, st *reqState, id
 		resp, err = p.client.Do(out)
 	}
 	if err == nil && hop != nil {
-		hop.relaying.Store(true) // the headers came (ownergone.go)
+		// The headers came; the body's bytes are the owner speaking
+		// (ownergone.go).
+		hop.spoke()
+		hop.relaying.Store(true)
+		resp.Body = &hopBody{ReadCloser: resp.Body, h: hop}
 	}
 	if err != nil {
 		if r.Context().Err() != nil {

@@ -194,7 +194,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"cause", "end"}),
 		ownerGone: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvmesh_hops_owner_gone_total",
-			Help: "Hops in flight to an owner router the mesh took for gone, by what became of them: error (answered 502 owner_router_gone), cut (its stream ended), kept (the owner answered or refused the probe: leaving or a wrong verdict), left (not dispatched: left to the dispatch timeout).",
+			Help: "Hops in flight to an owner router the mesh took for gone, by what became of them: error (answered 502 owner_router_gone), cut (its stream ended), kept (the owner answered or refused the probe, or sent the hop a byte since: leaving, or a wrong verdict), left (not dispatched: left to the dispatch timeout).",
 		}, []string{"end"}),
 	}
 	// Initialise every label value so dashboards see zeros, not gaps.

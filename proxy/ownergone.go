@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"errors"
+	"io"
 	"net/http"
 	"strings"
 	"sync"
@@ -127,10 +128,13 @@ const (
 	hopCut
 )
 
-// goneAction is the rule: what the probe of a gone owner and a hop's
-// phase make of the hop.
-func goneAction(check ownerCheck, ph hopPhase) hopAction {
-	if check != ownerSilent {
+// goneAction is the rule: what the probe of a gone owner, a hop's phase
+// and whether the owner spoke on the hop since the event make of the hop.
+// An owner that sent the hop a byte after the mesh took it for gone is
+// alive and reachable on that path, whatever the probe met (a lossy
+// network can lose it, a failure detector can be wrong).
+func goneAction(check ownerCheck, ph hopPhase, spoke bool) hopAction {
+	if check != ownerSilent || spoke {
 		return hopLeave
 	}
 	switch ph {
@@ -160,6 +164,29 @@ type liveHop struct {
 	end      context.CancelCauseFunc
 	relaying atomic.Bool
 	ended    atomic.Uint32 // the hopAction that ended it (hopLeave: none)
+	// heard is when the owner last sent the hop a byte of its response
+	// (its headers, or a read of its body), as time since base (0:
+	// never): monotonic, unlike a wall clock.
+	heard atomic.Int64
+	base  time.Time
+}
+
+// spoke records that the owner sent the hop something now.
+func (h *liveHop) spoke() { h.heard.Store(int64(time.Since(h.base))) }
+
+// hopBody is a hop's response body, which stamps the hop as its owner's
+// bytes arrive.
+type hopBody struct {
+	io.ReadCloser
+	h *liveHop
+}
+
+func (b *hopBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if n > 0 {
+		b.h.spoke()
+	}
+	return n, err
 }
 
 // phase is how far the hop got.
@@ -182,6 +209,7 @@ func (h *liveHop) gone() bool {
 // concurrent use.
 type ownerHops struct {
 	mu      sync.Mutex
+	base    time.Time // the origin of the hops' heard stamps
 	hops    map[string]map[*liveHop]struct{}
 	probing map[string]bool
 	closed  bool
@@ -198,19 +226,19 @@ type ownerHops struct {
 const (
 	goneError = "error" // answered 502 codeOwnerGone
 	goneCut   = "cut"   // its relay was ended
-	goneKept  = "kept"  // the owner answered the probe, or refused it
+	goneKept  = "kept"  // the owner answered or refused the probe, or spoke on the hop since
 	goneLeft  = "left"  // not dispatched: left to the dispatch timeout
 )
 
 func newOwnerHops(probe func(ctx context.Context, api string) (ownerCheck, error), count func(string), log hclog.Logger) *ownerHops {
 	ctx, cancel := context.WithCancel(context.Background())
-	return &ownerHops{hops: map[string]map[*liveHop]struct{}{}, probing: map[string]bool{},
+	return &ownerHops{base: time.Now(), hops: map[string]map[*liveHop]struct{}{}, probing: map[string]bool{},
 		probe: probe, count: count, log: log, ctx: ctx, cancel: cancel}
 }
 
 // add registers a hop to owner; end cancels its request.
 func (o *ownerHops) add(owner string, watch *hopWatch, end context.CancelCauseFunc) *liveHop {
-	h := &liveHop{owner: owner, watch: watch, end: end}
+	h := &liveHop{owner: owner, watch: watch, end: end, base: o.base}
 	o.mu.Lock()
 	set := o.hops[owner]
 	if set == nil {
@@ -254,12 +282,13 @@ func (o *ownerHops) gone(api string) {
 	o.probing[api] = true
 	o.wg.Add(1)
 	o.mu.Unlock()
-	go o.check(api, hops)
+	go o.check(api, hops, int64(time.Since(o.base)))
 }
 
 // check probes a gone owner and ends those of hops, still in flight,
-// that it cannot answer.
-func (o *ownerHops) check(api string, hops []*liveHop) {
+// that it cannot answer and that it sent nothing since the event (at,
+// as time since base).
+func (o *ownerHops) check(api string, hops []*liveHop, at int64) {
 	defer o.wg.Done()
 	res, err := o.probe(o.ctx, api)
 	o.mu.Lock()
@@ -278,9 +307,10 @@ func (o *ownerHops) check(api string, hops []*liveHop) {
 	o.mu.Unlock()
 	ended := 0
 	for _, h := range hops {
-		switch a := goneAction(res, h.phase()); a {
+		spoke := h.heard.Load() > at
+		switch a := goneAction(res, h.phase(), spoke); a {
 		case hopLeave:
-			if res == ownerSilent {
+			if res == ownerSilent && !spoke {
 				o.count(goneLeft)
 			} else {
 				o.count(goneKept)

@@ -14,6 +14,7 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -30,8 +31,13 @@ func TestGoneAction(t *testing.T) {
 	}
 	for check, acts := range want {
 		for i, ph := range phases {
-			if got := goneAction(check, ph); got != acts[i] {
+			if got := goneAction(check, ph, false); got != acts[i] {
 				t.Errorf("goneAction(check %d, phase %d) = %d, want %d", check, ph, got, acts[i])
+			}
+			// An owner that spoke on the hop since the event is alive
+			// on that path: never ended.
+			if got := goneAction(check, ph, true); got != hopLeave {
+				t.Errorf("goneAction(check %d, phase %d, spoke) = %d, want leave", check, ph, got)
 			}
 		}
 	}
@@ -360,5 +366,72 @@ func TestOwnerGoneButAnsweringKeepsHop(t *testing.T) {
 	}
 	if res.status != http.StatusOK || !strings.Contains(res.body, "finished") {
 		t.Fatalf("status %d %s, want the owner's answer", res.status, res.body)
+	}
+}
+
+// TestOwnerGoneButStreamingKeepsHop: a relayed stream whose owner the
+// mesh took for gone, and whose probe met silence (a lossy path, a wrong
+// verdict), runs on while the owner still sends it bytes: the hop's own
+// traffic after the event proves the owner alive on that path.
+func TestOwnerGoneButStreamingKeepsHop(t *testing.T) {
+	finish := make(chan struct{})
+	rig := newGoneRig(t, func(rig *goneRig, w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		for i := 0; ; i++ {
+			select {
+			case <-finish:
+				fmt.Fprint(w, "data: [DONE]\n\n")
+				return
+			case <-rig.release:
+				return
+			case <-r.Context().Done():
+				return
+			default:
+			}
+			fmt.Fprintf(w, "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"%d\"}}]}\n\n", i)
+			w.(http.Flusher).Flush()
+			time.Sleep(time.Millisecond) // a token stream, not a busy loop
+		}
+	})
+	probed := make(chan struct{})
+	proceed := make(chan struct{})
+	rig.p.owners.probe = func(ctx context.Context, api string) (ownerCheck, error) {
+		close(probed)
+		<-proceed
+		return ownerSilent, nil
+	}
+	resp := post(t, t.Context(), rig.entry.URL+"/v1/chat/completions", chatBody("m", true, longPrompt))
+	defer resp.Body.Close()
+	br := bufio.NewReader(resp.Body)
+	if _, err := br.ReadString('\n'); err != nil {
+		t.Fatal(err)
+	}
+	rig.waitPhase(t, phaseRelaying)
+	rest := make(chan string, 1)
+	go func() { b, _ := io.ReadAll(br); rest <- string(b) }() // the client reads on
+	rig.view.gone(rig.owner.URL)
+	mark := int64(time.Since(rig.p.owners.base)) // not before the event
+	recv(t, probed, "the probe")
+	waitFor(t, "a byte from the owner after the event", func() bool {
+		o := rig.p.owners
+		o.mu.Lock()
+		defer o.mu.Unlock()
+		for h := range o.hops[rig.owner.URL] {
+			if h.heard.Load() > mark {
+				return true
+			}
+		}
+		return false
+	})
+	close(proceed)
+	waitFor(t, "the probe's verdict", func() bool {
+		return testutil.ToFloat64(rig.p.m.ownerGone.WithLabelValues(goneKept)) == 1
+	})
+	close(finish)
+	got := recv(t, rest, "the kept stream's end")
+	if !strings.HasSuffix(got, "data: [DONE]\n\n") || strings.Contains(got, `"error"`) {
+		t.Fatalf("the kept stream ended %q; want [DONE] and no error event", got[max(len(got)-200, 0):])
 	}
 }
