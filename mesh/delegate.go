@@ -277,6 +277,7 @@ func (d *delegate) upsert(n *memberlist.Node, alive bool) {
 	if mb.alive && !alive {
 		mb.failedAt = time.Now()
 	}
+	gone := mb.alive && !alive && n.Name != m.cfg.Name
 	if mb.alive != alive {
 		m.dirty = true
 	}
@@ -292,6 +293,9 @@ func (d *delegate) upsert(n *memberlist.Node, alive bool) {
 	}
 	m.numAlive.Store(max(k, 1))
 	m.unlockAndRun()
+	if gone {
+		m.notifyGone(meta.API)
+	}
 }
 
 // NotifyJoin records a new router (memberlist holds its lock).
@@ -300,7 +304,8 @@ func (d *delegate) NotifyJoin(n *memberlist.Node) { d.upsert(n, true) }
 // NotifyUpdate records a router's new metadata.
 func (d *delegate) NotifyUpdate(n *memberlist.Node) { d.upsert(n, true) }
 
-// NotifyLeave records a router that left or failed.
+// NotifyLeave records a router that left or failed, and tells the
+// watchers (gonewatch.go).
 func (d *delegate) NotifyLeave(n *memberlist.Node) { d.upsert(n, false) }
 
 // AckPayload adds nothing to probe acks.

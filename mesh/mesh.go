@@ -198,6 +198,8 @@ type Mesh struct {
 	// placement lock (proxy/place.go), which must not wait for the
 	// gossip's write sections.
 	declaredLoads sync.Map
+	// gone are the watchers of routers that left or failed (gonewatch.go).
+	gone goneWatches
 
 	ctx       context.Context
 	cancel    context.CancelFunc

@@ -51,6 +51,10 @@ type reqState struct {
 	downOwner           string
 	downSince           time.Time
 	hopDispatched       bool
+	// ownerGone: a hop was ended because its owner left the mesh and did
+	// not answer (ownergone.go); ownerHop is the hop in flight, if any.
+	ownerGone bool
+	ownerHop  *liveHop
 	// netHTTP: an attempt went through net/http, whose Transport may
 	// still read the body after it returned; the body is not reused.
 	netHTTP bool
@@ -287,6 +291,12 @@ func (p *Proxy) inference(w http.ResponseWriter, r *http.Request, ep *endpoint) 
 			if st.hopDispatched {
 				msg = fmt.Sprintf("the router owning the replica for the model '%s' failed after it had dispatched the request; not retried, since a generation may be running", st.prompt.Model)
 			}
+			if st.ownerGone {
+				// ownergone.go: 502 with a code a client can act on.
+				st.code = writeErrorCode(w, http.StatusBadGateway, "", codeOwnerGone, fmt.Sprintf(
+					"the router owning the replica for the model '%s' left the mesh and does not answer; the request may have been dispatched, so it was not retried", st.prompt.Model))
+				return
+			}
 			st.code = writeError(w, http.StatusBadGateway, msg)
 			return
 		}
@@ -449,6 +459,7 @@ const (
 // through to the client (its own Retry-After is more useful than a 502).
 func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, st *reqState, id string, d route.Decision, more func() bool, bk *booking) attemptResult {
 	defer bk.end()
+	st.ownerHop = nil
 	ownerAPI, local, ok := p.cfg.View.Locate(id)
 	if !ok || (st.hop && !local) {
 		p.log.Warn("candidate vanished before dispatch", "replica", id)
@@ -497,6 +508,7 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, st *reqState, id
 		firstByte = func() {}
 	}
 	var watch *hopWatch
+	var hop *liveHop
 	if local {
 		if !p.announceDispatch(w, r, st, id) {
 			return attemptDone
@@ -504,15 +516,24 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, st *reqState, id
 	} else {
 		p.signHop(out, id, d.Match, st.concurrent, st.fork)
 		mark := bk.mark
+		// The hop's own cancellation, with a cause: the owner's loss
+		// (ownergone.go) ends it, and its error says why.
+		hctx, end := context.WithCancelCause(ctx)
+		defer end(nil)
 		if p.cfg.HopDispatchTimeout > 0 {
-			out, watch = p.watchHop(ctx, out, func(to string) {
+			out, watch = p.watchHop(hctx, out, func(to string) {
 				// The owner decided again: count the request where it runs.
 				if api, local, ok := p.cfg.View.Locate(to); ok && !local && api == ownerAPI {
 					p.hops.move(mark, to)
 				}
 			})
 			defer watch.stop()
+		} else {
+			out = out.WithContext(hctx)
 		}
+		hop = p.owners.add(ownerAPI, watch, end)
+		defer p.owners.remove(hop)
+		st.ownerHop = hop
 	}
 	g := p.m.inflightOf(id)
 	g.Inc()
@@ -526,6 +547,13 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, st *reqState, id
 	} else {
 		resp, err = p.client.Do(out)
 	}
+	if err == nil && hop != nil {
+		// The headers came; the body's bytes are the owner speaking
+		// (ownergone.go).
+		hop.spoke()
+		hop.relaying.Store(true)
+		resp.Body = &hopBody{ReadCloser: resp.Body, h: hop}
+	}
 	if err != nil {
 		if r.Context().Err() != nil {
 			st.code = statusClientGone
@@ -533,6 +561,12 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, st *reqState, id
 		}
 		if local {
 			p.reportFailure(id)
+		}
+		if hop.gone() && !neverReached(err) && (watch == nil || !watch.unsent()) {
+			p.log.Warn("owner router gone from the mesh and silent after it was sent the request; not retrying", "replica", id, "owner", ownerAPI)
+			st.ownerGone = true
+			p.m.ownerGone.WithLabelValues(goneError).Inc()
+			return attemptFailed
 		}
 		if watch != nil {
 			if res, ok := p.hopFailed(watch, st, id, ownerAPI, err); ok {
@@ -627,7 +661,10 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, resp *http.Respons
 			return
 		}
 		cause := midstreamError
-		if idle.fired() {
+		if st.ownerHop.gone() {
+			cause = midstreamOwnerGone
+			p.log.Warn("owner router gone from the mesh and silent mid-response: ended", "replica", id, "owner", st.ownerHop.owner)
+		} else if idle.fired() {
 			cause = midstreamIdle
 			p.m.upstreamIdle.Inc()
 			p.junk.Printf("upstream %s sent nothing of its response for %v: ended", id, idle.d)
@@ -747,8 +784,11 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, resp *http.Respons
 // gone leaves st.code 499 and nothing to end).
 func endStream(w http.ResponseWriter, rc *http.ResponseController, wd *writeDeadline, st *reqState, cause string, idle *idleWatch) bool {
 	code, msg := codeUpstreamError, "the upstream failed in the middle of the response; it is incomplete"
-	if cause == midstreamIdle {
+	switch cause {
+	case midstreamIdle:
 		code, msg = codeUpstreamTimeout, fmt.Sprintf("the upstream sent nothing for %v in the middle of the response; it is incomplete", idle.d)
+	case midstreamOwnerGone:
+		code, msg = codeOwnerGone, "the router owning the replica left the mesh and does not answer, in the middle of the response; it is incomplete"
 	}
 	wd.extend()
 	if _, err := w.Write(streamErrorEvent(st.path, code, msg)); err != nil {

@@ -210,6 +210,21 @@ func (h *hopWatch) unsent() bool {
 	return !h.gotConn || (h.conn != nil && h.conn.speaks.Load())
 }
 
+// phase is how far the hop got (ownergone.go), by unsent's rule.
+func (h *hopWatch) phase() hopPhase {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	switch {
+	case h.dispatched:
+		return phaseDispatched
+	case h.answered:
+		return phaseMaybe
+	case !h.gotConn || (h.conn != nil && h.conn.speaks.Load()):
+		return phaseUnsent
+	}
+	return phaseMaybe
+}
+
 // wasDispatched reports whether the owner announced the dispatch.
 func (h *hopWatch) wasDispatched() bool {
 	h.mu.Lock()

@@ -38,8 +38,11 @@ type metrics struct {
 	loopClientWaits prometheus.Counter
 	upstreamIdle    prometheus.Counter
 	// midstream counts streams failed after their head, by cause and by
-	// how they ended (midstream.go); its four children are resolved once.
+	// how they ended (midstream.go); its six children are resolved once.
 	midstream *prometheus.CounterVec
+	// ownerGone counts the hops of owners the mesh lost, by how they
+	// ended (ownergone.go).
+	ownerGone *prometheus.CounterVec
 
 	// Children resolved once: WithLabelValues hashes its labels and
 	// takes a lock on every call, and the request path would call it
@@ -187,8 +190,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 		midstream: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvmesh_upstream_midstream_failures_total",
-			Help: "Responses whose upstream failed after their head was sent to the client, by cause (idle_timeout, upstream_error) and by how the client's response ended (error_event: an SSE error event and a clean end; aborted: the connection broken).",
+			Help: "Responses whose upstream failed after their head was sent to the client, by cause (idle_timeout, upstream_error, owner_gone) and by how the client's response ended (error_event: an SSE error event and a clean end; aborted: the connection broken).",
 		}, []string{"cause", "end"}),
+		ownerGone: f.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvmesh_hops_owner_gone_total",
+			Help: "Hops in flight to an owner router the mesh took for gone, by what became of them: error (answered 502 owner_router_gone), cut (its stream ended), kept (the owner answered or refused the probe, or sent the hop a byte since: leaving, or a wrong verdict), left (not dispatched: left to the dispatch timeout).",
+		}, []string{"end"}),
 	}
 	// Initialise every label value so dashboards see zeros, not gaps.
 	m.byReason = map[route.Reason]prometheus.Counter{}
@@ -198,10 +205,13 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	for i, t := range []string{targetLocal, targetPeer} {
 		m.upstream[i] = upstreamObservers{ttft: m.ttft.WithLabelValues(t), duration: m.duration.WithLabelValues(t)}
 	}
-	for _, c := range []string{midstreamIdle, midstreamError} {
+	for _, c := range []string{midstreamIdle, midstreamError, midstreamOwnerGone} {
 		for _, e := range []string{endErrorEvent, endAborted} {
 			m.midstream.WithLabelValues(c, e)
 		}
+	}
+	for _, e := range []string{goneError, goneCut, goneKept, goneLeft} {
+		m.ownerGone.WithLabelValues(e)
 	}
 	m.reqs = map[requestKey]prometheus.Counter{}
 	m.replicas = map[string]prometheus.Gauge{}

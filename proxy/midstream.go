@@ -50,6 +50,9 @@ import (
 const (
 	midstreamIdle  = "idle_timeout"
 	midstreamError = "upstream_error"
+	// midstreamOwnerGone: a hop's owner router left the mesh and did not
+	// answer (ownergone.go); its event's code is codeOwnerGone.
+	midstreamOwnerGone = "owner_gone"
 )
 
 // How a failed stream ended for its client (the end label).

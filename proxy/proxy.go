@@ -173,6 +173,10 @@ type Proxy struct {
 	loops *streamLoops
 	// answers bounds the answer bytes all streams hold (answer.go).
 	answers *answerBudget
+	// owners holds the hops in flight by owner, to end those of an owner
+	// the mesh lost (ownergone.go); stopGone stops the view's events.
+	owners   *ownerHops
+	stopGone func()
 }
 
 // NewClient returns the default client to replicas and peers: keep-alive
@@ -256,6 +260,10 @@ func New(cfg Config) (*Proxy, error) {
 		lookups: newLookups(cfg.Registerer),
 		load:    newLoadBook(), hops: newHopBook(), up: newUpstreamClient(cfg.Client), answers: newAnswerBudget(answerBudgetBytes)}
 	p.clock, _ = cfg.View.(loadClock)
+	p.owners = newOwnerHops(p.probeOwner, func(end string) { p.m.ownerGone.WithLabelValues(end).Inc() }, cfg.Logger)
+	if gw, ok := cfg.View.(goneWatcher); ok {
+		p.stopGone = gw.WatchGone(p.owners.gone)
+	}
 	if !cfg.NoStreamLoop {
 		p.loops = newStreamLoops(p.m, p.recovered)
 	}
@@ -448,9 +456,15 @@ func (p *Proxy) CloseIdleConnections() {
 }
 
 // Close stops the stream loops (their streams, if any remain, finish on
-// their handlers' goroutines) and closes idle upstream connections. The
-// Proxy serves on afterwards, without the loops.
+// their handlers' goroutines), stops hearing of routers gone (ending the
+// probes in progress) and closes idle upstream connections. The Proxy
+// serves on afterwards, without the loops, its hops left to their
+// timeouts.
 func (p *Proxy) Close() {
+	if p.stopGone != nil {
+		p.stopGone()
+	}
+	p.owners.close()
 	if p.loops != nil {
 		p.loops.close()
 	}

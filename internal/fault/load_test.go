@@ -43,7 +43,8 @@ type record struct {
 	status     int
 	out        outcome
 	err        string
-	refused    int // routers skipped because the dial failed (never sent)
+	code       string // the OpenAI error code of an error answer ("" for none)
+	refused    int    // routers skipped because the dial failed (never sent)
 }
 
 // load is a closed-loop client: workers send streaming chat requests, each
@@ -166,14 +167,20 @@ func (l *load) one() record {
 			continue
 		}
 		if resp.StatusCode != http.StatusOK {
-			var b [512]byte
-			k, _ := resp.Body.Read(b[:])
+			b, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
 			resp.Body.Close()
-			rec.out, rec.err = lost, fmt.Sprintf("%s: %s", resp.Status, strings.TrimSpace(string(b[:k])))
+			var e struct {
+				Error struct {
+					Code string `json:"code"`
+				} `json:"error"`
+			}
+			_ = json.Unmarshal(b, &e)
+			rec.out, rec.err, rec.code = lost, fmt.Sprintf("%s: %s", resp.Status, strings.TrimSpace(string(b))), e.Error.Code
 			rec.end = time.Now()
 			return rec
 		}
-		events, done, err := readStream(resp)
+		events, done, code, err := readStream(resp)
+		rec.code = code
 		switch {
 		case done:
 			rec.out = ok
@@ -203,7 +210,9 @@ func neverSent(err error) bool {
 // ends a stream its upstream failed with an error event and a clean end
 // (proxy/midstream.go): that event is not one of the stream's, so a
 // request whose only event is the error is still lost before streaming.
-func readStream(resp *http.Response) (events int, done bool, err error) {
+// readStream reads a stream to its end: the events before it, whether
+// it ended with [DONE], and the code of a router's error event.
+func readStream(resp *http.Response) (events int, done bool, code string, err error) {
 	defer resp.Body.Close()
 	sc := bufio.NewScanner(resp.Body)
 	for sc.Scan() {
@@ -213,20 +222,20 @@ func readStream(resp *http.Response) (events int, done bool, err error) {
 		}
 		data := strings.TrimSpace(strings.TrimPrefix(line, "data:"))
 		if data == "[DONE]" {
-			return events, true, nil
+			return events, true, "", nil
 		}
 		var e struct {
-			Error *struct{ Message string } `json:"error"`
+			Error *struct{ Message, Code string } `json:"error"`
 		}
 		if json.Unmarshal([]byte(data), &e) == nil && e.Error != nil {
-			return events, false, fmt.Errorf("error event: %s", e.Error.Message)
+			return events, false, e.Error.Code, fmt.Errorf("error event: %s", e.Error.Message)
 		}
 		events++
 	}
 	if sc.Err() != nil {
-		return events, false, sc.Err()
+		return events, false, "", sc.Err()
 	}
-	return events, false, errors.New("EOF before [DONE]")
+	return events, false, "", errors.New("EOF before [DONE]")
 }
 
 // tally summarises records against the replicas' generation counts.
@@ -234,8 +243,13 @@ type tally struct {
 	requests, ok, cut, lost, refused int
 	dupes                            []string // ids generated more than once
 	unseen                           []string // ok ids no replica logged (counting broken)
-	lastBad                          time.Time
-	samples                          []string // a few failures, for the log
+	// ownerGone are the lost requests answered owner_router_gone
+	// (proxy/ownergone.go: a 502, or a stream with no event but the
+	// error event): their owner router left the mesh and did not answer
+	// after it may have dispatched them.
+	ownerGone []string
+	lastBad   time.Time
+	samples   []string // a few failures, for the log
 }
 
 func tallyOf(recs []record, gens map[string]int) tally {
@@ -253,6 +267,11 @@ func tallyOf(recs []record, gens map[string]int) tally {
 			t.cut++
 		case lost:
 			t.lost++
+			// A 502 before the stream, or a stream whose only event
+			// is the router's error event.
+			if (r.status == http.StatusBadGateway || r.status == http.StatusOK) && r.code == ownerGoneCode {
+				t.ownerGone = append(t.ownerGone, r.id)
+			}
 		}
 		if r.out != ok {
 			if r.end.After(t.lastBad) {

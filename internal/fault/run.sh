@@ -17,7 +17,10 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 
 # One suite per machine: its namespaces (kvf-*) and addresses (10.77.0.0/24)
-# are fixed, so a second run would tear down the first's. Wait for it.
+# are fixed, so a second run would tear down the first's. Wait for it. The
+# cleanup trap is set only once the lock is held: a run stopped while it
+# waits (Ctrl-C, SIGTERM, a failed flock under set -e) would otherwise tear
+# down the namespaces of the run that holds it.
 exec 9>/tmp/kvmesh-fault-suite.lock
 if ! flock -n 9; then
   echo "fault suite: another run holds /tmp/kvmesh-fault-suite.lock; waiting for it" >&2

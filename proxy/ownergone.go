@@ -1,0 +1,357 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+)
+
+// A hop waits on its owner router (hop.go). When the owner is partitioned
+// away, stopped or its host died, nothing on the hop's own connection
+// says so: the entry waited for the dispatch timeout before the 103 (and
+// then retried), but after it for the response-header timeout (ten
+// minutes: a non-streamed generation sends its headers when it is done)
+// and, mid-stream, for the upstream idle timeout, while the mesh had
+// taken the owner for gone within seconds. So the entry keeps its hops in
+// flight by owner (ownerHops) and, when the mesh tells it a router is
+// gone, ends the hops that router can no longer answer:
+//
+//   - The mesh's word (memberlist's leave event) is not enough: it does
+//     not tell a graceful leave (the router is draining its requests in
+//     flight, and will finish them) from a failure, and a failure
+//     detector can be wrong (its probes are UDP; the hop is a TCP
+//     stream that may still flow). So the entry asks the owner itself,
+//     once per event and only when it has hops there: GET /healthz with
+//     a bound of ownerProbeTimeout. An answer (any status) or a refused
+//     or reset connection (a host that is there, whose router closed its
+//     listener to drain or restart: a dead process's connections were
+//     reset with it) leaves the hops alone. Silence (a timeout, an
+//     unreachable host or network, an unresolvable name) ends them.
+//   - A hop the owner provably has not dispatched (no 103 on a
+//     connection known to carry it) is left to the dispatch timeout,
+//     which retries it: ending it sooner would retry it while the owner
+//     may still dispatch it (its dispatch deadline, HeaderDispatchBy, is
+//     what keeps a timed-out hop from running twice).
+//   - A hop that may be running (the 103 came, or the owner does not
+//     announce dispatches) and has no response headers yet is ended, and
+//     its client answered at once: 502 with the error code
+//     codeOwnerGone. Not retried by the router: the generation may be
+//     running at the replica. 502, not 503: a 503 from kvmesh means "not
+//     processed, safe to retry elsewhere" (an owner's refusal past its
+//     dispatch deadline, retry.go's rule), and this one may have been;
+//     not 504, which says a timeout ran out, where the router knows the
+//     owner is gone. A client may retry (the mesh routes around the lost
+//     owner at once), knowing it may pay for a second generation.
+//   - A hop already relaying a response is ended through relay's
+//     mid-stream failure path, as an upstream that broke mid-stream.
+//   - A router only suspected is not gone: the mesh says nothing, and
+//     hops wait. Suspicion is memberlist's first missed probe, which a
+//     loaded or lossy network shows often, and acting on it would cut
+//     healthy streams for nothing.
+//
+// Events are fanned out by the mesh (no polling per hop); the probe runs
+// on a goroutine of ownerHops, one per owner at a time, which Close ends.
+// The registry holds a hop from its send to the end of its attempt.
+
+// goneWatcher is what the proxy needs of a view to hear of routers gone.
+// The mesh implements it; a view without it leaves every hop to its
+// timeouts.
+type goneWatcher interface {
+	// WatchGone calls gone with the API base URL of every router that
+	// left or failed, until stop is called. gone must not block.
+	WatchGone(gone func(api string)) (stop func())
+}
+
+// codeOwnerGone is the error code of a request whose owner router was
+// lost after it may have dispatched the request.
+const codeOwnerGone = "owner_router_gone"
+
+// errOwnerGone ends a hop whose owner the mesh took for gone and which
+// did not answer.
+var errOwnerGone = errors.New("the mesh took the owner router for gone and it did not answer")
+
+// ownerProbeTimeout bounds the probe of an owner the mesh took for gone.
+// A router answers /healthz without a replica or a lock of the request
+// path (the fault suite asserts 100 ms under floods); the bound lets one
+// lost segment of the TCP handshake be sent again (RFC 6298's initial
+// retransmission timeout is one second), so that a lossy but live path is
+// not taken for a dead one.
+const ownerProbeTimeout = 2 * time.Second
+
+// hopPhase is how far a hop got, as the entry saw it.
+type hopPhase uint8
+
+const (
+	// phaseUnsent: no dispatch 103 and no byte, on a connection known to
+	// carry the 103 (or none yet): provably not dispatched.
+	phaseUnsent hopPhase = iota
+	// phaseMaybe: no 103, but the owner is not known to announce
+	// dispatches (or answered something else): may be running.
+	phaseMaybe
+	// phaseDispatched: the 103 came; no response headers yet.
+	phaseDispatched
+	// phaseRelaying: the response headers came; its body is relayed.
+	phaseRelaying
+)
+
+// ownerCheck is what the probe of an owner found.
+type ownerCheck uint8
+
+const (
+	// ownerAnswered: it answered (any status): alive and reachable.
+	ownerAnswered ownerCheck = iota
+	// ownerRefused: its host refused or reset the connection: the router
+	// closed its listener (draining, restarting) or is dead, whose
+	// connections were reset with it. Nothing to end.
+	ownerRefused
+	// ownerSilent: no answer within the bound, or no way to it.
+	ownerSilent
+)
+
+// hopAction is what an owner's loss does to one of its hops.
+type hopAction uint8
+
+const (
+	// hopLeave: nothing; the hop runs on under its own timeouts.
+	hopLeave hopAction = iota
+	// hopAnswer: end it; its client gets 502 codeOwnerGone.
+	hopAnswer
+	// hopCut: end the relay (the mid-stream failure path).
+	hopCut
+)
+
+// goneAction is the rule: what the probe of a gone owner, a hop's phase
+// and whether the owner spoke on the hop since the event make of the hop.
+// An owner that sent the hop a byte after the mesh took it for gone is
+// alive and reachable on that path, whatever the probe met (a lossy
+// network can lose it, a failure detector can be wrong).
+func goneAction(check ownerCheck, ph hopPhase, spoke bool) hopAction {
+	if check != ownerSilent || spoke {
+		return hopLeave
+	}
+	switch ph {
+	case phaseMaybe, phaseDispatched:
+		return hopAnswer
+	case phaseRelaying:
+		return hopCut
+	}
+	return hopLeave // phaseUnsent: the dispatch timeout retries it
+}
+
+// checkOf classifies the probe's outcome (err from http.Client.Do).
+func checkOf(err error) ownerCheck {
+	switch {
+	case err == nil:
+		return ownerAnswered
+	case errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET):
+		return ownerRefused
+	}
+	return ownerSilent
+}
+
+// liveHop is one hop in flight, in its owner's set.
+type liveHop struct {
+	owner    string
+	watch    *hopWatch // nil when the dispatch protocol's side is off
+	end      context.CancelCauseFunc
+	relaying atomic.Bool
+	ended    atomic.Uint32 // the hopAction that ended it (hopLeave: none)
+	// heard is when the owner last sent the hop a byte of its response
+	// (its headers, or a read of its body), as time since base (0:
+	// never): monotonic, unlike a wall clock.
+	heard atomic.Int64
+	base  time.Time
+}
+
+// spoke records that the owner sent the hop something now.
+func (h *liveHop) spoke() { h.heard.Store(int64(time.Since(h.base))) }
+
+// hopBody is a hop's response body, which stamps the hop as its owner's
+// bytes arrive.
+type hopBody struct {
+	io.ReadCloser
+	h *liveHop
+}
+
+func (b *hopBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if n > 0 {
+		b.h.spoke()
+	}
+	return n, err
+}
+
+// phase is how far the hop got.
+func (h *liveHop) phase() hopPhase {
+	if h.relaying.Load() {
+		return phaseRelaying
+	}
+	if h.watch == nil {
+		return phaseMaybe
+	}
+	return h.watch.phase()
+}
+
+// gone reports whether the hop was ended for its owner's loss; nil-safe.
+func (h *liveHop) gone() bool {
+	return h != nil && hopAction(h.ended.Load()) != hopLeave
+}
+
+// ownerHops is the entry's hops in flight by owner API. It is safe for
+// concurrent use.
+type ownerHops struct {
+	mu      sync.Mutex
+	base    time.Time // the origin of the hops' heard stamps
+	hops    map[string]map[*liveHop]struct{}
+	probing map[string]bool
+	closed  bool
+	probe   func(ctx context.Context, api string) (ownerCheck, error)
+	count   func(end string) // the metric, by outcome
+	log     hclog.Logger
+	ctx     context.Context
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+}
+
+// Outcomes of the hops of a gone owner (kvmesh_hops_owner_gone_total's
+// end label).
+const (
+	goneError = "error" // answered 502 codeOwnerGone
+	goneCut   = "cut"   // its relay was ended
+	goneKept  = "kept"  // the owner answered or refused the probe, or spoke on the hop since
+	goneLeft  = "left"  // not dispatched: left to the dispatch timeout
+)
+
+func newOwnerHops(probe func(ctx context.Context, api string) (ownerCheck, error), count func(string), log hclog.Logger) *ownerHops {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &ownerHops{base: time.Now(), hops: map[string]map[*liveHop]struct{}{}, probing: map[string]bool{},
+		probe: probe, count: count, log: log, ctx: ctx, cancel: cancel}
+}
+
+// add registers a hop to owner; end cancels its request.
+func (o *ownerHops) add(owner string, watch *hopWatch, end context.CancelCauseFunc) *liveHop {
+	h := &liveHop{owner: owner, watch: watch, end: end, base: o.base}
+	o.mu.Lock()
+	set := o.hops[owner]
+	if set == nil {
+		set = map[*liveHop]struct{}{}
+		o.hops[owner] = set
+	}
+	set[h] = struct{}{}
+	o.mu.Unlock()
+	return h
+}
+
+// remove unregisters a hop whose attempt ended.
+func (o *ownerHops) remove(h *liveHop) {
+	o.mu.Lock()
+	set := o.hops[h.owner]
+	delete(set, h)
+	if len(set) == 0 {
+		delete(o.hops, h.owner)
+	}
+	o.mu.Unlock()
+	if h.gone() && h.relaying.Load() {
+		o.count(goneCut) // ended while relaying (cut, or answered as its headers came)
+	}
+}
+
+// gone is the mesh's event (goneWatcher): when this router has hops to
+// the owner, it probes it, and judges the hops in flight now. Hops sent
+// later went to a router the view took for alive again (it came back, a
+// new process at that address, perhaps), which the probe of the one gone
+// does not describe: they are left to their timeouts. It never blocks.
+func (o *ownerHops) gone(api string) {
+	o.mu.Lock()
+	if o.closed || o.probing[api] || len(o.hops[api]) == 0 {
+		o.mu.Unlock()
+		return
+	}
+	hops := make([]*liveHop, 0, len(o.hops[api]))
+	for h := range o.hops[api] {
+		hops = append(hops, h)
+	}
+	o.probing[api] = true
+	o.wg.Add(1)
+	o.mu.Unlock()
+	go o.check(api, hops, int64(time.Since(o.base)))
+}
+
+// check probes a gone owner and ends those of hops, still in flight,
+// that it cannot answer and that it sent nothing since the event (at,
+// as time since base).
+func (o *ownerHops) check(api string, hops []*liveHop, at int64) {
+	defer o.wg.Done()
+	res, err := o.probe(o.ctx, api)
+	o.mu.Lock()
+	delete(o.probing, api)
+	if o.ctx.Err() != nil {
+		o.mu.Unlock()
+		return
+	}
+	live := hops[:0]
+	for _, h := range hops {
+		if _, ok := o.hops[api][h]; ok {
+			live = append(live, h)
+		}
+	}
+	hops = live
+	o.mu.Unlock()
+	ended := 0
+	for _, h := range hops {
+		spoke := h.heard.Load() > at
+		switch a := goneAction(res, h.phase(), spoke); a {
+		case hopLeave:
+			if res == ownerSilent && !spoke {
+				o.count(goneLeft)
+			} else {
+				o.count(goneKept)
+			}
+		default:
+			h.ended.Store(uint32(a))
+			h.end(errOwnerGone)
+			ended++
+		}
+	}
+	if res == ownerSilent {
+		o.log.Warn("owner router gone from the mesh and silent: ended its hops in flight that may be running", "owner", api,
+			"hops", len(hops), "ended", ended, "probe", err)
+	} else {
+		o.log.Info("owner router gone from the mesh but reachable (leaving, or a wrong verdict): its hops run on", "owner", api,
+			"hops", len(hops), "probe", err)
+	}
+}
+
+// close ends the probes in progress and waits for them; later events are
+// ignored.
+func (o *ownerHops) close() {
+	o.mu.Lock()
+	o.closed = true
+	o.mu.Unlock()
+	o.cancel()
+	o.wg.Wait()
+}
+
+// probeOwner asks a gone owner for /healthz within ownerProbeTimeout; the
+// error, if any, is for the log.
+func (p *Proxy) probeOwner(ctx context.Context, api string) (ownerCheck, error) {
+	ctx, cancel := context.WithTimeout(ctx, ownerProbeTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimRight(api, "/")+"/healthz", nil)
+	if err != nil {
+		return ownerSilent, err
+	}
+	resp, err := p.client.Do(req)
+	if err == nil {
+		resp.Body.Close()
+	}
+	return checkOf(err), err
+}
