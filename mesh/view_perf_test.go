@@ -32,7 +32,7 @@ func (m *Mesh) candidatesRef(model string, dst []route.Candidate) []route.Candid
 			}
 			c := route.Candidate{Detail: &route.Detail{ID: r.id, Local: true}, Hash: r.hash, InFlight: int32(max(r.load.inFlight.Load(), 0)),
 				PendingPrefillBlocks: float64(max(r.load.pendingK.Load(), 0)) / 1000,
-				Running:              route.Count32(r.running), Waiting: route.Count32(r.waiting), Slots: route.Count32(r.slots)}
+				Running:              route.Count32(r.running), Waiting: route.Count32(r.waiting), Slots: route.Count32(r.slots), HasLoad: r.hasLoad}
 			if r.sum != nil {
 				c.Summary = r.sum
 			}
@@ -42,7 +42,7 @@ func (m *Mesh) candidatesRef(model string, dst []route.Candidate) []route.Candid
 				continue
 			}
 			c := route.Candidate{Detail: &route.Detail{ID: r.id}, Hash: r.hash, InFlight: route.Count32(int(r.st.InFlight)), PendingPrefillBlocks: r.st.Pending,
-				Running: route.Count32(int(r.st.Running)), Waiting: route.Count32(int(r.st.Waiting)), Slots: route.Count32(int(r.st.Slots))}
+				Running: route.Count32(int(r.st.Running)), Waiting: route.Count32(int(r.st.Waiting)), Slots: route.Count32(int(r.st.Slots)), HasLoad: !r.st.NoLoad}
 			if m.countsLocked(r, now) {
 				c.Summary = r.sum
 			} else {
@@ -157,7 +157,7 @@ func TestCandidatesEqualReference(t *testing.T) {
 			} else if j%3 == 2 {
 				models = []string{"other"}
 			}
-			r.UpdateReplica(id, ReplicaStatus{Models: models, Healthy: j != 4, CapacityBlocks: 256, Running: j, Waiting: i, Slots: 8})
+			r.UpdateReplica(id, ReplicaStatus{Models: models, Healthy: j != 4, CapacityBlocks: 256, Running: j, Waiting: i, Slots: 8, HasLoad: j%2 == 1})
 			if j%2 == 0 {
 				r.Record(id, chain(uint64(10*i+j), 20))
 			}
