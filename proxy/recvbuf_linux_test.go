@@ -89,7 +89,8 @@ func TestClientRecvBuffer(t *testing.T) {
 // reading (its client stalled) pins no more than twice the set buffer in
 // the router's receive queue, however much the replica has to send and
 // however fast the stream ran before. The replica writes until its send
-// buffer is full too (a write that cannot finish within its deadline);
+// buffer is full too (a write that cannot finish within its deadline
+// once the reader has stopped);
 // what the router's socket then holds is read with SIOCINQ. With the
 // kernel's autotuning (0) the same stream left about 800 KB queued.
 func TestClientRecvBufferBoundsStalledStream(t *testing.T) {
@@ -100,7 +101,7 @@ func TestClientRecvBufferBoundsStalledStream(t *testing.T) {
 	}
 	defer ln.Close()
 	full := make(chan error, 1)
-	looked, served := make(chan struct{}), make(chan struct{})
+	stalled, looked, served := make(chan struct{}), make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(served)
 		c, err := ln.Accept()
@@ -124,7 +125,12 @@ func TestClientRecvBufferBoundsStalledStream(t *testing.T) {
 			_ = c.SetWriteDeadline(time.Now().Add(300 * time.Millisecond))
 			if _, err := c.Write(chunk); err != nil {
 				if errors.Is(err, os.ErrDeadlineExceeded) {
-					err = nil
+					select {
+					case <-stalled:
+						err = nil
+					default:
+						continue // the reader was only slow: not stalled yet
+					}
 				}
 				full <- err
 				<-looked // hold the connection until the test has looked
@@ -142,6 +148,7 @@ func TestClientRecvBufferBoundsStalledStream(t *testing.T) {
 	if _, err := io.CopyN(io.Discard, resp.Body, 4<<20); err != nil {
 		t.Fatal(err)
 	}
+	close(stalled)
 	if err := <-full; err != nil {
 		t.Fatal(err)
 	}
