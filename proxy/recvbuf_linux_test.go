@@ -86,8 +86,8 @@ func TestClientRecvBuffer(t *testing.T) {
 }
 
 // TestClientRecvBufferBoundsStalledStream: a response the router stops
-// reading (its client stalled) pins no more than twice the set buffer in
-// the router's receive queue, however much the replica has to send and
+// reading (its client stalled) pins no more than twice the set buffer
+// (and a segment) in the router's receive queue, however much the replica has to send and
 // however fast the stream ran before. The replica writes until its send
 // buffer is full too (a write that cannot finish within its deadline
 // once the reader has stopped);
@@ -155,8 +155,10 @@ func TestClientRecvBufferBoundsStalledStream(t *testing.T) {
 	queued := sockInt(t, resp.Body.(*upBody).c.raw, -1, 0)
 	close(looked)
 	<-served
-	if queued > 2*set || queued == 0 {
-		t.Errorf("%d bytes queued to the stalled reader, want 1 to %d (SO_RCVBUF %d)", queued, 2*set, set)
+	// Linux accounts the doubled buffer and admits a segment while under
+	// it, so one more segment (64 KB on the loopback) may be over.
+	if limit := 2*set + 64<<10; queued > limit || queued == 0 {
+		t.Errorf("%d bytes queued to the stalled reader, want 1 to %d (SO_RCVBUF %d)", queued, limit, set)
 	}
 	t.Logf("%d bytes queued with SO_RCVBUF %d", queued, set)
 }
