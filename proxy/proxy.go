@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -189,11 +190,25 @@ type Proxy struct {
 // buffer holds a request's headers and a body of up to about 60 KB, so
 // that it leaves in one write (one segment, one wake-up of the replica)
 // where the default 4 KB buffer took two writes for an 8 KB prompt, the
-// second through a fresh 32 KB copy buffer.
-func NewClient() *http.Client {
+// second through a fresh 32 KB copy buffer. Its connections' receive
+// buffers are DefaultUpstreamRecvBuffer (NewClientRecvBuffer sets another).
+func NewClient() *http.Client { return NewClientRecvBuffer(DefaultUpstreamRecvBuffer) }
+
+// NewClientRecvBuffer is NewClient with the receive buffer (SO_RCVBUF) of
+// every connection it dials set to bytes (0: the kernel's default,
+// autotuned). The one dialer serves both the router's own upstream client
+// and net/http's transport (hops, TLS), so every connection to a replica
+// or a peer gets it. It is set before connect, when it still decides the
+// window scale the router offers: set after, the connection would keep
+// the large scale autotuning chose, only capped.
+func NewClientRecvBuffer(bytes int) *http.Client {
+	d := &net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}
+	if bytes > 0 {
+		d.Control = recvBufferControl(bytes)
+	}
 	return &http.Client{Transport: &http.Transport{
 		WriteBufferSize:       upstreamWriteBuffer,
-		DialContext:           markingDial((&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext),
+		DialContext:           markingDial(d.DialContext),
 		MaxIdleConns:          1024,
 		MaxIdleConnsPerHost:   256,
 		IdleConnTimeout:       90 * time.Second,
@@ -209,6 +224,32 @@ func NewClient() *http.Client {
 // once but whose first token waits for the queue and the prefill
 // (idle.go).
 const upstreamHeaderTimeout = 10 * time.Minute
+
+// DefaultUpstreamRecvBuffer is the receive buffer (SO_RCVBUF) of each
+// connection to a replica or a peer router. When a client stalls a
+// stream (its API connection's send buffer full, DefaultClientSendBuffer),
+// the router stops reading the replica, whose bytes then fill the
+// router's receive queue: Linux autotunes it up to tcp_rmem's maximum
+// (6 MB by the kernel's default), and it stays until the write timeout,
+// about 1 MB per stalled stream measured (docs/RELIABILITY.md). A set
+// buffer is fixed (Linux doubles it for its bookkeeping, caps it at
+// net.core.rmem_max and turns autotuning off), so a stalled stream pins
+// at most about twice this in kernel memory. The default is safe for
+// throughput: the window is a buffer per round trip, 256 KB per 1 ms is
+// 256 MB/s on a local link, and an LLM stream is kilobytes per second; a
+// cross-region hop at 100 ms still gets 2.5 MB/s per connection, enough
+// for streams but a cap on a bulk answer (a large embeddings response)
+// that far away. 0 restores the kernel's autotuning.
+const DefaultUpstreamRecvBuffer = 256 << 10
+
+// recvBufferControl returns a net.Dialer Control that sets the receive
+// buffer of each socket before it connects. A failure leaves the kernel's
+// buffer: not a reason to fail the dial.
+func recvBufferControl(bytes int) func(network, address string, c syscall.RawConn) error {
+	return func(_, _ string, c syscall.RawConn) error {
+		return c.Control(func(fd uintptr) { _ = setRecvBuffer(fd, bytes) })
+	}
+}
 
 // upstreamWriteBuffer is the write buffer of each upstream connection.
 const upstreamWriteBuffer = 64 << 10

@@ -70,6 +70,7 @@ type routerConfig struct {
 	maxConns             int
 	maxInflightPerClient int
 	clientSendBuffer     int
+	upstreamRecvBuffer   int
 	headerTimeout        time.Duration
 	bodyTimeout          time.Duration
 	writeTimeout         time.Duration
@@ -363,7 +364,7 @@ func startRouter(ctx context.Context, cfg routerConfig) (*router, error) {
 	rec := panics.New(reg, log)
 	// Replicas are declared once they pass a health check (replicaSet).
 	set := newReplicaSet(m, log.Named("replicas"))
-	client := proxy.NewClient()
+	client := proxy.NewClientRecvBuffer(cfg.upstreamRecvBuffer)
 	if edges.peerTLS != nil {
 		client.Transport.(*http.Transport).TLSClientConfig = edges.peerTLS
 	}

@@ -34,6 +34,7 @@ func edgeFlags(fs *flag.FlagSet, cfg *routerConfig) {
 	fs.DurationVar(&cfg.headerTimeout, "header-timeout", 10*time.Second, "time a client has to send a request's headers")
 	fs.DurationVar(&cfg.bodyTimeout, "body-timeout", proxy.DefaultBodyTimeout, "time a client has to send a request's body (then 408 and the connection is closed)")
 	fs.IntVar(&cfg.clientSendBuffer, "client-send-buffer", proxy.DefaultClientSendBuffer, "send buffer (SO_SNDBUF) of each API connection in bytes: bounds the kernel memory a client that reads nothing pins until --write-timeout (0: the kernel's default, autotuned up to tcp_wmem's maximum, 4 MB on Linux)")
+	fs.IntVar(&cfg.upstreamRecvBuffer, "upstream-recv-buffer", proxy.DefaultUpstreamRecvBuffer, "receive buffer (SO_RCVBUF) of each connection to a replica or a peer router in bytes, set before connect: bounds the kernel memory a stream stalled by its client pins on the router's side of the replica's connection until --write-timeout, and caps that connection at a buffer per round trip (256 KiB at 100 ms: 2.5 MB/s) (0: the kernel's default, autotuned up to tcp_rmem's maximum, 6 MB on Linux)")
 	fs.DurationVar(&cfg.writeTimeout, "write-timeout", proxy.DefaultWriteTimeout, "time a client may take no byte of its response (a stalled stream reader); its request is then ended (499) and its connection closed, which cancels the generation")
 	fs.DurationVar(&cfg.upstreamIdleTimeout, "upstream-idle-timeout", proxy.DefaultUpstreamIdleTimeout, "time an upstream (a replica, or a peer router on a hop) may send no byte of a response body once its first byte arrived (before it, the 10-minute response header timeout); the response is then ended (an SSE stream with an error event, another body by aborting the client's connection) and the upstream connection closed (0: none)")
 	fs.DurationVar(&cfg.idleTimeout, "idle-timeout", 2*time.Minute, "time an idle keep-alive connection is kept")
@@ -59,6 +60,9 @@ func checkEdgeFlags(cfg *routerConfig) error {
 	if cfg.clientSendBuffer != 0 && (cfg.clientSendBuffer < minClientSendBuffer || cfg.clientSendBuffer > maxClientSendBuffer) {
 		return fmt.Errorf("router: --client-send-buffer %d must be 0 (the kernel's) or %d to %d bytes", cfg.clientSendBuffer, minClientSendBuffer, maxClientSendBuffer)
 	}
+	if cfg.upstreamRecvBuffer != 0 && (cfg.upstreamRecvBuffer < minClientSendBuffer || cfg.upstreamRecvBuffer > maxClientSendBuffer) {
+		return fmt.Errorf("router: --upstream-recv-buffer %d must be 0 (the kernel's) or %d to %d bytes", cfg.upstreamRecvBuffer, minClientSendBuffer, maxClientSendBuffer)
+	}
 	for name, d := range map[string]time.Duration{"header-timeout": cfg.headerTimeout, "body-timeout": cfg.bodyTimeout,
 		"idle-timeout": cfg.idleTimeout, "retry-budget": cfg.retryBudget, "drain-timeout": cfg.drainTimeout, "write-timeout": cfg.writeTimeout} {
 		if d <= 0 {
@@ -74,8 +78,9 @@ func checkEdgeFlags(cfg *routerConfig) error {
 	return nil
 }
 
-// Bounds of --client-send-buffer: below 16 KB a stream's every event
-// waits on the client's acknowledgements; over 64 MB is no bound.
+// Bounds of --client-send-buffer and --upstream-recv-buffer: below 16 KB
+// a stream's every event waits on the other side's acknowledgements (or
+// window updates); over 64 MB is no bound.
 const (
 	minClientSendBuffer = 16 << 10
 	maxClientSendBuffer = 64 << 20

@@ -321,18 +321,22 @@ func TestEdgeFlags(t *testing.T) {
 	if c.adminListen != "127.0.0.1:9090" || c.maxConns != proxy.DefaultMaxConns || c.maxInflightPerClient != proxy.DefaultMaxInflightPerClient ||
 		c.bodyTimeout != proxy.DefaultBodyTimeout || c.drainTimeout != 60*time.Second || c.retryBudget != proxy.DefaultRetryBudget ||
 		c.maxAttempts != 3 || c.gossipStreams != (mesh.StreamLimits{MaxStreams: mesh.DefaultMaxStreams, BudgetBytes: mesh.DefaultStreamBytes}) ||
-		c.gcHeadroom != defaultGCHeadroom || c.gogcSet || c.clientSendBuffer != proxy.DefaultClientSendBuffer {
+		c.gcHeadroom != defaultGCHeadroom || c.gogcSet || c.clientSendBuffer != proxy.DefaultClientSendBuffer ||
+		c.upstreamRecvBuffer != proxy.DefaultUpstreamRecvBuffer {
 		t.Errorf("defaults: %+v", c)
 	}
 	// 0 is the kernel's default; the environment sets it like any flag.
 	env := func(k string) (string, bool) {
-		if k == "KVMESH_CLIENT_SEND_BUFFER" {
+		if k == "KVMESH_CLIENT_SEND_BUFFER" || k == "KVMESH_UPSTREAM_RECV_BUFFER" {
 			return "0", true
 		}
 		return "", false
 	}
-	if c, err := parseRouterFlags([]string{"--name", "r"}, env, io.Discard); err != nil || c.clientSendBuffer != 0 {
-		t.Errorf("KVMESH_CLIENT_SEND_BUFFER=0: %v, %d", err, c.clientSendBuffer)
+	if c, err := parseRouterFlags([]string{"--name", "r"}, env, io.Discard); err != nil || c.clientSendBuffer != 0 || c.upstreamRecvBuffer != 0 {
+		t.Errorf("KVMESH_CLIENT_SEND_BUFFER=0, KVMESH_UPSTREAM_RECV_BUFFER=0: %v, %d, %d", err, c.clientSendBuffer, c.upstreamRecvBuffer)
+	}
+	if c, err := parseRouterFlags([]string{"--name", "r", "--upstream-recv-buffer", "65536"}, none, io.Discard); err != nil || c.upstreamRecvBuffer != 64<<10 {
+		t.Errorf("--upstream-recv-buffer 65536: %v, %d", err, c.upstreamRecvBuffer)
 	}
 	for _, tc := range []struct {
 		args    []string
@@ -346,6 +350,9 @@ func TestEdgeFlags(t *testing.T) {
 		{[]string{"--gc-headroom", "-1"}, "gc-headroom"},
 		{[]string{"--client-send-buffer", "-1"}, "client-send-buffer"},
 		{[]string{"--client-send-buffer", "1024"}, "client-send-buffer"},
+		{[]string{"--upstream-recv-buffer", "-1"}, "upstream-recv-buffer"},
+		{[]string{"--upstream-recv-buffer", "1024"}, "upstream-recv-buffer"},
+		{[]string{"--upstream-recv-buffer", "134217728"}, "upstream-recv-buffer"},
 	} {
 		if _, err := parseRouterFlags(append([]string{"--name", "r"}, tc.args...), none, io.Discard); err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 			t.Errorf("%v: error %v, want %q", tc.args, err, tc.wantErr)

@@ -16,7 +16,8 @@
 #
 # Environment: BASE_PORT [19500], STALLED [2000], READ_RATE [0], HOLD [40s],
 # WRITE_TIMEOUT [10s], TOKEN_GAP [1ms], CLIENT_SEND_BUFFER [] (the router's
-# --client-send-buffer; unset: its default), JSON [] (1: JSON output).
+# --client-send-buffer; unset: its default), UPSTREAM_RECV_BUFFER [] (its
+# --upstream-recv-buffer; unset: its default), JSON [] (1: JSON output).
 set -euo pipefail
 HOST=127.0.0.1
 BASE_PORT=${BASE_PORT:-19500}
@@ -36,7 +37,8 @@ fi
 pids+=("$!")
 "$router_bin" router --name slow --listen "$HOST:$((BASE_PORT + 1))" --gossip-bind "$HOST:$((BASE_PORT + 2))" \
 	--admin-listen "$HOST:$((BASE_PORT + 6))" --replica "http://$HOST:$BASE_PORT" --log-level warn \
-	--max-inflight-per-client 0 ${CLIENT_SEND_BUFFER:+--client-send-buffer "$CLIENT_SEND_BUFFER"} "${timeout_flag[@]}" 2>"$dir/router.log" &
+	--max-inflight-per-client 0 ${CLIENT_SEND_BUFFER:+--client-send-buffer "$CLIENT_SEND_BUFFER"} \
+	${UPSTREAM_RECV_BUFFER:+--upstream-recv-buffer "$UPSTREAM_RECV_BUFFER"} "${timeout_flag[@]}" 2>"$dir/router.log" &
 router_pid=$!
 pids+=("$router_pid")
 wait_ok "http://$HOST:$((BASE_PORT + 1))" || { cat "$dir/router.log" >&2; exit 1; }
@@ -44,7 +46,8 @@ echo "router: ${BEFORE_REV:-this tree} ${timeout_flag[*]:-(no write timeout)}; l
 # Kernel memory of the router's sockets (ss's skmem, Linux): the send
 # queues of its API connections (w: what a stalled reader pins, bounded by
 # --client-send-buffer) and the receive queues of its replica connections
-# (r), sampled every 2 s; the peaks are printed at the end.
+# (r: what a stalled stream leaves on the replica's side, bounded by
+# --upstream-recv-buffer), sampled every 2 s; the peaks are printed at the end.
 skmem_peak=$dir/skmem
 echo "0 0 0" >"$skmem_peak"
 if command -v ss >/dev/null; then
