@@ -666,7 +666,6 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, resp *http.Respons
 			p.log.Warn("owner router gone from the mesh and silent mid-response: ended", "replica", id, "owner", st.ownerHop.owner)
 		} else if idle.fired() {
 			cause = midstreamIdle
-			p.m.upstreamIdle.Inc()
 			p.junk.Printf("upstream %s sent nothing of its response for %v: ended", id, idle.d)
 		} else {
 			p.log.Warn("upstream failed mid-response", "replica", id, "error", rerr)

@@ -75,7 +75,7 @@ func TestUpstreamIdleTimeoutEndsSilentStream(t *testing.T) {
 					t.Errorf("client got %d events, then the error %v; want 2, then %s", len(before), e, codeUpstreamTimeout)
 				}
 				recv(t, gone, "the replica's request cancelled")
-				waitFor(t, "the idle timeout counted", func() bool { return testutil.ToFloat64(p.m.upstreamIdle) == 1 })
+				waitFor(t, "the idle timeout counted", func() bool { return idleTimeouts(p) == 1 })
 				view.waitDone(t)
 				requireReleased(t, p, rep.URL)
 				if loop := testutil.ToFloat64(p.m.loopStreams); cl.name == "own" && !off && runtime.GOOS == "linux" && loop != 1 {
@@ -129,7 +129,7 @@ func TestUpstreamIdleTimeoutSparesSlowStream(t *testing.T) {
 				if n != events+1 {
 					t.Errorf("got %d events, want %d", n, events+1)
 				}
-				if got := testutil.ToFloat64(p.m.upstreamIdle); got != 0 {
+				if got := idleTimeouts(p); got != 0 {
 					t.Errorf("idle timeouts counted: %v, want 0", got)
 				}
 			})
@@ -161,4 +161,11 @@ func TestIdleWatchWaitsLongerForTheFirstByte(t *testing.T) {
 	if !w.fired() {
 		t.Error("fired() is false after the watch ended the response")
 	}
+}
+
+// idleTimeouts is how many responses the upstream idle timeout ended,
+// however their client's response ended.
+func idleTimeouts(p *Proxy) float64 {
+	return testutil.ToFloat64(p.m.midstream.WithLabelValues(midstreamIdle, endErrorEvent)) +
+		testutil.ToFloat64(p.m.midstream.WithLabelValues(midstreamIdle, endAborted))
 }

@@ -36,7 +36,6 @@ type metrics struct {
 	retries         prometheus.Counter
 	loopStreams     prometheus.Counter
 	loopClientWaits prometheus.Counter
-	upstreamIdle    prometheus.Counter
 	// midstream counts streams failed after their head, by cause and by
 	// how they ended (midstream.go); its six children are resolved once.
 	midstream *prometheus.CounterVec
@@ -183,10 +182,6 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		loopClientWaits: f.NewCounter(prometheus.CounterOpts{
 			Name: "kvmesh_stream_loop_client_waits_total",
 			Help: "Streams the stream loop handed back to the normal path because the client's socket was full (a slow client).",
-		}),
-		upstreamIdle: f.NewCounter(prometheus.CounterOpts{
-			Name: "kvmesh_upstream_idle_timeouts_total",
-			Help: "Responses ended because their upstream (a replica or a peer router) sent no byte of the body for the upstream idle timeout.",
 		}),
 		midstream: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvmesh_upstream_midstream_failures_total",

@@ -158,12 +158,12 @@ func TestUpstreamIdleTimeoutSparesSlowClient(t *testing.T) {
 			}
 			b, err := io.ReadAll(resp.Body)
 			if err != nil || !strings.HasSuffix(string(b), "data: [DONE]\n\n") {
-				t.Fatalf("stream not whole (%d bytes, %v; idle timeouts %v)", len(b), err, testutil.ToFloat64(p.m.upstreamIdle))
+				t.Fatalf("stream not whole (%d bytes, %v; idle timeouts %v)", len(b), err, idleTimeouts(p))
 			}
 			if n := strings.Count(string(b), "data: {"); n != events {
 				t.Errorf("got %d events, want %d", n, events)
 			}
-			if n := testutil.ToFloat64(p.m.upstreamIdle); n != 0 {
+			if n := idleTimeouts(p); n != 0 {
 				t.Errorf("idle timeouts counted: %v, want 0", n)
 			}
 			if n := testutil.ToFloat64(p.m.loopClientWaits); !off && n != 1 {
