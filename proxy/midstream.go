@@ -94,8 +94,8 @@ func streamErrorEvent(path, code, msg string) []byte {
 		}{"error", code, msg, nil})
 		b = append([]byte("event: error\ndata: "), d...)
 	default:
-		d, _ := json.Marshal(apiError{Error: apiErrorBody{Message: msg, Type: "server_error", Code: &code}})
-		b = append([]byte("data: "), d...)
+		// errorJSON ends its line; the blank line ends the event.
+		return append(append([]byte("data: "), errorJSON(http.StatusBadGateway, "server_error", code, msg)...), '\n')
 	}
 	return append(b, "\n\n"...)
 }
