@@ -137,13 +137,9 @@ start_routers() {
     --join "127.0.0.1:$g1" --replica "http://127.0.0.1:$sim2" "${router_flags[@]}" "$@"
   router_pids+=("$last_pid")
   wait_http "$scheme://127.0.0.1:$a2/readyz" "router 2"
-  local admin i
+  local admin
   for admin in "$admin1" "$admin2"; do
-    for ((i = 0; ; i++)); do
-      [ "$(healthy_replicas "$admin")" = 2 ] && break
-      [ "$i" -lt 300 ] || die "router with admin port $admin did not see both replicas healthy (/debug/mesh)"
-      sleep 0.1
-    done
+    wait_healthy "$admin" 2
   done
 }
 
@@ -155,6 +151,14 @@ healthy_replicas() { # healthy_replicas ADMIN_PORT: how many replicas the router
       try { const m = JSON.parse(s);
         console.log((m.replicas || []).filter(r => r.healthy && (r.models || []).includes(process.argv[1])).length);
       } catch { console.log(0); } });' "$model"
+}
+wait_healthy() { # wait_healthy ADMIN_PORT N: until the router there sees N replicas healthy (30 s)
+  local i
+  for ((i = 0; ; i++)); do
+    [ "$(healthy_replicas "$1")" = "$2" ] && return
+    [ "$i" -lt 300 ] || die "router with admin port $1 did not see $2 replica(s) healthy (/debug/mesh)"
+    sleep 0.1
+  done
 }
 
 start_routers http "$api1" "$api2" "$gossip1" "$gossip2"
@@ -209,11 +213,7 @@ start router4 router --name r4 --listen "127.0.0.1:$tapi4" --gossip-bind "127.0.
   --join "127.0.0.1:$tgossip3" --upstream-idle-timeout 500ms "${router_flags[@]}" "${tls_flags[@]}"
 wait_http "https://127.0.0.1:$tapi4/readyz" "router 4"
 for admin in "$admin3" "$admin4"; do
-  for ((i = 0; ; i++)); do
-    [ "$(healthy_replicas "$admin")" = 1 ] && break
-    [ "$i" -lt 300 ] || die "router with admin port $admin did not see the stalling replica healthy (/debug/mesh)"
-    sleep 0.1
-  done
+  wait_healthy "$admin" 1
 done
 for api in "$tapi3" "$tapi4"; do
   echo "e2e-openai: cut.mjs against router https://127.0.0.1:$api"

@@ -139,12 +139,16 @@ try:
 except Exception:
     print(0)' "$model"
 }
-for admin in "$admin1" "$admin2"; do
+wait_healthy() { # wait_healthy ADMIN_PORT N: until the router there sees N replicas healthy (30 s)
+  local i
   for ((i = 0; ; i++)); do
-    [ "$(healthy_replicas "$admin")" = 2 ] && break
-    [ "$i" -lt 300 ] || die "router with admin port $admin did not see both replicas healthy (/debug/mesh)"
+    [ "$(healthy_replicas "$1")" = "$2" ] && return
+    [ "$i" -lt 300 ] || die "router with admin port $1 did not see $2 replica(s) healthy (/debug/mesh)"
     sleep 0.1
   done
+}
+for admin in "$admin1" "$admin2"; do
+  wait_healthy "$admin" 2
 done
 
 for pair in "$api1 $api2" "$api2 $api1"; do
@@ -164,11 +168,7 @@ done
 for n in 3 4; do
   api_var=api$n admin_var=admin$n api=${!api_var}
   wait_http "http://127.0.0.1:$api/readyz" "router on port $api"
-  for ((i = 0; ; i++)); do
-    [ "$(healthy_replicas "${!admin_var}")" = 2 ] && break
-    [ "$i" -lt 300 ] || die "router on port $api did not see both replicas healthy (/debug/mesh)"
-    sleep 0.1
-  done
+  wait_healthy "${!admin_var}" 2
 done
 echo "e2e-python: keys.py against routers that cannot gossip"
 KVMESH_URLS="http://127.0.0.1:$api3 http://127.0.0.1:$api4" KVMESH_REPLICAS="http://127.0.0.1:$sim1 http://127.0.0.1:$sim2" \
@@ -188,11 +188,7 @@ start router6 router --name r6 --listen "127.0.0.1:$api6" --gossip-bind "127.0.0
   --join "127.0.0.1:$gossip5" --upstream-idle-timeout 500ms "${router_flags[@]}"
 wait_http "http://127.0.0.1:$api6/readyz" "router 6"
 for admin in "$admin5" "$admin6"; do
-  for ((i = 0; ; i++)); do
-    [ "$(healthy_replicas "$admin")" = 1 ] && break
-    [ "$i" -lt 300 ] || die "router with admin port $admin did not see the stalling replica healthy (/debug/mesh)"
-    sleep 0.1
-  done
+  wait_healthy "$admin" 1
 done
 for api in "$api5" "$api6"; do
   echo "e2e-python: cut.py against router http://127.0.0.1:$api"
