@@ -321,3 +321,14 @@ func deltas(n, size int) []string {
 	}
 	return d
 }
+
+// waitFor polls cond every 5ms for up to testWait (a liveness bound, not
+// a speed assertion).
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(testWait); !cond(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+	}
+}

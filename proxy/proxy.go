@@ -120,7 +120,7 @@ type Config struct {
 	// known once any model is.
 	ModelsKnown func() bool
 	// ReportFailure is told of passive failures of owned replicas seen on
-	// the request path (HealthChecker.ReportFailure); nil ignores them.
+	// the request path (health.Checker.ReportFailure); nil ignores them.
 	ReportFailure func(replicaID string)
 	// SessionHeader names the request header whose value is a client
 	// routing key ("" means DefaultSessionHeader, "-" none).

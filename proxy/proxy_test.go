@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvmesh/kvmesh/proxy/health"
 	"github.com/kvmesh/kvmesh/route"
 	"github.com/kvmesh/kvmesh/summary"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -469,7 +470,7 @@ func TestMetricsLint(t *testing.T) {
 	rep := newReplica(t, func(w http.ResponseWriter, r *http.Request) { sseChat(w, []string{"a"}, 0) })
 	view := newFakeView([]string{"m"}, fakeReplica{id: rep.URL})
 	_, srv, reg := newTestProxy(t, view, nil)
-	NewHealthChecker(HealthConfig{}, []string{rep.URL}, nil, nil, 16, nil, reg)
+	health.New(health.Config{}, []string{rep.URL}, nil, nil, 16, nil, reg)
 	resp := post(t, t.Context(), srv.URL+"/v1/chat/completions", chatBody("m", true, longPrompt))
 	readAll(t, resp)
 	view.waitDone(t)

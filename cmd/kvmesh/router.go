@@ -24,6 +24,7 @@ import (
 	"github.com/kvmesh/kvmesh/internal/panics"
 	"github.com/kvmesh/kvmesh/mesh"
 	"github.com/kvmesh/kvmesh/proxy"
+	"github.com/kvmesh/kvmesh/proxy/health"
 	"github.com/kvmesh/kvmesh/route"
 	"github.com/kvmesh/kvmesh/summary"
 	"github.com/prometheus/client_golang/prometheus"
@@ -289,7 +290,7 @@ type router struct {
 	log    hclog.Logger
 	reg    *prometheus.Registry
 	mesh   *mesh.Mesh
-	health *proxy.HealthChecker
+	health *health.Checker
 	proxy  *proxy.Proxy
 	srv    *http.Server
 	ln     net.Listener
@@ -368,7 +369,7 @@ func startRouter(ctx context.Context, cfg routerConfig) (*router, error) {
 	if edges.peerTLS != nil {
 		client.Transport.(*http.Transport).TLSClientConfig = edges.peerTLS
 	}
-	hc := proxy.NewHealthChecker(proxy.HealthConfig{Interval: cfg.healthInterval, LoadInterval: cfg.sources.loadInterval, Engine: cfg.sources.engine, Panics: rec},
+	hc := health.New(health.Config{Interval: cfg.healthInterval, LoadInterval: cfg.sources.loadInterval, Engine: cfg.sources.engine, Panics: rec},
 		nil, client, set.onStatus, cfg.contract.BlockBytes, log.Named("health"), reg)
 	set.health = hc
 	set.update("static", cfg.replicas)

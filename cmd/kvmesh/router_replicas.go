@@ -18,7 +18,7 @@ import (
 	"github.com/kvmesh/kvmesh/internal/engine"
 	"github.com/kvmesh/kvmesh/internal/panics"
 	"github.com/kvmesh/kvmesh/mesh"
-	"github.com/kvmesh/kvmesh/proxy"
+	"github.com/kvmesh/kvmesh/proxy/health"
 )
 
 // replicaSources is where a router learns its replicas beyond the static
@@ -78,7 +78,7 @@ func replicaFlags(fs *flag.FlagSet, src *replicaSources) func() error {
 type replicaSet struct {
 	log    hclog.Logger
 	mesh   *mesh.Mesh
-	health *proxy.HealthChecker
+	health *health.Checker
 
 	updateMu sync.Mutex // serialises update; never held by onStatus
 
@@ -94,7 +94,7 @@ func newReplicaSet(m *mesh.Mesh, log hclog.Logger) *replicaSet {
 // onStatus is the health checker's callback: it declares a replica at
 // its first report (the checker reports only admitted replicas) and
 // passes every status on to the mesh.
-func (s *replicaSet) onStatus(id string, st proxy.ReplicaStatus) {
+func (s *replicaSet) onStatus(id string, st health.ReplicaStatus) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if _, ok := s.declared[id]; !ok {

@@ -1,4 +1,9 @@
-package proxy
+// Package health checks the replicas a router declares: each replica's
+// health endpoint, model list, engine load (/metrics) and engine info,
+// read through an engine adapter, and reported to the router's owner only
+// when something changed. Failures the request path sees count like
+// failed checks.
+package health
 
 import (
 	"context"
@@ -28,8 +33,8 @@ const (
 	maxMetricsBytes = 8 << 20
 )
 
-// HealthConfig tunes the active health checks of a router's replicas.
-type HealthConfig struct {
+// Config tunes the active health checks of a router's replicas.
+type Config struct {
 	// Interval between health checks (the engine's health endpoint and
 	// GET /v1/models; default 2s).
 	Interval time.Duration
@@ -59,7 +64,7 @@ type HealthConfig struct {
 	Panics *panics.Recorder
 }
 
-func (c HealthConfig) withDefaults() HealthConfig {
+func (c Config) withDefaults() Config {
 	if c.Interval <= 0 {
 		c.Interval = 2 * time.Second
 	}
@@ -105,7 +110,7 @@ type ReplicaStatus struct {
 	Running, Waiting int
 	HasLoad          bool
 	// Slots is how many sequences the engine runs at once: published by
-	// the engine, else learned (see HealthChecker); 0 is unknown.
+	// the engine, else learned (see Checker); 0 is unknown.
 	Slots int
 	// Engine is the adapter reading the replica (vllm, sglang, llamacpp,
 	// tgi, or openai for an unknown OpenAI-compatible server).
@@ -117,7 +122,7 @@ func (s ReplicaStatus) equal(o ReplicaStatus) bool {
 		s.Running == o.Running && s.Waiting == o.Waiting && s.HasLoad == o.HasLoad && s.Slots == o.Slots && s.Engine == o.Engine
 }
 
-// HealthChecker checks the replicas declared at this router, each in its
+// Checker checks the replicas declared at this router, each in its
 // own loop: the engine's health endpoint and model list every Interval,
 // its load (/metrics) every LoadInterval while it is healthy, and its info
 // endpoint every InfoInterval, through an engine adapter (fixed, or
@@ -136,8 +141,8 @@ func (s ReplicaStatus) equal(o ReplicaStatus) bool {
 // which caps it as well). Later scrapes that run more raise it; a full
 // cache that runs fewer for a while does not lower it. Until the engine
 // has queued once, Slots is 0 (unknown).
-type HealthChecker struct {
-	cfg        HealthConfig
+type Checker struct {
+	cfg        Config
 	client     *http.Client
 	onChange   func(id string, s ReplicaStatus)
 	blockBytes int
@@ -170,12 +175,14 @@ type replicaHealth struct {
 	stop                      context.CancelFunc
 }
 
-// NewHealthChecker returns a checker of replicas (their base URLs). onChange
+// New returns a checker of replicas (their base URLs). onChange
 // is called, serialised, with a replica's new status; it must not call back
-// into the checker. blockBytes is the contract's block size.
-func NewHealthChecker(cfg HealthConfig, replicas []string, client *http.Client, onChange func(id string, s ReplicaStatus), blockBytes int, logger hclog.Logger, reg prometheus.Registerer) *HealthChecker {
+// into the checker. blockBytes is the contract's block size. A nil client
+// is one with net/http's defaults; a router passes its upstream client, so
+// checks reach replicas the way requests do.
+func New(cfg Config, replicas []string, client *http.Client, onChange func(id string, s ReplicaStatus), blockBytes int, logger hclog.Logger, reg prometheus.Registerer) *Checker {
 	if client == nil {
-		client = NewClient()
+		client = &http.Client{}
 	}
 	if logger == nil {
 		logger = hclog.NewNullLogger()
@@ -187,7 +194,7 @@ func NewHealthChecker(cfg HealthConfig, replicas []string, client *http.Client, 
 	if cfg.Panics == nil {
 		cfg.Panics = panics.New(nil, logger)
 	}
-	h := &HealthChecker{
+	h := &Checker{
 		cfg: cfg.withDefaults(), client: client, onChange: onChange,
 		blockBytes: max(blockBytes, 1), log: logger, state: map[string]*replicaHealth{},
 		healthy: f.NewGaugeVec(prometheus.GaugeOpts{
@@ -211,7 +218,7 @@ func NewHealthChecker(cfg HealthConfig, replicas []string, client *http.Client, 
 // at once (when Run is active) and reported once they pass; removed ones
 // stop being checked, and once SetReplicas returns onChange is not called
 // for them again.
-func (h *HealthChecker) SetReplicas(ids []string) {
+func (h *Checker) SetReplicas(ids []string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	keep := make(map[string]bool, len(ids))
@@ -247,7 +254,7 @@ func (h *HealthChecker) SetReplicas(ids []string) {
 }
 
 // Replicas returns the replicas checked, sorted.
-func (h *HealthChecker) Replicas() []string {
+func (h *Checker) Replicas() []string {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	ids := make([]string, 0, len(h.state))
@@ -260,7 +267,7 @@ func (h *HealthChecker) Replicas() []string {
 
 // Run checks every replica, each in its own loop, until ctx is done, and
 // returns once every loop has stopped.
-func (h *HealthChecker) Run(ctx context.Context) {
+func (h *Checker) Run(ctx context.Context) {
 	h.mu.Lock()
 	h.running, h.runCtx, h.started = true, ctx, true
 	for id, s := range h.state {
@@ -282,7 +289,7 @@ func (h *HealthChecker) Run(ctx context.Context) {
 }
 
 // startLocked starts replica id's loop; h.mu is held.
-func (h *HealthChecker) startLocked(id string, s *replicaHealth) {
+func (h *Checker) startLocked(id string, s *replicaHealth) {
 	ctx, stop := context.WithCancel(h.runCtx)
 	s.stop = stop
 	h.wg.Go(func() {
@@ -306,10 +313,10 @@ func (h *HealthChecker) startLocked(id string, s *replicaHealth) {
 // had its first check (at once for an empty set: a router whose replicas
 // come from discovery is ready before the first answer). Once true it
 // stays true, so replicas discovered later do not flap readiness.
-func (h *HealthChecker) Ready() bool { return h.ready.Load() }
+func (h *Checker) Ready() bool { return h.ready.Load() }
 
 // updateReadyLocked latches readiness; h.mu is held.
-func (h *HealthChecker) updateReadyLocked() {
+func (h *Checker) updateReadyLocked() {
 	if h.ready.Load() || !h.started {
 		return
 	}
@@ -323,7 +330,7 @@ func (h *HealthChecker) updateReadyLocked() {
 
 // ReportFailure counts a passive failure of replica id (a refused
 // connection, a 5xx, a stream that broke) like a failed check.
-func (h *HealthChecker) ReportFailure(id string) {
+func (h *Checker) ReportFailure(id string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	s := h.state[id]
@@ -334,7 +341,7 @@ func (h *HealthChecker) ReportFailure(id string) {
 }
 
 // round checks every replica once, fully and at once (tests).
-func (h *HealthChecker) round(ctx context.Context) {
+func (h *Checker) round(ctx context.Context) {
 	h.mu.Lock()
 	h.started = true
 	states := make(map[string]*replicaHealth, len(h.state))
@@ -368,7 +375,7 @@ type pollResult struct {
 
 // poll does what is due for replica id (everything when force): its
 // health check, its load scrape, its info read.
-func (h *HealthChecker) poll(ctx context.Context, id string, s *replicaHealth, force bool) {
+func (h *Checker) poll(ctx context.Context, id string, s *replicaHealth, force bool) {
 	now := time.Now()
 	h.mu.Lock()
 	if h.state[id] != s {
@@ -433,7 +440,7 @@ func (h *HealthChecker) poll(ctx context.Context, id string, s *replicaHealth, f
 }
 
 // apply records one poll's findings and reports any change.
-func (h *HealthChecker) apply(id string, s *replicaHealth, r pollResult) {
+func (h *Checker) apply(id string, s *replicaHealth, r pollResult) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.state[id] != s {
@@ -479,7 +486,7 @@ func (h *HealthChecker) apply(id string, s *replicaHealth, r pollResult) {
 }
 
 // fail counts one failure; h.mu is held.
-func (h *HealthChecker) fail(id string, s *replicaHealth, why string) {
+func (h *Checker) fail(id string, s *replicaHealth, why string) {
 	s.passes = 0
 	s.fails++
 	switch {
@@ -495,7 +502,7 @@ func (h *HealthChecker) fail(id string, s *replicaHealth, why string) {
 	h.notify(id, s)
 }
 
-func (h *HealthChecker) kindLocked(s *replicaHealth) string {
+func (h *Checker) kindLocked(s *replicaHealth) string {
 	if s.adapter == nil {
 		return string(engine.Generic)
 	}
@@ -503,7 +510,7 @@ func (h *HealthChecker) kindLocked(s *replicaHealth) string {
 }
 
 // statusLocked is s as reported; h.mu is held.
-func (h *HealthChecker) statusLocked(s *replicaHealth) ReplicaStatus {
+func (h *Checker) statusLocked(s *replicaHealth) ReplicaStatus {
 	st := s.metrics.Merge(s.info)
 	out := ReplicaStatus{Models: s.models, Healthy: s.healthy, Engine: h.kindLocked(s), Slots: st.Slots}
 	if st.HasLoad {
@@ -521,7 +528,7 @@ func (h *HealthChecker) statusLocked(s *replicaHealth) ReplicaStatus {
 
 // notify reports s if it changed since the last report; h.mu is held.
 // A replica not yet admitted is not reported.
-func (h *HealthChecker) notify(id string, s *replicaHealth) {
+func (h *Checker) notify(id string, s *replicaHealth) {
 	st := h.statusLocked(s)
 	healthy := 0.0
 	if st.Healthy {
@@ -540,7 +547,7 @@ func (h *HealthChecker) notify(id string, s *replicaHealth) {
 }
 
 // checkHealth reads the adapter's health endpoint, then the model list.
-func (h *HealthChecker) checkHealth(ctx context.Context, base string, a engine.Adapter) ([]string, error) {
+func (h *Checker) checkHealth(ctx context.Context, base string, a engine.Adapter) ([]string, error) {
 	if p := a.HealthPath(); p != "" {
 		if _, err := h.get(ctx, base+p, maxHealthBytes, ""); err != nil {
 			return nil, err
@@ -560,7 +567,7 @@ func (h *HealthChecker) checkHealth(ctx context.Context, base string, a engine.A
 // fetchMetrics reads and parses the replica's /metrics, asking for the
 // text format (engines built on prometheus_client would otherwise be free
 // to answer in OpenMetrics or protobuf).
-func (h *HealthChecker) fetchMetrics(ctx context.Context, base string) (engine.Families, error) {
+func (h *Checker) fetchMetrics(ctx context.Context, base string) (engine.Families, error) {
 	b, err := h.get(ctx, base+"/metrics", maxMetricsBytes, "text/plain;version=0.0.4")
 	if err != nil {
 		return nil, err
@@ -572,7 +579,7 @@ func (h *HealthChecker) fetchMetrics(ctx context.Context, base string) (engine.F
 var errTooLarge = errors.New("body over its size limit")
 
 // get reads url within the check timeout and limit bytes.
-func (h *HealthChecker) get(ctx context.Context, url string, limit int64, accept string) ([]byte, error) {
+func (h *Checker) get(ctx context.Context, url string, limit int64, accept string) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, h.cfg.Timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)

@@ -1,4 +1,4 @@
-package proxy
+package health
 
 import (
 	"context"
@@ -106,7 +106,7 @@ func TestHealthCheckerEjectsAndReadmits(t *testing.T) {
 	rep := newReplica(t, e.serve)
 	var got reports
 	reg := prometheus.NewPedanticRegistry()
-	h := NewHealthChecker(HealthConfig{Timeout: 5 * time.Second, FailThreshold: 2, PassThreshold: 3}, []string{rep.URL}, nil,
+	h := New(Config{Timeout: 5 * time.Second, FailThreshold: 2, PassThreshold: 3}, []string{rep.URL}, nil,
 		got.add, 1024, nil, reg)
 	ctx := t.Context()
 	healthyGauge := func() float64 { return testutil.ToFloat64(h.healthy.WithLabelValues(rep.URL)) }
@@ -175,7 +175,7 @@ func TestHealthCheckerAdmitsOnlyAfterAPass(t *testing.T) {
 	rep := newReplica(t, e.serve)
 	dead := deadAddr(t)
 	var got reports
-	h := NewHealthChecker(HealthConfig{}, []string{dead, rep.URL}, nil, got.add, 1024, nil, nil)
+	h := New(Config{}, []string{dead, rep.URL}, nil, got.add, 1024, nil, nil)
 	h.round(t.Context())
 	h.ReportFailure(rep.URL)
 	if _, n := got.last(dead); n != 0 {
@@ -201,7 +201,7 @@ func TestHealthCheckerLearnsSlots(t *testing.T) {
 	e := &engineReplica{metrics: vllmMetrics}
 	rep := newReplica(t, e.serve)
 	var got reports
-	h := NewHealthChecker(HealthConfig{}, []string{rep.URL}, nil, got.add, 1024, nil, nil)
+	h := New(Config{}, []string{rep.URL}, nil, got.add, 1024, nil, nil)
 	steps := []struct{ running, waiting, slots int }{
 		{2, 0, 0}, // never queued: unknown
 		{4, 3, 4}, // queued while running 4
@@ -246,7 +246,7 @@ func TestHealthCheckerHasLoad(t *testing.T) {
 	e := &engineReplica{metrics: noCounts}
 	rep := newReplica(t, e.serve)
 	var got reports
-	h := NewHealthChecker(HealthConfig{Engine: engine.VLLM}, []string{rep.URL}, nil, got.add, 1024, nil, nil)
+	h := New(Config{Engine: engine.VLLM}, []string{rep.URL}, nil, got.add, 1024, nil, nil)
 	base := ReplicaStatus{Models: []string{"m1", "m2"}, Healthy: true, CapacityBlocks: 128, Engine: "vllm"}
 	steps := []struct {
 		name             string
@@ -328,7 +328,7 @@ func TestHealthCheckerEngines(t *testing.T) {
 					}
 				})
 				var got reports
-				h := NewHealthChecker(HealthConfig{Engine: cfgKind}, []string{rep.URL}, nil, got.add, 1024, nil, nil)
+				h := New(Config{Engine: cfgKind}, []string{rep.URL}, nil, got.add, 1024, nil, nil)
 				h.round(t.Context())
 				want := tc.want
 				want.Models, want.Healthy, want.Engine, want.HasLoad = []string{"m"}, true, string(tc.kind), true
@@ -354,14 +354,14 @@ func TestHealthCheckerUnknownEngine(t *testing.T) {
 		}
 	})
 	var got reports
-	h := NewHealthChecker(HealthConfig{}, []string{rep.URL}, nil, got.add, 1024, nil, nil)
+	h := New(Config{}, []string{rep.URL}, nil, got.add, 1024, nil, nil)
 	h.round(t.Context())
 	if c, n := got.last(rep.URL); n != 1 || !c.Healthy || c.Engine != "openai" || c.Running != 0 || c.HasLoad || c.CapacityBlocks != 0 {
 		t.Errorf("got %+v (%d reports)", c, n)
 	}
 	// A fixed engine whose health path is missing fails the check.
 	var got2 reports
-	h2 := NewHealthChecker(HealthConfig{Engine: engine.VLLM}, []string{rep.URL}, nil, got2.add, 1024, nil, nil)
+	h2 := New(Config{Engine: engine.VLLM}, []string{rep.URL}, nil, got2.add, 1024, nil, nil)
 	h2.round(t.Context())
 	if _, n := got2.last(rep.URL); n != 0 {
 		t.Error("vllm replica without /health admitted")
@@ -382,7 +382,7 @@ func TestHealthCheckerBoundsBodies(t *testing.T) {
 			}
 		})
 		var got reports
-		h := NewHealthChecker(HealthConfig{}, []string{rep.URL}, nil, got.add, 1024, nil, nil)
+		h := New(Config{}, []string{rep.URL}, nil, got.add, 1024, nil, nil)
 		h.round(t.Context())
 		if _, n := got.last(rep.URL); n != 0 {
 			t.Errorf("chunked %v: oversized models list admitted", chunked)
@@ -401,7 +401,7 @@ func TestHealthCheckerSetReplicas(t *testing.T) {
 	a, b := newReplica(t, ea.serve), newReplica(t, eb.serve)
 	var got reports
 	reg := prometheus.NewPedanticRegistry()
-	h := NewHealthChecker(HealthConfig{}, []string{a.URL}, nil, got.add, 1024, nil, reg)
+	h := New(Config{}, []string{a.URL}, nil, got.add, 1024, nil, reg)
 	h.round(t.Context())
 	h.SetReplicas([]string{a.URL, b.URL})
 	if !slices.Equal(h.Replicas(), sorted(a.URL, b.URL)) {
@@ -439,7 +439,7 @@ func TestHealthCheckerRunDynamic(t *testing.T) {
 	ea, eb := &engineReplica{metrics: vllmMetrics}, &engineReplica{metrics: vllmMetrics}
 	a, b := newReplica(t, ea.serve), newReplica(t, eb.serve)
 	var got reports
-	h := NewHealthChecker(HealthConfig{Interval: 5 * time.Millisecond, LoadInterval: 5 * time.Millisecond}, []string{a.URL}, nil, got.add, 1024, nil, nil)
+	h := New(Config{Interval: 5 * time.Millisecond, LoadInterval: 5 * time.Millisecond}, []string{a.URL}, nil, got.add, 1024, nil, nil)
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan struct{})
 	go func() { h.Run(ctx); close(done) }()
@@ -478,7 +478,7 @@ func TestHealthCheckerPollPanicContained(t *testing.T) {
 		}
 		got.add(id, s)
 	}
-	h := NewHealthChecker(HealthConfig{Interval: 5 * time.Millisecond, LoadInterval: 5 * time.Millisecond, Panics: rec},
+	h := New(Config{Interval: 5 * time.Millisecond, LoadInterval: 5 * time.Millisecond, Panics: rec},
 		[]string{rep.URL}, nil, onChange, 1024, nil, nil)
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan struct{})
@@ -494,7 +494,7 @@ func TestHealthCheckerPollPanicContained(t *testing.T) {
 // context ends.
 func TestHealthCheckerRunStops(t *testing.T) {
 	rep := newReplica(t, func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, `{"data":[{"id":"m"}]}`) })
-	h := NewHealthChecker(HealthConfig{Interval: time.Millisecond}, []string{rep.URL}, nil, nil, 1024, nil, nil)
+	h := New(Config{Interval: time.Millisecond}, []string{rep.URL}, nil, nil, 1024, nil, nil)
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan struct{})
 	go func() { h.Run(ctx); close(done) }()
@@ -546,7 +546,7 @@ func TestHealthCheckerLearnsReplicaSimSlots(t *testing.T) {
 		})
 	}
 	var got reports
-	h := NewHealthChecker(HealthConfig{}, []string{srv.URL}, nil, got.add, 1024, nil, nil)
+	h := New(Config{}, []string{srv.URL}, nil, got.add, 1024, nil, nil)
 	waitFor(t, "the checker to see two running and two waiting", func() bool {
 		h.round(t.Context())
 		c, _ := got.last(srv.URL)
