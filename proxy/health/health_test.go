@@ -282,7 +282,7 @@ func TestHealthCheckerHasLoad(t *testing.T) {
 // load, slots and cache.
 func TestHealthCheckerEngines(t *testing.T) {
 	page := func(name string) string {
-		b, err := os.ReadFile(filepath.Join("..", "internal", "engine", "testdata", name))
+		b, err := os.ReadFile(filepath.Join("..", "..", "internal", "engine", "testdata", name))
 		if err != nil {
 			t.Fatal(err)
 		}
