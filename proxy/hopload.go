@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/route"
+	"github.com/kvmesh/kvmesh/route/hopload"
 )
 
 // loadClock is what the proxy needs of a view to count its own requests
@@ -22,9 +23,8 @@ type loadClock interface {
 // places within that tick would see the replica as idle as the first did,
 // and two cold requests of one router land on one replica while another
 // is free (three routers then placed worse than one). So the requests
-// this router sent there after that state are added to it, as the
-// simulator's routers do (internal/sim, ownLoad). It is safe for
-// concurrent use.
+// this router sent there after that state are added to it by hopload's
+// rule, the simulator's too. It is safe for concurrent use.
 type hopBook struct {
 	mu    sync.Mutex
 	marks map[string][]*hopMark // remote replica ID -> requests in flight
@@ -177,17 +177,14 @@ func (b *hopBook) fill(cands []route.Candidate, clock loadClock) {
 	defer b.mu.Unlock()
 	for _, a := range ask[:n] {
 		c := &cands[a.i]
-		q := b.marks[c.ID()]
-		// Marks are in dispatch order: walk back from the newest to the
-		// owner's last word, so a decision costs the requests sent since,
-		// not all those in flight (long streams).
-		for j := len(q) - 1; j >= 0 && q[j].at.After(a.at); j-- {
-			c.InFlight++
-			if !q[j].prefilled {
-				c.PendingPrefillBlocks += q[j].blocks
-			}
-		}
+		l := hopload.Add(hopload.Load{InFlight: int(c.InFlight), Pending: c.PendingPrefillBlocks}, a.at, b.marks[c.ID()], sentOf)
+		c.InFlight, c.PendingPrefillBlocks = route.Count32(l.InFlight), l.Pending
 	}
+}
+
+// sentOf is m as hopload counts it.
+func sentOf(m *hopMark) hopload.Sent[time.Time] {
+	return hopload.Sent[time.Time]{At: m.at, Blocks: m.blocks, Prefilled: m.prefilled}
 }
 
 // heardAt is a candidate (its index) whose owner's load was heard at at.

@@ -9,6 +9,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/internal/trace"
 	"github.com/kvmesh/kvmesh/route"
+	"github.com/kvmesh/kvmesh/route/hopload"
 	"github.com/kvmesh/kvmesh/summary"
 )
 
@@ -464,31 +465,32 @@ func (w *world) fillCandidates(k int, r *simReq) {
 
 // ownLoad is router k's estimate of replica j's load: what the owner told
 // it (if anything) plus its own dispatches since that snapshot, or its own
-// unfinished dispatches alone when it was told nothing; and how many of
-// its own dispatches there are unfinished (route.Detail.Own).
+// unfinished dispatches alone when it was told nothing (hopload.Add, the
+// proxy's rule); and how many of its own dispatches there are unfinished
+// (route.Detail.Own).
 func (w *world) ownLoad(k, j int, told *loadSnap) (inFlight int, pending float64, mine int) {
 	rt := w.routers[k]
-	since := -1.0
+	var load hopload.Load
+	since := hopload.Millis(-1)
 	if told != nil && told.valid {
-		inFlight, pending, since = told.inFlight, told.pending, told.t
+		load, since = hopload.Load{InFlight: told.inFlight, Pending: told.pending}, hopload.Millis(told.t)
 	}
 	own := rt.own[j][:0]
 	for _, ji := range rt.own[j] {
-		jb := &w.jobs[ji]
-		if jb.done {
-			continue
-		}
-		own = append(own, ji)
-		if jb.dispatch > since {
-			inFlight++
-			if !jb.prefilled {
-				pending += jb.est
-			}
+		if !w.jobs[ji].done {
+			own = append(own, ji)
 		}
 	}
 	clear(rt.own[j][len(own):])
 	rt.own[j] = own
-	return inFlight, pending, len(own)
+	load = hopload.Add(load, since, own, w.sentOf)
+	return load.InFlight, load.Pending, len(own)
+}
+
+// sentOf is job ji as hopload counts it.
+func (w *world) sentOf(ji int32) hopload.Sent[hopload.Millis] {
+	jb := &w.jobs[ji]
+	return hopload.Sent[hopload.Millis]{At: hopload.Millis(jb.dispatch), Blocks: jb.est, Prefilled: jb.prefilled}
 }
 
 // dispatch sends request i from router k to replica j, records it in the
