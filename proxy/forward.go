@@ -211,16 +211,12 @@ func (p *Proxy) inference(w http.ResponseWriter, r *http.Request, ep *endpoint) 
 	var cands []route.Candidate
 	var release func()
 	snap := p.places.read(func() {
-		if pv, ok := p.cfg.View.(pooledView); ok {
-			if release != nil {
-				release()
-			}
-			cands, release = pv.PooledCandidates(st.prompt.Model)
-		} else {
-			cands = p.cfg.View.Candidates(st.prompt.Model, cands[:0])
+		if release != nil {
+			release()
 		}
+		cands, release = p.cfg.View.PooledCandidates(st.prompt.Model)
 		p.load.fill(cands)
-		p.hops.fill(cands, p.clock)
+		p.hops.fill(cands, p.cfg.View)
 		if p.loadsRead != nil {
 			p.loadsRead()
 		}

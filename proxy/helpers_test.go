@@ -105,6 +105,17 @@ func (v *fakeView) Candidates(model string, dst []route.Candidate) []route.Candi
 	return dst
 }
 
+// PooledCandidates lends what Candidates returns; nothing is pooled.
+func (v *fakeView) PooledCandidates(model string) ([]route.Candidate, func()) {
+	return v.Candidates(model, nil), func() {}
+}
+
+// LoadHeard: the fake's owners were never heard (heardView tells).
+func (v *fakeView) LoadHeard(string) (time.Time, bool) { return time.Time{}, false }
+
+// WatchGone: no router is ever gone (goneView tells).
+func (v *fakeView) WatchGone(func(string)) func() { return func() {} }
+
 func (v *fakeView) Locate(id string) (string, bool, bool) {
 	v.mu.Lock()
 	defer v.mu.Unlock()

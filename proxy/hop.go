@@ -286,9 +286,9 @@ func (p *Proxy) announceDispatch(w http.ResponseWriter, r *http.Request, st *req
 // rest, keeps only those: nothing between this router and its own
 // replicas failed. When it owns none, it keeps the replicas whose
 // owner's state it has heard since the failed hop began (since; owners
-// send it every tick), if the view tells and any are left: an owner silent for as long as the failed one
-// was may be cut off the same way (a partition), and a second hop to it
-// would spend the retry budget the same way.
+// send it every tick), if any are left: an owner silent for as long as
+// the failed one was may be cut off the same way (a partition), and a
+// second hop to it would spend the retry budget the same way.
 func (p *Proxy) avoidOwner(cands []route.Candidate, ownerAPI string, since time.Time) []route.Candidate {
 	out, local := cands[:0], 0
 	for _, c := range cands {
@@ -313,10 +313,7 @@ func (p *Proxy) avoidOwner(cands []route.Candidate, ownerAPI string, since time.
 		}
 		return own
 	}
-	clock, ok := p.cfg.View.(loadClock)
-	if !ok {
-		return out
-	}
+	clock := p.cfg.View
 	heard := 0
 	for i := range out {
 		if t, ok := clock.LoadHeard(out[i].ID()); ok && t.After(since) {

@@ -10,9 +10,8 @@ import (
 	"github.com/kvmesh/kvmesh/route/hopload"
 )
 
-// loadClock is what the proxy needs of a view to count its own requests
-// into another router's replica's load: when that load was last heard.
-// The mesh implements it; a view without it gets no correction.
+// loadClock is what hopBook reads of the view: when a remote replica's
+// load was last heard (Peers.LoadHeard).
 type loadClock interface {
 	LoadHeard(replicaID string) (at time.Time, ok bool)
 }

@@ -61,15 +61,6 @@ import (
 // on a goroutine of ownerHops, one per owner at a time, which Close ends.
 // The registry holds a hop from its send to the end of its attempt.
 
-// goneWatcher is what the proxy needs of a view to hear of routers gone.
-// The mesh implements it; a view without it leaves every hop to its
-// timeouts.
-type goneWatcher interface {
-	// WatchGone calls gone with the API base URL of every router that
-	// left or failed, until stop is called. gone must not block.
-	WatchGone(gone func(api string)) (stop func())
-}
-
 // codeOwnerGone is the error code of a request whose owner router was
 // lost after it may have dispatched the request.
 const codeOwnerGone = "owner_router_gone"
@@ -264,7 +255,7 @@ func (o *ownerHops) remove(h *liveHop) {
 	}
 }
 
-// gone is the mesh's event (goneWatcher): when this router has hops to
+// gone is the mesh's event (Peers.WatchGone): when this router has hops to
 // the owner, it probes it, and judges the hops in flight now. Hops sent
 // later went to a router the view took for alive again (it came back, a
 // new process at that address, perhaps), which the probe of the one gone

@@ -160,9 +160,8 @@ type Proxy struct {
 	// its replicas' slots (load.go).
 	load *loadBook
 	// hops counts this router's requests to other routers' replicas into
-	// their gossiped loads (hopload.go); clock is the view's, if it has one.
-	hops  *hopBook
-	clock loadClock
+	// their gossiped loads (hopload.go).
+	hops *hopBook
 	// places makes this router's decisions serializable: each books its
 	// request before the next one reads the loads (place.go).
 	places placeBook
@@ -300,11 +299,8 @@ func New(cfg Config) (*Proxy, error) {
 		sessionHeader: cfg.SessionHeader, responses: newResponseLRU(cfg.MaxResponses),
 		lookups: newLookups(cfg.Registerer),
 		load:    newLoadBook(), hops: newHopBook(), up: newUpstreamClient(cfg.Client), answers: newAnswerBudget(answerBudgetBytes)}
-	p.clock, _ = cfg.View.(loadClock)
 	p.owners = newOwnerHops(p.probeOwner, func(end string) { p.m.ownerGone.WithLabelValues(end).Inc() }, cfg.Logger)
-	if gw, ok := cfg.View.(goneWatcher); ok {
-		p.stopGone = gw.WatchGone(p.owners.gone)
-	}
+	p.stopGone = cfg.View.WatchGone(p.owners.gone)
 	if !cfg.NoStreamLoop {
 		p.loops = newStreamLoops(p.m, p.recovered)
 	}
@@ -502,9 +498,7 @@ func (p *Proxy) CloseIdleConnections() {
 // serves on afterwards, without the loops, its hops left to their
 // timeouts.
 func (p *Proxy) Close() {
-	if p.stopGone != nil {
-		p.stopGone()
-	}
+	p.stopGone()
 	p.owners.close()
 	if p.loops != nil {
 		p.loops.close()
