@@ -15,6 +15,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvmesh/kvmesh/proxy/upstream"
 	"github.com/kvmesh/kvmesh/route"
 	"github.com/kvmesh/kvmesh/summary"
 	"github.com/prometheus/client_golang/prometheus"
@@ -474,7 +475,7 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, st *reqState, id
 	}
 	// An owned plain-HTTP replica is reached by the router's own client
 	// (upstream.go); a peer's hop, TLS or a custom transport by net/http.
-	_, _, plain := splitHTTPURL(url)
+	plain := upstream.Plain(url)
 	fast := local && p.up != nil && plain
 	ctx := r.Context()
 	var out *http.Request
@@ -539,7 +540,7 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, st *reqState, id
 	var resp *http.Response
 	var err error
 	if fast {
-		resp, err = p.up.do(ctx, url, r.Header, st.body)
+		resp, err = p.up.Do(ctx, url, r.Header, st.body)
 	} else {
 		resp, err = p.client.Do(out)
 	}
@@ -604,24 +605,24 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, st *reqState, id
 // request's cancellation.
 func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, resp *http.Response, st *reqState, id string, d route.Decision, local bool, start time.Time, cancel, firstByte func()) {
 	obs := p.m.target(local)
-	var idle *idleWatch
-	if b, ok := resp.Body.(*upBody); ok {
-		idle = p.watchIdle(b.c.nc, nil, !local)
+	var idle *upstream.IdleWatch
+	if b, ok := resp.Body.(*upstream.Body); ok {
+		idle = p.watchIdle(b.Conn(), nil, !local)
 	} else if cancel != nil {
 		idle = p.watchIdle(nil, cancel, !local)
 	}
 	if idle != nil {
 		defer func() {
-			if idle.stop() {
-				if b, ok := resp.Body.(*upBody); ok {
-					b.reuse = false // its read deadline is past
+			if idle.Stop() {
+				if b, ok := resp.Body.(*upstream.Body); ok {
+					b.NoReuse() // its read deadline is past
 				}
 			}
 		}()
 	}
 	h := w.Header()
 	for k, vv := range resp.Header {
-		if !hopByHop(k) {
+		if !upstream.HopByHop(k) {
 			h[k] = vv
 		}
 	}
@@ -649,7 +650,7 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, resp *http.Respons
 		}
 	}
 	tap := streamTap{sink: sink, firstByte: firstByte, ttft: obs.ttft, start: start, idle: idle}
-	fr := framing(w, sse)
+	fr := upstream.NewFraming(sse && len(w.Header()["Content-Length"]) == 0)
 	// failed handles a failed read of the replica mid-response.
 	failed := func(rerr error) {
 		if r.Context().Err() != nil {
@@ -660,9 +661,9 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, resp *http.Respons
 		if st.ownerHop.gone() {
 			cause = midstreamOwnerGone
 			p.log.Warn("owner router gone from the mesh and silent mid-response: ended", "replica", id, "owner", st.ownerHop.owner)
-		} else if idle.fired() {
+		} else if idle.Fired() {
 			cause = midstreamIdle
-			p.junk.Printf("upstream %s sent nothing of its response for %v: ended", id, idle.d)
+			p.junk.Printf("upstream %s sent nothing of its response for %v: ended", id, idle.Timeout())
 		} else {
 			p.log.Warn("upstream failed mid-response", "replica", id, "error", rerr)
 		}
@@ -671,7 +672,7 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, resp *http.Respons
 		}
 		obs.duration.Observe(time.Since(start).Seconds())
 		st.cut = true
-		if fr.canEnd() && endStream(w, rc, &wd, st, cause, idle) {
+		if fr.CanEnd() && endStream(w, rc, &wd, st, cause, idle) {
 			p.m.midstream.WithLabelValues(cause, endErrorEvent).Inc()
 			return
 		}
@@ -681,32 +682,32 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, resp *http.Respons
 		panic(http.ErrAbortHandler)
 	}
 	ended := false
-	var held []byte // a partial event the stream loop held back (eventFraming)
+	var held []byte // a partial event the stream loop held back (upstream.Framing)
 	if body, cc := p.loopEligible(w, r, resp, sse); body != nil && flushed == nil {
 		// The loop calls the tap on its goroutine: a copy on the heap,
 		// so that the normal path's stays on the stack.
 		lt := new(streamTap)
 		*lt = tap
-		res, pending, rest, err := p.loops.relay(r, body, cc, lt.loopData, idle.firedC(), &fr)
+		res, pending, rest, err := p.loops.Relay(r, body, cc, lt.loopData, idle.FiredC(), &fr)
 		tap = *lt
 		switch res {
-		case loopEOF:
+		case upstream.LoopEOF:
 			ended = true
-		case loopClientGone:
+		case upstream.LoopClientGone:
 			p.log.Debug("client went away mid-response", "replica", id, "error", err)
 			st.code = statusClientGone
 			return
-		case loopFailed:
+		case upstream.LoopFailed:
 			failed(err)
 			return
-		case loopPanicked:
+		case upstream.LoopPanicked:
 			// Part of the stream may be lost with the panic: only a
 			// broken connection tells the client the response is not
 			// whole. Not the replica's failure.
 			st.code = http.StatusInternalServerError
 			panic(http.ErrAbortHandler)
-		case loopHandback:
-			idle.busy() // until the normal path reads again
+		case upstream.LoopHandback:
+			idle.Busy() // until the normal path reads again
 			held = rest
 			if len(pending) > 0 {
 				// The rest of a chunk, behind which the client's socket
@@ -724,20 +725,20 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, resp *http.Respons
 		defer copyBufs.Put(bufp)
 		buf := *bufp
 		// buf[:n] holds what was read and not yet written: a partial
-		// SSE event, held back until its end comes (eventFraming).
+		// SSE event, held back until its end comes (upstream.Framing).
 		n := copy(buf, held)
 		for {
 			// The silence counted is the time spent waiting in Read: a
 			// write to a slow client in between is not the upstream's.
-			idle.saw()
+			idle.Saw()
 			m, rerr := resp.Body.Read(buf[n:])
-			idle.busy()
+			idle.Busy()
 			if m > 0 {
 				tap.data(buf[n : n+m])
 			}
 			k := n + m
 			if rerr != io.EOF {
-				k = fr.cut(buf[:n+m], n, n+m == len(buf))
+				k = fr.Cut(buf[:n+m], n, n+m == len(buf))
 			}
 			if k > 0 {
 				wd.extend()
@@ -777,11 +778,11 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, resp *http.Respons
 // endpoint's error event, flushed; relay then returns and net/http ends
 // the body. It reports whether the event was written (a client that is
 // gone leaves st.code 499 and nothing to end).
-func endStream(w http.ResponseWriter, rc *http.ResponseController, wd *writeDeadline, st *reqState, cause string, idle *idleWatch) bool {
+func endStream(w http.ResponseWriter, rc *http.ResponseController, wd *writeDeadline, st *reqState, cause string, idle *upstream.IdleWatch) bool {
 	code, msg := codeUpstreamError, "the upstream failed in the middle of the response; it is incomplete"
 	switch cause {
 	case midstreamIdle:
-		code, msg = codeUpstreamTimeout, fmt.Sprintf("the upstream sent nothing for %v in the middle of the response; it is incomplete", idle.d)
+		code, msg = codeUpstreamTimeout, fmt.Sprintf("the upstream sent nothing for %v in the middle of the response; it is incomplete", idle.Timeout())
 	case midstreamOwnerGone:
 		code, msg = codeOwnerGone, "the router owning the replica left the mesh and does not answer, in the middle of the response; it is incomplete"
 	}
@@ -805,20 +806,20 @@ type streamTap struct {
 	firstByte func()
 	ttft      prometheus.Observer
 	start     time.Time
-	idle      *idleWatch // nil: no upstream idle timeout
+	idle      *upstream.IdleWatch // nil: no upstream idle timeout
 }
 
 // loopData is data on the stream loop, whose reads of the replica never
 // wait for the client: each piece of body is when the replica last spoke.
 func (t *streamTap) loopData(b []byte) {
-	t.idle.saw()
+	t.idle.Saw()
 	t.data(b)
 }
 
 func (t *streamTap) data(b []byte) {
 	if !t.got {
 		t.got = true
-		t.idle.heard()
+		t.idle.Heard()
 		t.firstByte()
 		t.ttft.Observe(time.Since(t.start).Seconds())
 	}
@@ -912,13 +913,6 @@ func isEventStream(ct string) bool {
 	return strings.EqualFold(strings.TrimSpace(ct), "text/event-stream")
 }
 
-// Hop-by-hop headers (RFC 9110 7.6.1) are never forwarded.
-var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
-
-func hopByHop(k string) bool {
-	return slices.Contains(hopHeaders, k)
-}
-
 func removeConnectionHeaders(dst, src http.Header) {
 	for _, v := range src["Connection"] {
 		for f := range strings.SplitSeq(v, ",") {
@@ -929,24 +923,12 @@ func removeConnectionHeaders(dst, src http.Header) {
 	}
 }
 
-// forwardsRequestHeader reports whether the client's request header k
-// goes on to an upstream (both clients use it: copyRequestHeader for
-// net/http, appendRequest for the own one). Not forwarded: hop-by-hop
-// headers and those the client's Connection header (conn) names; kvmesh's
-// own hints (only this router sets them); Accept-Encoding (the router reads
-// the answer and streams identity); Content-Length, Host and Expect (the
-// router frames the request and holds the whole body already).
-func forwardsRequestHeader(k string, conn []string) bool {
-	return !hopByHop(k) && k != "Accept-Encoding" && k != "Content-Length" && k != "Host" && k != "Expect" &&
-		!strings.HasPrefix(k, "X-Kvmesh-") && !headerHasToken(conn, k)
-}
-
 // copyRequestHeader copies the client's headers that go upstream
-// (forwardsRequestHeader) to an upstream request.
+// (upstream.ForwardsRequestHeader) to an upstream request.
 func copyRequestHeader(dst, src http.Header) {
 	conn := src["Connection"]
 	for k, vv := range src {
-		if forwardsRequestHeader(k, conn) {
+		if upstream.ForwardsRequestHeader(k, conn) {
 			dst[k] = vv
 		}
 	}

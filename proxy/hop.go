@@ -3,15 +3,14 @@ package proxy
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"net/http/httptrace"
 	"net/textproto"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
 
+	"github.com/kvmesh/kvmesh/proxy/upstream"
 	"github.com/kvmesh/kvmesh/route"
 )
 
@@ -46,7 +45,7 @@ import (
 // 103 ends at a process that sends it on every authenticated hop, and no
 // connection outlives its process (a restart, even into an older version,
 // is a new connection). Without that evidence (a fresh connection, an
-// older owner, a client that is not NewClient's), the entry keeps the
+// older owner, a client that is not upstream.NewClient's), the entry keeps the
 // conservative rule of retry.go: only a hop that provably was not sent is
 // retried, and a silent owner is waited for up to the client's
 // response-header timeout.
@@ -74,57 +73,12 @@ const DefaultHopDispatchTimeout = 5 * time.Second
 // skew must fit in it.
 func dispatchMargin(timeout time.Duration) time.Duration { return timeout / 4 }
 
-// peerConn is a connection NewClient dialled. speaks records that the
-// process at its other end has sent a dispatch 103: a router that sends
-// one on every authenticated hop.
-type peerConn struct {
-	net.Conn
-	speaks atomic.Bool
-}
-
-// CloseWrite half-closes the connection when the underlying one can.
-func (c *peerConn) CloseWrite() error {
-	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
-		return cw.CloseWrite()
-	}
-	return c.Close()
-}
-
-type dialFunc func(ctx context.Context, network, addr string) (net.Conn, error)
-
-// markingDial wraps dial so that every connection can be marked as going
-// to a router that speaks the dispatch protocol.
-func markingDial(dial dialFunc) dialFunc {
-	return func(ctx context.Context, network, addr string) (net.Conn, error) {
-		c, err := dial(ctx, network, addr)
-		if err != nil {
-			return nil, err
-		}
-		return &peerConn{Conn: c}, nil
-	}
-}
-
-// peerConnOf finds the peerConn under c (a TLS connection wraps it).
-func peerConnOf(c net.Conn) *peerConn {
-	for range 4 {
-		switch v := c.(type) {
-		case *peerConn:
-			return v
-		case interface{ NetConn() net.Conn }:
-			c = v.NetConn()
-		default:
-			return nil
-		}
-	}
-	return nil
-}
-
 // hopWatch follows one hop attempt: which connection carried it, whether
 // the owner announced the dispatch or answered anything, and the dispatch
 // timeout.
 type hopWatch struct {
 	mu         sync.Mutex
-	conn       *peerConn // nil: no connection yet, or not NewClient's
+	conn       *upstream.PeerConn // nil: no connection yet, or not upstream.NewClient's
 	gotConn    bool
 	dispatched bool // the owner's dispatch 103 arrived
 	answered   bool // a response byte arrived (the 103's first included)
@@ -144,7 +98,7 @@ func (p *Proxy) watchHop(ctx context.Context, out *http.Request, sentTo func(rep
 	trace := &httptrace.ClientTrace{
 		GotConn: func(i httptrace.GotConnInfo) {
 			h.mu.Lock()
-			h.conn, h.gotConn = peerConnOf(i.Conn), true
+			h.conn, h.gotConn = upstream.PeerConnOf(i.Conn), true
 			h.mu.Unlock()
 		},
 		GotFirstResponseByte: func() {
@@ -160,7 +114,7 @@ func (p *Proxy) watchHop(ctx context.Context, out *http.Request, sentTo func(rep
 				h.mu.Lock()
 				h.dispatched = true
 				if h.conn != nil {
-					h.conn.speaks.Store(true)
+					h.conn.SetSpeaks()
 				}
 				h.mu.Unlock()
 			}
@@ -184,7 +138,7 @@ func (h *hopWatch) expire() {
 	if h.dispatched || h.answered {
 		return
 	}
-	if !h.gotConn || (h.conn != nil && h.conn.speaks.Load()) {
+	if !h.gotConn || (h.conn != nil && h.conn.Speaks()) {
 		h.timedOut = true
 		h.cancel()
 	}
@@ -207,7 +161,7 @@ func (h *hopWatch) unsent() bool {
 	if h.dispatched || h.answered {
 		return false
 	}
-	return !h.gotConn || (h.conn != nil && h.conn.speaks.Load())
+	return !h.gotConn || (h.conn != nil && h.conn.Speaks())
 }
 
 // phase is how far the hop got (ownergone.go), by unsent's rule.
@@ -219,7 +173,7 @@ func (h *hopWatch) phase() hopPhase {
 		return phaseDispatched
 	case h.answered:
 		return phaseMaybe
-	case !h.gotConn || (h.conn != nil && h.conn.speaks.Load()):
+	case !h.gotConn || (h.conn != nil && h.conn.Speaks()):
 		return phaseUnsent
 	}
 	return phaseMaybe

@@ -137,32 +137,6 @@ func TestUpstreamIdleTimeoutSparesSlowStream(t *testing.T) {
 	}
 }
 
-// TestIdleWatchWaitsLongerForTheFirstByte: until the first body byte
-// (heard) the watch allows the longer first bound, a stream's wait in
-// the engine's queue; once the upstream spoke, d bounds its silences.
-func TestIdleWatchWaitsLongerForTheFirstByte(t *testing.T) {
-	killed := make(chan struct{})
-	w := &idleWatch{d: 20 * time.Millisecond, first: time.Hour, start: time.Now(), kill: func() { close(killed) }}
-	w.timer = time.AfterFunc(w.d, w.check)
-	defer w.stop()
-	w.saw() // waiting for the first byte
-	select {
-	case <-killed:
-		t.Fatal("the watch fired before the first byte, within its first bound")
-	case <-time.After(200 * time.Millisecond):
-	}
-	w.heard()
-	w.saw() // the next read waits
-	select {
-	case <-killed:
-	case <-time.After(testWait):
-		t.Fatal("the watch did not fire after the first byte and d of silence")
-	}
-	if !w.fired() {
-		t.Error("fired() is false after the watch ended the response")
-	}
-}
-
 // idleTimeouts is how many responses the upstream idle timeout ended,
 // however their client's response ended.
 func idleTimeouts(p *Proxy) float64 {

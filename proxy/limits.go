@@ -17,6 +17,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/kvmesh/kvmesh/internal/ratelog"
+	"github.com/kvmesh/kvmesh/proxy/upstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
 )
@@ -225,7 +226,7 @@ func (l *ConnLimiter) Accept() (net.Conn, error) {
 				// Failing leaves the kernel's buffer: not a reason to refuse.
 				_ = tc.SetWriteBuffer(l.sendBuf)
 			}
-			return &limitedConn{Conn: c, l: l, io: newSockIO(c)}, nil
+			return &limitedConn{Conn: c, l: l, io: upstream.NewSockIO(c)}, nil
 		}
 		l.open.Add(-1)
 		if l.onDrop != nil {
@@ -279,7 +280,7 @@ func (l *ConnLimiter) reject(c net.Conn) {
 type limitedConn struct {
 	net.Conn
 	l    *ConnLimiter
-	io   *sockIO // nil: the Conn's own
+	io   *upstream.SockIO // nil: the Conn's own
 	once sync.Once
 }
 

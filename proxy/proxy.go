@@ -10,16 +10,15 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"slices"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/kvmesh/kvmesh/internal/panics"
 	"github.com/kvmesh/kvmesh/internal/ratelog"
+	"github.com/kvmesh/kvmesh/proxy/upstream"
 	"github.com/kvmesh/kvmesh/route"
 	"github.com/kvmesh/kvmesh/summary"
 	"github.com/prometheus/client_golang/prometheus"
@@ -57,7 +56,7 @@ type Config struct {
 	Contract summary.Contract
 	// MaxBodyBytes limits request bodies (default DefaultMaxBodyBytes).
 	MaxBodyBytes int64
-	// Client reaches replicas and peer routers (default: NewClient()).
+	// Client reaches replicas and peer routers (default: upstream.NewClient()).
 	Client *http.Client
 	// MaxAttempts caps the upstream attempts of one request (default 3).
 	MaxAttempts int
@@ -145,7 +144,7 @@ type Proxy struct {
 	client *http.Client
 	// up reaches owned plain-HTTP replicas (upstream.go); nil when
 	// Config.Client is not a plain net/http Transport.
-	up      *upstreamClient
+	up      *upstream.Client
 	metrics http.Handler
 	// sessionHeader is the client routing key header ("" for none).
 	sessionHeader string
@@ -170,7 +169,7 @@ type Proxy struct {
 	loadsRead func()
 	// loops relay SSE streams by their sockets (streamloop.go); nil when
 	// off or not on Linux.
-	loops *streamLoops
+	loops *upstream.Loops
 	// answers bounds the answer bytes all streams hold (answer.go).
 	answers *answerBudget
 	// owners holds the hops in flight by owner, to end those of an owner
@@ -178,80 +177,6 @@ type Proxy struct {
 	owners   *ownerHops
 	stopGone func()
 }
-
-// NewClient returns the default client to replicas and peers: keep-alive
-// connections, many idle ones per host, no overall timeout (streams are
-// long) and a response-header timeout long enough for a non-streaming
-// generation, whose headers only come when it is complete. Compression is
-// off so that streams pass through unbuffered and answers can be read.
-// Its connections remember whether a peer router announced a dispatch on
-// them (hop.go), which lets a failed hop be retried safely. The write
-// buffer holds a request's headers and a body of up to about 60 KB, so
-// that it leaves in one write (one segment, one wake-up of the replica)
-// where the default 4 KB buffer took two writes for an 8 KB prompt, the
-// second through a fresh 32 KB copy buffer. Its connections' receive
-// buffers are DefaultUpstreamRecvBuffer (NewClientRecvBuffer sets another).
-func NewClient() *http.Client { return NewClientRecvBuffer(DefaultUpstreamRecvBuffer) }
-
-// NewClientRecvBuffer is NewClient with the receive buffer (SO_RCVBUF) of
-// every connection it dials set to bytes (0: the kernel's default,
-// autotuned). The one dialer serves both the router's own upstream client
-// and net/http's transport (hops, TLS), so every connection to a replica
-// or a peer gets it. It is set before connect, when it still decides the
-// window scale the router offers: set after, the connection would keep
-// the large scale autotuning chose, only capped.
-func NewClientRecvBuffer(bytes int) *http.Client {
-	d := &net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}
-	if bytes > 0 {
-		d.Control = recvBufferControl(bytes)
-	}
-	return &http.Client{Transport: &http.Transport{
-		WriteBufferSize:       upstreamWriteBuffer,
-		DialContext:           markingDial(d.DialContext),
-		MaxIdleConns:          1024,
-		MaxIdleConnsPerHost:   256,
-		IdleConnTimeout:       90 * time.Second,
-		ResponseHeaderTimeout: upstreamHeaderTimeout,
-		ExpectContinueTimeout: time.Second,
-		DisableCompression:    true,
-	}}
-}
-
-// upstreamHeaderTimeout bounds the wait for a response to start: the
-// headers of a non-streamed generation, which come once it is complete,
-// and the first body byte of a stream, whose headers an engine sends at
-// once but whose first token waits for the queue and the prefill
-// (idle.go).
-const upstreamHeaderTimeout = 10 * time.Minute
-
-// DefaultUpstreamRecvBuffer is the receive buffer (SO_RCVBUF) of each
-// connection to a replica or a peer router. When a client stalls a
-// stream (its API connection's send buffer full, DefaultClientSendBuffer),
-// the router stops reading the replica, whose bytes then fill the
-// router's receive queue: Linux autotunes it up to tcp_rmem's maximum
-// (6 MB by the kernel's default), and it stays until the write timeout,
-// about 1 MB per stalled stream measured (docs/RELIABILITY.md). A set
-// buffer is fixed (Linux doubles it for its bookkeeping, caps it at
-// net.core.rmem_max and turns autotuning off), so a stalled stream pins
-// at most about twice this in kernel memory. The default is safe for
-// throughput: the window is a buffer per round trip, 256 KB per 1 ms is
-// 256 MB/s on a local link, and an LLM stream is kilobytes per second; a
-// cross-region hop at 100 ms still gets 2.5 MB/s per connection, enough
-// for streams but a cap on a bulk answer (a large embeddings response)
-// that far away. 0 restores the kernel's autotuning.
-const DefaultUpstreamRecvBuffer = 256 << 10
-
-// recvBufferControl returns a net.Dialer Control that sets the receive
-// buffer of each socket before it connects. A failure leaves the kernel's
-// buffer: not a reason to fail the dial.
-func recvBufferControl(bytes int) func(network, address string, c syscall.RawConn) error {
-	return func(_, _ string, c syscall.RawConn) error {
-		return c.Control(func(fd uintptr) { _ = setRecvBuffer(fd, bytes) })
-	}
-}
-
-// upstreamWriteBuffer is the write buffer of each upstream connection.
-const upstreamWriteBuffer = 64 << 10
 
 // New returns a Proxy.
 func New(cfg Config) (*Proxy, error) {
@@ -268,7 +193,7 @@ func New(cfg Config) (*Proxy, error) {
 		cfg.MaxBodyBytes = DefaultMaxBodyBytes
 	}
 	if cfg.Client == nil {
-		cfg.Client = NewClient()
+		cfg.Client = upstream.NewClient()
 	}
 	if cfg.MaxAttempts <= 0 {
 		cfg.MaxAttempts = 3
@@ -298,11 +223,11 @@ func New(cfg Config) (*Proxy, error) {
 		junk: junkLog{log: cfg.Logger, lim: ratelog.New(5, time.Second)}, panics: cfg.Panics, now: time.Now,
 		sessionHeader: cfg.SessionHeader, responses: newResponseLRU(cfg.MaxResponses),
 		lookups: newLookups(cfg.Registerer),
-		load:    newLoadBook(), hops: newHopBook(), up: newUpstreamClient(cfg.Client), answers: newAnswerBudget(answerBudgetBytes)}
+		load:    newLoadBook(), hops: newHopBook(), up: upstream.New(cfg.Client), answers: newAnswerBudget(answerBudgetBytes)}
 	p.owners = newOwnerHops(p.probeOwner, func(end string) { p.m.ownerGone.WithLabelValues(end).Inc() }, cfg.Logger)
 	p.stopGone = cfg.View.WatchGone(p.owners.gone)
 	if !cfg.NoStreamLoop {
-		p.loops = newStreamLoops(p.m, p.recovered)
+		p.loops = upstream.NewLoops(p.m.loopStreams, p.m.loopClientWaits, p.recovered)
 	}
 	if cfg.MaxInflightPerClient > 0 {
 		p.clients = &clientLimiter{max: cfg.MaxInflightPerClient, n: map[string]int{}}
@@ -487,7 +412,7 @@ func (p *Proxy) modelKnown(model string) bool {
 // router's own client (upstream.go) and Config.Client, for a shutdown.
 func (p *Proxy) CloseIdleConnections() {
 	if p.up != nil {
-		p.up.closeIdle()
+		p.up.CloseIdle()
 	}
 	p.client.CloseIdleConnections()
 }
@@ -501,7 +426,7 @@ func (p *Proxy) Close() {
 	p.stopGone()
 	p.owners.close()
 	if p.loops != nil {
-		p.loops.close()
+		p.loops.Close()
 	}
 	p.CloseIdleConnections()
 }

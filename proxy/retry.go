@@ -8,6 +8,8 @@ import (
 	"net"
 	"net/http"
 	"time"
+
+	"github.com/kvmesh/kvmesh/proxy/upstream"
 )
 
 // DefaultRetryBudget is the default time from a request's first upstream
@@ -91,12 +93,12 @@ func (p *Proxy) drainRefused(resp *http.Response, cancel func()) {
 	if t := p.cfg.UpstreamIdleTimeout; t > 0 && t < d {
 		d = t
 	}
-	if b, ok := resp.Body.(*upBody); ok {
+	if b, ok := resp.Body.(*upstream.Body); ok {
 		// The own client's read fails on the connection's deadline; a
 		// connection read to its body's end goes back without one.
-		_ = b.c.nc.SetReadDeadline(time.Now().Add(d))
+		_ = b.Conn().SetReadDeadline(time.Now().Add(d))
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxRefusedDrain))
-		_ = b.c.nc.SetReadDeadline(time.Time{})
+		_ = b.Conn().SetReadDeadline(time.Time{})
 		return
 	}
 	if cancel != nil {

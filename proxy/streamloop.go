@@ -2,31 +2,11 @@ package proxy
 
 import (
 	"context"
-	"errors"
 	"net"
 	"net/http"
-)
 
-// The stream loop (Linux, streamloop_linux.go) relays SSE streams from
-// owned plain-HTTP replicas to plain HTTP/1.1 clients by their sockets:
-// one goroutine waits on an epoll set holding every relayed stream's
-// replica socket; when one is readable it reads it once, decodes the
-// chunked body, feeds the answer extractor, and writes the bytes framed
-// as one HTTP/1.1 chunk (as net/http's chunked writer frames one Write)
-// straight to the client's socket. Relaying a token this way costs a
-// read, a write and a share of one epoll_wait: no goroutine is woken per
-// token, and the read that finds nothing, which Go's poller needs before
-// it waits, is never made (docs/history/benchmarks.md, "The stream loop").
-//
-// Only the body goes this way: the handler writes and flushes the head
-// through net/http first, and net/http writes the last chunk once the
-// handler returns, so the client sees exactly what the normal path
-// sends. A stream leaves the loop back to the normal path (relay's read
-// and write loop) when the client's socket is full (a slow client is then
-// waited for by its handler's goroutine, as before) and when the loop
-// stops (Proxy.Close); it ends in the loop when the body ends, the
-// replica fails or the client goes away (a write fails, or its request's
-// context is cancelled, which the handler's goroutine watches).
+	"github.com/kvmesh/kvmesh/proxy/upstream"
+)
 
 // ConnContext is an http.Server ConnContext that lets the proxy reach the
 // client's connection, which the stream loop writes to. Set it only on a
@@ -59,52 +39,16 @@ func clientTCPConn(r *http.Request) *net.TCPConn {
 	return nil
 }
 
-// upstreamTCPConn returns the TCP connection under a replica connection.
-func upstreamTCPConn(c net.Conn) *net.TCPConn {
-	if pc, ok := c.(*peerConn); ok {
-		c = pc.Conn
-	}
-	tc, _ := c.(*net.TCPConn)
-	return tc
-}
-
-// errAgain: a non-blocking read found nothing (or the loop's one read per
-// readiness was spent). Never sticky on a body.
-var errAgain = errors.New("would block")
-
-// Outcomes of a stream handed to the loop.
-type loopResult int
-
-const (
-	// loopNotTaken: the loop did not take the stream (off, stopped, or a
-	// descriptor could not be had); relay goes on as usual.
-	loopNotTaken loopResult = iota
-	// loopEOF: the body was relayed to its end.
-	loopEOF
-	// loopHandback: the rest goes the normal way; the bytes returned are
-	// the part of a chunk the client's socket did not take, to be written
-	// first.
-	loopHandback
-	// loopClientGone: a write to the client failed or its request was
-	// cancelled.
-	loopClientGone
-	// loopFailed: reading the replica failed (the error is returned).
-	loopFailed
-	// loopPanicked: the stream's code panicked on the loop (recovered,
-	// counted and logged there); the response cannot be finished.
-	loopPanicked
-)
-
 // loopEligible reports whether relay may hand this response's body to the
 // stream loop: an SSE 200 from the own upstream client to a plain HTTP/1.1
 // client whose response net/http frames as chunked, written to net/http's
 // own ResponseWriter (no wrapper that reads the bytes).
-func (p *Proxy) loopEligible(w http.ResponseWriter, r *http.Request, resp *http.Response, sse bool) (*upBody, *net.TCPConn) {
+func (p *Proxy) loopEligible(w http.ResponseWriter, r *http.Request, resp *http.Response, sse bool) (*upstream.Body, *net.TCPConn) {
 	if p.loops == nil || !sse || resp.StatusCode != http.StatusOK || r.Method != http.MethodPost {
 		return nil, nil
 	}
-	b, ok := resp.Body.(*upBody)
-	if !ok || (b.mode != bodyChunked && b.mode != bodyClose) || upstreamTCPConn(b.c.nc) == nil {
+	b, ok := resp.Body.(*upstream.Body)
+	if !ok || !b.Loopable() {
 		return nil, nil
 	}
 	if len(w.Header()["Content-Length"]) > 0 {
@@ -120,23 +64,4 @@ func (p *Proxy) loopEligible(w http.ResponseWriter, r *http.Request, resp *http.
 		return nil, nil
 	}
 	return b, cc
-}
-
-// frameRoom is the space before a chunk's data for its size line.
-const frameRoom = 16
-
-// putChunkHead writes a chunk's size line as net/http writes it
-// ("%x\r\n") at the end of b and returns where it starts.
-func putChunkHead(b []byte, n int) int {
-	const hex = "0123456789abcdef"
-	i := len(b) - 2
-	b[i], b[i+1] = '\r', '\n'
-	for {
-		i--
-		b[i] = hex[n&15]
-		n >>= 4
-		if n == 0 {
-			return i
-		}
-	}
 }

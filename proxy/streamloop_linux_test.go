@@ -305,7 +305,7 @@ func TestStreamLoopSkipsTLSAndHTTP2(t *testing.T) {
 }
 
 // TestStreamLoopHandsBackHeldEvent: a partial event the loop holds back
-// (eventFraming) goes with the stream when the loop hands it back (here
+// (upstream.Framing) goes with the stream when the loop hands it back (here
 // on Close): the normal path writes it once its end arrives, so the
 // client gets every event whole, once, in order.
 func TestStreamLoopHandsBackHeldEvent(t *testing.T) {

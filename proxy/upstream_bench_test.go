@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvmesh/kvmesh/proxy/upstream"
 	"github.com/kvmesh/kvmesh/route"
 	"github.com/kvmesh/kvmesh/summary"
 )
@@ -50,7 +51,7 @@ func BenchmarkUpstreamClient(b *testing.B) {
 	for _, mode := range []string{"request", "stream"} {
 		for _, client := range []string{"own", "net-http"} {
 			b.Run(mode+"/"+client, func(b *testing.B) {
-				c := NewClient()
+				c := upstream.NewClient()
 				if client == "net-http" {
 					c.Transport = wrappedTransport{c.Transport.(*http.Transport)}
 				}

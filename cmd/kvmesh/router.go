@@ -25,6 +25,7 @@ import (
 	"github.com/kvmesh/kvmesh/mesh"
 	"github.com/kvmesh/kvmesh/proxy"
 	"github.com/kvmesh/kvmesh/proxy/health"
+	"github.com/kvmesh/kvmesh/proxy/upstream"
 	"github.com/kvmesh/kvmesh/route"
 	"github.com/kvmesh/kvmesh/summary"
 	"github.com/prometheus/client_golang/prometheus"
@@ -365,7 +366,7 @@ func startRouter(ctx context.Context, cfg routerConfig) (*router, error) {
 	rec := panics.New(reg, log)
 	// Replicas are declared once they pass a health check (replicaSet).
 	set := newReplicaSet(m, log.Named("replicas"))
-	client := proxy.NewClientRecvBuffer(cfg.upstreamRecvBuffer)
+	client := upstream.NewClientRecvBuffer(cfg.upstreamRecvBuffer)
 	if edges.peerTLS != nil {
 		client.Transport.(*http.Transport).TLSClientConfig = edges.peerTLS
 	}

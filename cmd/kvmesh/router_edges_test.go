@@ -26,6 +26,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/kvmesh/kvmesh/mesh"
 	"github.com/kvmesh/kvmesh/proxy"
+	"github.com/kvmesh/kvmesh/proxy/upstream"
 	"github.com/kvmesh/kvmesh/summary"
 	"go.uber.org/goleak"
 )
@@ -322,7 +323,7 @@ func TestEdgeFlags(t *testing.T) {
 		c.bodyTimeout != proxy.DefaultBodyTimeout || c.drainTimeout != 60*time.Second || c.retryBudget != proxy.DefaultRetryBudget ||
 		c.maxAttempts != 3 || c.gossipStreams != (mesh.StreamLimits{MaxStreams: mesh.DefaultMaxStreams, BudgetBytes: mesh.DefaultStreamBytes}) ||
 		c.gcHeadroom != defaultGCHeadroom || c.gogcSet || c.clientSendBuffer != proxy.DefaultClientSendBuffer ||
-		c.upstreamRecvBuffer != proxy.DefaultUpstreamRecvBuffer {
+		c.upstreamRecvBuffer != upstream.DefaultUpstreamRecvBuffer {
 		t.Errorf("defaults: %+v", c)
 	}
 	// 0 is the kernel's default; the environment sets it like any flag.

@@ -20,6 +20,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/kvmesh/kvmesh/internal/engine"
 	"github.com/kvmesh/kvmesh/internal/panics"
+	"github.com/kvmesh/kvmesh/proxy/upstream"
 	"github.com/kvmesh/kvmesh/summary"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
@@ -178,11 +179,10 @@ type replicaHealth struct {
 // New returns a checker of replicas (their base URLs). onChange
 // is called, serialised, with a replica's new status; it must not call back
 // into the checker. blockBytes is the contract's block size. A nil client
-// is one with net/http's defaults; a router passes its upstream client, so
-// checks reach replicas the way requests do.
+// is upstream.NewClient's.
 func New(cfg Config, replicas []string, client *http.Client, onChange func(id string, s ReplicaStatus), blockBytes int, logger hclog.Logger, reg prometheus.Registerer) *Checker {
 	if client == nil {
-		client = &http.Client{}
+		client = upstream.NewClient()
 	}
 	if logger == nil {
 		logger = hclog.NewNullLogger()

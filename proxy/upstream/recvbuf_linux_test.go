@@ -1,4 +1,4 @@
-package proxy
+package upstream
 
 import (
 	"context"
@@ -60,19 +60,19 @@ func TestClientRecvBuffer(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer nc.Close()
-		rc, err := peerConnOf(nc).Conn.(*net.TCPConn).SyscallConn()
+		rc, err := PeerConnOf(nc).Conn.(*net.TCPConn).SyscallConn()
 		if err != nil {
 			t.Fatal(err)
 		}
 		dialed = sockInt(t, rc, syscall.SOL_SOCKET, syscall.SO_RCVBUF)
 		// The own upstream client takes the transport's dialer.
-		u := newUpstreamClient(c)
-		resp, err := u.do(context.Background(), "http://"+addr+"/", http.Header{}, nil)
+		u := New(c)
+		resp, err := u.Do(context.Background(), "http://"+addr+"/", http.Header{}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer resp.Body.Close()
-		own = sockInt(t, resp.Body.(*upBody).c.raw, syscall.SOL_SOCKET, syscall.SO_RCVBUF)
+		own = sockInt(t, resp.Body.(*Body).c.raw, syscall.SOL_SOCKET, syscall.SO_RCVBUF)
 		return dialed, own
 	}
 	// 48 KB is under any default net.core.rmem_max (208 KB), which caps it,
@@ -138,8 +138,8 @@ func TestClientRecvBufferBoundsStalledStream(t *testing.T) {
 			}
 		}
 	}()
-	u := newUpstreamClient(NewClientRecvBuffer(set))
-	resp, err := u.do(context.Background(), "http://"+ln.Addr().String()+"/", http.Header{}, nil)
+	u := New(NewClientRecvBuffer(set))
+	resp, err := u.Do(context.Background(), "http://"+ln.Addr().String()+"/", http.Header{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,7 +152,7 @@ func TestClientRecvBufferBoundsStalledStream(t *testing.T) {
 	if err := <-full; err != nil {
 		t.Fatal(err)
 	}
-	queued := sockInt(t, resp.Body.(*upBody).c.raw, -1, 0)
+	queued := sockInt(t, resp.Body.(*Body).c.raw, -1, 0)
 	close(looked)
 	<-served
 	// Linux accounts the doubled buffer and admits a segment while under

@@ -1,12 +1,10 @@
-package proxy
+package upstream
 
 import (
 	"bufio"
 	"bytes"
 	"context"
-	"crypto/sha256"
 	"errors"
-	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -46,15 +44,15 @@ func (c *scriptConn) SetWriteDeadline(time.Time) error { return nil }
 
 // readScripted reads one response (head and body) off a scripted
 // connection.
-func readScripted(raw string, step int) (*http.Response, []byte, *upBody, error) {
-	u := &upstreamClient{idle: map[string][]*upConn{}, maxIdle: 4}
+func readScripted(raw string, step int) (*http.Response, []byte, *Body, error) {
+	u := &Client{idle: map[string][]*upConn{}, maxIdle: 4}
 	c := newUpConn(&scriptConn{in: []byte(raw), step: step}, "r")
 	resp, err := c.readResponse(context.Background(), u, func() bool { return true })
 	if err != nil {
 		return nil, nil, nil, err
 	}
 	body, err := io.ReadAll(resp.Body)
-	return resp, body, resp.Body.(*upBody), err
+	return resp, body, resp.Body.(*Body), err
 }
 
 func TestUpstreamResponses(t *testing.T) {
@@ -146,7 +144,7 @@ func TestUpstreamChunksCoalesce(t *testing.T) {
 		raw.WriteString("6\r\ndata:x\r\n")
 	}
 	raw.WriteString("0\r\n\r\n")
-	u := &upstreamClient{idle: map[string][]*upConn{}, maxIdle: 4}
+	u := &Client{idle: map[string][]*upConn{}, maxIdle: 4}
 	c := newUpConn(&scriptConn{in: []byte(raw.String()), step: 1 << 20}, "r")
 	resp, err := c.readResponse(context.Background(), u, func() bool { return true })
 	if err != nil {
@@ -302,9 +300,9 @@ func TestUpstreamClientReuse(t *testing.T) {
 		{"close not reused", []string{closing, ok}, []bool{true, true}, 2},
 	} {
 		s := newRawServer(t, tc.answers...)
-		u := newUpstreamClient(NewClient())
+		u := New(NewClient())
 		for i, all := range tc.readAll {
-			resp, err := u.do(context.Background(), "http://"+s.ln.Addr().String()+"/v1/x", http.Header{}, []byte("{}"))
+			resp, err := u.Do(context.Background(), "http://"+s.ln.Addr().String()+"/v1/x", http.Header{}, []byte("{}"))
 			if err != nil {
 				t.Fatalf("%s: request %d: %v", tc.name, i, err)
 			}
@@ -319,8 +317,8 @@ func TestUpstreamClientReuse(t *testing.T) {
 			t.Errorf("%s: %d connections, want %d", tc.name, got, tc.wantConns)
 		}
 		// After closeIdle the next request needs a new connection.
-		u.closeIdle()
-		resp, err := u.do(context.Background(), "http://"+s.ln.Addr().String()+"/v1/x", http.Header{}, []byte("{}"))
+		u.CloseIdle()
+		resp, err := u.Do(context.Background(), "http://"+s.ln.Addr().String()+"/v1/x", http.Header{}, []byte("{}"))
 		if err != nil {
 			t.Fatalf("%s: after closeIdle: %v", tc.name, err)
 		}
@@ -329,7 +327,7 @@ func TestUpstreamClientReuse(t *testing.T) {
 		if got := s.conns.Load(); got != tc.wantConns+1 {
 			t.Errorf("%s: %d connections after closeIdle, want %d", tc.name, got, tc.wantConns+1)
 		}
-		u.closeIdle()
+		u.CloseIdle()
 	}
 }
 
@@ -365,10 +363,10 @@ func TestUpstreamClientSkipsClosedIdle(t *testing.T) {
 		}
 	})
 	t.Cleanup(func() { ln.Close(); wg.Wait() })
-	u := newUpstreamClient(NewClient())
-	defer u.closeIdle()
+	u := New(NewClient())
+	defer u.CloseIdle()
 	for i := range 3 {
-		resp, err := u.do(context.Background(), "http://"+ln.Addr().String()+"/v1/x", http.Header{}, []byte("{}"))
+		resp, err := u.Do(context.Background(), "http://"+ln.Addr().String()+"/v1/x", http.Header{}, []byte("{}"))
 		if err != nil {
 			t.Fatalf("request %d: %v", i, err)
 		}
@@ -397,11 +395,11 @@ func TestUpstreamClientCancel(t *testing.T) {
 			accepted <- c
 		}
 	}()
-	u := newUpstreamClient(NewClient())
+	u := New(NewClient())
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		_, err := u.do(ctx, "http://"+ln.Addr().String()+"/v1/x", http.Header{}, []byte("{}"))
+		_, err := u.Do(ctx, "http://"+ln.Addr().String()+"/v1/x", http.Header{}, []byte("{}"))
 		done <- err
 	}()
 	c := recv(t, accepted, "the accepted connection")
@@ -432,48 +430,6 @@ func FuzzUpstreamResponse(f *testing.F) {
 			t.Fatalf("body of %d bytes for Content-Length %d", len(body), resp.ContentLength)
 		}
 	})
-}
-
-// TestPooledBodiesStayApart: concurrent requests through the router each
-// reach the replica with their own body, and the replica's answer reaches
-// the client that sent it. Request bodies are read into pooled buffers
-// and the upstream connections are pooled: a buffer or connection handed
-// on too early would mix them up.
-func TestPooledBodiesStayApart(t *testing.T) {
-	rep := newReplica(t, func(w http.ResponseWriter, r *http.Request) {
-		b, _ := io.ReadAll(r.Body)
-		w.Header().Set("X-Body", fmt.Sprintf("%x", sha256.Sum256(b)))
-		jsonChat(w, "ok", 0)
-	})
-	view := nopRecordView{newFakeView([]string{"m"}, fakeReplica{id: rep.URL})}
-	_, srv, _ := newTestProxy(t, view, nil)
-	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 8}, Timeout: testWait}
-	defer client.CloseIdleConnections()
-	var wg sync.WaitGroup
-	errs := make(chan error, 8)
-	for g := range 8 {
-		wg.Go(func() {
-			for i := range 40 {
-				body := chatBody("m", false, fmt.Sprintf("client %d request %d %s", g, i, strings.Repeat("x", 100*(g+1))))
-				resp, err := client.Post(srv.URL+"/v1/chat/completions", "application/json", strings.NewReader(body))
-				if err != nil {
-					errs <- err
-					return
-				}
-				_, _ = io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-				if want := fmt.Sprintf("%x", sha256.Sum256([]byte(body))); resp.StatusCode != 200 || resp.Header.Get("X-Body") != want {
-					errs <- fmt.Errorf("client %d request %d: status %d, the replica saw another body", g, i, resp.StatusCode)
-					return
-				}
-			}
-		})
-	}
-	waitGroup(t, &wg, "the clients")
-	close(errs)
-	for err := range errs {
-		t.Error(err)
-	}
 }
 
 // TestParseResponseHeadHeaders: the header fields of a head parse as

@@ -1,4 +1,4 @@
-package proxy
+package upstream
 
 import (
 	"io"
@@ -10,16 +10,21 @@ import (
 	"sync/atomic"
 	"syscall"
 	"unsafe"
+
+	"github.com/kvmesh/kvmesh/internal/panics"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
-// streamLoops are the router's stream loops (streamloop.go), started on
+// Loops are the router's stream loops (streamloop.go), started on
 // the first stream: one per two cores (one on a small machine), so a
 // token's work for many streams waits on one epoll_wait, while on a large
 // machine the answer extraction of thousands of streams is not held to
 // one core. A stream goes to the next loop in turn.
-type streamLoops struct {
-	m *metrics
-	// recovered counts and logs a panic a loop recovered (recover.go).
+type Loops struct {
+	// streams counts the streams taken, clientWaits those handed back
+	// behind a full client socket.
+	streams, clientWaits prometheus.Counter
+	// recovered counts and logs a panic a loop recovered.
 	recovered func(where string, v any)
 	mu        sync.Mutex
 	loops     []*streamLoop
@@ -28,8 +33,12 @@ type streamLoops struct {
 	stopped   sync.WaitGroup
 }
 
-func newStreamLoops(m *metrics, recovered func(string, any)) *streamLoops {
-	return &streamLoops{m: m, recovered: recovered}
+// NewLoops returns the stream loops, started on their first stream.
+// streams counts the streams they take, clientWaits those handed back
+// because the client's socket was full; recovered counts and logs a
+// panic a loop recovered.
+func NewLoops(streams, clientWaits prometheus.Counter, recovered func(where string, v any)) *Loops {
+	return &Loops{streams: streams, clientWaits: clientWaits, recovered: recovered}
 }
 
 // loopBuffer is the loop's read and frame buffer: a chunk's size line,
@@ -39,7 +48,7 @@ const loopBuffer = 32 << 10
 // streamLoop is one epoll loop and the streams it relays, all owned by
 // its goroutine but for the queue.
 type streamLoop struct {
-	ls      *streamLoops
+	ls      *Loops
 	epfd    int
 	epf     *os.File // epfd in Go's poller: the loop waits there, not in a blocking epoll_wait
 	epRaw   syscall.RawConn
@@ -70,35 +79,35 @@ type loopMsg struct {
 
 // loopStream is one stream in a loop.
 type loopStream struct {
-	body   *upBody
+	body   *Body
 	upFD   int // the replica socket (net/http's descriptor; the body's owner keeps it open)
 	clFD   int // a duplicate of the client socket's descriptor, owned by the loop
 	onData func([]byte)
-	// frame follows the stream's SSE events (eventFraming); held is a
+	// frame follows the stream's SSE events (Framing); held is a
 	// partial event read and held back until its end comes. The loop
 	// owns both until done is closed, the handler after.
-	frame eventFraming
+	frame Framing
 	held  []byte
 	// Set by the loop before done is closed:
-	res     loopResult
+	res     LoopResult
 	err     error
 	pending []byte
 	done    chan struct{}
 }
 
-// relay hands body to a loop, to be written to cc, and waits for it to
+// Relay hands body to a loop, to be written to cc, and waits for it to
 // come back: relayed to its end, failed, or handed back (with the bytes
 // of a chunk cc did not take yet, and those of a partial event held back
 // by fr, which the loop updates). onData sees every decoded piece of the
 // body on the loop's goroutine, before it is written.
-func (ls *streamLoops) relay(r *http.Request, body *upBody, cc *net.TCPConn, onData func([]byte), idle <-chan struct{}, fr *eventFraming) (res loopResult, pending, held []byte, err error) {
+func (ls *Loops) Relay(r *http.Request, body *Body, cc *net.TCPConn, onData func([]byte), idle <-chan struct{}, fr *Framing) (res LoopResult, pending, held []byte, err error) {
 	l := ls.pick()
 	if l == nil {
-		return loopNotTaken, nil, nil, nil
+		return LoopNotTaken, nil, nil, nil
 	}
 	upFD, ok := sockFD(upstreamTCPConn(body.c.nc), false)
 	if !ok {
-		return loopNotTaken, nil, nil, nil
+		return LoopNotTaken, nil, nil, nil
 	}
 	// The client's socket is written through a descriptor of the loop's
 	// own: net/http may close its connection (Server.Close) while the
@@ -106,16 +115,16 @@ func (ls *streamLoops) relay(r *http.Request, body *upBody, cc *net.TCPConn, onD
 	// under it.
 	clFD, ok := sockFD(cc, true)
 	if !ok {
-		return loopNotTaken, nil, nil, nil
+		return LoopNotTaken, nil, nil, nil
 	}
 	s := &loopStream{body: body, upFD: upFD, clFD: clFD, onData: onData, frame: *fr, done: make(chan struct{})}
 	body.c.loopFD, body.c.loopReads, body.c.inLoop = upFD, 0, true
 	if !l.send(loopMsg{s: s}) {
 		body.c.inLoop = false
 		_ = syscall.Close(clFD)
-		return loopNotTaken, nil, nil, nil
+		return LoopNotTaken, nil, nil, nil
 	}
-	ls.m.loopStreams.Inc()
+	ls.streams.Inc()
 	select {
 	case <-s.done:
 	case <-r.Context().Done():
@@ -127,8 +136,8 @@ func (ls *streamLoops) relay(r *http.Request, body *upBody, cc *net.TCPConn, onD
 		<-s.done
 	}
 	body.c.inLoop = false
-	if s.res == loopHandback && len(s.pending) > 0 {
-		ls.m.loopClientWaits.Inc()
+	if s.res == LoopHandback && len(s.pending) > 0 {
+		ls.clientWaits.Inc()
 	}
 	*fr = s.frame // fr stays the handler's (on its stack): the loop had a copy
 	return s.res, s.pending, s.held, s.err
@@ -163,7 +172,7 @@ func sockFD(c *net.TCPConn, dup bool) (int, bool) {
 
 // pick returns the next loop, starting the loops on first use; nil once
 // closed or when a loop cannot be made.
-func (ls *streamLoops) pick() *streamLoop {
+func (ls *Loops) pick() *streamLoop {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
 	if ls.closed {
@@ -188,10 +197,10 @@ func (ls *streamLoops) pick() *streamLoop {
 	return ls.loops[int(ls.next.Add(1))%len(ls.loops)]
 }
 
-// close stops the loops and waits for them: the streams they hold go
+// Close stops the loops and waits for them: the streams they hold go
 // back to their handlers' goroutines, which finish them the normal way.
 // Safe to call more than once.
-func (ls *streamLoops) close() {
+func (ls *Loops) Close() {
 	ls.mu.Lock()
 	ls.closed = true
 	loops := ls.loops
@@ -206,7 +215,7 @@ func (ls *streamLoops) close() {
 	ls.stopped.Wait()
 }
 
-func newStreamLoop(ls *streamLoops) (*streamLoop, error) {
+func newStreamLoop(ls *Loops) (*streamLoop, error) {
 	epfd, err := syscall.EpollCreate1(syscall.EPOLL_CLOEXEC)
 	if err != nil {
 		return nil, os.NewSyscallError("epoll_create1", err)
@@ -328,13 +337,13 @@ func (l *streamLoop) poll(events []syscall.EpollEvent) (stopped bool) {
 	}
 }
 
-// contain ends the stream whose code panicked (loopPanicked: its handler
+// contain ends the stream whose code panicked (LoopPanicked: its handler
 // aborts the client's connection) and reports whether the loop stops: a
 // panic outside any stream's code leaves the loop's own state in doubt,
 // so the loop then hands every stream back and stops (the Proxy serves on
 // without it, each stream by its handler's goroutine).
 func (l *streamLoop) contain(v any) (stopped bool) {
-	l.ls.recovered(panicStreamLoop, v)
+	l.ls.recovered(panics.StreamLoop, v)
 	s := l.cur
 	l.cur = nil
 	if s == nil {
@@ -346,9 +355,9 @@ func (l *streamLoop) contain(v any) (stopped bool) {
 	}
 	s.pending = nil
 	if l.streams[int32(s.upFD)] == s {
-		l.finish(s, loopPanicked, nil)
+		l.finish(s, LoopPanicked, nil)
 	} else {
-		l.done(s, loopPanicked, nil)
+		l.done(s, LoopPanicked, nil)
 	}
 	return false
 }
@@ -382,16 +391,16 @@ func (l *streamLoop) drain() bool {
 		if m.cancel {
 			if l.streams[int32(s.upFD)] == s {
 				if m.idle {
-					l.finish(s, loopFailed, errUpstreamIdle)
+					l.finish(s, LoopFailed, errUpstreamIdle)
 				} else {
-					l.finish(s, loopClientGone, nil)
+					l.finish(s, LoopClientGone, nil)
 				}
 			}
 			continue
 		}
 		ev := syscall.EpollEvent{Events: syscall.EPOLLIN, Fd: int32(s.upFD)}
 		if err := syscall.EpollCtl(l.epfd, syscall.EPOLL_CTL_ADD, s.upFD, &ev); err != nil {
-			l.done(s, loopHandback, nil)
+			l.done(s, LoopHandback, nil)
 			continue
 		}
 		l.streams[int32(s.upFD)] = s
@@ -406,7 +415,7 @@ func (l *streamLoop) drain() bool {
 // stop hands every stream back and releases the loop's descriptors.
 func (l *streamLoop) stop() {
 	for _, s := range l.streams {
-		l.finish(s, loopHandback, nil)
+		l.finish(s, LoopHandback, nil)
 	}
 	l.mu.Lock()
 	q := l.queue
@@ -416,7 +425,7 @@ func (l *streamLoop) stop() {
 	l.mu.Unlock()
 	for _, m := range append(l.work[l.worked:], q...) {
 		if !m.cancel {
-			l.done(m.s, loopHandback, nil)
+			l.done(m.s, LoopHandback, nil)
 		}
 	}
 	l.work, l.worked = nil, 0
@@ -445,7 +454,7 @@ func (l *streamLoop) relay(s *loopStream, reads int) {
 		all := held + n
 		k := all
 		if err != io.EOF {
-			k = s.frame.cut(data[:all], held, all == len(data))
+			k = s.frame.Cut(data[:all], held, all == len(data))
 		}
 		// Kept before the chunk's CRLF overwrites its first bytes.
 		s.held = append(s.held[:0], data[k:all]...)
@@ -462,10 +471,10 @@ func (l *streamLoop) relay(s *loopStream, reads int) {
 		case err == errAgain:
 			return
 		case err == io.EOF:
-			l.finish(s, loopEOF, nil)
+			l.finish(s, LoopEOF, nil)
 			return
 		default:
-			l.finish(s, loopFailed, err)
+			l.finish(s, LoopFailed, err)
 			return
 		}
 	}
@@ -483,10 +492,10 @@ func (l *streamLoop) write(s *loopStream, b []byte) bool {
 		case err == nil, err == syscall.EINTR:
 		case err == syscall.EAGAIN:
 			s.pending = append([]byte(nil), b...)
-			l.finish(s, loopHandback, nil)
+			l.finish(s, LoopHandback, nil)
 			return false
 		default:
-			l.finish(s, loopClientGone, err)
+			l.finish(s, LoopClientGone, err)
 			return false
 		}
 	}
@@ -494,13 +503,13 @@ func (l *streamLoop) write(s *loopStream, b []byte) bool {
 }
 
 // finish takes s out of the loop and gives it back.
-func (l *streamLoop) finish(s *loopStream, res loopResult, err error) {
+func (l *streamLoop) finish(s *loopStream, res LoopResult, err error) {
 	_ = syscall.EpollCtl(l.epfd, syscall.EPOLL_CTL_DEL, s.upFD, nil)
 	delete(l.streams, int32(s.upFD))
 	l.done(s, res, err)
 }
 
-func (l *streamLoop) done(s *loopStream, res loopResult, err error) {
+func (l *streamLoop) done(s *loopStream, res LoopResult, err error) {
 	select {
 	case <-s.done:
 		return // given back already (a panic after its end: contain)

@@ -1,4 +1,4 @@
-package proxy
+package upstream
 
 import (
 	"io"
@@ -9,8 +9,8 @@ import (
 	"unsafe"
 )
 
-// sockIO is a TCP socket's raw reads and writes (sockio.go).
-type sockIO struct {
+// SockIO is a TCP socket's raw reads and writes (sockio.go).
+type SockIO struct {
 	c  net.Conn // for the addresses of errors
 	rc syscall.RawConn
 	r  rawOp
@@ -36,7 +36,7 @@ type rawOp struct {
 	fn  func(fd uintptr) bool
 }
 
-func newPlatformSockIO(c net.Conn) *sockIO {
+func newPlatformSockIO(c net.Conn) *SockIO {
 	tc, ok := c.(*net.TCPConn)
 	if !ok {
 		return nil
@@ -45,7 +45,7 @@ func newPlatformSockIO(c net.Conn) *sockIO {
 	if err != nil {
 		return nil
 	}
-	s := &sockIO{c: c, rc: rc}
+	s := &SockIO{c: c, rc: rc}
 	s.r.fn = s.readOnce
 	s.w.fn = s.writeAll
 	s.peekFn = s.peek
@@ -55,7 +55,7 @@ func newPlatformSockIO(c net.Conn) *sockIO {
 
 // writev writes a and then b in one call where the socket takes both
 // (the upstream request's head and body, the body not copied).
-func (s *sockIO) writev(a, b []byte) (int, error) {
+func (s *SockIO) writev(a, b []byte) (int, error) {
 	if len(a)+len(b) > maxRaw {
 		bufs := net.Buffers{a, b}
 		n, err := bufs.WriteTo(s.c)
@@ -78,7 +78,7 @@ func (s *sockIO) writev(a, b []byte) (int, error) {
 	return n, nil
 }
 
-func (s *sockIO) writevAll(fd uintptr) bool {
+func (s *SockIO) writevAll(fd uintptr) bool {
 	o := &s.w
 	a, b := o.b, s.b2
 	for o.n < len(a)+len(b) {
@@ -121,7 +121,7 @@ func (s *sockIO) writevAll(fd uintptr) bool {
 const maxRaw = 64 << 10
 
 // idle peeks at an idle socket (idleOpen) without a closure per call.
-func (s *sockIO) idle() bool {
+func (s *SockIO) idle() bool {
 	o := &s.r
 	o.mu.Lock()
 	o.n = 0
@@ -131,7 +131,7 @@ func (s *sockIO) idle() bool {
 	return ok
 }
 
-func (s *sockIO) peek(fd uintptr) bool {
+func (s *SockIO) peek(fd uintptr) bool {
 	if idleOpen(fd) {
 		s.r.n = 1
 	}
@@ -140,7 +140,7 @@ func (s *sockIO) peek(fd uintptr) bool {
 
 // Read is net.Conn's Read: one read that returns what the socket holds,
 // waiting in the poller (deadlines included) while it holds nothing.
-func (s *sockIO) Read(p []byte) (int, error) {
+func (s *SockIO) Read(p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
@@ -154,7 +154,7 @@ func (s *sockIO) Read(p []byte) (int, error) {
 	return n, err
 }
 
-func (s *sockIO) readOnce(fd uintptr) bool {
+func (s *SockIO) readOnce(fd uintptr) bool {
 	o := &s.r
 	for {
 		n, err := rawRead(int(fd), o.b)
@@ -176,7 +176,7 @@ func (s *sockIO) readOnce(fd uintptr) bool {
 
 // Write is net.Conn's Write: all of p, waiting in the poller while the
 // socket is full.
-func (s *sockIO) Write(p []byte) (int, error) {
+func (s *SockIO) Write(p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
@@ -193,7 +193,7 @@ func (s *sockIO) Write(p []byte) (int, error) {
 // call runs o's call over b in the poller (RawConn's Write or Read: it
 // waits there while the call finds the socket not ready) and returns
 // what the call moved and its error, the poller's first.
-func (s *sockIO) call(o *rawOp, b []byte, write bool) (int, error) {
+func (s *SockIO) call(o *rawOp, b []byte, write bool) (int, error) {
 	o.mu.Lock()
 	o.b, o.n, o.err = b, 0, nil
 	var err error
@@ -211,7 +211,7 @@ func (s *sockIO) call(o *rawOp, b []byte, write bool) (int, error) {
 	return n, err
 }
 
-func (s *sockIO) writeAll(fd uintptr) bool {
+func (s *SockIO) writeAll(fd uintptr) bool {
 	o := &s.w
 	for o.n < len(o.b) {
 		n, err := rawWrite(int(fd), o.b[o.n:])
@@ -234,7 +234,7 @@ func (s *sockIO) writeAll(fd uintptr) bool {
 // poller's errors (a deadline, a closed socket) come from RawConn as a
 // *net.OpError already, named "raw-read" or "raw-write": renamed, not
 // wrapped again (the aborted read is one per request).
-func (s *sockIO) opError(op string, err error) error {
+func (s *SockIO) opError(op string, err error) error {
 	if oe, ok := err.(*net.OpError); ok {
 		oe.Op = op
 		return oe

@@ -1,8 +1,8 @@
-package proxy
+package upstream
 
 import "net"
 
-// sockIO reads and writes one TCP socket with raw system calls where the
+// SockIO reads and writes one TCP socket with raw system calls where the
 // platform has them (sockio_linux.go): the router's two sockets per
 // request, the client's (limitedConn) and the replica's (upConn), carry
 // about seven reads and writes per proxied request. Made through net.Conn
@@ -18,6 +18,6 @@ import "net"
 // loop's calls already do. Waiting, deadlines and Close are the
 // runtime poller's, as before (syscall.RawConn).
 //
-// newSockIO returns nil where raw calls are not made (another platform,
+// NewSockIO returns nil where raw calls are not made (another platform,
 // a connection that is not a *net.TCPConn): callers use the net.Conn.
-func newSockIO(c net.Conn) *sockIO { return newPlatformSockIO(c) }
+func NewSockIO(c net.Conn) *SockIO { return newPlatformSockIO(c) }

@@ -1,4 +1,4 @@
-package proxy
+package upstream
 
 import (
 	"bytes"
@@ -16,7 +16,7 @@ import (
 	"time"
 )
 
-// upstreamClient is the router's own HTTP/1.1 client for its plain-HTTP
+// Client is the router's own HTTP/1.1 client for its plain-HTTP
 // replicas (hops to peer routers, TLS and any custom transport keep
 // net/http). It exists because net/http's Transport hands every request to
 // a writer goroutine and every response back from a reader goroutine (two
@@ -34,7 +34,7 @@ import (
 // connection; 1xx responses before the final one are skipped. A
 // connection goes back to the pool only after its response was read to
 // the end and neither side asked to close it.
-type upstreamClient struct {
+type Client struct {
 	dial          dialFunc
 	headerTimeout time.Duration // 0: none
 	idleTimeout   time.Duration // 0: none
@@ -44,11 +44,11 @@ type upstreamClient struct {
 	idle map[string][]*upConn // by host:port, most recently used last
 }
 
-// newUpstreamClient returns the fast client for c, or nil when c is not a
+// New returns the fast client for c, or nil when c is not a
 // plain net/http Transport whose behaviour it can reproduce: a custom
 // RoundTripper (a test's canned replica, an instrumented transport), a
 // proxy setting or an overall client timeout keep every request on c.
-func newUpstreamClient(c *http.Client) *upstreamClient {
+func New(c *http.Client) *Client {
 	t, ok := c.Transport.(*http.Transport)
 	if !ok || t.Proxy != nil || c.Timeout != 0 || t.DisableKeepAlives {
 		return nil
@@ -61,7 +61,7 @@ func newUpstreamClient(c *http.Client) *upstreamClient {
 	if maxIdle <= 0 {
 		maxIdle = http.DefaultMaxIdleConnsPerHost
 	}
-	return &upstreamClient{dial: dial, headerTimeout: t.ResponseHeaderTimeout, idleTimeout: t.IdleConnTimeout,
+	return &Client{dial: dial, headerTimeout: t.ResponseHeaderTimeout, idleTimeout: t.IdleConnTimeout,
 		maxIdle: maxIdle, idle: map[string][]*upConn{}}
 }
 
@@ -81,10 +81,10 @@ const maxInterim = 5
 // errUpstreamProtocol marks a response the client cannot read.
 var errUpstreamProtocol = errors.New("malformed upstream response")
 
-// do sends a POST of body to url (plain http) with the client's headers
+// Do sends a POST of body to url (plain http) with the client's headers
 // and returns the final response. Its Body must be closed; the connection
 // is reused only if the body was read to the end.
-func (u *upstreamClient) do(ctx context.Context, url string, hdr http.Header, body []byte) (*http.Response, error) {
+func (u *Client) Do(ctx context.Context, url string, hdr http.Header, body []byte) (*http.Response, error) {
 	host, path, ok := splitHTTPURL(url)
 	if !ok {
 		return nil, fmt.Errorf("upstream URL %q is not plain http", url)
@@ -117,6 +117,12 @@ func (u *upstreamClient) do(ctx context.Context, url string, hdr http.Header, bo
 		}
 		return resp, nil
 	}
+}
+
+// Plain reports whether url is a plain http:// URL the Client can reach.
+func Plain(url string) bool {
+	_, _, ok := splitHTTPURL(url)
+	return ok
 }
 
 // splitHTTPURL splits an http:// URL into host:port and the request target.
@@ -152,7 +158,7 @@ func dialAddr(host string) string {
 }
 
 // conn takes an idle connection to host or dials one.
-func (u *upstreamClient) conn(ctx context.Context, host string) (*upConn, bool, error) {
+func (u *Client) conn(ctx context.Context, host string) (*upConn, bool, error) {
 	now := time.Now()
 	for {
 		u.mu.Lock()
@@ -186,7 +192,7 @@ func (u *upstreamClient) conn(ctx context.Context, host string) (*upConn, bool, 
 }
 
 // put returns a connection whose response was read to the end.
-func (u *upstreamClient) put(c *upConn) {
+func (u *Client) put(c *upConn) {
 	c.idleAt = time.Now()
 	if len(c.buf) > upstreamReadBuffer {
 		// A rare large head grew it; an idle connection keeps the usual size.
@@ -203,8 +209,8 @@ func (u *upstreamClient) put(c *upConn) {
 	u.mu.Unlock()
 }
 
-// closeIdle closes every idle connection.
-func (u *upstreamClient) closeIdle() {
+// CloseIdle closes every idle connection.
+func (u *Client) CloseIdle() {
 	u.mu.Lock()
 	idle := u.idle
 	u.idle = map[string][]*upConn{}
@@ -216,19 +222,22 @@ func (u *upstreamClient) closeIdle() {
 	}
 }
 
+// maxPooledReq is the largest request head buffer kept for reuse.
+const maxPooledReq = 64 << 10
+
 var reqBufs = sync.Pool{New: func() any { b := make([]byte, 0, 2<<10); return &b }}
 
 func getReqBuf() *[]byte { return reqBufs.Get().(*[]byte) }
 
 func putReqBuf(b *[]byte) {
-	if cap(*b) <= maxPooledBytes {
+	if cap(*b) <= maxPooledReq {
 		*b = (*b)[:0]
 		reqBufs.Put(b)
 	}
 }
 
 // appendRequest writes the request head into *b: the client's headers
-// that go upstream (forwardsRequestHeader).
+// that go upstream (ForwardsRequestHeader).
 // A header value with a CR or LF (net/http's server never delivers one)
 // is dropped rather than written.
 func appendRequest(b *[]byte, host, path string, hdr http.Header, n int) *[]byte {
@@ -239,7 +248,7 @@ func appendRequest(b *[]byte, host, path string, hdr http.Header, n int) *[]byte
 	s = append(s, "\r\n"...)
 	conn := hdr["Connection"]
 	for k, vv := range hdr {
-		if !forwardsRequestHeader(k, conn) || !validFieldName(k) {
+		if !ForwardsRequestHeader(k, conn) || !validFieldName(k) {
 			continue
 		}
 		for _, v := range vv {
@@ -283,7 +292,7 @@ func isTokenByte(c byte) bool {
 // upConn is one connection to a replica with its read buffer.
 type upConn struct {
 	nc     net.Conn
-	io     *sockIO         // raw reads and writes (sockio.go); nil: nc's
+	io     *SockIO         // raw reads and writes (sockio.go); nil: nc's
 	raw    syscall.RawConn // nil: not a socket; idle checks are skipped
 	host   string
 	buf    []byte
@@ -300,10 +309,10 @@ type upConn struct {
 func newUpConn(nc net.Conn, host string) *upConn {
 	c := &upConn{nc: nc, host: host, buf: make([]byte, upstreamReadBuffer)}
 	inner := nc
-	if pc, ok := inner.(*peerConn); ok {
+	if pc, ok := inner.(*PeerConn); ok {
 		inner = pc.Conn
 	}
-	c.io = newSockIO(inner)
+	c.io = NewSockIO(inner)
 	if sc, ok := inner.(syscall.Conn); ok && idleChecks {
 		if raw, err := sc.SyscallConn(); err == nil {
 			c.raw = raw
@@ -388,7 +397,7 @@ func (c *upConn) writeRequest(buf *[]byte, head int, body []byte) (int, error) {
 // readResponse reads the final response's head (1xx ones are skipped)
 // and returns it with a body reader over the connection.
 // stop unhooks the request's cancellation (the body's Close calls it).
-func (c *upConn) readResponse(ctx context.Context, u *upstreamClient, stop func() bool) (*http.Response, error) {
+func (c *upConn) readResponse(ctx context.Context, u *Client, stop func() bool) (*http.Response, error) {
 	if u.headerTimeout > 0 {
 		_ = c.nc.SetReadDeadline(time.Now().Add(u.headerTimeout))
 		// A cancellation that already set its past deadline was just
@@ -425,7 +434,7 @@ func (c *upConn) readResponse(ctx context.Context, u *upstreamClient, stop func(
 	if resp.StatusCode == http.StatusSwitchingProtocols {
 		return nil, fmt.Errorf("%w: 101 Switching Protocols to a POST", errUpstreamProtocol)
 	}
-	b := &upBody{c: c, u: u, stop: stop}
+	b := &Body{c: c, u: u, stop: stop}
 	if err := b.frame(resp); err != nil {
 		return nil, err
 	}
@@ -581,10 +590,10 @@ const (
 	chunkDone
 )
 
-// upBody reads one response body off its connection.
-type upBody struct {
+// Body reads one response body off its connection.
+type Body struct {
 	c      *upConn
-	u      *upstreamClient
+	u      *Client
 	stop   func() bool // stops the cancellation hook
 	mode   int
 	left   int64 // bodyLength: bytes to go; bodyChunked: of the current chunk
@@ -596,12 +605,25 @@ type upBody struct {
 	trail  int // bytes of trailers read
 }
 
+// Conn is the connection the body is read from.
+func (b *Body) Conn() net.Conn { return b.c.nc }
+
+// NoReuse keeps the connection out of the pool once the body is closed
+// (an idle watch set a past read deadline on it).
+func (b *Body) NoReuse() { b.reuse = false }
+
+// Loopable reports whether the stream loop can relay the body: chunked
+// or ended by the close, on a TCP connection.
+func (b *Body) Loopable() bool {
+	return (b.mode == bodyChunked || b.mode == bodyClose) && upstreamTCPConn(b.c.nc) != nil
+}
+
 // frame reads the framing headers of resp into b and strips
 // Transfer-Encoding from resp.Header as net/http does.
-func (b *upBody) frame(resp *http.Response) error {
+func (b *Body) frame(resp *http.Response) error {
 	h := resp.Header
-	b.reuse = resp.ProtoMinor == 1 && !headerHasToken(h["Connection"], "close")
-	if resp.ProtoMinor == 0 && headerHasToken(h["Connection"], "keep-alive") {
+	b.reuse = resp.ProtoMinor == 1 && !HeaderHasToken(h["Connection"], "close")
+	if resp.ProtoMinor == 0 && HeaderHasToken(h["Connection"], "keep-alive") {
 		b.reuse = true
 	}
 	resp.ContentLength = -1
@@ -657,10 +679,10 @@ func contentLength(vv []string) (int64, error) {
 	return n, nil
 }
 
-// headerHasToken reports whether a comma-separated header (its values)
+// HeaderHasToken reports whether a comma-separated header (its values)
 // names tok, case-insensitively: a Connection header naming a field, or
 // close / keep-alive.
-func headerHasToken(vv []string, tok string) bool {
+func HeaderHasToken(vv []string, tok string) bool {
 	for _, v := range vv {
 		for f := range strings.SplitSeq(v, ",") {
 			if strings.EqualFold(textproto.TrimString(f), tok) {
@@ -684,7 +706,7 @@ func lastToken(vv []string) string {
 // already buffered, so a read off the socket that carried several chunks
 // (several tokens) becomes one write to the client; it blocks only when
 // it has nothing to return.
-func (b *upBody) Read(p []byte) (int, error) {
+func (b *Body) Read(p []byte) (int, error) {
 	if b.eof {
 		return 0, io.EOF
 	}
@@ -714,7 +736,7 @@ func (b *upBody) Read(p []byte) (int, error) {
 	return n, err
 }
 
-func (b *upBody) readLength(p []byte) (int, error) {
+func (b *Body) readLength(p []byte) (int, error) {
 	c := b.c
 	if int64(len(p)) > b.left {
 		p = p[:b.left]
@@ -740,7 +762,7 @@ func (b *upBody) readLength(p []byte) (int, error) {
 	return n, nil
 }
 
-func (b *upBody) readClose(p []byte) (int, error) {
+func (b *Body) readClose(p []byte) (int, error) {
 	c := b.c
 	if c.r < c.w {
 		n := copy(p, c.buf[c.r:c.w])
@@ -752,7 +774,7 @@ func (b *upBody) readClose(p []byte) (int, error) {
 
 // readChunked decodes what the buffer holds into p, filling the buffer
 // only while nothing has been decoded.
-func (b *upBody) readChunked(p []byte) (int, error) {
+func (b *Body) readChunked(p []byte) (int, error) {
 	c := b.c
 	n := 0
 	for n < len(p) {
@@ -809,13 +831,13 @@ func (b *upBody) readChunked(p []byte) (int, error) {
 }
 
 // lineReady reports whether the buffer holds a whole line.
-func (b *upBody) lineReady() bool {
+func (b *Body) lineReady() bool {
 	return bytes.IndexByte(b.c.buf[b.c.r:b.c.w], '\n') >= 0
 }
 
 // takeLine consumes one buffered line (lineReady was true) and returns it
 // without its CRLF or LF.
-func (b *upBody) takeLine() []byte {
+func (b *Body) takeLine() []byte {
 	c := b.c
 	i := bytes.IndexByte(c.buf[c.r:c.w], '\n')
 	line := c.buf[c.r : c.r+i]
@@ -853,7 +875,7 @@ func parseChunkSize(line []byte) (int64, error) {
 // Close releases the connection: back to the pool when the body was read
 // to the end, the response allowed keep-alive and the request was not
 // cancelled; closed otherwise.
-func (b *upBody) Close() error {
+func (b *Body) Close() error {
 	if b.closed {
 		return nil
 	}

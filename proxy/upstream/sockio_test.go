@@ -1,4 +1,4 @@
-package proxy
+package upstream
 
 import (
 	"bytes"
@@ -45,7 +45,7 @@ func tcpPair(t *testing.T) (client, server net.Conn) {
 // closed connection is net.ErrClosed.
 func TestSockIOIsNetConn(t *testing.T) {
 	a, b := tcpPair(t)
-	wa, rb := newSockIO(a), newSockIO(b)
+	wa, rb := NewSockIO(a), NewSockIO(b)
 	if wa == nil || rb == nil {
 		t.Skip("no raw socket calls on this platform")
 	}
@@ -92,7 +92,7 @@ func TestSockIOIsNetConn(t *testing.T) {
 	}
 
 	c, d := tcpPair(t)
-	rd := newSockIO(d)
+	rd := NewSockIO(d)
 	_ = d.SetReadDeadline(time.Now().Add(20 * time.Millisecond))
 	_, err = rd.Read(make([]byte, 8))
 	var ne net.Error
@@ -120,7 +120,7 @@ func TestSockIOIsNetConn(t *testing.T) {
 // signal (the raw write's EPIPE or ECONNRESET).
 func TestSockIOWriteToResetPeer(t *testing.T) {
 	a, b := tcpPair(t)
-	wa := newSockIO(a)
+	wa := NewSockIO(a)
 	if wa == nil {
 		t.Skip("no raw socket calls on this platform")
 	}
@@ -175,7 +175,7 @@ func TestIdleOpen(t *testing.T) {
 func TestSockIOWritev(t *testing.T) {
 	for _, size := range []int{0, 1, 8 << 10, 60 << 10, 1 << 20} {
 		a, b := tcpPair(t)
-		wa := newSockIO(a)
+		wa := NewSockIO(a)
 		if wa == nil {
 			t.Skip("no raw socket calls on this platform")
 		}

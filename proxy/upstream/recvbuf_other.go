@@ -1,6 +1,6 @@
 //go:build !unix
 
-package proxy
+package upstream
 
 // setRecvBuffer leaves the system's receive buffer elsewhere: the bound
 // is a Linux (unix) one, where the kernel autotunes it to megabytes.

@@ -1,6 +1,6 @@
 //go:build !unix
 
-package proxy
+package upstream
 
 // idleChecks: elsewhere pooled connections are reused unchecked (as
 // net/http's would be between its reader's polls); idleOpen is never
