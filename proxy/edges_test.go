@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvmesh/kvmesh/proxy/hop"
 	"github.com/kvmesh/kvmesh/route"
 )
 
@@ -401,8 +402,8 @@ func TestAPIKeys(t *testing.T) {
 	}
 	// Without a mesh key hint headers prove nothing: they skip no key.
 	req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/chat/completions", strings.NewReader(chatBody("m", false, "hi")))
-	req.Header.Set(HeaderHop, "1")
-	req.Header.Set(HeaderReplica, rep.URL)
+	req.Header.Set(hop.HeaderHop, "1")
+	req.Header.Set(hop.HeaderReplica, rep.URL)
 	if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode != 401 {
 		t.Fatalf("unkeyed hop without an API key: %v %v", resp, err)
 	} else {
@@ -435,7 +436,7 @@ func TestAPIKeys(t *testing.T) {
 // headers from a client are dropped (the request is routed as any other)
 // and a peer's are accepted only with a valid, fresh MAC.
 func TestHopHeadersAuthenticated(t *testing.T) {
-	key := HopKey([]byte("0123456789abcdef"))
+	key := hop.Key([]byte("0123456789abcdef"))
 	repR := newReplica(t, func(w http.ResponseWriter, r *http.Request) { jsonChat(w, "from R", 0) })
 	repL := newReplica(t, func(w http.ResponseWriter, r *http.Request) { jsonChat(w, "from L", 0) })
 	// L holds the prompt, so routing picks L; a trusted hint picks R.
@@ -457,7 +458,7 @@ func TestHopHeadersAuthenticated(t *testing.T) {
 	signed := func(at time.Time, path string) map[string]string {
 		out, _ := http.NewRequest(http.MethodPost, "http://x"+path, nil)
 		q := &Proxy{cfg: Config{HopKey: key}, now: func() time.Time { return at }}
-		q.signHop(out, repR.URL, 3, 0, 0)
+		(&hop.Signer{Key: q.cfg.HopKey, Now: q.now}).Sign(out, repR.URL, 3, 0, 0)
 		h := map[string]string{}
 		for k := range out.Header {
 			h[k] = out.Header.Get(k)
@@ -470,13 +471,13 @@ func TestHopHeadersAuthenticated(t *testing.T) {
 		want string
 	}{
 		{"no hints", nil, "from L"},
-		{"client-sent hints", map[string]string{HeaderHop: "1", HeaderReplica: repR.URL, HeaderMatch: "0"}, "from L"},
+		{"client-sent hints", map[string]string{hop.HeaderHop: "1", hop.HeaderReplica: repR.URL, hop.HeaderMatch: "0"}, "from L"},
 		{"valid MAC", signed(now, "/v1/chat/completions"), "from R"},
 		{"stale MAC", signed(now.Add(-5*time.Minute), "/v1/chat/completions"), "from L"},
 		{"MAC for another path", signed(now, "/v1/completions"), "from L"},
 		{"wrong key", func() map[string]string {
 			h := signed(now, "/v1/chat/completions")
-			h[HeaderHopMAC] = strings.Repeat("A", 43)
+			h[hop.HeaderHopMAC] = strings.Repeat("A", 43)
 			return h
 		}(), "from L"},
 	}
@@ -501,7 +502,7 @@ func TestHopHeadersAuthenticated(t *testing.T) {
 // TestForwardedHopVerifies: router A signs its hints and owner B, which
 // shares the key, serves the hinted replica.
 func TestForwardedHopVerifies(t *testing.T) {
-	key := HopKey([]byte("0123456789abcdef"))
+	key := hop.Key([]byte("0123456789abcdef"))
 	repR := newReplica(t, func(w http.ResponseWriter, r *http.Request) { jsonChat(w, "from R", 0) })
 	repL := newReplica(t, func(w http.ResponseWriter, r *http.Request) { jsonChat(w, "from L", 0) })
 	pB, err := New(Config{View: newFakeView([]string{"m"}, fakeReplica{id: repR.URL}, fakeReplica{id: repL.URL, match: 9}), Policy: route.DefaultPolicy(), Contract: testContract, HopKey: key})

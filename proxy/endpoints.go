@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvmesh/kvmesh/proxy/hop"
 	"github.com/kvmesh/kvmesh/route"
 	"github.com/kvmesh/kvmesh/summary"
 	"github.com/zeebo/xxh3"
@@ -346,23 +347,23 @@ func (p *Proxy) serveResponseByID(w http.ResponseWriter, r *http.Request) {
 		st.code = writeError(w, http.StatusMethodNotAllowed, fmt.Sprintf("method %s not allowed on %s", r.Method, r.URL.Path))
 		return
 	}
-	hop, authenticated := p.hopOf(r)
+	isHop, authenticated := p.hopOf(r)
 	if !authenticated && !p.authorize(w, r) {
 		st.code = http.StatusUnauthorized
 		return
 	}
 	replica, ok := "", false
-	if h := r.Header.Get(HeaderReplica); hop && h != "" {
+	if h := r.Header.Get(hop.HeaderReplica); isHop && h != "" {
 		replica, ok = h, true // the deciding router knew it
 	} else {
-		replica, ok = p.replicaOfResponse(r.Context(), r, id, hop)
+		replica, ok = p.replicaOfResponse(r.Context(), r, id, isHop)
 	}
 	if !ok || id == "" {
 		st.code = writeError(w, http.StatusNotFound, fmt.Sprintf("Response with id '%s' not found.", id))
 		return
 	}
 	ownerAPI, local, known := p.cfg.View.Locate(replica)
-	if !known || (!local && hop) {
+	if !known || (!local && isHop) {
 		st.code = writeError(w, http.StatusNotFound, fmt.Sprintf("Response with id '%s' not found: its replica is gone.", id))
 		return
 	}
@@ -393,7 +394,7 @@ func (p *Proxy) serveResponseByID(w http.ResponseWriter, r *http.Request) {
 	}
 	copyRequestHeader(out.Header, r.Header)
 	if !local {
-		p.signHop(out, replica, 0, 0, 0)
+		p.signer.Sign(out, replica, 0, 0, 0)
 	}
 	start := time.Now()
 	resp, err := p.client.Do(out)

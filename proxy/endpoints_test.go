@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/kvmesh/kvmesh/proxy/hop"
 	"github.com/kvmesh/kvmesh/route"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
@@ -385,7 +386,7 @@ func TestResponseByIDGoesToItsReplica(t *testing.T) {
 	handler := func(name string) http.HandlerFunc {
 		inner := respondsAs(name, &n)
 		return func(w http.ResponseWriter, r *http.Request) {
-			got <- seen{r.Method, r.URL.Path, r.Header.Get(HeaderHop), r.Header.Get(HeaderReplica)}
+			got <- seen{r.Method, r.URL.Path, r.Header.Get(hop.HeaderHop), r.Header.Get(hop.HeaderReplica)}
 			inner(w, r)
 		}
 	}

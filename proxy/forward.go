@@ -15,6 +15,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvmesh/kvmesh/proxy/hop"
 	"github.com/kvmesh/kvmesh/proxy/upstream"
 	"github.com/kvmesh/kvmesh/route"
 	"github.com/kvmesh/kvmesh/summary"
@@ -55,7 +56,7 @@ type reqState struct {
 	// ownerGone: a hop was ended because its owner left the mesh and did
 	// not answer (ownergone.go); ownerHop is the hop in flight, if any.
 	ownerGone bool
-	ownerHop  *liveHop
+	ownerHop  *hop.Live
 	// netHTTP: an attempt went through net/http, whose Transport may
 	// still read the body after it returned; the body is not reused.
 	netHTTP bool
@@ -133,10 +134,10 @@ func (p *Proxy) inference(w http.ResponseWriter, r *http.Request, ep *endpoint) 
 	// A peer's hop is bounded by the peer's own edges; a client's request
 	// must fit the client's cap. Only a hop a peer provably sent skips
 	// the API key (the client's key was checked where it arrived).
-	hop, authenticated := p.hopOf(r)
-	st.hop = hop
+	isHop, authenticated := p.hopOf(r)
+	st.hop = isHop
 	if st.announce = authenticated; authenticated {
-		st.dispatchBy = dispatchDeadline(r)
+		st.dispatchBy = hop.DispatchDeadline(r)
 	}
 	if !authenticated && !p.authorize(w, r) {
 		st.code = http.StatusUnauthorized
@@ -200,7 +201,7 @@ func (p *Proxy) inference(w http.ResponseWriter, r *http.Request, ep *endpoint) 
 	if st.hop {
 		// The deciding router's counts, for a re-pick among this
 		// router's own replicas.
-		req.Concurrent, req.ForkBlocks = parseHop(r.Header.Get(HeaderHop))
+		req.Concurrent, req.ForkBlocks = hop.Parse(r.Header.Get(hop.HeaderHop))
 		req.ForkBlocks = min(req.ForkBlocks, len(st.hashes))
 	}
 	st.concurrent, st.fork = req.Concurrent, req.ForkBlocks
@@ -217,7 +218,7 @@ func (p *Proxy) inference(w http.ResponseWriter, r *http.Request, ep *endpoint) 
 		}
 		cands, release = p.cfg.View.PooledCandidates(st.prompt.Model)
 		p.load.fill(cands)
-		p.hops.fill(cands, p.cfg.View)
+		p.hops.Fill(cands, p.cfg.View)
 		if p.loadsRead != nil {
 			p.loadsRead()
 		}
@@ -227,8 +228,8 @@ func (p *Proxy) inference(w http.ResponseWriter, r *http.Request, ep *endpoint) 
 	}
 	hinted, hintMatch := -1, 0
 	if st.hop && len(cands) > 0 {
-		cands, hinted = p.ownCandidates(cands, r.Header.Get(HeaderReplica))
-		if m, err := strconv.Atoi(r.Header.Get(HeaderMatch)); err == nil {
+		cands, hinted = p.ownCandidates(cands, r.Header.Get(hop.HeaderReplica))
+		if m, err := strconv.Atoi(r.Header.Get(hop.HeaderMatch)); err == nil {
 			hintMatch = min(max(m, 0), len(st.hashes))
 		}
 	}
@@ -290,7 +291,7 @@ func (p *Proxy) inference(w http.ResponseWriter, r *http.Request, ep *endpoint) 
 			}
 			if st.ownerGone {
 				// ownergone.go: 502 with a code a client can act on.
-				st.code = writeErrorCode(w, http.StatusBadGateway, "", codeOwnerGone, fmt.Sprintf(
+				st.code = writeErrorCode(w, http.StatusBadGateway, "", hop.CodeOwnerGone, fmt.Sprintf(
 					"the router owning the replica for the model '%s' left the mesh and does not answer; the request may have been dispatched, so it was not retried", st.prompt.Model))
 				return
 			}
@@ -504,33 +505,33 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, st *reqState, id
 	if firstByte == nil {
 		firstByte = func() {}
 	}
-	var watch *hopWatch
-	var hop *liveHop
+	var watch *hop.Watch
+	var live *hop.Live
 	if local {
 		if !p.announceDispatch(w, r, st, id) {
 			return attemptDone
 		}
 	} else {
-		p.signHop(out, id, d.Match, st.concurrent, st.fork)
+		p.signer.Sign(out, id, d.Match, st.concurrent, st.fork)
 		mark := bk.mark
 		// The hop's own cancellation, with a cause: the owner's loss
-		// (ownergone.go) ends it, and its error says why.
+		// (hop.Owners) ends it, and its error says why.
 		hctx, end := context.WithCancelCause(ctx)
 		defer end(nil)
 		if p.cfg.HopDispatchTimeout > 0 {
-			out, watch = p.watchHop(hctx, out, func(to string) {
+			out, watch = hop.StartWatch(hctx, out, p.cfg.HopDispatchTimeout, p.now(), func(to string) {
 				// The owner decided again: count the request where it runs.
 				if api, local, ok := p.cfg.View.Locate(to); ok && !local && api == ownerAPI {
-					p.hops.move(mark, to)
+					p.hops.Move(mark, to)
 				}
 			})
-			defer watch.stop()
+			defer watch.Stop()
 		} else {
 			out = out.WithContext(hctx)
 		}
-		hop = p.owners.add(ownerAPI, watch, end)
-		defer p.owners.remove(hop)
-		st.ownerHop = hop
+		live = p.owners.Add(ownerAPI, watch, end)
+		defer p.owners.Remove(live)
+		st.ownerHop = live
 	}
 	g := p.m.inflightOf(id)
 	g.Inc()
@@ -544,12 +545,12 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, st *reqState, id
 	} else {
 		resp, err = p.client.Do(out)
 	}
-	if err == nil && hop != nil {
+	if err == nil && live != nil {
 		// The headers came; the body's bytes are the owner speaking
-		// (ownergone.go).
-		hop.spoke()
-		hop.relaying.Store(true)
-		resp.Body = &hopBody{ReadCloser: resp.Body, h: hop}
+		// (hop.Owners).
+		live.Spoke()
+		live.Relaying()
+		resp.Body = live.WrapBody(resp.Body)
 	}
 	if err != nil {
 		if r.Context().Err() != nil {
@@ -559,10 +560,10 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, st *reqState, id
 		if local {
 			p.reportFailure(id)
 		}
-		if hop.gone() && !neverReached(err) && (watch == nil || !watch.unsent()) {
+		if live.Gone() && !neverReached(err) && (watch == nil || !watch.Unsent()) {
 			p.log.Warn("owner router gone from the mesh and silent after it was sent the request; not retrying", "replica", id, "owner", ownerAPI)
 			st.ownerGone = true
-			p.m.ownerGone.WithLabelValues(goneError).Inc()
+			p.m.ownerGone.WithLabelValues(hop.GoneError).Inc()
 			return attemptFailed
 		}
 		if watch != nil {
@@ -658,9 +659,9 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, resp *http.Respons
 			return
 		}
 		cause := midstreamError
-		if st.ownerHop.gone() {
+		if st.ownerHop.Gone() {
 			cause = midstreamOwnerGone
-			p.log.Warn("owner router gone from the mesh and silent mid-response: ended", "replica", id, "owner", st.ownerHop.owner)
+			p.log.Warn("owner router gone from the mesh and silent mid-response: ended", "replica", id, "owner", st.ownerHop.Owner())
 		} else if idle.Fired() {
 			cause = midstreamIdle
 			p.junk.Printf("upstream %s sent nothing of its response for %v: ended", id, idle.Timeout())
@@ -784,7 +785,7 @@ func endStream(w http.ResponseWriter, rc *http.ResponseController, wd *writeDead
 	case midstreamIdle:
 		code, msg = codeUpstreamTimeout, fmt.Sprintf("the upstream sent nothing for %v in the middle of the response; it is incomplete", idle.Timeout())
 	case midstreamOwnerGone:
-		code, msg = codeOwnerGone, "the router owning the replica left the mesh and does not answer, in the middle of the response; it is incomplete"
+		code, msg = hop.CodeOwnerGone, "the router owning the replica left the mesh and does not answer, in the middle of the response; it is incomplete"
 	}
 	wd.extend()
 	if _, err := w.Write(streamErrorEvent(st.path, code, msg)); err != nil {

@@ -1,203 +1,41 @@
 package proxy
 
 import (
-	"crypto/hmac"
-	"crypto/sha256"
-	"encoding/base64"
 	"net/http"
-	"strconv"
-	"strings"
-	"time"
+
+	"github.com/kvmesh/kvmesh/proxy/hop"
 )
-
-// Headers authenticating a forwarded request's hints.
-const (
-	// HeaderHopTime is the forwarding router's clock (Unix seconds).
-	HeaderHopTime = "X-Kvmesh-Hop-Time"
-	// HeaderHopMAC is base64 HMAC-SHA256, under a key derived from the
-	// mesh's gossip key, of the hints, method, path and HeaderHopTime.
-	HeaderHopMAC = "X-Kvmesh-Hop-Mac"
-)
-
-// hopSkew is how far a hop's timestamp may be from this router's clock:
-// a captured forwarded request cannot be replayed after it (and with
-// --peer-tls-ca none can be captured).
-const hopSkew = 60 * time.Second
-
-// HopKey derives the key that authenticates hints from the mesh's gossip
-// key, so the gossip key itself is used by one primitive only.
-func HopKey(gossipKey []byte) []byte {
-	if len(gossipKey) == 0 {
-		return nil
-	}
-	m := hmac.New(sha256.New, gossipKey)
-	m.Write([]byte("kvmesh hop mac v1"))
-	return m.Sum(nil)
-}
-
-func hopMAC(key []byte, method, path, replica, hop, match, ts string) []byte {
-	m := hmac.New(sha256.New, key)
-	for _, s := range []string{method, path, replica, hop, match, ts} {
-		m.Write([]byte(s))
-		m.Write([]byte{0})
-	}
-	return m.Sum(nil)
-}
-
-// signHop sets the hint headers of a request forwarded to a replica's
-// owner, with their MAC when the mesh has a key. concurrent and fork are
-// the deciding router's route.Request.Concurrent and ForkBlocks: an owner
-// that re-picks (the hinted replica gone or over the bound) decides with
-// them, as the deciding router would have.
-func (p *Proxy) signHop(out *http.Request, replica string, match, concurrent, fork int) {
-	h := out.Header
-	ms, hv := strconv.Itoa(match), hopValue(concurrent, fork)
-	h.Set(HeaderReplica, replica)
-	h.Set(HeaderHop, hv)
-	h.Set(HeaderMatch, ms)
-	if len(p.cfg.HopKey) == 0 {
-		return
-	}
-	p.stamp(h, func(ts string) []byte { return hopMAC(p.cfg.HopKey, out.Method, out.URL.Path, replica, hv, ms, ts) })
-}
-
-// stamp sets the time and the MAC (mac of that time) that authenticate a
-// request between routers: a hop, or a lookup.
-func (p *Proxy) stamp(h http.Header, mac func(ts string) []byte) {
-	ts := strconv.FormatInt(p.now().Unix(), 10)
-	h.Set(HeaderHopTime, ts)
-	h.Set(HeaderHopMAC, base64.RawStdEncoding.EncodeToString(mac(ts)))
-}
-
-// verifyStamp checks what stamp set: a time within hopSkew of this
-// router's clock and its MAC.
-func (p *Proxy) verifyStamp(h http.Header, mac func(ts string) []byte) bool {
-	ts := h.Get(HeaderHopTime)
-	sec, err := strconv.ParseInt(ts, 10, 64)
-	if err != nil {
-		return false
-	}
-	if d := p.now().Sub(time.Unix(sec, 0)); d > hopSkew || d < -hopSkew {
-		return false
-	}
-	got, err := base64.RawStdEncoding.DecodeString(h.Get(HeaderHopMAC))
-	return err == nil && hmac.Equal(got, mac(ts))
-}
-
-// maxHopCount bounds the counts a hop header carries.
-const maxHopCount = 1 << 20
-
-// maxHopValue bounds the length of a hop header's value parseHop reads:
-// "1;c=1048576;f=1048576" is 21 bytes, and a later version's fields
-// leave room; a longer value, a stranger's or a broken one, is read as
-// "1" without looking further.
-const maxHopValue = 64
-
-// hopValue is X-Kvmesh-Hop's value: "1", then ";c=N" and ";f=M" for a
-// deciding router's Concurrent and ForkBlocks when they say anything.
-// Owners of earlier versions only test that the header is present, and
-// the MAC covers the whole value.
-func hopValue(concurrent, fork int) string {
-	v := "1"
-	if concurrent > 1 {
-		v += ";c=" + strconv.Itoa(min(concurrent, maxHopCount))
-	}
-	if fork > 0 {
-		v += ";f=" + strconv.Itoa(min(fork, maxHopCount))
-	}
-	return v
-}
-
-// parseHop reads the counts of a hop header's value, strictly: the value
-// is "1" and fields "k=N", N in decimal without sign or leading zero, at
-// most maxHopCount. A count that is malformed, out of range or given
-// twice is 0 (unknown); a value over maxHopValue bytes, or not "1"
-// first, carries none. A field of another name is a later version's and
-// is skipped. The owner bounds what it does with them anyway (the fork
-// to the request's blocks; the concurrency only compares).
-func parseHop(v string) (concurrent, fork int) {
-	if len(v) > maxHopValue {
-		return 0, 0
-	}
-	first, rest, _ := strings.Cut(v, ";")
-	if first != "1" {
-		return 0, 0
-	}
-	seenC, seenF := false, false
-	for f := range strings.SplitSeq(rest, ";") {
-		k, val, _ := strings.Cut(f, "=")
-		var seen *bool
-		var dst *int
-		switch k {
-		case "c":
-			seen, dst = &seenC, &concurrent
-		case "f":
-			seen, dst = &seenF, &fork
-		default:
-			continue
-		}
-		n, ok := hopCount(val)
-		if *seen || !ok {
-			n = 0 // twice or malformed: unknown
-		}
-		*seen, *dst = true, n
-	}
-	return concurrent, fork
-}
-
-// hopCount parses a count as hopValue writes it: decimal digits, no sign,
-// no leading zero, at most maxHopCount.
-func hopCount(s string) (int, bool) {
-	if s == "" || len(s) > 7 || (s[0] == '0' && len(s) > 1) {
-		return 0, false
-	}
-	n := 0
-	for i := 0; i < len(s); i++ {
-		if s[i] < '0' || s[i] > '9' {
-			return 0, false
-		}
-		n = n*10 + int(s[i]-'0')
-	}
-	return n, n <= maxHopCount
-}
 
 // hopOf reports whether r is a forwarded request whose hints this router
 // follows, and whether a peer provably sent it (authenticated). With a
-// hop key the MAC must verify within hopSkew; a request over TLS with a
+// hop key the MAC must verify (hop.Signer.Verify); a request over TLS with a
 // client certificate verified against the peer CA is a peer's (when
 // Config.TrustPeerCerts is set). With neither a key nor peer
 // certificates the mesh is unauthenticated: hints are followed as sent
 // (the router warns about it at start) but prove nothing, so the request
 // still needs the client's API key. Untrusted hint headers are deleted,
 // so the request is routed as any client's.
-func (p *Proxy) hopOf(r *http.Request) (hop, authenticated bool) {
+func (p *Proxy) hopOf(r *http.Request) (isHop, authenticated bool) {
 	h := r.Header
-	if h.Get(HeaderHop) == "" && h.Get(HeaderReplica) == "" && h.Get(HeaderMatch) == "" {
+	if h.Get(hop.HeaderHop) == "" && h.Get(hop.HeaderReplica) == "" && h.Get(hop.HeaderMatch) == "" {
 		return false, false
 	}
 	ok := false
 	switch {
 	case p.cfg.TrustPeerCerts && r.TLS != nil && len(r.TLS.VerifiedChains) > 0:
-		ok, authenticated = h.Get(HeaderHop) != "", true
+		ok, authenticated = h.Get(hop.HeaderHop) != "", true
 	case len(p.cfg.HopKey) > 0:
-		ok = p.verifyHop(r)
+		ok = p.signer.Verify(r)
 		authenticated = ok
 	case !p.cfg.TrustPeerCerts:
-		ok = h.Get(HeaderHop) != ""
+		ok = h.Get(hop.HeaderHop) != ""
 	}
 	if !ok {
 		p.edge.rejected.WithLabelValues(rejectBadHop).Inc()
 		p.junk.Printf("dropping unauthenticated hint headers from %s", r.RemoteAddr)
-		for _, k := range []string{HeaderHop, HeaderReplica, HeaderMatch, HeaderHopTime, HeaderHopMAC} {
+		for _, k := range []string{hop.HeaderHop, hop.HeaderReplica, hop.HeaderMatch, hop.HeaderHopTime, hop.HeaderHopMAC} {
 			h.Del(k)
 		}
 	}
 	return ok, ok && authenticated
-}
-
-func (p *Proxy) verifyHop(r *http.Request) bool {
-	h := r.Header
-	return h.Get(HeaderHop) != "" && p.verifyStamp(h, func(ts string) []byte {
-		return hopMAC(p.cfg.HopKey, r.Method, r.URL.Path, h.Get(HeaderReplica), h.Get(HeaderHop), h.Get(HeaderMatch), ts)
-	})
 }

@@ -15,10 +15,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvmesh/kvmesh/proxy/hop"
 	"github.com/kvmesh/kvmesh/route"
 )
 
-var testHopKey = HopKey([]byte("0123456789abcdef"))
+var testHopKey = hop.Key([]byte("0123456789abcdef"))
 
 // connKey marks the per-connection request counter of a test owner.
 type connKey struct{}
@@ -122,7 +123,7 @@ func hijackClose(w http.ResponseWriter, r *http.Request, rst bool) {
 // request to its replica R (which runs it), and dies before answering.
 func dispatchThenDie(rig *hopRig, w http.ResponseWriter, r *http.Request) {
 	body, _ := io.ReadAll(r.Body)
-	w.Header().Set(HeaderDispatched, "1")
+	w.Header().Set(hop.HeaderDispatched, "1")
 	w.WriteHeader(http.StatusEarlyHints)
 	if resp, err := http.Post(rig.remote.URL+r.URL.Path, "application/json", strings.NewReader(string(body))); err == nil {
 		_, _ = io.Copy(io.Discard, resp.Body)
@@ -191,9 +192,9 @@ func TestHopFailures(t *testing.T) {
 				t.Errorf("L got %d requests, want %d (a retry)", got, tc.wantL)
 			}
 			h, _ := rig.lastHints.Load().(http.Header)
-			by, err := strconv.ParseInt(h.Get(HeaderDispatchBy), 10, 64)
+			by, err := strconv.ParseInt(h.Get(hop.HeaderDispatchBy), 10, 64)
 			if err != nil || time.UnixMilli(by).After(time.Now().Add(tc.timeout)) {
-				t.Errorf("the hop's dispatch deadline %q is not before A's own timeout", h.Get(HeaderDispatchBy))
+				t.Errorf("the hop's dispatch deadline %q is not before A's own timeout", h.Get(hop.HeaderDispatchBy))
 			}
 		})
 	}
@@ -210,7 +211,7 @@ func ownerHop(t *testing.T, url, replica string, signed bool, extra map[string]s
 	req.Header.Set("Content-Type", "application/json")
 	if signed {
 		q := &Proxy{cfg: Config{HopKey: testHopKey}, now: time.Now}
-		q.signHop(req, replica, 3, 0, 0)
+		(&hop.Signer{Key: q.cfg.HopKey, Now: q.now}).Sign(req, replica, 3, 0, 0)
 	}
 	for k, v := range extra {
 		req.Header.Set(k, v)
@@ -254,12 +255,12 @@ func TestOwnerAnnouncesDispatch(t *testing.T) {
 		wantReach int
 	}{
 		{"authenticated hop", testHopKey, true, nil, 200, 1, 1},
-		{"authenticated hop within its deadline", testHopKey, true, map[string]string{HeaderDispatchBy: future}, 200, 1, 1},
-		{"authenticated hop past its deadline", testHopKey, true, map[string]string{HeaderDispatchBy: past}, 503, 0, 0},
+		{"authenticated hop within its deadline", testHopKey, true, map[string]string{hop.HeaderDispatchBy: future}, 200, 1, 1},
+		{"authenticated hop past its deadline", testHopKey, true, map[string]string{hop.HeaderDispatchBy: past}, 503, 0, 0},
 		{"client request", testHopKey, false, nil, 200, 0, 1},
-		{"client sending the protocol's headers", testHopKey, false, map[string]string{HeaderDispatched: "1", HeaderDispatchBy: past}, 200, 0, 1},
-		{"forged hop", testHopKey, false, map[string]string{HeaderHop: "1", HeaderHopMAC: strings.Repeat("A", 43), HeaderHopTime: "1", HeaderDispatchBy: past}, 200, 0, 1},
-		{"hop in a mesh without a key", nil, true, map[string]string{HeaderDispatchBy: past}, 200, 0, 1},
+		{"client sending the protocol's headers", testHopKey, false, map[string]string{hop.HeaderDispatched: "1", hop.HeaderDispatchBy: past}, 200, 0, 1},
+		{"forged hop", testHopKey, false, map[string]string{hop.HeaderHop: "1", hop.HeaderHopMAC: strings.Repeat("A", 43), hop.HeaderHopTime: "1", hop.HeaderDispatchBy: past}, 200, 0, 1},
+		{"hop in a mesh without a key", nil, true, map[string]string{hop.HeaderDispatchBy: past}, 200, 0, 1},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -276,12 +277,12 @@ func TestOwnerAnnouncesDispatch(t *testing.T) {
 				t.Fatalf("%d informational responses (%v), want %d", len(got1xx), got1xx, tc.want103)
 			}
 			for _, h := range got1xx {
-				if h.Get(":status") != "103" || h.Get(HeaderDispatched) != "1" {
-					t.Errorf("informational response %v, want 103 with %s: 1", h, HeaderDispatched)
+				if h.Get(":status") != "103" || h.Get(hop.HeaderDispatched) != "1" {
+					t.Errorf("informational response %v, want 103 with %s: 1", h, hop.HeaderDispatched)
 				}
 			}
-			if hdr.Get(HeaderDispatched) != "" {
-				t.Errorf("the final response carries %s", HeaderDispatched)
+			if hdr.Get(hop.HeaderDispatched) != "" {
+				t.Errorf("the final response carries %s", hop.HeaderDispatched)
 			}
 			if rep.count() != tc.wantReach {
 				t.Errorf("replica got %d requests, want %d", rep.count(), tc.wantReach)

@@ -188,7 +188,7 @@ func (b *loadBook) observe(id string, ms float64) {
 
 // fill sets SeqMs, and for owned replicas with requests in flight
 // SlotAgeMs, on the candidates the view left without them, and Own for
-// the owned replicas (hopBook.fill sets it for the others).
+// the owned replicas (hop.Book.Fill sets it for the others).
 func (b *loadBook) fill(cands []route.Candidate) {
 	b.mu.Lock()
 	defer b.mu.Unlock()

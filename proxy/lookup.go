@@ -44,12 +44,6 @@ const (
 	lookupBusy    = "busy"
 )
 
-// lookupMAC authenticates a lookup with the mesh's hop key: method, path
-// and id are bound, and the time as for hops.
-func lookupMAC(key []byte, id, ts string) []byte {
-	return hopMAC(key, http.MethodGet, LookupPath, id, "lookup", "", ts)
-}
-
 // lookups is the peer lookup's state: a slot per running lookup.
 type lookups struct {
 	slots   chan struct{}
@@ -133,7 +127,7 @@ func (p *Proxy) askPeer(ctx context.Context, client *http.Request, base, id stri
 		return "", false
 	}
 	if len(p.cfg.HopKey) > 0 {
-		p.stamp(req.Header, func(ts string) []byte { return lookupMAC(p.cfg.HopKey, id, ts) })
+		p.signer.SignLookup(req.Header, LookupPath, id)
 	} else if a := client.Header.Get("Authorization"); a != "" {
 		// An unauthenticated mesh proves nothing between routers: the
 		// peer checks the client's own key, as for a hop.
@@ -197,5 +191,5 @@ func (p *Proxy) serveLookup(w http.ResponseWriter, r *http.Request) {
 }
 
 func (p *Proxy) verifyLookup(r *http.Request, id string) bool {
-	return id != "" && p.verifyStamp(r.Header, func(ts string) []byte { return lookupMAC(p.cfg.HopKey, id, ts) })
+	return id != "" && p.signer.VerifyLookup(r.Header, LookupPath, id)
 }

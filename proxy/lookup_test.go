@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/kvmesh/kvmesh/proxy/hop"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
@@ -17,7 +18,7 @@ import (
 // point elsewhere), by asking the peers once; retrieving it by id does
 // too. A peer that cannot prove it is one learns nothing.
 func TestStoredResponseFoundAtAPeer(t *testing.T) {
-	key := HopKey([]byte("0123456789abcdef0123456789abcdef"))
+	key := hop.Key([]byte("0123456789abcdef0123456789abcdef"))
 	for _, tc := range []struct {
 		name           string
 		askerKey       []byte
@@ -25,7 +26,7 @@ func TestStoredResponseFoundAtAPeer(t *testing.T) {
 		wantLookupCode int // a stranger's lookup at the peer
 	}{
 		{"shared hop key", key, true, http.StatusForbidden},
-		{"wrong hop key", HopKey([]byte("another key, another mesh......")), false, http.StatusForbidden},
+		{"wrong hop key", hop.Key([]byte("another key, another mesh......")), false, http.StatusForbidden},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var n atomic.Int64

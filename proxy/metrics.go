@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"sync"
 
+	"github.com/kvmesh/kvmesh/proxy/hop"
 	"github.com/kvmesh/kvmesh/route"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
@@ -205,7 +206,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			m.midstream.WithLabelValues(c, e)
 		}
 	}
-	for _, e := range []string{goneError, goneCut, goneKept, goneLeft} {
+	for _, e := range []string{hop.GoneError, hop.GoneCut, hop.GoneKept, hop.GoneLeft} {
 		m.ownerGone.WithLabelValues(e)
 	}
 	m.reqs = map[requestKey]prometheus.Counter{}

@@ -5,6 +5,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/kvmesh/kvmesh/proxy/hop"
 	"github.com/kvmesh/kvmesh/route"
 )
 
@@ -17,8 +18,8 @@ const placeLogLen = 256
 
 // placeBook makes one router's decisions serializable without holding a
 // lock while they are computed. A decision reads the loads (View,
-// loadBook, hopBook) and then books its request there (View.Begin,
-// hopBook.send); two requests decided at once on one view both saw the
+// loadBook, hop.Book) and then books its request there (View.Begin,
+// hop.Book.send); two requests decided at once on one view both saw the
 // same replica idle, and both went there (three cold turns of a burst on
 // one replica of four slots, issue 7's chat). Each decision notes the
 // placement sequence its view of the loads reflects (read); its commit,
@@ -159,7 +160,7 @@ func catchUp(cands []route.Candidate, e *placement) bool {
 // idempotent.
 type booking struct {
 	firstByte, done, dispatched func()
-	mark                        *hopMark // a remote replica's, for move
+	mark                        *hop.Mark // a remote replica's, for move
 }
 
 // end ends the request's accounting.
@@ -180,6 +181,6 @@ func (p *Proxy) book(id string, local bool, blocks float64, mine bool) booking {
 		firstByte, done := p.cfg.View.Begin(id, blocks)
 		return booking{firstByte: firstByte, done: done, dispatched: p.load.dispatch(id, mine)}
 	}
-	mark, firstByte, done := p.hops.sendMark(id, blocks)
+	mark, firstByte, done := p.hops.SendMark(id, blocks)
 	return booking{firstByte: firstByte, done: done, mark: mark}
 }

@@ -7,6 +7,7 @@
 package proxy
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -18,22 +19,12 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/kvmesh/kvmesh/internal/panics"
 	"github.com/kvmesh/kvmesh/internal/ratelog"
+	"github.com/kvmesh/kvmesh/proxy/hop"
 	"github.com/kvmesh/kvmesh/proxy/upstream"
 	"github.com/kvmesh/kvmesh/route"
 	"github.com/kvmesh/kvmesh/summary"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-)
-
-// Hint headers of a request forwarded to a replica's owner.
-const (
-	// HeaderReplica names the replica the deciding router chose.
-	HeaderReplica = "X-Kvmesh-Replica"
-	// HeaderHop marks a forwarded request: its receiver never forwards it
-	// again.
-	HeaderHop = "X-Kvmesh-Hop"
-	// HeaderMatch is the deciding router's predicted prefix match in blocks.
-	HeaderMatch = "X-Kvmesh-Match"
 )
 
 // DefaultMaxBodyBytes is the default request body limit: a 128K-token
@@ -66,7 +57,7 @@ type Config struct {
 	RetryBudget time.Duration
 	// HopDispatchTimeout is how long a hop to an owner known to announce
 	// its dispatches (hop.go) may go without a byte before it is taken
-	// for a dead owner and retried (default DefaultHopDispatchTimeout;
+	// for a dead owner and retried (default hop.DefaultDispatchTimeout;
 	// negative: the entry's side of the protocol is off, and every hop
 	// follows retry.go's conservative rule).
 	HopDispatchTimeout time.Duration
@@ -87,7 +78,7 @@ type Config struct {
 	// MaxInflightPerClient caps concurrent inference requests per client
 	// IP address (0: no cap).
 	MaxInflightPerClient int
-	// HopKey authenticates the hints of forwarded requests (HopKey of the
+	// HopKey authenticates the hints of forwarded requests (hop.Key of the
 	// gossip key); nil leaves hints unauthenticated unless TrustPeerCerts.
 	HopKey []byte
 	// TrustPeerCerts accepts hints on requests that came over TLS with a
@@ -160,7 +151,7 @@ type Proxy struct {
 	load *loadBook
 	// hops counts this router's requests to other routers' replicas into
 	// their gossiped loads (hopload.go).
-	hops *hopBook
+	hops *hop.Book
 	// places makes this router's decisions serializable: each books its
 	// request before the next one reads the loads (place.go).
 	places placeBook
@@ -174,7 +165,12 @@ type Proxy struct {
 	answers *answerBudget
 	// owners holds the hops in flight by owner, to end those of an owner
 	// the mesh lost (ownergone.go); stopGone stops the view's events.
-	owners   *ownerHops
+	owners *hop.Owners
+	// probeOwner asks a lost owner whether it answers (a test's stub in
+	// tests).
+	probeOwner hop.Prober
+	// signer signs and verifies hints and lookups (hop.Signer).
+	signer   *hop.Signer
 	stopGone func()
 }
 
@@ -202,7 +198,7 @@ func New(cfg Config) (*Proxy, error) {
 		cfg.RetryBudget = DefaultRetryBudget
 	}
 	if cfg.HopDispatchTimeout == 0 {
-		cfg.HopDispatchTimeout = DefaultHopDispatchTimeout
+		cfg.HopDispatchTimeout = hop.DefaultDispatchTimeout
 	}
 	if cfg.BodyTimeout == 0 {
 		cfg.BodyTimeout = DefaultBodyTimeout
@@ -223,9 +219,12 @@ func New(cfg Config) (*Proxy, error) {
 		junk: junkLog{log: cfg.Logger, lim: ratelog.New(5, time.Second)}, panics: cfg.Panics, now: time.Now,
 		sessionHeader: cfg.SessionHeader, responses: newResponseLRU(cfg.MaxResponses),
 		lookups: newLookups(cfg.Registerer),
-		load:    newLoadBook(), hops: newHopBook(), up: upstream.New(cfg.Client), answers: newAnswerBudget(answerBudgetBytes)}
-	p.owners = newOwnerHops(p.probeOwner, func(end string) { p.m.ownerGone.WithLabelValues(end).Inc() }, cfg.Logger)
-	p.stopGone = cfg.View.WatchGone(p.owners.gone)
+		load:    newLoadBook(), hops: hop.NewBook(), up: upstream.New(cfg.Client), answers: newAnswerBudget(answerBudgetBytes)}
+	p.signer = &hop.Signer{Key: cfg.HopKey, Now: func() time.Time { return p.now() }}
+	p.probeOwner = hop.ProbeHealthz(p.client)
+	p.owners = hop.NewOwners(func(ctx context.Context, api string) (hop.Check, error) { return p.probeOwner(ctx, api) },
+		func(end string) { p.m.ownerGone.WithLabelValues(end).Inc() }, cfg.Logger)
+	p.stopGone = cfg.View.WatchGone(p.owners.Gone)
 	if !cfg.NoStreamLoop {
 		p.loops = upstream.NewLoops(p.m.loopStreams, p.m.loopClientWaits, p.recovered)
 	}
@@ -424,7 +423,7 @@ func (p *Proxy) CloseIdleConnections() {
 // timeouts.
 func (p *Proxy) Close() {
 	p.stopGone()
-	p.owners.close()
+	p.owners.Close()
 	if p.loops != nil {
 		p.loops.Close()
 	}

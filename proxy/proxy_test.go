@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/proxy/health"
+	"github.com/kvmesh/kvmesh/proxy/hop"
 	"github.com/kvmesh/kvmesh/route"
 	"github.com/kvmesh/kvmesh/summary"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -426,7 +427,7 @@ func TestHintForwarding(t *testing.T) {
 			}
 			var hits []hit
 			ownerB := newReplica(t, func(w http.ResponseWriter, r *http.Request) {
-				hits = append(hits, hit{r.Header.Get(HeaderHop), r.Header.Get(HeaderReplica), r.Header.Get(HeaderMatch)})
+				hits = append(hits, hit{r.Header.Get(hop.HeaderHop), r.Header.Get(hop.HeaderReplica), r.Header.Get(hop.HeaderMatch)})
 				pB.ServeHTTP(w, r)
 			})
 			viewA := newFakeView([]string{"m"}, fakeReplica{id: repR.URL, owner: ownerB.URL, match: 3}, fakeReplica{id: deadAddr(t), inFlight: 9}, fakeReplica{id: deadAddr(t), inFlight: 9})
@@ -457,7 +458,7 @@ func TestHintForwarding(t *testing.T) {
 			}
 			for _, rs := range []*replicaServer{repR, repL} {
 				for _, h := range rs.headers {
-					if h.Get(HeaderHop) != "" || h.Get(HeaderReplica) != "" {
+					if h.Get(hop.HeaderHop) != "" || h.Get(hop.HeaderReplica) != "" {
 						t.Errorf("hint headers leaked to a replica: %v", h)
 					}
 				}

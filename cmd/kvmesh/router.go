@@ -25,6 +25,7 @@ import (
 	"github.com/kvmesh/kvmesh/mesh"
 	"github.com/kvmesh/kvmesh/proxy"
 	"github.com/kvmesh/kvmesh/proxy/health"
+	"github.com/kvmesh/kvmesh/proxy/hop"
 	"github.com/kvmesh/kvmesh/proxy/upstream"
 	"github.com/kvmesh/kvmesh/route"
 	"github.com/kvmesh/kvmesh/summary"
@@ -137,7 +138,7 @@ flags:
 	profile := fs.String("gossip-profile", "lan", "gossip timings: lan (one data centre), wan (regions apart) or test (fast, for local experiments)")
 	fs.DurationVar(&cfg.healthInterval, "health-interval", 2*time.Second, "interval of the replicas' health checks")
 	failedPeer := fs.Duration("failed-peer-timeout", 30*time.Minute, "how long a failed peer router is remembered and re-joined (seeds are re-joined for as long as they are missing)")
-	fs.DurationVar(&cfg.hopDispatchTimeout, "hop-dispatch-timeout", proxy.DefaultHopDispatchTimeout, "how long a request forwarded to a peer router (that announces its dispatches) may go without an answer before the peer is taken for dead and the request, never dispatched, is retried (0: off; a hop then is retried only when it provably was not sent)")
+	fs.DurationVar(&cfg.hopDispatchTimeout, "hop-dispatch-timeout", hop.DefaultDispatchTimeout, "how long a request forwarded to a peer router (that announces its dispatches) may go without an answer before the peer is taken for dead and the request, never dispatched, is retried (0: off; a hop then is retried only when it provably was not sent)")
 	finishReplicaFlags := replicaFlags(fs, &cfg.sources)
 	edgeFlags(fs, &cfg)
 	if err := fs.Parse(args); err != nil {
@@ -389,7 +390,7 @@ func startRouter(ctx context.Context, cfg routerConfig) (*router, error) {
 		MaxAttempts: cfg.maxAttempts, RetryBudget: cfg.retryBudget, BodyTimeout: cfg.bodyTimeout, WriteTimeout: cfg.writeTimeout,
 		UpstreamIdleTimeout:  offTimeout(cfg.upstreamIdleTimeout),
 		HopDispatchTimeout:   offTimeout(cfg.hopDispatchTimeout),
-		MaxInflightPerClient: cfg.maxInflightPerClient, HopKey: proxy.HopKey(cfg.gossipKey),
+		MaxInflightPerClient: cfg.maxInflightPerClient, HopKey: hop.Key(cfg.gossipKey),
 		TrustPeerCerts: edges.serverTLS != nil && edges.peerCA != nil, RequirePeerTLS: edges.peerCA != nil, APIKeys: edges.keys,
 		SessionHeader: cfg.sessionHeader, Peers: m.PeerAPIs, NoStreamLoop: cfg.noStreamLoop,
 	})

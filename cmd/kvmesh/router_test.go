@@ -20,6 +20,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/kvmesh/kvmesh/mesh"
 	"github.com/kvmesh/kvmesh/proxy"
+	"github.com/kvmesh/kvmesh/proxy/hop"
 	"github.com/kvmesh/kvmesh/summary"
 	"go.uber.org/goleak"
 )
@@ -108,7 +109,7 @@ func e2eReplica(name string, hits *sync.Map) *httptest.Server {
 		case "/v1/chat/completions":
 			n, _ := hits.LoadOrStore(name, new(int))
 			*n.(*int)++
-			if r.Header.Get(proxy.HeaderHop) != "" {
+			if r.Header.Get(hop.HeaderHop) != "" {
 				http.Error(w, "hint header reached a replica", 500)
 				return
 			}

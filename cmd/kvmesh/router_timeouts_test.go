@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/proxy"
+	"github.com/kvmesh/kvmesh/proxy/hop"
 )
 
 // TestOffTimeoutFlags: --hop-dispatch-timeout and --upstream-idle-timeout
@@ -14,7 +15,7 @@ import (
 // proxy's 0 would mean its default); a negative --upstream-idle-timeout
 // is refused.
 func TestOffTimeoutFlags(t *testing.T) {
-	hop := func(c routerConfig) time.Duration { return c.hopDispatchTimeout }
+	hopTimeout := func(c routerConfig) time.Duration { return c.hopDispatchTimeout }
 	idle := func(c routerConfig) time.Duration { return c.upstreamIdleTimeout }
 	tests := []struct {
 		name  string
@@ -24,10 +25,10 @@ func TestOffTimeoutFlags(t *testing.T) {
 		want  time.Duration // the flag
 		proxy time.Duration // what the proxy gets
 	}{
-		{"hop default", hop, nil, nil, proxy.DefaultHopDispatchTimeout, proxy.DefaultHopDispatchTimeout},
-		{"hop set", hop, []string{"--hop-dispatch-timeout", "2s"}, nil, 2 * time.Second, 2 * time.Second},
-		{"hop from the environment", hop, nil, map[string]string{"KVMESH_HOP_DISPATCH_TIMEOUT": "750ms"}, 750 * time.Millisecond, 750 * time.Millisecond},
-		{"hop off", hop, []string{"--hop-dispatch-timeout", "0"}, nil, 0, -1},
+		{"hop default", hopTimeout, nil, nil, hop.DefaultDispatchTimeout, hop.DefaultDispatchTimeout},
+		{"hop set", hopTimeout, []string{"--hop-dispatch-timeout", "2s"}, nil, 2 * time.Second, 2 * time.Second},
+		{"hop from the environment", hopTimeout, nil, map[string]string{"KVMESH_HOP_DISPATCH_TIMEOUT": "750ms"}, 750 * time.Millisecond, 750 * time.Millisecond},
+		{"hop off", hopTimeout, []string{"--hop-dispatch-timeout", "0"}, nil, 0, -1},
 		{"idle default", idle, nil, nil, proxy.DefaultUpstreamIdleTimeout, proxy.DefaultUpstreamIdleTimeout},
 		{"idle set", idle, []string{"--upstream-idle-timeout", "2m"}, nil, 2 * time.Minute, 2 * time.Minute},
 		{"idle from the environment", idle, nil, map[string]string{"KVMESH_UPSTREAM_IDLE_TIMEOUT": "90s"}, 90 * time.Second, 90 * time.Second},

@@ -1,4 +1,4 @@
-package proxy
+package hop
 
 import (
 	"slices"
@@ -10,13 +10,13 @@ import (
 	"github.com/kvmesh/kvmesh/route/hopload"
 )
 
-// loadClock is what hopBook reads of the view: when a remote replica's
-// load was last heard (Peers.LoadHeard).
-type loadClock interface {
+// Clock tells when a remote replica's load was last heard from its
+// owner (the mesh's LoadHeard).
+type Clock interface {
 	LoadHeard(replicaID string) (at time.Time, ok bool)
 }
 
-// hopBook keeps the requests this router forwarded to replicas other
+// Book keeps the requests this router forwarded to replicas other
 // routers own, until they end. A remote candidate's load is its owner's
 // last state, up to a gossip tick old: a second request this router
 // places within that tick would see the replica as idle as the first did,
@@ -24,14 +24,14 @@ type loadClock interface {
 // is free (three routers then placed worse than one). So the requests
 // this router sent there after that state are added to it by hopload's
 // rule, the simulator's too. It is safe for concurrent use.
-type hopBook struct {
+type Book struct {
 	mu    sync.Mutex
-	marks map[string][]*hopMark // remote replica ID -> requests in flight
+	marks map[string][]*Mark // remote replica ID -> requests in flight
 	now   func() time.Time
 }
 
-// hopMark is one request forwarded to a remote replica.
-type hopMark struct {
+// Mark is one request forwarded to a remote replica.
+type Mark struct {
 	id        string // the replica: the hinted one, or where its owner sent it (move)
 	at        time.Time
 	blocks    float64 // prefill the request brings (blocks the replica lacks)
@@ -47,28 +47,33 @@ type hopMark struct {
 // asking the view.
 const hopMarkFresh = 5 * time.Second
 
-func newHopBook() *hopBook {
-	return &hopBook{marks: map[string][]*hopMark{}, now: time.Now}
+// maxReplicas bounds the replicas the book keeps marks for: their IDs
+// come from the mesh.
+const maxReplicas = 1 << 12
+
+// NewBook returns an empty book.
+func NewBook() *Book {
+	return &Book{marks: map[string][]*Mark{}, now: time.Now}
 }
 
-// send marks a request forwarded now to remote replica id, bringing
+// Send marks a request forwarded now to remote replica id, bringing
 // blocks of prefill, and returns the functions that end its prefill (at
 // the first byte) and the request. Both are idempotent.
-func (b *hopBook) send(id string, blocks float64) (firstByte, done func()) {
-	_, firstByte, done = b.sendMark(id, blocks)
+func (b *Book) Send(id string, blocks float64) (firstByte, done func()) {
+	_, firstByte, done = b.SendMark(id, blocks)
 	return firstByte, done
 }
 
-// sendMark is send that also returns the mark (nil when the book is
+// SendMark is send that also returns the mark (nil when the book is
 // full), for move.
-func (b *hopBook) sendMark(id string, blocks float64) (mark *hopMark, firstByte, done func()) {
+func (b *Book) SendMark(id string, blocks float64) (mark *Mark, firstByte, done func()) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	q, ok := b.marks[id]
-	if !ok && len(b.marks) >= maxSeqReplicas {
+	if !ok && len(b.marks) >= maxReplicas {
 		return nil, func() {}, func() {}
 	}
-	m := &hopMark{id: id, at: b.now(), blocks: max(blocks, 0)}
+	m := &Mark{id: id, at: b.now(), blocks: max(blocks, 0)}
 	b.marks[id] = append(q, m)
 	var once sync.Once
 	return m, func() {
@@ -86,7 +91,7 @@ func (b *hopBook) sendMark(id string, blocks float64) (mark *hopMark, firstByte,
 }
 
 // dropLocked takes m out of its replica's marks.
-func (b *hopBook) dropLocked(m *hopMark) {
+func (b *Book) dropLocked(m *Mark) {
 	q := b.marks[m.id][:0]
 	for _, x := range b.marks[m.id] {
 		if x != m {
@@ -100,14 +105,14 @@ func (b *hopBook) dropLocked(m *hopMark) {
 	}
 }
 
-// move books mark m on replica to: the owner sent the request there
+// Move books mark m on replica to: the owner sent the request there
 // rather than to the replica this router chose (it decides again among
 // its own replicas when the hint can no longer start the request, and
 // names the replica in its dispatch 103). The simulator's routers count
 // their requests where they run (internal/sim, ownLoad); without this the
 // request would count at the hinted replica, which does not have it,
 // until it ended.
-func (b *hopBook) move(m *hopMark, to string) {
+func (b *Book) Move(m *Mark, to string) {
 	if m == nil || to == "" {
 		return
 	}
@@ -117,7 +122,7 @@ func (b *hopBook) move(m *hopMark, to string) {
 		return
 	}
 	q, ok := b.marks[to]
-	if !ok && len(b.marks) >= maxSeqReplicas {
+	if !ok && len(b.marks) >= maxReplicas {
 		return
 	}
 	b.dropLocked(m)
@@ -130,7 +135,7 @@ func (b *hopBook) move(m *hopMark, to string) {
 	b.marks[to] = slices.Insert(q, i, m)
 }
 
-// fill adds to each remote candidate the requests this router sent it
+// Fill adds to each remote candidate the requests this router sent it
 // after its owner's load was heard: one more in flight each, and their
 // prefill while it is pending. It sets Own, this router's requests in
 // flight there, whatever the clock. cands are sorted by ID
@@ -143,7 +148,7 @@ func (b *hopBook) move(m *hopMark, to string) {
 // whose owners it must ask, asks them, and counts under b.mu again; a
 // request that ends in between is not counted, one sent in between is
 // (it is after the owner's word either way).
-func (b *hopBook) fill(cands []route.Candidate, clock loadClock) {
+func (b *Book) Fill(cands []route.Candidate, clock Clock) {
 	var buf [8]heardAt
 	ask := buf[:0]
 	b.mu.Lock()
@@ -182,7 +187,7 @@ func (b *hopBook) fill(cands []route.Candidate, clock loadClock) {
 }
 
 // sentOf is m as hopload counts it.
-func sentOf(m *hopMark) hopload.Sent[time.Time] {
+func sentOf(m *Mark) hopload.Sent[time.Time] {
 	return hopload.Sent[time.Time]{At: m.at, Blocks: m.blocks, Prefilled: m.prefilled}
 }
 
@@ -192,8 +197,8 @@ type heardAt struct {
 	at time.Time
 }
 
-// inFlight counts the requests in flight to remote replica id (tests).
-func (b *hopBook) inFlight(id string) int {
+// InFlight counts the requests in flight to remote replica id.
+func (b *Book) InFlight(id string) int {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return len(b.marks[id])

@@ -3,70 +3,19 @@ package proxy
 import (
 	"bufio"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
-	"github.com/hashicorp/go-hclog"
+	"github.com/kvmesh/kvmesh/proxy/hop"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
-
-// TestGoneAction is the rule: only a silent owner's hops are ended, and
-// how depends on how far each got.
-func TestGoneAction(t *testing.T) {
-	phases := []hopPhase{phaseUnsent, phaseMaybe, phaseDispatched, phaseRelaying}
-	want := map[ownerCheck][4]hopAction{
-		ownerAnswered: {hopLeave, hopLeave, hopLeave, hopLeave},
-		ownerRefused:  {hopLeave, hopLeave, hopLeave, hopLeave},
-		ownerSilent:   {hopLeave, hopAnswer, hopAnswer, hopCut},
-	}
-	for check, acts := range want {
-		for i, ph := range phases {
-			if got := goneAction(check, ph, false); got != acts[i] {
-				t.Errorf("goneAction(check %d, phase %d) = %d, want %d", check, ph, got, acts[i])
-			}
-			// An owner that spoke on the hop since the event is alive
-			// on that path: never ended.
-			if got := goneAction(check, ph, true); got != hopLeave {
-				t.Errorf("goneAction(check %d, phase %d, spoke) = %d, want leave", check, ph, got)
-			}
-		}
-	}
-}
-
-// TestCheckOf: an answer or a refusal says the owner's host is there; any
-// other failure is silence.
-func TestCheckOf(t *testing.T) {
-	opErr := func(op string, err error) error {
-		return &net.OpError{Op: op, Net: "tcp", Err: os.NewSyscallError(op, err)}
-	}
-	for _, tc := range []struct {
-		name string
-		err  error
-		want ownerCheck
-	}{
-		{"answered", nil, ownerAnswered},
-		{"refused", fmt.Errorf("Get: %w", opErr("dial", syscall.ECONNREFUSED)), ownerRefused},
-		{"reset", fmt.Errorf("Get: %w", opErr("read", syscall.ECONNRESET)), ownerRefused},
-		{"timeout", fmt.Errorf("Get: %w", context.DeadlineExceeded), ownerSilent},
-		{"host unreachable", fmt.Errorf("Get: %w", opErr("dial", syscall.EHOSTUNREACH)), ownerSilent},
-		{"no such host", &net.DNSError{Err: "no such host", Name: "r3", IsNotFound: true}, ownerSilent},
-		{"EOF", io.ErrUnexpectedEOF, ownerSilent},
-	} {
-		if got := checkOf(tc.err); got != tc.want {
-			t.Errorf("%s: checkOf = %d, want %d", tc.name, got, tc.want)
-		}
-	}
-}
 
 // TestProbeOwner probes a live router, a closed port and a router that
 // accepts and never answers.
@@ -79,10 +28,10 @@ func TestProbeOwner(t *testing.T) {
 		w.WriteHeader(http.StatusServiceUnavailable) // any answer is an answer
 	}))
 	defer live.Close()
-	if got, _ := p.probeOwner(t.Context(), live.URL); got != ownerAnswered {
+	if got, _ := p.probeOwner(t.Context(), live.URL); got != hop.Answered {
 		t.Errorf("live owner: %d, want answered", got)
 	}
-	if got, _ := p.probeOwner(t.Context(), deadAddr(t)); got != ownerRefused {
+	if got, _ := p.probeOwner(t.Context(), deadAddr(t)); got != hop.Refused {
 		t.Errorf("closed port: %d, want refused", got)
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -92,68 +41,8 @@ func TestProbeOwner(t *testing.T) {
 	defer ln.Close() // accepted by the kernel, never answered: a stopped router
 	ctx, cancel := context.WithCancel(t.Context())
 	cancel() // past its bound at once: the outcome, not the wait, is tested
-	if got, _ := p.probeOwner(ctx, "http://"+ln.Addr().String()); got != ownerSilent {
+	if got, _ := p.probeOwner(ctx, "http://"+ln.Addr().String()); got != hop.Silent {
 		t.Errorf("silent owner: %d, want silent", got)
-	}
-}
-
-// TestOwnerHopsBounded: the registry holds a hop from add to remove and
-// nothing after; an event for an owner with no hops probes nothing, one
-// for an owner being probed starts no second probe, a hop sent after the
-// event is not judged by its probe, and after close nothing is probed.
-func TestOwnerHopsBounded(t *testing.T) {
-	release := make(chan struct{})
-	var mu sync.Mutex
-	probes := 0
-	counts := map[string]int{}
-	o := newOwnerHops(func(ctx context.Context, api string) (ownerCheck, error) {
-		mu.Lock()
-		probes++
-		mu.Unlock()
-		<-release
-		return ownerSilent, nil
-	}, func(end string) { mu.Lock(); counts[end]++; mu.Unlock() }, hclog.NewNullLogger())
-	o.gone("http://b") // no hops there
-	var ended []error
-	end := func(err error) { mu.Lock(); ended = append(ended, err); mu.Unlock() }
-	h1 := o.add("http://b", nil, end) // no watch: may be running
-	h2 := o.add("http://b", nil, end)
-	h2.relaying.Store(true)
-	h3 := o.add("http://c", nil, end)
-	o.gone("http://b")
-	o.gone("http://b") // being probed: no second probe
-	// Sent after the event, to a router the view took for alive again:
-	// the probe of the one gone does not judge it.
-	h4 := o.add("http://b", nil, end)
-	close(release)
-	o.wg.Wait()
-	if h4.gone() {
-		t.Error("a hop sent after the event was ended")
-	}
-	o.remove(h1)
-	o.remove(h2)
-	o.remove(h3)
-	o.remove(h4)
-	mu.Lock()
-	if probes != 1 || len(ended) != 2 || !errors.Is(ended[0], errOwnerGone) || counts[goneCut] != 1 {
-		t.Errorf("probes %d, ended %v, counts %v; want 1 probe, 2 ended by errOwnerGone, 1 cut", probes, ended, counts)
-	}
-	mu.Unlock()
-	if !h1.gone() || !h2.gone() || h3.gone() {
-		t.Errorf("gone: b's %v %v, c's %v; want b's only", h1.gone(), h2.gone(), h3.gone())
-	}
-	o.mu.Lock()
-	left := len(o.hops) + len(o.probing)
-	o.mu.Unlock()
-	if left != 0 {
-		t.Errorf("%d owners still held after every hop ended", left)
-	}
-	o.close()
-	o.add("http://b", nil, end)
-	o.gone("http://b")
-	o.wg.Wait()
-	if probes != 1 {
-		t.Errorf("probed after close")
 	}
 }
 
@@ -233,19 +122,9 @@ func postAsync(ctx context.Context, url, body string) <-chan clientAnswer {
 }
 
 // waitPhase waits until A has one hop to B in phase ph.
-func (rig *goneRig) waitPhase(t *testing.T, ph hopPhase) {
+func (rig *goneRig) waitPhase(t *testing.T, ph hop.Phase) {
 	t.Helper()
-	waitFor(t, fmt.Sprintf("a hop in phase %d", ph), func() bool {
-		o := rig.p.owners
-		o.mu.Lock()
-		defer o.mu.Unlock()
-		for h := range o.hops[rig.owner.URL] {
-			if h.phase() == ph {
-				return true
-			}
-		}
-		return false
-	})
+	waitFor(t, fmt.Sprintf("a hop in phase %d", ph), func() bool { return rig.p.owners.HasPhase(rig.owner.URL, ph) })
 }
 
 // dispatchAndHang is a stub owner that announces the dispatch, then
@@ -256,9 +135,9 @@ func dispatchAndHang(stream bool) func(rig *goneRig, w http.ResponseWriter, r *h
 	return func(rig *goneRig, w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path != "/healthz" {
 			_, _ = io.Copy(io.Discard, r.Body)
-			w.Header().Set(HeaderDispatched, "1")
+			w.Header().Set(hop.HeaderDispatched, "1")
 			w.WriteHeader(http.StatusEarlyHints)
-			w.Header().Del(HeaderDispatched)
+			w.Header().Del(hop.HeaderDispatched)
 			if stream {
 				w.Header().Set("Content-Type", "text/event-stream")
 				w.WriteHeader(http.StatusOK)
@@ -279,9 +158,9 @@ func dispatchAndHang(stream bool) func(rig *goneRig, w http.ResponseWriter, r *h
 // probe; without that the client waits for the response-header timeout.
 func TestOwnerGoneAnswersDispatchedHop(t *testing.T) {
 	rig := newGoneRig(t, dispatchAndHang(false))
-	rig.p.owners.probe = func(ctx context.Context, api string) (ownerCheck, error) { return ownerSilent, nil }
+	rig.p.probeOwner = func(ctx context.Context, api string) (hop.Check, error) { return hop.Silent, nil }
 	done := postAsync(t.Context(), rig.entry.URL+"/v1/chat/completions", chatBody("m", false, longPrompt))
-	rig.waitPhase(t, phaseDispatched)
+	rig.waitPhase(t, hop.PhaseDispatched)
 	rig.view.gone(rig.owner.URL)
 	res := recv(t, done, "the client's answer after its owner was gone")
 	if res.err != nil {
@@ -291,10 +170,10 @@ func TestOwnerGoneAnswersDispatchedHop(t *testing.T) {
 		t.Fatalf("status %d, want 502: %s", res.status, res.body)
 	}
 	typ, code, msg := openAIError(t, res.body)
-	if typ != "server_error" || code == nil || *code != codeOwnerGone || !strings.Contains(msg, "not retried") {
-		t.Errorf("error %s %v %q, want server_error %s", typ, code, msg, codeOwnerGone)
+	if typ != "server_error" || code == nil || *code != hop.CodeOwnerGone || !strings.Contains(msg, "not retried") {
+		t.Errorf("error %s %v %q, want server_error %s", typ, code, msg, hop.CodeOwnerGone)
 	}
-	if got := testutil.ToFloat64(rig.p.m.ownerGone.WithLabelValues(goneError)); got != 1 {
+	if got := testutil.ToFloat64(rig.p.m.ownerGone.WithLabelValues(hop.GoneError)); got != 1 {
 		t.Errorf("kvmesh_hops_owner_gone_total{end=error} = %v, want 1", got)
 	}
 }
@@ -305,7 +184,7 @@ func TestOwnerGoneAnswersDispatchedHop(t *testing.T) {
 // the code owner_router_gone), and no [DONE].
 func TestOwnerGoneCutsRelayedHop(t *testing.T) {
 	rig := newGoneRig(t, dispatchAndHang(true))
-	rig.p.owners.probe = func(ctx context.Context, api string) (ownerCheck, error) { return ownerSilent, nil }
+	rig.p.probeOwner = func(ctx context.Context, api string) (hop.Check, error) { return hop.Silent, nil }
 	resp := post(t, t.Context(), rig.entry.URL+"/v1/chat/completions", chatBody("m", true, longPrompt))
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
@@ -316,7 +195,7 @@ func TestOwnerGoneCutsRelayedHop(t *testing.T) {
 	if err != nil || !strings.Contains(first, `"one"`) {
 		t.Fatalf("first event %q, %v", first, err)
 	}
-	rig.waitPhase(t, phaseRelaying)
+	rig.waitPhase(t, hop.PhaseRelaying)
 	rig.view.gone(rig.owner.URL)
 	ended := make(chan string, 1)
 	go func() {
@@ -324,11 +203,11 @@ func TestOwnerGoneCutsRelayedHop(t *testing.T) {
 		ended <- string(rest)
 	}()
 	rest := recv(t, ended, "the relay's end after its owner was gone")
-	if strings.Contains(rest, "[DONE]") || !strings.Contains(rest, `"code":"`+codeOwnerGone+`"`) {
-		t.Errorf("a cut stream ended with %q, want the mid-stream error event (%s) and no [DONE]", rest, codeOwnerGone)
+	if strings.Contains(rest, "[DONE]") || !strings.Contains(rest, `"code":"`+hop.CodeOwnerGone+`"`) {
+		t.Errorf("a cut stream ended with %q, want the mid-stream error event (%s) and no [DONE]", rest, hop.CodeOwnerGone)
 	}
 	waitFor(t, "the cut counted, as owner_gone's error event", func() bool {
-		return testutil.ToFloat64(rig.p.m.ownerGone.WithLabelValues(goneCut)) == 1 &&
+		return testutil.ToFloat64(rig.p.m.ownerGone.WithLabelValues(hop.GoneCut)) == 1 &&
 			testutil.ToFloat64(rig.p.m.midstream.WithLabelValues(midstreamOwnerGone, endErrorEvent)) == 1
 	})
 }
@@ -344,9 +223,9 @@ func TestOwnerGoneButAnsweringKeepsHop(t *testing.T) {
 			return
 		}
 		_, _ = io.Copy(io.Discard, r.Body)
-		w.Header().Set(HeaderDispatched, "1")
+		w.Header().Set(hop.HeaderDispatched, "1")
 		w.WriteHeader(http.StatusEarlyHints)
-		w.Header().Del(HeaderDispatched)
+		w.Header().Del(hop.HeaderDispatched)
 		select {
 		case <-answer:
 			jsonChat(w, "finished", 0)
@@ -354,10 +233,10 @@ func TestOwnerGoneButAnsweringKeepsHop(t *testing.T) {
 		}
 	})
 	done := postAsync(t.Context(), rig.entry.URL+"/v1/chat/completions", chatBody("m", false, longPrompt))
-	rig.waitPhase(t, phaseDispatched)
+	rig.waitPhase(t, hop.PhaseDispatched)
 	rig.view.gone(rig.owner.URL)
 	waitFor(t, "the probe's verdict", func() bool {
-		return testutil.ToFloat64(rig.p.m.ownerGone.WithLabelValues(goneKept)) == 1
+		return testutil.ToFloat64(rig.p.m.ownerGone.WithLabelValues(hop.GoneKept)) == 1
 	})
 	close(answer)
 	res := recv(t, done, "the kept hop's answer")
@@ -397,10 +276,10 @@ func TestOwnerGoneButStreamingKeepsHop(t *testing.T) {
 	})
 	probed := make(chan struct{})
 	proceed := make(chan struct{})
-	rig.p.owners.probe = func(ctx context.Context, api string) (ownerCheck, error) {
+	rig.p.probeOwner = func(ctx context.Context, api string) (hop.Check, error) {
 		close(probed)
 		<-proceed
-		return ownerSilent, nil
+		return hop.Silent, nil
 	}
 	resp := post(t, t.Context(), rig.entry.URL+"/v1/chat/completions", chatBody("m", true, longPrompt))
 	defer resp.Body.Close()
@@ -408,26 +287,16 @@ func TestOwnerGoneButStreamingKeepsHop(t *testing.T) {
 	if _, err := br.ReadString('\n'); err != nil {
 		t.Fatal(err)
 	}
-	rig.waitPhase(t, phaseRelaying)
+	rig.waitPhase(t, hop.PhaseRelaying)
 	rest := make(chan string, 1)
 	go func() { b, _ := io.ReadAll(br); rest <- string(b) }() // the client reads on
 	rig.view.gone(rig.owner.URL)
-	mark := int64(time.Since(rig.p.owners.base)) // not before the event
+	mark := rig.p.owners.Stamp() // not before the event
 	recv(t, probed, "the probe")
-	waitFor(t, "a byte from the owner after the event", func() bool {
-		o := rig.p.owners
-		o.mu.Lock()
-		defer o.mu.Unlock()
-		for h := range o.hops[rig.owner.URL] {
-			if h.heard.Load() > mark {
-				return true
-			}
-		}
-		return false
-	})
+	waitFor(t, "a byte from the owner after the event", func() bool { return rig.p.owners.HeardSince(rig.owner.URL, mark) })
 	close(proceed)
 	waitFor(t, "the probe's verdict", func() bool {
-		return testutil.ToFloat64(rig.p.m.ownerGone.WithLabelValues(goneKept)) == 1
+		return testutil.ToFloat64(rig.p.m.ownerGone.WithLabelValues(hop.GoneKept)) == 1
 	})
 	close(finish)
 	got := recv(t, rest, "the kept stream's end")

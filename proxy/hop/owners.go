@@ -1,4 +1,4 @@
-package proxy
+package hop
 
 import (
 	"context"
@@ -21,7 +21,7 @@ import (
 // minutes: a non-streamed generation sends its headers when it is done)
 // and, mid-stream, for the upstream idle timeout, while the mesh had
 // taken the owner for gone within seconds. So the entry keeps its hops in
-// flight by owner (ownerHops) and, when the mesh tells it a router is
+// flight by owner (Owners) and, when the mesh tells it a router is
 // gone, ends the hops that router can no longer answer:
 //
 //   - The mesh's word (memberlist's leave event) is not enough: it does
@@ -43,7 +43,7 @@ import (
 //   - A hop that may be running (the 103 came, or the owner does not
 //     announce dispatches) and has no response headers yet is ended, and
 //     its client answered at once: 502 with the error code
-//     codeOwnerGone. Not retried by the router: the generation may be
+//     CodeOwnerGone. Not retried by the router: the generation may be
 //     running at the replica. 502, not 503: a 503 from kvmesh means "not
 //     processed, safe to retry elsewhere" (an owner's refusal past its
 //     dispatch deadline, retry.go's rule), and this one may have been;
@@ -58,12 +58,12 @@ import (
 //     healthy streams for nothing.
 //
 // Events are fanned out by the mesh (no polling per hop); the probe runs
-// on a goroutine of ownerHops, one per owner at a time, which Close ends.
+// on a goroutine of Owners, one per owner at a time, which Close ends.
 // The registry holds a hop from its send to the end of its attempt.
 
-// codeOwnerGone is the error code of a request whose owner router was
+// CodeOwnerGone is the error code of a request whose owner router was
 // lost after it may have dispatched the request.
-const codeOwnerGone = "owner_router_gone"
+const CodeOwnerGone = "owner_router_gone"
 
 // errOwnerGone ends a hop whose owner the mesh took for gone and which
 // did not answer.
@@ -77,34 +77,34 @@ var errOwnerGone = errors.New("the mesh took the owner router for gone and it di
 // not taken for a dead one.
 const ownerProbeTimeout = 2 * time.Second
 
-// hopPhase is how far a hop got, as the entry saw it.
-type hopPhase uint8
+// Phase is how far a hop got, as the entry saw it.
+type Phase uint8
 
 const (
-	// phaseUnsent: no dispatch 103 and no byte, on a connection known to
+	// PhaseUnsent: no dispatch 103 and no byte, on a connection known to
 	// carry the 103 (or none yet): provably not dispatched.
-	phaseUnsent hopPhase = iota
-	// phaseMaybe: no 103, but the owner is not known to announce
+	PhaseUnsent Phase = iota
+	// PhaseMaybe: no 103, but the owner is not known to announce
 	// dispatches (or answered something else): may be running.
-	phaseMaybe
-	// phaseDispatched: the 103 came; no response headers yet.
-	phaseDispatched
-	// phaseRelaying: the response headers came; its body is relayed.
-	phaseRelaying
+	PhaseMaybe
+	// PhaseDispatched: the 103 came; no response headers yet.
+	PhaseDispatched
+	// PhaseRelaying: the response headers came; its body is relayed.
+	PhaseRelaying
 )
 
-// ownerCheck is what the probe of an owner found.
-type ownerCheck uint8
+// Check is what the probe of an owner found.
+type Check uint8
 
 const (
-	// ownerAnswered: it answered (any status): alive and reachable.
-	ownerAnswered ownerCheck = iota
-	// ownerRefused: its host refused or reset the connection: the router
+	// Answered: it answered (any status): alive and reachable.
+	Answered Check = iota
+	// Refused: its host refused or reset the connection: the router
 	// closed its listener (draining, restarting) or is dead, whose
 	// connections were reset with it. Nothing to end.
-	ownerRefused
-	// ownerSilent: no answer within the bound, or no way to it.
-	ownerSilent
+	Refused
+	// Silent: no answer within the bound, or no way to it.
+	Silent
 )
 
 // hopAction is what an owner's loss does to one of its hops.
@@ -113,7 +113,7 @@ type hopAction uint8
 const (
 	// hopLeave: nothing; the hop runs on under its own timeouts.
 	hopLeave hopAction = iota
-	// hopAnswer: end it; its client gets 502 codeOwnerGone.
+	// hopAnswer: end it; its client gets 502 CodeOwnerGone.
 	hopAnswer
 	// hopCut: end the relay (the mid-stream failure path).
 	hopCut
@@ -124,34 +124,34 @@ const (
 // An owner that sent the hop a byte after the mesh took it for gone is
 // alive and reachable on that path, whatever the probe met (a lossy
 // network can lose it, a failure detector can be wrong).
-func goneAction(check ownerCheck, ph hopPhase, spoke bool) hopAction {
-	if check != ownerSilent || spoke {
+func goneAction(check Check, ph Phase, spoke bool) hopAction {
+	if check != Silent || spoke {
 		return hopLeave
 	}
 	switch ph {
-	case phaseMaybe, phaseDispatched:
+	case PhaseMaybe, PhaseDispatched:
 		return hopAnswer
-	case phaseRelaying:
+	case PhaseRelaying:
 		return hopCut
 	}
-	return hopLeave // phaseUnsent: the dispatch timeout retries it
+	return hopLeave // PhaseUnsent: the dispatch timeout retries it
 }
 
 // checkOf classifies the probe's outcome (err from http.Client.Do).
-func checkOf(err error) ownerCheck {
+func checkOf(err error) Check {
 	switch {
 	case err == nil:
-		return ownerAnswered
+		return Answered
 	case errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET):
-		return ownerRefused
+		return Refused
 	}
-	return ownerSilent
+	return Silent
 }
 
-// liveHop is one hop in flight, in its owner's set.
-type liveHop struct {
+// Live is one hop in flight, in its owner's set.
+type Live struct {
 	owner    string
-	watch    *hopWatch // nil when the dispatch protocol's side is off
+	watch    *Watch // nil when the dispatch protocol's side is off
 	end      context.CancelCauseFunc
 	relaying atomic.Bool
 	ended    atomic.Uint32 // the hopAction that ended it (hopLeave: none)
@@ -162,49 +162,59 @@ type liveHop struct {
 	base  time.Time
 }
 
-// spoke records that the owner sent the hop something now.
-func (h *liveHop) spoke() { h.heard.Store(int64(time.Since(h.base))) }
+// Relaying records that the hop's response headers came: its relay is
+// under way.
+func (h *Live) Relaying() { h.relaying.Store(true) }
 
-// hopBody is a hop's response body, which stamps the hop as its owner's
+// Owner is the API base URL of the hop's owner router.
+func (h *Live) Owner() string { return h.owner }
+
+// WrapBody returns body, whose bytes are the owner speaking.
+func (h *Live) WrapBody(body io.ReadCloser) io.ReadCloser { return &liveBody{ReadCloser: body, h: h} }
+
+// Spoke records that the owner sent the hop something now.
+func (h *Live) Spoke() { h.heard.Store(int64(time.Since(h.base))) }
+
+// liveBody is a hop's response body, which stamps the hop as its owner's
 // bytes arrive.
-type hopBody struct {
+type liveBody struct {
 	io.ReadCloser
-	h *liveHop
+	h *Live
 }
 
-func (b *hopBody) Read(p []byte) (int, error) {
+func (b *liveBody) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
 	if n > 0 {
-		b.h.spoke()
+		b.h.Spoke()
 	}
 	return n, err
 }
 
 // phase is how far the hop got.
-func (h *liveHop) phase() hopPhase {
+func (h *Live) phase() Phase {
 	if h.relaying.Load() {
-		return phaseRelaying
+		return PhaseRelaying
 	}
 	if h.watch == nil {
-		return phaseMaybe
+		return PhaseMaybe
 	}
 	return h.watch.phase()
 }
 
-// gone reports whether the hop was ended for its owner's loss; nil-safe.
-func (h *liveHop) gone() bool {
+// Gone reports whether the hop was ended for its owner's loss; nil-safe.
+func (h *Live) Gone() bool {
 	return h != nil && hopAction(h.ended.Load()) != hopLeave
 }
 
-// ownerHops is the entry's hops in flight by owner API. It is safe for
+// Owners is the entry's hops in flight by owner API. It is safe for
 // concurrent use.
-type ownerHops struct {
+type Owners struct {
 	mu      sync.Mutex
 	base    time.Time // the origin of the hops' heard stamps
-	hops    map[string]map[*liveHop]struct{}
+	hops    map[string]map[*Live]struct{}
 	probing map[string]bool
 	closed  bool
-	probe   func(ctx context.Context, api string) (ownerCheck, error)
+	probe   Prober
 	count   func(end string) // the metric, by outcome
 	log     hclog.Logger
 	ctx     context.Context
@@ -215,25 +225,36 @@ type ownerHops struct {
 // Outcomes of the hops of a gone owner (kvmesh_hops_owner_gone_total's
 // end label).
 const (
-	goneError = "error" // answered 502 codeOwnerGone
-	goneCut   = "cut"   // its relay was ended
-	goneKept  = "kept"  // the owner answered or refused the probe, or spoke on the hop since
-	goneLeft  = "left"  // not dispatched: left to the dispatch timeout
+	GoneError = "error" // answered 502 CodeOwnerGone
+	GoneCut   = "cut"   // its relay was ended
+	GoneKept  = "kept"  // the owner answered or refused the probe, or spoke on the hop since
+	GoneLeft  = "left"  // not dispatched: left to the dispatch timeout
 )
 
-func newOwnerHops(probe func(ctx context.Context, api string) (ownerCheck, error), count func(string), log hclog.Logger) *ownerHops {
+// Prober asks a router the mesh lost whether it still answers.
+type Prober func(ctx context.Context, api string) (Check, error)
+
+// ProbeHealthz is the Prober that asks GET /healthz through client.
+func ProbeHealthz(client *http.Client) Prober {
+	return func(ctx context.Context, api string) (Check, error) { return probe(ctx, client, api) }
+}
+
+// NewOwners returns the registry of hops in flight by owner. probe asks a
+// lost owner whether it answers; count counts each hop's outcome by its
+// label (GoneError...).
+func NewOwners(probe Prober, count func(end string), log hclog.Logger) *Owners {
 	ctx, cancel := context.WithCancel(context.Background())
-	return &ownerHops{base: time.Now(), hops: map[string]map[*liveHop]struct{}{}, probing: map[string]bool{},
+	return &Owners{base: time.Now(), hops: map[string]map[*Live]struct{}{}, probing: map[string]bool{},
 		probe: probe, count: count, log: log, ctx: ctx, cancel: cancel}
 }
 
-// add registers a hop to owner; end cancels its request.
-func (o *ownerHops) add(owner string, watch *hopWatch, end context.CancelCauseFunc) *liveHop {
-	h := &liveHop{owner: owner, watch: watch, end: end, base: o.base}
+// Add registers a hop to owner; end cancels its request.
+func (o *Owners) Add(owner string, watch *Watch, end context.CancelCauseFunc) *Live {
+	h := &Live{owner: owner, watch: watch, end: end, base: o.base}
 	o.mu.Lock()
 	set := o.hops[owner]
 	if set == nil {
-		set = map[*liveHop]struct{}{}
+		set = map[*Live]struct{}{}
 		o.hops[owner] = set
 	}
 	set[h] = struct{}{}
@@ -241,8 +262,8 @@ func (o *ownerHops) add(owner string, watch *hopWatch, end context.CancelCauseFu
 	return h
 }
 
-// remove unregisters a hop whose attempt ended.
-func (o *ownerHops) remove(h *liveHop) {
+// Remove unregisters a hop whose attempt ended.
+func (o *Owners) Remove(h *Live) {
 	o.mu.Lock()
 	set := o.hops[h.owner]
 	delete(set, h)
@@ -250,23 +271,23 @@ func (o *ownerHops) remove(h *liveHop) {
 		delete(o.hops, h.owner)
 	}
 	o.mu.Unlock()
-	if h.gone() && h.relaying.Load() {
-		o.count(goneCut) // ended while relaying (cut, or answered as its headers came)
+	if h.Gone() && h.relaying.Load() {
+		o.count(GoneCut) // ended while relaying (cut, or answered as its headers came)
 	}
 }
 
-// gone is the mesh's event (Peers.WatchGone): when this router has hops to
+// Gone is the mesh's event (Peers.WatchGone): when this router has hops to
 // the owner, it probes it, and judges the hops in flight now. Hops sent
 // later went to a router the view took for alive again (it came back, a
 // new process at that address, perhaps), which the probe of the one gone
 // does not describe: they are left to their timeouts. It never blocks.
-func (o *ownerHops) gone(api string) {
+func (o *Owners) Gone(api string) {
 	o.mu.Lock()
 	if o.closed || o.probing[api] || len(o.hops[api]) == 0 {
 		o.mu.Unlock()
 		return
 	}
-	hops := make([]*liveHop, 0, len(o.hops[api]))
+	hops := make([]*Live, 0, len(o.hops[api]))
 	for h := range o.hops[api] {
 		hops = append(hops, h)
 	}
@@ -279,7 +300,7 @@ func (o *ownerHops) gone(api string) {
 // check probes a gone owner and ends those of hops, still in flight,
 // that it cannot answer and that it sent nothing since the event (at,
 // as time since base).
-func (o *ownerHops) check(api string, hops []*liveHop, at int64) {
+func (o *Owners) check(api string, hops []*Live, at int64) {
 	defer o.wg.Done()
 	res, err := o.probe(o.ctx, api)
 	o.mu.Lock()
@@ -301,10 +322,10 @@ func (o *ownerHops) check(api string, hops []*liveHop, at int64) {
 		spoke := h.heard.Load() > at
 		switch a := goneAction(res, h.phase(), spoke); a {
 		case hopLeave:
-			if res == ownerSilent && !spoke {
-				o.count(goneLeft)
+			if res == Silent && !spoke {
+				o.count(GoneLeft)
 			} else {
-				o.count(goneKept)
+				o.count(GoneKept)
 			}
 		default:
 			h.ended.Store(uint32(a))
@@ -312,7 +333,7 @@ func (o *ownerHops) check(api string, hops []*liveHop, at int64) {
 			ended++
 		}
 	}
-	if res == ownerSilent {
+	if res == Silent {
 		o.log.Warn("owner router gone from the mesh and silent: ended its hops in flight that may be running", "owner", api,
 			"hops", len(hops), "ended", ended, "probe", err)
 	} else {
@@ -321,9 +342,36 @@ func (o *ownerHops) check(api string, hops []*liveHop, at int64) {
 	}
 }
 
-// close ends the probes in progress and waits for them; later events are
+// Stamp is the registry's clock now, for HeardSince.
+func (o *Owners) Stamp() int64 { return int64(time.Since(o.base)) }
+
+// HeardSince reports whether a hop to owner heard from it after stamp at.
+func (o *Owners) HeardSince(owner string, at int64) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for h := range o.hops[owner] {
+		if h.heard.Load() > at {
+			return true
+		}
+	}
+	return false
+}
+
+// HasPhase reports whether a hop to owner is in phase ph.
+func (o *Owners) HasPhase(owner string, ph Phase) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for h := range o.hops[owner] {
+		if h.phase() == ph {
+			return true
+		}
+	}
+	return false
+}
+
+// Close ends the probes in progress and waits for them; later events are
 // ignored.
-func (o *ownerHops) close() {
+func (o *Owners) Close() {
 	o.mu.Lock()
 	o.closed = true
 	o.mu.Unlock()
@@ -331,16 +379,16 @@ func (o *ownerHops) close() {
 	o.wg.Wait()
 }
 
-// probeOwner asks a gone owner for /healthz within ownerProbeTimeout; the
+// probe asks a gone owner for /healthz within ownerProbeTimeout; the
 // error, if any, is for the log.
-func (p *Proxy) probeOwner(ctx context.Context, api string) (ownerCheck, error) {
+func probe(ctx context.Context, client *http.Client, api string) (Check, error) {
 	ctx, cancel := context.WithTimeout(ctx, ownerProbeTimeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimRight(api, "/")+"/healthz", nil)
 	if err != nil {
-		return ownerSilent, err
+		return Silent, err
 	}
-	resp, err := p.client.Do(req)
+	resp, err := client.Do(req)
 	if err == nil {
 		resp.Body.Close()
 	}
