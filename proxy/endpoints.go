@@ -328,7 +328,7 @@ const responsesPrefix = "/v1/responses/"
 // not seen (or has forgotten) is answered 404, as an engine that does not
 // hold it would.
 func (p *Proxy) serveResponseByID(w http.ResponseWriter, r *http.Request) {
-	st := &reqState{path: r.URL.Path, byLoad: true}
+	st := &reqState{p: p, w: w, r: r, path: r.URL.Path, byLoad: true}
 	defer func() { p.m.requests.WithLabelValues(epResponses, strconv.Itoa(st.code)).Inc() }()
 	rest := strings.TrimPrefix(r.URL.Path, responsesPrefix)
 	id, sub, _ := strings.Cut(rest, "/")
@@ -408,5 +408,5 @@ func (p *Proxy) serveResponseByID(w http.ResponseWriter, r *http.Request) {
 	}
 	defer resp.Body.Close()
 	st.code = resp.StatusCode
-	p.relay(w, r, resp, st, replica, route.Decision{}, local, start, cancel, func() {})
+	st.relay(resp, &upstreamAnswer{id: replica, local: local, start: start, cancel: cancel, firstByte: func() {}})
 }

@@ -14,7 +14,8 @@ import (
 // checks that the entry is still there. It reports whether to dispatch;
 // when not, it has set st.code (and answered, if the entry may still
 // read it).
-func (p *Proxy) announceDispatch(w http.ResponseWriter, r *http.Request, st *reqState, replica string) bool {
+func (st *reqState) announceDispatch(replica string) bool {
+	p, w, r := st.p, st.w, st.r
 	if !st.announce || st.announced {
 		return true
 	}
@@ -87,7 +88,8 @@ func (p *Proxy) avoidOwner(cands []route.Candidate, ownerAPI string, since time.
 
 // hopFailed judges a hop whose request failed (err from the client) by
 // what its watch saw; ok false leaves the verdict to retry.go's rule.
-func (p *Proxy) hopFailed(h *hop.Watch, st *reqState, id, ownerAPI string, err error) (attemptResult, bool) {
+func (st *reqState) hopFailed(h *hop.Watch, id, ownerAPI string, err error) (attemptResult, bool) {
+	p := st.p
 	switch {
 	case h.Unsent():
 		why := "failed before it dispatched the request"

@@ -1,0 +1,311 @@
+package proxy
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/kvmesh/kvmesh/proxy/hop"
+	"github.com/kvmesh/kvmesh/proxy/upstream"
+	"github.com/kvmesh/kvmesh/route"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// errNotFlushed: relay did not flush the head (the stream loop needs it
+// on the wire before it writes the body's chunks).
+var errNotFlushed = errors.New("head not flushed")
+
+var copyBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
+// upstreamAnswer is the attempt whose response a relay streams: the
+// replica, the decision, whether this router owns the replica, when the
+// attempt began, the cancellation of a net/http request (nil for the own
+// client's) and what the first byte ends (the pending prefill).
+type upstreamAnswer struct {
+	id        string
+	d         route.Decision
+	local     bool
+	start     time.Time
+	cancel    func()
+	firstByte func()
+	obs       upstreamObservers
+	idle      *upstream.IdleWatch // nil: no upstream idle timeout
+	rc        *http.ResponseController
+	wd        writeDeadline
+	fr        upstream.Framing
+	flush     bool
+	tap       streamTap
+	headErr   error // the head's flush: nil once it is on the wire
+}
+
+// relay streams the upstream response to the client as it arrives. For
+// an owned replica's successful response it learns the answer on the way
+// and records prompt + answer once the response is complete.
+//
+// An upstream silent mid-body is cut off (idle.go): a blocked read of the
+// own client's connection fails on a past deadline, net/http's on the
+// request's cancellation.
+func (st *reqState) relay(resp *http.Response, a *upstreamAnswer) {
+	p := st.p
+	a.obs = p.m.target(a.local)
+	if b, ok := resp.Body.(*upstream.Body); ok {
+		a.idle = p.watchIdle(b.Conn(), nil, !a.local)
+	} else if a.cancel != nil {
+		a.idle = p.watchIdle(nil, a.cancel, !a.local)
+	}
+	if a.idle != nil {
+		defer func() {
+			if a.idle.Stop() {
+				if b, ok := resp.Body.(*upstream.Body); ok {
+					b.NoReuse() // its read deadline is past
+				}
+			}
+		}()
+	}
+	sse := st.writeHead(resp, a)
+	var sink *answerSink
+	if a.local && resp.StatusCode >= 200 && resp.StatusCode < 300 && !st.byLoad {
+		// The replica accepted the request: it holds (or is computing) the
+		// prompt now. A refused or failed request records nothing, and
+		// embeddings leave no cache.
+		p.cfg.View.Record(a.id, st.hashes)
+		if resp.StatusCode == http.StatusOK {
+			sink = newAnswerSink(sse)
+			sink.budget = p.answers
+			defer sink.release()
+		}
+	}
+	a.tap = streamTap{sink: sink, firstByte: a.firstByte, ttft: a.obs.ttft, start: a.start, idle: a.idle}
+	a.fr = upstream.NewFraming(sse && len(st.w.Header()["Content-Length"]) == 0)
+	ended, held, ok := st.relayByLoop(resp, a, sse)
+	if !ok {
+		return
+	}
+	if !ended && !st.relayByCopy(resp, a, held) {
+		return
+	}
+	if !a.tap.got {
+		a.firstByte()
+		a.obs.ttft.Observe(time.Since(a.start).Seconds())
+	}
+	a.obs.duration.Observe(time.Since(a.start).Seconds())
+	if sink != nil {
+		sink.finish()
+		st.learn(a.id, a.d, sink)
+	}
+}
+
+// writeHead writes the response's head to the client (hop-by-hop headers
+// dropped) and, for a stream or a body of unknown length, flushes it so
+// the client sees it before the first token. It reports whether the
+// response is an SSE stream.
+func (st *reqState) writeHead(resp *http.Response, a *upstreamAnswer) bool {
+	w := st.w
+	h := w.Header()
+	for k, vv := range resp.Header {
+		if !upstream.HopByHop(k) {
+			h[k] = vv
+		}
+	}
+	removeConnectionHeaders(h, resp.Header)
+	w.WriteHeader(resp.StatusCode)
+	sse := isEventStream(resp.Header.Get("Content-Type"))
+	a.flush = sse || resp.ContentLength < 0
+	a.rc = http.NewResponseController(w)
+	a.wd = st.p.writeDeadline(a.rc)
+	a.headErr = errNotFlushed
+	if a.flush {
+		a.wd.extend()
+		a.headErr = a.rc.Flush()
+	}
+	return sse
+}
+
+// relayByLoop hands the body to the stream loop when it can take it. It
+// reports whether the body was relayed to its end, the partial event the
+// loop held back for the normal path, and whether the relay goes on (not
+// when the response ended otherwise: the client gone, the upstream
+// failed).
+func (st *reqState) relayByLoop(resp *http.Response, a *upstreamAnswer, sse bool) (ended bool, held []byte, ok bool) {
+	p, r := st.p, st.r
+	body, cc := p.loopEligible(st.w, r, resp, sse)
+	if body == nil || a.headErr != nil {
+		return false, nil, true
+	}
+	// The loop calls the tap on its goroutine: a copy on the heap, so
+	// that the normal path's stays on the stack.
+	lt := new(streamTap)
+	*lt = a.tap
+	res, pending, rest, err := p.loops.Relay(r, body, cc, lt.loopData, a.idle.FiredC(), &a.fr)
+	a.tap = *lt
+	switch res {
+	case upstream.LoopEOF:
+		return true, nil, true
+	case upstream.LoopClientGone:
+		p.log.Debug("client went away mid-response", "replica", a.id, "error", err)
+		st.code = statusClientGone
+		return false, nil, false
+	case upstream.LoopFailed:
+		st.relayFailed(a, err)
+		return false, nil, false
+	case upstream.LoopPanicked:
+		// Part of the stream may be lost with the panic: only a broken
+		// connection tells the client the response is not whole. Not the
+		// replica's failure.
+		st.code = http.StatusInternalServerError
+		panic(http.ErrAbortHandler)
+	case upstream.LoopHandback:
+		a.idle.Busy() // until the normal path reads again
+		if len(pending) > 0 {
+			// The rest of a chunk, behind which the client's socket was
+			// full: written as the handler's goroutine writes.
+			a.wd.extend()
+			if _, werr := cc.Write(pending); werr != nil {
+				p.clientGone(st, a.id, werr)
+				return false, nil, false
+			}
+		}
+		return false, rest, true
+	}
+	return false, nil, true
+}
+
+// relayByCopy relays the body by the handler's goroutine: read, cut at
+// the last event end, write, flush. held is a partial event the loop held
+// back. It reports whether the body ended (not when the client went away
+// or the upstream failed).
+func (st *reqState) relayByCopy(resp *http.Response, a *upstreamAnswer, held []byte) bool {
+	p, w := st.p, st.w
+	bufp := copyBufs.Get().(*[]byte)
+	defer copyBufs.Put(bufp)
+	buf := *bufp
+	// buf[:n] holds what was read and not yet written: a partial SSE
+	// event, held back until its end comes (upstream.Framing).
+	n := copy(buf, held)
+	for {
+		// The silence counted is the time spent waiting in Read: a write
+		// to a slow client in between is not the upstream's.
+		a.idle.Saw()
+		m, rerr := resp.Body.Read(buf[n:])
+		a.idle.Busy()
+		if m > 0 {
+			a.tap.data(buf[n : n+m])
+		}
+		k := n + m
+		if rerr != io.EOF {
+			k = a.fr.Cut(buf[:n+m], n, n+m == len(buf))
+		}
+		if k > 0 {
+			a.wd.extend()
+			if _, werr := w.Write(buf[:k]); werr != nil {
+				p.clientGone(st, a.id, werr)
+				return false
+			}
+			if a.flush {
+				if err := a.rc.Flush(); err != nil {
+					p.clientGone(st, a.id, err)
+					return false
+				}
+			}
+		}
+		n = copy(buf, buf[k:n+m])
+		if rerr == io.EOF {
+			return true
+		}
+		if rerr != nil {
+			st.relayFailed(a, rerr)
+			return false
+		}
+	}
+}
+
+// relayFailed handles a failed read of the upstream mid-response: the
+// client gets the endpoint's error event when the stream is at an event
+// end, else a broken connection.
+func (st *reqState) relayFailed(a *upstreamAnswer, rerr error) {
+	p := st.p
+	if st.r.Context().Err() != nil {
+		st.code = statusClientGone
+		return
+	}
+	cause := midstreamError
+	if st.ownerHop.Gone() {
+		cause = midstreamOwnerGone
+		p.log.Warn("owner router gone from the mesh and silent mid-response: ended", "replica", a.id, "owner", st.ownerHop.Owner())
+	} else if a.idle.Fired() {
+		cause = midstreamIdle
+		p.junk.Printf("upstream %s sent nothing of its response for %v: ended", a.id, a.idle.Timeout())
+	} else {
+		p.log.Warn("upstream failed mid-response", "replica", a.id, "error", rerr)
+	}
+	if a.local {
+		p.reportFailure(a.id)
+	}
+	a.obs.duration.Observe(time.Since(a.start).Seconds())
+	st.cut = true
+	if a.fr.CanEnd() && endStream(st.w, a.rc, &a.wd, st, cause, a.idle) {
+		p.m.midstream.WithLabelValues(cause, endErrorEvent).Inc()
+		return
+	}
+	p.m.midstream.WithLabelValues(cause, endAborted).Inc()
+	// The only honest signal once bytes are sent; net/http recovers it
+	// and closes the connection.
+	panic(http.ErrAbortHandler)
+}
+
+// endStream ends a failed SSE stream for its client (midstream.go): the
+// endpoint's error event, flushed; relay then returns and net/http ends
+// the body. It reports whether the event was written (a client that is
+// gone leaves st.code 499 and nothing to end).
+func endStream(w http.ResponseWriter, rc *http.ResponseController, wd *writeDeadline, st *reqState, cause string, idle *upstream.IdleWatch) bool {
+	code, msg := codeUpstreamError, "the upstream failed in the middle of the response; it is incomplete"
+	switch cause {
+	case midstreamIdle:
+		code, msg = codeUpstreamTimeout, fmt.Sprintf("the upstream sent nothing for %v in the middle of the response; it is incomplete", idle.Timeout())
+	case midstreamOwnerGone:
+		code, msg = hop.CodeOwnerGone, "the router owning the replica left the mesh and does not answer, in the middle of the response; it is incomplete"
+	}
+	wd.extend()
+	if _, err := w.Write(streamErrorEvent(st.path, code, msg)); err != nil {
+		st.code = statusClientGone
+		return false
+	}
+	if err := rc.Flush(); err != nil {
+		st.code = statusClientGone
+		return false
+	}
+	return true
+}
+
+// streamTap sees a response's bytes on their way to the client: the
+// first byte's time and the answer.
+type streamTap struct {
+	got       bool
+	sink      *answerSink
+	firstByte func()
+	ttft      prometheus.Observer
+	start     time.Time
+	idle      *upstream.IdleWatch // nil: no upstream idle timeout
+}
+
+// loopData is data on the stream loop, whose reads of the replica never
+// wait for the client: each piece of body is when the replica last spoke.
+func (t *streamTap) loopData(b []byte) {
+	t.idle.Saw()
+	t.data(b)
+}
+
+func (t *streamTap) data(b []byte) {
+	if !t.got {
+		t.got = true
+		t.idle.Heard()
+		t.firstByte()
+		t.ttft.Observe(time.Since(t.start).Seconds())
+	}
+	if t.sink != nil {
+		t.sink.feed(b)
+	}
+}

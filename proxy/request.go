@@ -1,0 +1,390 @@
+package proxy
+
+import (
+	"fmt"
+	"net/http"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/kvmesh/kvmesh/proxy/hop"
+	"github.com/kvmesh/kvmesh/route"
+	"github.com/kvmesh/kvmesh/summary"
+)
+
+// The request path of an inference request, top to bottom:
+//
+//	inference   admit, read and render, read the loads (this file)
+//	attempts    decide, book, attempt until one settles it (this file)
+//	attempt     send to one replica or its owner (attempt.go)
+//	relay       stream the answer to the client (relay.go)
+//	learn       record what the replica now holds (learn.go)
+
+// statusClientGone labels requests whose client went away before the
+// response was complete (nginx's convention).
+const statusClientGone = 499
+
+// reqState is one inference request on its way through the router: the
+// handler's request and writer, what was read of it, its decision's
+// inputs, and what it holds until it ends.
+type reqState struct {
+	p    *Proxy
+	w    http.ResponseWriter
+	r    *http.Request
+	ep   *endpoint
+	code int // the status the client got, for the metric
+	// concurrent and fork are the decision's route.Request.Concurrent
+	// and ForkBlocks, passed on to an owner with a hop.
+	concurrent, fork int
+	path             string
+	body             []byte
+	prompt           summary.Prompt
+	root             uint64
+	hashes           []uint64
+	hop              bool
+	byLoad           bool // placed by load; the response is not read
+
+	// The decision's inputs: the routing request, the candidates with
+	// their loads, the placement sequence those reflect (placeBook), and
+	// a forwarded request's hinted candidate (-1: none) and match.
+	req       route.Request
+	cands     []route.Candidate
+	snap      uint64
+	hinted    int
+	hintMatch int
+	// attempts made so far, and when the first began (the retry budget).
+	attempts int
+	began    time.Time
+
+	// blockMs is the chosen candidate's prefill time per block, for the
+	// slot time the attempt measures (load.go).
+	blockMs float64
+	// The dispatch protocol (hop.go). announce: an authenticated hop,
+	// whose entry is told of the dispatch (announced: it was);
+	// dispatchBy: the entry's deadline for it. downOwner: the owner API
+	// of a hop that failed before dispatch (its replicas are avoided),
+	// downSince: when that hop began; hopDispatched: a hop failed after
+	// its owner had dispatched.
+	announce, announced bool
+	dispatchBy          time.Time
+	downOwner           string
+	downSince           time.Time
+	hopDispatched       bool
+	// ownerGone: a hop was ended because its owner left the mesh and did
+	// not answer (hop.Owners); ownerHop is the hop in flight, if any.
+	ownerGone bool
+	ownerHop  *hop.Live
+	// netHTTP: an attempt went through net/http, whose Transport may
+	// still read the body after it returned; the body is not reused.
+	netHTTP bool
+	// cut: the upstream failed mid-response (the client got an error
+	// event or a broken connection); nothing of it is learnt.
+	cut bool
+
+	// What the request holds until it ends (finish releases it).
+	releaseClient, releaseCands, endHeat func()
+	bodyBuf, textBuf                     *[]byte
+}
+
+// inference serves the inference endpoints (endpoints.go).
+func (p *Proxy) inference(w http.ResponseWriter, r *http.Request, ep *endpoint) {
+	st := &reqState{p: p, w: w, r: r, ep: ep, path: r.URL.Path, byLoad: ep.byLoad}
+	// Deferred, so that the count and the releases still run when a dead
+	// upstream aborts the handler.
+	defer st.finish()
+	if !st.admit() || !st.read() {
+		return
+	}
+	st.route()
+	st.readLoads()
+	if len(st.cands) == 0 {
+		st.code = st.noCandidate()
+		return
+	}
+	st.attemptAll()
+}
+
+// finish releases what the request held, newest first, and counts it.
+func (st *reqState) finish() {
+	if st.releaseCands != nil {
+		st.releaseCands()
+	}
+	if st.endHeat != nil {
+		st.endHeat()
+	}
+	if st.textBuf != nil {
+		textBufs.put(st.textBuf)
+	}
+	if bp := st.bodyBuf; bp != nil {
+		// The buffer goes back unless a net/http Transport had the body
+		// in it (the Transport may read a request body after Do
+		// returns).
+		if shares := cap(st.body) > 0 && &st.body[:1][0] == &(*bp)[:1][0]; !shares || !st.netHTTP {
+			bodyBufs.put(bp)
+		}
+	}
+	if st.releaseClient != nil {
+		st.releaseClient()
+	}
+	st.p.m.countRequest(st.ep.label, st.code)
+}
+
+// admit checks the method, the hop's hints or the client's key, and the
+// client's cap on requests in flight. It reports whether to go on; when
+// not, it has answered.
+func (st *reqState) admit() bool {
+	p, w, r := st.p, st.w, st.r
+	if r.Method != http.MethodPost {
+		abandonBody(w, r)
+		w.Header().Set("Allow", http.MethodPost)
+		st.code = writeError(w, http.StatusMethodNotAllowed, fmt.Sprintf("method %s not allowed on %s", r.Method, r.URL.Path))
+		return false
+	}
+	// A peer's hop is bounded by the peer's own edges; a client's request
+	// must fit the client's cap. Only a hop a peer provably sent skips
+	// the API key (the client's key was checked where it arrived).
+	isHop, authenticated := p.hopOf(r)
+	st.hop = isHop
+	if st.announce = authenticated; authenticated {
+		st.dispatchBy = hop.DispatchDeadline(r)
+	}
+	if !authenticated && !p.authorize(w, r) {
+		st.code = http.StatusUnauthorized
+		return false
+	}
+	if !st.hop {
+		release, ok := p.admitClient(w, r)
+		if !ok {
+			st.code = http.StatusTooManyRequests
+			return false
+		}
+		st.releaseClient = release
+	}
+	return true
+}
+
+// read reads the body (into a pooled buffer when its length is known and
+// small) and renders its prompt. It reports whether to go on; when not,
+// it has answered.
+func (st *reqState) read() bool {
+	p, w, r, ep := st.p, st.w, st.r, st.ep
+	var dst []byte
+	st.bodyBuf = bodyBufs.get(r.ContentLength)
+	if st.bodyBuf != nil {
+		dst = *st.bodyBuf
+	}
+	body, status, err := p.readBody(w, r, dst)
+	if err != nil {
+		st.code = writeError(w, status, err.Error())
+		return false
+	}
+	p.clearBodyDeadline(w, r)
+	// Read to its end, the body is closed now: net/http otherwise looks
+	// for more of it after the handler (io.CopyN through a LimitReader,
+	// two allocations per request).
+	_ = r.Body.Close()
+	st.body = body
+	if ep.renderTo != nil {
+		st.textBuf = textBufs.get(int64(len(body)))
+	}
+	if st.textBuf != nil {
+		st.prompt, err = ep.renderTo(*st.textBuf, body)
+	} else {
+		st.prompt, err = ep.render(body)
+	}
+	if err != nil {
+		st.code = writeError(w, http.StatusBadRequest, err.Error())
+		return false
+	}
+	return true
+}
+
+// route hashes the prompt into its blocks and makes the routing request:
+// probes, client key, and the counts of requests under its heat key (the
+// deciding router's, on a hop).
+func (st *reqState) route() {
+	p, r := st.p, st.r
+	c := p.cfg.Contract
+	st.root = c.Root(st.prompt.Model, st.prompt.CacheSalt)
+	st.hashes = c.AppendHashes(nil, st.root, st.prompt.Text)
+	st.req = route.Request{Hashes: st.hashes, Probes: summary.MakeProbes(nil, st.hashes), Root: st.root,
+		ClientKey: p.clientKey(r, &st.prompt)}
+	st.endHeat = p.countHeat(st, &st.req)
+	if st.hop {
+		// The deciding router's counts, for a re-pick among this
+		// router's own replicas.
+		st.req.Concurrent, st.req.ForkBlocks = hop.Parse(r.Header.Get(hop.HeaderHop))
+		st.req.ForkBlocks = min(st.req.ForkBlocks, len(st.hashes))
+	}
+	st.concurrent, st.fork = st.req.Concurrent, st.req.ForkBlocks
+	if id := st.prompt.PreviousResponseID; id != "" {
+		p.replicaOfResponse(r.Context(), r, id, st.hop) // decide finds it
+	}
+}
+
+// readLoads reads the candidates with their loads, and the placement
+// sequence they reflect (placeBook); a forwarded request keeps this
+// router's own candidates and finds its hint among them.
+func (st *reqState) readLoads() {
+	p, r := st.p, st.r
+	st.snap = p.places.read(func() {
+		if st.releaseCands != nil {
+			st.releaseCands()
+		}
+		st.cands, st.releaseCands = p.cfg.View.PooledCandidates(st.prompt.Model)
+		p.load.fill(st.cands)
+		p.hops.Fill(st.cands, p.cfg.View)
+		if p.loadsRead != nil {
+			p.loadsRead()
+		}
+	})
+	st.hinted = -1
+	if st.hop && len(st.cands) > 0 {
+		st.cands, st.hinted = p.ownCandidates(st.cands, r.Header.Get(hop.HeaderReplica))
+		if m, err := strconv.Atoi(r.Header.Get(hop.HeaderMatch)); err == nil {
+			st.hintMatch = min(max(m, 0), len(st.hashes))
+		}
+	}
+}
+
+// attemptAll decides, books and attempts until an attempt settles the
+// request, or no other attempt may follow.
+func (st *reqState) attemptAll() {
+	p, w := st.p, st.w
+	counted := false
+	st.began = p.now()
+	for st.attempts = 1; ; st.attempts++ {
+		d, bk := st.decideAndBook(&counted)
+		st.blockMs = blockMsOf(p.cfg.Policy, &st.cands[d.Index])
+		switch st.attempt(st.cands[d.Index].ID(), d, &bk) {
+		case attemptDone:
+			if !st.cut {
+				p.served(w, st, st.cands[d.Index].ID())
+			}
+			return
+		case attemptFailed:
+			st.answerFailed()
+			return
+		}
+		if !st.more() {
+			st.code = writeError(w, http.StatusBadGateway, fmt.Sprintf("all %d upstream attempts for the model '%s' failed", st.attempts, st.prompt.Model))
+			return
+		}
+		st.cands = slices.Delete(st.cands, d.Index, d.Index+1)
+		if st.downOwner != "" {
+			st.cands = p.avoidOwner(st.cands, st.downOwner, st.downSince)
+			st.downOwner = ""
+			if len(st.cands) == 0 {
+				st.code = writeError(w, http.StatusBadGateway, fmt.Sprintf("all %d upstream attempts for the model '%s' failed", st.attempts, st.prompt.Model))
+				return
+			}
+		}
+		p.m.retries.Inc()
+	}
+}
+
+// more reports whether another attempt may follow this one: another
+// candidate, under the attempt cap and within the retry budget.
+func (st *reqState) more() bool {
+	p := st.p
+	return st.attempts < p.cfg.MaxAttempts && len(st.cands) > 1 && p.now().Sub(st.began) < p.cfg.RetryBudget
+}
+
+// decideAndBook makes the decision of one attempt (a forwarded request's
+// first is its hint, which the deciding router counted) and books its
+// request before the next decision of this router reads the loads: the
+// decisions computed alongside it are caught up (placeBook). The
+// attempt ends the booking. counted tells whether the request's decision
+// was counted yet.
+func (st *reqState) decideAndBook(counted *bool) (route.Decision, booking) {
+	p := st.p
+	var d route.Decision
+	decided := st.hinted < 0
+	if !decided {
+		d = route.Decision{Index: st.hinted, Match: st.hintMatch}
+		st.hinted = -1
+	} else {
+		d = p.decide(st.ep, st, st.req, st.cands)
+	}
+	var bk booking
+	d, bk, st.snap = p.commit(st.ep, st, st.req, st.cands, d, st.snap, decided)
+	if decided && !*counted {
+		reason := d.Reason
+		if st.hop {
+			reason = ReasonRehint
+		}
+		p.m.countDecision(reason)
+		*counted = true
+		if p.log.IsDebug() {
+			c := &st.cands[d.Index]
+			p.log.Debug("decision", "reason", reason, "replica", c.ID(), "match", d.Match, "blocks", len(st.hashes),
+				"candidates", len(st.cands), "in_flight", c.InFlight, "running", c.Running, "waiting", c.Waiting, "slots", c.Slots,
+				"pending", c.PendingPrefillBlocks, "stale", c.Stale, "client_key", st.req.ClientKey != 0)
+		}
+	}
+	return d, bk
+}
+
+// answerFailed answers a request whose attempt may have reached a
+// replica and failed before anything reached the client: 502, not
+// retried.
+func (st *reqState) answerFailed() {
+	w := st.w
+	if st.ownerGone {
+		// hop.Owners: 502 with a code a client can act on.
+		st.code = writeErrorCode(w, http.StatusBadGateway, "", hop.CodeOwnerGone, fmt.Sprintf(
+			"the router owning the replica for the model '%s' left the mesh and does not answer; the request may have been dispatched, so it was not retried", st.prompt.Model))
+		return
+	}
+	msg := fmt.Sprintf("the upstream for the model '%s' failed after the request was sent; not retried, since a generation may be running", st.prompt.Model)
+	if st.hopDispatched {
+		msg = fmt.Sprintf("the router owning the replica for the model '%s' failed after it had dispatched the request; not retried, since a generation may be running", st.prompt.Model)
+	}
+	st.code = writeError(w, http.StatusBadGateway, msg)
+}
+
+// noCandidate answers a request no replica can take now: 404
+// model_not_found only when the mesh's models are known and none is this
+// one; otherwise 503 with Retry-After, which a client can act on.
+func (st *reqState) noCandidate() int {
+	p, w := st.p, st.w
+	model := st.prompt.Model
+	switch {
+	case st.hop:
+		return writeRetryLater(w, http.StatusServiceUnavailable, time.Second, fmt.Sprintf("no healthy replica of this router serves the model '%s'", model))
+	case p.modelKnown(model):
+		return writeRetryLater(w, http.StatusServiceUnavailable, time.Second, fmt.Sprintf("no healthy replica serves the model '%s'", model))
+	case !p.modelsKnown():
+		return writeRetryLater(w, http.StatusServiceUnavailable, time.Second, "the router does not know the mesh's models yet")
+	default:
+		return writeModelNotFound(w, model)
+	}
+}
+
+// ownCandidates keeps the candidates this router owns (a forwarded request
+// never travels further) and finds the hinted replica among them. The
+// deciding router saw this router's replicas as they were up to a gossip
+// interval ago, and not the other routers' dispatches since; this router
+// counts them exactly, so it keeps the hint only while route's rule says
+// the replica can still start the request (route.Policy.KeepHint), and
+// otherwise decides again among its own replicas.
+func (p *Proxy) ownCandidates(cands []route.Candidate, hint string) ([]route.Candidate, int) {
+	keep := false
+	for i := range cands {
+		if cands[i].ID() == hint {
+			keep = p.cfg.Policy.KeepHint(cands, i)
+			break
+		}
+	}
+	own, hinted := cands[:0], -1
+	for _, c := range cands {
+		if c.Detail == nil || !c.Detail.Local { // the view's word, as commit books by it: no Locate per candidate
+			continue
+		}
+		if c.ID() == hint && keep {
+			hinted = len(own)
+		}
+		own = append(own, c)
+	}
+	return own, hinted
+}
