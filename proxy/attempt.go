@@ -158,7 +158,7 @@ func (st *reqState) attempt(id string, d route.Decision, bk *booking) attemptRes
 	}
 	defer resp.Body.Close()
 	if refused(resp.StatusCode) && st.more() {
-		p.drainRefused(resp, cancel)
+		st.drainRefused(resp, cancel)
 		p.log.Warn("upstream refused the request, trying another", "replica", id, "status", resp.StatusCode)
 		if local && resp.StatusCode >= 500 {
 			p.reportFailure(id)
@@ -170,7 +170,7 @@ func (st *reqState) attempt(id string, d route.Decision, bk *booking) attemptRes
 	st.relay(resp, &upstreamAnswer{id: id, d: d, local: local, start: start, cancel: cancel,
 		firstByte: func() { first = p.now(); firstByte() }})
 	if !st.cut {
-		p.observeSlot(st, id, d, first)
+		st.observeSlot(id, d, first)
 	}
 	return attemptDone
 }

@@ -62,7 +62,8 @@ func (p *sizedPool) put(b *[]byte) {
 // bytes arrive: a Content-Length is only checked against the limit, never
 // allocated, and the body deadline (setBodyDeadline) ends a trickle.
 // A body of known small length is read into dst when it fits.
-func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request, dst []byte) ([]byte, int, error) {
+func (st *reqState) readBody(dst []byte) ([]byte, int, error) {
+	p, w, r := st.p, st.w, st.r
 	limit := p.cfg.MaxBodyBytes
 	if r.ContentLength > limit {
 		abandonBody(w, r)

@@ -81,8 +81,9 @@ func (p *Proxy) serveResponses(w http.ResponseWriter, r *http.Request) {
 }
 
 // served is called by inference once a replica has answered the request.
-func (p *Proxy) served(w http.ResponseWriter, st *reqState, replicaID string) {
-	s, ok := w.(*responseIDSniffer)
+func (st *reqState) served(replicaID string) {
+	p := st.p
+	s, ok := st.w.(*responseIDSniffer)
 	if !ok || st.code != http.StatusOK || s.id == "" {
 		return
 	}
@@ -90,8 +91,9 @@ func (p *Proxy) served(w http.ResponseWriter, st *reqState, replicaID string) {
 }
 
 // decide picks the candidate for a request this router decides.
-func (p *Proxy) decide(ep *endpoint, st *reqState, req route.Request, cands []route.Candidate) route.Decision {
-	if ep.byLoad {
+func (st *reqState) decide() route.Decision {
+	p, req, cands := st.p, st.req, st.cands
+	if st.ep.byLoad {
 		return leastLoaded(cands, req.ClientKey, st.body)
 	}
 	if id := st.prompt.PreviousResponseID; id != "" {
@@ -356,7 +358,7 @@ func (p *Proxy) serveResponseByID(w http.ResponseWriter, r *http.Request) {
 	if h := r.Header.Get(hop.HeaderReplica); isHop && h != "" {
 		replica, ok = h, true // the deciding router knew it
 	} else {
-		replica, ok = p.replicaOfResponse(r.Context(), r, id, isHop)
+		replica, ok = p.lookups.replicaOf(r.Context(), r, id, isHop)
 	}
 	if !ok || id == "" {
 		st.code = writeError(w, http.StatusNotFound, fmt.Sprintf("Response with id '%s' not found.", id))
@@ -367,7 +369,7 @@ func (p *Proxy) serveResponseByID(w http.ResponseWriter, r *http.Request) {
 		st.code = writeError(w, http.StatusNotFound, fmt.Sprintf("Response with id '%s' not found: its replica is gone.", id))
 		return
 	}
-	body, status, err := p.readBody(w, r, nil)
+	body, status, err := st.readBody(nil)
 	if err != nil {
 		st.code = writeError(w, status, err.Error())
 		return

@@ -365,7 +365,8 @@ func (wd *writeDeadline) extend() {
 
 // clientGone ends a response whose client write failed with err: 499,
 // counted as a write timeout when it was one.
-func (p *Proxy) clientGone(st *reqState, id string, err error) {
+func (st *reqState) clientGone(id string, err error) {
+	p := st.p
 	st.code = statusClientGone
 	if errors.Is(err, os.ErrDeadlineExceeded) {
 		p.edge.rejected.WithLabelValues(rejectWriteTimeout).Inc()

@@ -229,7 +229,8 @@ func slotMs(first, last time.Time, missBlocks int, blockMs float64) float64 {
 // forwarded ones at the owner too raised copies of conversations'
 // prefixes and cost hit ratio on no-shared-head at 4 slots,
 // docs/history/simulation.md).
-func (p *Proxy) countHeat(st *reqState, req *route.Request) func() {
+func (st *reqState) countHeat() func() {
+	p, req := st.p, &st.req
 	if st.byLoad || st.hop {
 		return func() {}
 	}
@@ -249,7 +250,8 @@ func (p *Proxy) countHeat(st *reqState, req *route.Request) func() {
 // extends it. Forwarded requests are not recorded, as they are not
 // counted in countHeat (the simulator records on the deciding router as
 // the request ends, too).
-func (p *Proxy) observeSlot(st *reqState, id string, d route.Decision, first time.Time) {
+func (st *reqState) observeSlot(id string, d route.Decision, first time.Time) {
+	p := st.p
 	if st.byLoad || st.code < 200 || st.code >= 300 {
 		return
 	}

@@ -46,12 +46,13 @@ const (
 
 // lookups is the peer lookup's state: a slot per running lookup.
 type lookups struct {
+	p       *Proxy // the router whose responses it looks up and serves
 	slots   chan struct{}
 	results *prometheus.CounterVec
 }
 
-func newLookups(reg prometheus.Registerer) *lookups {
-	l := &lookups{slots: make(chan struct{}, maxLookups),
+func newLookups(p *Proxy, reg prometheus.Registerer) *lookups {
+	l := &lookups{p: p, slots: make(chan struct{}, maxLookups),
 		results: promauto.With(reg).NewCounterVec(prometheus.CounterOpts{
 			Name: "kvmesh_response_lookups_total",
 			Help: "Stored-response ids this router did not know and asked its peers about, by result (found, missing, busy: too many lookups at once).",
@@ -62,10 +63,11 @@ func newLookups(reg prometheus.Registerer) *lookups {
 	return l
 }
 
-// replicaOfResponse returns the replica that produced response id: from
+// replicaOf returns the replica that produced response id: from
 // this router's memory, else (unless the request is a peer's hop, whose
 // sender already asked) from its peers.
-func (p *Proxy) replicaOfResponse(ctx context.Context, r *http.Request, id string, hop bool) (string, bool) {
+func (l *lookups) replicaOf(ctx context.Context, r *http.Request, id string, hop bool) (string, bool) {
+	p := l.p
 	if rep, ok := p.responses.get(id); ok {
 		return rep, true
 	}
@@ -94,7 +96,7 @@ func (p *Proxy) replicaOfResponse(ctx context.Context, r *http.Request, id strin
 			// Off the request's goroutine, where no ServeHTTP recovers:
 			// a panic asking one peer costs that peer's answer.
 			p.panics.Guard(panicHandler, func() {
-				if rep, ok := p.askPeer(ctx, r, base, id); ok {
+				if rep, ok := l.askPeer(ctx, r, base, id); ok {
 					found <- rep
 				}
 			})
@@ -117,7 +119,8 @@ func (p *Proxy) replicaOfResponse(ctx context.Context, r *http.Request, id strin
 }
 
 // askPeer asks one peer router which replica produced response id.
-func (p *Proxy) askPeer(ctx context.Context, client *http.Request, base, id string) (string, bool) {
+func (l *lookups) askPeer(ctx context.Context, client *http.Request, base, id string) (string, bool) {
+	p := l.p
 	if p.cfg.RequirePeerTLS && !strings.HasPrefix(strings.ToLower(base), "https://") {
 		return "", false
 	}
@@ -151,18 +154,19 @@ func (p *Proxy) askPeer(ctx context.Context, client *http.Request, base, id stri
 	return a.Replica, true
 }
 
-// serveLookup answers a peer's lookup from this router's memory only
+// serve answers a peer's lookup from this router's memory only
 // (never asking further: one round, no loops). With a hop key the MAC
 // must verify; over peer mutual TLS the certificate suffices; an
 // unauthenticated mesh needs the client's API key, as its hops do.
-func (p *Proxy) serveLookup(w http.ResponseWriter, r *http.Request) {
+func (l *lookups) serve(w http.ResponseWriter, r *http.Request) {
+	p := l.p
 	if !allow(w, r, http.MethodGet) {
 		return
 	}
 	id := r.URL.Query().Get("id")
 	switch {
 	case len(p.cfg.HopKey) > 0:
-		if !p.verifyLookup(r, id) {
+		if !l.verify(r, id) {
 			p.edge.rejected.WithLabelValues(rejectBadHop).Inc()
 			writeError(w, http.StatusForbidden, "lookup not authenticated by a peer router")
 			return
@@ -190,6 +194,7 @@ func (p *Proxy) serveLookup(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write(append(b, '\n'))
 }
 
-func (p *Proxy) verifyLookup(r *http.Request, id string) bool {
+func (l *lookups) verify(r *http.Request, id string) bool {
+	p := l.p
 	return id != "" && p.signer.VerifyLookup(r.Header, LookupPath, id)
 }

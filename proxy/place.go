@@ -73,14 +73,15 @@ type placement struct {
 	own    bool
 }
 
-// commit books the request of decision d (at cands[d.Index]) under the
-// lock: it adds to cands the placements committed after snap (one more
+// commit books the request of decision d (at st.cands[d.Index]) under
+// the lock: it adds to the candidates the placements committed after the
+// sequence they reflect (st.snap) (one more
 // in flight, their prefill queued, and one more of this router's own
 // where it decided them), and when one of them went to the chosen
 // replica and redecide is set (not a forwarded hint, which is the
-// deciding router's), it decides again (Proxy.decide). It returns the
-// decision, the request's booking, and the sequence cands now reflect
-// (for a retry's commit).
+// deciding router's), it decides again (decide). It returns the
+// decision and the request's booking, and leaves in st.snap the sequence
+// the candidates now reflect (for a retry's commit).
 //
 // The booking's kind (an owned replica's or a hop's) is the candidate's
 // Detail.Local, from the view the decision read: commit asks the mesh
@@ -91,17 +92,18 @@ type placement struct {
 // ends the booking; one whose owner changed in that instant is booked
 // as the view had it, until the request ends (the two Locates before
 // had the same window, between themselves).
-func (p *Proxy) commit(ep *endpoint, st *reqState, req route.Request, cands []route.Candidate, d route.Decision,
-	snap uint64, redecide bool) (route.Decision, booking, uint64) {
+func (st *reqState) commit(d route.Decision, redecide bool) (route.Decision, booking) {
+	p, cands := st.p, st.cands
 	b := &p.places
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.catchUpLocked(cands, snap, cands[d.Index].ID()) && redecide {
-		d = p.decide(ep, st, req, cands)
+	if b.catchUpLocked(cands, st.snap, cands[d.Index].ID()) && redecide {
+		d = st.decide()
 	}
 	c := &cands[d.Index]
-	bk, seq := p.bookLocked(c.ID(), c.Detail != nil && c.Detail.Local, float64(len(st.hashes)-d.Match), !st.hop)
-	return d, bk, seq
+	var bk booking
+	bk, st.snap = p.bookLocked(c.ID(), c.Detail != nil && c.Detail.Local, float64(len(st.hashes)-d.Match), !st.hop)
+	return d, bk
 }
 
 // bookLocked books a request at replica id and records the placement,

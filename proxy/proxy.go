@@ -218,8 +218,9 @@ func New(cfg Config) (*Proxy, error) {
 	p := &Proxy{cfg: cfg, log: cfg.Logger, m: newMetrics(cfg.Registerer), edge: newEdgeMetrics(cfg.Registerer), client: cfg.Client,
 		junk: junkLog{log: cfg.Logger, lim: ratelog.New(5, time.Second)}, panics: cfg.Panics, now: time.Now,
 		sessionHeader: cfg.SessionHeader, responses: newResponseLRU(cfg.MaxResponses),
-		lookups: newLookups(cfg.Registerer),
-		load:    newLoadBook(), hops: hop.NewBook(), up: upstream.New(cfg.Client), answers: newAnswerBudget(answerBudgetBytes)}
+
+		load: newLoadBook(), hops: hop.NewBook(), up: upstream.New(cfg.Client), answers: newAnswerBudget(answerBudgetBytes)}
+	p.lookups = newLookups(p, cfg.Registerer)
 	p.signer = &hop.Signer{Key: cfg.HopKey, Now: func() time.Time { return p.now() }}
 	p.probeOwner = hop.ProbeHealthz(p.client)
 	p.owners = hop.NewOwners(func(ctx context.Context, api string) (hop.Check, error) { return p.probeOwner(ctx, api) },
@@ -287,7 +288,7 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) {
 	case "/healthz", "/readyz":
 		p.probe(w, r)
 	case LookupPath:
-		p.serveLookup(w, r)
+		p.lookups.serve(w, r)
 	default:
 		if strings.HasPrefix(r.URL.Path, responsesPrefix) {
 			p.serveResponseByID(w, r)

@@ -131,7 +131,7 @@ func (st *reqState) writeHead(resp *http.Response, a *upstreamAnswer) bool {
 // failed).
 func (st *reqState) relayByLoop(resp *http.Response, a *upstreamAnswer, sse bool) (ended bool, held []byte, ok bool) {
 	p, r := st.p, st.r
-	body, cc := p.loopEligible(st.w, r, resp, sse)
+	body, cc := st.loopEligible(resp, sse)
 	if body == nil || a.headErr != nil {
 		return false, nil, true
 	}
@@ -164,7 +164,7 @@ func (st *reqState) relayByLoop(resp *http.Response, a *upstreamAnswer, sse bool
 			// full: written as the handler's goroutine writes.
 			a.wd.extend()
 			if _, werr := cc.Write(pending); werr != nil {
-				p.clientGone(st, a.id, werr)
+				st.clientGone(a.id, werr)
 				return false, nil, false
 			}
 		}
@@ -178,7 +178,7 @@ func (st *reqState) relayByLoop(resp *http.Response, a *upstreamAnswer, sse bool
 // back. It reports whether the body ended (not when the client went away
 // or the upstream failed).
 func (st *reqState) relayByCopy(resp *http.Response, a *upstreamAnswer, held []byte) bool {
-	p, w := st.p, st.w
+	w := st.w
 	bufp := copyBufs.Get().(*[]byte)
 	defer copyBufs.Put(bufp)
 	buf := *bufp
@@ -201,12 +201,12 @@ func (st *reqState) relayByCopy(resp *http.Response, a *upstreamAnswer, held []b
 		if k > 0 {
 			a.wd.extend()
 			if _, werr := w.Write(buf[:k]); werr != nil {
-				p.clientGone(st, a.id, werr)
+				st.clientGone(a.id, werr)
 				return false
 			}
 			if a.flush {
 				if err := a.rc.Flush(); err != nil {
-					p.clientGone(st, a.id, err)
+					st.clientGone(a.id, err)
 					return false
 				}
 			}

@@ -173,7 +173,7 @@ func (st *reqState) read() bool {
 	if st.bodyBuf != nil {
 		dst = *st.bodyBuf
 	}
-	body, status, err := p.readBody(w, r, dst)
+	body, status, err := st.readBody(dst)
 	if err != nil {
 		st.code = writeError(w, status, err.Error())
 		return false
@@ -209,7 +209,7 @@ func (st *reqState) route() {
 	st.hashes = c.AppendHashes(nil, st.root, st.prompt.Text)
 	st.req = route.Request{Hashes: st.hashes, Probes: summary.MakeProbes(nil, st.hashes), Root: st.root,
 		ClientKey: p.clientKey(r, &st.prompt)}
-	st.endHeat = p.countHeat(st, &st.req)
+	st.endHeat = st.countHeat()
 	if st.hop {
 		// The deciding router's counts, for a re-pick among this
 		// router's own replicas.
@@ -218,7 +218,7 @@ func (st *reqState) route() {
 	}
 	st.concurrent, st.fork = st.req.Concurrent, st.req.ForkBlocks
 	if id := st.prompt.PreviousResponseID; id != "" {
-		p.replicaOfResponse(r.Context(), r, id, st.hop) // decide finds it
+		p.lookups.replicaOf(r.Context(), r, id, st.hop) // decide finds it
 	}
 }
 
@@ -240,7 +240,7 @@ func (st *reqState) readLoads() {
 	})
 	st.hinted = -1
 	if st.hop && len(st.cands) > 0 {
-		st.cands, st.hinted = p.ownCandidates(st.cands, r.Header.Get(hop.HeaderReplica))
+		st.cands, st.hinted = ownCandidates(p.cfg.Policy, st.cands, r.Header.Get(hop.HeaderReplica))
 		if m, err := strconv.Atoi(r.Header.Get(hop.HeaderMatch)); err == nil {
 			st.hintMatch = min(max(m, 0), len(st.hashes))
 		}
@@ -259,7 +259,7 @@ func (st *reqState) attemptAll() {
 		switch st.attempt(st.cands[d.Index].ID(), d, &bk) {
 		case attemptDone:
 			if !st.cut {
-				p.served(w, st, st.cands[d.Index].ID())
+				st.served(st.cands[d.Index].ID())
 			}
 			return
 		case attemptFailed:
@@ -304,10 +304,9 @@ func (st *reqState) decideAndBook(counted *bool) (route.Decision, booking) {
 		d = route.Decision{Index: st.hinted, Match: st.hintMatch}
 		st.hinted = -1
 	} else {
-		d = p.decide(st.ep, st, st.req, st.cands)
+		d = st.decide()
 	}
-	var bk booking
-	d, bk, st.snap = p.commit(st.ep, st, st.req, st.cands, d, st.snap, decided)
+	d, bk := st.commit(d, decided)
 	if decided && !*counted {
 		reason := d.Reason
 		if st.hop {
@@ -368,11 +367,11 @@ func (st *reqState) noCandidate() int {
 // counts them exactly, so it keeps the hint only while route's rule says
 // the replica can still start the request (route.Policy.KeepHint), and
 // otherwise decides again among its own replicas.
-func (p *Proxy) ownCandidates(cands []route.Candidate, hint string) ([]route.Candidate, int) {
+func ownCandidates(pol route.Policy, cands []route.Candidate, hint string) ([]route.Candidate, int) {
 	keep := false
 	for i := range cands {
 		if cands[i].ID() == hint {
-			keep = p.cfg.Policy.KeepHint(cands, i)
+			keep = pol.KeepHint(cands, i)
 			break
 		}
 	}

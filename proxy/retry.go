@@ -88,7 +88,8 @@ const refusedDrainTimeout = time.Second
 // idle timeout when it is shorter). A drain cut short leaves the body
 // unfinished, so its connection is closed rather than pooled. cancel,
 // when not nil, cancels the net/http request resp answers.
-func (p *Proxy) drainRefused(resp *http.Response, cancel func()) {
+func (st *reqState) drainRefused(resp *http.Response, cancel func()) {
+	p := st.p
 	d := refusedDrainTimeout
 	if t := p.cfg.UpstreamIdleTimeout; t > 0 && t < d {
 		d = t

@@ -43,7 +43,8 @@ func clientTCPConn(r *http.Request) *net.TCPConn {
 // stream loop: an SSE 200 from the own upstream client to a plain HTTP/1.1
 // client whose response net/http frames as chunked, written to net/http's
 // own ResponseWriter (no wrapper that reads the bytes).
-func (p *Proxy) loopEligible(w http.ResponseWriter, r *http.Request, resp *http.Response, sse bool) (*upstream.Body, *net.TCPConn) {
+func (st *reqState) loopEligible(resp *http.Response, sse bool) (*upstream.Body, *net.TCPConn) {
+	p, w, r := st.p, st.w, st.r
 	if p.loops == nil || !sse || resp.StatusCode != http.StatusOK || r.Method != http.MethodPost {
 		return nil, nil
 	}
