@@ -276,7 +276,7 @@ func (l *ConnLimiter) reject(c net.Conn) {
 }
 
 // limitedConn gives its slot back once, on the first Close. Its reads
-// and writes are raw system calls where it can make them (sockio.go).
+// and writes are raw system calls where it can make them (upstream.SockIO).
 type limitedConn struct {
 	net.Conn
 	l    *ConnLimiter

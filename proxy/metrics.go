@@ -41,7 +41,7 @@ type metrics struct {
 	// how they ended (midstream.go); its six children are resolved once.
 	midstream *prometheus.CounterVec
 	// ownerGone counts the hops of owners the mesh lost, by how they
-	// ended (ownergone.go).
+	// ended (hop.Owners).
 	ownerGone *prometheus.CounterVec
 
 	// Children resolved once: WithLabelValues hashes its labels and

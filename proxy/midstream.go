@@ -51,7 +51,7 @@ const (
 	midstreamIdle  = "idle_timeout"
 	midstreamError = "upstream_error"
 	// midstreamOwnerGone: a hop's owner router left the mesh and did not
-	// answer (ownergone.go); its event's code is hop.CodeOwnerGone.
+	// answer (hop.Owners); its event's code is hop.CodeOwnerGone.
 	midstreamOwnerGone = "owner_gone"
 )
 

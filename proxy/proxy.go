@@ -1,9 +1,13 @@
-// Package proxy is the HTTP front of a kvmesh router: the OpenAI
-// endpoints, body limits, the routing decision of each request, forwarding
-// to an owned replica or to the owner of a remote one, retries before the
-// first response byte, unbuffered streaming, and recording what each owned
-// replica now holds. It reads the cluster through View and never imports
-// the mesh.
+// Package proxy is the OpenAI front of a kvmesh router: the endpoints,
+// admission (API keys, connection and per-client caps, body limits), the
+// OpenAI-shaped errors, and the request path: the routing decision of
+// each request, its placement, forwarding to an owned replica or to the
+// owner of a remote one, retries before the first response byte,
+// unbuffered streaming, and recording what each owned replica now holds
+// (request.go, then relay.go). It reads the cluster through View and never
+// imports the mesh. How it reaches upstreams is package upstream's, the
+// protocol between routers package hop's, and the replicas' health checks
+// package health's.
 package proxy
 
 import (
@@ -73,7 +77,7 @@ type Config struct {
 	// its headers arrived (default DefaultUpstreamIdleTimeout; negative:
 	// none; a hop's is hopIdleSlack longer): the response is then ended
 	// (an SSE stream with an error event, midstream.go) and the
-	// upstream's connection closed (idle.go).
+	// upstream's connection closed (upstream.IdleWatch).
 	UpstreamIdleTimeout time.Duration
 	// MaxInflightPerClient caps concurrent inference requests per client
 	// IP address (0: no cap).
@@ -118,7 +122,7 @@ type Config struct {
 	// MaxResponses bounds the response ids remembered for
 	// previous_response_id routing (default DefaultMaxResponses).
 	MaxResponses int
-	// NoStreamLoop turns the stream loop off (streamloop.go): every
+	// NoStreamLoop turns the stream loop off (upstream.Loops): every
 	// stream is relayed by its handler's goroutine.
 	NoStreamLoop bool
 	// Peers lists the other routers' API base URLs; a router asks them
@@ -133,7 +137,7 @@ type Proxy struct {
 	m      *metrics
 	edge   *edgeMetrics
 	client *http.Client
-	// up reaches owned plain-HTTP replicas (upstream.go); nil when
+	// up reaches owned plain-HTTP replicas (upstream.Client); nil when
 	// Config.Client is not a plain net/http Transport.
 	up      *upstream.Client
 	metrics http.Handler
@@ -150,7 +154,7 @@ type Proxy struct {
 	// its replicas' slots (load.go).
 	load *loadBook
 	// hops counts this router's requests to other routers' replicas into
-	// their gossiped loads (hopload.go).
+	// their gossiped loads (hop.Book).
 	hops *hop.Book
 	// places makes this router's decisions serializable: each books its
 	// request before the next one reads the loads (place.go).
@@ -158,13 +162,13 @@ type Proxy struct {
 	// loadsRead, in tests, runs after a decision has read the loads and
 	// before placeBook checks that no commit overlapped the read.
 	loadsRead func()
-	// loops relay SSE streams by their sockets (streamloop.go); nil when
+	// loops relay SSE streams by their sockets (upstream.Loops); nil when
 	// off or not on Linux.
 	loops *upstream.Loops
 	// answers bounds the answer bytes all streams hold (answer.go).
 	answers *answerBudget
 	// owners holds the hops in flight by owner, to end those of an owner
-	// the mesh lost (ownergone.go); stopGone stops the view's events.
+	// the mesh lost (hop.Owners); stopGone stops the view's events.
 	owners *hop.Owners
 	// probeOwner asks a lost owner whether it answers (a test's stub in
 	// tests).
@@ -409,7 +413,7 @@ func (p *Proxy) modelKnown(model string) bool {
 }
 
 // CloseIdleConnections closes the idle upstream connections of both the
-// router's own client (upstream.go) and Config.Client, for a shutdown.
+// router's own client (upstream.Client) and Config.Client, for a shutdown.
 func (p *Proxy) CloseIdleConnections() {
 	if p.up != nil {
 		p.up.CloseIdle()

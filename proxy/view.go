@@ -51,12 +51,12 @@ type Ledger interface {
 type Peers interface {
 	// LoadHeard reports when the load of a replica another router owns
 	// was last heard from its owner (ok false: never). The proxy adds
-	// its own requests sent there since (hopload.go), and prefers owners
+	// its own requests sent there since (hop.Book), and prefers owners
 	// heard since a failed hop began (hop.go).
 	LoadHeard(replicaID string) (at time.Time, ok bool)
 	// WatchGone calls gone with the API base URL of every router that
 	// left or failed, until stop is called; gone must not block. The
 	// proxy ends the hops to such an owner that do not answer
-	// (ownergone.go).
+	// (hop.Owners).
 	WatchGone(gone func(api string)) (stop func())
 }

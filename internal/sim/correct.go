@@ -3,7 +3,7 @@ package sim
 import "github.com/kvmesh/kvmesh/summary"
 
 // The engine feedback loop: as the proxy does when a response ends
-// (proxy/forward.go learn), the router that recorded a request compares
+// (proxy/relay.go learn), the router that recorded a request compares
 // the engine's cached blocks with its summary's prediction and corrects
 // the summary, then records the request again (the engine recomputed
 // what it missed, so it holds all of it now).

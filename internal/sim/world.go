@@ -311,7 +311,7 @@ func (w *world) arrive(i int32) error {
 		if o := w.owner(j); w.gossip && o != k {
 			// The request travels through the replica's owner, which
 			// checks the hint with its exact view and decides again among
-			// its own replicas if it does not keep it (proxy/forward.go).
+			// its own replicas if it does not keep it (proxy/request.go).
 			w.fillCandidates(o, r)
 			if !w.p.cfg.Route.KeepHint(w.cands, j) {
 				own := w.ownCands[:0]

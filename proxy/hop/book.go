@@ -142,9 +142,9 @@ func (b *Book) Move(m *Mark, to string) {
 // (View.Candidates).
 //
 // The clock is read without b.mu: LoadHeard takes the mesh's lock, which
-// gossip holds for writes, and a decision's commit takes b.mu (sendMark)
-// under the placement lock (place.go), which must not wait for gossip
-// through a fill holding b.mu. So fill notes under b.mu the candidates
+// gossip holds for writes, and a decision's commit takes b.mu (SendMark)
+// under the proxy's placement lock (proxy/place.go), which must not wait
+// for gossip through a Fill holding b.mu. So Fill notes under b.mu the candidates
 // whose owners it must ask, asks them, and counts under b.mu again; a
 // request that ends in between is not counted, one sent in between is
 // (it is after the owner's word either way).

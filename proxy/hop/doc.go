@@ -17,7 +17,7 @@
 //     request to its replica, and only then (if the entry is still
 //     there) dispatches. It never sends it to a client, nor on a hop it
 //     cannot authenticate. The 103 names the replica (HeaderReplica):
-//     the entry counts the request in flight there (hopload.go), which
+//     the entry counts the request in flight there (Book), which
 //     is not its hint when the owner decided again.
 //   - The entry watches its hop with httptrace. A hop that failed with no
 //     such 103 and no response byte never reached a replica through that
@@ -38,7 +38,7 @@
 // connection outlives its process (a restart, even into an older version,
 // is a new connection). Without that evidence (a fresh connection, an
 // older owner, a client that is not upstream.NewClient's), the entry keeps the
-// conservative rule of retry.go: only a hop that provably was not sent is
+// conservative rule of proxy/retry.go: only a hop that provably was not sent is
 // retried, and a silent owner is waited for up to the client's
 // response-header timeout.
 package hop

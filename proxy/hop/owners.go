@@ -14,7 +14,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 )
 
-// A hop waits on its owner router (hop.go). When the owner is partitioned
+// A hop waits on its owner router (doc.go). When the owner is partitioned
 // away, stopped or its host died, nothing on the hop's own connection
 // says so: the entry waited for the dispatch timeout before the 103 (and
 // then retried), but after it for the response-header timeout (ten
@@ -46,7 +46,7 @@ import (
 //     CodeOwnerGone. Not retried by the router: the generation may be
 //     running at the replica. 502, not 503: a 503 from kvmesh means "not
 //     processed, safe to retry elsewhere" (an owner's refusal past its
-//     dispatch deadline, retry.go's rule), and this one may have been;
+//     dispatch deadline, proxy/retry.go's rule), and this one may have been;
 //     not 504, which says a timeout ran out, where the router knows the
 //     owner is gone. A client may retry (the mesh routes around the lost
 //     owner at once), knowing it may pay for a second generation.

@@ -15,7 +15,7 @@ import (
 // generation, whose headers only come when it is complete. Compression is
 // off so that streams pass through unbuffered and answers can be read.
 // Its connections remember whether a peer router announced a dispatch on
-// them (hop.go), which lets a failed hop be retried safely. The write
+// them (package hop), which lets a failed hop be retried safely. The write
 // buffer holds a request's headers and a body of up to about 60 KB, so
 // that it leaves in one write (one segment, one wake-up of the replica)
 // where the default 4 KB buffer took two writes for an 8 KB prompt, the
@@ -51,7 +51,7 @@ func NewClientRecvBuffer(bytes int) *http.Client {
 // headers of a non-streamed generation, which come once it is complete,
 // and the first body byte of a stream, whose headers an engine sends at
 // once but whose first token waits for the queue and the prefill
-// (idle.go).
+// (IdleWatch).
 const HeaderTimeout = 10 * time.Minute
 
 // DefaultUpstreamRecvBuffer is the receive buffer (SO_RCVBUF) of each
@@ -84,7 +84,7 @@ func recvBufferControl(bytes int) func(network, address string, c syscall.RawCon
 const upstreamWriteBuffer = 64 << 10
 
 // PeerConn is a connection NewClient dialled. It remembers whether the
-// process at its other end has sent a dispatch 103 (proxy/hop.go): a
+// process at its other end has sent a dispatch 103 (package hop): a
 // router that sends one on every authenticated hop.
 type PeerConn struct {
 	net.Conn

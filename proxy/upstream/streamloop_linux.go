@@ -131,7 +131,7 @@ func (ls *Loops) Relay(r *http.Request, body *Body, cc *net.TCPConn, onData func
 		l.send(loopMsg{s: s, cancel: true})
 		<-s.done
 	case <-idle:
-		// The upstream idle timeout (idle.go): the replica sent nothing.
+		// The upstream idle timeout (IdleWatch): the replica sent nothing.
 		l.send(loopMsg{s: s, cancel: true, idle: true})
 		<-s.done
 	}
