@@ -410,5 +410,5 @@ func (p *Proxy) serveResponseByID(w http.ResponseWriter, r *http.Request) {
 	}
 	defer resp.Body.Close()
 	st.code = resp.StatusCode
-	st.relay(resp, &upstreamAnswer{id: replica, local: local, start: start, cancel: cancel, firstByte: func() {}})
+	st.relay(resp, upstreamAnswer{id: replica, local: local, start: start, cancel: cancel, firstByte: func() {}})
 }

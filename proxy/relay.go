@@ -33,12 +33,21 @@ type upstreamAnswer struct {
 	firstByte func()
 	obs       upstreamObservers
 	idle      *upstream.IdleWatch // nil: no upstream idle timeout
-	rc        *http.ResponseController
-	wd        writeDeadline
 	fr        upstream.Framing
-	flush     bool
 	tap       streamTap
-	headErr   error // the head's flush: nil once it is on the wire
+}
+
+// clientOut is how a relay writes to its client: the response controller,
+// the write deadline, whether each write is flushed (a stream, or a body
+// of unknown length), and the head's flush (nil once it is on the wire).
+// It is a value of relay's frame apart from upstreamAnswer, whose fields
+// reach the heap (escape analysis takes a struct whole): the controller
+// here stays on the stack.
+type clientOut struct {
+	rc      *http.ResponseController
+	wd      writeDeadline
+	flush   bool
+	headErr error
 }
 
 // relay streams the upstream response to the client as it arrives. For
@@ -48,7 +57,7 @@ type upstreamAnswer struct {
 // An upstream silent mid-body is cut off (upstream.IdleWatch): a blocked read of the
 // own client's connection fails on a past deadline, net/http's on the
 // request's cancellation.
-func (st *reqState) relay(resp *http.Response, a *upstreamAnswer) {
+func (st *reqState) relay(resp *http.Response, a upstreamAnswer) {
 	p := st.p
 	a.obs = p.m.target(a.local)
 	if b, ok := resp.Body.(*upstream.Body); ok {
@@ -65,7 +74,13 @@ func (st *reqState) relay(resp *http.Response, a *upstreamAnswer) {
 			}
 		}()
 	}
-	sse := st.writeHead(resp, a)
+	sse := st.writeHead(resp)
+	out := clientOut{rc: http.NewResponseController(st.w), flush: sse || resp.ContentLength < 0, headErr: errNotFlushed}
+	out.wd = p.writeDeadline(out.rc)
+	if out.flush {
+		out.wd.extend()
+		out.headErr = out.rc.Flush() // the client sees the headers before the first token
+	}
 	var sink *answerSink
 	if a.local && resp.StatusCode >= 200 && resp.StatusCode < 300 && !st.byLoad {
 		// The replica accepted the request: it holds (or is computing) the
@@ -80,11 +95,11 @@ func (st *reqState) relay(resp *http.Response, a *upstreamAnswer) {
 	}
 	a.tap = streamTap{sink: sink, firstByte: a.firstByte, ttft: a.obs.ttft, start: a.start, idle: a.idle}
 	a.fr = upstream.NewFraming(sse && len(st.w.Header()["Content-Length"]) == 0)
-	ended, held, ok := st.relayByLoop(resp, a, sse)
+	ended, held, ok := st.relayByLoop(resp, &a, &out, sse)
 	if !ok {
 		return
 	}
-	if !ended && !st.relayByCopy(resp, a, held) {
+	if !ended && !st.relayByCopy(resp, &a, &out, held) {
 		return
 	}
 	if !a.tap.got {
@@ -99,10 +114,8 @@ func (st *reqState) relay(resp *http.Response, a *upstreamAnswer) {
 }
 
 // writeHead writes the response's head to the client (hop-by-hop headers
-// dropped) and, for a stream or a body of unknown length, flushes it so
-// the client sees it before the first token. It reports whether the
-// response is an SSE stream.
-func (st *reqState) writeHead(resp *http.Response, a *upstreamAnswer) bool {
+// dropped). It reports whether the response is an SSE stream.
+func (st *reqState) writeHead(resp *http.Response) bool {
 	w := st.w
 	h := w.Header()
 	for k, vv := range resp.Header {
@@ -112,16 +125,7 @@ func (st *reqState) writeHead(resp *http.Response, a *upstreamAnswer) bool {
 	}
 	removeConnectionHeaders(h, resp.Header)
 	w.WriteHeader(resp.StatusCode)
-	sse := isEventStream(resp.Header.Get("Content-Type"))
-	a.flush = sse || resp.ContentLength < 0
-	a.rc = http.NewResponseController(w)
-	a.wd = st.p.writeDeadline(a.rc)
-	a.headErr = errNotFlushed
-	if a.flush {
-		a.wd.extend()
-		a.headErr = a.rc.Flush()
-	}
-	return sse
+	return isEventStream(resp.Header.Get("Content-Type"))
 }
 
 // relayByLoop hands the body to the stream loop when it can take it. It
@@ -129,10 +133,10 @@ func (st *reqState) writeHead(resp *http.Response, a *upstreamAnswer) bool {
 // loop held back for the normal path, and whether the relay goes on (not
 // when the response ended otherwise: the client gone, the upstream
 // failed).
-func (st *reqState) relayByLoop(resp *http.Response, a *upstreamAnswer, sse bool) (ended bool, held []byte, ok bool) {
+func (st *reqState) relayByLoop(resp *http.Response, a *upstreamAnswer, out *clientOut, sse bool) (ended bool, held []byte, ok bool) {
 	p, r := st.p, st.r
 	body, cc := st.loopEligible(resp, sse)
-	if body == nil || a.headErr != nil {
+	if body == nil || out.headErr != nil {
 		return false, nil, true
 	}
 	// The loop calls the tap on its goroutine: a copy on the heap, so
@@ -149,7 +153,7 @@ func (st *reqState) relayByLoop(resp *http.Response, a *upstreamAnswer, sse bool
 		st.code = statusClientGone
 		return false, nil, false
 	case upstream.LoopFailed:
-		st.relayFailed(a, err)
+		st.relayFailed(a, out, err)
 		return false, nil, false
 	case upstream.LoopPanicked:
 		// Part of the stream may be lost with the panic: only a broken
@@ -162,7 +166,7 @@ func (st *reqState) relayByLoop(resp *http.Response, a *upstreamAnswer, sse bool
 		if len(pending) > 0 {
 			// The rest of a chunk, behind which the client's socket was
 			// full: written as the handler's goroutine writes.
-			a.wd.extend()
+			out.wd.extend()
 			if _, werr := cc.Write(pending); werr != nil {
 				st.clientGone(a.id, werr)
 				return false, nil, false
@@ -177,7 +181,7 @@ func (st *reqState) relayByLoop(resp *http.Response, a *upstreamAnswer, sse bool
 // the last event end, write, flush. held is a partial event the loop held
 // back. It reports whether the body ended (not when the client went away
 // or the upstream failed).
-func (st *reqState) relayByCopy(resp *http.Response, a *upstreamAnswer, held []byte) bool {
+func (st *reqState) relayByCopy(resp *http.Response, a *upstreamAnswer, out *clientOut, held []byte) bool {
 	w := st.w
 	bufp := copyBufs.Get().(*[]byte)
 	defer copyBufs.Put(bufp)
@@ -199,13 +203,13 @@ func (st *reqState) relayByCopy(resp *http.Response, a *upstreamAnswer, held []b
 			k = a.fr.Cut(buf[:n+m], n, n+m == len(buf))
 		}
 		if k > 0 {
-			a.wd.extend()
+			out.wd.extend()
 			if _, werr := w.Write(buf[:k]); werr != nil {
 				st.clientGone(a.id, werr)
 				return false
 			}
-			if a.flush {
-				if err := a.rc.Flush(); err != nil {
+			if out.flush {
+				if err := out.rc.Flush(); err != nil {
 					st.clientGone(a.id, err)
 					return false
 				}
@@ -216,7 +220,7 @@ func (st *reqState) relayByCopy(resp *http.Response, a *upstreamAnswer, held []b
 			return true
 		}
 		if rerr != nil {
-			st.relayFailed(a, rerr)
+			st.relayFailed(a, out, rerr)
 			return false
 		}
 	}
@@ -225,7 +229,7 @@ func (st *reqState) relayByCopy(resp *http.Response, a *upstreamAnswer, held []b
 // relayFailed handles a failed read of the upstream mid-response: the
 // client gets the endpoint's error event when the stream is at an event
 // end, else a broken connection.
-func (st *reqState) relayFailed(a *upstreamAnswer, rerr error) {
+func (st *reqState) relayFailed(a *upstreamAnswer, out *clientOut, rerr error) {
 	p := st.p
 	if st.r.Context().Err() != nil {
 		st.code = statusClientGone
@@ -246,7 +250,7 @@ func (st *reqState) relayFailed(a *upstreamAnswer, rerr error) {
 	}
 	a.obs.duration.Observe(time.Since(a.start).Seconds())
 	st.cut = true
-	if a.fr.CanEnd() && endStream(st.w, a.rc, &a.wd, st, cause, a.idle) {
+	if a.fr.CanEnd() && endStream(st.w, out.rc, &out.wd, st, cause, a.idle) {
 		p.m.midstream.WithLabelValues(cause, endErrorEvent).Inc()
 		return
 	}

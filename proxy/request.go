@@ -547,7 +547,7 @@ func (st *reqState) attempt(id string, d route.Decision, bk *booking) attemptRes
 	}
 	st.code = resp.StatusCode
 	var first time.Time
-	st.relay(resp, &upstreamAnswer{id: id, d: d, local: local, start: start, cancel: cancel,
+	st.relay(resp, upstreamAnswer{id: id, d: d, local: local, start: start, cancel: cancel,
 		firstByte: func() { first = p.now(); firstByte() }})
 	if !st.cut {
 		st.observeSlot(id, d, first)
