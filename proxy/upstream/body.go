@@ -60,8 +60,8 @@ func (b *Body) Loopable() bool {
 // Transfer-Encoding from resp.Header as net/http does.
 func (b *Body) frame(resp *http.Response) error {
 	h := resp.Header
-	b.reuse = resp.ProtoMinor == 1 && !HeaderHasToken(h["Connection"], "close")
-	if resp.ProtoMinor == 0 && HeaderHasToken(h["Connection"], "keep-alive") {
+	b.reuse = resp.ProtoMinor == 1 && !headerHasToken(h["Connection"], "close")
+	if resp.ProtoMinor == 0 && headerHasToken(h["Connection"], "keep-alive") {
 		b.reuse = true
 	}
 	resp.ContentLength = -1
@@ -117,10 +117,10 @@ func contentLength(vv []string) (int64, error) {
 	return n, nil
 }
 
-// HeaderHasToken reports whether a comma-separated header (its values)
+// headerHasToken reports whether a comma-separated header (its values)
 // names tok, case-insensitively: a Connection header naming a field, or
 // close / keep-alive.
-func HeaderHasToken(vv []string, tok string) bool {
+func headerHasToken(vv []string, tok string) bool {
 	for _, v := range vv {
 		for f := range strings.SplitSeq(v, ",") {
 			if strings.EqualFold(textproto.TrimString(f), tok) {

@@ -21,5 +21,5 @@ func HopByHop(k string) bool {
 // router frames the request and holds the whole body already).
 func ForwardsRequestHeader(k string, conn []string) bool {
 	return !HopByHop(k) && k != "Accept-Encoding" && k != "Content-Length" && k != "Host" && k != "Expect" &&
-		!strings.HasPrefix(k, "X-Kvmesh-") && !HeaderHasToken(conn, k)
+		!strings.HasPrefix(k, "X-Kvmesh-") && !headerHasToken(conn, k)
 }
