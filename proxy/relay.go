@@ -74,7 +74,7 @@ func (st *reqState) relay(resp *http.Response, a upstreamAnswer) {
 			}
 		}()
 	}
-	sse := st.writeHead(resp)
+	sse := writeHead(st.w, resp)
 	out := clientOut{rc: http.NewResponseController(st.w), flush: sse || resp.ContentLength < 0, headErr: errNotFlushed}
 	out.wd = p.writeDeadline(out.rc)
 	if out.flush {
@@ -113,10 +113,9 @@ func (st *reqState) relay(resp *http.Response, a upstreamAnswer) {
 	}
 }
 
-// writeHead writes the response's head to the client (hop-by-hop headers
-// dropped). It reports whether the response is an SSE stream.
-func (st *reqState) writeHead(resp *http.Response) bool {
-	w := st.w
+// writeHead writes the response's head to the client w (hop-by-hop
+// headers dropped). It reports whether the response is an SSE stream.
+func writeHead(w http.ResponseWriter, resp *http.Response) bool {
 	h := w.Header()
 	for k, vv := range resp.Header {
 		if !upstream.HopByHop(k) {

@@ -409,37 +409,21 @@ const (
 )
 
 // attempt sends the request to candidate id, as decision d booked it
-// (bk). When no other attempt may follow (more), an upstream's refusal is
-// passed through to the client (its own Retry-After is more useful than a
-// 502).
+// (bk), and relays the answer. When no other attempt may follow (more),
+// an upstream's refusal is passed through to the client (its own
+// Retry-After is more useful than a 502).
 func (st *reqState) attempt(id string, d route.Decision, bk *booking) attemptResult {
 	p, r := st.p, st.r
 	defer bk.end()
 	st.ownerHop = nil
-	ownerAPI, local, ok := p.cfg.View.Locate(id)
-	if !ok || (st.hop && !local) {
-		p.log.Warn("candidate vanished before dispatch", "replica", id)
+	t, ok := st.targetOf(id)
+	if !ok {
 		return attemptNotReached
 	}
-	base := ownerAPI
-	if local {
-		base = id
-	} else if p.cfg.RequirePeerTLS && !strings.HasPrefix(strings.ToLower(ownerAPI), "https://") {
-		p.junk.Printf("not forwarding to %s: peer TLS is required and its API is %s", id, ownerAPI)
-		return attemptNotReached
-	}
-	url := strings.TrimRight(base, "/") + st.path
-	if r.URL.RawQuery != "" {
-		url += "?" + r.URL.RawQuery
-	}
-	// An owned plain-HTTP replica is reached by the router's own client
-	// (upstream.Client); a peer's hop, TLS or a custom transport by net/http.
-	plain := upstream.Plain(url)
-	fast := local && p.up != nil && plain
 	ctx := r.Context()
 	var out *http.Request
 	var cancel context.CancelFunc
-	if !fast {
+	if !t.fast {
 		// net/http's request ends with the attempt. The own client's
 		// needs no context of its own: the body's Close (deferred below,
 		// so before the attempt returns) ends it.
@@ -447,15 +431,10 @@ func (st *reqState) attempt(id string, d route.Decision, bk *booking) attemptRes
 		defer cancel()
 		st.netHTTP = true
 		var err error
-		out, err = http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(st.body))
-		if err != nil {
-			p.log.Warn("bad upstream URL", "replica", id, "url", url, "error", err)
+		if out, err = newUpstreamRequest(ctx, t.url, r.Header, st.body); err != nil {
+			p.log.Warn("bad upstream URL", "replica", id, "url", t.url, "error", err)
 			return attemptNotReached
 		}
-		copyRequestHeader(out.Header, r.Header)
-		body := st.body
-		// net/http replays the body only when nothing was written (see retry.go).
-		out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
 	}
 	// The request's accounting at the replica was booked with the
 	// decision (bk, placeBook), and ends when this returns.
@@ -465,29 +444,18 @@ func (st *reqState) attempt(id string, d route.Decision, bk *booking) attemptRes
 	}
 	var watch *hop.Watch
 	var live *hop.Live
-	if local {
+	if t.local {
 		if !st.announceDispatch(id) {
 			return attemptDone
 		}
 	} else {
 		p.signer.Sign(out, id, d.Match, st.concurrent, st.fork)
-		mark := bk.mark
-		// The hop's own cancellation, with a cause: the owner's loss
-		// (hop.Owners) ends it, and its error says why.
-		hctx, end := context.WithCancelCause(ctx)
+		var end context.CancelCauseFunc
+		out, watch, live, end = startHop(p, ctx, out, t.ownerAPI, bk.mark)
 		defer end(nil)
-		if p.cfg.HopDispatchTimeout > 0 {
-			out, watch = hop.StartWatch(hctx, out, p.cfg.HopDispatchTimeout, p.now(), func(to string) {
-				// The owner decided again: count the request where it runs.
-				if api, local, ok := p.cfg.View.Locate(to); ok && !local && api == ownerAPI {
-					p.hops.Move(mark, to)
-				}
-			})
+		if watch != nil {
 			defer watch.Stop()
-		} else {
-			out = out.WithContext(hctx)
 		}
-		live = p.owners.Add(ownerAPI, watch, end)
 		defer p.owners.Remove(live)
 		st.ownerHop = live
 	}
@@ -498,61 +466,135 @@ func (st *reqState) attempt(id string, d route.Decision, bk *booking) attemptRes
 	start := time.Now()
 	var resp *http.Response
 	var err error
-	if fast {
-		resp, err = p.up.Do(ctx, url, r.Header, st.body)
+	if t.fast {
+		resp, err = p.up.Do(ctx, t.url, r.Header, st.body)
 	} else {
 		resp, err = p.client.Do(out)
 	}
-	if err == nil && live != nil {
+	if err != nil {
+		return st.sendFailed(&t, watch, live, err)
+	}
+	if live != nil {
 		// The headers came; the body's bytes are the owner speaking
 		// (hop.Owners).
 		live.Spoke()
 		live.Relaying()
 		resp.Body = live.WrapBody(resp.Body)
 	}
-	if err != nil {
-		if r.Context().Err() != nil {
-			st.code = statusClientGone
-			return attemptDone
-		}
-		if local {
-			p.reportFailure(id)
-		}
-		if live.Gone() && !neverReached(err) && (watch == nil || !watch.Unsent()) {
-			p.log.Warn("owner router gone from the mesh and silent after it was sent the request; not retrying", "replica", id, "owner", ownerAPI)
-			st.ownerGone = true
-			p.m.ownerGone.WithLabelValues(hop.GoneError).Inc()
-			return attemptFailed
-		}
-		if watch != nil {
-			if res, ok := st.hopFailed(watch, id, ownerAPI, err); ok {
-				return res
-			}
-		}
-		if neverReached(err) {
-			p.log.Warn("upstream unreachable, trying another", "replica", id, "url", url, "error", err)
-			return attemptNotReached
-		}
-		p.log.Warn("upstream failed after the request was sent; not retrying", "replica", id, "url", url, "error", err)
-		return attemptFailed
-	}
 	defer resp.Body.Close()
 	if refused(resp.StatusCode) && st.more() {
-		st.drainRefused(resp, cancel)
+		drainRefused(resp, cancel, p.cfg.UpstreamIdleTimeout)
 		p.log.Warn("upstream refused the request, trying another", "replica", id, "status", resp.StatusCode)
-		if local && resp.StatusCode >= 500 {
+		if t.local && resp.StatusCode >= 500 {
 			p.reportFailure(id)
 		}
 		return attemptNotReached
 	}
 	st.code = resp.StatusCode
 	var first time.Time
-	st.relay(resp, upstreamAnswer{id: id, d: d, local: local, start: start, cancel: cancel,
+	st.relay(resp, upstreamAnswer{id: id, d: d, local: t.local, start: start, cancel: cancel,
 		firstByte: func() { first = p.now(); firstByte() }})
 	if !st.cut {
 		st.observeSlot(id, d, first)
 	}
 	return attemptDone
+}
+
+// target is where an attempt goes: the replica, the router that owns it
+// (its API, when not this one), the URL, and whether the router's own
+// client reaches it (an owned plain-HTTP replica; a peer's hop, TLS or a
+// custom transport go by net/http).
+type target struct {
+	id, ownerAPI, url string
+	local, fast       bool
+}
+
+// targetOf locates candidate id; ok is false when it cannot be attempted
+// (gone, or a peer not reachable over TLS when that is required).
+func (st *reqState) targetOf(id string) (t target, ok bool) {
+	p, r := st.p, st.r
+	ownerAPI, local, ok := p.cfg.View.Locate(id)
+	if !ok || (st.hop && !local) {
+		p.log.Warn("candidate vanished before dispatch", "replica", id)
+		return target{}, false
+	}
+	base := ownerAPI
+	if local {
+		base = id
+	} else if p.cfg.RequirePeerTLS && !strings.HasPrefix(strings.ToLower(ownerAPI), "https://") {
+		p.junk.Printf("not forwarding to %s: peer TLS is required and its API is %s", id, ownerAPI)
+		return target{}, false
+	}
+	url := strings.TrimRight(base, "/") + st.path
+	if r.URL.RawQuery != "" {
+		url += "?" + r.URL.RawQuery
+	}
+	return target{id: id, ownerAPI: ownerAPI, url: url, local: local, fast: local && p.up != nil && upstream.Plain(url)}, true
+}
+
+// newUpstreamRequest is the net/http request of an attempt: the client's
+// headers that go upstream, and a body net/http can replay (it does only
+// when nothing was written, see retry.go).
+func newUpstreamRequest(ctx context.Context, url string, hdr http.Header, body []byte) (*http.Request, error) {
+	out, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	copyRequestHeader(out.Header, hdr)
+	out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+	return out, nil
+}
+
+// startHop prepares a hop to ownerAPI: its own cancellation, with a cause
+// (the owner's loss, hop.Owners, ends it and its error says why), the
+// dispatch watch when the entry's side of the protocol is on (a
+// re-decision the owner announces moves mark where the request runs), and
+// its place among the hops in flight. The caller ends all three.
+func startHop(p *Proxy, ctx context.Context, out *http.Request, ownerAPI string, mark *hop.Mark) (*http.Request, *hop.Watch, *hop.Live, context.CancelCauseFunc) {
+	hctx, end := context.WithCancelCause(ctx)
+	var watch *hop.Watch
+	if p.cfg.HopDispatchTimeout > 0 {
+		out, watch = hop.StartWatch(hctx, out, p.cfg.HopDispatchTimeout, p.now(), func(to string) {
+			// The owner decided again: count the request where it runs.
+			if api, local, ok := p.cfg.View.Locate(to); ok && !local && api == ownerAPI {
+				p.hops.Move(mark, to)
+			}
+		})
+	} else {
+		out = out.WithContext(hctx)
+	}
+	return out, watch, p.owners.Add(ownerAPI, watch, end), end
+}
+
+// sendFailed judges an attempt whose request failed (err, from either
+// client): the client gone, an owner lost after it may have dispatched,
+// a hop's verdict by its watch, then retry.go's rule.
+func (st *reqState) sendFailed(t *target, watch *hop.Watch, live *hop.Live, err error) attemptResult {
+	p, id := st.p, t.id
+	if st.r.Context().Err() != nil {
+		st.code = statusClientGone
+		return attemptDone
+	}
+	if t.local {
+		p.reportFailure(id)
+	}
+	if live.Gone() && !neverReached(err) && (watch == nil || !watch.Unsent()) {
+		p.log.Warn("owner router gone from the mesh and silent after it was sent the request; not retrying", "replica", id, "owner", t.ownerAPI)
+		st.ownerGone = true
+		p.m.ownerGone.WithLabelValues(hop.GoneError).Inc()
+		return attemptFailed
+	}
+	if watch != nil {
+		if res, ok := st.hopFailed(watch, id, t.ownerAPI, err); ok {
+			return res
+		}
+	}
+	if neverReached(err) {
+		p.log.Warn("upstream unreachable, trying another", "replica", id, "url", t.url, "error", err)
+		return attemptNotReached
+	}
+	p.log.Warn("upstream failed after the request was sent; not retrying", "replica", id, "url", t.url, "error", err)
+	return attemptFailed
 }
 
 func (p *Proxy) reportFailure(id string) {

@@ -87,11 +87,11 @@ const refusedDrainTimeout = time.Second
 // maxRefusedDrain and for at most refusedDrainTimeout (or the upstream
 // idle timeout when it is shorter). A drain cut short leaves the body
 // unfinished, so its connection is closed rather than pooled. cancel,
-// when not nil, cancels the net/http request resp answers.
-func (st *reqState) drainRefused(resp *http.Response, cancel func()) {
-	p := st.p
+// when not nil, cancels the net/http request resp answers; idle is the
+// upstream idle timeout (<= 0: none).
+func drainRefused(resp *http.Response, cancel func(), idle time.Duration) {
 	d := refusedDrainTimeout
-	if t := p.cfg.UpstreamIdleTimeout; t > 0 && t < d {
+	if t := idle; t > 0 && t < d {
 		d = t
 	}
 	if b, ok := resp.Body.(*upstream.Body); ok {
