@@ -6,8 +6,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"runtime/debug"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -88,97 +86,6 @@ func (st *reqState) served(replicaID string) {
 		return
 	}
 	p.responses.add(s.id, replicaID)
-}
-
-// decide picks the candidate for a request this router decides.
-func (st *reqState) decide() route.Decision {
-	p, req, cands := st.p, st.req, st.cands
-	if st.ep.byLoad {
-		return leastLoaded(cands, req.ClientKey, st.body)
-	}
-	if id := st.prompt.PreviousResponseID; id != "" {
-		// Not a preference but a requirement: an engine keeps the
-		// responses it stored to itself, and any other answers 404. So the
-		// load bounds do not apply; when the replica is gone (or this
-		// router never saw the response) the request is routed as usual.
-		if rep, ok := p.responses.get(id); ok {
-			if i := slices.IndexFunc(cands, func(c route.Candidate) bool { return c.ID() == rep }); i >= 0 {
-				return route.Decision{Index: i, Reason: ReasonPreviousResponse}
-			}
-		}
-	}
-	return p.guardedPick(p.cfg.Policy.Pick, req, cands)
-}
-
-// guardedPick is the policy's decision (pick), guarded: a policy that panics or returns
-// no candidate (a bug, as an index of -1 once was after a router's kill -9)
-// costs the request its cache-aware placement, not its answer. The request
-// goes to the least loaded candidate instead, and the fault is logged
-// with its stack at most a few times a second.
-func (p *Proxy) guardedPick(pick func(route.Request, []route.Candidate) route.Decision, req route.Request, cands []route.Candidate) (d route.Decision) {
-	defer func() {
-		v := recover()
-		if v == nil && d.Index >= 0 && d.Index < len(cands) {
-			return
-		}
-		fault := fmt.Sprintf("index %d of %d candidates", d.Index, len(cands))
-		if v != nil {
-			fault = fmt.Sprintf("panic: %v\n%s", v, debug.Stack())
-		}
-		p.junk.Printf("routing policy failed, placing the request by load instead: %s", fault)
-		d = leastLoaded(cands, req.ClientKey, nil)
-		d.Reason = ReasonPolicyFault
-	}()
-	return pick(req, cands)
-}
-
-// leastLoaded picks, within the nearest tier, the candidate with the
-// fewest requests in flight (then the fewest the engine queues). Ties are
-// broken by rendezvous hashing on the client key, or on the body, so that
-// equal replicas share the load without a shared counter.
-func leastLoaded(cands []route.Candidate, clientKey uint64, body []byte) route.Decision {
-	key := clientKey
-	if key == 0 {
-		key = xxh3.Hash(body)
-	}
-	best := -1
-	var bestW uint64
-	for i := range cands {
-		c := &cands[i]
-		w := mix64(route.HashID(c.ID()) ^ key)
-		if best < 0 {
-			best, bestW = i, w
-			continue
-		}
-		b := &cands[best]
-		switch {
-		case c.Tier != b.Tier:
-			if c.Tier < b.Tier {
-				best, bestW = i, w
-			}
-		case c.InFlight != b.InFlight:
-			if c.InFlight < b.InFlight {
-				best, bestW = i, w
-			}
-		case c.Waiting != b.Waiting:
-			if c.Waiting < b.Waiting {
-				best, bestW = i, w
-			}
-		case w > bestW:
-			best, bestW = i, w
-		}
-	}
-	return route.Decision{Index: best, Reason: ReasonLoad}
-}
-
-// mix64 is splitmix64's finaliser: rendezvous weights must not be
-// correlated across replicas for one key.
-func mix64(x uint64) uint64 {
-	x ^= x >> 30
-	x *= 0xbf58476d1ce4e5b9
-	x ^= x >> 27
-	x *= 0x94d049bb133111eb
-	return x ^ x>>31
 }
 
 // clientKey hashes the routing key a client sent, in order of precedence:

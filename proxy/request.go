@@ -20,8 +20,9 @@ import (
 // The request path of an inference request, top to bottom:
 //
 //	inference   admit, read and render, read the loads (this file)
-//	attempts    decide, book, attempt until one settles it (this file)
-//	attempt     send to one replica or its owner (this file)
+//	attemptAll  attempt until one settles it (this file)
+//	  decideAndBook  decide and book the attempt's replica (place.go)
+//	  attempt        send to the replica or its owner (this file)
 //	relay       stream the answer to the client (relay.go)
 //	learn       record what the replica now holds (relay.go)
 
@@ -293,40 +294,6 @@ func (st *reqState) attemptAll() {
 func (st *reqState) more() bool {
 	p := st.p
 	return st.attempts < p.cfg.MaxAttempts && len(st.cands) > 1 && p.now().Sub(st.began) < p.cfg.RetryBudget
-}
-
-// decideAndBook makes the decision of one attempt (a forwarded request's
-// first is its hint, which the deciding router counted) and books its
-// request before the next decision of this router reads the loads: the
-// decisions computed alongside it are caught up (placeBook). The
-// attempt ends the booking. counted tells whether the request's decision
-// was counted yet.
-func (st *reqState) decideAndBook(counted *bool) (route.Decision, booking) {
-	p := st.p
-	var d route.Decision
-	decided := st.hinted < 0
-	if !decided {
-		d = route.Decision{Index: st.hinted, Match: st.hintMatch}
-		st.hinted = -1
-	} else {
-		d = st.decide()
-	}
-	d, bk := st.commit(d, decided)
-	if decided && !*counted {
-		reason := d.Reason
-		if st.hop {
-			reason = ReasonRehint
-		}
-		p.m.countDecision(reason)
-		*counted = true
-		if p.log.IsDebug() {
-			c := &st.cands[d.Index]
-			p.log.Debug("decision", "reason", reason, "replica", c.ID(), "match", d.Match, "blocks", len(st.hashes),
-				"candidates", len(st.cands), "in_flight", c.InFlight, "running", c.Running, "waiting", c.Waiting, "slots", c.Slots,
-				"pending", c.PendingPrefillBlocks, "stale", c.Stale, "client_key", st.req.ClientKey != 0)
-		}
-	}
-	return d, bk
 }
 
 // answerFailed answers a request whose attempt may have reached a
