@@ -67,9 +67,9 @@ func (st *reqState) decide() route.Decision {
 	return p.guardedPick(p.cfg.Policy.Pick, req, cands)
 }
 
-// guardedPick is the policy's decision (pick), guarded: a policy that panics or returns
-// no candidate (a bug, as an index of -1 once was after a router's kill -9)
-// costs the request its cache-aware placement, not its answer. The request
+// guardedPick is the policy's decision (pick), guarded: a policy that
+// panics or returns no candidate (a bug, such as an index of -1) costs the
+// request its cache-aware placement, not its answer. The request
 // goes to the least loaded candidate instead, and the fault is logged
 // with its stack at most a few times a second.
 func (p *Proxy) guardedPick(pick func(route.Request, []route.Candidate) route.Decision, req route.Request, cands []route.Candidate) (d route.Decision) {
@@ -150,7 +150,7 @@ const placeLogLen = 256
 // loadBook, hop.Book) and then books its request there (View.Begin,
 // hop.Book.send); two requests decided at once on one view both saw the
 // same replica idle, and both went there (three cold turns of a burst on
-// one replica of four slots, issue 7's chat). Each decision notes the
+// one replica of four slots). Each decision notes the
 // placement sequence its view of the loads reflects (read); its commit,
 // under the lock, adds to its candidates the placements committed since,
 // and decides again when one of them went to the replica it chose. Only
