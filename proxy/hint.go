@@ -162,35 +162,16 @@ func hopCount(s string) (int, bool) {
 }
 
 // hopOf reports whether r is a forwarded request whose hints this router
-// follows, and whether a peer provably sent it (authenticated). With a
-// hop key the MAC must verify within hopSkew; a request over TLS with a
-// client certificate verified against the peer CA is a peer's (when
-// Config.TrustPeerCerts is set). With neither a key nor peer
-// certificates the mesh is unauthenticated: hints are followed as sent
-// (the router warns about it at start) but prove nothing, so the request
-// still needs the client's API key. Untrusted hint headers are deleted,
-// so the request is routed as any client's.
+// follows, and whether a peer provably sent it (authenticated), by
+// trustHints' rule (trust.go). Hints it does not follow are deleted, so
+// the request is routed as any client's.
 func (p *Proxy) hopOf(r *http.Request) (hop, authenticated bool) {
-	h := r.Header
-	if h.Get(HeaderHop) == "" && h.Get(HeaderReplica) == "" && h.Get(HeaderMatch) == "" {
+	if !hasHints(r.Header) {
 		return false, false
 	}
-	ok := false
-	switch {
-	case p.cfg.TrustPeerCerts && r.TLS != nil && len(r.TLS.VerifiedChains) > 0:
-		ok, authenticated = h.Get(HeaderHop) != "", true
-	case len(p.cfg.HopKey) > 0:
-		ok = p.verifyHop(r)
-		authenticated = ok
-	case !p.cfg.TrustPeerCerts:
-		ok = h.Get(HeaderHop) != ""
-	}
+	ok, authenticated, reason := p.trustHints(r)
 	if !ok {
-		p.edge.rejected.WithLabelValues(rejectBadHop).Inc()
-		p.junk.Printf("dropping unauthenticated hint headers from %s", r.RemoteAddr)
-		for _, k := range []string{HeaderHop, HeaderReplica, HeaderMatch, HeaderHopTime, HeaderHopMAC} {
-			h.Del(k)
-		}
+		p.ignoreHints(r, reason)
 	}
 	return ok, ok && authenticated
 }
