@@ -46,6 +46,7 @@ type routerConfig struct {
 	advertise         string
 	join, replicas    []string
 	gossipKey         []byte
+	insecureMesh      bool // --insecure-mesh: join without a key or peer mTLS (router_trust.go)
 	logLevel          hclog.Level
 	logJSON           bool
 	maxBodyBytes      int64
@@ -124,7 +125,8 @@ flags:
 	fs.StringVar(&cfg.advertise, "advertise", "", "HOST:PORT peers use to reach this router's gossip (default: the bound address)")
 	fs.Var(&join, "join", "seed router's gossip HOST:PORT, or a DNS name resolving to routers (repeatable)")
 	fs.Var(&replicas, "replica", "base URL of an OpenAI-compatible replica this router fronts, e.g. http://10.0.0.5:8000 (repeatable)")
-	keyFile := fs.String("gossip-key-file", "", "file holding the gossip encryption key: 16, 24 or 32 bytes, base64-encoded or raw; all routers must share it")
+	keyFile := fs.String("gossip-key-file", "", "file holding the gossip encryption key: 16, 24 or 32 bytes, base64-encoded or raw; all routers must share it. It also authenticates the requests routers forward to each other; a router with --join needs it (or peer mutual TLS, or --insecure-mesh)")
+	fs.BoolVar(&cfg.insecureMesh, "insecure-mesh", false, "let a router with --join run without --gossip-key-file or peer mutual TLS: gossip is then unauthenticated and the router believes the hop headers of anyone who reaches its API; only on a network you fully trust")
 	logLevel := fs.String("log-level", "info", "log level: trace, debug, info, warn, error or off")
 	fs.BoolVar(&cfg.logJSON, "log-json", false, "log JSON lines instead of text")
 	fs.Int64Var(&cfg.maxBodyBytes, "max-body-bytes", proxy.DefaultMaxBodyBytes, "largest accepted request body in bytes (larger: 413)")
@@ -208,6 +210,9 @@ flags:
 		cfg.gossipKey = key
 	}
 	if err := checkEdgeFlags(&cfg); err != nil {
+		return cfg, err
+	}
+	if err := checkMeshAuth(&cfg); err != nil {
 		return cfg, err
 	}
 	if cfg.gcHeadroom < 0 {
@@ -389,6 +394,7 @@ func startRouter(ctx context.Context, cfg routerConfig) (*router, error) {
 		HopDispatchTimeout:   offTimeout(cfg.hopDispatchTimeout),
 		MaxInflightPerClient: cfg.maxInflightPerClient, HopKey: proxy.HopKey(cfg.gossipKey),
 		TrustPeerCerts: edges.serverTLS != nil && edges.peerCA != nil, RequirePeerTLS: edges.peerCA != nil, APIKeys: edges.keys,
+		InsecureHops:  cfg.insecureMesh && !meshAuthenticated(&cfg),
 		SessionHeader: cfg.sessionHeader, Peers: m.PeerAPIs, NoStreamLoop: cfg.noStreamLoop,
 	})
 	if err != nil {
@@ -420,9 +426,7 @@ func startRouter(ctx context.Context, cfg routerConfig) (*router, error) {
 	}
 	log.Info("router serving", "listen", ln.Addr().String(), "api", api, "admin", cfg.adminListen, "gossip", m.GossipAddr(),
 		"replicas", strings.Join(cfg.replicas, ","), "seeds", strings.Join(cfg.join, ","))
-	if len(cfg.gossipKey) == 0 && !(edges.serverTLS != nil && edges.peerCA != nil) {
-		log.Warn("no --gossip-key-file: gossip is unauthenticated and forwarded requests' X-Kvmesh-Hop hints cannot be verified, so clients can send them too; set a gossip key (or mutual peer TLS) on any network you do not fully trust")
-	}
+	logMeshAuth(log, &cfg)
 	return r, nil
 }
 
