@@ -83,6 +83,9 @@ while IFS= read -r v; do unset "$v"; done < <(compgen -e | grep '^KVMESH_' || tr
 
 dir=$(mktemp -d "${TMPDIR:-/tmp}/kvmesh-local-mesh.XXXXXX")
 mkdir -p "$dir/logs"
+# The routers' shared gossip key: it also authenticates the requests they
+# forward to each other (a router with --join refuses to start without one).
+(umask 077 && head -c 32 /dev/urandom | base64 >"$dir/gossip.key")
 pids=()
 names=()
 
@@ -186,7 +189,7 @@ for ((i = 0; i < ROUTERS; i++)); do
 	port_free "$p" || { echo "local-mesh.sh: port $p is in use (set ROUTER_PORT)" >&2; exit 1; }
 	args=(router --name "router-$((i + 1))" --region local
 		--listen "$HOST:$p" --gossip-bind "$HOST:$((GOSSIP_PORT + i))" --admin-listen "$HOST:$((ADMIN_PORT + i))"
-		--gossip-profile test --health-interval 500ms --log-level warn)
+		--gossip-profile test --health-interval 500ms --log-level warn --gossip-key-file "$dir/gossip.key")
 	if ((i > 0)); then args+=(--join "$seed"); fi
 	for ((k = i; k < REPLICAS; k += ROUTERS)); do
 		args+=(--replica "${replica_urls[k]}")
