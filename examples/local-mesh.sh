@@ -94,13 +94,16 @@ cleanup() {
 	trap - EXIT INT TERM
 	if ((${#pids[@]})); then
 		echo "stopping ${#pids[@]} processes" >&2
-		# Routers first, one at a time: on SIGTERM a router drains its
-		# in-flight requests (up to 10 s) and broadcasts its leave, which
-		# times out when every peer is stopping at the same moment.
+		# Routers first, all at once: on SIGTERM each leaves the mesh (a
+		# leave no peer is left to hear is no error) and drains its
+		# in-flight requests, while the replicas still serve them.
 		local i
 		for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
 			[[ ${names[i]} == router-* ]] || continue
 			kill -TERM "${pids[i]}" 2>/dev/null || true
+		done
+		for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
+			[[ ${names[i]} == router-* ]] || continue
 			wait "${pids[i]}" 2>/dev/null || true
 		done
 		for ((i = ${#pids[@]} - 1; i >= 0; i--)); do

@@ -445,28 +445,32 @@ func advertisedHostPort(a *net.TCPAddr) string {
 // shutdown stops the router in the order that loses no request: it
 // turns /readyz to 503, leaves the mesh (peers stop forwarding here and
 // route around this router's replicas), then stops accepting and drains
-// in-flight requests (streams included) for the drain timeout, then stops
-// the health checks. Safe to call more than once.
+// in-flight requests (streams included), then stops the health checks.
+// All of it fits in the drain timeout (shutdownBudget), so a router
+// SIGTERMed with its peers, all at once, exits within it too; a leave no
+// peer heard is no error (mesh/leave.go). Safe to call more than once.
 func (r *router) shutdown() error {
 	var errs []error
+	start := time.Now()
+	b := shutdownBudget(r.edges.drainTimeout)
 	r.draining.Store(true)
-	lctx, lcancel := context.WithTimeout(context.Background(), 2*time.Second)
+	lctx, lcancel := context.WithTimeout(context.Background(), b.leave)
 	if err := r.mesh.Close(lctx); err != nil {
 		errs = append(errs, err)
 	}
 	lcancel()
-	r.log.Info("left the mesh; draining in-flight requests", "timeout", r.edges.drainTimeout)
+	r.log.Info("left the mesh; draining in-flight requests", "timeout", r.edges.drainTimeout, "took", time.Since(start).Round(time.Millisecond))
 	if r.beforeStopAccepting != nil {
 		r.beforeStopAccepting()
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), r.edges.drainTimeout)
+	ctx, cancel := context.WithDeadline(context.Background(), start.Add(r.edges.drainTimeout-b.reserve))
 	defer cancel()
 	if err := r.srv.Shutdown(ctx); err != nil {
 		r.log.Warn("drain timed out; closing remaining connections", "error", err)
 		_ = r.srv.Close()
 	}
 	if r.admin != nil {
-		actx, acancel := context.WithTimeout(context.Background(), time.Second)
+		actx, acancel := context.WithTimeout(context.Background(), b.admin)
 		if r.admin.Shutdown(actx) != nil {
 			_ = r.admin.Close()
 		}
@@ -483,8 +487,24 @@ func (r *router) shutdown() error {
 		}
 	}
 	r.proxy.Close() // the stream loops, the own upstream pool and the net/http client's idle connections
-	r.log.Info("router stopped")
+	r.log.Info("router stopped", "took", time.Since(start).Round(time.Millisecond))
 	return errors.Join(errs...)
+}
+
+// stopBudget splits the drain timeout among the steps of a shutdown.
+type stopBudget struct {
+	leave   time.Duration // at most, for the leave broadcast
+	reserve time.Duration // kept from the drain for the steps after it
+	admin   time.Duration // the admin server's own drain (a scrape), within reserve
+}
+
+// shutdownBudget bounds a shutdown by the drain timeout d: the leave
+// takes at most a quarter of it (and 2 s; it needs less when peers
+// listen, mesh/leave.go), the steps after the drain a tenth (and 1 s),
+// and the drain the rest, counted from the SIGTERM.
+func shutdownBudget(d time.Duration) stopBudget {
+	reserve := min(time.Second, d/10)
+	return stopBudget{leave: max(min(2*time.Second, d/4), time.Millisecond), reserve: reserve, admin: reserve / 2}
 }
 
 // offTimeout maps a timeout flag whose 0 turns the bound off
