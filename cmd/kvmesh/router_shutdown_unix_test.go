@@ -124,7 +124,7 @@ func TestSIGTERMAllRoutersAtOnce(t *testing.T) {
 			name = "a stream in flight at each router"
 		}
 		t.Run(name, func(t *testing.T) {
-			// 60 tokens at 40 ms: a stream of about 2.4 s, still running
+			// 120 tokens at 40 ms: a stream of about 5 s, still running
 			// when the signals come, well within the drain timeout.
 			sim := startCountingSim(t, "s1", replicasim.Config{Model: simModel, DecodeMsPerToken: 40, MaxNumSeqs: 8})
 			defer sim.close()
@@ -165,12 +165,11 @@ func TestSIGTERMAllRoutersAtOnce(t *testing.T) {
 						results <- result{r.name, body, err}
 					}()
 				}
-				// Every stream has its first event before the signals.
+				// Every stream has its first event before the signals (or
+				// failed: its result says so).
 				for range routers {
 					select {
 					case <-started:
-					case res := <-results:
-						t.Fatalf("stream at %s ended before the signals: %v\n%s", res.router, res.err, res.body)
 					case <-ctx.Done():
 						t.Fatal("streams did not start")
 					}
@@ -223,11 +222,17 @@ func TestSIGTERMAllRoutersAtOnce(t *testing.T) {
 }
 
 // streamThrough sends one streamed chat request to api, says on started
-// when its first event came, and reads it to its end: an error unless it
-// ended with [DONE] and no error event.
+// when its first event came (or when it failed before), and reads it to
+// its end: an error unless it ended with [DONE] and no error event.
 func streamThrough(ctx context.Context, client *http.Client, api string, started chan<- string) (string, error) {
+	first := true
+	defer func() {
+		if first {
+			started <- api
+		}
+	}()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, api+"/v1/chat/completions",
-		strings.NewReader(streamBody("a prompt for a stream that outlives the signal "+api, 60)))
+		strings.NewReader(streamBody("a prompt for a stream that outlives the signal "+api, 120)))
 	if err != nil {
 		return "", err
 	}
@@ -243,7 +248,6 @@ func streamThrough(ctx context.Context, client *http.Client, api string, started
 	}
 	var body strings.Builder
 	br := bufio.NewReader(resp.Body)
-	first := true
 	for {
 		line, err := br.ReadString('\n')
 		body.WriteString(line)
