@@ -160,7 +160,8 @@ func (p *Proxy) askPeer(ctx context.Context, client *http.Request, base, id stri
 // serveLookup answers a peer's lookup from this router's memory only
 // (never asking further: one round, no loops). With a hop key the MAC
 // must verify; over peer mutual TLS the certificate suffices; an
-// unauthenticated mesh needs the client's API key, as its hops do.
+// unauthenticated mesh (Config.InsecureHops) needs the client's API key,
+// as its hops do; a router with none of these serves no lookup.
 func (p *Proxy) serveLookup(w http.ResponseWriter, r *http.Request) {
 	if !allow(w, r, http.MethodGet) {
 		return
@@ -179,6 +180,10 @@ func (p *Proxy) serveLookup(w http.ResponseWriter, r *http.Request) {
 			writeError(w, http.StatusForbidden, "lookup needs a peer certificate")
 			return
 		}
+	case !p.cfg.InsecureHops:
+		// No peer can prove itself here, so no peer asks (trust.go).
+		writeError(w, http.StatusForbidden, "lookup not served: this router has no gossip key and no peer mutual TLS to authenticate peers")
+		return
 	default:
 		if !p.authorize(w, r) {
 			return

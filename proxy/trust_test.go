@@ -135,3 +135,30 @@ func TestIncompleteHintsIgnored(t *testing.T) {
 		t.Errorf("ignored{incomplete} = %v, want 1", got)
 	}
 }
+
+// TestLookupNeedsAProvableMesh: a router that cannot authenticate peers
+// tells no one which replica holds a response; one told --insecure-mesh
+// answers as its hops are served (the client's API key, if any).
+func TestLookupNeedsAProvableMesh(t *testing.T) {
+	a := newReplica(t, func(w http.ResponseWriter, r *http.Request) { jsonChat(w, "hi", 0) })
+	for _, tc := range []struct {
+		name string
+		cfg  func(*Config)
+		want int
+	}{
+		{"no key, no peer TLS", nil, http.StatusForbidden},
+		{"--insecure-mesh", func(c *Config) { c.InsecureHops = true }, http.StatusOK},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, srv, _ := newTestProxy(t, newFakeView([]string{"m"}, fakeReplica{id: a.URL}), tc.cfg)
+			p.responses.add("resp_x", a.URL)
+			resp, err := http.Get(srv.URL + LookupPath + "?id=resp_x")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if body := readAll(t, resp); resp.StatusCode != tc.want || (tc.want == http.StatusOK && !strings.Contains(body, a.URL)) {
+				t.Errorf("status %d, want %d: %s", resp.StatusCode, tc.want, body)
+			}
+		})
+	}
+}
