@@ -101,7 +101,7 @@ func (p *Proxy) ignoreHints(r *http.Request, reason string) {
 	p.trust.ignored.WithLabelValues(reason).Inc()
 	switch reason {
 	case ignoreNoMeshAuth:
-		p.junk.Printf("ignoring router hint headers from %s: this router has no gossip key and no peer mutual TLS to authenticate them", r.RemoteAddr)
+		p.junk.Printf("ignoring router hint headers from %s: this router has no gossip key and no peer mutual TLS to authenticate them (if it is a peer router: give every router the same --gossip-key-file)", r.RemoteAddr)
 	default:
 		// The older counter of bad hops goes on counting them.
 		p.edge.rejected.WithLabelValues(rejectBadHop).Inc()

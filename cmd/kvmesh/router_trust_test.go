@@ -256,3 +256,77 @@ func TestTempGossipKey(t *testing.T) {
 		t.Error("the same key twice")
 	}
 }
+
+// TestHopsBetweenRouters: the hops of a mesh reach their owner as hops
+// (their hints believed, none ignored), whether the mesh authenticates
+// them with the gossip key or was told --insecure-mesh. The control: an
+// owner with neither (a keyless first router that others joined with
+// --insecure-mesh) ignores every hop's hints and routes it itself.
+func TestHopsBetweenRouters(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	const n = 5
+	for _, tc := range []struct {
+		name          string
+		key           []byte
+		insecure      bool // both routers
+		ownerInsecure bool // the owner too
+		wantIgnored   float64
+	}{
+		{name: "gossip key", key: testGossipKey},
+		{name: "--insecure-mesh, no key", insecure: true, ownerInsecure: true},
+		{name: "control: the owner has neither", insecure: true, wantIgnored: n},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var mu sync.Mutex
+			leaked := 0
+			rep := namedReplica("s1", &leaked, &mu)
+			defer rep.Close()
+			logs := &lockedWriter{}
+			ca := edgeBase(logs)
+			ca.name, ca.replicas, ca.gossipKey, ca.insecureMesh = "a", []string{rep.URL}, tc.key, tc.ownerInsecure
+			a, err := startRouter(context.Background(), ca)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cb := edgeBase(logs)
+			cb.name, cb.join, cb.gossipKey, cb.insecureMesh = "b", []string{a.mesh.GossipAddr()}, tc.key, tc.insecure
+			b, err := startRouter(context.Background(), cb)
+			if err != nil {
+				_ = a.shutdown()
+				t.Fatal(err)
+			}
+			defer func() {
+				for _, r := range []*router{b, a} {
+					if err := r.shutdown(); err != nil {
+						t.Error(err)
+					}
+				}
+				if t.Failed() {
+					t.Log(logs.String())
+				}
+			}()
+			eventually(t, "b to route to a's replica", func() bool { return hasCandidate(b, "m", rep.URL) })
+			client := &http.Client{Transport: &http.Transport{}}
+			defer client.CloseIdleConnections()
+			for i := range n {
+				resp, err := client.Post(b.api+"/v1/chat/completions", "application/json", strings.NewReader(chatRequest("hop "+strconv.Itoa(i))))
+				if err != nil {
+					t.Fatal(err)
+				}
+				body, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusOK || resp.Header.Get("X-Test-Replica") != "s1" {
+					t.Fatalf("status %d from %q: %s", resp.StatusCode, resp.Header.Get("X-Test-Replica"), body)
+				}
+			}
+			if got := counter(t, a, "kvmesh_hop_headers_ignored_total", ""); got != tc.wantIgnored {
+				t.Errorf("the owner ignored the hints of %v hops, want %v", got, tc.wantIgnored)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if leaked != 0 {
+				t.Errorf("hint headers reached the replica %d times", leaked)
+			}
+		})
+	}
+}
