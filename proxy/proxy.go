@@ -94,10 +94,11 @@ type Config struct {
 	// TrustPeerCerts accepts hints on requests that came over TLS with a
 	// client certificate the server verified (the peer CA's).
 	TrustPeerCerts bool
-	// InsecureHops follows hints that nothing authenticates when there is
-	// neither a HopKey nor TrustPeerCerts (--insecure-mesh): anyone who
-	// reaches the API can then steer requests. Without it such a router
-	// ignores every hint (trust.go).
+	// InsecureHops, without a HopKey, follows hints that nothing
+	// authenticates (--insecure-mesh): anyone who reaches the API can
+	// then steer requests. Without it, a router with neither a HopKey nor
+	// a verified peer certificate on the request ignores every hint
+	// (trust.go).
 	InsecureHops bool
 	// RequirePeerTLS refuses to forward to a peer whose API is not https,
 	// so no prompt crosses the network in plain text.

@@ -77,7 +77,7 @@ func (p *Proxy) trustHints(r *http.Request) (ok, authenticated bool, reason stri
 			return true, true, ""
 		}
 		return false, false, ignoreBadMAC
-	case p.cfg.TrustPeerCerts:
+	case p.cfg.TrustPeerCerts && !p.cfg.InsecureHops:
 		return false, false, ignoreNoPeerCert
 	case p.cfg.InsecureHops:
 		// Believed as sent, proving nothing: the request still needs the

@@ -48,6 +48,7 @@ func TestForgedHintsMoveNothing(t *testing.T) {
 		}, wantReason: ignoreBadMAC},
 		{name: "peer TLS only, no certificate", cfg: func(c *Config) { c.TrustPeerCerts = true }, wantReason: ignoreNoPeerCert},
 		{name: "control: --insecure-mesh believes them", cfg: func(c *Config) { c.InsecureHops = true }, wantMoved: n},
+		{name: "control: --insecure-mesh with TLS but no peer certificates", cfg: func(c *Config) { c.InsecureHops, c.TrustPeerCerts = true, true }, wantMoved: n},
 		{name: "control: a peer's MAC", cfg: func(c *Config) { c.HopKey = testHopKey }, sign: func(req *http.Request, replica string) {
 			(&Proxy{cfg: Config{HopKey: testHopKey}, now: time.Now}).signHop(req, replica, 1000, 0, 0)
 		}, wantMoved: n},
