@@ -83,6 +83,9 @@ while IFS= read -r v; do unset "$v"; done < <(compgen -e | grep '^KVMESH_' || tr
 
 dir=$(mktemp -d "${TMPDIR:-/tmp}/kvmesh-local-mesh.XXXXXX")
 mkdir -p "$dir/logs"
+# The routers' shared gossip key: it also authenticates the requests they
+# forward to each other (a router with --join refuses to start without one).
+(umask 077 && head -c 32 /dev/urandom | base64 >"$dir/gossip.key")
 pids=()
 names=()
 
@@ -91,13 +94,16 @@ cleanup() {
 	trap - EXIT INT TERM
 	if ((${#pids[@]})); then
 		echo "stopping ${#pids[@]} processes" >&2
-		# Routers first, one at a time: on SIGTERM a router drains its
-		# in-flight requests (up to 10 s) and broadcasts its leave, which
-		# times out when every peer is stopping at the same moment.
+		# Routers first, all at once: on SIGTERM each leaves the mesh (a
+		# leave no peer is left to hear is no error) and drains its
+		# in-flight requests, while the replicas still serve them.
 		local i
 		for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
 			[[ ${names[i]} == router-* ]] || continue
 			kill -TERM "${pids[i]}" 2>/dev/null || true
+		done
+		for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
+			[[ ${names[i]} == router-* ]] || continue
 			wait "${pids[i]}" 2>/dev/null || true
 		done
 		for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
@@ -186,7 +192,7 @@ for ((i = 0; i < ROUTERS; i++)); do
 	port_free "$p" || { echo "local-mesh.sh: port $p is in use (set ROUTER_PORT)" >&2; exit 1; }
 	args=(router --name "router-$((i + 1))" --region local
 		--listen "$HOST:$p" --gossip-bind "$HOST:$((GOSSIP_PORT + i))" --admin-listen "$HOST:$((ADMIN_PORT + i))"
-		--gossip-profile test --health-interval 500ms --log-level warn)
+		--gossip-profile test --health-interval 500ms --log-level warn --gossip-key-file "$dir/gossip.key")
 	if ((i > 0)); then args+=(--join "$seed"); fi
 	for ((k = i; k < REPLICAS; k += ROUTERS)); do
 		args+=(--replica "${replica_urls[k]}")

@@ -55,6 +55,9 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/.." && pwd)
 OUT=${OUT:-$(mktemp -d "${TMPDIR:-/tmp}/kvmesh-peers.XXXXXX")}
 mkdir -p "$OUT/logs"
+# The kvmesh routers' shared gossip key, which also authenticates their
+# hops (a router with --join refuses to start without one).
+(umask 077 && head -c 32 /dev/urandom | base64 >"$OUT/gossip.key")
 COMMIT=${COMMIT:-$(cd "$repo" && git describe --always --dirty 2>/dev/null || echo unknown)}
 while IFS= read -r v; do unset "$v"; done < <(compgen -e | grep '^KVMESH_' || true)
 
@@ -162,7 +165,7 @@ start_kvmesh() {
 	for ((i = 0; i < n; i++)); do
 		args=(router --name "router-$((i + 1))" --region local --listen "$HOST:$((fe_port + i))"
 			--gossip-bind "$HOST:$((mesh_port + i))" --admin-listen "$HOST:$((mesh_port + 20 + i))"
-			--gossip-profile "$GOSSIP_PROFILE" --log-level warn)
+			--gossip-profile "$GOSSIP_PROFILE" --log-level warn --gossip-key-file "$OUT/gossip.key")
 		((i > 0)) && args+=(--join "$HOST:$mesh_port")
 		for ((k = i; k < 4; k += n)); do args+=(--replica "${rep_urls[k]}"); done
 		start "router-$((i + 1))" "$bin" "${args[@]}"

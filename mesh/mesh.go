@@ -265,8 +265,10 @@ func New(ctx context.Context, cfg Config) (*Mesh, error) {
 	return m, nil
 }
 
-// Close leaves the mesh (bounded by ctx, or two seconds) and shuts
-// memberlist down; no goroutine of the mesh survives it.
+// Close leaves the mesh (bounded by ctx, or two seconds, and by the time
+// the leave broadcast needs: leave.go) and shuts memberlist down; no
+// goroutine of the mesh survives it. A leave no peer confirmed is logged,
+// not returned: only a failing shutdown is an error.
 func (m *Mesh) Close(ctx context.Context) error {
 	m.closeOnce.Do(func() {
 		m.cancel()
@@ -275,10 +277,8 @@ func (m *Mesh) Close(ctx context.Context) error {
 		if dl, ok := ctx.Deadline(); ok {
 			timeout = max(time.Until(dl), time.Millisecond)
 		}
+		m.leave(timeout) // heard or not, not an error (leave.go)
 		var errs []error
-		if err := m.ml.Leave(timeout); err != nil {
-			errs = append(errs, fmt.Errorf("mesh: leave: %w", err))
-		}
 		if err := m.ml.Shutdown(); err != nil {
 			errs = append(errs, fmt.Errorf("mesh: shutdown: %w", err))
 		}

@@ -392,9 +392,9 @@ func TestResponseByIDGoesToItsReplica(t *testing.T) {
 	}
 	a, b := newReplica(t, handler("a")), newReplica(t, handler("b"))
 	// The owner router of remote replica b.
-	ownerProxy, owner, _ := newTestProxy(t, newFakeView([]string{"m"}, fakeReplica{id: b.URL}), nil)
+	ownerProxy, owner, _ := newTestProxy(t, newFakeView([]string{"m"}, fakeReplica{id: b.URL}), func(c *Config) { c.HopKey = testHopKey })
 	view := newFakeView([]string{"m"}, fakeReplica{id: a.URL, match: 100}, fakeReplica{id: b.URL, owner: owner.URL})
-	p, srv, _ := newTestProxy(t, view, nil)
+	p, srv, _ := newTestProxy(t, view, func(c *Config) { c.HopKey = testHopKey })
 	p.responses.add("resp_at_a", a.URL)
 	p.responses.add("resp_at_b", b.URL)
 	do := func(method, path string) (int, string) {

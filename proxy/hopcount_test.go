@@ -132,7 +132,8 @@ func TestOwnerRedecidesWithTheHopsCounts(t *testing.T) {
 			for _, o := range others {
 				rs = append(rs, fakeReplica{id: o.URL, slots: 4, seqMs: 4000})
 			}
-			_, srv, _ := newTestProxy(t, newFakeView([]string{"m"}, rs...), nil)
+			// The test sends the hop itself: an insecure mesh's owner.
+			_, srv, _ := newTestProxy(t, newFakeView([]string{"m"}, rs...), func(c *Config) { c.InsecureHops = true })
 			req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, srv.URL+"/v1/chat/completions", strings.NewReader(prompt))
 			if err != nil {
 				t.Fatal(err)

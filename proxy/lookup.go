@@ -157,7 +157,8 @@ func (l *lookups) askPeer(ctx context.Context, client *http.Request, base, id st
 // serve answers a peer's lookup from this router's memory only
 // (never asking further: one round, no loops). With a hop key the MAC
 // must verify; over peer mutual TLS the certificate suffices; an
-// unauthenticated mesh needs the client's API key, as its hops do.
+// unauthenticated mesh (Config.InsecureHops) needs the client's API key,
+// as its hops do; a router with none of these serves no lookup.
 func (l *lookups) serve(w http.ResponseWriter, r *http.Request) {
 	p := l.p
 	if !allow(w, r, http.MethodGet) {
@@ -177,6 +178,10 @@ func (l *lookups) serve(w http.ResponseWriter, r *http.Request) {
 			writeError(w, http.StatusForbidden, "lookup needs a peer certificate")
 			return
 		}
+	case !p.cfg.InsecureHops:
+		// No peer can prove itself here, so no peer asks (trust.go).
+		writeError(w, http.StatusForbidden, "lookup not served: this router has no gossip key and no peer mutual TLS to authenticate peers")
+		return
 	default:
 		if !p.authorize(w, r) {
 			return

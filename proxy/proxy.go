@@ -88,6 +88,12 @@ type Config struct {
 	// TrustPeerCerts accepts hints on requests that came over TLS with a
 	// client certificate the server verified (the peer CA's).
 	TrustPeerCerts bool
+	// InsecureHops, without a HopKey, follows hints that nothing
+	// authenticates (--insecure-mesh): anyone who reaches the API can
+	// then steer requests. Without it, a router with neither a HopKey nor
+	// a verified peer certificate on the request ignores every hint
+	// (trust.go).
+	InsecureHops bool
 	// RequirePeerTLS refuses to forward to a peer whose API is not https,
 	// so no prompt crosses the network in plain text.
 	RequirePeerTLS bool
@@ -136,6 +142,7 @@ type Proxy struct {
 	log    hclog.Logger
 	m      *metrics
 	edge   *edgeMetrics
+	trust  *trustMetrics // trust.go
 	client *http.Client
 	// up reaches owned plain-HTTP replicas (upstream.Client); nil when
 	// Config.Client is not a plain net/http Transport.
@@ -219,7 +226,7 @@ func New(cfg Config) (*Proxy, error) {
 	if cfg.Panics == nil {
 		cfg.Panics = panics.New(cfg.Registerer, cfg.Logger)
 	}
-	p := &Proxy{cfg: cfg, log: cfg.Logger, m: newMetrics(cfg.Registerer), edge: newEdgeMetrics(cfg.Registerer), client: cfg.Client,
+	p := &Proxy{cfg: cfg, log: cfg.Logger, m: newMetrics(cfg.Registerer), edge: newEdgeMetrics(cfg.Registerer), trust: newTrustMetrics(cfg.Registerer), client: cfg.Client,
 		junk: junkLog{log: cfg.Logger, lim: ratelog.New(5, time.Second)}, panics: cfg.Panics, now: time.Now,
 		sessionHeader: cfg.SessionHeader, responses: newResponseLRU(cfg.MaxResponses),
 

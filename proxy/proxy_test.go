@@ -421,7 +421,7 @@ func TestHintForwarding(t *testing.T) {
 			repR := newReplica(t, func(w http.ResponseWriter, r *http.Request) { jsonChat(w, "from R", 0) })
 			repL := newReplica(t, func(w http.ResponseWriter, r *http.Request) { jsonChat(w, "from L", 0) })
 			viewB := tc.ownerView(repR.URL, repL.URL)
-			pB, err := New(Config{View: viewB, Policy: route.DefaultPolicy(), Contract: testContract})
+			pB, err := New(Config{View: viewB, Policy: route.DefaultPolicy(), Contract: testContract, HopKey: testHopKey})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -431,7 +431,7 @@ func TestHintForwarding(t *testing.T) {
 				pB.ServeHTTP(w, r)
 			})
 			viewA := newFakeView([]string{"m"}, fakeReplica{id: repR.URL, owner: ownerB.URL, match: 3}, fakeReplica{id: deadAddr(t), inFlight: 9}, fakeReplica{id: deadAddr(t), inFlight: 9})
-			_, srvA, _ := newTestProxy(t, viewA, nil)
+			_, srvA, _ := newTestProxy(t, viewA, func(c *Config) { c.HopKey = testHopKey })
 			resp := post(t, t.Context(), srvA.URL+"/v1/chat/completions", chatBody("m", false, longPrompt))
 			body := readAll(t, resp)
 			if resp.StatusCode != tc.wantCode {

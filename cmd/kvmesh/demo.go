@@ -355,13 +355,19 @@ func (s *stack) startReplicas(cfg demoConfig, kvBlocks int, log hclog.Logger) ([
 
 // startRouters starts the mesh: router i declares replicas j with
 // j mod routers == i, and every router after the first joins the first.
+// They share a gossip key made for the run, as a real mesh's routers do.
 func (s *stack) startRouters(ctx context.Context, cfg demoConfig, replicas []string, level hclog.Level, logOut io.Writer) ([]string, error) {
+	keyFile, err := tempGossipKey()
+	if err != nil {
+		return nil, fmt.Errorf("demo: %w", err)
+	}
+	s.onStop(func() { _ = os.Remove(keyFile) })
 	var urls []string
 	var seed string
 	for i := 0; i < cfg.routers; i++ {
 		args := []string{"--name", fmt.Sprintf("router-%d", i), "--region", "local",
 			"--listen", "127.0.0.1:0", "--admin-listen", "", "--gossip-bind", "127.0.0.1:0", "--gossip-profile", "test",
-			"--health-interval", "500ms", "--log-level", strings.ToLower(level.String())}
+			"--health-interval", "500ms", "--log-level", strings.ToLower(level.String()), "--gossip-key-file", keyFile}
 		if seed != "" {
 			args = append(args, "--join", seed)
 		}

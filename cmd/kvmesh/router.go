@@ -49,6 +49,7 @@ type routerConfig struct {
 	advertise         string
 	join, replicas    []string
 	gossipKey         []byte
+	insecureMesh      bool // --insecure-mesh: join without a key or peer mTLS (router_trust.go)
 	logLevel          hclog.Level
 	logJSON           bool
 	maxBodyBytes      int64
@@ -127,7 +128,8 @@ flags:
 	fs.StringVar(&cfg.advertise, "advertise", "", "HOST:PORT peers use to reach this router's gossip (default: the bound address)")
 	fs.Var(&join, "join", "seed router's gossip HOST:PORT, or a DNS name resolving to routers (repeatable)")
 	fs.Var(&replicas, "replica", "base URL of an OpenAI-compatible replica this router fronts, e.g. http://10.0.0.5:8000 (repeatable)")
-	keyFile := fs.String("gossip-key-file", "", "file holding the gossip encryption key: 16, 24 or 32 bytes, base64-encoded or raw; all routers must share it")
+	keyFile := fs.String("gossip-key-file", "", "file holding the gossip encryption key: 16, 24 or 32 bytes, base64-encoded or raw; all routers must share it. It also authenticates the requests routers forward to each other; a router with --join needs it (or peer mutual TLS, or --insecure-mesh)")
+	fs.BoolVar(&cfg.insecureMesh, "insecure-mesh", false, "let a router with --join run without --gossip-key-file or peer mutual TLS: gossip is then unauthenticated and the router believes the hop headers of anyone who reaches its API; only on a network you fully trust")
 	logLevel := fs.String("log-level", "info", "log level: trace, debug, info, warn, error or off")
 	fs.BoolVar(&cfg.logJSON, "log-json", false, "log JSON lines instead of text")
 	fs.Int64Var(&cfg.maxBodyBytes, "max-body-bytes", proxy.DefaultMaxBodyBytes, "largest accepted request body in bytes (larger: 413)")
@@ -211,6 +213,9 @@ flags:
 		cfg.gossipKey = key
 	}
 	if err := checkEdgeFlags(&cfg); err != nil {
+		return cfg, err
+	}
+	if err := checkMeshAuth(&cfg); err != nil {
 		return cfg, err
 	}
 	if cfg.gcHeadroom < 0 {
@@ -392,6 +397,7 @@ func startRouter(ctx context.Context, cfg routerConfig) (*router, error) {
 		HopDispatchTimeout:   offTimeout(cfg.hopDispatchTimeout),
 		MaxInflightPerClient: cfg.maxInflightPerClient, HopKey: hop.Key(cfg.gossipKey),
 		TrustPeerCerts: edges.serverTLS != nil && edges.peerCA != nil, RequirePeerTLS: edges.peerCA != nil, APIKeys: edges.keys,
+		InsecureHops:  cfg.insecureMesh && !meshAuthenticated(&cfg),
 		SessionHeader: cfg.sessionHeader, Peers: m.PeerAPIs, NoStreamLoop: cfg.noStreamLoop,
 	})
 	if err != nil {
@@ -423,9 +429,7 @@ func startRouter(ctx context.Context, cfg routerConfig) (*router, error) {
 	}
 	log.Info("router serving", "listen", ln.Addr().String(), "api", api, "admin", cfg.adminListen, "gossip", m.GossipAddr(),
 		"replicas", strings.Join(cfg.replicas, ","), "seeds", strings.Join(cfg.join, ","))
-	if len(cfg.gossipKey) == 0 && !(edges.serverTLS != nil && edges.peerCA != nil) {
-		log.Warn("no --gossip-key-file: gossip is unauthenticated and forwarded requests' X-Kvmesh-Hop hints cannot be verified, so clients can send them too; set a gossip key (or mutual peer TLS) on any network you do not fully trust")
-	}
+	logMeshAuth(log, &cfg)
 	return r, nil
 }
 
@@ -444,28 +448,32 @@ func advertisedHostPort(a *net.TCPAddr) string {
 // shutdown stops the router in the order that loses no request: it
 // turns /readyz to 503, leaves the mesh (peers stop forwarding here and
 // route around this router's replicas), then stops accepting and drains
-// in-flight requests (streams included) for the drain timeout, then stops
-// the health checks. Safe to call more than once.
+// in-flight requests (streams included), then stops the health checks.
+// All of it fits in the drain timeout (shutdownBudget), so a router
+// SIGTERMed with its peers, all at once, exits within it too; a leave no
+// peer heard is no error (mesh/leave.go). Safe to call more than once.
 func (r *router) shutdown() error {
 	var errs []error
+	start := time.Now()
+	b := shutdownBudget(r.edges.drainTimeout)
 	r.draining.Store(true)
-	lctx, lcancel := context.WithTimeout(context.Background(), 2*time.Second)
+	lctx, lcancel := context.WithTimeout(context.Background(), b.leave)
 	if err := r.mesh.Close(lctx); err != nil {
 		errs = append(errs, err)
 	}
 	lcancel()
-	r.log.Info("left the mesh; draining in-flight requests", "timeout", r.edges.drainTimeout)
+	r.log.Info("left the mesh; draining in-flight requests", "timeout", r.edges.drainTimeout, "took", time.Since(start).Round(time.Millisecond))
 	if r.beforeStopAccepting != nil {
 		r.beforeStopAccepting()
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), r.edges.drainTimeout)
+	ctx, cancel := context.WithDeadline(context.Background(), start.Add(r.edges.drainTimeout-b.reserve))
 	defer cancel()
 	if err := r.srv.Shutdown(ctx); err != nil {
 		r.log.Warn("drain timed out; closing remaining connections", "error", err)
 		_ = r.srv.Close()
 	}
 	if r.admin != nil {
-		actx, acancel := context.WithTimeout(context.Background(), time.Second)
+		actx, acancel := context.WithTimeout(context.Background(), b.admin)
 		if r.admin.Shutdown(actx) != nil {
 			_ = r.admin.Close()
 		}
@@ -482,8 +490,24 @@ func (r *router) shutdown() error {
 		}
 	}
 	r.proxy.Close() // the stream loops, the own upstream pool and the net/http client's idle connections
-	r.log.Info("router stopped")
+	r.log.Info("router stopped", "took", time.Since(start).Round(time.Millisecond))
 	return errors.Join(errs...)
+}
+
+// stopBudget splits the drain timeout among the steps of a shutdown.
+type stopBudget struct {
+	leave   time.Duration // at most, for the leave broadcast
+	reserve time.Duration // kept from the drain for the steps after it
+	admin   time.Duration // the admin server's own drain (a scrape), within reserve
+}
+
+// shutdownBudget bounds a shutdown by the drain timeout d: the leave
+// takes at most a quarter of it (and 2 s; it needs less when peers
+// listen, mesh/leave.go), the steps after the drain a tenth (and 1 s),
+// and the drain the rest, counted from the SIGTERM.
+func shutdownBudget(d time.Duration) stopBudget {
+	reserve := min(time.Second, d/10)
+	return stopBudget{leave: max(min(2*time.Second, d/4), time.Millisecond), reserve: reserve, admin: reserve / 2}
 }
 
 // offTimeout maps a timeout flag whose 0 turns the bound off

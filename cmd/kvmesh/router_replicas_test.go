@@ -167,7 +167,7 @@ func TestEndToEndDNSDiscovery(t *testing.T) {
 	base := routerConfig{
 		region: "local", listen: "127.0.0.1:0", gossipBind: "127.0.0.1:0", logLevel: hclog.Info, logOutput: logs,
 		maxBodyBytes: proxy.DefaultMaxBodyBytes, capacityBlocks: 4096, loadFactor: 1.25,
-		timing: mesh.TestTiming(), healthInterval: checkEvery, contract: summary.DefaultContract(),
+		timing: mesh.TestTiming(), healthInterval: checkEvery, contract: summary.DefaultContract(), gossipKey: testGossipKey,
 		sources: replicaSources{dns: service, dnsServer: dns.Addr, dnsInterval: resolveEvery},
 	}
 	a, b := startPair(ctx, t, base, nil)
@@ -301,7 +301,7 @@ func TestRouterReplicaFile(t *testing.T) {
 	cfg := routerConfig{
 		name: "a", region: "local", listen: "127.0.0.1:0", gossipBind: "127.0.0.1:0", logLevel: hclog.Info, logOutput: logs,
 		maxBodyBytes: proxy.DefaultMaxBodyBytes, capacityBlocks: 4096, loadFactor: 1.25,
-		timing: mesh.TestTiming(), healthInterval: 50 * time.Millisecond, contract: summary.DefaultContract(),
+		timing: mesh.TestTiming(), healthInterval: 50 * time.Millisecond, contract: summary.DefaultContract(), gossipKey: testGossipKey,
 		sources: replicaSources{file: file, filePoll: 20 * time.Millisecond},
 	}
 	r, err := startRouter(ctx, cfg)
@@ -350,7 +350,7 @@ func TestEngineLoadKnownReachesThePeers(t *testing.T) {
 	base := routerConfig{
 		region: "local", listen: "127.0.0.1:0", gossipBind: "127.0.0.1:0", logLevel: hclog.Warn, logOutput: logs,
 		maxBodyBytes: proxy.DefaultMaxBodyBytes, capacityBlocks: 4096, loadFactor: 1.25,
-		timing: mesh.TestTiming(), healthInterval: 50 * time.Millisecond, contract: summary.DefaultContract(),
+		timing: mesh.TestTiming(), healthInterval: 50 * time.Millisecond, contract: summary.DefaultContract(), gossipKey: testGossipKey,
 		sources: replicaSources{loadInterval: 50 * time.Millisecond},
 	}
 	a, b := startPair(ctx, t, base, []string{sim.srv.URL, plain.URL})

@@ -49,7 +49,7 @@ func TestRouterFlags(t *testing.T) {
 					t.Errorf("%+v", c)
 				}
 			}},
-		{name: "command line wins", args: append([]string{"--region", "us", "--join", "c:3"}, base...),
+		{name: "command line wins", args: append([]string{"--region", "us", "--join", "c:3", "--insecure-mesh"}, base...),
 			env: map[string]string{"KVMESH_REGION": "eu", "KVMESH_JOIN": "a:1"},
 			check: func(t *testing.T, c routerConfig) {
 				if c.region != "us" || strings.Join(c.join, ",") != "c:3" {
@@ -182,7 +182,7 @@ func TestEndToEndNextTurnFollowsCache(t *testing.T) {
 	base := routerConfig{
 		region: "local", listen: "127.0.0.1:0", gossipBind: "127.0.0.1:0", logLevel: hclog.Warn, logOutput: logs,
 		maxBodyBytes: proxy.DefaultMaxBodyBytes, capacityBlocks: 4096, loadFactor: 1.25,
-		timing: mesh.TestTiming(), healthInterval: 50 * time.Millisecond, contract: summary.DefaultContract(),
+		timing: mesh.TestTiming(), healthInterval: 50 * time.Millisecond, contract: summary.DefaultContract(), gossipKey: testGossipKey,
 	}
 	ca := base
 	ca.name, ca.replicas = "a", []string{reps["r1"].URL, reps["r2"].URL}

@@ -30,10 +30,10 @@ const (
 	HeaderHopMAC = "X-Kvmesh-Hop-Mac"
 )
 
-// hopSkew is how far a hop's timestamp may be from this router's clock:
+// Skew is how far a hop's timestamp may be from this router's clock:
 // a captured forwarded request cannot be replayed after it (and with
 // --peer-tls-ca none can be captured).
-const hopSkew = 60 * time.Second
+const Skew = 60 * time.Second
 
 // Key derives the key that authenticates hints from the mesh's gossip
 // key, so the gossip key itself is used by one primitive only.
@@ -97,7 +97,7 @@ func (s *Signer) Stamp(h http.Header, mac func(ts string) []byte) {
 	h.Set(HeaderHopMAC, base64.RawStdEncoding.EncodeToString(mac(ts)))
 }
 
-// VerifyStamp checks what Stamp set: a time within hopSkew of this
+// VerifyStamp checks what Stamp set: a time within Skew of this
 // router's clock and its MAC.
 func (s *Signer) VerifyStamp(h http.Header, mac func(ts string) []byte) bool {
 	ts := h.Get(HeaderHopTime)
@@ -105,7 +105,7 @@ func (s *Signer) VerifyStamp(h http.Header, mac func(ts string) []byte) bool {
 	if err != nil {
 		return false
 	}
-	if d := s.now().Sub(time.Unix(sec, 0)); d > hopSkew || d < -hopSkew {
+	if d := s.now().Sub(time.Unix(sec, 0)); d > Skew || d < -Skew {
 		return false
 	}
 	got, err := base64.RawStdEncoding.DecodeString(h.Get(HeaderHopMAC))
@@ -190,7 +190,7 @@ func hopCount(s string) (int, bool) {
 }
 
 // Verify reports whether r carries hints signed with the key within
-// hopSkew of this router's clock.
+// Skew of this router's clock.
 func (s *Signer) Verify(r *http.Request) bool {
 	h := r.Header
 	return h.Get(HeaderHop) != "" && s.VerifyStamp(h, func(ts string) []byte {

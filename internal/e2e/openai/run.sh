@@ -161,7 +161,10 @@ wait_healthy() { # wait_healthy ADMIN_PORT N: until the router there sees N repl
   done
 }
 
-start_routers http "$api1" "$api2" "$gossip1" "$gossip2"
+# A gossip key even in plain HTTP: it authenticates the routers' hops (a
+# router with --join refuses to start without one or --insecure-mesh).
+(umask 077 && head -c 32 /dev/urandom | base64 >"$work/gossip.key")
+start_routers http "$api1" "$api2" "$gossip1" "$gossip2" --gossip-key-file "$work/gossip.key"
 for api in "$api1" "$api2"; do
   echo "e2e-openai: check.mjs against router http://127.0.0.1:$api"
   (cd "$work/npm" && KVMESH_URL="http://127.0.0.1:$api" KVMESH_MODEL="$model" node check.mjs) || die "check.mjs failed against router http://127.0.0.1:$api"

@@ -120,7 +120,10 @@ start sim2 replica-sim --listen "127.0.0.1:$sim2" "${sim_flags[@]}"
 wait_http "http://127.0.0.1:$sim1/health" "replica 1"
 wait_http "http://127.0.0.1:$sim2/health" "replica 2"
 
-router_flags=(--region local --gossip-profile test --health-interval 200ms --log-level warn)
+# The routers share a gossip key: it also authenticates their hops (a
+# router with --join refuses to start without one or --insecure-mesh).
+(umask 077 && head -c 32 /dev/urandom | base64 >"$work/gossip.key")
+router_flags=(--region local --gossip-profile test --health-interval 200ms --log-level warn --gossip-key-file "$work/gossip.key")
 start router1 router --name r1 --listen "127.0.0.1:$api1" --gossip-bind "127.0.0.1:$gossip1" --admin-listen "127.0.0.1:$admin1" \
   --replica "http://127.0.0.1:$sim1" "${router_flags[@]}"
 wait_http "http://127.0.0.1:$api1/readyz" "router 1"

@@ -129,7 +129,10 @@ for i in 0 1 2; do
 done
 for i in 0 1 2; do wait_http "http://127.0.0.1:${sims[i]}/health" "replica $((i + 1))"; done
 
-router_flags=(--region local --gossip-profile test --health-interval 200ms --log-level warn)
+# The routers share a gossip key: it also authenticates their hops (a
+# router with --join refuses to start without one or --insecure-mesh).
+(umask 077 && head -c 32 /dev/urandom | base64 >"$work/gossip.key")
+router_flags=(--region local --gossip-profile test --health-interval 200ms --log-level warn --gossip-key-file "$work/gossip.key")
 for i in 0 1 2; do
   join=()
   if [ "$i" -gt 0 ]; then join=(--join "127.0.0.1:${gossips[0]}"); fi

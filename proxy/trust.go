@@ -1,0 +1,112 @@
+package proxy
+
+import (
+	"net/http"
+
+	"github.com/kvmesh/kvmesh/proxy/hop"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
+)
+
+// Whom a router believes about hints (issue 24, "secure by default").
+// The hint headers (hop.HeaderHop, hop.HeaderReplica, hop.HeaderMatch) choose the
+// replica a request goes to and skip the client's API key and per-client
+// cap, so only a peer router may send them. A router believes them when
+// a peer provably sent them:
+//
+//   - with a hop key (Config.HopKey, from the gossip key), the request's
+//     MAC verifies within hop.Skew;
+//   - with peer mutual TLS (Config.TrustPeerCerts), the request came over
+//     TLS with a client certificate verified against the peer CA;
+//   - with neither, never, unless the operator opted out
+//     (Config.InsecureHops, --insecure-mesh): the routers of such a mesh
+//     forward to each other with nothing to prove it, so anyone who can
+//     reach the API can steer requests too.
+//
+// Hints it does not believe are deleted and the request is routed as any
+// client's; kvmesh_hop_headers_ignored_total counts them by reason.
+
+// Reasons of kvmesh_hop_headers_ignored_total.
+const (
+	// ignoreNoMeshAuth: the router has neither a hop key nor peer
+	// certificates to check hints with (and no --insecure-mesh).
+	ignoreNoMeshAuth = "no_mesh_auth"
+	// ignoreBadMAC: the hop MAC is missing, wrong or out of hop.Skew.
+	ignoreBadMAC = "bad_mac"
+	// ignoreNoPeerCert: peer mutual TLS only, and the request has no
+	// verified peer certificate.
+	ignoreNoPeerCert = "no_peer_cert"
+	// ignoreIncomplete: a replica or match header without X-Kvmesh-Hop,
+	// which a router never sends.
+	ignoreIncomplete = "incomplete"
+)
+
+// trustMetrics counts the hints a router did not believe.
+type trustMetrics struct {
+	ignored *prometheus.CounterVec
+}
+
+func newTrustMetrics(reg prometheus.Registerer) *trustMetrics {
+	m := &trustMetrics{ignored: promauto.With(reg).NewCounterVec(prometheus.CounterOpts{
+		Name: "kvmesh_hop_headers_ignored_total",
+		Help: "Requests whose router-to-router hint headers (X-Kvmesh-Hop, X-Kvmesh-Replica, X-Kvmesh-Match) the router deleted and ignored, because no peer provably sent them, by reason.",
+	}, []string{"reason"})}
+	for _, r := range []string{ignoreNoMeshAuth, ignoreBadMAC, ignoreNoPeerCert, ignoreIncomplete} {
+		m.ignored.WithLabelValues(r)
+	}
+	return m
+}
+
+// hasHints reports whether r carries any hint header.
+func hasHints(h http.Header) bool {
+	return h.Get(hop.HeaderHop) != "" || h.Get(hop.HeaderReplica) != "" || h.Get(hop.HeaderMatch) != ""
+}
+
+// trustHints judges a request that carries hint headers: whether to
+// follow them (ok), whether a peer provably sent them (authenticated),
+// and, when not ok, why.
+func (p *Proxy) trustHints(r *http.Request) (ok, authenticated bool, reason string) {
+	h := r.Header
+	switch {
+	case p.cfg.TrustPeerCerts && r.TLS != nil && len(r.TLS.VerifiedChains) > 0:
+		if h.Get(hop.HeaderHop) == "" {
+			return false, false, ignoreIncomplete
+		}
+		return true, true, ""
+	case len(p.cfg.HopKey) > 0:
+		if p.signer.Verify(r) {
+			return true, true, ""
+		}
+		return false, false, ignoreBadMAC
+	case p.cfg.TrustPeerCerts && !p.cfg.InsecureHops:
+		return false, false, ignoreNoPeerCert
+	case p.cfg.InsecureHops:
+		// Believed as sent, proving nothing: the request still needs the
+		// client's API key.
+		if h.Get(hop.HeaderHop) == "" {
+			return false, false, ignoreIncomplete
+		}
+		return true, false, ""
+	}
+	return false, false, ignoreNoMeshAuth
+}
+
+// ignoreHints deletes the hint headers of a request whose hints this
+// router does not believe, so it is routed as any client's, and counts
+// and (rate-limited) logs it.
+func (p *Proxy) ignoreHints(r *http.Request, reason string) {
+	h := r.Header
+	for _, k := range []string{hop.HeaderHop, hop.HeaderReplica, hop.HeaderMatch, hop.HeaderHopTime, hop.HeaderHopMAC} {
+		h.Del(k)
+	}
+	p.trust.ignored.WithLabelValues(reason).Inc()
+	switch reason {
+	case ignoreNoMeshAuth:
+		p.junk.Printf("ignoring router hint headers from %s: this router has no gossip key and no peer mutual TLS to authenticate them (if it is a peer router: give every router the same --gossip-key-file)", r.RemoteAddr)
+	default:
+		// The older counter of bad hops goes on counting them.
+		p.edge.rejected.WithLabelValues(rejectBadHop).Inc()
+		p.junk.Printf("dropping unauthenticated hint headers from %s (%s)", r.RemoteAddr, reason)
+	}
+}
