@@ -15,6 +15,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvmesh/kvmesh/proxy/prompt"
 	"github.com/kvmesh/kvmesh/route"
 	"github.com/kvmesh/kvmesh/summary"
 	"github.com/prometheus/client_golang/prometheus"
@@ -32,7 +33,7 @@ type reqState struct {
 	concurrent, fork int
 	path             string
 	body             []byte
-	prompt           summary.Prompt
+	prompt           prompt.Prompt
 	root             uint64
 	hashes           []uint64
 	hop              bool
