@@ -7,9 +7,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"unicode/utf16"
 	"unicode/utf8"
 
+	"github.com/kvmesh/kvmesh/internal/jsonscan"
 	"github.com/zeebo/xxh3"
 )
 
@@ -134,7 +134,7 @@ type rawText []byte
 // invalid UTF-8 (which encoding/json replaces) takes the slow path.
 func (t *rawText) UnmarshalJSON(data []byte) error {
 	if len(data) >= 2 && data[0] == '"' && utf8.Valid(data) {
-		if out, ok := unquote((*t)[:0], data[1:len(data)-1]); ok {
+		if out, ok := jsonscan.AppendDecoded((*t)[:0], data[1:len(data)-1]); ok {
 			*t = out
 			return nil
 		}
@@ -145,79 +145,6 @@ func (t *rawText) UnmarshalJSON(data []byte) error {
 	}
 	*t = append((*t)[:0], s...)
 	return nil
-}
-
-// unquote appends the value of a validated JSON string body to dst.
-func unquote(dst, body []byte) ([]byte, bool) {
-	for len(body) > 0 {
-		i := bytes.IndexByte(body, '\\')
-		if i < 0 {
-			return append(dst, body...), true
-		}
-		dst = append(dst, body[:i]...)
-		if i+1 >= len(body) {
-			return dst, false
-		}
-		c := body[i+1]
-		body = body[i+2:]
-		switch c {
-		case '"', '\\', '/':
-			dst = append(dst, c)
-		case 'b':
-			dst = append(dst, '\b')
-		case 'f':
-			dst = append(dst, '\f')
-		case 'n':
-			dst = append(dst, '\n')
-		case 'r':
-			dst = append(dst, '\r')
-		case 't':
-			dst = append(dst, '\t')
-		case 'u':
-			r, ok := hex4(body)
-			if !ok {
-				return dst, false
-			}
-			body = body[4:]
-			if utf16.IsSurrogate(r) {
-				r2, ok := rune(0), false
-				if len(body) >= 6 && body[0] == '\\' && body[1] == 'u' {
-					r2, ok = hex4(body[2:])
-				}
-				if dec := utf16.DecodeRune(r, r2); ok && dec != utf8.RuneError {
-					r = dec
-					body = body[6:]
-				} else {
-					r = utf8.RuneError
-				}
-			}
-			dst = utf8.AppendRune(dst, r)
-		default:
-			return dst, false
-		}
-	}
-	return dst, true
-}
-
-func hex4(b []byte) (rune, bool) {
-	if len(b) < 4 {
-		return 0, false
-	}
-	var r rune
-	for _, c := range b[:4] {
-		switch {
-		case c >= '0' && c <= '9':
-			c -= '0'
-		case c >= 'a' && c <= 'f':
-			c -= 'a' - 10
-		case c >= 'A' && c <= 'F':
-			c -= 'A' - 10
-		default:
-			return 0, false
-		}
-		r = r<<4 | rune(c)
-	}
-	return r, true
 }
 
 // RenderChat parses a /v1/chat/completions body and renders its prompt:
