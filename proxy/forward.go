@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/proxy/prompt"
+	"github.com/kvmesh/kvmesh/proxy/reply"
 	"github.com/kvmesh/kvmesh/route"
 	"github.com/kvmesh/kvmesh/summary"
 	"github.com/prometheus/client_golang/prometheus"
@@ -641,16 +642,15 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, resp *http.Respons
 		wd.extend()
 		flushed = rc.Flush() // the client sees the headers before the first token
 	}
-	var sink *answerSink
+	var sink *reply.Sink
 	if local && resp.StatusCode >= 200 && resp.StatusCode < 300 && !st.byLoad {
 		// The replica accepted the request: it holds (or is computing) the
 		// prompt now. A refused or failed request records nothing, and
 		// embeddings leave no cache.
 		p.cfg.View.Record(id, st.hashes)
 		if resp.StatusCode == http.StatusOK {
-			sink = newAnswerSink(sse)
-			sink.budget = p.answers
-			defer sink.release()
+			sink = reply.NewSink(sse, p.answers)
+			defer sink.Release()
 		}
 	}
 	tap := streamTap{sink: sink, firstByte: firstByte, ttft: obs.ttft, start: start, idle: idle}
@@ -773,7 +773,7 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, resp *http.Respons
 	}
 	obs.duration.Observe(time.Since(start).Seconds())
 	if sink != nil {
-		sink.finish()
+		sink.Finish()
 		p.learn(st, id, d, sink)
 	}
 }
@@ -806,7 +806,7 @@ func endStream(w http.ResponseWriter, rc *http.ResponseController, wd *writeDead
 // first byte's time and the answer.
 type streamTap struct {
 	got       bool
-	sink      *answerSink
+	sink      *reply.Sink
 	firstByte func()
 	ttft      prometheus.Observer
 	start     time.Time
@@ -828,7 +828,7 @@ func (t *streamTap) data(b []byte) {
 		t.ttft.Observe(time.Since(t.start).Seconds())
 	}
 	if t.sink != nil {
-		t.sink.feed(b)
+		t.sink.Feed(b)
 	}
 }
 
@@ -838,22 +838,22 @@ func (t *streamTap) data(b []byte) {
 // summary claimed beyond them are forgotten (the replica evicted them),
 // and the prompt is recorded again after that, since the engine has just
 // computed it.
-func (p *Proxy) learn(st *reqState, id string, d route.Decision, sink *answerSink) {
+func (p *Proxy) learn(st *reqState, id string, d route.Decision, sink *reply.Sink) {
 	forgot := false
-	if u := sink.usage; u.present {
-		if u.promptTokens > 0 {
-			p.m.promptTokens.Add(float64(u.promptTokens))
+	if u := sink.Usage(); u.Present {
+		if u.PromptTokens > 0 {
+			p.m.promptTokens.Add(float64(u.PromptTokens))
 		}
-		if u.hasCached {
-			c := u.cachedTokens
+		if u.HasCached {
+			c := u.CachedTokens
 			if c > 0 {
 				p.m.reportedCached.Add(float64(c))
 			}
 			p.m.predictedCached.Add(float64(d.Match * p.cfg.Contract.BlockBytes / bytesPerToken))
-			forgot = p.correct(st, id, d.Match, c, u.promptTokens)
+			forgot = p.correct(st, id, d.Match, c, u.PromptTokens)
 		}
 	}
-	if len(sink.answer) == 0 && !forgot {
+	if len(sink.Answer()) == 0 && !forgot {
 		return
 	}
 	// The text (prompt + answer) starts with the prompt, so the chain
@@ -866,7 +866,7 @@ func (p *Proxy) learn(st *reqState, id string, d route.Decision, sink *answerSin
 	}
 	tail := st.prompt
 	tail.Text = st.prompt.Text[n*bb:]
-	all := p.cfg.Contract.AppendHashes(st.hashes[:n:n], from, tail.AppendAnswer(string(sink.answer)))
+	all := p.cfg.Contract.AppendHashes(st.hashes[:n:n], from, tail.AppendAnswer(string(sink.Answer())))
 	if len(all) > n || forgot {
 		p.cfg.View.Record(id, all)
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/kvmesh/kvmesh/internal/panics"
 	"github.com/kvmesh/kvmesh/internal/ratelog"
+	"github.com/kvmesh/kvmesh/proxy/reply"
 	"github.com/kvmesh/kvmesh/route"
 	"github.com/kvmesh/kvmesh/summary"
 	"github.com/prometheus/client_golang/prometheus"
@@ -172,8 +173,8 @@ type Proxy struct {
 	// loops relay SSE streams by their sockets (streamloop.go); nil when
 	// off or not on Linux.
 	loops *streamLoops
-	// answers bounds the answer bytes all streams hold (answer.go).
-	answers *answerBudget
+	// answers bounds the answer bytes all streams hold.
+	answers *reply.Budget
 	// owners holds the hops in flight by owner, to end those of an owner
 	// the mesh lost (ownergone.go); stopGone stops the view's events.
 	owners   *ownerHops
@@ -299,7 +300,7 @@ func New(cfg Config) (*Proxy, error) {
 		junk: junkLog{log: cfg.Logger, lim: ratelog.New(5, time.Second)}, panics: cfg.Panics, now: time.Now,
 		sessionHeader: cfg.SessionHeader, responses: newResponseLRU(cfg.MaxResponses),
 		lookups: newLookups(cfg.Registerer),
-		load:    newLoadBook(), hops: newHopBook(), up: newUpstreamClient(cfg.Client), answers: newAnswerBudget(answerBudgetBytes)}
+		load:    newLoadBook(), hops: newHopBook(), up: newUpstreamClient(cfg.Client), answers: reply.NewBudget(reply.BudgetBytes)}
 	p.clock, _ = cfg.View.(loadClock)
 	p.owners = newOwnerHops(p.probeOwner, func(end string) { p.m.ownerGone.WithLabelValues(end).Inc() }, cfg.Logger)
 	if gw, ok := cfg.View.(goneWatcher); ok {
