@@ -3,14 +3,9 @@ package prompt
 import (
 	"bytes"
 	"encoding/binary"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"unicode/utf8"
-
-	"github.com/kvmesh/kvmesh/internal/jsonscan"
-	"github.com/zeebo/xxh3"
 )
 
 // ErrBadRequest marks a request body that cannot be routed; the proxy
@@ -108,11 +103,6 @@ type toolCall struct {
 	} `json:"function"`
 }
 
-type contentPart struct {
-	Type string  `json:"type"`
-	Text rawText `json:"text"`
-}
-
 // messageContent is a message's content rendered while the body is
 // decoded. Prompts are mostly one long string, so decoding it once, without
 // a json.RawMessage copy and a second parse, is most of the router's
@@ -121,30 +111,9 @@ type messageContent struct{ text []byte }
 
 // UnmarshalJSON implements json.Unmarshaler.
 func (c *messageContent) UnmarshalJSON(data []byte) error {
-	text, err := appendContent(nil, data)
+	text, err := appendContent(nil, data, chatContent)
 	c.text = text
 	return err
-}
-
-// rawText is a JSON string decoded without a second validation pass.
-type rawText []byte
-
-// UnmarshalJSON implements json.Unmarshaler. The decoder has already
-// validated data as a JSON string, so it is unquoted in one pass; only
-// invalid UTF-8 (which encoding/json replaces) takes the slow path.
-func (t *rawText) UnmarshalJSON(data []byte) error {
-	if len(data) >= 2 && data[0] == '"' && utf8.Valid(data) {
-		if out, ok := jsonscan.AppendDecoded((*t)[:0], data[1:len(data)-1]); ok {
-			*t = out
-			return nil
-		}
-	}
-	var s string
-	if err := json.Unmarshal(data, &s); err != nil {
-		return err
-	}
-	*t = append((*t)[:0], s...)
-	return nil
 }
 
 // RenderChat parses a /v1/chat/completions body and renders its prompt:
@@ -224,65 +193,6 @@ func RenderChatStd(body []byte) (Prompt, error) {
 	}
 	p.Text = text
 	return p, nil
-}
-
-// appendContent renders a message's content: a string as itself, an array
-// of parts part by part. Text parts are kept as text; any other part
-// (image_url, input_audio, file, ...) is rendered as a digest of its JSON,
-// so two images differ and one image repeated matches, without copying
-// megabytes of base64 into the text.
-func appendContent(dst []byte, raw json.RawMessage) ([]byte, error) {
-	raw = bytes.TrimSpace(raw)
-	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
-		return dst, nil
-	}
-	switch raw[0] {
-	case '"':
-		var s rawText
-		if err := s.UnmarshalJSON(raw); err != nil {
-			return dst, err
-		}
-		return append(dst, s...), nil
-	case '[':
-		var parts []json.RawMessage
-		if err := json.Unmarshal(raw, &parts); err != nil {
-			return dst, err
-		}
-		for i, pr := range parts {
-			var part contentPart
-			if err := json.Unmarshal(pr, &part); err != nil {
-				return dst, fmt.Errorf("part %d: %v", i, err)
-			}
-			if part.Type == "text" {
-				dst = append(dst, part.Text...)
-				continue
-			}
-			dst = append(dst, groupSep)
-			dst = append(dst, part.Type...)
-			dst = append(dst, unitSep)
-			dst = appendDigest(dst, pr)
-		}
-		return dst, nil
-	default:
-		return dst, errors.New("must be a string, an array of content parts or null")
-	}
-}
-
-func appendDigest(dst []byte, raw []byte) []byte {
-	var c bytes.Buffer
-	if json.Compact(&c, raw) == nil {
-		raw = c.Bytes()
-	}
-	d := xxh3.Hash128(raw).Bytes()
-	return hex.AppendEncode(dst, d[:])
-}
-
-func appendCompactJSON(dst []byte, raw []byte) []byte {
-	var c bytes.Buffer
-	if err := json.Compact(&c, raw); err != nil {
-		return append(dst, raw...)
-	}
-	return append(dst, c.Bytes()...)
 }
 
 type completionRequest struct {

@@ -227,8 +227,8 @@ func (c *chatScan) message() bool {
 	return true
 }
 
-// content renders a message's content like appendContent: a string as
-// itself, null as nothing, an array part by part.
+// content renders a message's content as appendContent does with
+// chatContent: a string as itself, null as nothing, an array part by part.
 func (c *chatScan) content() bool {
 	switch c.Peek() {
 	case '"':
@@ -313,7 +313,7 @@ func (c *chatScan) part() bool {
 			return false
 		}
 	}
-	if string(typ) == "text" {
+	if isText(&chatContent, typ) {
 		return true
 	}
 	c.text = c.text[:mark]
@@ -321,10 +321,7 @@ func (c *chatScan) part() bool {
 }
 
 func (c *chatScan) partDigest(typ []byte, start int) bool {
-	c.text = append(c.text, groupSep)
-	c.text = append(c.text, typ...)
-	c.text = append(c.text, unitSep)
-	c.text = appendDigest(c.text, c.Since(start))
+	c.text = appendPartDigest(c.text, typ, c.Since(start))
 	return true
 }
 
