@@ -12,8 +12,8 @@ import (
 // BenchmarkRenderAndHash is the router's whole per-request prompt work:
 // JSON parse, canonical rendering, block hashing and probes. "fast" is
 // RenderChat (the single-pass scanner); "std" is the encoding/json
-// reference it replaced, kept side by side so the speed-up is measured in
-// one run.
+// reference, side by side so that the scanner's margin is measured in one
+// run.
 func BenchmarkRenderAndHash(b *testing.B) {
 	renders := []struct {
 		name   string

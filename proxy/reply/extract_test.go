@@ -173,8 +173,7 @@ func streamOf(n int) string {
 
 // BenchmarkAnswerSink is the answer recording of one 1,000-token stream,
 // fed in 4 KB reads: the byte-level extractor with and without the chunk
-// template against a per-chunk encoding/json decode (what the router did
-// before).
+// template against a per-chunk encoding/json decode.
 func BenchmarkAnswerSink(b *testing.B) {
 	stream := []byte(streamOf(1000))
 	feed := func(s interface{ Feed([]byte) }) {
@@ -222,8 +221,7 @@ func BenchmarkAnswerSink(b *testing.B) {
 	})
 }
 
-// jsonSink is the former per-chunk encoding/json reader, kept as the
-// benchmark's baseline.
+// jsonSink is a per-chunk encoding/json reader, the benchmark's baseline.
 type jsonSink struct {
 	buf    []byte
 	answer []byte
