@@ -15,7 +15,7 @@ import (
 // escapes is not searched to its end once per escape.
 func stringRun(b []byte, i int, end *int, checkUTF8 bool) (int, bool) {
 	var hi byte
-	for k := i; k < i+16 && k < len(b); k++ {
+	for k := i; k < i+32 && k < len(b); k++ {
 		switch c := b[k]; {
 		case c == '"' || c == '\\':
 			return k, !checkUTF8 || hi < utf8.RuneSelf || utf8.Valid(b[i:k])
@@ -161,26 +161,24 @@ func hex4(b []byte) (rune, bool) {
 
 // StringBody reports whether b is exactly the inside of a JSON string (no
 // unescaped quote, no control byte, only complete escapes) and whether it
-// has escapes. Like RawString it does not look at UTF-8.
+// has escapes. Like RawString it does not look at UTF-8. It walks byte by
+// byte: it is for short strings (an answer's delta), where a bulk search
+// costs more in calls than it saves.
 func StringBody(b []byte) (esc, ok bool) {
-	for len(b) > 0 {
-		i := bytes.IndexByte(b, '\\')
-		run := b
-		if i >= 0 {
-			run = b[:i]
-		}
-		if bytes.IndexByte(run, '"') >= 0 || !plainRun(run, false) {
+	for i := 0; i < len(b); {
+		switch c := b[i]; {
+		case c == '"' || c < 0x20:
 			return false, false
+		case c != '\\':
+			i++
+		default:
+			n, ok := escapeLen(b[i:])
+			if !ok {
+				return false, false
+			}
+			esc = true
+			i += n
 		}
-		if i < 0 {
-			return esc, true
-		}
-		n, ok := escapeLen(b[i:])
-		if !ok {
-			return false, false
-		}
-		esc = true
-		b = b[i+n:]
 	}
 	return esc, true
 }

@@ -2,6 +2,7 @@ package reply
 
 import (
 	"strconv"
+	"unicode/utf8"
 
 	"github.com/kvmesh/kvmesh/internal/jsonscan"
 )
@@ -114,7 +115,11 @@ func (s *scanner) str() (jsonString, bool) {
 }
 
 // appendText appends the decoded string, as encoding/json decodes it.
+// Most answer strings are short, plain and valid UTF-8: copied at once.
 func (t jsonString) appendText(dst []byte) []byte {
+	if !t.esc && utf8.Valid(t.raw) {
+		return append(dst, t.raw...)
+	}
 	out, _ := jsonscan.AppendDecoded(dst, t.raw) // str validated the token
 	return out
 }
