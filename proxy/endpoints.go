@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/proxy/hop"
+	"github.com/kvmesh/kvmesh/proxy/prompt"
 	"github.com/kvmesh/kvmesh/route"
-	"github.com/kvmesh/kvmesh/summary"
 	"github.com/zeebo/xxh3"
 )
 
@@ -51,10 +51,10 @@ type endpoint struct {
 	// label is the endpoint label of kvmesh_requests_total.
 	label string
 	// render parses a body and renders its canonical prompt.
-	render func([]byte) (summary.Prompt, error)
+	render func([]byte) (prompt.Prompt, error)
 	// renderTo, when set, is render into a lent buffer (inference lends
 	// one from textBufs for the request's life).
-	renderTo func(buf, body []byte) (summary.Prompt, error)
+	renderTo func(buf, body []byte) (prompt.Prompt, error)
 	// byLoad places requests on the least loaded replica, without prefix
 	// matching, and does not read their responses (embeddings: there is
 	// no prompt cache to model, and the answers are large).
@@ -63,11 +63,11 @@ type endpoint struct {
 
 // The inference endpoints. They are read-only after initialisation.
 var (
-	chatAPI       = endpoint{label: epChat, render: summary.RenderChat, renderTo: summary.RenderChatTo}
-	completionAPI = endpoint{label: epCompletions, render: summary.RenderCompletion}
-	responsesAPI  = endpoint{label: epResponses, render: summary.RenderResponses}
-	messagesAPI   = endpoint{label: epMessages, render: summary.RenderMessages}
-	embeddingsAPI = endpoint{label: epEmbeddings, render: summary.RenderEmbeddings, byLoad: true}
+	chatAPI       = endpoint{label: epChat, render: prompt.RenderChat, renderTo: prompt.RenderChatTo}
+	completionAPI = endpoint{label: epCompletions, render: prompt.RenderCompletion}
+	responsesAPI  = endpoint{label: epResponses, render: prompt.RenderResponses}
+	messagesAPI   = endpoint{label: epMessages, render: prompt.RenderMessages}
+	embeddingsAPI = endpoint{label: epEmbeddings, render: prompt.RenderEmbeddings, byLoad: true}
 )
 
 // serveResponses serves POST /v1/responses: routed like chat, and the id
@@ -92,7 +92,7 @@ func (st *reqState) served(replicaID string) {
 // the body's prompt_cache_key, then the session header, then SGLang's
 // bootstrap_room. 0 means none. The kind is hashed in, so one value sent
 // as two kinds of key does not collide.
-func (p *Proxy) clientKey(r *http.Request, pr *summary.Prompt) uint64 {
+func (p *Proxy) clientKey(r *http.Request, pr *prompt.Prompt) uint64 {
 	var kind uint64
 	var v string
 	switch {

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/kvmesh/kvmesh/internal/threadcpu"
+	"github.com/kvmesh/kvmesh/proxy/prompt"
 	"github.com/kvmesh/kvmesh/route"
 	"github.com/kvmesh/kvmesh/summary"
 )
@@ -53,7 +54,7 @@ func BenchmarkRequestJSON(b *testing.B) {
 				body []byte
 			}{
 				{"scanner", chatAPI, body},
-				{"std", endpoint{label: epChat, render: summary.RenderChatStd}, body},
+				{"std", endpoint{label: epChat, render: prompt.RenderChatStd}, body},
 				{"responses-std", responsesAPI, resp},
 			}
 			for _, tc := range cases {

@@ -5,7 +5,7 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/kvmesh/kvmesh/summary"
+	"github.com/kvmesh/kvmesh/proxy/prompt"
 	dto "github.com/prometheus/client_model/go"
 )
 
@@ -55,7 +55,7 @@ func TestRecordOnlyWhenAccepted(t *testing.T) {
 // that, and the error lands in the histogram.
 func TestForgetBeyondReported(t *testing.T) {
 	body := chatBody("m", true, longPrompt)
-	prompt, err := summary.RenderChat([]byte(body))
+	prompt, err := prompt.RenderChat([]byte(body))
 	if err != nil {
 		t.Fatal(err)
 	}

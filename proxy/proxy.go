@@ -24,6 +24,7 @@ import (
 	"github.com/kvmesh/kvmesh/internal/panics"
 	"github.com/kvmesh/kvmesh/internal/ratelog"
 	"github.com/kvmesh/kvmesh/proxy/hop"
+	"github.com/kvmesh/kvmesh/proxy/reply"
 	"github.com/kvmesh/kvmesh/proxy/upstream"
 	"github.com/kvmesh/kvmesh/route"
 	"github.com/kvmesh/kvmesh/summary"
@@ -172,8 +173,8 @@ type Proxy struct {
 	// loops relay SSE streams by their sockets (upstream.Loops); nil when
 	// off or not on Linux.
 	loops *upstream.Loops
-	// answers bounds the answer bytes all streams hold (answer.go).
-	answers *answerBudget
+	// answers bounds the answer bytes all streams hold .
+	answers *reply.Budget
 	// owners holds the hops in flight by owner, to end those of an owner
 	// the mesh lost (hop.Owners); stopGone stops the view's events.
 	owners *hop.Owners
@@ -230,7 +231,7 @@ func New(cfg Config) (*Proxy, error) {
 		junk: junkLog{log: cfg.Logger, lim: ratelog.New(5, time.Second)}, panics: cfg.Panics, now: time.Now,
 		sessionHeader: cfg.SessionHeader, responses: newResponseLRU(cfg.MaxResponses),
 
-		load: newLoadBook(), hops: hop.NewBook(), up: upstream.New(cfg.Client), answers: newAnswerBudget(answerBudgetBytes)}
+		load: newLoadBook(), hops: hop.NewBook(), up: upstream.New(cfg.Client), answers: reply.NewBudget(reply.BudgetBytes)}
 	p.lookups = newLookups(p, cfg.Registerer)
 	p.signer = &hop.Signer{Key: cfg.HopKey, Now: func() time.Time { return p.now() }}
 	p.probeOwner = hop.ProbeHealthz(p.client)

@@ -14,8 +14,8 @@ import (
 
 	"github.com/kvmesh/kvmesh/proxy/health"
 	"github.com/kvmesh/kvmesh/proxy/hop"
+	"github.com/kvmesh/kvmesh/proxy/prompt"
 	"github.com/kvmesh/kvmesh/route"
-	"github.com/kvmesh/kvmesh/summary"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
@@ -358,19 +358,19 @@ func TestRecordsPromptAndAnswer(t *testing.T) {
 				t.Fatalf("status %d", resp.StatusCode)
 			}
 			view.waitDone(t)
-			var prompt summary.Prompt
+			var pr prompt.Prompt
 			var err error
 			if strings.Contains(tc.path, "chat") {
-				prompt, err = summary.RenderChat([]byte(tc.body))
+				pr, err = prompt.RenderChat([]byte(tc.body))
 			} else {
-				prompt, err = summary.RenderCompletion([]byte(tc.body))
+				pr, err = prompt.RenderCompletion([]byte(tc.body))
 			}
 			if err != nil {
 				t.Fatal(err)
 			}
 			root := testContract.Root("m", "")
-			wantPrompt := testContract.AppendHashes(nil, root, prompt.Text)
-			wantAll := testContract.AppendHashes(nil, root, prompt.AppendAnswer(tc.answer))
+			wantPrompt := testContract.AppendHashes(nil, root, pr.Text)
+			wantAll := testContract.AppendHashes(nil, root, pr.AppendAnswer(tc.answer))
 			recs := view.recorded(rep.URL)
 			if len(recs) != 2 || !slices.Equal(recs[0], wantPrompt) || !slices.Equal(recs[1], wantAll) {
 				t.Fatalf("records %d (want 2: prompt %d blocks, then prompt+answer %d blocks)", len(recs), len(wantPrompt), len(wantAll))

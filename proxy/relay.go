@@ -3,6 +3,7 @@ package proxy
 import (
 	"errors"
 	"fmt"
+	"github.com/kvmesh/kvmesh/proxy/reply"
 	"io"
 	"net/http"
 	"sync"
@@ -81,16 +82,15 @@ func (st *reqState) relay(resp *http.Response, a upstreamAnswer) {
 		out.wd.extend()
 		out.headErr = out.rc.Flush() // the client sees the headers before the first token
 	}
-	var sink *answerSink
+	var sink *reply.Sink
 	if a.local && resp.StatusCode >= 200 && resp.StatusCode < 300 && !st.byLoad {
 		// The replica accepted the request: it holds (or is computing) the
 		// prompt now. A refused or failed request records nothing, and
 		// embeddings leave no cache.
 		p.cfg.View.Record(a.id, st.hashes)
 		if resp.StatusCode == http.StatusOK {
-			sink = newAnswerSink(sse)
-			sink.budget = p.answers
-			defer sink.release()
+			sink = reply.NewSink(sse, p.answers)
+			defer sink.Release()
 		}
 	}
 	a.tap = streamTap{sink: sink, firstByte: a.firstByte, ttft: a.obs.ttft, start: a.start, idle: a.idle}
@@ -108,7 +108,7 @@ func (st *reqState) relay(resp *http.Response, a upstreamAnswer) {
 	}
 	a.obs.duration.Observe(time.Since(a.start).Seconds())
 	if sink != nil {
-		sink.finish()
+		sink.Finish()
 		st.learn(a.id, a.d, sink)
 	}
 }
@@ -287,7 +287,7 @@ func endStream(w http.ResponseWriter, rc *http.ResponseController, wd *writeDead
 // first byte's time and the answer.
 type streamTap struct {
 	got       bool
-	sink      *answerSink
+	sink      *reply.Sink
 	firstByte func()
 	ttft      prometheus.Observer
 	start     time.Time
@@ -309,7 +309,7 @@ func (t *streamTap) data(b []byte) {
 		t.ttft.Observe(time.Since(t.start).Seconds())
 	}
 	if t.sink != nil {
-		t.sink.feed(b)
+		t.sink.Feed(b)
 	}
 }
 
@@ -319,23 +319,23 @@ func (t *streamTap) data(b []byte) {
 // summary claimed beyond them are forgotten (the replica evicted them),
 // and the prompt is recorded again after that, since the engine has just
 // computed it.
-func (st *reqState) learn(id string, d route.Decision, sink *answerSink) {
+func (st *reqState) learn(id string, d route.Decision, sink *reply.Sink) {
 	p := st.p
 	forgot := false
-	if u := sink.usage; u.present {
-		if u.promptTokens > 0 {
-			p.m.promptTokens.Add(float64(u.promptTokens))
+	if u := sink.Usage(); u.Present {
+		if u.PromptTokens > 0 {
+			p.m.promptTokens.Add(float64(u.PromptTokens))
 		}
-		if u.hasCached {
-			c := u.cachedTokens
+		if u.HasCached {
+			c := u.CachedTokens
 			if c > 0 {
 				p.m.reportedCached.Add(float64(c))
 			}
 			p.m.predictedCached.Add(float64(d.Match * p.cfg.Contract.BlockBytes / bytesPerToken))
-			forgot = st.correct(id, d.Match, c, u.promptTokens)
+			forgot = st.correct(id, d.Match, c, u.PromptTokens)
 		}
 	}
-	if len(sink.answer) == 0 && !forgot {
+	if len(sink.Answer()) == 0 && !forgot {
 		return
 	}
 	// The text (prompt + answer) starts with the prompt, so the chain
@@ -348,7 +348,7 @@ func (st *reqState) learn(id string, d route.Decision, sink *answerSink) {
 	}
 	tail := st.prompt
 	tail.Text = st.prompt.Text[n*bb:]
-	all := p.cfg.Contract.AppendHashes(st.hashes[:n:n], from, tail.AppendAnswer(string(sink.answer)))
+	all := p.cfg.Contract.AppendHashes(st.hashes[:n:n], from, tail.AppendAnswer(string(sink.Answer())))
 	if len(all) > n || forgot {
 		p.cfg.View.Record(id, all)
 	}

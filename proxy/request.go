@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"github.com/kvmesh/kvmesh/proxy/prompt"
 	"io"
 	"net/http"
 	"slices"
@@ -44,7 +45,7 @@ type reqState struct {
 	concurrent, fork int
 	path             string
 	body             []byte
-	prompt           summary.Prompt
+	prompt           prompt.Prompt
 	root             uint64
 	hashes           []uint64
 	hop              bool

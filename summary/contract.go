@@ -32,7 +32,11 @@ func DefaultContract() Contract {
 	return Contract{BlockBytes: 1024, Seed: 0x6b766d6573680001}
 }
 
-// renderVersion changes whenever the canonical rendering changes.
+// renderVersion names the canonical rendering (package proxy/prompt) in
+// the contract ID: it changes whenever that rendering does, so routers
+// that render differently refuse each other instead of sharing hashes that
+// mean different prefixes. prompt's TestRenderingIsPinned fails until it is
+// bumped.
 const renderVersion = 1
 
 // ID names the contract; routers exchange it in their node metadata.

@@ -1,11 +1,12 @@
 // Package summary owns the hashing contract of kvmesh and the per-replica
 // summaries that routers gossip.
 //
-// A request body is rendered to a canonical prompt text (Render*), cut into
-// fixed-size blocks and hashed into a chain (Contract.Hashes): block i's hash
-// covers blocks 0..i, so equal hashes mean an equal prefix. Every router
-// must use the same Contract, which is why its ID travels in node metadata
-// and in every encoded summary.
+// Package proxy/prompt renders a request body to a canonical prompt text;
+// the Contract cuts that text into fixed-size blocks and hashes them into a
+// chain (Contract.AppendHashes): block i's hash covers blocks 0..i, so equal
+// hashes mean an equal prefix. Every router must use the same Contract,
+// which is why its ID travels in node metadata and in every encoded
+// summary.
 //
 // A Summary is an aging Bloom filter over one replica's block hashes. It
 // models the engine's LRU prefix cache: two generations, the newer one

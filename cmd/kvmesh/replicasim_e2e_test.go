@@ -19,6 +19,7 @@ import (
 	"github.com/kvmesh/kvmesh/internal/replicasim"
 	"github.com/kvmesh/kvmesh/mesh"
 	"github.com/kvmesh/kvmesh/proxy"
+	"github.com/kvmesh/kvmesh/proxy/prompt"
 	"github.com/kvmesh/kvmesh/summary"
 )
 
@@ -187,11 +188,11 @@ func TestEndToEndReplicaSimNextTurnHitsCache(t *testing.T) {
 	// turn's prompt and answer.
 	other := routers[1-first]
 	turn2 := request(system+question, answer, "And how do they fail? "+strings.Repeat("Explain partitions. ", 20))
-	p2, err := summary.RenderChat([]byte(turn2))
+	p2, err := prompt.RenderChat([]byte(turn2))
 	if err != nil {
 		t.Fatal(err)
 	}
-	p1, err := summary.RenderChat([]byte(turn1))
+	p1, err := prompt.RenderChat([]byte(turn1))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/kvmesh/kvmesh/mesh"
 	"github.com/kvmesh/kvmesh/proxy"
 	"github.com/kvmesh/kvmesh/proxy/hop"
+	"github.com/kvmesh/kvmesh/proxy/prompt"
 	"github.com/kvmesh/kvmesh/summary"
 	"go.uber.org/goleak"
 )
@@ -261,13 +262,13 @@ func TestEndToEndNextTurnFollowsCache(t *testing.T) {
 		t.Fatal("no replica header")
 	}
 	turn2 := chatRequest(system+question, answer, "And how do they fail? "+strings.Repeat("Explain partitions. ", 40))
-	p2, err := summary.RenderChat([]byte(turn2))
+	p2, err := prompt.RenderChat([]byte(turn2))
 	if err != nil {
 		t.Fatal(err)
 	}
 	c := base.contract
 	probes := summary.MakeProbes(nil, c.AppendHashes(nil, c.Root("m", ""), p2.Text))
-	p1, _ := summary.RenderChat([]byte(chatRequest(system + question)))
+	p1, _ := prompt.RenderChat([]byte(chatRequest(system + question)))
 	wantBlocks := len(c.AppendHashes(nil, 0, p1.AppendAnswer(answer))) // prompt + answer blocks
 	// The next turn arrives at the router that does not own the first
 	// turn's replica, so only the gossiped summary can lead it there.

@@ -1,4 +1,4 @@
-package proxy
+package reply
 
 import (
 	"strings"
@@ -9,18 +9,17 @@ import (
 // comes from one budget; a sink that finds it spent keeps the prefix it
 // has, and what it reserved goes back on release.
 func TestAnswerBudgetBoundsAllSinks(t *testing.T) {
-	budget := newAnswerBudget(2 * freeAnswerBytes)
+	budget := NewBudget(2 * freeAnswerBytes)
 	chunk := func(s string) []byte {
 		return []byte("data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"" + s + "\"}}]}\n\n")
 	}
 	word := strings.Repeat("x", 1000)
-	fill := func(s *answerSink, n int) {
+	fill := func(s *Sink, n int) {
 		for range n {
-			s.feed(chunk(word))
+			s.Feed(chunk(word))
 		}
 	}
-	a, b := newAnswerSink(true), newAnswerSink(true)
-	a.budget, b.budget = budget, budget
+	a, b := NewSink(true, budget), NewSink(true, budget)
 	fill(a, 200) // 200 KB: its free 64 KB and the budget's 128 KB
 	if len(a.answer) >= 200*len(word) || len(a.answer) < 3*freeAnswerBytes-len(word) {
 		t.Fatalf("first sink holds %d bytes, want about %d", len(a.answer), 3*freeAnswerBytes)
@@ -32,8 +31,8 @@ func TestAnswerBudgetBoundsAllSinks(t *testing.T) {
 	if !strings.HasPrefix(strings.Repeat(word, 200), string(a.answer)) {
 		t.Fatal("the answer kept is not a prefix")
 	}
-	a.release()
-	b.release()
+	a.Release()
+	b.Release()
 	if n := budget.left.Load(); n != 2*freeAnswerBytes {
 		t.Fatalf("budget %d after release, want %d", n, 2*freeAnswerBytes)
 	}

@@ -1,4 +1,4 @@
-package proxy
+package reply
 
 import (
 	"bytes"
@@ -7,23 +7,25 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/kvmesh/kvmesh/internal/jsonscan"
 )
 
 // refExtract is extractAnswer's specification written with encoding/json:
 // decode into a map (exact keys, last duplicate wins) and walk it.
-func refExtract(doc []byte) (string, answerUsage, bool) {
+func refExtract(doc []byte) (string, Usage, bool) {
 	if !json.Valid(doc) {
-		return "", answerUsage{}, false
+		return "", Usage{}, false
 	}
 	dec := json.NewDecoder(bytes.NewReader(doc))
 	dec.UseNumber()
 	var v any
 	if err := dec.Decode(&v); err != nil {
-		return "", answerUsage{}, false
+		return "", Usage{}, false
 	}
 	top, ok := v.(map[string]any)
 	if !ok {
-		return "", answerUsage{}, true
+		return "", Usage{}, true
 	}
 	asInt := func(x any) (int64, bool) {
 		n, ok := x.(json.Number)
@@ -62,12 +64,12 @@ func refExtract(doc []byte) (string, answerUsage, bool) {
 			}
 		}
 	}
-	var u answerUsage
+	var u Usage
 	if um, ok := top["usage"].(map[string]any); ok {
-		u.present = true
-		u.promptTokens, _ = asInt(um["prompt_tokens"])
+		u.Present = true
+		u.PromptTokens, _ = asInt(um["prompt_tokens"])
 		if d, ok := um["prompt_tokens_details"].(map[string]any); ok {
-			u.cachedTokens, u.hasCached = asInt(d["cached_tokens"])
+			u.CachedTokens, u.HasCached = asInt(d["cached_tokens"])
 		}
 	}
 	return text.String(), u, true
@@ -100,7 +102,7 @@ func TestExtractAnswerMatchesReference(t *testing.T) {
 	for _, c := range extractCases {
 		checkExtract(t, []byte(c))
 	}
-	deep := strings.Repeat("[", maxJSONDepth) + strings.Repeat("]", maxJSONDepth)
+	deep := strings.Repeat("[", jsonscan.MaxDepth) + strings.Repeat("]", jsonscan.MaxDepth)
 	checkExtract(t, []byte(`{"a":`+deep[1:len(deep)-1]+`}`))
 	checkExtract(t, []byte(`{"a":`+deep+`}`))
 }
@@ -139,20 +141,20 @@ func FuzzExtractAnswer(f *testing.F) {
 // same answer and usage as in one piece.
 func TestSinkSplitsAnywhere(t *testing.T) {
 	stream := []byte(streamOf(20))
-	whole := newAnswerSink(true)
-	whole.feed(stream)
-	whole.finish()
+	whole := NewSink(true, nil)
+	whole.Feed(stream)
+	whole.Finish()
 	for cut := range len(stream) {
-		s := newAnswerSink(true)
-		s.feed(stream[:cut])
-		s.feed(stream[cut:])
-		s.finish()
+		s := NewSink(true, nil)
+		s.Feed(stream[:cut])
+		s.Feed(stream[cut:])
+		s.Finish()
 		if string(s.answer) != string(whole.answer) || s.usage != whole.usage || !s.done {
 			t.Fatalf("cut at %d: %q %+v, want %q %+v", cut, s.answer, s.usage, whole.answer, whole.usage)
 		}
-		s.release()
+		s.Release()
 	}
-	if !whole.usage.hasCached || whole.usage.cachedTokens != 48 || len(whole.answer) != 20*len("token ") {
+	if !whole.usage.HasCached || whole.usage.CachedTokens != 48 || len(whole.answer) != 20*len("token ") {
 		t.Fatalf("answer %q usage %+v", whole.answer, whole.usage)
 	}
 }
@@ -171,40 +173,39 @@ func streamOf(n int) string {
 
 // BenchmarkAnswerSink is the answer recording of one 1,000-token stream,
 // fed in 4 KB reads: the byte-level extractor with and without the chunk
-// template against a per-chunk encoding/json decode (what the router did
-// before).
+// template against a per-chunk encoding/json decode.
 func BenchmarkAnswerSink(b *testing.B) {
 	stream := []byte(streamOf(1000))
-	feed := func(s interface{ feed([]byte) }) {
+	feed := func(s interface{ Feed([]byte) }) {
 		for i := 0; i < len(stream); i += 4096 {
-			s.feed(stream[i:min(i+4096, len(stream))])
+			s.Feed(stream[i:min(i+4096, len(stream))])
 		}
 	}
 	b.Run("extractor", func(b *testing.B) {
 		b.SetBytes(int64(len(stream)))
 		b.ReportAllocs()
 		for b.Loop() {
-			s := newAnswerSink(true)
+			s := NewSink(true, nil)
 			feed(s)
-			s.finish()
+			s.Finish()
 			if len(s.answer) != 6000 {
 				b.Fatal(len(s.answer))
 			}
-			s.release()
+			s.Release()
 		}
 	})
 	b.Run("extractor-no-template", func(b *testing.B) {
 		b.SetBytes(int64(len(stream)))
 		b.ReportAllocs()
 		for b.Loop() {
-			s := newAnswerSink(true)
+			s := NewSink(true, nil)
 			s.plain = true
 			feed(s)
-			s.finish()
+			s.Finish()
 			if len(s.answer) != 6000 {
 				b.Fatal(len(s.answer))
 			}
-			s.release()
+			s.Release()
 		}
 	})
 	b.Run("encoding-json", func(b *testing.B) {
@@ -220,14 +221,13 @@ func BenchmarkAnswerSink(b *testing.B) {
 	})
 }
 
-// jsonSink is the former per-chunk encoding/json reader, kept as the
-// benchmark's baseline.
+// jsonSink is a per-chunk encoding/json reader, the benchmark's baseline.
 type jsonSink struct {
 	buf    []byte
 	answer []byte
 }
 
-func (s *jsonSink) feed(b []byte) {
+func (s *jsonSink) Feed(b []byte) {
 	for len(b) > 0 {
 		i := bytes.IndexByte(b, '\n')
 		if i < 0 {
@@ -279,30 +279,30 @@ func FuzzSinkTemplate(f *testing.F) {
 	f.Add([]byte("data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"}}]}\n\ndata: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"b\\\"\\u00e9\"}}]}\n\ndata: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"c\\\"}}]}\n\ndata: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"d\"}}]}\n"), 3)
 	f.Add([]byte("data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"x\"}},{\"index\":0,\"delta\":{\"content\":\"\"}}]}\ndata: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"y\"}},{\"index\":0,\"delta\":{\"content\":\"\"}}]}\ndata: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"\"}},{\"index\":0,\"delta\":{\"content\":\"\"}}]}\n"), 1)
 	f.Fuzz(func(t *testing.T, stream []byte, cut int) {
-		fast, ref := newAnswerSink(true), newAnswerSink(true)
+		fast, ref := NewSink(true, nil), NewSink(true, nil)
 		ref.plain = true
 		cut = min(max(cut, 0), len(stream))
-		for _, s := range []*answerSink{fast, ref} {
-			s.feed(stream[:cut])
-			s.feed(stream[cut:])
-			s.finish()
+		for _, s := range []*Sink{fast, ref} {
+			s.Feed(stream[:cut])
+			s.Feed(stream[cut:])
+			s.Finish()
 		}
 		if !bytes.Equal(fast.answer, ref.answer) || fast.usage != ref.usage || fast.done != ref.done {
 			t.Fatalf("template path %q %+v, full path %q %+v", fast.answer, fast.usage, ref.answer, ref.usage)
 		}
-		fast.release()
-		ref.release()
+		fast.Release()
+		ref.Release()
 	})
 }
 
 // TestTemplateIsUsed: after the first delta chunk the template serves
 // the rest of a vLLM-shaped stream.
 func TestTemplateIsUsed(t *testing.T) {
-	s := newAnswerSink(true)
+	s := NewSink(true, nil)
 	st := streamOf(3)
-	s.feed([]byte(st[:strings.LastIndex(st[:strings.Index(st, `"usage"`)], "data:")])) // the delta chunks only
+	s.Feed([]byte(st[:strings.LastIndex(st[:strings.Index(st, `"usage"`)], "data:")])) // the delta chunks only
 	if !s.tpl.ok || !bytes.HasSuffix(s.tpl.pre, []byte(`"content":"`)) || !bytes.HasPrefix(s.tpl.suf, []byte(`"},"logprobs"`)) {
 		t.Fatalf("template %v %q %q", s.tpl.ok, s.tpl.pre, s.tpl.suf)
 	}
-	s.release()
+	s.Release()
 }

@@ -1,4 +1,10 @@
-package proxy
+// Package reply reads an engine's reply as it passes through the router
+// to the client: the generated answer (choice 0) and the usage, from each
+// SSE chunk or the whole JSON body, by a byte-level scan built on
+// internal/jsonscan. The router appends the answer to the prompt to learn
+// what the engine now holds, and checks its prediction against the
+// reported cached tokens.
+package reply
 
 import (
 	"bytes"
@@ -14,23 +20,25 @@ const maxAnswerBytes = 4 << 20
 // maxSSELine bounds one pending SSE line; a longer line is skipped.
 const maxSSELine = 1 << 20
 
-// answerBudgetBytes bounds what all of a router's sinks hold beyond
+// BudgetBytes bounds what all of a router's sinks hold beyond
 // freeAnswerBytes each: maxAnswerBytes and maxSSELine bound one stream,
 // and without a bound on their sum 4,096 connections of long generations
 // could make a router hold 16 GB of answers to record. A sink that cannot
 // reserve more records the prefix it has (still true of what the engine
 // holds) and skips the rest, as one past maxAnswerBytes does.
-const answerBudgetBytes = 256 << 20
+const BudgetBytes = 256 << 20
 
 // freeAnswerBytes is what a sink holds without reserving: a typical
 // answer never touches the budget (no shared counter per request).
 const freeAnswerBytes = 64 << 10
 
-// answerBudget is a router's answerBudgetBytes; nil: no budget.
-type answerBudget struct{ left atomic.Int64 }
+// Budget bounds what all of a router's sinks hold together (BudgetBytes);
+// a nil Budget bounds nothing.
+type Budget struct{ left atomic.Int64 }
 
-func newAnswerBudget(n int64) *answerBudget {
-	b := &answerBudget{}
+// NewBudget returns a budget of n bytes.
+func NewBudget(n int64) *Budget {
+	b := &Budget{}
 	b.left.Store(n)
 	return b
 }
@@ -39,7 +47,7 @@ func newAnswerBudget(n int64) *answerBudget {
 // reserving from the budget in steps of freeAnswerBytes. Once it could
 // not, the answer is full: nothing more is appended, so what is recorded
 // stays a prefix.
-func (s *answerSink) reserve(n int) bool {
+func (s *Sink) reserve(n int) bool {
 	if n <= freeAnswerBytes+s.held || s.budget == nil {
 		return true
 	}
@@ -58,23 +66,23 @@ func (s *answerSink) reserve(n int) bool {
 // pinning memory in the pool.
 const maxPooledBytes = 64 << 10
 
-// answerSink watches the bytes of a response as they pass through to the
+// Sink watches the bytes of a response as they pass through to the
 // client and collects the generated answer (choice 0) and the usage. It
 // never changes or holds back the bytes. Each SSE data line (or the whole
 // JSON body) is read by extractAnswer, a byte-level scanner that copies
 // only the answer text: no per-chunk decode into Go values.
-type answerSink struct {
+type Sink struct {
 	sse    bool
 	buf    []byte // SSE: the pending partial line; JSON: the body so far
 	skip   bool   // SSE: drop the rest of an overlong line; JSON: body too large
 	answer []byte
-	usage  answerUsage
+	usage  Usage
 	done   bool   // SSE: saw [DONE]
 	tmp    []byte // scratch for one chunk's answer text
 	tpl    chunkTemplate
 	plain  bool // never use the template (the tests' reference)
 	// budget is the router's (nil: none); held is what s reserved of it.
-	budget *answerBudget
+	budget *Budget
 	held   int
 	full   bool // the budget was spent: the answer takes no more
 }
@@ -92,18 +100,27 @@ type chunkTemplate struct {
 	ok       bool
 }
 
-var sinks = sync.Pool{New: func() any { return new(answerSink) }}
+var sinks = sync.Pool{New: func() any { return new(Sink) }}
 
-// newAnswerSink returns a sink from the pool; release returns it.
-func newAnswerSink(sse bool) *answerSink {
-	s := sinks.Get().(*answerSink)
+// NewSink returns a sink from the pool for a response that is an SSE
+// stream (sse) or one JSON body, holding beyond its free share only what
+// budget grants (nil: no bound); Release returns it.
+func NewSink(sse bool, budget *Budget) *Sink {
+	s := sinks.Get().(*Sink)
 	s.sse = sse
+	s.budget = budget
 	return s
 }
 
-// release resets the sink and returns it to the pool. The sink must not
+// Answer is the answer text collected so far: valid until Release.
+func (s *Sink) Answer() []byte { return s.answer }
+
+// Usage is the last usage object the response carried.
+func (s *Sink) Usage() Usage { return s.usage }
+
+// Release resets the sink and returns it to the pool. The sink must not
 // be used afterwards.
-func (s *answerSink) release() {
+func (s *Sink) Release() {
 	if s.held > 0 {
 		s.budget.left.Add(int64(s.held))
 	}
@@ -119,13 +136,13 @@ func (s *answerSink) release() {
 	if cap(s.tpl.pre)+cap(s.tpl.suf) > maxPooledBytes {
 		s.tpl = chunkTemplate{}
 	}
-	*s = answerSink{buf: s.buf[:0], answer: s.answer[:0], tmp: s.tmp[:0],
+	*s = Sink{buf: s.buf[:0], answer: s.answer[:0], tmp: s.tmp[:0],
 		tpl: chunkTemplate{pre: s.tpl.pre[:0], suf: s.tpl.suf[:0]}}
 	sinks.Put(s)
 }
 
-// feed takes the next bytes of the response body.
-func (s *answerSink) feed(b []byte) {
+// Feed takes the next bytes of the response body.
+func (s *Sink) Feed(b []byte) {
 	if !s.sse {
 		if s.skip {
 			return
@@ -170,7 +187,7 @@ var (
 )
 
 // line handles one complete SSE line.
-func (s *answerSink) line(l []byte) {
+func (s *Sink) line(l []byte) {
 	l = bytes.TrimSuffix(l, []byte{'\r'})
 	data, ok := bytes.CutPrefix(l, dataPrefix)
 	if !ok {
@@ -186,7 +203,7 @@ func (s *answerSink) line(l []byte) {
 
 // take extracts one JSON document's answer text and usage into the sink;
 // an invalid document changes nothing.
-func (s *answerSink) take(doc []byte) {
+func (s *Sink) take(doc []byte) {
 	if t := &s.tpl; t.ok && !s.plain && len(doc) >= len(t.pre)+len(t.suf) && bytes.HasPrefix(doc, t.pre) && bytes.HasSuffix(doc, t.suf) {
 		if body, ok := stringBody(doc[len(t.pre) : len(doc)-len(t.suf)]); ok {
 			s.tmp = body.appendText(s.tmp[:0])
@@ -201,16 +218,16 @@ func (s *answerSink) take(doc []byte) {
 // takeFull reads a document with the full extractor and returns its
 // answer (appended to dst), the usage to keep and the template to use
 // next. An invalid document yields nothing and keeps both.
-func takeFull(dst, doc []byte, usage answerUsage, tpl chunkTemplate, sse bool) ([]byte, answerUsage, chunkTemplate) {
+func takeFull(dst, doc []byte, usage Usage, tpl chunkTemplate, sse bool) ([]byte, Usage, chunkTemplate) {
 	out, u, part, hasPart, ok := extractAnswerPart(dst, doc)
 	if !ok {
 		return out, usage, tpl
 	}
-	if u.present {
+	if u.Present {
 		usage = u
 	}
 	tpl.ok = false
-	if sse && hasPart && !u.present {
+	if sse && hasPart && !u.Present {
 		// part.raw sits between its quotes in doc.
 		tpl.pre = append(tpl.pre[:0], doc[:part.at]...)
 		tpl.suf = append(tpl.suf[:0], doc[part.at+len(part.raw):]...)
@@ -219,7 +236,7 @@ func takeFull(dst, doc []byte, usage answerUsage, tpl chunkTemplate, sse bool) (
 	return out, usage, tpl
 }
 
-func (s *answerSink) appendAnswer(t []byte) {
+func (s *Sink) appendAnswer(t []byte) {
 	if s.full {
 		return
 	}
@@ -232,8 +249,8 @@ func (s *answerSink) appendAnswer(t []byte) {
 	s.answer = append(s.answer, t...)
 }
 
-// finish is called once the body has ended cleanly; it reads a JSON body.
-func (s *answerSink) finish() {
+// Finish is called once the body has ended cleanly; it reads a JSON body.
+func (s *Sink) Finish() {
 	if s.sse {
 		if len(s.buf) > 0 && !s.skip {
 			s.line(s.buf)

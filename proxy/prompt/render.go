@@ -1,16 +1,11 @@
-package summary
+package prompt
 
 import (
 	"bytes"
 	"encoding/binary"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"unicode/utf16"
-	"unicode/utf8"
-
-	"github.com/zeebo/xxh3"
 )
 
 // ErrBadRequest marks a request body that cannot be routed; the proxy
@@ -108,11 +103,6 @@ type toolCall struct {
 	} `json:"function"`
 }
 
-type contentPart struct {
-	Type string  `json:"type"`
-	Text rawText `json:"text"`
-}
-
 // messageContent is a message's content rendered while the body is
 // decoded. Prompts are mostly one long string, so decoding it once, without
 // a json.RawMessage copy and a second parse, is most of the router's
@@ -121,103 +111,9 @@ type messageContent struct{ text []byte }
 
 // UnmarshalJSON implements json.Unmarshaler.
 func (c *messageContent) UnmarshalJSON(data []byte) error {
-	text, err := appendContent(nil, data)
+	text, err := appendContent(nil, data, chatContent)
 	c.text = text
 	return err
-}
-
-// rawText is a JSON string decoded without a second validation pass.
-type rawText []byte
-
-// UnmarshalJSON implements json.Unmarshaler. The decoder has already
-// validated data as a JSON string, so it is unquoted in one pass; only
-// invalid UTF-8 (which encoding/json replaces) takes the slow path.
-func (t *rawText) UnmarshalJSON(data []byte) error {
-	if len(data) >= 2 && data[0] == '"' && utf8.Valid(data) {
-		if out, ok := unquote((*t)[:0], data[1:len(data)-1]); ok {
-			*t = out
-			return nil
-		}
-	}
-	var s string
-	if err := json.Unmarshal(data, &s); err != nil {
-		return err
-	}
-	*t = append((*t)[:0], s...)
-	return nil
-}
-
-// unquote appends the value of a validated JSON string body to dst.
-func unquote(dst, body []byte) ([]byte, bool) {
-	for len(body) > 0 {
-		i := bytes.IndexByte(body, '\\')
-		if i < 0 {
-			return append(dst, body...), true
-		}
-		dst = append(dst, body[:i]...)
-		if i+1 >= len(body) {
-			return dst, false
-		}
-		c := body[i+1]
-		body = body[i+2:]
-		switch c {
-		case '"', '\\', '/':
-			dst = append(dst, c)
-		case 'b':
-			dst = append(dst, '\b')
-		case 'f':
-			dst = append(dst, '\f')
-		case 'n':
-			dst = append(dst, '\n')
-		case 'r':
-			dst = append(dst, '\r')
-		case 't':
-			dst = append(dst, '\t')
-		case 'u':
-			r, ok := hex4(body)
-			if !ok {
-				return dst, false
-			}
-			body = body[4:]
-			if utf16.IsSurrogate(r) {
-				r2, ok := rune(0), false
-				if len(body) >= 6 && body[0] == '\\' && body[1] == 'u' {
-					r2, ok = hex4(body[2:])
-				}
-				if dec := utf16.DecodeRune(r, r2); ok && dec != utf8.RuneError {
-					r = dec
-					body = body[6:]
-				} else {
-					r = utf8.RuneError
-				}
-			}
-			dst = utf8.AppendRune(dst, r)
-		default:
-			return dst, false
-		}
-	}
-	return dst, true
-}
-
-func hex4(b []byte) (rune, bool) {
-	if len(b) < 4 {
-		return 0, false
-	}
-	var r rune
-	for _, c := range b[:4] {
-		switch {
-		case c >= '0' && c <= '9':
-			c -= '0'
-		case c >= 'a' && c <= 'f':
-			c -= 'a' - 10
-		case c >= 'A' && c <= 'F':
-			c -= 'A' - 10
-		default:
-			return 0, false
-		}
-		r = r<<4 | rune(c)
-	}
-	return r, true
 }
 
 // RenderChat parses a /v1/chat/completions body and renders its prompt:
@@ -297,65 +193,6 @@ func RenderChatStd(body []byte) (Prompt, error) {
 	}
 	p.Text = text
 	return p, nil
-}
-
-// appendContent renders a message's content: a string as itself, an array
-// of parts part by part. Text parts are kept as text; any other part
-// (image_url, input_audio, file, ...) is rendered as a digest of its JSON,
-// so two images differ and one image repeated matches, without copying
-// megabytes of base64 into the text.
-func appendContent(dst []byte, raw json.RawMessage) ([]byte, error) {
-	raw = bytes.TrimSpace(raw)
-	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
-		return dst, nil
-	}
-	switch raw[0] {
-	case '"':
-		var s rawText
-		if err := s.UnmarshalJSON(raw); err != nil {
-			return dst, err
-		}
-		return append(dst, s...), nil
-	case '[':
-		var parts []json.RawMessage
-		if err := json.Unmarshal(raw, &parts); err != nil {
-			return dst, err
-		}
-		for i, pr := range parts {
-			var part contentPart
-			if err := json.Unmarshal(pr, &part); err != nil {
-				return dst, fmt.Errorf("part %d: %v", i, err)
-			}
-			if part.Type == "text" {
-				dst = append(dst, part.Text...)
-				continue
-			}
-			dst = append(dst, groupSep)
-			dst = append(dst, part.Type...)
-			dst = append(dst, unitSep)
-			dst = appendDigest(dst, pr)
-		}
-		return dst, nil
-	default:
-		return dst, errors.New("must be a string, an array of content parts or null")
-	}
-}
-
-func appendDigest(dst []byte, raw []byte) []byte {
-	var c bytes.Buffer
-	if json.Compact(&c, raw) == nil {
-		raw = c.Bytes()
-	}
-	d := xxh3.Hash128(raw).Bytes()
-	return hex.AppendEncode(dst, d[:])
-}
-
-func appendCompactJSON(dst []byte, raw []byte) []byte {
-	var c bytes.Buffer
-	if err := json.Compact(&c, raw); err != nil {
-		return append(dst, raw...)
-	}
-	return append(dst, c.Bytes()...)
 }
 
 type completionRequest struct {

@@ -1,9 +1,8 @@
-package summary
+package prompt
 
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
 )
 
@@ -58,9 +57,6 @@ type responseItem struct {
 	Arguments string          `json:"arguments"`
 	Output    json.RawMessage `json:"output"`
 }
-
-// responsesTextParts are the Responses content part types that are text.
-var responsesTextParts = []string{"input_text", "output_text", "text"}
 
 // RenderResponses parses a POST /v1/responses body and renders its prompt
 // as chat would render the same conversation: tools, then instructions as
@@ -129,7 +125,7 @@ func appendResponseItems(text []byte, items []json.RawMessage) ([]byte, error) {
 			}
 			var err error
 			text = appendMessage(text, it.Role, "", nil)
-			if text, err = appendParts(text, it.Content, responsesTextParts); err != nil {
+			if text, err = appendContent(text, it.Content, responsesContent); err != nil {
 				return nil, fmt.Errorf("input[%d].content: %v", i, err)
 			}
 			lastRole = it.Role
@@ -142,7 +138,7 @@ func appendResponseItems(text []byte, items []json.RawMessage) ([]byte, error) {
 		case it.Type == "function_call_output":
 			text = appendMessage(text, "tool", it.CallID, nil)
 			var err error
-			if text, err = appendParts(text, it.Output, responsesTextParts); err != nil {
+			if text, err = appendContent(text, it.Output, responsesContent); err != nil {
 				return nil, fmt.Errorf("input[%d].output: %v", i, err)
 			}
 			lastRole = "tool"
@@ -176,17 +172,6 @@ type anthropicMsg struct {
 	Content json.RawMessage `json:"content"`
 }
 
-// anthropicBlock is one content block of an Anthropic message.
-type anthropicBlock struct {
-	Type      string          `json:"type"`
-	Text      rawText         `json:"text"`
-	ID        string          `json:"id"`
-	Name      string          `json:"name"`
-	Input     json.RawMessage `json:"input"`
-	ToolUseID string          `json:"tool_use_id"`
-	Content   json.RawMessage `json:"content"`
-}
-
 // RenderMessages parses an Anthropic-style POST /v1/messages body and
 // renders it as chat would: tools, the system prompt as a system message,
 // then the messages. Text blocks are text; a tool_use block is a call group
@@ -211,7 +196,7 @@ func RenderMessages(body []byte) (Prompt, error) {
 	if sys := bytes.TrimSpace(req.System); len(sys) > 0 && !bytes.Equal(sys, []byte("null")) {
 		text = appendMessage(text, "system", "", nil)
 		var err error
-		if text, err = appendAnthropicContent(text, sys); err != nil {
+		if text, err = appendContent(text, sys, messagesContent); err != nil {
 			return Prompt{}, fmt.Errorf("%w: 'system': %v", ErrBadRequest, err)
 		}
 	}
@@ -221,62 +206,12 @@ func RenderMessages(body []byte) (Prompt, error) {
 		}
 		text = appendMessage(text, m.Role, "", nil)
 		var err error
-		if text, err = appendAnthropicContent(text, m.Content); err != nil {
+		if text, err = appendContent(text, m.Content, messagesContent); err != nil {
 			return Prompt{}, fmt.Errorf("%w: messages[%d].content: %v", ErrBadRequest, i, err)
 		}
 	}
 	p.Text = text
 	return p, nil
-}
-
-func appendAnthropicContent(dst []byte, raw json.RawMessage) ([]byte, error) {
-	raw = bytes.TrimSpace(raw)
-	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
-		return dst, nil
-	}
-	switch raw[0] {
-	case '"':
-		var s rawText
-		if err := s.UnmarshalJSON(raw); err != nil {
-			return dst, err
-		}
-		return append(dst, s...), nil
-	case '[':
-	default:
-		return dst, errors.New("must be a string or an array of content blocks")
-	}
-	var blocks []json.RawMessage
-	if err := json.Unmarshal(raw, &blocks); err != nil {
-		return dst, err
-	}
-	for i, br := range blocks {
-		var b anthropicBlock
-		if err := json.Unmarshal(br, &b); err != nil {
-			return dst, fmt.Errorf("block %d: %v", i, err)
-		}
-		switch b.Type {
-		case "text":
-			dst = append(dst, b.Text...)
-		case "tool_use":
-			dst = appendCall(dst, b.ID, b.Name, string(appendCompactJSON(nil, b.Input)))
-		case "tool_result":
-			dst = append(dst, groupSep)
-			dst = append(dst, "result"...)
-			dst = append(dst, unitSep)
-			dst = append(dst, b.ToolUseID...)
-			dst = append(dst, unitSep)
-			var err error
-			if dst, err = appendAnthropicContent(dst, b.Content); err != nil {
-				return dst, fmt.Errorf("block %d: %v", i, err)
-			}
-		default:
-			dst = append(dst, groupSep)
-			dst = append(dst, b.Type...)
-			dst = append(dst, unitSep)
-			dst = appendDigest(dst, br)
-		}
-	}
-	return dst, nil
 }
 
 // appendTools renders tool definitions as chat does: each as its compact
@@ -301,55 +236,6 @@ func appendCall(text []byte, id, name, args string) []byte {
 	text = append(text, name...)
 	text = append(text, unitSep)
 	return append(text, args...)
-}
-
-// appendParts renders content that is a string, null, or an array of
-// parts, where parts whose type is one of textTypes are text and any other
-// part is a digest of its JSON (as appendContent does for chat).
-func appendParts(dst []byte, raw json.RawMessage, textTypes []string) ([]byte, error) {
-	raw = bytes.TrimSpace(raw)
-	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
-		return dst, nil
-	}
-	switch raw[0] {
-	case '"':
-		var s rawText
-		if err := s.UnmarshalJSON(raw); err != nil {
-			return dst, err
-		}
-		return append(dst, s...), nil
-	case '[':
-	default:
-		return dst, errors.New("must be a string, an array of content parts or null")
-	}
-	var parts []json.RawMessage
-	if err := json.Unmarshal(raw, &parts); err != nil {
-		return dst, err
-	}
-	for i, pr := range parts {
-		var part contentPart
-		if err := json.Unmarshal(pr, &part); err != nil {
-			return dst, fmt.Errorf("part %d: %v", i, err)
-		}
-		if isOneOf(part.Type, textTypes) {
-			dst = append(dst, part.Text...)
-			continue
-		}
-		dst = append(dst, groupSep)
-		dst = append(dst, part.Type...)
-		dst = append(dst, unitSep)
-		dst = appendDigest(dst, pr)
-	}
-	return dst, nil
-}
-
-func isOneOf(s string, set []string) bool {
-	for _, x := range set {
-		if s == x {
-			return true
-		}
-	}
-	return false
 }
 
 type embeddingsRequest struct {

@@ -1,4 +1,4 @@
-package summary
+package prompt
 
 import (
 	"bytes"
@@ -168,36 +168,6 @@ func TestCompletionPromptForms(t *testing.T) {
 		if !strings.HasPrefix(string(p.Text), tc.wantPrefix) {
 			t.Errorf("%s: text %q", tc.body, p.Text)
 		}
-	}
-}
-
-func TestContractScopesAndChains(t *testing.T) {
-	c := DefaultContract()
-	text := bytes.Repeat([]byte("abcdefgh"), c.BlockBytes) // 8 blocks
-	a := c.AppendHashes(nil, c.Root("m1", ""), text)
-	if len(a) != 8 {
-		t.Fatalf("%d hashes, want 8", len(a))
-	}
-	if b := c.AppendHashes(nil, c.Root("m2", ""), text); b[0] == a[0] {
-		t.Error("two models share a block hash")
-	}
-	if b := c.AppendHashes(nil, c.Root("m1", "salt"), text); b[0] == a[0] {
-		t.Error("a cache salt does not scope the chain")
-	}
-	// Changing block 3 changes hashes 3.. and keeps 0..2.
-	mod := bytes.Clone(text)
-	mod[3*c.BlockBytes+5] ^= 1
-	b := c.AppendHashes(nil, c.Root("m1", ""), mod)
-	for i := range a {
-		if (a[i] == b[i]) != (i < 3) {
-			t.Fatalf("block %d: equal=%v", i, a[i] == b[i])
-		}
-	}
-	if got := len(c.AppendHashes(nil, 0, text[:c.BlockBytes-1])); got != 0 {
-		t.Errorf("a partial block was hashed")
-	}
-	if DefaultContract().ID() != c.ID() || (Contract{BlockBytes: 512, Seed: c.Seed}).ID() == c.ID() {
-		t.Error("contract IDs do not pin the block size")
 	}
 }
 
