@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvmesh/kvmesh/internal/threadcpu"
+	"github.com/kvmesh/kvmesh/internal/lab/threadcpu"
 	"github.com/kvmesh/kvmesh/route"
 	"github.com/kvmesh/kvmesh/summary"
 )

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvmesh/kvmesh/internal/threadcpu"
+	"github.com/kvmesh/kvmesh/internal/lab/threadcpu"
 	"github.com/kvmesh/kvmesh/proxy/prompt"
 	"github.com/kvmesh/kvmesh/route"
 	"github.com/kvmesh/kvmesh/summary"

@@ -17,7 +17,7 @@ const (
 	maxHeatKeys    = 1 << 16
 	maxSeqReplicas = 1 << 12
 	// seqEWMADiv is the weight of the newest duration in the running
-	// mean, 1/16, as the simulator's owner keeps it (internal/sim): a
+	// mean, 1/16, as the simulator's owner keeps it (internal/lab/sim): a
 	// few dozen requests set it, one outlier moves it little.
 	seqEWMADiv = 16
 )

@@ -27,7 +27,7 @@ func (w wrappedTransport) RoundTrip(r *http.Request) (*http.Response, error) { r
 // (the process's CPU time) and allocs/op differ between the two only by
 // the router's client. This is
 // the benchmark that keeps the hand-written client: if own stops beating
-// net-http here and in internal/bench/overhead.sh, it goes.
+// net-http here and in internal/lab/bench/overhead.sh, it goes.
 func BenchmarkUpstreamClient(b *testing.B) {
 	chunk := []byte(`data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":" tok"},"logprobs":null,"finish_reason":null}]}` + "\n\n")
 	answer := []byte(`{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":100,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":0}}}`)

@@ -9,7 +9,7 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/kvmesh/kvmesh/internal/threadcpu"
+	"github.com/kvmesh/kvmesh/internal/lab/threadcpu"
 	"github.com/kvmesh/kvmesh/summary"
 )
 

@@ -16,8 +16,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kvmesh/kvmesh/internal/bench"
-	"github.com/kvmesh/kvmesh/internal/trace"
+	"github.com/kvmesh/kvmesh/internal/lab/bench"
+	"github.com/kvmesh/kvmesh/internal/lab/trace"
 )
 
 // benchGroup is one set of front ends benched together under one name.

@@ -20,10 +20,10 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/kvmesh/kvmesh/internal/bench"
-	"github.com/kvmesh/kvmesh/internal/lb"
-	"github.com/kvmesh/kvmesh/internal/replicasim"
-	"github.com/kvmesh/kvmesh/internal/trace"
+	"github.com/kvmesh/kvmesh/internal/lab/bench"
+	"github.com/kvmesh/kvmesh/internal/lab/lb"
+	"github.com/kvmesh/kvmesh/internal/lab/replicasim"
+	"github.com/kvmesh/kvmesh/internal/lab/trace"
 	"github.com/kvmesh/kvmesh/mesh"
 )
 

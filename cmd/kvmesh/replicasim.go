@@ -14,7 +14,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/kvmesh/kvmesh/internal/replicasim"
+	"github.com/kvmesh/kvmesh/internal/lab/replicasim"
 )
 
 // replicaSimShutdownTimeout bounds how long in-flight responses may take to

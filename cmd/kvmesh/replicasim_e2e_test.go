@@ -16,7 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
 
-	"github.com/kvmesh/kvmesh/internal/replicasim"
+	"github.com/kvmesh/kvmesh/internal/lab/replicasim"
 	"github.com/kvmesh/kvmesh/mesh"
 	"github.com/kvmesh/kvmesh/proxy"
 	"github.com/kvmesh/kvmesh/proxy/prompt"

@@ -24,7 +24,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/internal/discover/dnstest"
 	"github.com/kvmesh/kvmesh/internal/engine"
-	"github.com/kvmesh/kvmesh/internal/replicasim"
+	"github.com/kvmesh/kvmesh/internal/lab/replicasim"
 	"github.com/kvmesh/kvmesh/mesh"
 	"github.com/kvmesh/kvmesh/proxy"
 	"github.com/kvmesh/kvmesh/route"

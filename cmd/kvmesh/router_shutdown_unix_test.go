@@ -18,7 +18,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvmesh/kvmesh/internal/replicasim"
+	"github.com/kvmesh/kvmesh/internal/lab/replicasim"
 )
 
 // asKvmesh, set to 1 in a child's environment, makes the test binary the

@@ -10,7 +10,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kvmesh/kvmesh/internal/scale"
+	"github.com/kvmesh/kvmesh/internal/lab/scale"
 	"github.com/kvmesh/kvmesh/mesh"
 )
 

@@ -11,8 +11,8 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/kvmesh/kvmesh/internal/sim"
-	"github.com/kvmesh/kvmesh/internal/trace"
+	"github.com/kvmesh/kvmesh/internal/lab/sim"
+	"github.com/kvmesh/kvmesh/internal/lab/trace"
 )
 
 // runSim simulates routing policies on a Mooncake or LMBench trace in

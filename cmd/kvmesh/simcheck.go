@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"io"
 
-	"github.com/kvmesh/kvmesh/internal/sim"
+	"github.com/kvmesh/kvmesh/internal/lab/sim"
 )
 
 // The cells of `kvmesh sim --check`, the CI gate: the grid of issue 7
@@ -34,7 +34,7 @@ func checkDefaults(stdout io.Writer, given map[string]bool, tracePath string, wo
 	if !given["cache-fractions"] {
 		*caches = checkCaches
 	}
-	src := "the full Mooncake conversation trace built into the binary (internal/trace/testdata)"
+	src := "the full Mooncake conversation trace built into the binary (internal/lab/trace/testdata)"
 	if tracePath != "" {
 		src = tracePath
 	}

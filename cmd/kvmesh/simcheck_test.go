@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvmesh/kvmesh/internal/sim"
+	"github.com/kvmesh/kvmesh/internal/lab/sim"
 )
 
 // The check fails on a lost gate in a gated cell, names it, and runs but

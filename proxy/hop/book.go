@@ -109,7 +109,7 @@ func (b *Book) dropLocked(m *Mark) {
 // rather than to the replica this router chose (it decides again among
 // its own replicas when the hint can no longer start the request, and
 // names the replica in its dispatch 103). The simulator's routers count
-// their requests where they run (internal/sim, ownLoad); without this the
+// their requests where they run (internal/lab/sim, ownLoad); without this the
 // request would count at the hinted replica, which does not have it,
 // until it ended.
 func (b *Book) Move(m *Mark, to string) {

@@ -7,7 +7,7 @@
 // another is free. So each request sent after the report adds one in
 // flight, and its prefill while the prefill is pending.
 //
-// The router (proxy) and the simulator (internal/sim) both count by Add,
+// The router (proxy) and the simulator (internal/lab/sim) both count by Add,
 // each with its own clock: time.Time in a router, Millis in the
 // simulator. The package is pure: no network, no locks, no clock of its
 // own.

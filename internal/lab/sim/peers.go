@@ -20,7 +20,7 @@ package sim
 import (
 	"math"
 
-	"github.com/kvmesh/kvmesh/internal/trace"
+	"github.com/kvmesh/kvmesh/internal/lab/trace"
 )
 
 // Names of the peer-router models, appended to AllPolicies.

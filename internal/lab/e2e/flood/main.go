@@ -6,7 +6,7 @@
 // from /proc) and /healthz latency while the floods hold.
 //
 //	go build -o /tmp/kvmesh ./cmd/kvmesh
-//	go run ./internal/e2e/flood --kvmesh /tmp/kvmesh --slow 10000 -- --max-inflight-per-client 0 --max-conns 12000
+//	go run ./internal/lab/e2e/flood --kvmesh /tmp/kvmesh --slow 10000 -- --max-inflight-per-client 0 --max-conns 12000
 //
 // Arguments after -- go to `kvmesh router`. Linux only (reads /proc);
 // raise `ulimit -n` above twice --slow.

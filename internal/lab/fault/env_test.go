@@ -68,7 +68,7 @@ func outerMain() int {
 	}
 	for _, tool := range []string{"ip", "nft"} {
 		if _, err := exec.LookPath(tool); err != nil {
-			fmt.Fprintf(os.Stderr, "fault suite: %s not found; run internal/fault/run.sh, which installs iproute2 and nftables\n", tool)
+			fmt.Fprintf(os.Stderr, "fault suite: %s not found; run internal/lab/fault/run.sh, which installs iproute2 and nftables\n", tool)
 			return 1
 		}
 	}
@@ -117,7 +117,7 @@ func outerMain() int {
 	inner.Env = append(cleanEnv(), "KVF_ROLE=inner", "KVF_DIR="+dir, "KVF_KVMESH="+bin)
 	if d := os.Getenv("KVF_DOC"); d != "" {
 		if !filepath.IsAbs(d) {
-			d = filepath.Join("..", "..", d) // go test runs in internal/fault; the path is from the repo root
+			d = filepath.Join("..", "..", "..", d) // go test runs in internal/lab/fault; the path is from the repo root
 		}
 		if abs, err := filepath.Abs(d); err == nil {
 			inner.Env = append(inner.Env, "KVF_DOC="+abs)

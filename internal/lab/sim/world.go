@@ -7,7 +7,7 @@ import (
 	"math"
 	"slices"
 
-	"github.com/kvmesh/kvmesh/internal/trace"
+	"github.com/kvmesh/kvmesh/internal/lab/trace"
 	"github.com/kvmesh/kvmesh/route"
 	"github.com/kvmesh/kvmesh/route/hopload"
 	"github.com/kvmesh/kvmesh/summary"

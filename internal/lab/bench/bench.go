@@ -15,7 +15,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/kvmesh/kvmesh/internal/trace"
+	"github.com/kvmesh/kvmesh/internal/lab/trace"
 )
 
 // Config says what to replay, against which front ends and how hard.

@@ -11,9 +11,9 @@
 # and a bare Go TCP relay (`kvmesh bench --tcp-relay`: a read/write loop,
 # no HTTP) as the floor of Go's runtime alone.
 #
-#   internal/bench/overhead.sh            the table
-#   internal/bench/overhead.sh --json     JSON
-#   HEY=1 internal/bench/overhead.sh      the same front ends under `hey`
+#   internal/lab/bench/overhead.sh            the table
+#   internal/lab/bench/overhead.sh --json     JSON
+#   HEY=1 internal/lab/bench/overhead.sh      the same front ends under `hey`
 #                                         (issue 9's client; one fixed 8 KB
 #                                         body), req/s, latency and CPU per request
 #

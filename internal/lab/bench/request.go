@@ -13,7 +13,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kvmesh/kvmesh/internal/trace"
+	"github.com/kvmesh/kvmesh/internal/lab/trace"
 )
 
 // outcome is what one request produced.

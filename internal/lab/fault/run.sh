@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The fault suite: kvmesh routers and simulated replicas in network
 # namespaces, faults by signals and nftables. Needs root and Linux.
-#   internal/fault/run.sh             run it
-#   internal/fault/run.sh --update    also write the table into docs/RELIABILITY.md
+#   internal/lab/fault/run.sh             run it
+#   internal/lab/fault/run.sh --update    also write the table into docs/RELIABILITY.md
 # Installs iproute2 and nftables when missing (CI machines start fresh).
 set -euo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../../.."
 
 if [ "$(id -u)" != 0 ]; then echo "fault suite: needs root" >&2; exit 1; fi
 need=()
@@ -39,5 +39,5 @@ cleanup() {
 trap cleanup EXIT INT TERM
 
 if [ "${1:-}" = "--update" ]; then export KVF_DOC=$PWD/docs/RELIABILITY.md; fi
-go vet -tags fault ./internal/fault
-go test -tags fault -count=1 -timeout 12m -v ./internal/fault
+go vet -tags fault ./internal/lab/fault
+go test -tags fault -count=1 -timeout 12m -v ./internal/lab/fault

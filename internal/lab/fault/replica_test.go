@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	"github.com/kvmesh/kvmesh/internal/replicasim"
+	"github.com/kvmesh/kvmesh/internal/lab/replicasim"
 )
 
 // headerRequestID carries the load generator's request id through the

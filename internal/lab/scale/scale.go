@@ -27,7 +27,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/kvmesh/kvmesh/internal/threadcpu"
+	"github.com/kvmesh/kvmesh/internal/lab/threadcpu"
 	"github.com/kvmesh/kvmesh/mesh"
 	"github.com/kvmesh/kvmesh/route"
 	"github.com/kvmesh/kvmesh/summary"

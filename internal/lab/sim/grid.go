@@ -8,7 +8,7 @@ import (
 	"math"
 	"strings"
 
-	"github.com/kvmesh/kvmesh/internal/trace"
+	"github.com/kvmesh/kvmesh/internal/lab/trace"
 )
 
 // Baselines are the routers kvmesh-mesh must never lose to.

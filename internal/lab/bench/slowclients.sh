@@ -8,8 +8,8 @@
 # sending 20-token streams, and samples the router's goroutines, RSS and
 # descriptors every second for HOLD.
 #
-#   internal/bench/slowclients.sh             this tree's router
-#   BEFORE_REV=main internal/bench/slowclients.sh
+#   internal/lab/bench/slowclients.sh             this tree's router
+#   BEFORE_REV=main internal/lab/bench/slowclients.sh
 #                                             a revision's router instead
 #                                             (before --write-timeout: run
 #                                             without it)

@@ -12,7 +12,7 @@
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
-repo=$(cd "$here/../../.." && pwd)
+repo=$(cd "$here/../../../.." && pwd)
 artifacts=${KVMESH_ARTIFACTS:-$PWD/artifacts}
 work=$(mktemp -d "${TMPDIR:-/tmp}/kvmesh-e2e-status.XXXXXX")
 pids=()
@@ -75,7 +75,7 @@ echo "e2e-status: building kvmesh"
 
 # Nine ports the OS says are free, each bound on TCP and UDP (gossip uses
 # both) and held until all are chosen so none repeats; drawn below the
-# kernel's ephemeral range (see internal/e2e/openai/run.sh).
+# kernel's ephemeral range (see internal/lab/e2e/openai/run.sh).
 picked=$(python3 - <<'EOF'
 import random, socket
 try:

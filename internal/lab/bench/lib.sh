@@ -12,7 +12,7 @@
 
 bench_init() {
 	bench_name=$1
-	repo=$(cd "$here/../.." && pwd)
+	repo=$(cd "$here/../../.." && pwd)
 	dir=$(mktemp -d "${TMPDIR:-/tmp}/kvmesh-$bench_name.XXXXXX")
 	while IFS= read -r v; do unset "$v"; done < <(compgen -e | grep '^KVMESH_' || true)
 	pids=()

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvmesh/kvmesh/internal/trace"
+	"github.com/kvmesh/kvmesh/internal/lab/trace"
 )
 
 func TestLRULeadingRun(t *testing.T) {

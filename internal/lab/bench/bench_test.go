@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/internal/deadaddr"
-	"github.com/kvmesh/kvmesh/internal/trace"
+	"github.com/kvmesh/kvmesh/internal/lab/trace"
 )
 
 // fakeOpenAI is a minimal streaming chat-completions server on 127.0.0.1.

@@ -14,7 +14,7 @@
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
-repo=$(cd "$here/../../.." && pwd)
+repo=$(cd "$here/../../../.." && pwd)
 work=$(mktemp -d "${TMPDIR:-/tmp}/kvmesh-e2e-python.XXXXXX")
 pids=()
 

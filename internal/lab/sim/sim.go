@@ -30,7 +30,7 @@ import (
 	"sort"
 	"sync"
 
-	"github.com/kvmesh/kvmesh/internal/trace"
+	"github.com/kvmesh/kvmesh/internal/lab/trace"
 	"github.com/kvmesh/kvmesh/route"
 	"github.com/kvmesh/kvmesh/summary"
 )

@@ -4,8 +4,8 @@
 //
 // The suite is behind the build tag fault and needs root:
 //
-//	go test -tags fault -v ./internal/fault
-//	internal/fault/run.sh            (installs iproute2 and nftables first)
+//	go test -tags fault -v ./internal/lab/fault
+//	internal/lab/fault/run.sh            (installs iproute2 and nftables first)
 //
 // See docs/RELIABILITY.md for the scenarios, their bounds and the last
 // measured table.
