@@ -75,7 +75,7 @@ func BenchmarkReadersUnderIngest(b *testing.B) {
 // decodes to its share of the entries, in order, stays under
 // maxBatchBytes, and is allocated at its size.
 func TestAssembleSplitsAtTheLimits(t *testing.T) {
-	m := &Mesh{cfg: Config{Name: "a"}, boot: 7}
+	m := &dissemination{env: &env{cfg: Config{Name: "a"}, boot: 7}}
 	big := make([]byte, maxBatchBytes/3)
 	var parts [][]byte
 	for i := range 10 {
