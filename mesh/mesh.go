@@ -142,19 +142,11 @@ func New(ctx context.Context, cfg Config) (*Mesh, error) {
 	if cfg.wire != nil {
 		e.wire = min(*cfg.wire, wireLatest)
 	}
-	m := &Mesh{env: e}
 	// Before memberlist starts: its delegates may use the context at once.
 	var cancel context.CancelFunc
 	e.ctx, cancel = context.WithCancel(context.WithoutCancel(ctx))
+	m := compose(e)
 	m.cancel = cancel
-	m.mem = newMembership(e)
-	m.view = newPublished(e)
-	m.tab = newTable(e, m.view)
-	m.dis = newDissemination(e, m.tab, m.mem)
-	m.rep = newReplication(e, m.tab, m.dis)
-	m.tab.rep, m.mem.tab, m.dis.rep = m.rep, m.tab, m.rep
-	e.met = newMetrics(cfg.Registerer, func() float64 { return float64(m.mem.numAlive.Load()) },
-		func() float64 { return float64(m.dis.queued.Load()) })
 
 	if err := m.mem.start(m.rep); err != nil {
 		cancel()
@@ -169,6 +161,21 @@ func New(ctx context.Context, cfg Config) (*Mesh, error) {
 	go m.dis.tickLoop()
 	go m.mem.joinLoop()
 	return m, nil
+}
+
+// compose builds the mesh's parts over e and registers its metrics;
+// nothing runs until New starts memberlist and the goroutines.
+func compose(e *env) *Mesh {
+	m := &Mesh{env: e}
+	m.mem = newMembership(e)
+	m.view = newPublished(e)
+	m.tab = newTable(e, m.view)
+	m.dis = newDissemination(e, m.tab, m.mem)
+	m.rep = newReplication(e, m.tab, m.dis)
+	m.tab.rep, m.mem.tab, m.dis.rep = m.rep, m.tab, m.rep
+	e.met = newMetrics(e.cfg.Registerer, func() float64 { return float64(m.mem.numAlive.Load()) },
+		func() float64 { return float64(m.dis.queued.Load()) })
+	return m
 }
 
 // Close leaves the mesh (bounded by ctx, or two seconds) and shuts

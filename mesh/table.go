@@ -109,9 +109,8 @@ type table struct {
 	replicas map[string]*replica
 	order    []*replica // replicas sorted by ID (Candidates' order)
 	routers  map[string]*router
-	// dirty: membership changed, every owner needs recomputing;
-	// dirtyReps: replicas whose declarers changed (ownerLocked).
-	dirty     bool
+	// dirtyReps: replicas whose owner may have changed (their declarers,
+	// or the liveness of one of them: ownerLocked).
 	dirtyReps []*replica
 	// viewDirty lists the replicas whose entries the write section in
 	// progress changed (touchLocked); viewRebuild, the arrays themselves.
@@ -147,7 +146,7 @@ func newTable(e *env, v *published) *table {
 // them; it releases mu, applies the queued view changes and runs the work
 // queued under the lock. Every section that writes under mu ends with it.
 func (t *table) unlock() {
-	if t.dirty || len(t.dirtyReps) > 0 {
+	if len(t.dirtyReps) > 0 {
 		t.recomputeOwnersLocked()
 	}
 	queued := t.view.publishLocked(t)
@@ -205,22 +204,24 @@ func (t *table) newLoadLocked() *replicaLoad {
 const loadSlab = 256
 
 // setRouter records membership's word on a router: alive or not, and its
-// metadata. A new router, or one that came or went, changes every owner;
-// new metadata, the entries of the replicas it owns.
+// metadata. A router new to the table, or one that came or went, may
+// change the owners of the replicas it declares (an owner is one of the
+// declarers, ownerOf), and no other; new metadata, the entries of the
+// replicas it owns.
 func (t *table) setRouter(name string, alive bool, meta nodeMeta) {
 	t.mu.Lock()
 	rt := t.routers[name]
 	if rt == nil {
-		rt = &router{}
+		rt = &router{alive: alive}
 		t.routers[name] = rt
-		t.dirty = true // owners and their routers
+		t.markDeclaredByLocked(name) // their owner's record, if it is theirs
 	}
 	if rt.meta != meta {
 		t.touchOwnedByLocked(rt) // their entries carry its region
 	}
 	rt.meta = meta
 	if rt.alive != alive {
-		t.dirty = true
+		t.markDeclaredByLocked(name)
 	}
 	rt.alive = alive
 	t.unlock()
@@ -243,9 +244,19 @@ func (t *table) forgetRouter(name string) {
 	t.mu.Lock()
 	if rt := t.routers[name]; rt != nil && !rt.alive {
 		delete(t.routers, name)
-		t.dirty = true
+		t.markDeclaredByLocked(name)
 	}
 	t.unlock()
+}
+
+// markDeclaredByLocked marks the owners of the replicas router name
+// declares: its liveness decides them, and only them.
+func (t *table) markDeclaredByLocked(name string) {
+	for _, r := range t.order {
+		if r.declarers[name] {
+			t.markOwnerLocked(r)
+		}
+	}
 }
 
 // liveLocked reports whether a router counts as alive.
@@ -260,14 +271,11 @@ func (t *table) liveLocked(name string) bool {
 // ownerLocked returns the owner of r: rendezvous hashing over the live
 // routers that declare it (ownerOf); "" when none is alive. Owners are
 // computed when membership or declarations change, not per request: a
-// writer that changes them sets dirty or marks the replica, and unlock
-// recomputes before it releases the lock, so readers under the read lock
-// always find them current.
+// writer that changes them marks the replicas whose owner they decide,
+// and unlock recomputes those before it releases the lock, so readers
+// under the read lock always find them current.
 func (t *table) ownerLocked(r *replica) string {
-	switch { // only ever true under the write lock
-	case t.dirty:
-		t.recomputeOwnersLocked()
-	case r.ownerDirty:
+	if r.ownerDirty { // only ever true under the write lock
 		t.recomputeOwnerLocked(r)
 	}
 	return r.owner
@@ -281,29 +289,28 @@ func (t *table) markOwnerLocked(r *replica) {
 	}
 }
 
+// recomputeOwnerLocked computes r's owner; its view entry is republished
+// only when the owner, or the owner's record, changed.
 func (t *table) recomputeOwnerLocked(r *replica) {
 	t.sections.owners++
-	r.owner = ownerOf(r.id, r.declarers, t.liveLocked)
-	r.ownerMb = t.routers[r.owner]
+	owner := ownerOf(r.id, r.declarers, t.liveLocked)
+	mb := t.routers[owner]
 	r.ownerDirty = false
-	t.touchLocked(r)
+	if owner != r.owner || mb != r.ownerMb {
+		r.owner, r.ownerMb = owner, mb
+		t.touchLocked(r)
+	}
 }
 
-// recomputeOwnersLocked brings every owner up to date (membership
-// changed), or, when only declarations changed, those replicas'.
+// recomputeOwnersLocked brings the marked replicas' owners up to date.
 func (t *table) recomputeOwnersLocked() {
-	if t.dirty {
-		for _, r := range t.order {
+	for _, r := range t.dirtyReps {
+		if r.ownerDirty {
 			t.recomputeOwnerLocked(r)
 		}
-	} else {
-		for _, r := range t.dirtyReps {
-			if r.ownerDirty {
-				t.recomputeOwnerLocked(r)
-			}
-		}
 	}
-	t.dirty, t.dirtyReps = false, t.dirtyReps[:0]
+	clear(t.dirtyReps)
+	t.dirtyReps = t.dirtyReps[:0]
 }
 
 // touchLocked notes that something a decision reads of r changed; the
