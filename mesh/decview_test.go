@@ -14,7 +14,7 @@ import (
 
 // viewMismatch compares the published decision view with one computed
 // afresh from the replica structs; nil when they agree (a write section
-// that just released m.mu may not have applied its changes yet: callers
+// that just released the table's lock may not have applied its changes yet: callers
 // retry).
 func viewMismatch(m *Mesh) error {
 	m.tab.mu.RLock()

@@ -115,47 +115,47 @@ func (d *delegate) LocalState(join bool) []byte {
 func (d *delegate) MergeRemoteState(buf []byte, join bool) { d.rep.mergeRemoteState(buf, join) }
 
 // mergeRemoteState applies a peer's push/pull state.
-func (m *replication) mergeRemoteState(buf []byte, join bool) {
-	p, err := decodePushPull(buf, m.wire)
+func (c *replication) mergeRemoteState(buf []byte, join bool) {
+	p, err := decodePushPull(buf, c.wire)
 	if err != nil {
-		m.met.dropped.WithLabelValues(dropDecode).Inc()
-		m.log.Warn("undecodable push/pull state", "bytes", len(buf), "error", err)
+		c.met.dropped.WithLabelValues(dropDecode).Inc()
+		c.log.Warn("undecodable push/pull state", "bytes", len(buf), "error", err)
 		return
 	}
-	m.met.in(kindPushPull, len(buf))
+	c.met.in(kindPushPull, len(buf))
 	// Full summaries are decoded before the lock.
 	sums := make([]*summary.Summary, len(p.Entries))
 	for i := range p.Entries {
 		if e := &p.Entries[i]; e.State.Origin == p.Origin {
-			sums[i] = m.decodeSummary(e)
+			sums[i] = c.decodeSummary(e)
 		}
 	}
-	checks := m.compareFulls(len(sums), func(i int) string { return p.Entries[i].State.Replica },
+	checks := c.compareFulls(len(sums), func(i int) string { return p.Entries[i].State.Replica },
 		func(i int) *summary.Summary { return sums[i] })
 	now := time.Now()
-	m.tab.mu.Lock()
-	defer m.tab.unlock()
+	c.tab.mu.Lock()
+	defer c.tab.unlock()
 	// Declarations first, so ownership is known before the full copies;
 	// the states last, so they find the copies they describe.
 	var valid []int
 	for i := range p.Entries {
 		if e := &p.Entries[i]; e.State.Origin == p.Origin {
 			valid = append(valid, i)
-			m.tab.declareLocked(&e.State)
+			c.tab.declareLocked(&e.State)
 		} else {
-			m.met.dropped.WithLabelValues(dropRefused).Inc()
+			c.met.dropped.WithLabelValues(dropRefused).Inc()
 		}
 	}
-	m.tab.reassertedLocked(&p)
+	c.tab.reassertedLocked(&p)
 	for _, i := range valid {
-		m.handleFullLocked(&p.Entries[i].State, sums[i], checks[i], now)
+		c.handleFullLocked(&p.Entries[i].State, sums[i], checks[i], now)
 	}
 	for _, i := range valid {
 		st := &p.Entries[i].State
 		if join {
-			m.keepNoLoadLocked(st)
+			c.keepNoLoadLocked(st)
 		}
-		m.handleStateLocked(st, now)
+		c.handleStateLocked(st, now)
 	}
 }
 
@@ -167,38 +167,38 @@ func (m *replication) mergeRemoteState(buf []byte, join bool) {
 // their seeds after a failure), until the owner's next full state. A
 // state that does not come from a join is encoded at a version the
 // sender chose for its peers and is taken as it says.
-func (m *replication) keepNoLoadLocked(st *stateMsg) {
+func (c *replication) keepNoLoadLocked(st *stateMsg) {
 	if st.NoLoad || !st.Owned || st.Slim || st.Withdrawn {
 		return
 	}
-	if r := m.tab.replicas[st.Replica]; r != nil && r.hasState && r.st.Origin == st.Origin && r.st.NoLoad {
+	if r := c.tab.replicas[st.Replica]; r != nil && r.hasState && r.st.Origin == st.Origin && r.st.NoLoad {
 		st.NoLoad = true
 	}
 }
 
 // checkPeer refuses a peer whose metadata is not ours to understand or
 // whose hashing contract differs.
-func (m *membership) checkPeer(n *memberlist.Node) error {
+func (b *membership) checkPeer(n *memberlist.Node) error {
 	meta, err := decodeMeta(n.Meta)
-	if err == nil && meta.Contract == m.contractID {
+	if err == nil && meta.Contract == b.contractID {
 		return nil
 	}
 	if err == nil {
-		err = fmt.Errorf("peer %s uses hashing contract %q, this router uses %q", n.Name, meta.Contract, m.contractID)
+		err = fmt.Errorf("peer %s uses hashing contract %q, this router uses %q", n.Name, meta.Contract, b.contractID)
 	} else {
 		err = fmt.Errorf("peer %s: %w", n.Name, err)
 	}
-	m.met.refusals.Inc()
-	m.mu.Lock()
-	last := m.refused[n.Name]
+	b.met.refusals.Inc()
+	b.mu.Lock()
+	last := b.refused[n.Name]
 	logIt := time.Since(last) > time.Minute
 	if logIt {
-		m.refused[n.Name] = time.Now()
+		b.refused[n.Name] = time.Now()
 	}
-	m.mu.Unlock()
+	b.mu.Unlock()
 	if logIt {
-		m.log.Error("refusing peer with another hashing contract", "peer", n.Name, "peer_contract", meta.Contract,
-			"our_contract", m.contractID, "error", err)
+		b.log.Error("refusing peer with another hashing contract", "peer", n.Name, "peer_contract", meta.Contract,
+			"our_contract", b.contractID, "error", err)
 	}
 	return err
 }
@@ -228,20 +228,20 @@ func (d *delegate) NotifyAlive(n *memberlist.Node) error {
 // low, a state loses what the peer could have read; too high, the peer
 // refuses the batch and repairs its copies with full ones once the
 // version is right.
-func (m *membership) heardWire(n *memberlist.Node) {
+func (b *membership) heardWire(n *memberlist.Node) {
 	v := wireVersion(n.DMax)
-	m.mu.RLock()
-	mb := m.members[n.Name]
+	b.mu.RLock()
+	mb := b.members[n.Name]
 	skip := mb == nil || mb.wire == v || !mb.node.Addr.Equal(n.Addr) || mb.node.Port != n.Port
-	m.mu.RUnlock()
+	b.mu.RUnlock()
 	if skip {
 		return // not known yet (NotifyJoin records it), or another node by that name
 	}
-	m.mu.Lock()
-	if mb := m.members[n.Name]; mb != nil {
+	b.mu.Lock()
+	if mb := b.members[n.Name]; mb != nil {
 		mb.wire = v
 	}
-	m.mu.Unlock()
+	b.mu.Unlock()
 }
 
 // NotifyMerge refuses a join with a cluster of another contract.

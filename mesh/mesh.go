@@ -31,6 +31,10 @@
 //   - published (decview.go): the decision's compact view of the
 //     replicas, under a lock of its own, which Candidates reads.
 //
+// Locks are taken in one order: the table's, then membership's, the
+// view's queue or a peer's queue; membership's and the queues' are held
+// for no other lock, and none of the mesh's while calling memberlist.
+//
 // Mesh composes them and is the surface the router and the proxy use
 // (view.go: Candidates, Locate, Models, Record, Forget, Begin; debug.go:
 // Members, Debug). wire.go holds the formats.

@@ -61,7 +61,7 @@ func (m *Mesh) candidatesRef(model string, dst []route.Candidate) []route.Candid
 }
 
 // candidatesPrev is Candidates as of commit 259b01a (before the decision's
-// compact view, decview.go): the replica structs walked under m.mu's read
+// compact view, decview.go): the replica structs walked under the table's read
 // lock, a new batch allocated per call. It is the "before" that
 // pairedDecisions times the current path against.
 func (m *Mesh) candidatesPrev(model string, dst []route.Candidate) []route.Candidate {
