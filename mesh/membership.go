@@ -164,9 +164,7 @@ func (b *membership) joinLoop() {
 	lastReconnect := time.Now()
 	for b.sleep(period) {
 		now := time.Now()
-		b.tab.mu.Lock()
-		b.tab.expireDeclarationsLocked(now)
-		b.tab.unlock()
+		b.tab.expireDeclarations(now)
 		if now.Sub(lastReconnect) < t.ReconnectInterval {
 			continue
 		}

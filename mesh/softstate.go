@@ -47,6 +47,14 @@ func (t *table) declarersLocked(r *replica, now time.Time) []string {
 	return out
 }
 
+// expireDeclarations is expireDeclarationsLocked in a write section of
+// its own (membership's join loop runs it every period).
+func (t *table) expireDeclarations(now time.Time) {
+	t.mu.Lock()
+	t.expireDeclarationsLocked(now)
+	t.unlock()
+}
+
 // expireDeclarationsLocked drops the declarations that no longer hold
 // (owners are recomputed as the lock is released); a replica left with
 // no live declarer loses its dead owner's word, so no view lists it
