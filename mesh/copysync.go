@@ -11,39 +11,54 @@ import (
 	"github.com/kvmesh/kvmesh/summary"
 )
 
-func (m *Mesh) inboxLoop() {
-	defer m.wg.Done()
+// replication is the copy side: it applies the owners' states, deltas and
+// full copies to this router's copies of their summaries, under the
+// table's lock (a state declares, decides the owner and updates the copy
+// at once).
+type replication struct {
+	*env
+	tab   *table
+	dis   *dissemination // sends the full-copy requests
+	inbox chan []byte
+}
+
+func newReplication(e *env, t *table, d *dissemination) *replication {
+	return &replication{env: e, tab: t, dis: d, inbox: make(chan []byte, inboxSize)}
+}
+
+func (c *replication) inboxLoop() {
+	defer c.wg.Done()
 	for {
 		select {
-		case <-m.ctx.Done():
+		case <-c.ctx.Done():
 			return
-		case b := <-m.inbox:
-			m.handleMsg(b)
+		case b := <-c.inbox:
+			c.handleMsg(b)
 		}
 	}
 }
 
 // handleMsg decodes and applies one direct message.
-func (m *Mesh) handleMsg(b []byte) {
-	msg, err := decodeMsg(b, m.wire)
+func (c *replication) handleMsg(b []byte) {
+	msg, err := decodeMsg(b, c.wire)
 	if err != nil {
-		m.met.dropped.WithLabelValues(dropDecode).Inc()
-		m.log.Debug("undecodable message", "bytes", len(b), "error", err)
+		c.met.dropped.WithLabelValues(dropDecode).Inc()
+		c.log.Debug("undecodable message", "bytes", len(b), "error", err)
 		return
 	}
-	m.met.in(b[0], len(b))
+	c.met.in(b[0], len(b))
 	if v, ok := msg.(batchMsg); ok {
-		m.handleBatch(&v)
+		c.handleBatch(&v)
 		return
 	}
 	now := time.Now()
-	m.mu.Lock()
-	defer m.unlockAndRun()
+	c.tab.mu.Lock()
+	defer c.tab.unlock()
 	switch v := msg.(type) {
 	case stateMsg:
-		m.handleStateLocked(&v, now)
+		c.handleStateLocked(&v, now)
 	case fullReq:
-		m.handleFullReqLocked(v)
+		c.dis.handleFullReqLocked(v)
 	}
 }
 
@@ -51,8 +66,8 @@ func (m *Mesh) handleMsg(b []byte) {
 // without the lock; then, per entry, the declaration (it decides the
 // owner), a full copy, the delta, and last the state, which then finds the
 // copy it describes.
-func (m *Mesh) handleBatch(b *batchMsg) {
-	if b.Origin == m.cfg.Name {
+func (c *replication) handleBatch(b *batchMsg) {
+	if b.Origin == c.cfg.Name {
 		return
 	}
 	deltas := make([]*summary.Delta, len(b.Entries))
@@ -64,94 +79,94 @@ func (m *Mesh) handleBatch(b *batchMsg) {
 		case payloadDelta:
 			d, err := summary.DecodeDelta(e.Payload)
 			if err != nil {
-				m.met.dropped.WithLabelValues(dropDecode).Inc()
-				m.log.Debug("undecodable delta", "replica", e.State.Replica, "from", b.Origin, "error", err)
+				c.met.dropped.WithLabelValues(dropDecode).Inc()
+				c.log.Debug("undecodable delta", "replica", e.State.Replica, "from", b.Origin, "error", err)
 				continue
 			}
 			deltas[i] = d
 		case payloadFull:
-			fulls[i] = m.decodeSummary(&stateWithSummary{State: e.State, Summary: e.Payload})
+			fulls[i] = c.decodeSummary(&stateWithSummary{State: e.State, Summary: e.Payload})
 			nfull++
 		}
 	}
 	var checks []fullCheck
 	if nfull > 0 {
-		checks = m.compareFulls(len(fulls), func(i int) string { return b.Entries[i].State.Replica },
+		checks = c.compareFulls(len(fulls), func(i int) string { return b.Entries[i].State.Replica },
 			func(i int) *summary.Summary { return fulls[i] })
 	}
 	now := time.Now()
-	m.mu.Lock()
-	defer m.unlockAndRun()
+	c.tab.mu.Lock()
+	defer c.tab.unlock()
 	for i := range b.Entries {
 		st := &b.Entries[i].State
 		if !st.Withdrawn {
-			m.declareLocked(st)
+			c.tab.declareLocked(st)
 		}
 		if fulls[i] != nil {
-			m.handleFullLocked(st, fulls[i], checks[i], now)
+			c.handleFullLocked(st, fulls[i], checks[i], now)
 		}
 		if deltas[i] != nil {
-			m.handleDeltaLocked(st.Origin, st.Replica, deltas[i], now)
+			c.handleDeltaLocked(st.Origin, st.Replica, deltas[i], now)
 		}
-		m.handleStateLocked(st, now)
+		c.handleStateLocked(st, now)
 	}
 }
 
 // handleStateLocked applies a state; it reports whether it was new (and
 // so should be re-broadcast).
-func (m *Mesh) handleStateLocked(st *stateMsg, now time.Time) bool {
-	if st.Origin == m.cfg.Name {
+func (c *replication) handleStateLocked(st *stateMsg, now time.Time) bool {
+	if st.Origin == c.cfg.Name {
 		return false
 	}
 	key := st.Origin + "\x00" + st.Replica
-	if s, ok := m.stateSeen[key]; ok && (st.Boot < s.boot || st.Boot == s.boot && st.Seq <= s.seq) {
-		m.met.dropped.WithLabelValues(dropDuplicate).Inc()
+	if s, ok := c.tab.stateSeen[key]; ok && (st.Boot < s.boot || st.Boot == s.boot && st.Seq <= s.seq) {
+		c.met.dropped.WithLabelValues(dropDuplicate).Inc()
 		return false
 	}
-	if len(m.stateSeen) >= maxOrigins*16 {
-		clear(m.stateSeen) // bounded memory; states only get re-accepted
+	if len(c.tab.stateSeen) >= maxOrigins*16 {
+		clear(c.tab.stateSeen) // bounded memory; states only get re-accepted
 	}
-	m.stateSeen[key] = seenState{st.Boot, st.Seq}
-	if r := m.replicas[st.Replica]; r != nil {
+	c.tab.stateSeen[key] = seenState{st.Boot, st.Seq}
+	if r := c.tab.replicas[st.Replica]; r != nil {
 		handBackDoneLocked(r, st)
 	}
 	if st.Withdrawn {
-		m.withdrawLocked(st.Origin, st.Replica)
+		c.tab.withdrawLocked(st.Origin, st.Replica)
 		return true
 	}
 	if st.Slim {
-		m.slimStateLocked(st, now)
+		c.slimStateLocked(st, now)
 		return true
 	}
-	r := m.declareLocked(st)
+	r := c.tab.declareLocked(st)
 	if r == nil {
-		m.met.dropped.WithLabelValues(dropRefused).Inc()
+		c.met.dropped.WithLabelValues(dropRefused).Inc()
 		return false
 	}
-	owner := m.ownerLocked(r)
+	owner := c.tab.ownerLocked(r)
 	if !st.Owned {
 		return true
 	}
-	if owner == m.cfg.Name {
+	if owner == c.cfg.Name {
 		// We own it by our view. If ours is an empty fresh summary and the
 		// other router has history (we just started, it held the replica
 		// meanwhile), adopt its copy rather than erase it.
 		if r.sum != nil && r.sum.Version() == 0 && st.Version > 0 {
-			m.requestFullLocked(r, st.Origin, now, "adopting history of a previous owner")
+			c.requestFullLocked(r, st.Origin, now, "adopting history of a previous owner")
 		}
 		return true
 	}
 	if owner != st.Origin {
 		return true // a stale claim; ownership moved on
 	}
-	m.setOwnedLocked(r, false)
+	c.dis.setOwnedLocked(r, false)
 	r.st, r.hasState, r.heard, r.loadAt = *st, true, now, now
-	m.touchLocked(r)
+	c.tab.touchLocked(r)
 	if r.sum == nil || r.sum.Epoch() != st.Epoch {
-		m.requestFullLocked(r, owner, now, "no copy of the owner's epoch")
+		c.requestFullLocked(r, owner, now, "no copy of the owner's epoch")
 	} else {
-		m.drainLocked(r)
-		m.checkSyncLocked(r, now)
+		c.drainLocked(r)
+		c.checkSyncLocked(r, now)
 	}
 	return true
 }
@@ -159,7 +174,7 @@ func (m *Mesh) handleStateLocked(st *stateMsg, now time.Time) bool {
 // checkSyncLocked compares a copy with the owner's last state: versions
 // that stay apart too long, or a digest that differs at equal versions,
 // make the copy ask for a full one.
-func (m *Mesh) checkSyncLocked(r *replica, now time.Time) {
+func (c *replication) checkSyncLocked(r *replica, now time.Time) {
 	if r.sum == nil || !r.hasState || r.sum.Epoch() != r.st.Epoch {
 		return
 	}
@@ -173,8 +188,8 @@ func (m *Mesh) checkSyncLocked(r *replica, now time.Time) {
 	r.mismatchSince = time.Time{}
 	if r.st.Digest != 0 && r.verified != v+1 {
 		// Hashing the encoded summary happens after the lock (see
-		// unlockAndRun); the job re-checks that nothing moved meanwhile.
-		m.post.verify = append(m.post.verify, verifyJob{r: r, sum: r.sum, version: v, want: r.st.Digest})
+		// table.unlock); the job re-checks that nothing moved meanwhile.
+		c.tab.post.verify = append(c.tab.post.verify, verifyJob{r: r, sum: r.sum, version: v, want: r.st.Digest})
 	}
 }
 
@@ -186,46 +201,46 @@ func digestOf(s *summary.Summary, fp uint64) (uint64, bool) {
 	return d, at == v
 }
 
-func (m *Mesh) requestFullLocked(r *replica, from string, now time.Time, why string) {
+func (c *replication) requestFullLocked(r *replica, from string, now time.Time, why string) {
 	r.wantFull = true
-	m.touchLocked(r)
-	if now.Sub(r.lastFullReq) < max(4*m.cfg.Timing.StateInterval, 200*time.Millisecond) {
+	c.tab.touchLocked(r)
+	if now.Sub(r.lastFullReq) < max(4*c.cfg.Timing.StateInterval, 200*time.Millisecond) {
 		return
 	}
 	r.lastFullReq = now
-	m.met.resyncs.Inc()
-	m.log.Debug("requesting full summary", "replica", r.id, "from", from, "reason", why)
-	m.send(from, fullReq{Origin: m.cfg.Name, Replica: r.id}.append(nil))
+	c.met.resyncs.Inc()
+	c.log.Debug("requesting full summary", "replica", r.id, "from", from, "reason", why)
+	c.dis.send(from, fullReq{Origin: c.cfg.Name, Replica: r.id}.append(nil))
 }
 
 // handleDeltaLocked applies an owner's delta to the copy.
-func (m *Mesh) handleDeltaLocked(origin, id string, d *summary.Delta, now time.Time) {
-	r := m.replicas[id]
-	if r == nil || r.owned || m.ownerLocked(r) != origin {
+func (c *replication) handleDeltaLocked(origin, id string, d *summary.Delta, now time.Time) {
+	r := c.tab.replicas[id]
+	if r == nil || r.owned || c.tab.ownerLocked(r) != origin {
 		return
 	}
 	r.heard = now
-	m.touchLocked(r)
+	c.tab.touchLocked(r)
 	switch {
 	case r.sum == nil:
-		m.requestFullLocked(r, origin, now, "delta without a copy")
+		c.requestFullLocked(r, origin, now, "delta without a copy")
 	case r.sum.Epoch() != d.Epoch:
 		if r.hasState && r.st.Epoch == d.Epoch {
-			m.requestFullLocked(r, origin, now, "copy of an old epoch")
+			c.requestFullLocked(r, origin, now, "copy of an old epoch")
 		}
 	default:
-		m.applyLocked(r, d, origin, now)
-		m.drainLocked(r)
+		c.applyLocked(r, d, origin, now)
+		c.drainLocked(r)
 		// The delta states the owner's version as well as a state would
 		// (states are slim or absent while nothing else changes).
 		if r.hasState && r.st.Origin == origin && r.st.Epoch == d.Epoch && d.To() > r.st.Version {
 			r.st.Version, r.st.Digest = d.To(), 0
 		}
-		m.checkSyncLocked(r, now)
+		c.checkSyncLocked(r, now)
 	}
 }
 
-func (m *Mesh) applyLocked(r *replica, d *summary.Delta, origin string, now time.Time) {
+func (c *replication) applyLocked(r *replica, d *summary.Delta, origin string, now time.Time) {
 	switch err := r.sum.ApplyDelta(d); {
 	case err == nil:
 	case errors.Is(err, summary.ErrGap):
@@ -235,15 +250,15 @@ func (m *Mesh) applyLocked(r *replica, d *summary.Delta, origin string, now time
 		if len(r.pend) < maxPending {
 			r.pend = append(r.pend, d)
 		} else {
-			m.requestFullLocked(r, origin, now, "too many deltas out of order")
+			c.requestFullLocked(r, origin, now, "too many deltas out of order")
 		}
 	default:
-		m.requestFullLocked(r, origin, now, err.Error())
+		c.requestFullLocked(r, origin, now, err.Error())
 	}
 }
 
 // drainLocked applies kept deltas that now reach the copy.
-func (m *Mesh) drainLocked(r *replica) {
+func (c *replication) drainLocked(r *replica) {
 	for progress := true; progress && len(r.pend) > 0; {
 		progress = false
 		v, e := r.sum.Version(), r.sum.Epoch()
@@ -255,7 +270,7 @@ func (m *Mesh) drainLocked(r *replica) {
 			case d.From <= v:
 				if err := r.sum.ApplyDelta(d); err != nil {
 					r.wantFull = true
-					m.touchLocked(r)
+					c.tab.touchLocked(r)
 				}
 				progress = true
 			default:
@@ -268,9 +283,9 @@ func (m *Mesh) drainLocked(r *replica) {
 
 // slimStateLocked moves a copy's idea of its owner's version on: a slim
 // state says nothing else changed since the owner's last full state.
-func (m *Mesh) slimStateLocked(st *stateMsg, now time.Time) {
-	r := m.replicas[st.Replica]
-	if r == nil || r.owned || !r.hasState || r.st.Origin != st.Origin || m.ownerLocked(r) != st.Origin || r.st.Epoch != st.Epoch {
+func (c *replication) slimStateLocked(st *stateMsg, now time.Time) {
+	r := c.tab.replicas[st.Replica]
+	if r == nil || r.owned || !r.hasState || r.st.Origin != st.Origin || c.tab.ownerLocked(r) != st.Origin || r.st.Epoch != st.Epoch {
 		return // the owner's next full state (change or heartbeat) sets it up
 	}
 	if st.Version != r.st.Version {
@@ -278,43 +293,21 @@ func (m *Mesh) slimStateLocked(st *stateMsg, now time.Time) {
 	}
 	r.st.header = st.header
 	r.heard, r.loadAt = now, now
-	m.touchLocked(r)
-	m.drainLocked(r)
-	m.checkSyncLocked(r, now)
-}
-
-// withdrawLocked forgets that origin declares the replica.
-func (m *Mesh) withdrawLocked(origin, id string) {
-	r := m.replicas[id]
-	if r == nil {
-		return
-	}
-	if r.declarers[origin] {
-		delete(r.declarers, origin)
-		m.markOwnerLocked(r)
-	}
-	if r.withdrawn == nil {
-		r.withdrawn = map[string]bool{}
-	}
-	if len(r.withdrawn) < 64 {
-		r.withdrawn[origin] = true
-	}
-	if r.hasState && r.st.Origin == origin {
-		r.hasState = false
-		m.touchLocked(r)
-	}
+	c.tab.touchLocked(r)
+	c.drainLocked(r)
+	c.checkSyncLocked(r, now)
 }
 
 // decodeSummary decodes the summary of a full copy (nil when it carries
 // none or it does not decode). It takes no lock.
-func (m *Mesh) decodeSummary(f *stateWithSummary) *summary.Summary {
-	if len(f.Summary) == 0 || f.State.Origin == m.cfg.Name {
+func (c *replication) decodeSummary(f *stateWithSummary) *summary.Summary {
+	if len(f.Summary) == 0 || f.State.Origin == c.cfg.Name {
 		return nil
 	}
-	s, err := summary.Decode(f.Summary, m.fp)
+	s, err := summary.Decode(f.Summary, c.fp)
 	if err != nil {
-		m.met.dropped.WithLabelValues(dropDecode).Inc()
-		m.log.Warn("undecodable full summary", "replica", f.State.Replica, "from", f.State.Origin, "error", err)
+		c.met.dropped.WithLabelValues(dropDecode).Inc()
+		c.log.Warn("undecodable full summary", "replica", f.State.Replica, "from", f.State.Origin, "error", err)
 		return nil
 	}
 	return s
@@ -333,28 +326,29 @@ type fullCheck struct {
 // none) of replica id(i) with this router's copy of that replica, off the
 // lock: hashing two summaries costs microseconds, and a push/pull carries
 // a thousand.
-func (m *Mesh) compareFulls(n int, id func(int) string, full func(int) *summary.Summary) []fullCheck {
+func (c *replication) compareFulls(n int, id func(int) string, full func(int) *summary.Summary) []fullCheck {
 	checks := make([]fullCheck, n)
-	m.mu.RLock()
+	c.tab.mu.RLock()
 	for i := range n {
 		if s := full(i); s != nil {
-			if r := m.replicas[id(i)]; r != nil && !r.owned && r.sum != nil && r.sum.Epoch() == s.Epoch() {
+			if r := c.tab.replicas[id(i)]; r != nil && !r.owned && r.sum != nil && r.sum.Epoch() == s.Epoch() {
 				checks[i].cur = r.sum
 			}
 		}
 	}
-	m.mu.RUnlock()
+	c.tab.mu.RUnlock()
+	fp := c.fp
 	for i := range checks {
 		c := &checks[i]
 		if c.cur == nil {
 			continue
 		}
 		s := full(i)
-		d, v := c.cur.Digest(m.fp)
+		d, v := c.cur.Digest(fp)
 		if v != s.Version() {
 			continue
 		}
-		ds, _ := s.Digest(m.fp)
+		ds, _ := s.Digest(fp)
 		c.curVer, c.equal = v, d == ds
 	}
 	return checks
@@ -367,36 +361,36 @@ func (m *Mesh) compareFulls(n int, id func(int) string, full func(int) *summary.
 // column for nothing (a push/pull carries every replica's summary), so
 // the copy is kept and counts as verified. A copy that diverged at equal
 // version has another digest and is installed, as is any copy asked for.
-func (m *Mesh) handleFullLocked(st *stateMsg, s *summary.Summary, chk fullCheck, now time.Time) {
-	if s == nil || st.Origin == m.cfg.Name {
+func (c *replication) handleFullLocked(st *stateMsg, s *summary.Summary, chk fullCheck, now time.Time) {
+	if s == nil || st.Origin == c.cfg.Name {
 		return
 	}
-	r := m.replicas[st.Replica]
+	r := c.tab.replicas[st.Replica]
 	if r == nil {
 		return
 	}
-	owner := m.ownerLocked(r)
+	owner := c.tab.ownerLocked(r)
 	switch {
-	case m.adoptSummaryLocked(r, owner, st, s):
+	case c.adoptSummaryLocked(r, owner, st, s):
 		return
 	case owner != st.Origin || r.owned:
-		m.met.dropped.WithLabelValues(dropRefused).Inc()
+		c.met.dropped.WithLabelValues(dropRefused).Inc()
 		return
 	}
 	switch {
 	case r.sum != nil && !r.wantFull && chk.equal && r.sum == chk.cur && r.sum.Version() == chk.curVer:
-		m.met.fullsIn.WithLabelValues(fullEqual).Inc()
+		c.met.fullsIn.WithLabelValues(fullEqual).Inc()
 		r.verified, r.mismatchSince, r.heard = chk.curVer+1, time.Time{}, now
-		m.touchLocked(r)
-		m.drainLocked(r)
-		m.checkSyncLocked(r, now)
+		c.tab.touchLocked(r)
+		c.drainLocked(r)
+		c.checkSyncLocked(r, now)
 	case r.sum == nil || r.wantFull || r.sum.Epoch() != s.Epoch() || s.Version() >= r.sum.Version():
-		m.met.fullsIn.WithLabelValues(fullInstalled).Inc()
+		c.met.fullsIn.WithLabelValues(fullInstalled).Inc()
 		r.sum, r.wantFull, r.verified, r.mismatchSince = s, false, 0, time.Time{}
 		r.heard = now
-		m.touchLocked(r)
-		m.drainLocked(r)
-		m.checkSyncLocked(r, now)
+		c.tab.touchLocked(r)
+		c.drainLocked(r)
+		c.checkSyncLocked(r, now)
 	}
 }
 
@@ -423,45 +417,33 @@ type postLock struct {
 	digests []ownerDigestJob
 }
 
-// unlockAndRun brings owners up to date (readers rely on it, see
-// ownerLocked), releases m.mu and runs the work queued under it. Every
-// section that writes under m.mu ends with it.
-func (m *Mesh) unlockAndRun() {
-	if m.dirty || len(m.dirtyReps) > 0 {
-		m.recomputeOwnersLocked()
-	}
-	m.publishViewLocked()
-	p := m.post
-	m.post = postLock{}
-	m.mu.Unlock()
-	m.drainView()
-	if len(p.verify)+len(p.digests) == 0 {
-		return
-	}
+// afterUnlock hashes the summaries p names, off the lock, and applies
+// the results under it (table.unlock calls it once it released the lock).
+func (c *replication) afterUnlock(p postLock) {
 	type result struct {
 		d  uint64
 		ok bool
 	}
 	vr := make([]result, len(p.verify))
 	for i, j := range p.verify {
-		d, ok := digestOf(j.sum, m.fp)
+		d, ok := digestOf(j.sum, c.fp)
 		vr[i] = result{d, ok && j.sum.Version() == j.version}
 	}
 	dr := make([]result, len(p.digests))
 	for i, j := range p.digests {
-		d, ok := digestOf(j.sum, m.fp)
+		d, ok := digestOf(j.sum, c.fp)
 		dr[i] = result{d, ok && j.sum.Version() == j.version}
 	}
 	now := time.Now()
-	m.mu.Lock()
-	defer m.unlockAndRun() // requests only send; nothing is queued again
+	c.tab.mu.Lock()
+	defer c.tab.unlock() // requests only send; nothing is queued again
 	for i, j := range p.verify {
 		r := j.r
 		if !vr[i].ok || r.sum != j.sum || r.owned || !r.hasState || r.st.Version != j.version || r.st.Digest != j.want {
 			continue // moved on meanwhile; the next state checks again
 		}
 		if vr[i].d != j.want {
-			m.requestFullLocked(r, r.st.Origin, now, "copy diverged (digest differs at equal version)")
+			c.requestFullLocked(r, r.st.Origin, now, "copy diverged (digest differs at equal version)")
 			continue
 		}
 		r.verified = j.version + 1

@@ -37,8 +37,8 @@ func (t *deadlineTransport) DialTimeout(addr string, to time.Duration) (net.Conn
 
 // withDeadlines wraps mc's transport (guarded, or the configured one)
 // with stream deadlines.
-func (m *Mesh) withDeadlines(mc *memberlist.Config) {
+func (b *membership) withDeadlines(mc *memberlist.Config) {
 	if nat, ok := mc.Transport.(memberlist.NodeAwareTransport); ok {
-		mc.Transport = &deadlineTransport{NodeAwareTransport: nat, timeout: m.cfg.Timing.TCPTimeout}
+		mc.Transport = &deadlineTransport{NodeAwareTransport: nat, timeout: b.cfg.Timing.TCPTimeout}
 	}
 }

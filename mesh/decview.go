@@ -5,17 +5,17 @@ package mesh
 // with the replica structs by the writers and read under a lock of its
 // own.
 //
-// Why: a decision over 1,024 replicas used to walk the replica structs
-// (528 bytes each, the fields it reads spread over several cache lines,
-// plus the summary's header and the owner's member for every copy) under
-// m.mu's read lock, so it also waited behind every write section of the
-// gossip (an owner's tick encodes and fingerprints the state of every
-// replica it owns under the write lock: 0.3-0.7 ms at 1,024 replicas, one
-// decision in fifty at a 50 ms tick). The entries here are about 100
-// bytes, contiguous, and their lock is held by writers only to copy a few
-// entries in (or swap the arrays), after m.mu is released, never while
-// gossip is decoded, applied or encoded; and no writer holding m.mu waits
-// for it.
+// Why: walking the replica structs (528 bytes each, the fields a
+// decision reads spread over several cache lines, plus the summary's
+// header and the owner's record for every copy) under the table's read
+// lock would make a decision over 1,024 replicas wait behind every write
+// section of the gossip (an owner's tick encodes and fingerprints the
+// state of every replica it owns under the write lock: 0.3-0.7 ms at 1,024
+// replicas, one decision in fifty at a 50 ms tick). The entries here are
+// about 100 bytes, contiguous, and their lock is held by writers only to
+// copy a few entries in (or swap the arrays), after the table's lock is
+// released, never while gossip is decoded, applied or encoded; and no
+// writer holding the table's lock waits for it.
 
 import (
 	"slices"
@@ -34,22 +34,30 @@ type replicaLoad struct {
 	pendingK atomic.Int64 // pending prefill blocks × 1000
 }
 
-// decisionView is the per-model arrays Candidates reads.
-type decisionView struct {
+// published is the decision's view: the per-model arrays Candidates
+// reads, and the Index that matches their summaries in one batch.
+type published struct {
+	*env
 	mu     sync.RWMutex
 	models map[string]*modelView // guarded by mu; replaced whole on a rebuild
-	// pend is the changes write sections queued (under m.mu, so in their
-	// order) for drainView to apply under mu once m.mu is released: a
-	// writer never waits for a decision's read lock while it holds m.mu
-	// (a decision's thread switched out mid-read would hold up all the
-	// gossip behind m.mu).
+	// pend is the changes write sections queued (under the table's lock,
+	// so in their order) for drain to apply under mu once that lock is
+	// released: a writer never waits for a decision's read lock while it
+	// holds the table's (a decision's thread switched out mid-read would
+	// hold up all the gossip behind it).
 	pendMu sync.Mutex
 	pend   []viewOp // guarded by pendMu
-	// spare is the storage of the ops drainView last applied, for pend
-	// to reuse (guarded by pendMu): a router under gossip queues ops in
+	// spare is the storage of the ops drain last applied, for pend to
+	// reuse (guarded by pendMu): a router under gossip queues ops in
 	// every write section.
 	spare []viewOp
+	upd   []viewOp // publishLocked's scratch, kept from section to section (the table's lock)
+
+	index summary.Index // the summaries bit-sliced, for Candidates' matches (view.go)
+	bufs  sync.Pool     // *CandidateBuffer lent by PooledCandidates
 }
+
+func newPublished(e *env) *published { return &published{env: e} }
 
 // viewOp is one queued change of the view: a rebuild's arrays to swap in
 // (views not nil), or an entry to copy into its slots.
@@ -76,7 +84,7 @@ type viewEntry struct {
 	// load is the live counters of a replica this router owns; nil for a
 	// copy, whose load is the owner's last state below.
 	load      *replicaLoad
-	heard     int64 // copy: the owner's last word, ns after Mesh.t0
+	heard     int64 // copy: the owner's last word, ns after env.t0
 	pending   float64
 	networkMs float64
 	// The counts as route.Candidate keeps them (route.Count32).
@@ -91,7 +99,7 @@ type viewEntry struct {
 	// health flapping does not rebuild them).
 	ok bool
 	// counts: a copy whose summary counts for routing as long as its
-	// owner's last word is recent (countsLocked without the age).
+	// owner's last word is recent (table.countsLocked without the age).
 	counts bool
 }
 
@@ -101,25 +109,15 @@ type viewSlot struct {
 	i  int
 }
 
-// touchLocked notes that something a decision reads of r changed; the
-// entry is refreshed when the write section ends (unlockAndRun). Every
-// writer of a field entryLocked reads calls it.
-func (m *Mesh) touchLocked(r *replica) {
-	if !r.viewDirty {
-		r.viewDirty = true
-		m.viewDirty = append(m.viewDirty, r)
-	}
-}
-
 // entryLocked computes r's entry and the models it serves (nil when it
 // is no candidate for any: no owner, or no word from its owner).
-func (m *Mesh) entryLocked(r *replica) (viewEntry, []string) {
+func (v *published) entryLocked(r *replica) (viewEntry, []string) {
 	e := viewEntry{id: r.id, hash: r.hash}
 	owner := r.owner
 	switch {
 	case owner == "":
 		return e, nil
-	case owner == m.cfg.Name:
+	case owner == v.cfg.Name:
 		e.ok, e.sum, e.load = r.healthy, r.sum, r.load
 		e.running, e.waiting, e.slots = route.Count32(r.running), route.Count32(r.waiting), route.Count32(r.slots)
 		e.hasLoad = r.hasLoad
@@ -132,58 +130,60 @@ func (m *Mesh) entryLocked(r *replica) (viewEntry, []string) {
 	e.running, e.waiting, e.slots = route.Count32(int(r.st.Running)), route.Count32(int(r.st.Waiting)), route.Count32(int(r.st.Slots))
 	e.hasLoad = !r.st.NoLoad
 	if r.sum != nil && !r.wantFull && r.sum.Epoch() == r.st.Epoch && !r.heard.IsZero() {
-		e.counts, e.sum, e.heard = true, r.sum, int64(r.heard.Sub(m.t0))
+		e.counts, e.sum, e.heard = true, r.sum, int64(r.heard.Sub(v.t0))
 	}
 	if mb := r.ownerMb; mb != nil {
 		e.networkMs = float64(mb.rtt.Microseconds()) / 1000
-		if mb.meta.Region != m.cfg.Region {
+		if mb.meta.Region != v.cfg.Region {
 			e.tier = 1
 		}
 	}
 	return e, r.st.Models
 }
 
-// publishViewLocked queues the entries of the touched replicas for
-// drainView: in place when each serves the models it served, else arrays
-// built anew (a replica came, went or changed models) to swap in.
-func (m *Mesh) publishViewLocked() {
-	if len(m.viewDirty) == 0 && !m.viewRebuild {
-		return
+// publishLocked queues the entries of the replicas t's write section
+// touched for drain: in place when each serves the models it served, else
+// arrays built anew (a replica came, went or changed models) to swap in.
+// It reports whether it queued anything: nothing when the section
+// touched nothing. The caller holds t.mu.
+func (v *published) publishLocked(t *table) bool {
+	if len(t.viewDirty) == 0 && !t.viewRebuild {
+		return false
 	}
-	upd := m.viewUpd[:0]
-	rebuild := m.viewRebuild
-	for _, r := range m.viewDirty {
+	upd := v.upd[:0]
+	rebuild := t.viewRebuild
+	for _, r := range t.viewDirty {
 		r.viewDirty = false
 		if rebuild {
 			continue
 		}
-		e, models := m.entryLocked(r)
+		e, models := v.entryLocked(r)
 		if !slices.Equal(models, r.viewModels) {
 			rebuild = true
 			continue
 		}
 		upd = append(upd, viewOp{at: r.viewAt, e: e})
 	}
-	clear(m.viewDirty)
-	m.viewDirty, m.viewRebuild = m.viewDirty[:0], false
+	clear(t.viewDirty)
+	t.viewDirty, t.viewRebuild = t.viewDirty[:0], false
 	if rebuild {
 		clear(upd)
-		upd = append(upd[:0], viewOp{views: m.buildViewLocked()})
+		upd = append(upd[:0], viewOp{views: v.buildLocked(t)})
 	}
-	v := &m.view
 	v.pendMu.Lock()
 	v.pend = append(v.pend, upd...)
 	v.pendMu.Unlock()
 	clear(upd) // pend holds them now
-	m.viewUpd = upd[:0]
+	v.upd = upd[:0]
+	return true
 }
 
-// drainView applies the queued changes, in order, under the view's lock.
-// unlockAndRun calls it once m.mu is released. Whoever takes the lock
-// first applies everything queued by then: a later write section's
-// changes never go in before an earlier one's.
-func (m *Mesh) drainView() {
-	v := &m.view
+// drain applies the queued changes, in order, under the view's lock.
+// table.unlock calls it once the table's lock is released, after a
+// section that queued changes. Whoever takes the lock first applies
+// everything queued by then: a later write section's changes never go in
+// before an earlier one's.
+func (v *published) drain() {
 	v.pendMu.Lock()
 	n := len(v.pend)
 	v.pendMu.Unlock()
@@ -213,11 +213,11 @@ func (m *Mesh) drainView() {
 	v.pendMu.Unlock()
 }
 
-// buildViewLocked builds every model's array from the replicas.
-func (m *Mesh) buildViewLocked() map[string]*modelView {
+// buildLocked builds every model's array from t's replicas.
+func (v *published) buildLocked(t *table) map[string]*modelView {
 	views := map[string]*modelView{}
-	for _, r := range m.order {
-		e, models := m.entryLocked(r)
+	for _, r := range t.order {
+		e, models := v.entryLocked(r)
 		// A new slots slice: queued changes hold the old one.
 		r.viewModels, r.viewAt = slices.Clone(models), nil
 		for j, model := range models {
@@ -234,14 +234,4 @@ func (m *Mesh) buildViewLocked() map[string]*modelView {
 		}
 	}
 	return views
-}
-
-// touchOwnedByLocked touches the replicas mb owns (its RTT or region
-// changed: their entries carry them).
-func (m *Mesh) touchOwnedByLocked(mb *member) {
-	for _, r := range m.order {
-		if r.ownerMb == mb {
-			m.touchLocked(r)
-		}
-	}
 }

@@ -14,14 +14,14 @@ import (
 
 // viewMismatch compares the published decision view with one computed
 // afresh from the replica structs; nil when they agree (a write section
-// that just released m.mu may not have applied its changes yet: callers
+// that just released the table's lock may not have applied its changes yet: callers
 // retry).
 func viewMismatch(m *Mesh) error {
-	m.mu.RLock()
-	defer m.mu.RUnlock()
+	m.tab.mu.RLock()
+	defer m.tab.mu.RUnlock()
 	want := map[string][]viewEntry{}
-	for _, r := range m.order {
-		e, models := m.entryLocked(r)
+	for _, r := range m.tab.order {
+		e, models := m.view.entryLocked(r)
 		for j, model := range models {
 			if !slices.Contains(models[:j], model) {
 				want[model] = append(want[model], e)
@@ -324,22 +324,22 @@ func TestEqualFullCopyKept(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			b.mu.RLock()
-			r := b.replicas[id]
+			b.tab.mu.RLock()
+			r := b.tab.replicas[id]
 			cur, st := r.sum, r.st
-			b.mu.RUnlock()
+			b.tab.mu.RUnlock()
 			s := tc.full(cur)
 			if tc.name == "diverged at the same version" && s.Version() != cur.Version() {
 				t.Fatalf("versions %d and %d", s.Version(), cur.Version())
 			}
-			chk := b.compareFulls(1, func(int) string { return id }, func(int) *summary.Summary { return s })
-			b.mu.Lock()
+			chk := b.rep.compareFulls(1, func(int) string { return id }, func(int) *summary.Summary { return s })
+			b.tab.mu.Lock()
 			if tc.wantFull {
 				r.wantFull = true
 			}
-			b.handleFullLocked(&st, s, chk[0], r.heard)
+			b.rep.handleFullLocked(&st, s, chk[0], r.heard)
 			got := r.sum
-			b.unlockAndRun()
+			b.tab.unlock()
 			if kept := got == cur; kept != tc.kept {
 				t.Fatalf("copy kept %v, want %v (equal by digest: %v)", kept, tc.kept, chk[0].equal)
 			}

@@ -10,12 +10,14 @@ import (
 	"github.com/kvmesh/kvmesh/summary"
 )
 
-// delegate adapts memberlist's callbacks to the Mesh. memberlist calls the
-// event and alive delegates while it holds its node lock, so none of these
-// methods may call back into memberlist; they take only the mesh's lock.
+// delegate adapts memberlist's callbacks to the mesh: events and alive
+// messages to membership, messages and push/pull state to replication.
+// memberlist calls the event and alive delegates while it holds its node
+// lock, so none of these methods may call back into memberlist; they take
+// only the mesh's locks.
 type delegate struct {
-	m    *Mesh
-	meta []byte
+	mem *membership
+	rep *replication
 }
 
 var (
@@ -28,10 +30,10 @@ var (
 
 // NodeMeta returns the router's metadata, checked against the limit in New.
 func (d *delegate) NodeMeta(limit int) []byte {
-	if len(d.meta) > limit {
+	if len(d.mem.meta) > limit {
 		return nil // New refuses this; never panic memberlist
 	}
-	return d.meta
+	return d.mem.meta
 }
 
 // NotifyMsg hands a copy of the message to the inbox goroutine. The mesh
@@ -43,18 +45,19 @@ func (d *delegate) NotifyMsg(b []byte) {
 		return
 	}
 	msg := bytes.Clone(b)
+	c := d.rep
 	select {
-	case d.m.inbox <- msg:
+	case c.inbox <- msg:
 		return
 	default:
 	}
 	t := time.NewTimer(time.Second)
 	defer t.Stop()
 	select {
-	case d.m.inbox <- msg:
+	case c.inbox <- msg:
 	case <-t.C:
-		d.m.met.dropped.WithLabelValues(dropHandoffFull).Inc()
-	case <-d.m.ctx.Done():
+		c.met.dropped.WithLabelValues(dropHandoffFull).Inc()
+	case <-c.ctx.Done():
 	}
 }
 
@@ -66,31 +69,26 @@ func (d *delegate) GetBroadcasts(overhead, limit int) [][]byte { return nil }
 // it declares or owns, with the full summary of those it owns while they
 // fit under maxLocalStateBytes (receivers pull the rest).
 func (d *delegate) LocalState(join bool) []byte {
-	m := d.m
+	m, t := d.rep, d.rep.tab
 	// Snapshot under the read lock; encode the summaries after it.
 	type entry struct {
 		st  stateMsg
 		sum *summary.Summary
 	}
 	var entries []entry
-	var live []wireVersion
-	m.mu.RLock()
-	for name, mb := range m.members {
-		if mb.alive && name != m.cfg.Name {
-			live = append(live, mb.wire)
-		}
-	}
-	for _, r := range m.replicas {
+	live := d.mem.liveWires()
+	t.mu.RLock()
+	for _, r := range t.replicas {
 		if !r.declared && !r.owned {
 			continue
 		}
-		e := entry{st: m.ownedStateLocked(r)}
+		e := entry{st: d.rep.dis.ownedStateLocked(r)}
 		if r.owned {
 			e.sum = r.sum
 		}
 		entries = append(entries, e)
 	}
-	m.mu.RUnlock()
+	t.mu.RUnlock()
 	v := pushPullWire(m.wire, join, live)
 	b := []byte{kindPushPull}
 	b = appendS8(b, m.cfg.Name)
@@ -114,48 +112,50 @@ func (d *delegate) LocalState(join bool) []byte {
 
 // MergeRemoteState applies a peer's push/pull state; it validates
 // everything and only logs and counts what it cannot decode.
-func (d *delegate) MergeRemoteState(buf []byte, join bool) {
-	m := d.m
-	p, err := decodePushPull(buf, m.wire)
+func (d *delegate) MergeRemoteState(buf []byte, join bool) { d.rep.mergeRemoteState(buf, join) }
+
+// mergeRemoteState applies a peer's push/pull state.
+func (c *replication) mergeRemoteState(buf []byte, join bool) {
+	p, err := decodePushPull(buf, c.wire)
 	if err != nil {
-		m.met.dropped.WithLabelValues(dropDecode).Inc()
-		m.log.Warn("undecodable push/pull state", "bytes", len(buf), "error", err)
+		c.met.dropped.WithLabelValues(dropDecode).Inc()
+		c.log.Warn("undecodable push/pull state", "bytes", len(buf), "error", err)
 		return
 	}
-	m.met.in(kindPushPull, len(buf))
+	c.met.in(kindPushPull, len(buf))
 	// Full summaries are decoded before the lock.
 	sums := make([]*summary.Summary, len(p.Entries))
 	for i := range p.Entries {
 		if e := &p.Entries[i]; e.State.Origin == p.Origin {
-			sums[i] = m.decodeSummary(e)
+			sums[i] = c.decodeSummary(e)
 		}
 	}
-	checks := m.compareFulls(len(sums), func(i int) string { return p.Entries[i].State.Replica },
+	checks := c.compareFulls(len(sums), func(i int) string { return p.Entries[i].State.Replica },
 		func(i int) *summary.Summary { return sums[i] })
 	now := time.Now()
-	m.mu.Lock()
-	defer m.unlockAndRun()
+	c.tab.mu.Lock()
+	defer c.tab.unlock()
 	// Declarations first, so ownership is known before the full copies;
 	// the states last, so they find the copies they describe.
 	var valid []int
 	for i := range p.Entries {
 		if e := &p.Entries[i]; e.State.Origin == p.Origin {
 			valid = append(valid, i)
-			m.declareLocked(&e.State)
+			c.tab.declareLocked(&e.State)
 		} else {
-			m.met.dropped.WithLabelValues(dropRefused).Inc()
+			c.met.dropped.WithLabelValues(dropRefused).Inc()
 		}
 	}
-	m.reassertedLocked(&p)
+	c.tab.reassertedLocked(&p)
 	for _, i := range valid {
-		m.handleFullLocked(&p.Entries[i].State, sums[i], checks[i], now)
+		c.handleFullLocked(&p.Entries[i].State, sums[i], checks[i], now)
 	}
 	for _, i := range valid {
 		st := &p.Entries[i].State
 		if join {
-			m.keepNoLoadLocked(st)
+			c.keepNoLoadLocked(st)
 		}
-		m.handleStateLocked(st, now)
+		c.handleStateLocked(st, now)
 	}
 }
 
@@ -167,39 +167,38 @@ func (d *delegate) MergeRemoteState(buf []byte, join bool) {
 // their seeds after a failure), until the owner's next full state. A
 // state that does not come from a join is encoded at a version the
 // sender chose for its peers and is taken as it says.
-func (m *Mesh) keepNoLoadLocked(st *stateMsg) {
+func (c *replication) keepNoLoadLocked(st *stateMsg) {
 	if st.NoLoad || !st.Owned || st.Slim || st.Withdrawn {
 		return
 	}
-	if r := m.replicas[st.Replica]; r != nil && r.hasState && r.st.Origin == st.Origin && r.st.NoLoad {
+	if r := c.tab.replicas[st.Replica]; r != nil && r.hasState && r.st.Origin == st.Origin && r.st.NoLoad {
 		st.NoLoad = true
 	}
 }
 
 // checkPeer refuses a peer whose metadata is not ours to understand or
 // whose hashing contract differs.
-func (d *delegate) checkPeer(n *memberlist.Node) error {
-	m := d.m
+func (b *membership) checkPeer(n *memberlist.Node) error {
 	meta, err := decodeMeta(n.Meta)
-	if err == nil && meta.Contract == m.contractID {
+	if err == nil && meta.Contract == b.contractID {
 		return nil
 	}
 	if err == nil {
-		err = fmt.Errorf("peer %s uses hashing contract %q, this router uses %q", n.Name, meta.Contract, m.contractID)
+		err = fmt.Errorf("peer %s uses hashing contract %q, this router uses %q", n.Name, meta.Contract, b.contractID)
 	} else {
 		err = fmt.Errorf("peer %s: %w", n.Name, err)
 	}
-	m.met.refusals.Inc()
-	m.mu.Lock()
-	last := m.refused[n.Name]
+	b.met.refusals.Inc()
+	b.mu.Lock()
+	last := b.refused[n.Name]
 	logIt := time.Since(last) > time.Minute
 	if logIt {
-		m.refused[n.Name] = time.Now()
+		b.refused[n.Name] = time.Now()
 	}
-	m.mu.Unlock()
+	b.mu.Unlock()
 	if logIt {
-		m.log.Error("refusing peer with another hashing contract", "peer", n.Name, "peer_contract", meta.Contract,
-			"our_contract", m.contractID, "error", err)
+		b.log.Error("refusing peer with another hashing contract", "peer", n.Name, "peer_contract", meta.Contract,
+			"our_contract", b.contractID, "error", err)
 	}
 	return err
 }
@@ -207,13 +206,13 @@ func (d *delegate) checkPeer(n *memberlist.Node) error {
 // NotifyAlive filters every alive message (memberlist holds its lock),
 // and takes a known router's wire version from it.
 func (d *delegate) NotifyAlive(n *memberlist.Node) error {
-	if n.Name == d.m.cfg.Name {
+	if n.Name == d.mem.cfg.Name {
 		return nil
 	}
-	if err := d.checkPeer(n); err != nil {
+	if err := d.mem.checkPeer(n); err != nil {
 		return err
 	}
-	d.heardWire(n)
+	d.mem.heardWire(n)
 	return nil
 }
 
@@ -229,99 +228,49 @@ func (d *delegate) NotifyAlive(n *memberlist.Node) error {
 // low, a state loses what the peer could have read; too high, the peer
 // refuses the batch and repairs its copies with full ones once the
 // version is right.
-func (d *delegate) heardWire(n *memberlist.Node) {
-	m, v := d.m, wireVersion(n.DMax)
-	m.mu.RLock()
-	mb := m.members[n.Name]
+func (b *membership) heardWire(n *memberlist.Node) {
+	v := wireVersion(n.DMax)
+	b.mu.RLock()
+	mb := b.members[n.Name]
 	skip := mb == nil || mb.wire == v || !mb.node.Addr.Equal(n.Addr) || mb.node.Port != n.Port
-	m.mu.RUnlock()
+	b.mu.RUnlock()
 	if skip {
 		return // not known yet (NotifyJoin records it), or another node by that name
 	}
-	m.mu.Lock()
-	if mb := m.members[n.Name]; mb != nil {
+	b.mu.Lock()
+	if mb := b.members[n.Name]; mb != nil {
 		mb.wire = v
 	}
-	m.mu.Unlock()
+	b.mu.Unlock()
 }
 
 // NotifyMerge refuses a join with a cluster of another contract.
 func (d *delegate) NotifyMerge(peers []*memberlist.Node) error {
 	for _, n := range peers {
-		if n.Name == d.m.cfg.Name || n.State != memberlist.StateAlive {
+		if n.Name == d.mem.cfg.Name || n.State != memberlist.StateAlive {
 			continue
 		}
-		if err := d.checkPeer(n); err != nil {
+		if err := d.mem.checkPeer(n); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-func (d *delegate) upsert(n *memberlist.Node, alive bool) {
-	m := d.m
-	meta, _ := decodeMeta(n.Meta) // alive delegate checked it
-	node := *n
-	node.Meta = bytes.Clone(n.Meta)
-	m.mu.Lock()
-	mb := m.members[n.Name]
-	if mb == nil {
-		mb = &member{}
-		m.members[n.Name] = mb
-		m.dirty = true // owners and their members
-	}
-	if mb.meta != meta {
-		m.touchOwnedByLocked(mb) // their entries carry its region
-	}
-	mb.node, mb.meta, mb.wire = node, meta, wireVersion(n.DMax)
-	if mb.alive && !alive {
-		mb.failedAt = time.Now()
-	}
-	gone := mb.alive && !alive && n.Name != m.cfg.Name
-	if mb.alive != alive {
-		m.dirty = true
-	}
-	mb.alive = alive
-	var k int64
-	for _, x := range m.members {
-		if x.alive {
-			k++
-		}
-	}
-	if m.members[m.cfg.Name] == nil {
-		k++
-	}
-	m.numAlive.Store(max(k, 1))
-	m.unlockAndRun()
-	if gone {
-		m.notifyGone(meta.API)
-	}
-}
-
 // NotifyJoin records a new router (memberlist holds its lock).
-func (d *delegate) NotifyJoin(n *memberlist.Node) { d.upsert(n, true) }
+func (d *delegate) NotifyJoin(n *memberlist.Node) { d.mem.upsert(n, true) }
 
 // NotifyUpdate records a router's new metadata.
-func (d *delegate) NotifyUpdate(n *memberlist.Node) { d.upsert(n, true) }
+func (d *delegate) NotifyUpdate(n *memberlist.Node) { d.mem.upsert(n, true) }
 
 // NotifyLeave records a router that left or failed, and tells the
 // watchers (gonewatch.go).
-func (d *delegate) NotifyLeave(n *memberlist.Node) { d.upsert(n, false) }
+func (d *delegate) NotifyLeave(n *memberlist.Node) { d.mem.upsert(n, false) }
 
 // AckPayload adds nothing to probe acks.
 func (d *delegate) AckPayload() []byte { return nil }
 
 // NotifyPingComplete records the RTT of a direct probe.
 func (d *delegate) NotifyPingComplete(n *memberlist.Node, rtt time.Duration, _ []byte) {
-	m := d.m
-	m.mu.Lock()
-	if mb := m.members[n.Name]; mb != nil {
-		if mb.rtt == 0 {
-			mb.rtt = rtt
-		} else {
-			mb.rtt = (mb.rtt*7 + rtt) / 8 // smooth: one slow probe should not flip a route
-		}
-		m.touchOwnedByLocked(mb) // their entries carry its RTT
-	}
-	m.unlockAndRun()
+	d.mem.pinged(n.Name, rtt)
 }

@@ -28,7 +28,7 @@ func TestEngineLoadReachesEveryRouter(t *testing.T) {
 				return fmt.Errorf("ok=%v running %d waiting %d slots %d", ok, c.Running, c.Waiting, c.Slots)
 			}
 			// The status page shows it from the debug view, at the owner and elsewhere.
-			for _, d := range r.Debug().(DebugInfo).Replicas {
+			for _, d := range r.Debug().Replicas {
 				if d.ID == id && (d.EngineRunning != 3 || d.EngineWaiting != 2 || d.EngineSlots != 8) {
 					return fmt.Errorf("debug view: running %d waiting %d slots %d", d.EngineRunning, d.EngineWaiting, d.EngineSlots)
 				}
@@ -83,7 +83,7 @@ func TestEngineWithoutLoadNeverSpreads(t *testing.T) {
 							return fmt.Errorf("%s: summary %v, has load %v", c.ID(), c.Summary != nil, c.HasLoad)
 						}
 					}
-					for _, d := range r.Debug().(DebugInfo).Replicas {
+					for _, d := range r.Debug().Replicas {
 						if d.EngineHasLoad != (d.ID != tc.noLoad) {
 							return fmt.Errorf("debug view: %s has load %v", d.ID, d.EngineHasLoad)
 						}
@@ -225,8 +225,8 @@ func TestSlowPeerGetsFullCopiesNeverGaps(t *testing.T) {
 		}
 		return nil
 	})
-	if n := a.queued.Load(); n > int64(a.maxPeerMsgs()) {
-		t.Fatalf("%d batches queued, over the bound %d", n, a.maxPeerMsgs())
+	if n := a.dis.queued.Load(); n > int64(a.dis.maxPeerMsgs()) {
+		t.Fatalf("%d batches queued, over the bound %d", n, a.dis.maxPeerMsgs())
 	}
 }
 

@@ -32,7 +32,7 @@ type goneWatch struct{ fn func(api string) }
 // nor call the mesh or memberlist.
 func (m *Mesh) WatchGone(gone func(api string)) (stop func()) {
 	w := &goneWatch{fn: gone}
-	gw := &m.gone
+	gw := &m.mem.gone
 	gw.mu.Lock()
 	if gw.fns == nil {
 		gw.fns = map[*goneWatch]struct{}{}
@@ -47,12 +47,12 @@ func (m *Mesh) WatchGone(gone func(api string)) (stop func()) {
 }
 
 // notifyGone tells every watcher that the router at api is gone. It must
-// be called without m.mu.
-func (m *Mesh) notifyGone(api string) {
+// be called without the mesh's locks.
+func (b *membership) notifyGone(api string) {
 	if api == "" {
 		return
 	}
-	gw := &m.gone
+	gw := &b.gone
 	gw.mu.Lock()
 	fns := make([]func(string), 0, len(gw.fns))
 	for w := range gw.fns {

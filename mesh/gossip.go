@@ -7,9 +7,9 @@ package mesh
 
 import (
 	"slices"
+	"sync/atomic"
 	"time"
 
-	"github.com/hashicorp/memberlist"
 	"github.com/kvmesh/kvmesh/summary"
 	"github.com/zeebo/xxh3"
 )
@@ -23,50 +23,70 @@ const (
 	maxBatchBytes = 4 << 20
 )
 
+// dissemination is the owner side: every tick it cuts the owned
+// summaries' deltas and queues each live peer its batch (peers.go), and
+// it sends the copy side's full-copy requests. The peer set and the tick
+// count are guarded by the table's lock, under which ticks decide what
+// to send; each peer's queue has a lock of its own.
+type dissemination struct {
+	*env
+	tab     *table
+	mem     *membership  // the live peers and their nodes
+	rep     *replication // asks for full copies of stale copies
+	repairs chan job
+	queued  atomic.Int64 // batches waiting in peer queues
+
+	peers map[string]*peer // live peers and their send queues (tab.mu)
+	ticks int              // (tab.mu)
+}
+
+type job struct {
+	to  string
+	msg []byte
+}
+
+func newDissemination(e *env, t *table, mem *membership) *dissemination {
+	return &dissemination{env: e, tab: t, mem: mem, repairs: make(chan job, repairSize), peers: map[string]*peer{}}
+}
+
 // send queues a direct message (a full-copy request) for repairLoop.
-func (m *Mesh) send(to string, msg []byte) {
+func (d *dissemination) send(to string, msg []byte) {
 	select {
-	case m.repairs <- job{to: to, msg: msg}:
+	case d.repairs <- job{to: to, msg: msg}:
 	default:
-		m.met.dropped.WithLabelValues(dropHandoffFull).Inc()
+		d.met.dropped.WithLabelValues(dropHandoffFull).Inc()
 	}
 }
 
-func (m *Mesh) repairLoop() {
-	defer m.wg.Done()
+func (d *dissemination) repairLoop() {
+	defer d.wg.Done()
 	for {
 		select {
-		case <-m.ctx.Done():
+		case <-d.ctx.Done():
 			return
-		case j := <-m.repairs:
-			m.mu.RLock()
-			mb, ok := m.members[j.to]
-			var node memberlist.Node
-			if ok {
-				node, ok = mb.node, mb.alive
-			}
-			m.mu.RUnlock()
+		case j := <-d.repairs:
+			node, ok := d.mem.aliveNode(j.to)
 			if !ok {
 				continue
 			}
-			if err := m.ml.SendReliable(&node, j.msg); err != nil {
-				m.log.Debug("direct send failed", "to", j.to, "kind", kindName(j.msg[0]), "error", err)
+			if err := d.mem.ml.SendReliable(&node, j.msg); err != nil {
+				d.log.Debug("direct send failed", "to", j.to, "kind", kindName(j.msg[0]), "error", err)
 				continue
 			}
-			m.met.out(j.msg[0], len(j.msg))
+			d.met.out(j.msg[0], len(j.msg))
 		}
 	}
 }
 
 // setOwnedLocked flips r between writer and copy.
-func (m *Mesh) setOwnedLocked(r *replica, owned bool) {
+func (d *dissemination) setOwnedLocked(r *replica, owned bool) {
 	if r.owned == owned {
 		return
 	}
 	r.owned = owned
-	m.touchLocked(r)
+	d.tab.touchLocked(r)
 	if !owned {
-		m.log.Info("replica owned elsewhere now; keeping a copy", "replica", r.id)
+		d.log.Info("replica owned elsewhere now; keeping a copy", "replica", r.id)
 		r.hasState = false
 		return
 	}
@@ -74,36 +94,36 @@ func (m *Mesh) setOwnedLocked(r *replica, owned bool) {
 	if r.sum != nil {
 		// The copy is bit-identical to the old owner's: continue its epoch.
 		r.lastSent = r.sum.Version()
-		m.log.Info("taking over replica with its gossiped summary", "replica", r.id, "epoch", r.sum.Epoch(), "version", r.lastSent)
+		d.log.Info("taking over replica with its gossiped summary", "replica", r.id, "epoch", r.sum.Epoch(), "version", r.lastSent)
 	}
 }
 
 // ensureSummaryLocked gives an owned replica a summary of the right size.
-func (m *Mesh) ensureSummaryLocked(r *replica) {
-	want := m.cfg.DefaultCapacityBlocks
+func (d *dissemination) ensureSummaryLocked(r *replica) {
+	want := d.cfg.DefaultCapacityBlocks
 	if r.capacity > 0 {
 		want = min(max(r.capacity, 2), summary.MaxCapacityBlocks)
 	}
 	if r.sum != nil && (r.sum.Params().CapacityBlocks == want || r.capacity == 0) {
 		return
 	}
-	epoch := uint64(time.Now().UnixNano()) ^ xxh3.HashString(m.cfg.Name)
-	s, err := summary.New(summary.Params{CapacityBlocks: want, FalsePositiveRate: m.cfg.FalsePositiveRate}, epoch)
+	epoch := uint64(time.Now().UnixNano()) ^ xxh3.HashString(d.cfg.Name)
+	s, err := summary.New(summary.Params{CapacityBlocks: want, FalsePositiveRate: d.cfg.FalsePositiveRate}, epoch)
 	if err != nil {
-		m.log.Error("cannot size summary", "replica", r.id, "capacity", want, "error", err)
+		d.log.Error("cannot size summary", "replica", r.id, "capacity", want, "error", err)
 		return
 	}
 	if r.sum != nil {
-		m.log.Info("replica capacity changed; new summary epoch", "replica", r.id, "from", r.sum.Params().CapacityBlocks, "to", want)
+		d.log.Info("replica capacity changed; new summary epoch", "replica", r.id, "from", r.sum.Params().CapacityBlocks, "to", want)
 	}
 	r.sum, r.lastSent, r.digestVer, r.digest = s, 0, 0, 0
-	m.touchLocked(r)
+	d.tab.touchLocked(r)
 }
 
 // ownedStateLocked is the state of a replica this router owns (or, when
 // not owned, a declaration).
-func (m *Mesh) ownedStateLocked(r *replica) stateMsg {
-	st := stateMsg{header: m.nextHeader(), Replica: r.id, Owned: r.owned, Healthy: r.healthy,
+func (d *dissemination) ownedStateLocked(r *replica) stateMsg {
+	st := stateMsg{header: d.nextHeader(), Replica: r.id, Owned: r.owned, Healthy: r.healthy,
 		Capacity: uint32(max(r.capacity, 0)), Models: r.models}
 	for d := range r.declarers {
 		st.DeclaredBy = append(st.DeclaredBy, d)
@@ -127,7 +147,7 @@ func u32(n int) uint32 { return uint32(min(max(n, 0), 1<<31)) }
 // encodeState appends a state to dst within maxStateBytes, dropping
 // declarers then models that do not fit (a replica with hundreds of
 // models is not routed for all).
-func (m *Mesh) encodeState(dst []byte, st *stateMsg) []byte {
+func (d *dissemination) encodeState(dst []byte, st *stateMsg) []byte {
 	b := st.append(dst)
 	for len(b) > maxStateBytes && len(st.DeclaredBy) > 1 {
 		st.DeclaredBy = st.DeclaredBy[:len(st.DeclaredBy)-1]
@@ -137,22 +157,22 @@ func (m *Mesh) encodeState(dst []byte, st *stateMsg) []byte {
 		st.Models = st.Models[:len(st.Models)-1]
 		b = st.append(b[:len(dst)])
 		if len(b) <= maxStateBytes {
-			m.log.Warn("replica state over its bound; models left out", "replica", st.Replica, "kept", len(st.Models))
+			d.log.Warn("replica state over its bound; models left out", "replica", st.Replica, "kept", len(st.Models))
 		}
 	}
 	return b
 }
 
-func (m *Mesh) tickLoop() {
-	defer m.wg.Done()
-	t := time.NewTicker(m.cfg.Timing.StateInterval)
+func (d *dissemination) tickLoop() {
+	defer d.wg.Done()
+	t := time.NewTicker(d.cfg.Timing.StateInterval)
 	defer t.Stop()
 	for {
 		select {
-		case <-m.ctx.Done():
+		case <-d.ctx.Done():
 			return
 		case <-t.C:
-			m.tick(time.Now())
+			d.tick(time.Now())
 		}
 	}
 }
@@ -178,24 +198,24 @@ func stateFingerprint(st stateMsg) uint64 {
 
 // heartbeatTicks is how often an unchanged replica's full state is
 // repeated: four times per StaleAfter.
-func (m *Mesh) heartbeatTicks() int {
-	return max(int(m.cfg.Timing.StaleAfter/(4*m.cfg.Timing.StateInterval)), 1)
+func (d *dissemination) heartbeatTicks() int {
+	return max(int(d.cfg.Timing.StaleAfter/(4*d.cfg.Timing.StateInterval)), 1)
 }
 
 // tick re-decides ownership, checks copies, cuts the owned replicas'
 // deltas and hands every live peer its batch.
-func (m *Mesh) tick(now time.Time) {
-	m.mu.Lock()
-	m.ticks++
-	decl := m.ticks%declEveryTicks == 1
+func (d *dissemination) tick(now time.Time) {
+	d.tab.mu.Lock()
+	d.ticks++
+	decl := d.ticks%declEveryTicks == 1
 	var cuts []cut
 	var others []stateMsg // declarations and withdrawals
-	for _, r := range m.order {
-		m.sendHandBackLocked(r, now)
-		owner := m.ownerLocked(r)
-		m.setOwnedLocked(r, owner == m.cfg.Name)
+	for _, r := range d.tab.order {
+		d.sendHandBackLocked(r, now)
+		owner := d.tab.ownerLocked(r)
+		d.setOwnedLocked(r, owner == d.cfg.Name)
 		if r.owned {
-			m.ensureSummaryLocked(r)
+			d.ensureSummaryLocked(r)
 			if r.sum != nil {
 				cuts = append(cuts, cut{r: r, sum: r.sum, from: r.lastSent})
 			}
@@ -204,21 +224,21 @@ func (m *Mesh) tick(now time.Time) {
 		switch {
 		case r.withdrawT > 0:
 			r.withdrawT--
-			others = append(others, stateMsg{header: m.nextHeader(), Replica: r.id, Withdrawn: true})
+			others = append(others, stateMsg{header: d.nextHeader(), Replica: r.id, Withdrawn: true})
 		case r.declared && decl:
-			others = append(others, m.ownedStateLocked(r))
+			others = append(others, d.ownedStateLocked(r))
 		}
 		if r.hasState && owner == r.st.Origin {
-			if m.ticks%declEveryTicks == 0 { // a gauge per replica: not every tick
-				m.met.age.WithLabelValues(r.id).Set(now.Sub(r.heard).Seconds())
+			if d.ticks%declEveryTicks == 0 { // a gauge per replica: not every tick
+				d.met.age.WithLabelValues(r.id).Set(now.Sub(r.heard).Seconds())
 			}
-			if r.wantFull || (!r.mismatchSince.IsZero() && now.Sub(r.mismatchSince) > 4*m.cfg.Timing.StateInterval) {
-				m.requestFullLocked(r, owner, now, "copy stays behind the owner's state")
+			if r.wantFull || (!r.mismatchSince.IsZero() && now.Sub(r.mismatchSince) > 4*d.cfg.Timing.StateInterval) {
+				d.rep.requestFullLocked(r, owner, now, "copy stays behind the owner's state")
 			}
 		}
 	}
-	peers := m.syncPeersLocked()
-	m.unlockAndRun()
+	peers := d.syncPeersLocked()
+	d.tab.unlock()
 
 	// Off the lock: cut the deltas (copying and coding the log).
 	for i := range cuts {
@@ -229,7 +249,7 @@ func (m *Mesh) tick(now time.Time) {
 		}
 	}
 
-	m.mu.Lock()
+	d.tab.mu.Lock()
 	kept := cuts[:0]
 	for _, c := range cuts {
 		r := c.r
@@ -244,22 +264,22 @@ func (m *Mesh) tick(now time.Time) {
 		}
 		// A digest lets copies catch what versions cannot show; one per
 		// heartbeat is enough, and only of a summary at rest.
-		if r.digestVer != r.lastSent+1 && c.sum.Version() == r.lastSent && m.ticks%m.heartbeatTicks() == 0 {
-			m.post.digests = append(m.post.digests, ownerDigestJob{r: r, sum: c.sum, version: r.lastSent})
+		if r.digestVer != r.lastSent+1 && c.sum.Version() == r.lastSent && d.ticks%d.heartbeatTicks() == 0 {
+			d.tab.post.digests = append(d.tab.post.digests, ownerDigestJob{r: r, sum: c.sum, version: r.lastSent})
 		}
-		c.st = m.ownedStateLocked(r)
+		c.st = d.ownedStateLocked(r)
 		kept = append(kept, c)
 	}
-	ticks := m.ticks
-	m.unlockAndRun()
+	ticks := d.ticks
+	d.tab.unlock()
 	// Off the lock: fingerprinting encodes and hashes every state (0.3-1
 	// ms at 1,024 owned replicas, which readers such as Begin and Locate
 	// would wait for). stateFP and stateTick are this goroutine's alone.
 	for i := range kept {
 		c := &kept[i]
-		if fp := stateFingerprint(c.st); fp != c.r.stateFP || ticks-c.r.stateTick >= m.heartbeatTicks() {
+		if fp := stateFingerprint(c.st); fp != c.r.stateFP || ticks-c.r.stateTick >= d.heartbeatTicks() {
 			c.r.stateFP, c.r.stateTick, c.changed = fp, ticks, true
 		}
 	}
-	m.offer(now, peers, kept, others)
+	d.offer(now, peers, kept, others)
 }

@@ -15,7 +15,7 @@ import (
 // copies of 1,024 replicas, all bound in its Index, take the owner's
 // deltas of 5,000 new 32-block prompts a second (issue 9's rate, all
 // from one owner: its batches are the largest a router applies). Every
-// write section of m.mu holds such a reader up, one call in thousands:
+// write section of the table's lock holds such a reader up, one call in thousands:
 // the max and the calls over 100 µs show them. It reports the reader's
 // wall time per call, p50, p99, p99.9 and max, and the calls over 100 µs.
 func BenchmarkReadersUnderIngest(b *testing.B) {
@@ -75,7 +75,7 @@ func BenchmarkReadersUnderIngest(b *testing.B) {
 // decodes to its share of the entries, in order, stays under
 // maxBatchBytes, and is allocated at its size.
 func TestAssembleSplitsAtTheLimits(t *testing.T) {
-	m := &Mesh{cfg: Config{Name: "a"}, boot: 7}
+	m := &dissemination{env: &env{cfg: Config{Name: "a"}, boot: 7}}
 	big := make([]byte, maxBatchBytes/3)
 	var parts [][]byte
 	for i := range 10 {

@@ -1,10 +1,12 @@
 package mesh
 
-// Membership: the memberlist adapter's configuration and lifecycle
-// (joining, re-joining failed peers), which routers declare which
-// replicas, and who owns each replica (see owner.go for the pure rule).
+// Membership: memberlist, its configuration and lifecycle (joining,
+// re-joining failed peers), and the routers it reports, under a lock of
+// its own. What ownership and the view need of a router, membership
+// hands the table (table.setRouter) after its own lock is released.
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"math/rand/v2"
@@ -12,16 +14,75 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
-	"unique"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/memberlist"
-	"github.com/kvmesh/kvmesh/route"
 )
 
-func (m *Mesh) memberlistConfig() (*memberlist.Config, error) {
-	cfg, t := m.cfg, m.cfg.Timing
+// member is one router as memberlist last reported it.
+type member struct {
+	node     memberlist.Node // a copy: memberlist mutates its own under its lock
+	meta     nodeMeta
+	wire     wireVersion // the highest it decodes, as it last advertised (delegate.go)
+	alive    bool
+	failedAt time.Time
+	rtt      time.Duration
+}
+
+// membership is the router's memberlist and the routers it knows.
+type membership struct {
+	*env
+	tab        *table // told what ownership and the view need of each router
+	contractID string
+	meta       []byte // this router's node metadata
+	ml         *memberlist.Memberlist
+	guard      *guardedTransport // nil with Config.Transport (transport.go)
+	numAlive   atomic.Int64
+	// gone are the watchers of routers that left or failed (gonewatch.go).
+	gone goneWatches
+
+	// mu guards members and refused. Nothing else is locked under it.
+	mu      sync.RWMutex
+	members map[string]*member
+	refused map[string]time.Time // last log line per refused peer
+}
+
+func newMembership(e *env) *membership {
+	b := &membership{env: e, contractID: e.cfg.Contract.ID() + protocol,
+		members: map[string]*member{}, refused: map[string]time.Time{}}
+	b.numAlive.Store(1)
+	return b
+}
+
+// start creates the memberlist, with the delegate handing gossip to rep.
+func (b *membership) start(rep *replication) error {
+	meta := nodeMeta{Region: b.cfg.Region, API: b.cfg.APIAddr, Contract: b.contractID}.encode()
+	if len(meta) > memberlist.MetaMaxSize {
+		return fmt.Errorf("mesh: node metadata is %d bytes, over memberlist's %d", len(meta), memberlist.MetaMaxSize)
+	}
+	b.meta = meta
+	mc, err := b.memberlistConfig()
+	if err != nil {
+		return err
+	}
+	d := &delegate{mem: b, rep: rep}
+	mc.Delegate, mc.Events, mc.Alive, mc.Merge, mc.Ping = d, d, d, d, d
+	ml, err := memberlist.Create(mc)
+	if err != nil {
+		if b.cfg.Transport == nil {
+			_ = mc.Transport.Shutdown() // ours: release the sockets
+		}
+		return fmt.Errorf("mesh: creating memberlist: %w", err)
+	}
+	b.ml = ml
+	return nil
+}
+
+func (b *membership) memberlistConfig() (*memberlist.Config, error) {
+	cfg, t := b.cfg, b.cfg.Timing
 	mc := memberlist.DefaultLANConfig()
 	mc.Name = cfg.Name
 	mc.Logger = cfg.Logger.Named("memberlist").StandardLogger(&hclog.StandardLoggerOptions{InferLevels: true})
@@ -38,7 +99,7 @@ func (m *Mesh) memberlistConfig() (*memberlist.Config, error) {
 	// this router decodes; the minimum and current stay wireBase, which
 	// every router speaks, or memberlist would refuse the routers from
 	// before versioning, which advertise 0, 0, 0.
-	mc.DelegateProtocolMin, mc.DelegateProtocolVersion, mc.DelegateProtocolMax = uint8(wireBase), uint8(wireBase), uint8(m.wire)
+	mc.DelegateProtocolMin, mc.DelegateProtocolVersion, mc.DelegateProtocolMax = uint8(wireBase), uint8(wireBase), uint8(b.wire)
 	if cfg.SecretKey != nil {
 		mc.SecretKey = append([]byte(nil), cfg.SecretKey...)
 	}
@@ -56,10 +117,10 @@ func (m *Mesh) memberlistConfig() (*memberlist.Config, error) {
 		}
 		mc.AdvertiseAddr, mc.AdvertisePort = host, port
 	}
-	if err := m.guardTransport(mc); err != nil { // transport.go
+	if err := b.guardTransport(mc); err != nil { // transport.go
 		return nil, err
 	}
-	m.withDeadlines(mc) // deadline.go
+	b.withDeadlines(mc) // deadline.go
 	return mc, nil
 }
 
@@ -81,206 +142,208 @@ func splitHostPort(s string) (string, int, error) {
 // memberlist never re-joins a dead node by itself, so this is what heals a
 // partition, whatever its length. Between reconnects it expires the
 // declarations peers stopped asserting.
-func (m *Mesh) joinLoop() {
-	defer m.wg.Done()
-	if len(m.cfg.Join) > 0 {
-		backoff := m.cfg.Timing.ProbeInterval
+func (b *membership) joinLoop() {
+	defer b.wg.Done()
+	if len(b.cfg.Join) > 0 {
+		backoff := b.cfg.Timing.ProbeInterval
 		for {
-			n, err := m.ml.Join(m.cfg.Join)
+			n, err := b.ml.Join(b.cfg.Join)
 			if err == nil && n > 0 {
-				m.log.Info("joined mesh", "seeds", m.cfg.Join, "contacted", n)
+				b.log.Info("joined mesh", "seeds", b.cfg.Join, "contacted", n)
 				break
 			}
-			m.log.Warn("join failed; retrying", "seeds", m.cfg.Join, "error", err, "in", backoff)
-			if !m.sleep(backoff) {
+			b.log.Warn("join failed; retrying", "seeds", b.cfg.Join, "error", err, "in", backoff)
+			if !b.sleep(backoff) {
 				return
 			}
 			backoff = min(2*backoff, 30*time.Second)
 		}
 	}
-	t := m.cfg.Timing
+	t := b.cfg.Timing
 	period := min(t.ReconnectInterval, max(t.DeclarationTTL/4, t.StateInterval))
 	lastReconnect := time.Now()
-	for m.sleep(period) {
+	for b.sleep(period) {
 		now := time.Now()
-		m.mu.Lock()
-		m.expireDeclarationsLocked(now)
-		m.unlockAndRun()
+		b.tab.expireDeclarations(now)
 		if now.Sub(lastReconnect) < t.ReconnectInterval {
 			continue
 		}
 		lastReconnect = now
-		m.reconnect(now)
+		b.reconnect(now)
 	}
 }
 
 // reconnect re-joins up to three failed peers (remembered for
 // FailedPeerTimeout) and every seed that is missing; when a peer is
 // missing but no seed is, one seed as well.
-func (m *Mesh) reconnect(now time.Time) {
+func (b *membership) reconnect(now time.Time) {
 	var addrs []string
-	alive := map[string]bool{m.ml.LocalNode().Address(): true}
-	m.mu.Lock()
-	for name, mb := range m.members {
+	alive := map[string]bool{b.ml.LocalNode().Address(): true}
+	var forgotten []string
+	b.mu.Lock()
+	for name, mb := range b.members {
 		if mb.alive {
 			alive[mb.node.Address()] = true
 			continue
 		}
-		if now.Sub(mb.failedAt) > m.cfg.Timing.FailedPeerTimeout {
-			delete(m.members, name)
-			m.dirty = true
+		if now.Sub(mb.failedAt) > b.cfg.Timing.FailedPeerTimeout {
+			delete(b.members, name)
+			forgotten = append(forgotten, name)
 			continue
 		}
 		addrs = append(addrs, mb.node.Address())
 	}
-	m.unlockAndRun()
+	b.mu.Unlock()
+	for _, name := range forgotten {
+		b.tab.forgetRouter(name)
+	}
 	rand.Shuffle(len(addrs), func(i, j int) { addrs[i], addrs[j] = addrs[j], addrs[i] })
 	addrs = addrs[:min(len(addrs), 3)]
-	ctx, cancel := context.WithTimeout(m.ctx, min(m.cfg.Timing.TCPTimeout, 5*time.Second))
-	seeds := missingSeeds(m.cfg.Join, int(m.ml.LocalNode().Port), func(host string) ([]string, error) {
+	ctx, cancel := context.WithTimeout(b.ctx, min(b.cfg.Timing.TCPTimeout, 5*time.Second))
+	seeds := missingSeeds(b.cfg.Join, int(b.ml.LocalNode().Port), func(host string) ([]string, error) {
 		return net.DefaultResolver.LookupHost(ctx, host)
 	}, alive)
 	cancel()
-	if len(addrs) > 0 && len(seeds) == 0 && len(m.cfg.Join) > 0 {
+	if len(addrs) > 0 && len(seeds) == 0 && len(b.cfg.Join) > 0 {
 		// A known peer is missing though every seed is here: ask one seed,
 		// which may know where it went (one push/pull per round, not one
 		// per seed: each carries full summaries).
-		seeds = []string{m.cfg.Join[rand.IntN(len(m.cfg.Join))]}
+		seeds = []string{b.cfg.Join[rand.IntN(len(b.cfg.Join))]}
 	}
 	addrs = append(addrs, seeds...)
 	if len(addrs) == 0 {
 		return
 	}
-	if n, err := m.ml.Join(addrs); n > 0 {
-		m.log.Debug("reconnected", "addrs", addrs, "contacted", n)
+	if n, err := b.ml.Join(addrs); n > 0 {
+		b.log.Debug("reconnected", "addrs", addrs, "contacted", n)
 	} else {
-		m.log.Debug("reconnect failed", "addrs", addrs, "error", err)
+		b.log.Debug("reconnect failed", "addrs", addrs, "error", err)
 	}
 }
 
-func (m *Mesh) replicaLocked(id string, create bool) *replica {
-	r := m.replicas[id]
-	if r == nil && create && len(m.replicas) < maxReplicas && id != "" && len(id) <= maxReplicaIDLen {
-		// The ID's one copy in the process (unique), as long as a
-		// replica holds its handle: the routers of one process (the
-		// scale harness, tests) then hand out the same string for a
-		// replica, and a CandidateBuffer going from one router's view to
-		// another's finds its Details' IDs already right (a string
-		// written to the heap is a pointer for the write barrier while
-		// the collector marks).
-		h := unique.Make(id)
-		id = h.Value()
-		r = &replica{id: id, idh: h, hash: route.HashID(id), declarers: map[string]bool{}, declHeard: map[string]time.Time{},
-			load: m.newLoadLocked()}
-		m.replicas[id] = r
-		i, _ := slices.BinarySearchFunc(m.order, id, func(x *replica, id string) int { return strings.Compare(x.id, id) })
-		m.order = slices.Insert(m.order, i, r)
-		m.markOwnerLocked(r)
+// upsert records memberlist's word on a router, then hands the table
+// what it needs of it, and tells the watchers of a router gone.
+func (b *membership) upsert(n *memberlist.Node, alive bool) {
+	meta, _ := decodeMeta(n.Meta) // alive delegate checked it
+	node := *n
+	node.Meta = bytes.Clone(n.Meta)
+	b.mu.Lock()
+	mb := b.members[n.Name]
+	if mb == nil {
+		mb = &member{}
+		b.members[n.Name] = mb
 	}
-	return r
-}
-
-// newLoadLocked returns a replica's in-flight counters, taken from slabs
-// of loadSlab: a decision reads the counters of every owned replica, and
-// sixteen bytes each side by side are a few hundred cache lines read in
-// order, where counters allocated one by one among the summaries' data
-// were a cache miss per replica. A slab lives while any of its replicas
-// does.
-func (m *Mesh) newLoadLocked() *replicaLoad {
-	if len(m.loads) == cap(m.loads) {
-		m.loads = make([]replicaLoad, 0, loadSlab)
+	mb.node, mb.meta, mb.wire = node, meta, wireVersion(n.DMax)
+	if mb.alive && !alive {
+		mb.failedAt = time.Now()
 	}
-	m.loads = m.loads[:len(m.loads)+1]
-	return &m.loads[len(m.loads)-1]
-}
-
-// loadSlab is how many replicas' counters newLoadLocked allocates at once.
-const loadSlab = 256
-
-// liveLocked reports whether a router counts as alive.
-func (m *Mesh) liveLocked(name string) bool {
-	if name == m.cfg.Name {
-		return true
-	}
-	mb := m.members[name]
-	return mb != nil && mb.alive
-}
-
-// ownerLocked returns the owner of r: rendezvous hashing over the live
-// routers that declare it (ownerOf); "" when none is alive. Owners are
-// computed when membership or declarations change, not per request: a
-// writer that changes them sets m.dirty, and unlockAndRun recomputes
-// before it releases the lock, so readers under the read lock always find
-// them current.
-func (m *Mesh) ownerLocked(r *replica) string {
-	switch { // only ever true under the write lock
-	case m.dirty:
-		m.recomputeOwnersLocked()
-	case r.ownerDirty:
-		m.recomputeOwnerLocked(r)
-	}
-	return r.owner
-}
-
-// markOwnerLocked notes that r's declarers changed.
-func (m *Mesh) markOwnerLocked(r *replica) {
-	if !r.ownerDirty {
-		r.ownerDirty = true
-		m.dirtyReps = append(m.dirtyReps, r)
-	}
-}
-
-func (m *Mesh) recomputeOwnerLocked(r *replica) {
-	r.owner = ownerOf(r.id, r.declarers, m.liveLocked)
-	r.ownerMb = m.members[r.owner]
-	r.ownerDirty = false
-	m.touchLocked(r)
-}
-
-// recomputeOwnersLocked brings every owner up to date (membership
-// changed), or, when only declarations changed, those replicas'.
-func (m *Mesh) recomputeOwnersLocked() {
-	if m.dirty {
-		for _, r := range m.order {
-			m.recomputeOwnerLocked(r)
-		}
-	} else {
-		for _, r := range m.dirtyReps {
-			if r.ownerDirty {
-				m.recomputeOwnerLocked(r)
-			}
+	gone := mb.alive && !alive && n.Name != b.cfg.Name
+	mb.alive = alive
+	var k int64
+	for _, x := range b.members {
+		if x.alive {
+			k++
 		}
 	}
-	m.dirty, m.dirtyReps = false, m.dirtyReps[:0]
+	if b.members[b.cfg.Name] == nil {
+		k++
+	}
+	b.numAlive.Store(max(k, 1))
+	b.mu.Unlock()
+	b.tab.setRouter(n.Name, alive, meta)
+	if gone {
+		b.notifyGone(meta.API)
+	}
 }
 
-// declareLocked records that a state's origin declares the replica it
-// names, for DeclarationTTL from now (softstate.go). It is the only way a
-// peer's declaration is learned or renewed: the DeclaredBy list a state
-// carries is another router's hearsay, and adopting it let a declaration
-// outlive its router (two routers re-teach each other a claim its router
-// no longer makes; a restarted router took its own old claim back).
-func (m *Mesh) declareLocked(st *stateMsg) *replica {
-	if st.Origin == m.cfg.Name {
-		return nil
+// pinged records the RTT of a direct probe.
+func (b *membership) pinged(name string, rtt time.Duration) {
+	b.mu.Lock()
+	mb := b.members[name]
+	if mb != nil {
+		if mb.rtt == 0 {
+			mb.rtt = rtt
+		} else {
+			mb.rtt = (mb.rtt*7 + rtt) / 8 // smooth: one slow probe should not flip a route
+		}
+		rtt = mb.rtt
 	}
-	r := m.replicaLocked(st.Replica, true)
-	if r == nil {
-		return nil
+	b.mu.Unlock()
+	if mb != nil {
+		b.tab.setRTT(name, rtt) // the entries of the replicas it owns carry it
 	}
-	delete(r.withdrawn, st.Origin) // its own word, again
-	if !r.declarers[st.Origin] && len(r.declarers) >= maxDeclarers {
-		return r
-	}
-	m.addDeclarerLocked(r, st.Origin)
-	r.declHeard[st.Origin] = time.Now()
-	m.handBackLocked(r, st)
-	return r
 }
 
-func (m *Mesh) addDeclarerLocked(r *replica, name string) {
-	if !r.declarers[name] {
-		r.declarers[name] = true
-		m.markOwnerLocked(r)
+// list describes the routers this router knows, sorted by name.
+func (b *membership) list() []MemberInfo {
+	b.mu.RLock()
+	defer b.mu.RUnlock()
+	out := make([]MemberInfo, 0, len(b.members))
+	for name, mb := range b.members {
+		st := "failed"
+		if mb.alive {
+			st = "alive"
+		}
+		out = append(out, MemberInfo{Name: name, Region: mb.meta.Region, API: mb.meta.API, Addr: mb.node.Address(),
+			State: st, RTTMs: float64(mb.rtt.Microseconds()) / 1000, Self: name == b.cfg.Name, Wire: int(mb.wire)})
 	}
+	slices.SortFunc(out, func(x, y MemberInfo) int { return strings.Compare(x.Name, y.Name) })
+	return out
+}
+
+// peerAPIs lists the API base URLs of the other routers alive, sorted.
+func (b *membership) peerAPIs() []string {
+	b.mu.RLock()
+	defer b.mu.RUnlock()
+	var out []string
+	for name, mb := range b.members {
+		if name != b.cfg.Name && mb.alive && mb.meta.API != "" {
+			out = append(out, mb.meta.API)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// aliveNode returns the node of router name while it is alive.
+func (b *membership) aliveNode(name string) (memberlist.Node, bool) {
+	b.mu.RLock()
+	defer b.mu.RUnlock()
+	if mb := b.members[name]; mb != nil && mb.alive {
+		return mb.node, true
+	}
+	return memberlist.Node{}, false
+}
+
+// peerNode is what a peer's sender needs of a router.
+type peerNode struct {
+	node  memberlist.Node
+	wire  wireVersion
+	alive bool
+}
+
+// peerNodes returns every other router membership remembers.
+func (b *membership) peerNodes() map[string]peerNode {
+	b.mu.RLock()
+	defer b.mu.RUnlock()
+	out := make(map[string]peerNode, len(b.members))
+	for name, mb := range b.members {
+		if name != b.cfg.Name {
+			out[name] = peerNode{node: mb.node, wire: mb.wire, alive: mb.alive}
+		}
+	}
+	return out
+}
+
+// liveWires lists the wire versions of the other routers alive.
+func (b *membership) liveWires() []wireVersion {
+	b.mu.RLock()
+	defer b.mu.RUnlock()
+	var live []wireVersion
+	for name, mb := range b.members {
+		if mb.alive && name != b.cfg.Name {
+			live = append(live, mb.wire)
+		}
+	}
+	return live
 }

@@ -93,9 +93,9 @@ func TestThreeRoutersGossipSummaries(t *testing.T) {
 }
 
 func (m *Mesh) sumOf(id string) *summary.Summary {
-	m.mu.RLock()
-	defer m.mu.RUnlock()
-	return m.replicas[id].sum
+	m.tab.mu.RLock()
+	defer m.tab.mu.RUnlock()
+	return m.tab.replicas[id].sum
 }
 
 func TestSharedReplicaOwnershipAndTakeover(t *testing.T) {
@@ -160,7 +160,7 @@ func TestOtherContractRefused(t *testing.T) {
 	if n, err := b.ml.Join([]string{a.GossipAddr()}); err == nil {
 		t.Fatalf("join with another contract succeeded (n=%d)", n)
 	}
-	idA, idB := a.contractID, b.contractID
+	idA, idB := a.mem.contractID, b.mem.contractID
 	eventually(t, wait, "refusal logged and counted", func() error {
 		if testutil.ToFloat64(a.met.refusals) == 0 && testutil.ToFloat64(b.met.refusals) == 0 {
 			return fmt.Errorf("no refusal counted")
@@ -361,11 +361,11 @@ func TestBeginTakesNoMeshLock(t *testing.T) {
 	id := "http://a-rep"
 	declare(a, id)
 	load := func(id string) int64 {
-		a.mu.RLock()
-		defer a.mu.RUnlock()
-		return a.replicas[id].load.inFlight.Load()
+		a.tab.mu.RLock()
+		defer a.tab.mu.RUnlock()
+		return a.tab.replicas[id].load.inFlight.Load()
 	}
-	a.mu.Lock()
+	a.tab.mu.Lock()
 	booked := make(chan func(), 1)
 	go func() {
 		_, done := a.Begin(id, 1)
@@ -375,10 +375,10 @@ func TestBeginTakesNoMeshLock(t *testing.T) {
 	select {
 	case done = <-booked:
 	case <-time.After(wait):
-		a.mu.Unlock()
+		a.tab.mu.Unlock()
 		t.Fatal("Begin waited for the mesh's lock")
 	}
-	a.mu.Unlock()
+	a.tab.mu.Unlock()
 	if got := load(id); got != 1 {
 		t.Fatalf("in flight %d after Begin, want 1", got)
 	}

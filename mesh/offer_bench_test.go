@@ -37,10 +37,10 @@ func benchOffer(b *testing.B, mod func([]cut, []*peer)) {
 		mod(cuts, peers)
 	}
 	for b.Loop() {
-		m.offer(now, peers, cuts, nil)
+		m.dis.offer(now, peers, cuts, nil)
 		for _, p := range peers {
 			p.q, p.qBytes = p.q[:0], 0
 		}
-		m.queued.Store(0)
+		m.dis.queued.Store(0)
 	}
 }

@@ -42,7 +42,7 @@ type peer struct {
 	wake chan struct{}
 	stop context.CancelFunc
 
-	mu     sync.Mutex // after m.mu when both are held, never before
+	mu     sync.Mutex // after d.tab.mu when both are held, never before
 	node   memberlist.Node
 	wire   wireVersion // what its batches are encoded at (peerWire)
 	q      [][]byte
@@ -61,43 +61,44 @@ type peer struct {
 
 // fullEvery is the least time between two rounds of full copies to one
 // peer: the bounded rate of resynchronisation.
-func (m *Mesh) fullEvery() time.Duration {
-	return max(5*m.cfg.Timing.StateInterval, 250*time.Millisecond)
+func (d *dissemination) fullEvery() time.Duration {
+	return max(5*d.cfg.Timing.StateInterval, 250*time.Millisecond)
 }
 
 // maxPeerMsgs is maxPeerLag in batches.
-func (m *Mesh) maxPeerMsgs() int {
-	return max(int(maxPeerLag/m.cfg.Timing.StateInterval), 4)
+func (d *dissemination) maxPeerMsgs() int {
+	return max(int(maxPeerLag/d.cfg.Timing.StateInterval), 4)
 }
 
 // syncPeersLocked starts a sender for every live peer and stops those of
 // peers gone; it returns the live ones.
-func (m *Mesh) syncPeersLocked() []*peer {
-	for name, mb := range m.members {
-		if name == m.cfg.Name {
+func (d *dissemination) syncPeersLocked() []*peer {
+	members := d.mem.peerNodes()
+	for name, mb := range members {
+		if name == d.cfg.Name {
 			continue
 		}
-		p := m.peers[name]
+		p := d.peers[name]
 		switch {
 		case mb.alive && p == nil:
-			ctx, cancel := context.WithCancel(m.ctx)
+			ctx, cancel := context.WithCancel(d.ctx)
 			p = &peer{name: name, wake: make(chan struct{}, 1), stop: cancel, node: mb.node, fullSome: map[string]bool{},
-				fresh: true, fullAll: true, fullWhy: fullNewPeer, wire: peerWire(m.wire, mb.wire)}
-			m.peers[name] = p
-			m.wg.Add(1)
-			go m.sendLoop(ctx, p)
+				fresh: true, fullAll: true, fullWhy: fullNewPeer, wire: peerWire(d.wire, mb.wire)}
+			d.peers[name] = p
+			d.wg.Add(1)
+			go d.sendLoop(ctx, p)
 		case mb.alive:
 			p.mu.Lock()
-			p.node, p.wire = mb.node, peerWire(m.wire, mb.wire)
+			p.node, p.wire = mb.node, peerWire(d.wire, mb.wire)
 			p.mu.Unlock()
 		case p != nil:
-			m.dropPeerLocked(p)
+			d.dropPeerLocked(p)
 		}
 	}
-	out := make([]*peer, 0, len(m.peers))
-	for name, p := range m.peers {
-		if m.members[name] == nil {
-			m.dropPeerLocked(p)
+	out := make([]*peer, 0, len(d.peers))
+	for name, p := range d.peers {
+		if _, ok := members[name]; !ok {
+			d.dropPeerLocked(p)
 			continue
 		}
 		out = append(out, p)
@@ -105,19 +106,19 @@ func (m *Mesh) syncPeersLocked() []*peer {
 	return out
 }
 
-func (m *Mesh) dropPeerLocked(p *peer) {
+func (d *dissemination) dropPeerLocked(p *peer) {
 	p.stop()
 	p.mu.Lock()
-	m.queued.Add(-int64(len(p.q) + len(p.handBack)))
+	d.queued.Add(-int64(len(p.q) + len(p.handBack)))
 	p.q, p.qBytes, p.handBack = nil, 0, nil
 	p.mu.Unlock()
-	delete(m.peers, p.name)
+	delete(d.peers, p.name)
 }
 
 // handleFullReqLocked marks a replica's copy at the requesting peer for a
 // full copy in a coming batch (bounded by fullEvery).
-func (m *Mesh) handleFullReqLocked(f fullReq) {
-	r, p := m.replicas[f.Replica], m.peers[f.Origin]
+func (d *dissemination) handleFullReqLocked(f fullReq) {
+	r, p := d.tab.replicas[f.Replica], d.peers[f.Origin]
 	if r == nil || !r.owned || r.sum == nil || p == nil {
 		return
 	}
@@ -144,29 +145,29 @@ type entryEnc struct {
 }
 
 // stateFor is the full state as a peer of version v is to read it.
-func (e *entryEnc) stateFor(m *Mesh, v wireVersion) []byte {
+func (e *entryEnc) stateFor(d *dissemination, v wireVersion) []byte {
 	if v >= e.need {
 		return e.stFull
 	}
 	if e.stOld[v] == nil {
 		st := e.c.st.at(v)
-		e.stOld[v] = m.encodeState(make([]byte, 0, len(e.stFull)), &st) // at most as long
+		e.stOld[v] = d.encodeState(make([]byte, 0, len(e.stFull)), &st) // at most as long
 	}
 	return e.stOld[v]
 }
 
 // entry assembles the entry a peer gets.
-func (e *entryEnc) entry(m *Mesh, dst []byte, p *peer, wantFull string, due bool) []byte {
+func (e *entryEnc) entry(d *dissemination, dst []byte, p *peer, wantFull string, due bool) []byte {
 	st := e.stSlim
 	if e.changed || p.fresh {
-		st = e.stateFor(m, p.wire)
+		st = e.stateFor(d, p.wire)
 	}
 	switch {
 	case wantFull != "" && due:
 		if e.full == nil {
-			e.full = e.c.sum.AppendEncode(nil, m.fp)
+			e.full = e.c.sum.AppendEncode(nil, d.fp)
 		}
-		return appendEntryRaw(dst, e.stateFor(m, p.wire), payloadFull, e.full)
+		return appendEntryRaw(dst, e.stateFor(d, p.wire), payloadFull, e.full)
 	case wantFull != "":
 		return appendEntryRaw(dst, st, payloadNone, nil)
 	case e.delta != nil:
@@ -178,13 +179,13 @@ func (e *entryEnc) entry(m *Mesh, dst []byte, p *peer, wantFull string, due bool
 }
 
 // offer hands every live peer this tick's batch.
-func (m *Mesh) offer(now time.Time, peers []*peer, cuts []cut, others []stateMsg) {
+func (d *dissemination) offer(now time.Time, peers []*peer, cuts []cut, others []stateMsg) {
 	encs := make([]entryEnc, len(cuts))
 	for i := range cuts {
 		c := &cuts[i]
 		e := &encs[i]
 		e.id, e.c, e.changed = c.r.id, c, c.changed
-		e.stFull, e.need = m.encodeState(nil, &c.st), c.st.needs()
+		e.stFull, e.need = d.encodeState(nil, &c.st), c.st.needs()
 		slim := stateMsg{header: c.st.header, Replica: c.st.Replica, Owned: c.st.Owned, Healthy: c.st.Healthy,
 			Slim: true, Epoch: c.st.Epoch, Version: c.st.Version}
 		e.stSlim = slim.append(nil)
@@ -200,9 +201,9 @@ func (m *Mesh) offer(now time.Time, peers []*peer, cuts []cut, others []stateMsg
 	// peer; an addition they carry would take stateFor's way.
 	var rest [][]byte
 	for i := range others {
-		rest = append(rest, appendEntryRaw(nil, m.encodeState(nil, &others[i]), payloadNone, nil))
+		rest = append(rest, appendEntryRaw(nil, d.encodeState(nil, &others[i]), payloadNone, nil))
 	}
-	limit := m.maxPeerMsgs()
+	limit := d.maxPeerMsgs()
 	// A peer's entries are encoded into one buffer, reused for the next
 	// peer once assemble has copied them into the peer's messages.
 	var buf []byte
@@ -210,24 +211,24 @@ func (m *Mesh) offer(now time.Time, peers []*peer, cuts []cut, others []stateMsg
 	var parts [][]byte
 	for _, p := range peers {
 		p.mu.Lock()
-		due := now.Sub(p.lastFull) >= m.fullEvery()
+		due := now.Sub(p.lastFull) >= d.fullEvery()
 		buf, ends, parts = buf[:0], ends[:0], parts[:0]
 		sent := 0
 		for i := range encs {
 			e := &encs[i]
 			why := p.wantFull(e)
 			n0 := len(buf)
-			buf = e.entry(m, buf, p, why, due)
+			buf = e.entry(d, buf, p, why, due)
 			if len(buf) == n0 {
 				continue
 			}
 			switch {
 			case why != "" && due:
-				m.met.fullCopies.WithLabelValues(why).Inc()
+				d.met.fullCopies.WithLabelValues(why).Inc()
 				sent++
 			case why == "" && e.delta != nil:
-				m.met.deltaBytes.Add(float64(len(e.delta)))
-				m.met.deltaEntries.Add(float64(e.c.to - e.c.from))
+				d.met.deltaBytes.Add(float64(len(e.delta)))
+				d.met.deltaEntries.Add(float64(e.c.to - e.c.from))
 			}
 			ends = append(ends, len(buf))
 		}
@@ -241,36 +242,36 @@ func (m *Mesh) offer(now time.Time, peers []*peer, cuts []cut, others []stateMsg
 		if sent > 0 {
 			if p.fullAll {
 				// Every replica is in this round: older batches are moot.
-				m.queued.Add(-int64(len(p.q)))
+				d.queued.Add(-int64(len(p.q)))
 				p.q, p.qBytes = nil, 0
 			}
 			p.fullAll, p.fullWhy, p.lastFull = false, "", now
 			clear(p.fullSome)
 		}
 		parts = append(parts, rest...)
-		msgs := m.assemble(parts)
+		msgs := d.assemble(parts)
 		if n := msgBytes(msgs); sent == 0 && (len(p.q)+len(msgs) > limit || p.qBytes+n > maxPeerBytes) {
 			// The peer is not keeping up: drop what it has not taken, tell
 			// it where we are (states), and resynchronise it with full
 			// copies at the bounded rate.
-			m.log.Debug("peer not keeping up; resynchronising with full copies", "peer", p.name, "queued", len(p.q))
-			m.queued.Add(-int64(len(p.q)))
+			d.log.Debug("peer not keeping up; resynchronising with full copies", "peer", p.name, "queued", len(p.q))
+			d.queued.Add(-int64(len(p.q)))
 			p.q, p.qBytes = nil, 0
 			p.fullAll, p.fullWhy = true, fullOverflow
 			parts = parts[:0]
 			for i := range encs {
-				if b := encs[i].entry(m, nil, p, fullOverflow, false); len(b) > 0 {
+				if b := encs[i].entry(d, nil, p, fullOverflow, false); len(b) > 0 {
 					parts = append(parts, b)
 				}
 			}
-			msgs = m.assemble(append(parts, rest...))
+			msgs = d.assemble(append(parts, rest...))
 		}
 		if len(msgs) > 0 {
 			p.fresh = false
 		}
 		p.q = append(p.q, msgs...)
 		p.qBytes += msgBytes(msgs)
-		m.queued.Add(int64(len(msgs)))
+		d.queued.Add(int64(len(msgs)))
 		p.mu.Unlock()
 		select {
 		case p.wake <- struct{}{}:
@@ -299,10 +300,10 @@ func (p *peer) wantFull(e *entryEnc) string {
 // allocated once, at its size: appended to as it grew, the messages of a
 // tick (a peer's each, every tick) were a third of a router's allocation
 // under load (the scale harness's profile), and half of it garbage.
-func (m *Mesh) assemble(parts [][]byte) [][]byte {
+func (d *dissemination) assemble(parts [][]byte) [][]byte {
 	var msgs [][]byte
 	for i := 0; i < len(parts); {
-		h := m.nextHeader()
+		h := d.nextHeader()
 		size := 1 + 1 + min(len(h.Origin), math.MaxUint8) + 8 + 8 + 2 // header.append (appendS8), then the count
 		j := i
 		for j < len(parts) && j-i < maxBatchEntries && (j == i || size+len(parts[j]) <= maxBatchBytes) {
@@ -329,8 +330,8 @@ func msgBytes(msgs [][]byte) int {
 }
 
 // sendLoop sends a peer's batches in order over reliable streams.
-func (m *Mesh) sendLoop(ctx context.Context, p *peer) {
-	defer m.wg.Done()
+func (d *dissemination) sendLoop(ctx context.Context, p *peer) {
+	defer d.wg.Done()
 	for {
 		select {
 		case <-ctx.Done():
@@ -357,18 +358,18 @@ func (m *Mesh) sendLoop(ctx context.Context, p *peer) {
 				break
 			}
 			node := p.node
-			m.queued.Add(-1)
+			d.queued.Add(-1)
 			p.mu.Unlock()
-			if err := m.ml.SendReliable(&node, msg); err != nil {
-				m.log.Debug("batch send failed; the peer will get full copies", "peer", p.name, "error", err)
+			if err := d.mem.ml.SendReliable(&node, msg); err != nil {
+				d.log.Debug("batch send failed; the peer will get full copies", "peer", p.name, "error", err)
 				p.mu.Lock()
-				m.queued.Add(-int64(len(p.q)))
+				d.queued.Add(-int64(len(p.q)))
 				p.q, p.qBytes = nil, 0
 				p.fullAll, p.fullWhy = true, fullSendError
 				p.mu.Unlock()
 				break
 			}
-			m.met.out(kindBatch, len(msg))
+			d.met.out(kindBatch, len(msg))
 		}
 	}
 }

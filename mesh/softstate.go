@@ -31,15 +31,15 @@ func declarationHolds(name, self string, selfDeclares bool, heard time.Time, now
 }
 
 // declaresLocked reports whether router name's declaration of r holds.
-func (m *Mesh) declaresLocked(r *replica, name string, now time.Time) bool {
-	return r.declarers[name] && declarationHolds(name, m.cfg.Name, r.declared, r.declHeard[name], now, m.cfg.Timing.DeclarationTTL)
+func (t *table) declaresLocked(r *replica, name string, now time.Time) bool {
+	return r.declarers[name] && declarationHolds(name, t.cfg.Name, r.declared, r.declHeard[name], now, t.cfg.Timing.DeclarationTTL)
 }
 
 // declarersLocked lists, sorted, the routers whose declaration of r holds.
-func (m *Mesh) declarersLocked(r *replica, now time.Time) []string {
+func (t *table) declarersLocked(r *replica, now time.Time) []string {
 	var out []string
 	for d := range r.declarers {
-		if m.declaresLocked(r, d, now) {
+		if t.declaresLocked(r, d, now) {
 			out = append(out, d)
 		}
 	}
@@ -47,26 +47,34 @@ func (m *Mesh) declarersLocked(r *replica, now time.Time) []string {
 	return out
 }
 
+// expireDeclarations is expireDeclarationsLocked in a write section of
+// its own (membership's join loop runs it every period).
+func (t *table) expireDeclarations(now time.Time) {
+	t.mu.Lock()
+	t.expireDeclarationsLocked(now)
+	t.unlock()
+}
+
 // expireDeclarationsLocked drops the declarations that no longer hold
 // (owners are recomputed as the lock is released); a replica left with
 // no live declarer loses its dead owner's word, so no view lists it
 // healthy.
-func (m *Mesh) expireDeclarationsLocked(now time.Time) {
-	for id, r := range m.replicas {
+func (t *table) expireDeclarationsLocked(now time.Time) {
+	for id, r := range t.replicas {
 		for d := range r.declarers {
-			if m.declaresLocked(r, d, now) {
+			if t.declaresLocked(r, d, now) {
 				continue
 			}
 			delete(r.declarers, d)
 			delete(r.declHeard, d)
-			m.markOwnerLocked(r)
-			if d != m.cfg.Name {
-				m.log.Info("declaration expired: its router stopped asserting it", "replica", id, "router", d)
+			t.markOwnerLocked(r)
+			if d != t.cfg.Name {
+				t.log.Info("declaration expired: its router stopped asserting it", "replica", id, "router", d)
 			}
 		}
-		if !r.owned && r.hasState && m.ownerLocked(r) == "" {
+		if !r.owned && r.hasState && t.ownerLocked(r) == "" {
 			r.hasState = false
-			m.touchLocked(r)
+			t.touchLocked(r)
 		}
 	}
 }
@@ -75,8 +83,8 @@ func (m *Mesh) expireDeclarationsLocked(now time.Time) {
 // declarations of replicas it no longer lists go at once, so a router
 // restarted without a replica stops claiming it at its first push/pull,
 // not a TTL later.
-func (m *Mesh) reassertedLocked(p *pushPull) {
-	if p.Origin == m.cfg.Name {
+func (t *table) reassertedLocked(p *pushPull) {
+	if p.Origin == t.cfg.Name {
 		return
 	}
 	asserted := map[string]bool{}
@@ -85,13 +93,35 @@ func (m *Mesh) reassertedLocked(p *pushPull) {
 			asserted[st.Replica] = true
 		}
 	}
-	for id, r := range m.replicas {
+	for id, r := range t.replicas {
 		if r.declarers[p.Origin] && !asserted[id] {
 			delete(r.declarers, p.Origin)
 			delete(r.declHeard, p.Origin)
-			m.markOwnerLocked(r)
-			m.log.Info("declaration retracted: absent from its router's push/pull state", "replica", id, "router", p.Origin)
+			t.markOwnerLocked(r)
+			t.log.Info("declaration retracted: absent from its router's push/pull state", "replica", id, "router", p.Origin)
 		}
+	}
+}
+
+// withdrawLocked forgets that origin declares the replica.
+func (t *table) withdrawLocked(origin, id string) {
+	r := t.replicas[id]
+	if r == nil {
+		return
+	}
+	if r.declarers[origin] {
+		delete(r.declarers, origin)
+		t.markOwnerLocked(r)
+	}
+	if r.withdrawn == nil {
+		r.withdrawn = map[string]bool{}
+	}
+	if len(r.withdrawn) < 64 {
+		r.withdrawn[origin] = true
+	}
+	if r.hasState && r.st.Origin == origin {
+		r.hasState = false
+		t.touchLocked(r)
 	}
 }
 
@@ -123,23 +153,23 @@ const handBackFor = 20 * time.Second
 // the restarted one's first state comes (it gives the replica up on that
 // state or at its next tick), and after that first state nothing would
 // tell it to.
-func (m *Mesh) handBackLocked(r *replica, st *stateMsg) {
+func (c *replication) handBackLocked(r *replica, st *stateMsg) {
 	if r.sum == nil || r.sum.Version() == 0 || st.Epoch == r.sum.Epoch() ||
 		r.st.Origin != st.Origin || r.st.Boot == st.Boot || r.handedBack == st.Boot ||
-		r.st.Epoch != r.sum.Epoch() || m.ownerLocked(r) != st.Origin {
+		r.st.Epoch != r.sum.Epoch() || c.tab.ownerLocked(r) != st.Origin {
 		return
 	}
 	now := time.Now()
 	r.handedBack = st.Boot
-	r.hb = &handBack{to: st.Origin, boot: st.Boot, epoch: r.sum.Epoch(), enc: r.sum.AppendEncode(nil, m.fp),
-		until: now.Add(handBackFor), next: now, wait: max(m.cfg.Timing.StateInterval, 50*time.Millisecond)}
-	m.log.Info("handing a restarted owner its summary back", "replica", r.id, "to", st.Origin, "epoch", r.sum.Epoch(), "version", r.sum.Version())
-	m.sendHandBackLocked(r, now)
+	r.hb = &handBack{to: st.Origin, boot: st.Boot, epoch: r.sum.Epoch(), enc: r.sum.AppendEncode(nil, c.fp),
+		until: now.Add(handBackFor), next: now, wait: max(c.cfg.Timing.StateInterval, 50*time.Millisecond)}
+	c.log.Info("handing a restarted owner its summary back", "replica", r.id, "to", st.Origin, "epoch", r.sum.Epoch(), "version", r.sum.Version())
+	c.dis.sendHandBackLocked(r, now)
 }
 
 // sendHandBackLocked (re)sends r's hand-back when it is due, and drops
 // it when it is done or too old.
-func (m *Mesh) sendHandBackLocked(r *replica, now time.Time) {
+func (d *dissemination) sendHandBackLocked(r *replica, now time.Time) {
 	hb := r.hb
 	if hb == nil || now.Before(hb.next) {
 		return
@@ -148,21 +178,21 @@ func (m *Mesh) sendHandBackLocked(r *replica, now time.Time) {
 		r.hb = nil
 		return
 	}
-	p := m.peers[hb.to]
+	p := d.peers[hb.to]
 	if p == nil {
-		m.syncPeersLocked() // it may have come back before the next tick
-		if p = m.peers[hb.to]; p == nil {
+		d.syncPeersLocked() // it may have come back before the next tick
+		if p = d.peers[hb.to]; p == nil {
 			return // not alive here yet: the next tick tries again
 		}
 	}
 	hb.next, hb.wait = now.Add(hb.wait), 2*hb.wait
 	// A batch entry's state is its sender's: a withdrawn one says, truly,
 	// that this router does not declare the replica, and carries the copy.
-	st := stateMsg{header: m.nextHeader(), Replica: r.id, Withdrawn: true}
-	msgs := m.assemble([][]byte{appendEntryRaw(nil, st.append(nil), payloadFull, hb.enc)})
+	st := stateMsg{header: d.nextHeader(), Replica: r.id, Withdrawn: true}
+	msgs := d.assemble([][]byte{appendEntryRaw(nil, st.append(nil), payloadFull, hb.enc)})
 	p.mu.Lock()
 	p.handBack = append(p.handBack, msgs...)
-	m.queued.Add(int64(len(msgs)))
+	d.queued.Add(int64(len(msgs)))
 	p.mu.Unlock()
 	select {
 	case p.wake <- struct{}{}:
@@ -185,8 +215,8 @@ func handBackDoneLocked(r *replica, st *stateMsg) {
 // a restart): it adopts s and re-adds its own inserts, so a restarted
 // owner is warm again after one exchange, as a new router is, and loses
 // nothing it recorded meanwhile. It reports whether it adopted s.
-func (m *Mesh) adoptSummaryLocked(r *replica, owner string, st *stateMsg, s *summary.Summary) bool {
-	if owner != m.cfg.Name || s == nil || (st.Origin == m.cfg.Name && st.Boot == m.boot) || s.Version() == 0 {
+func (c *replication) adoptSummaryLocked(r *replica, owner string, st *stateMsg, s *summary.Summary) bool {
+	if owner != c.cfg.Name || s == nil || (st.Origin == c.cfg.Name && st.Boot == c.boot) || s.Version() == 0 {
 		return false
 	}
 	var mine []uint64
@@ -200,19 +230,19 @@ func (m *Mesh) adoptSummaryLocked(r *replica, owner string, st *stateMsg, s *sum
 		}
 		mine = hs
 	}
-	m.log.Info("adopting the summary a peer held", "replica", r.id, "from", st.Origin, "epoch", s.Epoch(), "version", s.Version(), "own_entries", len(mine))
+	c.log.Info("adopting the summary a peer held", "replica", r.id, "from", st.Origin, "epoch", s.Epoch(), "version", s.Version(), "own_entries", len(mine))
 	v := s.Version()
 	if len(mine) > 0 {
 		// Log entries are keys of the summary's geometry: they replay on
 		// one of the same parameters.
 		if r.sum.Params() != s.Params() {
-			m.log.Warn("adopted summary has other parameters; this router's own recent inserts are not carried over", "replica", r.id)
+			c.log.Warn("adopted summary has other parameters; this router's own recent inserts are not carried over", "replica", r.id)
 		} else if err := s.Apply(s.Epoch(), v, mine); err != nil {
-			m.log.Warn("replaying own inserts on the adopted summary", "replica", r.id, "error", err)
+			c.log.Warn("replaying own inserts on the adopted summary", "replica", r.id, "error", err)
 		}
 	}
 	r.sum, r.wantFull, r.digestVer, r.digest = s, false, 0, 0
-	m.touchLocked(r)
+	c.tab.touchLocked(r)
 	if r.owned {
 		r.lastSent = v // the re-added inserts go out as deltas
 	}

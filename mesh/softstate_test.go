@@ -78,7 +78,7 @@ func TestMissingSeeds(t *testing.T) {
 
 // debugOf returns router m's debug line of replica id.
 func debugOf(m *Mesh, id string) (ReplicaDebug, bool) {
-	for _, r := range m.Debug().(DebugInfo).Replicas {
+	for _, r := range m.Debug().Replicas {
 		if r.ID == id {
 			return r, true
 		}
@@ -324,7 +324,7 @@ func TestAdoptSummary(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			m := &Mesh{cfg: Config{Name: "a"}, log: hclog.NewNullLogger(), boot: 7}
+			m := &replication{env: &env{cfg: Config{Name: "a"}, log: hclog.NewNullLogger(), boot: 7}, tab: &table{}}
 			r := &replica{id: "r", sum: tc.ours, owned: tc.ours != nil}
 			st := &stateMsg{header: header{Origin: tc.origin, Boot: tc.boot}}
 			before := tc.theirs.Version()

@@ -91,12 +91,12 @@ type guardedTransport struct {
 // guardTransport gives memberlist a guarded NetTransport (or the test's
 // Config.Transport as is) and rate-limits memberlist's log, which logs
 // one line per junk packet or refused stream.
-func (m *Mesh) guardTransport(mc *memberlist.Config) error {
+func (b *membership) guardTransport(mc *memberlist.Config) error {
 	if mc.Logger != nil {
 		mc.Logger = log.New(ratelog.Writer{W: mc.Logger.Writer(), L: ratelog.New(20, time.Second)}, mc.Logger.Prefix(), mc.Logger.Flags())
 	}
-	if m.cfg.Transport != nil {
-		mc.Transport = m.cfg.Transport
+	if b.cfg.Transport != nil {
+		mc.Transport = b.cfg.Transport
 		return nil
 	}
 	var nt *memberlist.NetTransport
@@ -113,12 +113,12 @@ func (m *Mesh) guardTransport(mc *memberlist.Config) error {
 	}
 	if mc.BindPort == 0 {
 		mc.BindPort = nt.GetAutoBindPort()
-		if m.cfg.AdvertiseAddr == "" {
+		if b.cfg.AdvertiseAddr == "" {
 			mc.AdvertisePort = mc.BindPort
 		}
 	}
-	m.guard = newGuardedTransport(nt, m.cfg.Streams, len(mc.SecretKey) > 0, m.cfg.Registerer, mc.Logger.Printf)
-	mc.Transport = m.guard
+	b.guard = newGuardedTransport(nt, b.cfg.Streams, len(mc.SecretKey) > 0, b.cfg.Registerer, mc.Logger.Printf)
+	mc.Transport = b.guard
 	return nil
 }
 

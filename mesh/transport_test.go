@@ -78,9 +78,9 @@ func TestGossipStreamFloodBounded(t *testing.T) {
 	// stream's head: wait (a bounded poll) until every stream is decided.
 	var admitted, peak int64
 	eventually(t, 20*time.Second, "every stream decided", func() error {
-		a.guard.mu.Lock()
-		admitted, peak = a.guard.admitted, a.guard.peak
-		a.guard.mu.Unlock()
+		a.mem.guard.mu.Lock()
+		admitted, peak = a.mem.guard.admitted, a.mem.guard.peak
+		a.mem.guard.mu.Unlock()
 		if refused := int64(refusedStreams(t, a)); admitted+refused != conns {
 			return fmt.Errorf("%d admitted, %d refused", admitted, refused)
 		}

@@ -68,7 +68,7 @@ func TestWireVersionChoice(t *testing.T) {
 // counts are the sample's), shared by every peer of its version; a state
 // that needs no newer version is the one encoding for everyone.
 func TestEntryStateForOldPeer(t *testing.T) {
-	m := &Mesh{log: hclog.NewNullLogger()}
+	m := &dissemination{env: &env{log: hclog.NewNullLogger()}}
 	st := sampleState()
 	st.NoLoad = true
 	c := cut{st: st}
@@ -176,15 +176,15 @@ func BenchmarkOfferOldPeer(b *testing.B) {
 // name, changes nothing.
 func TestHeardWire(t *testing.T) {
 	a := newRouter(t, "a", nil)
-	d := &delegate{m: a.Mesh}
-	meta := nodeMeta{Region: "r1", API: "http://b.test", Contract: a.contractID}.encode()
+	d := &delegate{mem: a.mem, rep: a.rep}
+	meta := nodeMeta{Region: "r1", API: "http://b.test", Contract: a.mem.contractID}.encode()
 	node := func(addr string, dmax wireVersion) *memberlist.Node {
 		return &memberlist.Node{Name: "b", Addr: net.ParseIP(addr), Port: 7946, Meta: meta, DMax: uint8(dmax)}
 	}
 	wireOf := func() (wireVersion, bool) {
-		a.mu.RLock()
-		defer a.mu.RUnlock()
-		mb := a.members["b"]
+		a.mem.mu.RLock()
+		defer a.mem.mu.RUnlock()
+		mb := a.mem.members["b"]
 		if mb == nil {
 			return 0, false
 		}
@@ -236,7 +236,7 @@ func TestJoinPushPullKeepsNoLoad(t *testing.T) {
 		}
 		return nil
 	})
-	da, db := &delegate{m: a.Mesh}, &delegate{m: b.Mesh}
+	da, db := &delegate{mem: a.mem, rep: a.rep}, &delegate{mem: b.mem, rep: b.rep}
 	for _, join := range []bool{true, false} {
 		da.MergeRemoteState(db.LocalState(join), join)
 		if c, ok := candidate(a.Mesh, "m", id); !ok || c.HasLoad {

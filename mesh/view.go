@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"math"
 	"slices"
-	"sort"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -19,14 +18,14 @@ func (m *Mesh) DeclareReplica(id string) {
 		m.log.Error("replica id empty or too long; not declared", "replica", id, "max", maxReplicaIDLen)
 		return
 	}
-	m.mu.Lock()
-	r := m.replicaLocked(id, true)
+	m.tab.mu.Lock()
+	r := m.tab.replicaLocked(id, true)
 	if r != nil {
 		r.declared, r.withdrawT = true, 0
-		m.declaredLoads.Store(r.id, r.load)
-		m.addDeclarerLocked(r, m.cfg.Name)
+		m.tab.declaredLoads.Store(r.id, r.load)
+		m.tab.addDeclarerLocked(r, m.cfg.Name)
 	}
-	m.unlockAndRun()
+	m.tab.unlock()
 }
 
 // WithdrawReplica undeclares a replica at this router (discovery saw it
@@ -36,18 +35,18 @@ func (m *Mesh) DeclareReplica(id string) {
 // peer then ignores hearsay naming this router as a declarer until this
 // router declares the replica again).
 func (m *Mesh) WithdrawReplica(id string) {
-	m.mu.Lock()
-	defer m.unlockAndRun()
-	r := m.replicas[id]
+	m.tab.mu.Lock()
+	defer m.tab.unlock()
+	r := m.tab.replicas[id]
 	if r == nil || !r.declared {
 		return
 	}
 	r.declared, r.withdrawT = false, withdrawTicks
-	m.declaredLoads.Delete(r.id)
+	m.tab.declaredLoads.Delete(r.id)
 	delete(r.declarers, m.cfg.Name)
-	m.markOwnerLocked(r)
+	m.tab.markOwnerLocked(r)
 	if r.owned {
-		m.setOwnedLocked(r, false)
+		m.dis.setOwnedLocked(r, false)
 	}
 }
 
@@ -71,24 +70,18 @@ func (m *Mesh) UpdateReplica(id string, s ReplicaStatus) {
 	models, healthy, capacityBlocks := slices.Clone(s.Models), s.Healthy, s.CapacityBlocks
 	slices.Sort(models)
 	models = slices.Compact(models)
-	m.mu.Lock()
-	defer m.unlockAndRun()
-	r := m.replicas[id]
+	m.tab.mu.Lock()
+	defer m.tab.unlock()
+	r := m.tab.replicas[id]
 	if r == nil || !r.declared {
 		return
 	}
 	r.models, r.healthy, r.capacity = models, healthy, capacityBlocks
 	r.running, r.waiting, r.slots, r.hasLoad = s.Running, s.Waiting, s.Slots, s.HasLoad
-	m.touchLocked(r)
+	m.tab.touchLocked(r)
 	if r.owned {
-		m.ensureSummaryLocked(r) // the next tick's batch carries the change
+		m.dis.ensureSummaryLocked(r) // the next tick's batch carries the change
 	}
-}
-
-// counts reports whether a remote copy may be used for routing.
-func (m *Mesh) countsLocked(r *replica, now time.Time) bool {
-	return r.sum != nil && !r.wantFull && r.hasState && r.sum.Epoch() == r.st.Epoch &&
-		now.Sub(r.heard) <= m.cfg.Timing.StaleAfter
 }
 
 // Candidates appends the healthy replicas serving model, sorted by ID.
@@ -112,7 +105,7 @@ func (m *Mesh) countsLocked(r *replica, now time.Time) bool {
 // candidates' Details (route.Detail, 40 bytes per replica) on every call,
 // and dst when it is short; CandidatesInto reuses all three.
 func (m *Mesh) Candidates(model string, dst []route.Candidate) []route.Candidate {
-	return m.candidates(model, dst, nil, nil)
+	return m.view.candidates(model, dst, nil, nil)
 }
 
 // CandidateBuffer is storage a caller reuses across decisions, so that
@@ -178,7 +171,7 @@ func (m *Mesh) CandidatesInto(model string, buf *CandidateBuffer) []route.Candid
 	hs := buf.hintsFor(m, model)
 	b := &buf.batch
 	b.sums, b.plan = hs.sums, &hs.plan
-	buf.cands = m.candidates(model, buf.cands[:0], b, &buf.details)
+	buf.cands = m.view.candidates(model, buf.cands[:0], b, &buf.details)
 	hs.sums = b.sums
 	if len(hs.hints) < len(b.sums) { // hints pay from call to call
 		hs.hints = append(hs.hints, make([]summary.IndexHint, len(b.sums)-len(hs.hints))...)
@@ -219,22 +212,22 @@ func (buf *CandidateBuffer) hintsFor(m *Mesh, model string) *hintSet {
 // release, which returns the buffer; a caller calls it once, when it no
 // longer reads them.
 func (m *Mesh) PooledCandidates(model string) (cands []route.Candidate, release func()) {
-	buf, _ := m.bufs.Get().(*CandidateBuffer)
+	buf, _ := m.view.bufs.Get().(*CandidateBuffer)
 	if buf == nil {
 		buf = new(CandidateBuffer)
 	}
-	return m.CandidatesInto(model, buf), func() { m.bufs.Put(buf) }
+	return m.CandidatesInto(model, buf), func() { m.view.bufs.Put(buf) }
 }
 
 // candidates is Candidates with the batch b to reuse (nil: a new one
 // when the view is large enough for the Index) and the Details in *ds,
 // from the first (nil: new ones).
-func (m *Mesh) candidates(model string, dst []route.Candidate, b *matchBatch, ds *[]route.Detail) []route.Candidate {
-	now := int64(time.Since(m.t0))
-	stale := int64(m.cfg.Timing.StaleAfter)
-	m.view.mu.RLock()
-	defer m.view.mu.RUnlock()
-	mv := m.view.models[model]
+func (v *published) candidates(model string, dst []route.Candidate, b *matchBatch, ds *[]route.Detail) []route.Candidate {
+	now := int64(time.Since(v.t0))
+	stale := int64(v.cfg.Timing.StaleAfter)
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	mv := v.models[model]
 	if mv == nil {
 		b.drop()
 		return dst
@@ -256,7 +249,7 @@ func (m *Mesh) candidates(model string, dst []route.Candidate, b *matchBatch, ds
 		if b == nil {
 			b = &matchBatch{}
 		}
-		b.reset(&m.index, len(es))
+		b.reset(&v.index, len(es))
 	} else {
 		b.drop() // no batch this call (CandidatesInto's hints)
 		b = nil
@@ -444,20 +437,20 @@ func (b *matchBatch) MatchBatch(dst []int, probes []summary.Probe) []int {
 // Locate says how to reach a replica: directly when this router owns it,
 // else through its owner's API.
 func (m *Mesh) Locate(replicaID string) (ownerAPI string, local bool, ok bool) {
-	m.mu.RLock()
-	defer m.mu.RUnlock()
-	r := m.replicas[replicaID]
+	m.tab.mu.RLock()
+	defer m.tab.mu.RUnlock()
+	r := m.tab.replicas[replicaID]
 	if r == nil {
 		return "", false, false
 	}
-	owner := m.ownerLocked(r)
+	owner := m.tab.ownerLocked(r)
 	switch {
 	case owner == "":
 		return "", false, false
 	case owner == m.cfg.Name:
 		return m.cfg.APIAddr, true, true
 	}
-	mb := m.members[owner]
+	mb := m.tab.routers[owner]
 	if mb == nil || mb.meta.API == "" {
 		return "", false, false
 	}
@@ -468,10 +461,10 @@ func (m *Mesh) Locate(replicaID string) (ownerAPI string, local bool, ok bool) {
 // healthy or not: a model whose replicas are all down is known but
 // unavailable (503 with Retry-After), not unknown (404).
 func (m *Mesh) Models() []string {
-	m.mu.RLock()
+	m.tab.mu.RLock()
 	var out []string
-	for _, r := range m.replicas {
-		owner := m.ownerLocked(r)
+	for _, r := range m.tab.replicas {
+		owner := m.tab.ownerLocked(r)
 		switch {
 		case owner == m.cfg.Name:
 			out = append(out, r.models...)
@@ -479,7 +472,7 @@ func (m *Mesh) Models() []string {
 			out = append(out, r.st.Models...)
 		}
 	}
-	m.mu.RUnlock()
+	m.tab.mu.RUnlock()
 	slices.Sort(out)
 	return slices.Compact(out)
 }
@@ -487,24 +480,24 @@ func (m *Mesh) Models() []string {
 // Record adds blocks to an owned replica's summary; elsewhere it is a
 // no-op (one writer per summary).
 func (m *Mesh) Record(replicaID string, hashes []uint64) {
-	m.mu.RLock()
-	r := m.replicas[replicaID]
+	m.tab.mu.RLock()
+	r := m.tab.replicas[replicaID]
 	if r != nil && r.owned && r.sum != nil {
 		r.sum.Add(hashes)
-		m.mu.RUnlock()
+		m.tab.mu.RUnlock()
 		return
 	}
-	m.mu.RUnlock()
+	m.tab.mu.RUnlock()
 	if r == nil || !r.declared {
 		return
 	}
-	m.mu.Lock()
-	defer m.unlockAndRun()
-	if m.ownerLocked(r) != m.cfg.Name {
+	m.tab.mu.Lock()
+	defer m.tab.unlock()
+	if m.tab.ownerLocked(r) != m.cfg.Name {
 		return
 	}
-	m.setOwnedLocked(r, true)
-	m.ensureSummaryLocked(r)
+	m.dis.setOwnedLocked(r, true)
+	m.dis.ensureSummaryLocked(r)
 	if r.sum != nil {
 		r.sum.Add(hashes)
 	}
@@ -518,12 +511,12 @@ func (m *Mesh) Record(replicaID string, hashes []uint64) {
 // ordered deltas as the inserts. Elsewhere it is a no-op (one writer per
 // summary).
 func (m *Mesh) Forget(replicaID string, hashes []uint64) {
-	m.mu.RLock()
-	r := m.replicas[replicaID]
+	m.tab.mu.RLock()
+	r := m.tab.replicas[replicaID]
 	if r != nil && r.owned && r.sum != nil {
 		m.correct(r.sum, hashes)
 	}
-	m.mu.RUnlock()
+	m.tab.mu.RUnlock()
 }
 
 // Begin accounts a request dispatched to a replica declared here: one
@@ -531,7 +524,7 @@ func (m *Mesh) Forget(replicaID string, hashes []uint64) {
 // and done (both idempotent). It takes no lock of the mesh's (the proxy
 // calls it under its placement lock).
 func (m *Mesh) Begin(replicaID string, prefillBlocks float64) (firstByte, done func()) {
-	v, ok := m.declaredLoads.Load(replicaID)
+	v, ok := m.tab.declaredLoads.Load(replicaID)
 	if !ok {
 		return func() {}, func() {}
 	}
@@ -562,101 +555,4 @@ func (b *begun) done() {
 		b.firstByte()
 		b.l.inFlight.Add(-1)
 	}
-}
-
-// Members lists the routers this router knows, sorted by name.
-func (m *Mesh) Members() []MemberInfo {
-	m.mu.RLock()
-	defer m.mu.RUnlock()
-	out := make([]MemberInfo, 0, len(m.members))
-	for name, mb := range m.members {
-		st := "failed"
-		if mb.alive {
-			st = "alive"
-		}
-		out = append(out, MemberInfo{Name: name, Region: mb.meta.Region, API: mb.meta.API, Addr: mb.node.Address(),
-			State: st, RTTMs: float64(mb.rtt.Microseconds()) / 1000, Self: name == m.cfg.Name, Wire: int(mb.wire)})
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
-	return out
-}
-
-// ReplicaDebug describes one replica as this router sees it.
-type ReplicaDebug struct {
-	ID          string   `json:"id"`
-	Owner       string   `json:"owner"`
-	Owned       bool     `json:"owned"`
-	DeclaredBy  []string `json:"declared_by"`
-	Models      []string `json:"models"`
-	Healthy     bool     `json:"healthy"`
-	Counts      bool     `json:"summary_counts"`
-	Epoch       uint64   `json:"summary_epoch"`
-	Version     uint64   `json:"summary_version"`
-	OwnerVer    uint64   `json:"owner_version"`
-	AgeSeconds  float64  `json:"summary_age_seconds"`
-	Bytes       int      `json:"summary_bytes"`
-	InFlight    int      `json:"in_flight"`
-	PendingPref float64  `json:"pending_prefill_blocks"`
-	// The engine's own load: from this router's health checks for an
-	// owned replica, as its owner gossips it for another's. Slots 0 is
-	// unknown; running and waiting count only with EngineHasLoad (the
-	// engine publishes them).
-	EngineRunning int  `json:"engine_running"`
-	EngineWaiting int  `json:"engine_waiting"`
-	EngineSlots   int  `json:"engine_slots"`
-	EngineHasLoad bool `json:"engine_has_load"`
-}
-
-// DebugInfo is the JSON-able picture Debug returns.
-type DebugInfo struct {
-	Name     string         `json:"name"`
-	Members  []MemberInfo   `json:"members"`
-	Replicas []ReplicaDebug `json:"replicas"`
-	Queued   int            `json:"queued_batches"`
-}
-
-// Debug returns members and replicas as this router sees them.
-func (m *Mesh) Debug() any {
-	info := DebugInfo{Name: m.cfg.Name, Members: m.Members(), Queued: int(m.queued.Load())}
-	now := time.Now()
-	m.mu.RLock()
-	for _, r := range m.replicas {
-		d := ReplicaDebug{ID: r.id, Owner: m.ownerLocked(r), Owned: r.owned, DeclaredBy: m.declarersLocked(r, now)}
-		if r.owned {
-			d.Models, d.Healthy, d.Counts = r.models, r.healthy, r.sum != nil
-			d.InFlight, d.PendingPref = int(r.load.inFlight.Load()), float64(r.load.pendingK.Load())/1000
-			d.EngineRunning, d.EngineWaiting, d.EngineSlots, d.EngineHasLoad = r.running, r.waiting, r.slots, r.hasLoad
-		} else if r.hasState && r.st.Origin == d.Owner {
-			d.Models, d.Healthy, d.Counts = r.st.Models, r.st.Healthy, m.countsLocked(r, now)
-			d.InFlight, d.PendingPref, d.OwnerVer = int(r.st.InFlight), r.st.Pending, r.st.Version
-			d.AgeSeconds = now.Sub(r.heard).Seconds()
-			d.EngineRunning, d.EngineWaiting, d.EngineSlots = int(r.st.Running), int(r.st.Waiting), int(r.st.Slots)
-			d.EngineHasLoad = !r.st.NoLoad
-		}
-		if r.sum != nil {
-			s := r.sum.Stats()
-			d.Epoch, d.Version, d.Bytes = s.Epoch, s.Version, s.Bytes
-		}
-		info.Replicas = append(info.Replicas, d)
-	}
-	m.mu.RUnlock()
-	sort.Slice(info.Replicas, func(i, j int) bool { return info.Replicas[i].ID < info.Replicas[j].ID })
-	return info
-}
-
-// MatchReplica is the prefix match of probes on one replica as this
-// router sees it, or -1 when it has no summary of the replica that counts
-// (tests and the scale harness measure visibility with it).
-func (m *Mesh) MatchReplica(id string, probes []summary.Probe) int {
-	now := time.Now()
-	m.mu.RLock()
-	defer m.mu.RUnlock()
-	r := m.replicas[id]
-	switch {
-	case r == nil || r.sum == nil:
-		return -1
-	case r.owner == m.cfg.Name, m.countsLocked(r, now) && r.st.Origin == r.owner:
-		return r.sum.Match(probes)
-	}
-	return -1
 }

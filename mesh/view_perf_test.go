@@ -19,9 +19,9 @@ import (
 // in a dst grown once measured no faster (p50 24.5 µs against 23.4 µs).
 func (m *Mesh) candidatesRef(model string, dst []route.Candidate) []route.Candidate {
 	now := time.Now()
-	m.mu.RLock()
-	defer m.mu.RUnlock()
-	for _, r := range m.order {
+	m.tab.mu.RLock()
+	defer m.tab.mu.RUnlock()
+	for _, r := range m.tab.order {
 		owner := r.owner
 		switch {
 		case owner == "":
@@ -43,7 +43,7 @@ func (m *Mesh) candidatesRef(model string, dst []route.Candidate) []route.Candid
 			}
 			c := route.Candidate{Detail: &route.Detail{ID: r.id}, Hash: r.hash, InFlight: route.Count32(int(r.st.InFlight)), PendingPrefillBlocks: r.st.Pending,
 				Running: route.Count32(int(r.st.Running)), Waiting: route.Count32(int(r.st.Waiting)), Slots: route.Count32(int(r.st.Slots)), HasLoad: !r.st.NoLoad}
-			if m.countsLocked(r, now) {
+			if m.tab.countsLocked(r, now) {
 				c.Summary = r.sum
 			} else {
 				c.Stale = true
@@ -61,26 +61,26 @@ func (m *Mesh) candidatesRef(model string, dst []route.Candidate) []route.Candid
 }
 
 // candidatesPrev is Candidates as of commit 259b01a (before the decision's
-// compact view, decview.go): the replica structs walked under m.mu's read
+// compact view, decview.go): the replica structs walked under the table's read
 // lock, a new batch allocated per call. It is the "before" that
 // pairedDecisions times the current path against.
 func (m *Mesh) candidatesPrev(model string, dst []route.Candidate) []route.Candidate {
 	now := time.Now()
-	m.mu.RLock()
-	defer m.mu.RUnlock()
-	dst = slices.Grow(dst, len(m.order))
+	m.tab.mu.RLock()
+	defer m.tab.mu.RUnlock()
+	dst = slices.Grow(dst, len(m.tab.order))
 	// One allocation for the Details, as Candidates makes (not one per
 	// candidate: a thousand objects per call would load the collector,
 	// and the decisions timed against these, more than main's did).
-	details, n0 := make([]route.Detail, len(m.order)), len(dst)
+	details, n0 := make([]route.Detail, len(m.tab.order)), len(dst)
 	var b *matchBatch
-	if len(m.order) >= summary.IndexMinSummaries {
+	if len(m.tab.order) >= summary.IndexMinSummaries {
 		b = &matchBatch{}
-		b.reset(&m.index, len(m.order))
+		b.reset(&m.view.index, len(m.tab.order))
 	}
 	bf := b.filling()
 	defer func() { b.filled(bf) }()
-	for _, r := range m.order {
+	for _, r := range m.tab.order {
 		owner := r.owner
 		switch {
 		case owner == "":
@@ -102,7 +102,7 @@ func (m *Mesh) candidatesPrev(model string, dst []route.Candidate) []route.Candi
 			}
 			c := route.Candidate{Detail: detail(details, len(dst)-n0, r.id), Hash: r.hash, InFlight: route.Count32(int(r.st.InFlight)), PendingPrefillBlocks: r.st.Pending,
 				Running: route.Count32(int(r.st.Running)), Waiting: route.Count32(int(r.st.Waiting)), Slots: route.Count32(int(r.st.Slots))}
-			if m.countsLocked(r, now) {
+			if m.tab.countsLocked(r, now) {
 				c.Summary = bf.add(r.sum, r.hash)
 			} else {
 				c.Stale = true
@@ -296,7 +296,7 @@ func TestCandidatesBatchMatchesEqualSummaries(t *testing.T) {
 			}
 		}
 	}
-	if st := a.index.Stats(); st.Columns < n-1 {
+	if st := a.view.index.Stats(); st.Columns < n-1 {
 		t.Fatalf("%d of %d summaries in the index (%+v)", st.Columns, n, st)
 	}
 }
@@ -313,7 +313,7 @@ func warmIndex(m *Mesh, rng *rand.Rand) {
 		}
 		cands = m.Candidates("m", cands[:0])
 		p.Pick(route.Request{Hashes: hashes, Probes: summary.MakeProbes(nil, hashes), Root: 1}, cands)
-		if m.index.Stats().Columns >= len(cands) {
+		if m.view.index.Stats().Columns >= len(cands) {
 			return
 		}
 	}

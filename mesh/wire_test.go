@@ -215,7 +215,7 @@ func TestWireTruncated(t *testing.T) {
 func TestDelegateGarbage(t *testing.T) {
 	a := newRouter(t, "a", nil)
 	declare(a, "http://r:1")
-	d := &delegate{m: a.Mesh}
+	d := &delegate{mem: a.mem, rep: a.rep}
 	fp := summary.DefaultContract().Fingerprint()
 	rng := rand.New(rand.NewPCG(1, 2))
 	msgs := sampleMessages(t)
@@ -285,7 +285,7 @@ func TestDelegateGarbage(t *testing.T) {
 	want := 0
 	for i := 0; i < 2000; i++ {
 		b := garbage(i)
-		a.handleMsg(b)
+		a.rep.handleMsg(b)
 		d.MergeRemoteState(b, i%2 == 0)
 		want += badMsg(b) + badPushPull(b)
 	}

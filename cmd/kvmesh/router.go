@@ -391,7 +391,7 @@ func startRouter(ctx context.Context, cfg routerConfig) (*router, error) {
 	p, err := proxy.New(proxy.Config{
 		RouterName: cfg.name, View: m, Policy: policy, Contract: cfg.contract,
 		MaxBodyBytes: cfg.maxBodyBytes, Client: client, Logger: log.Named("proxy"),
-		Registerer: reg, Gatherer: reg, Panics: rec, Debug: m.Debug, Ready: r.ready, ModelsKnown: r.modelsKnown, ReportFailure: hc.ReportFailure,
+		Registerer: reg, Gatherer: reg, Panics: rec, Debug: func() any { return m.Debug() }, Ready: r.ready, ModelsKnown: r.modelsKnown, ReportFailure: hc.ReportFailure,
 		MaxAttempts: cfg.maxAttempts, RetryBudget: cfg.retryBudget, BodyTimeout: cfg.bodyTimeout, WriteTimeout: cfg.writeTimeout,
 		UpstreamIdleTimeout:  offTimeout(cfg.upstreamIdleTimeout),
 		HopDispatchTimeout:   offTimeout(cfg.hopDispatchTimeout),

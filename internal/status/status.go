@@ -25,9 +25,8 @@ import (
 type Mesh interface {
 	// Members lists the routers this router knows.
 	Members() []mesh.MemberInfo
-	// Debug returns the mesh's picture of members and replicas, a
-	// mesh.DebugInfo.
-	Debug() any
+	// Debug returns the mesh's picture of members and replicas.
+	Debug() mesh.DebugInfo
 }
 
 // Defaults of Config.
@@ -132,16 +131,7 @@ func (p *Page) build(refresh time.Duration) *view {
 	v := &view{Router: p.cfg.Router, Generated: now.UTC().Format("2006-01-02 15:04:05 MST"), RefreshSeconds: int(refresh / time.Second)}
 
 	v.addMembers(p.cfg.Mesh.Members())
-	switch d := p.cfg.Mesh.Debug().(type) {
-	case mesh.DebugInfo:
-		v.addReplicas(d, now)
-	case *mesh.DebugInfo:
-		if d != nil {
-			v.addReplicas(*d, now)
-		}
-	default:
-		v.Problems = append(v.Problems, fmt.Sprintf("the mesh's debug view is a %T, not a mesh.DebugInfo: replicas not shown", d))
-	}
+	v.addReplicas(p.cfg.Mesh.Debug(), now)
 
 	if p.cfg.Gatherer == nil {
 		v.Problems = append(v.Problems, "no metrics registry: decisions and cached tokens not shown")
