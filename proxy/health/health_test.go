@@ -17,8 +17,8 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/kvmesh/kvmesh/internal/engine"
-	"github.com/kvmesh/kvmesh/internal/panics"
 	"github.com/kvmesh/kvmesh/internal/lab/replicasim"
+	"github.com/kvmesh/kvmesh/internal/panics"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
