@@ -9,7 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promauto"
 )
 
-// Whom a router believes about hints (issue 24, "secure by default").
+// Whom a router believes about hints.
 // The hint headers (hop.HeaderHop, hop.HeaderReplica, hop.HeaderMatch) choose the
 // replica a request goes to and skip the client's API key and per-client
 // cap, so only a peer router may send them. A router believes them when
@@ -66,22 +66,22 @@ func hasHints(h http.Header) bool {
 // trustHints judges a request that carries hint headers: whether to
 // follow them (ok), whether a peer provably sent them (authenticated),
 // and, when not ok, why.
-func (p *Proxy) trustHints(r *http.Request) (ok, authenticated bool, reason string) {
+func trustHints(cfg *Config, signer *hop.Signer, r *http.Request) (ok, authenticated bool, reason string) {
 	h := r.Header
 	switch {
-	case p.cfg.TrustPeerCerts && r.TLS != nil && len(r.TLS.VerifiedChains) > 0:
+	case cfg.TrustPeerCerts && r.TLS != nil && len(r.TLS.VerifiedChains) > 0:
 		if h.Get(hop.HeaderHop) == "" {
 			return false, false, ignoreIncomplete
 		}
 		return true, true, ""
-	case len(p.cfg.HopKey) > 0:
-		if p.signer.Verify(r) {
+	case len(cfg.HopKey) > 0:
+		if signer.Verify(r) {
 			return true, true, ""
 		}
 		return false, false, ignoreBadMAC
-	case p.cfg.TrustPeerCerts && !p.cfg.InsecureHops:
+	case cfg.TrustPeerCerts && !cfg.InsecureHops:
 		return false, false, ignoreNoPeerCert
-	case p.cfg.InsecureHops:
+	case cfg.InsecureHops:
 		// Believed as sent, proving nothing: the request still needs the
 		// client's API key.
 		if h.Get(hop.HeaderHop) == "" {
@@ -92,11 +92,19 @@ func (p *Proxy) trustHints(r *http.Request) (ok, authenticated bool, reason stri
 	return false, false, ignoreNoMeshAuth
 }
 
-// ignoreHints deletes the hint headers of a request whose hints this
-// router does not believe, so it is routed as any client's, and counts
-// and (rate-limited) logs it.
-func (p *Proxy) ignoreHints(r *http.Request, reason string) {
+// hopOf reports whether r is a forwarded request whose hints this router
+// follows, and whether a peer provably sent it (authenticated), by
+// trustHints' rule. Hints it does not follow are deleted, so the request
+// is routed as any client's, and counted and (rate-limited) logged.
+func (p *Proxy) hopOf(r *http.Request) (isHop, authenticated bool) {
 	h := r.Header
+	if !hasHints(h) {
+		return false, false
+	}
+	ok, authenticated, reason := trustHints(&p.cfg, p.signer, r)
+	if ok {
+		return true, authenticated
+	}
 	for _, k := range []string{hop.HeaderHop, hop.HeaderReplica, hop.HeaderMatch, hop.HeaderHopTime, hop.HeaderHopMAC} {
 		h.Del(k)
 	}
@@ -105,8 +113,9 @@ func (p *Proxy) ignoreHints(r *http.Request, reason string) {
 	case ignoreNoMeshAuth:
 		p.junk.Printf("ignoring router hint headers from %s: this router has no gossip key and no peer mutual TLS to authenticate them (if it is a peer router: give every router the same --gossip-key-file)", r.RemoteAddr)
 	default:
-		// The older counter of bad hops goes on counting them.
+		// kvmesh_rejected_requests_total{reason="bad_hop_mac"} counts them too.
 		p.edge.rejected.WithLabelValues(rejectBadHop).Inc()
 		p.junk.Printf("dropping unauthenticated hint headers from %s (%s)", r.RemoteAddr, reason)
 	}
+	return false, false
 }

@@ -141,11 +141,11 @@ type Correction struct {
 func minRotateAtOf(g geometry) int { return max(g.perGen/16, 1) }
 
 // rotateAt is the newer generation's size at which Add rotates.
-func (s *Summary) rotateAt() int {
-	if s.cut.limit > 0 {
-		return s.cut.limit
+func (c *cutState) rotateAt(g geometry) int {
+	if c.limit > 0 {
+		return c.limit
 	}
-	return s.geo.perGen
+	return g.perGen
 }
 
 // minEvidentKeys is the fewest claimed keys a miss must cover to count.
@@ -154,13 +154,13 @@ const minEvidentKeys = 2
 // filled is called after Add rotated a full newer generation: a new
 // generation begins, and a lowered threshold grows back by a sixteenth of
 // the assumed one if the generation saw no miss.
-func (s *Summary) filled() {
-	grow := !s.cut.missed
-	s.cut.missed = false
-	if s.cut.limit > 0 && grow {
-		s.cut.limit += max(s.geo.perGen/16, 1)
-		if s.cut.limit >= s.geo.perGen {
-			s.cut.limit = 0
+func (c *cutState) filled(g geometry) {
+	grow := !c.missed
+	c.missed = false
+	if c.limit > 0 && grow {
+		c.limit += max(g.perGen/16, 1)
+		if c.limit >= g.perGen {
+			c.limit = 0
 		}
 	}
 }
@@ -171,7 +171,7 @@ func (s *Summary) filled() {
 func (s *Summary) RotateAt() int {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	return s.rotateAt()
+	return s.cut.rotateAt(s.geo)
 }
 
 // Where reports where the summary finds the blocks with these hashes
@@ -248,12 +248,12 @@ func (s *Summary) Correct(hashes []uint64) Correction {
 	// of a prefix through false positives claims a few scattered keys.
 	evident := func(n int) bool { return n >= minEvidentKeys && 4*n >= 3*len(hashes) }
 	if evident(c.Newer) {
-		s.cut.limit = max(min(s.rotateAt(), s.curCount*3/4), minRotateAtOf(s.geo))
+		s.cut.limit = max(min(s.cut.rotateAt(s.geo), s.curCount*3/4), minRotateAtOf(s.geo))
 		if s.cut.limit >= s.geo.perGen {
 			s.cut.limit = 0
 		}
 		s.cut.missed = true
-		if s.curCount >= s.rotateAt() {
+		if s.curCount >= s.cut.rotateAt(s.geo) {
 			c.Cut = CutOlder
 		}
 	}
@@ -261,7 +261,7 @@ func (s *Summary) Correct(hashes []uint64) Correction {
 		s.cut.missed = false // the miss was in the generation now older
 	}
 	c.Forgot = s.forgetLocked(hashes)
-	c.RotateAt = s.rotateAt()
+	c.RotateAt = s.cut.rotateAt(s.geo)
 	return c
 }
 

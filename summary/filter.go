@@ -346,11 +346,11 @@ func (s *Summary) Add(hashes []uint64) int {
 		s.curCount++
 		s.record(key | opAdd)
 		n++
-		if s.curCount >= s.rotateAt() {
+		if s.curCount >= s.cut.rotateAt(s.geo) {
 			s.rotate()
 			s.version++
 			s.record(opRotate)
-			s.filled()
+			s.cut.filled(s.geo)
 		}
 	}
 	return n

@@ -123,7 +123,7 @@ func checkIndex(t *testing.T, x *Index, sums []*Summary, keys []uint64, hints []
 	}
 	n := 0
 	for _, s := range sums {
-		if s.mirrorOf(x) != nil && s.negN.Load() == 0 {
+		if x.mirrorOf(s) != nil && s.negN.Load() == 0 {
 			n++
 		}
 	}
