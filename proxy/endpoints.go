@@ -6,7 +6,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -238,7 +237,7 @@ const responsesPrefix = "/v1/responses/"
 // hold it would.
 func (p *Proxy) serveResponseByID(w http.ResponseWriter, r *http.Request) {
 	st := &reqState{p: p, w: w, r: r, path: r.URL.Path, byLoad: true}
-	defer func() { p.m.requests.WithLabelValues(epResponses, strconv.Itoa(st.code)).Inc() }()
+	defer func() { p.m.countRequest(epResponses, st.code, st.hop) }()
 	rest := strings.TrimPrefix(r.URL.Path, responsesPrefix)
 	id, sub, _ := strings.Cut(rest, "/")
 	method := http.MethodGet
@@ -257,6 +256,7 @@ func (p *Proxy) serveResponseByID(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	isHop, authenticated := p.hopOf(r)
+	st.hop = isHop
 	if !authenticated && !p.authorize(w, r) {
 		st.code = http.StatusUnauthorized
 		return

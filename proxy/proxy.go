@@ -403,7 +403,7 @@ func (p *Proxy) models(w http.ResponseWriter) {
 	b, _ := json.Marshal(l)
 	w.Header().Set("Content-Type", "application/json")
 	_, _ = w.Write(append(b, '\n'))
-	p.m.countRequest(epModels, http.StatusOK)
+	p.m.countRequest(epModels, http.StatusOK, false)
 }
 
 // modelsKnown reports whether the mesh's models are known yet.

@@ -133,7 +133,7 @@ func (st *reqState) finish() {
 	if st.releaseClient != nil {
 		st.releaseClient()
 	}
-	st.p.m.countRequest(st.ep.label, st.code)
+	st.p.m.countRequest(st.ep.label, st.code, st.hop)
 }
 
 // admit checks the method, the hop's hints or the client's key, and the
