@@ -51,7 +51,7 @@ func TestRecordOnlyWhenAccepted(t *testing.T) {
 
 // TestForgetBeyondReported: when the engine reports fewer cached tokens
 // than the summary predicted, the blocks beyond the report (and a block
-// of slack, unless it reported none) are forgotten, the prompt and answer are recorded again after
+// of slack, unless it reported under a block) are forgotten, the prompt and answer are recorded again after
 // that, and the error lands in the histogram.
 func TestForgetBeyondReported(t *testing.T) {
 	body := chatBody("m", true, longPrompt)
@@ -69,6 +69,8 @@ func TestForgetBeyondReported(t *testing.T) {
 		wantForget []uint64
 	}{
 		{"nothing cached", 0, hashes[:match]},
+		// The start token alone (llama.cpp's full miss): under a block.
+		{"one token cached", 1, hashes[:match]},
 		{"half cached", int(6*16/bpt) + 1, hashes[7:match]},
 		{"all cached", int(match*16/bpt) + 1, nil},
 		{"more than predicted", 100, nil},

@@ -355,7 +355,7 @@ func (st *reqState) learn(id string, d route.Decision, sink *reply.Sink) {
 }
 
 // forgetSlackBlocks is how many blocks past the reported cached tokens
-// (when any are reported) are still taken as held: the engine counts
+// (when at least a block is reported) are still taken as held: the engine counts
 // chat-template tokens the canonical text does not have and rounds down to
 // its own block size, so a correct prediction may exceed the report by a
 // fraction of a block.
@@ -376,8 +376,11 @@ func (st *reqState) correct(id string, match int, cached, promptTokens int64) bo
 	}
 	reported := float64(max(cached, 0)) * bpt / bb
 	p.m.predictionError.Observe(float64(match) - reported)
-	keep := 0 // nothing reported: nothing of the prefix is held
-	if cached > 0 {
+	// Less than a block reported is a full miss: an engine that holds
+	// nothing of the prompt may still count a token or two cached (the
+	// start token llama.cpp keeps), which no block of the prefix is.
+	keep := 0
+	if reported >= 1 {
 		keep = int(reported) + forgetSlackBlocks
 	}
 	match = min(match, len(st.hashes))
