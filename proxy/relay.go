@@ -53,7 +53,8 @@ type clientOut struct {
 
 // relay streams the upstream response to the client as it arrives. For
 // an owned replica's successful response it learns the answer on the way
-// and records prompt + answer once the response is complete.
+// and records prompt + answer once the response is complete, or once its
+// client left (the answer as far as the replica sent it).
 //
 // An upstream silent mid-body is cut off (upstream.IdleWatch): a blocked read of the
 // own client's connection fails on a past deadline, net/http's on the
@@ -96,10 +97,17 @@ func (st *reqState) relay(resp *http.Response, a upstreamAnswer) {
 	a.tap = streamTap{sink: sink, firstByte: a.firstByte, ttft: a.obs.ttft, start: a.start, idle: a.idle}
 	a.fr = upstream.NewFraming(sse && len(st.w.Header()["Content-Length"]) == 0)
 	ended, held, ok := st.relayByLoop(resp, &a, &out, sse)
-	if !ok {
-		return
+	if ok && !ended {
+		ok = st.relayByCopy(resp, &a, &out, held)
 	}
-	if !ended && !st.relayByCopy(resp, &a, &out, held) {
+	if !ok {
+		if st.code == statusClientGone && sink != nil {
+			// The replica answered whether or not its client stayed (a
+			// client may leave right after [DONE], before the response's
+			// end): what the sink saw is what the replica computed.
+			sink.Finish()
+			st.learn(a.id, a.d, sink)
+		}
 		return
 	}
 	if !a.tap.got {
