@@ -32,6 +32,7 @@ type replica struct {
 	// The engine's load from the last health check (see ReplicaStatus).
 	running, waiting, slots int
 	hasLoad                 bool
+	restarts                int          // the engine restarts its health checks found (ReplicaStatus)
 	load                    *replicaLoad // the requests in flight here (Begin)
 
 	declarers map[string]bool // routers known to declare it

@@ -62,6 +62,9 @@ type ReplicaStatus struct {
 	// (route.Candidate.HasLoad): without it they are 0 and say nothing.
 	Running, Waiting, Slots int
 	HasLoad                 bool
+	// Restarts counts the engine restarts its health checks found; when
+	// it grows, the owner cuts the replica's summary (restartedLocked).
+	Restarts int
 }
 
 // UpdateReplica records the proxy's latest health check of a declared
@@ -78,9 +81,14 @@ func (m *Mesh) UpdateReplica(id string, s ReplicaStatus) {
 	}
 	r.models, r.healthy, r.capacity = models, healthy, capacityBlocks
 	r.running, r.waiting, r.slots, r.hasLoad = s.Running, s.Waiting, s.Slots, s.HasLoad
+	restarted := s.Restarts > r.restarts
+	r.restarts = s.Restarts
 	m.tab.touchLocked(r)
 	if r.owned {
 		m.dis.ensureSummaryLocked(r) // the next tick's batch carries the change
+		if restarted {
+			m.restartedLocked(r)
+		}
 	}
 }
 

@@ -105,7 +105,7 @@ func (s *replicaSet) onStatus(id string, st health.ReplicaStatus) {
 		s.log.Info("replica declared", "replica", id, "engine", st.Engine)
 	}
 	ms := mesh.ReplicaStatus{Models: st.Models, Healthy: st.Healthy, CapacityBlocks: st.CapacityBlocks,
-		Running: st.Running, Waiting: st.Waiting, Slots: st.Slots, HasLoad: st.HasLoad}
+		Running: st.Running, Waiting: st.Waiting, Slots: st.Slots, HasLoad: st.HasLoad, Restarts: st.Restarts}
 	s.declared[id] = ms
 	s.mesh.UpdateReplica(id, ms)
 }

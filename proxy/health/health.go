@@ -116,11 +116,15 @@ type ReplicaStatus struct {
 	// Engine is the adapter reading the replica (vllm, sglang, llamacpp,
 	// tgi, or openai for an unknown OpenAI-compatible server).
 	Engine string
+	// Restarts counts the engine's restarts the checker found
+	// (restart.go); the owner cuts the replica's summary at each.
+	Restarts int
 }
 
 func (s ReplicaStatus) equal(o ReplicaStatus) bool {
 	return s.Healthy == o.Healthy && slices.Equal(s.Models, o.Models) && s.CapacityBlocks == o.CapacityBlocks &&
-		s.Running == o.Running && s.Waiting == o.Waiting && s.HasLoad == o.HasLoad && s.Slots == o.Slots && s.Engine == o.Engine
+		s.Running == o.Running && s.Waiting == o.Waiting && s.HasLoad == o.HasLoad && s.Slots == o.Slots && s.Engine == o.Engine &&
+		s.Restarts == o.Restarts
 }
 
 // Checker checks the replicas declared at this router, each in its
@@ -170,6 +174,8 @@ type replicaHealth struct {
 	models                    []string
 	metrics, info             engine.Stats
 	learnedSlots              int
+	uptime                    engine.Uptime // the last scrape's that had any (restart.go)
+	restarts                  int
 	lastHealth, lastInfo      time.Time
 	lastLoad                  time.Time
 	last                      ReplicaStatus // what onChange was last told
@@ -371,6 +377,7 @@ type pollResult struct {
 	scrapeFailed            bool
 	infoRead                bool
 	info                    engine.Stats
+	uptime                  engine.Uptime
 }
 
 // poll does what is due for replica id (everything when force): its
@@ -393,6 +400,9 @@ func (h *Checker) poll(ctx context.Context, id string, s *replicaHealth, force b
 	detecting := r.adapter == nil
 	if (healthDue || loadDue) && (detecting || r.adapter.Kind() != engine.Generic) {
 		if fams, err := h.fetchMetrics(ctx, base); err == nil || len(fams) > 0 {
+			if err == nil {
+				r.uptime = engine.ReadUptime(fams)
+			}
 			if detecting {
 				if k, ok := engine.Detect(fams); ok {
 					r.adapter, _ = engine.For(k)
@@ -455,6 +465,7 @@ func (h *Checker) apply(id string, s *replicaHealth, r pollResult) {
 		// it published (slots, cache size) does not change with load.
 		s.metrics.Running, s.metrics.Waiting, s.metrics.HasLoad = 0, 0, false
 	}
+	h.noteUptimeLocked(id, s, r.uptime)
 	if r.scraped {
 		s.metrics, s.lastLoad = r.metrics, r.now
 		if m := r.metrics; m.HasLoad && (m.Waiting > 0 || s.learnedSlots > 0) && m.Running > s.learnedSlots {
@@ -476,6 +487,9 @@ func (h *Checker) apply(id string, s *replicaHealth, r pollResult) {
 			s.passes++
 			s.models = r.models
 			if !s.healthy && (!s.ejected || s.passes >= h.cfg.PassThreshold) {
+				if s.ejected {
+					h.readmittedLocked(id, s)
+				}
 				s.healthy, s.ejected, s.admitted = true, false, true
 				h.log.Info("replica admitted", "replica", id, "engine", h.kindLocked(s), "models", strings.Join(r.models, ","))
 			}
@@ -512,7 +526,7 @@ func (h *Checker) kindLocked(s *replicaHealth) string {
 // statusLocked is s as reported; h.mu is held.
 func (h *Checker) statusLocked(s *replicaHealth) ReplicaStatus {
 	st := s.metrics.Merge(s.info)
-	out := ReplicaStatus{Models: s.models, Healthy: s.healthy, Engine: h.kindLocked(s), Slots: st.Slots}
+	out := ReplicaStatus{Models: s.models, Healthy: s.healthy, Engine: h.kindLocked(s), Slots: st.Slots, Restarts: s.restarts}
 	if st.HasLoad {
 		out.Running, out.Waiting, out.HasLoad = st.Running, st.Waiting, true
 	}
