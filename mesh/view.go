@@ -21,7 +21,8 @@ func (m *Mesh) DeclareReplica(id string) {
 	m.tab.mu.Lock()
 	r := m.tab.replicaLocked(id, true)
 	if r != nil {
-		r.declared, r.withdrawT = true, 0
+		// A new declaration's health checks count restarts from 0.
+		r.declared, r.withdrawT, r.restarts = true, 0, 0
 		m.tab.declaredLoads.Store(r.id, r.load)
 		m.tab.addDeclarerLocked(r, m.cfg.Name)
 	}
