@@ -36,10 +36,6 @@ import (
 // prompt is ~512 KB of text; JSON escaping and inline images need headroom.
 const DefaultMaxBodyBytes = 16 << 20
 
-// bytesPerToken converts predicted blocks into predicted tokens for the
-// cached-token comparison (English text averages ~4 bytes per token).
-const bytesPerToken = 4
-
 // Config configures a Proxy.
 type Config struct {
 	// RouterName names this router in logs.
@@ -135,6 +131,10 @@ type Config struct {
 	// Peers lists the other routers' API base URLs; a router asks them
 	// about stored responses it did not relay (lookup.go). Nil: none.
 	Peers func() []string
+	// TokenRatios learns each owned replica's bytes per token from its
+	// answers (tokens.go); the router shares it with its health checks.
+	// Nil: the proxy's own. The proxy registers it with Registerer.
+	TokenRatios *TokenRatios
 }
 
 // Proxy is the HTTP handler of one router. It is safe for concurrent use.
@@ -182,7 +182,9 @@ type Proxy struct {
 	// tests).
 	probeOwner hop.Prober
 	// signer signs and verifies hints and lookups (hop.Signer).
-	signer   *hop.Signer
+	signer *hop.Signer
+	// ratios are the replicas' bytes per token (tokens.go).
+	ratios   *TokenRatios
 	stopGone func()
 }
 
@@ -227,11 +229,19 @@ func New(cfg Config) (*Proxy, error) {
 	if cfg.Panics == nil {
 		cfg.Panics = panics.New(cfg.Registerer, cfg.Logger)
 	}
+	if cfg.TokenRatios == nil {
+		cfg.TokenRatios = NewTokenRatios()
+	}
+	if cfg.Registerer != nil {
+		if err := cfg.Registerer.Register(cfg.TokenRatios); err != nil {
+			return nil, fmt.Errorf("proxy: %w", err)
+		}
+	}
 	p := &Proxy{cfg: cfg, log: cfg.Logger, m: newMetrics(cfg.Registerer), edge: newEdgeMetrics(cfg.Registerer), trust: newTrustMetrics(cfg.Registerer), client: cfg.Client,
 		junk: junkLog{log: cfg.Logger, lim: ratelog.New(5, time.Second)}, panics: cfg.Panics, now: time.Now,
 		sessionHeader: cfg.SessionHeader, responses: newResponseLRU(cfg.MaxResponses),
 
-		load: newLoadBook(), hops: hop.NewBook(), up: upstream.New(cfg.Client), answers: reply.NewBudget(reply.BudgetBytes)}
+		ratios: cfg.TokenRatios, load: newLoadBook(), hops: hop.NewBook(), up: upstream.New(cfg.Client), answers: reply.NewBudget(reply.BudgetBytes)}
 	p.lookups = newLookups(p, cfg.Registerer)
 	p.signer = &hop.Signer{Key: cfg.HopKey, Now: func() time.Time { return p.now() }}
 	p.probeOwner = hop.ProbeHealthz(p.client)

@@ -331,16 +331,24 @@ func (st *reqState) learn(id string, d route.Decision, sink *reply.Sink) {
 	p := st.p
 	forgot := false
 	if u := sink.Usage(); u.Present {
+		// Tokens and blocks meet at this prompt's own bytes per token
+		// when the engine reported its tokens, else at the replica's
+		// learned ratio (tokens.go).
+		bpt := p.ratios.Of(id)
 		if u.PromptTokens > 0 {
 			p.m.promptTokens.Add(float64(u.PromptTokens))
+			if n := len(st.prompt.Text); n > 0 {
+				p.ratios.Observe(id, n, u.PromptTokens)
+				bpt = clampBytesPerToken(float64(n) / float64(u.PromptTokens))
+			}
 		}
 		if u.HasCached {
 			c := u.CachedTokens
 			if c > 0 {
 				p.m.reportedCached.Add(float64(c))
 			}
-			p.m.predictedCached.Add(float64(d.Match * p.cfg.Contract.BlockBytes / bytesPerToken))
-			forgot = st.correct(id, d.Match, c, u.PromptTokens)
+			p.m.predictedCached.Add(float64(d.Match*p.cfg.Contract.BlockBytes) / bpt)
+			forgot = st.correct(id, d.Match, c, bpt)
 		}
 	}
 	if len(sink.Answer()) == 0 && !forgot {
@@ -370,18 +378,12 @@ func (st *reqState) learn(id string, d route.Decision, sink *reply.Sink) {
 const forgetSlackBlocks = 1
 
 // correct compares the predicted match (blocks) with the engine's
-// reported cached tokens, observes the error, and forgets the blocks the
-// summary claimed beyond the report. It reports whether it forgot any.
-func (st *reqState) correct(id string, match int, cached, promptTokens int64) bool {
+// reported cached tokens, read as bytes of canonical text at bpt bytes
+// per token, observes the error, and forgets the blocks the summary
+// claimed beyond the report. It reports whether it forgot any.
+func (st *reqState) correct(id string, match int, cached int64, bpt float64) bool {
 	p := st.p
 	bb := float64(p.cfg.Contract.BlockBytes)
-	// Convert tokens to canonical-text bytes with this request's own
-	// ratio (its prompt's bytes over its reported tokens) when it is
-	// sane, else the English average.
-	bpt := float64(bytesPerToken)
-	if promptTokens > 0 && len(st.prompt.Text) > 0 {
-		bpt = min(max(float64(len(st.prompt.Text))/float64(promptTokens), 1), 8)
-	}
 	reported := float64(max(cached, 0)) * bpt / bb
 	p.m.predictionError.Observe(float64(match) - reported)
 	// Less than a block reported is a full miss: an engine that holds

@@ -53,9 +53,10 @@ type Config struct {
 	// PassThreshold consecutive passes re-admit an ejected one (default 2).
 	// A replica never admitted is admitted at its first pass.
 	PassThreshold int
-	// BytesPerToken converts engine cache tokens into router blocks
-	// (default 4).
-	BytesPerToken int
+	// BytesPerToken is a replica's bytes of canonical text per engine
+	// token, which converts its engine's cache tokens into router blocks
+	// (tokens.go; nil: DefaultBytesPerToken).
+	BytesPerToken func(replica string) float64
 	// Engine is the kind of engine behind every replica; "" or auto
 	// detects each replica's from its /metrics.
 	Engine engine.Kind
@@ -84,8 +85,8 @@ func (c Config) withDefaults() Config {
 	if c.PassThreshold <= 0 {
 		c.PassThreshold = 2
 	}
-	if c.BytesPerToken <= 0 {
-		c.BytesPerToken = 4
+	if c.BytesPerToken == nil {
+		c.BytesPerToken = func(string) float64 { return DefaultBytesPerToken }
 	}
 	if c.Engine == "" {
 		c.Engine = engine.Auto
@@ -175,6 +176,7 @@ type replicaHealth struct {
 	metrics, info             engine.Stats
 	learnedSlots              int
 	uptime                    engine.Uptime // the last scrape's that had any (restart.go)
+	bytesPerToken             float64       // the ratio CapacityBlocks is in (tokens.go)
 	restarts                  int
 	lastHealth, lastInfo      time.Time
 	lastLoad                  time.Time
@@ -534,7 +536,7 @@ func (h *Checker) statusLocked(s *replicaHealth) ReplicaStatus {
 		out.Slots = s.learnedSlots
 	}
 	if st.CacheTokens > 0 {
-		c := float64(st.CacheTokens) * float64(h.cfg.BytesPerToken) / float64(h.blockBytes)
+		c := float64(st.CacheTokens) * s.bytesPerToken / float64(h.blockBytes)
 		out.CapacityBlocks = int(min(c, summary.MaxCapacityBlocks))
 	}
 	return out
@@ -543,6 +545,7 @@ func (h *Checker) statusLocked(s *replicaHealth) ReplicaStatus {
 // notify reports s if it changed since the last report; h.mu is held.
 // A replica not yet admitted is not reported.
 func (h *Checker) notify(id string, s *replicaHealth) {
+	h.ratioLocked(id, s)
 	st := h.statusLocked(s)
 	healthy := 0.0
 	if st.Healthy {
