@@ -222,6 +222,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	for _, e := range []string{hop.GoneError, hop.GoneCut, hop.GoneKept, hop.GoneLeft} {
 		m.ownerGone.WithLabelValues(e)
 	}
+	// A router that has not been forwarded a request yet shows a zero
+	// for the main endpoint, not a missing family.
+	m.hopRequests.WithLabelValues(epChat, "200")
 	m.reqs = map[requestKey]prometheus.Counter{}
 	m.replicas = map[string]prometheus.Gauge{}
 	return m

@@ -56,7 +56,7 @@ type tokenRatio struct {
 // NewTokenRatios returns ratios that know no replica yet.
 func NewTokenRatios() *TokenRatios {
 	return &TokenRatios{by: map[string]*tokenRatio{}, desc: prometheus.NewDesc("kvmesh_replica_bytes_per_token",
-		"Bytes of the router's canonical prompt text per engine prompt token, learned per replica from its usage.prompt_tokens (replicas not yet learned use 4).",
+		"Bytes of the router's canonical prompt text per engine prompt token in use for each replica this router checks or had answers from: learned from its usage.prompt_tokens, 4 until it has reported 1000 prompt tokens.",
 		[]string{"replica"}, nil)}
 }
 
@@ -79,26 +79,36 @@ func (t *TokenRatios) Observe(replica string, bytes int, tokens int64) {
 }
 
 // Of returns replica's learned ratio, or DefaultBytesPerToken until it
-// has seen learnTokens prompt tokens.
+// has seen learnTokens prompt tokens. A replica asked about shows on the
+// metric from then on, with the ratio in use.
 func (t *TokenRatios) Of(replica string) float64 {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if r, ok := t.by[replica]; ok && r.seen >= learnTokens {
-		return clampBytesPerToken(r.bytes / r.tokens)
+	r := t.by[replica]
+	if r == nil {
+		r = &tokenRatio{}
+		t.by[replica] = r
 	}
-	return DefaultBytesPerToken
+	return r.of()
+}
+
+// of is the ratio in use: learned, or the default until learnTokens.
+func (r *tokenRatio) of() float64 {
+	if r.seen < learnTokens {
+		return DefaultBytesPerToken
+	}
+	return clampBytesPerToken(r.bytes / r.tokens)
 }
 
 // Describe is prometheus.Collector's.
 func (t *TokenRatios) Describe(ch chan<- *prometheus.Desc) { ch <- t.desc }
 
-// Collect is prometheus.Collector's: the learned replicas' ratios.
+// Collect is prometheus.Collector's: the ratio in use for each replica
+// observed or asked about.
 func (t *TokenRatios) Collect(ch chan<- prometheus.Metric) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for id, r := range t.by {
-		if r.seen >= learnTokens {
-			ch <- prometheus.MustNewConstMetric(t.desc, prometheus.GaugeValue, clampBytesPerToken(r.bytes/r.tokens), id)
-		}
+		ch <- prometheus.MustNewConstMetric(t.desc, prometheus.GaugeValue, r.of(), id)
 	}
 }

@@ -44,12 +44,15 @@ func TestTokenRatiosLearn(t *testing.T) {
 	}
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(r)
-	want := `# HELP kvmesh_replica_bytes_per_token Bytes of the router's canonical prompt text per engine prompt token, learned per replica from its usage.prompt_tokens (replicas not yet learned use 4).
+	r.Observe("e", 50, 10) // not learned yet: the default
+	want := `# HELP kvmesh_replica_bytes_per_token Bytes of the router's canonical prompt text per engine prompt token in use for each replica this router checks or had answers from: learned from its usage.prompt_tokens, 4 until it has reported 1000 prompt tokens.
 # TYPE kvmesh_replica_bytes_per_token gauge
+kvmesh_replica_bytes_per_token{replica="b"} 4
 kvmesh_replica_bytes_per_token{replica="c"} 1
 kvmesh_replica_bytes_per_token{replica="d"} 8
+kvmesh_replica_bytes_per_token{replica="e"} 4
 `
-	// The learned replicas, as Of gives them; b, never seen, is absent.
+	// The replicas observed or asked about, as Of gives them.
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want+fmt.Sprintf("kvmesh_replica_bytes_per_token{replica=%q} %v\n", "a", r.Of("a"))), "kvmesh_replica_bytes_per_token"); err != nil {
 		t.Error(err)
 	}
@@ -86,7 +89,7 @@ func TestPredictedCachedAtThePromptsRatio(t *testing.T) {
 	if got := p.ratios.Of(rep.URL); math.Abs(got-bpt) > 1e-9 {
 		t.Errorf("learned %v bytes per token, want %v", got, bpt)
 	}
-	exp := fmt.Sprintf("# HELP kvmesh_replica_bytes_per_token Bytes of the router's canonical prompt text per engine prompt token, learned per replica from its usage.prompt_tokens (replicas not yet learned use 4).\n# TYPE kvmesh_replica_bytes_per_token gauge\nkvmesh_replica_bytes_per_token{replica=%q} %v\n", rep.URL, bpt)
+	exp := fmt.Sprintf("# HELP kvmesh_replica_bytes_per_token Bytes of the router's canonical prompt text per engine prompt token in use for each replica this router checks or had answers from: learned from its usage.prompt_tokens, 4 until it has reported 1000 prompt tokens.\n# TYPE kvmesh_replica_bytes_per_token gauge\nkvmesh_replica_bytes_per_token{replica=%q} %v\n", rep.URL, bpt)
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(exp), "kvmesh_replica_bytes_per_token"); err != nil {
 		t.Error(err)
 	}
