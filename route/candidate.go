@@ -12,7 +12,7 @@ import (
 // reads every candidate two or three times, so each byte of the struct is
 // a kilobyte per pass. The fields every decision reads of every candidate
 // come first and fill 80 bytes (counts as int32, the tier as an int8,
-// Stale and HasLoad in what was padding; the times stay float64, as a
+// Stale and HasLoad in what would be padding; the times stay float64, as a
 // float32 would change costs and so decisions);
 // the replica's ID and the slot-timing fields, which only the views and
 // the slot wait of a full engine read, are behind the *Detail pointer.
