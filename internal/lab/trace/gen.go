@@ -254,7 +254,7 @@ func (c SessionsConfig) newSession(n int, prefix []int) *session {
 	g, id := n/c.SessionsPerGroup, n%c.SessionsPerGroup
 	s := &session{group: g, id: id, head: c.SystemTokens + prefix[g],
 		rng:        rand.New(rand.NewPCG(c.Seed^0x73657373696f6e, uint64(g)<<32|uint64(id))), // "session"
-		systemSeed: mix(c.Seed ^ 0x73797374656d),                                            // "system"
+		systemSeed: mix(c.Seed ^ 0x73797374656d),                                             // "system"
 	}
 	s.groupSeed = mix(s.systemSeed ^ mix(uint64(g)+1))
 	s.idSeed = mix(s.groupSeed ^ mix(uint64(id)+1))

@@ -251,7 +251,9 @@ func TestSessionsValidate(t *testing.T) {
 		func(c *SessionsConfig) { c.Answer = Length{Dist: LengthPareto, Median: 10, Shape: 0} },
 		func(c *SessionsConfig) { c.Turns.Max, c.Turns.Min = 2, 3 },
 		func(c *SessionsConfig) { c.Arrivals.Rate = 0 },
-		func(c *SessionsConfig) { c.Arrivals = Arrivals{Process: ArrivalBursty, Rate: 1, OnShare: 1.5, Period: time.Second} },
+		func(c *SessionsConfig) {
+			c.Arrivals = Arrivals{Process: ArrivalBursty, Rate: 1, OnShare: 1.5, Period: time.Second}
+		},
 		func(c *SessionsConfig) { c.Arrivals = Arrivals{Process: ArrivalBucketed, Rate: 1} },
 		func(c *SessionsConfig) { c.Requests = -1 },
 	}
