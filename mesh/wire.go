@@ -299,7 +299,8 @@ type stateMsg struct {
 	// route.Candidate); Slots 0 means unknown. NoLoad reports that the
 	// engine publishes no Running and Waiting (route.Candidate.HasLoad
 	// false); it is a flag of the inverse sense so that a state with
-	// known counts is encoded as before the flag was (wire.go's comment).
+	// known counts sets no bit a router of wire version 0 lacks, and
+	// reads there as it always did (wireNoLoad).
 	Running, Waiting, Slots uint32
 	NoLoad                  bool
 	Models                  []string

@@ -174,7 +174,7 @@ type placeBook struct {
 // placeReadTries bounds how often read reads the loads: a commit books in
 // about a microsecond, so three reads overlap one only under a stream of
 // commits, where the last read's sequence stands (a placement that
-// overlapped it may then be missed, as before the sequence lock).
+// overlapped it may then be missed).
 const placeReadTries = 3
 
 // read calls loads, which reads the decision's view of the loads, until
@@ -219,8 +219,8 @@ type placement struct {
 // owner's address, is the decision's only one. A replica gone since the
 // view was read is booked all the same, and attempt, finding it gone,
 // ends the booking; one whose owner changed in that instant is booked
-// as the view had it, until the request ends (the two Locates before
-// had the same window, between themselves).
+// as the view had it, until the request ends (a second Locate would
+// leave the same window, between the two).
 func (st *reqState) commit(d route.Decision, redecide bool) (route.Decision, booking) {
 	p, cands := st.p, st.cands
 	b := &p.places

@@ -168,9 +168,9 @@ func TestPlaceBookLocatesOnce(t *testing.T) {
 // TestPlaceBookReadIsExact: whatever commits land while a decision reads
 // the loads, each placement counts once in what the decision sees: in
 // the loads it read, or caught up from the sequence read returns. A
-// commit that books between the loads and the sequence was in neither
-// when the sequence was read after the loads (the order before the
-// sequence lock); read reads the loads again instead. Only commits in
+// commit that books between the loads and the sequence would be in
+// neither if the sequence were read after the loads; read reads the
+// loads again instead. Only commits in
 // every read, placeReadTries times, leave it inexact.
 func TestPlaceBookReadIsExact(t *testing.T) {
 	for _, tc := range []struct {

@@ -452,3 +452,13 @@ func (p *Proxy) Close() {
 	}
 	p.CloseIdleConnections()
 }
+
+// setBodyDeadline bounds the time to read r's body. The deadline is on
+// the connection, so it also bounds what net/http reads after a handler
+// that ignored the body; clearBodyDeadline lifts it before a long
+// response, whose connection net/http keeps reading in the background.
+func (p *Proxy) setBodyDeadline(w http.ResponseWriter, r *http.Request) {
+	if p.cfg.BodyTimeout > 0 && r.Body != nil && r.Body != http.NoBody {
+		_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(p.cfg.BodyTimeout))
+	}
+}

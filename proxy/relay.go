@@ -370,6 +370,28 @@ func (st *reqState) learn(id string, d route.Decision, sink *reply.Sink) {
 	}
 }
 
+// observeSlot folds a finished attempt's slot time at replica id into
+// its mean: only complete successful generations count (a refused,
+// failed or abandoned request says nothing of how long one runs).
+//
+// A request this router decided also becomes the record of its heat key
+// (route.Stem): the next request under the key forks from its stem or
+// extends it. Forwarded requests are not recorded, as they are not
+// counted in countHeat (the simulator records on the deciding router as
+// the request ends, too).
+func (st *reqState) observeSlot(id string, d route.Decision, first time.Time) {
+	p := st.p
+	if st.byLoad || st.code < 200 || st.code >= 300 {
+		return
+	}
+	p.load.observe(id, slotMs(first, p.now(), len(st.hashes)-d.Match, st.blockMs))
+	if !st.hop {
+		req := route.Request{Hashes: st.hashes, Root: st.root}
+		key := p.cfg.Policy.HeatKey(req)
+		p.load.setStem(key, route.StemOf(req, d.BestMatch))
+	}
+}
+
 // forgetSlackBlocks is how many blocks past the reported cached tokens
 // (when at least a block is reported) are still taken as held: the engine counts
 // chat-template tokens the canonical text does not have and rounds down to

@@ -69,7 +69,6 @@ import (
 	"math"
 
 	"github.com/kvmesh/kvmesh/summary"
-	"github.com/zeebo/xxh3"
 )
 
 // Matcher tells how many leading blocks of a request a replica probably
@@ -77,216 +76,6 @@ import (
 // it over the replica's real cache.
 type Matcher interface {
 	Match(probes []summary.Probe) int
-}
-
-// Candidate is one replica as the deciding router sees it.
-//
-// Its layout is the decision's cost: a decision over a thousand replicas
-// reads every candidate two or three times, so each byte of the struct is
-// a kilobyte per pass. The fields every decision reads of every candidate
-// come first and fill 80 bytes (counts as int32, the tier as an int8,
-// Stale and HasLoad in what was padding; the times stay float64, as a
-// float32 would change costs and so decisions);
-// the replica's ID and the slot-timing fields, which only the views and
-// the slot wait of a full engine read, are behind the *Detail pointer.
-// TestCandidateSize holds the size.
-type Candidate struct {
-	// Summary answers prefix matches; nil when the router has no summary
-	// of the replica that counts.
-	Summary Matcher
-	// Hash is HashID(ID), precomputed by the view.
-	Hash uint64
-	// PendingPrefillBlocks is the prefill work queued at the replica, in
-	// blocks, that a new request would wait behind.
-	PendingPrefillBlocks float64
-	// NetworkMs is the cost of reaching the replica from this router.
-	NetworkMs float64
-	// BlockMs is the replica's prefill time per block; 0 means the
-	// policy's default.
-	BlockMs float64
-	// Detail holds what a decision rarely reads (ID, SeqMs, SlotAgeMs),
-	// read through c.ID(), c.SeqMs() and c.SlotAgeMs(), which take nil
-	// for the zero Detail: a view (or a test's) that leaves it out costs
-	// an empty ID, never a panic on the request path. The view that
-	// fills a candidate sets it, to storage of its own: a Candidate
-	// copied shares its Detail. Pick reads it only of a candidate with no
-	// free slot.
-	Detail *Detail
-	// InFlight is the number of requests in flight at the replica.
-	InFlight int32
-	// Running and Waiting are the engine's own counts of sequences it runs
-	// and requests it queues (vLLM num_requests_running/waiting, SGLang
-	// num_running_reqs/num_queue_reqs), as last scraped; InFlight is the
-	// router's faster signal in between scrapes.
-	Running, Waiting int32
-	// Slots is how many sequences the engine runs at once (max-num-seqs),
-	// published or learned (SlotEstimate); 0 means unknown.
-	Slots int32
-
-	// match is filled by Pick. It is an int32 (a prompt of 2^31 blocks is
-	// 2 TB of KV) so that it packs with the counts. Pick computes a
-	// candidate's slot wait where it needs it instead of storing it, for
-	// the same reason.
-	match int32
-	// Tier groups replicas by network distance (0: this router's region).
-	// Cold requests are placed within the nearest tier.
-	Tier int8
-	// Stale reports that a summary exists but does not count: too old, or
-	// its owner is suspect or gone.
-	Stale bool
-	// HasLoad reports that Running and Waiting are the engine's counts:
-	// its last scrape published them. An engine that publishes none
-	// (no such gauges on its /metrics, a generic OpenAI server) or whose
-	// scrape fails reports 0 and 0, which say nothing: it never reads
-	// as idle to the burst rule (hashPick).
-	HasLoad bool
-}
-
-// Detail is what a decision rarely reads of a candidate.
-type Detail struct {
-	// ID names the replica the same way on every router (its URL).
-	ID string
-	// SeqMs is how long a request holds one of those slots on average
-	// (prefill and decode), as the router measures on the requests it
-	// proxies there; 0 means not measured yet (Policy.DefaultSeqMs).
-	// With Slots it turns a full engine's queue into milliseconds: a slot
-	// frees every SeqMs/Slots.
-	SeqMs float64
-	// SlotAgeMs is how long the oldest request in flight at the replica
-	// has held it, as the replica's owner knows from the requests it
-	// proxies; 0 means unknown. It dates the next free slot: SeqMs after
-	// that request began, rather than SeqMs/Slots from now on average —
-	// slots that filled in one burst free together, late, and slots held
-	// by requests past the mean free soon.
-	SlotAgeMs float64
-	// Own is how many of the requests in flight at the replica this
-	// router placed itself (its own dispatches and forwards, not the
-	// requests other routers sent to a replica it owns), and Local
-	// reports that this router owns the replica. InFlight is exact for
-	// the replicas a router owns, with the requests the other routers
-	// just sent them, and for the others it is their owner's last state
-	// plus this router's own requests since; Own is known alike for
-	// every replica. A cold request of a burst onto an idle cluster
-	// spreads by it (hashPick).
-	Own   int32
-	Local bool
-}
-
-// Count32 is n as a Candidate's count: saturated at the int32 range
-// (a count past two billion is past any engine's).
-func Count32(n int) int32 {
-	return int32(max(min(n, math.MaxInt32), math.MinInt32))
-}
-
-// seqAndAge are c's SeqMs and SlotAgeMs, 0 without a Detail.
-func seqAndAge(c *Candidate) (seqMs, slotAgeMs float64) {
-	if d := c.Detail; d != nil {
-		return d.SeqMs, d.SlotAgeMs
-	}
-	return 0, 0
-}
-
-// ID is the replica's ID ("" without a Detail).
-func (c *Candidate) ID() string {
-	if c.Detail == nil {
-		return ""
-	}
-	return c.Detail.ID
-}
-
-// SeqMs is Detail.SeqMs (0, not measured, without a Detail).
-func (c *Candidate) SeqMs() float64 {
-	if c.Detail == nil {
-		return 0
-	}
-	return c.Detail.SeqMs
-}
-
-// SlotAgeMs is Detail.SlotAgeMs (0, unknown, without a Detail).
-func (c *Candidate) SlotAgeMs() float64 {
-	if c.Detail == nil {
-		return 0
-	}
-	return c.Detail.SlotAgeMs
-}
-
-// HashID returns the rendezvous hash of a replica ID.
-func HashID(id string) uint64 { return xxh3.HashString(id) }
-
-// Request is a request as the router sees it: its chained block hashes.
-type Request struct {
-	// Hashes are the chained block hashes of the prompt.
-	Hashes []uint64
-	// Probes are summary.MakeProbes(nil, Hashes).
-	Probes []summary.Probe
-	// Root is the chain root (model scope), the key of prompts shorter
-	// than one block.
-	Root uint64
-	// ClientKey is the hash of a routing key the client sent
-	// (prompt_cache_key, a session header, bootstrap_room); 0 when none.
-	// When set it is the cold-placement key, so every router places the
-	// client's requests alike whatever their prompts; prefix summaries still
-	// decide warm requests.
-	ClientKey uint64
-	// Concurrent is how many requests sharing this request's HeatKey the
-	// router has in flight, this one included; 0 means unknown (as 1). A
-	// prefix many requests want at once is worth a second copy: the
-	// recompute of a move is shared by the requests that copy will serve,
-	// so when they outnumber the prefix's holders and no holder can start
-	// the request at once (a free slot and no prefill queued), a move's
-	// recompute weighs 1 instead of RecomputeWeight.
-	Concurrent int
-	// ForkBlocks is the depth, in blocks, of a stem this request shares
-	// with the last request of its heat key without extending it
-	// (Stem.Fork): a template, a document or a few-shot prompt that
-	// requests leave by different continuations, whose copies serve
-	// other requests, rather than a conversation's history, which only
-	// its next turn extends. 0 when none is known.
-	ForkBlocks int
-}
-
-// Stem is what a router remembers of the last request it decided under a
-// heat key, to tell a stem many requests fork from (a hot template or
-// document) from a conversation's history: that request's length in
-// blocks, its best match when it was decided (the prefix some replica
-// held) and the chained hash of that prefix. The zero value knows nothing.
-// It is a value: the router keeps one per heat key, in a bounded map.
-type Stem struct {
-	Len, Depth int
-	Hash       uint64
-}
-
-// Fork is the stem depth req shares with the request s remembers: the
-// prefix that request matched, when req holds it too and is no longer than
-// that request (so it does not extend it: a conversation's next turn
-// holds its previous turn and is longer), else 0.
-func (s Stem) Fork(req Request) int {
-	d := s.Depth
-	if d <= 0 || d > len(req.Hashes) || len(req.Hashes) > s.Len || req.Hashes[d-1] != s.Hash {
-		return 0
-	}
-	return d
-}
-
-// StemOf is the record a router keeps of req, decided with best match
-// match (Decision.BestMatch), for the next request of its heat key.
-func StemOf(req Request, match int) Stem {
-	if match <= 0 || match > len(req.Hashes) {
-		return Stem{Len: len(req.Hashes)}
-	}
-	return Stem{Len: len(req.Hashes), Depth: match, Hash: req.Hashes[match-1]}
-}
-
-// HeatKey is the key a router counts in-flight requests by for
-// Request.Concurrent: the chained hash of block KeyBlocks-1 (the prompt's
-// head, past a one-block system prompt), or the root of a shorter prompt.
-// A hot prompt's requests share it; a conversation's turns share it but
-// arrive one at a time.
-func (p Policy) HeatKey(req Request) uint64 {
-	if len(req.Hashes) == 0 {
-		return req.Root
-	}
-	return req.Hashes[min(len(req.Hashes)-1, max(p.KeyBlocks-1, 0))]
 }
 
 // Reason says why a replica was picked; it is a metric label.
@@ -318,61 +107,6 @@ type Decision struct {
 	CommonMatch int
 	// Key is the consistent-hashing key of the request.
 	Key uint64
-}
-
-// Policy holds the tunables of the decision. docs/DESIGN.md gives the
-// reason for each default and the grid of simulations that checks it
-// (docs/SIMULATION.md); DefaultPolicy is the "default" profile.
-type Policy struct {
-	// LoadFactor is the bound c of consistent hashing with bounded loads,
-	// applied to cold placement on queued prefill: a replica takes a cold
-	// request only while its queued prefill is within c times the mean
-	// plus the request's own work. 1.25 is the value of the original
-	// paper's experiments, HAProxy's hash-balance-factor documentation and
-	// SMG's prefix hash. Warm requests are not held to it: their score
-	// already weighs queued work against the recompute a move would cost.
-	LoadFactor float64
-	// InFlightFactor bounds in-flight requests at that many times the
-	// mean, counting one more request per replica so that a small cluster
-	// with a handful of requests never trips it (the bound is
-	// ceil(f × (in-flight + replicas) / replicas), 4 with 3 requests on 4
-	// replicas). A replica known to have a free sequence slot is never
-	// held to it: it can start the request at once. It is a hot-spot guard
-	// for engines whose slots are unknown, not a balancer.
-	InFlightFactor float64
-	// KeyBlocks is the minimum depth, in blocks, of a cold request's key;
-	// the key is the block after the common prefix, and at least block
-	// KeyBlocks-1. Two blocks skip a one-block system prompt even when the
-	// common prefix is unknown (no summaries), so a router that sees
-	// nothing keys a conversation where a router that sees everything does.
-	KeyBlocks int
-	// MinExcessBlocks is how many blocks beyond the common prefix a match
-	// must hold to count as a prefix hit. One block is the smallest reuse
-	// the hashing can see.
-	MinExcessBlocks int
-	// DefaultBlockMs is the prefill time per block used when the view has
-	// no measured one. Only its ratio to NetworkMs and SeqMs matters; 20 ms
-	// is 256 tokens at ~13k tokens/s, a mid-size model on one modern GPU.
-	DefaultBlockMs float64
-	// RecomputeWeight is what a block the replica lacks costs in the
-	// score, in units of its prefill time. Recomputing a prefix that
-	// another replica holds costs this request the prefill, and costs the
-	// cluster a second copy of the prefix (evicting someone else's blocks)
-	// and the queueing of every request behind that work; 1 would count
-	// only the first. A warm request moves off its holder only when the
-	// wait it saves exceeds RecomputeWeight times the prefill it adds.
-	RecomputeWeight float64
-	// DefaultSeqMs is how long a request holds a sequence slot when the
-	// router has not measured it yet (Candidate.SeqMs is 0). It only
-	// prices the wait at an engine whose slots are full before the first
-	// request there has finished.
-	DefaultSeqMs float64
-}
-
-// DefaultPolicy returns the documented defaults, the "default" profile.
-func DefaultPolicy() Policy {
-	return Policy{LoadFactor: 1.25, InFlightFactor: 2, KeyBlocks: 2, MinExcessBlocks: 1, DefaultBlockMs: 20,
-		RecomputeWeight: 16, DefaultSeqMs: 10000}
 }
 
 // Pick chooses a replica for req among cands. It writes only the
@@ -580,11 +314,12 @@ func (p Policy) pick(req Request, cands []Candidate, ms []int32) Decision {
 	// no prefill queued): the request waits behind queued prefill as it
 	// would for a slot, and so do the others. The copy serves them too,
 	// so its recompute weighs 1 against the wait at the holders (on an
-	// idle replica only: price). Until branch s20-hot the test was a free
-	// slot alone, which a prefill-bound engine (256 slots) always has: a
-	// hot prompt kept one or two holders while their lanes queued, and
-	// more than half the requests waited (the grid's hot-prompts
-	// 0.9/256/1: TTFT p50 156-312 ms, 41-46 ms since, over seeds 1-6).
+	// idle replica only: price). A free slot alone is not the test: a
+	// prefill-bound engine (256 slots) always has one, so a hot prompt
+	// would keep one or two holders while their lanes queued, and more
+	// than half the requests would wait (the grid's hot-prompts
+	// 0.9/256/1, seeds 1-6: TTFT p50 156-312 ms with that test, 41-46 ms
+	// with this one).
 	rw := p.RecomputeWeight
 	if req.Concurrent > 1 {
 		holders, _, idleHolder := holdersOf(cands, ms, best)
@@ -607,7 +342,7 @@ func (p Policy) pick(req Request, cands []Candidate, ms []int32) Decision {
 	// earlier request, not from several in flight, and with the idle
 	// test the rule copied the conversation trace's stems more (hit
 	// ratio -0.3 %) and lost no-shared-head 0.9/4/0.25's hit gate on one
-	// seed of six (branch s20-hot).
+	// seed of six.
 	fork, stemWeight := 0, rw
 	if req.ForkBlocks > 0 {
 		if _, startable, _ := holdersOf(cands, ms, best); !startable && counted > 0 && 2*canKnown >= counted {

@@ -631,7 +631,7 @@ func TestPickAllFullWeighsTheWaitAgainstTheRecompute(t *testing.T) {
 // owns, whose load it sees exactly, before one whose free slot it knows
 // only from another router's gossip (a slot the other routers see free
 // too); a router that owns none of the candidates, or a view without
-// ownership, takes the cheapest as before; and a remote replica stays
+// ownership, takes the cheapest; and a remote replica stays
 // the hot-spot guard's last resort when no near one is under its bound.
 func TestPickMovesToAnOwnedReplicaBeforeARemoteOne(t *testing.T) {
 	conv := chainOf(nil, 10, 2)

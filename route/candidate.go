@@ -1,0 +1,141 @@
+package route
+
+import (
+	"math"
+
+	"github.com/zeebo/xxh3"
+)
+
+// Candidate is one replica as the deciding router sees it.
+//
+// Its layout is the decision's cost: a decision over a thousand replicas
+// reads every candidate two or three times, so each byte of the struct is
+// a kilobyte per pass. The fields every decision reads of every candidate
+// come first and fill 80 bytes (counts as int32, the tier as an int8,
+// Stale and HasLoad in what would be padding; the times stay float64, as a
+// float32 would change costs and so decisions);
+// the replica's ID and the slot-timing fields, which only the views and
+// the slot wait of a full engine read, are behind the *Detail pointer.
+// TestCandidateSize holds the size.
+type Candidate struct {
+	// Summary answers prefix matches; nil when the router has no summary
+	// of the replica that counts.
+	Summary Matcher
+	// Hash is HashID(ID), precomputed by the view.
+	Hash uint64
+	// PendingPrefillBlocks is the prefill work queued at the replica, in
+	// blocks, that a new request would wait behind.
+	PendingPrefillBlocks float64
+	// NetworkMs is the cost of reaching the replica from this router.
+	NetworkMs float64
+	// BlockMs is the replica's prefill time per block; 0 means the
+	// policy's default.
+	BlockMs float64
+	// Detail holds what a decision rarely reads (ID, SeqMs, SlotAgeMs),
+	// read through c.ID(), c.SeqMs() and c.SlotAgeMs(), which take nil
+	// for the zero Detail: a view (or a test's) that leaves it out costs
+	// an empty ID, never a panic on the request path. The view that
+	// fills a candidate sets it, to storage of its own: a Candidate
+	// copied shares its Detail. Pick reads it only of a candidate with no
+	// free slot.
+	Detail *Detail
+	// InFlight is the number of requests in flight at the replica.
+	InFlight int32
+	// Running and Waiting are the engine's own counts of sequences it runs
+	// and requests it queues (vLLM num_requests_running/waiting, SGLang
+	// num_running_reqs/num_queue_reqs), as last scraped; InFlight is the
+	// router's faster signal in between scrapes.
+	Running, Waiting int32
+	// Slots is how many sequences the engine runs at once (max-num-seqs),
+	// published or learned (SlotEstimate); 0 means unknown.
+	Slots int32
+
+	// match is filled by Pick. It is an int32 (a prompt of 2^31 blocks is
+	// 2 TB of KV) so that it packs with the counts. Pick computes a
+	// candidate's slot wait where it needs it instead of storing it, for
+	// the same reason.
+	match int32
+	// Tier groups replicas by network distance (0: this router's region).
+	// Cold requests are placed within the nearest tier.
+	Tier int8
+	// Stale reports that a summary exists but does not count: too old, or
+	// its owner is suspect or gone.
+	Stale bool
+	// HasLoad reports that Running and Waiting are the engine's counts:
+	// its last scrape published them. An engine that publishes none
+	// (no such gauges on its /metrics, a generic OpenAI server) or whose
+	// scrape fails reports 0 and 0, which say nothing: it never reads
+	// as idle to the burst rule (hashPick).
+	HasLoad bool
+}
+
+// Detail is what a decision rarely reads of a candidate.
+type Detail struct {
+	// ID names the replica the same way on every router (its URL).
+	ID string
+	// SeqMs is how long a request holds one of those slots on average
+	// (prefill and decode), as the router measures on the requests it
+	// proxies there; 0 means not measured yet (Policy.DefaultSeqMs).
+	// With Slots it turns a full engine's queue into milliseconds: a slot
+	// frees every SeqMs/Slots.
+	SeqMs float64
+	// SlotAgeMs is how long the oldest request in flight at the replica
+	// has held it, as the replica's owner knows from the requests it
+	// proxies; 0 means unknown. It dates the next free slot: SeqMs after
+	// that request began, rather than SeqMs/Slots from now on average —
+	// slots that filled in one burst free together, late, and slots held
+	// by requests past the mean free soon.
+	SlotAgeMs float64
+	// Own is how many of the requests in flight at the replica this
+	// router placed itself (its own dispatches and forwards, not the
+	// requests other routers sent to a replica it owns), and Local
+	// reports that this router owns the replica. InFlight is exact for
+	// the replicas a router owns, with the requests the other routers
+	// just sent them, and for the others it is their owner's last state
+	// plus this router's own requests since; Own is known alike for
+	// every replica. A cold request of a burst onto an idle cluster
+	// spreads by it (hashPick).
+	Own   int32
+	Local bool
+}
+
+// Count32 is n as a Candidate's count: saturated at the int32 range
+// (a count past two billion is past any engine's).
+func Count32(n int) int32 {
+	return int32(max(min(n, math.MaxInt32), math.MinInt32))
+}
+
+// seqAndAge are c's SeqMs and SlotAgeMs, 0 without a Detail.
+func seqAndAge(c *Candidate) (seqMs, slotAgeMs float64) {
+	if d := c.Detail; d != nil {
+		return d.SeqMs, d.SlotAgeMs
+	}
+	return 0, 0
+}
+
+// ID is the replica's ID ("" without a Detail).
+func (c *Candidate) ID() string {
+	if c.Detail == nil {
+		return ""
+	}
+	return c.Detail.ID
+}
+
+// SeqMs is Detail.SeqMs (0, not measured, without a Detail).
+func (c *Candidate) SeqMs() float64 {
+	if c.Detail == nil {
+		return 0
+	}
+	return c.Detail.SeqMs
+}
+
+// SlotAgeMs is Detail.SlotAgeMs (0, unknown, without a Detail).
+func (c *Candidate) SlotAgeMs() float64 {
+	if c.Detail == nil {
+		return 0
+	}
+	return c.Detail.SlotAgeMs
+}
+
+// HashID returns the rendezvous hash of a replica ID.
+func HashID(id string) uint64 { return xxh3.HashString(id) }

@@ -1,0 +1,56 @@
+package route
+
+// Policy holds the tunables of the decision. docs/DESIGN.md gives the
+// reason for each default and the grid of simulations that checks it
+// (docs/SIMULATION.md); DefaultPolicy is the "default" profile.
+type Policy struct {
+	// LoadFactor is the bound c of consistent hashing with bounded loads,
+	// applied to cold placement on queued prefill: a replica takes a cold
+	// request only while its queued prefill is within c times the mean
+	// plus the request's own work. 1.25 is the value of the original
+	// paper's experiments, HAProxy's hash-balance-factor documentation and
+	// SMG's prefix hash. Warm requests are not held to it: their score
+	// already weighs queued work against the recompute a move would cost.
+	LoadFactor float64
+	// InFlightFactor bounds in-flight requests at that many times the
+	// mean, counting one more request per replica so that a small cluster
+	// with a handful of requests never trips it (the bound is
+	// ceil(f × (in-flight + replicas) / replicas), 4 with 3 requests on 4
+	// replicas). A replica known to have a free sequence slot is never
+	// held to it: it can start the request at once. It is a hot-spot guard
+	// for engines whose slots are unknown, not a balancer.
+	InFlightFactor float64
+	// KeyBlocks is the minimum depth, in blocks, of a cold request's key;
+	// the key is the block after the common prefix, and at least block
+	// KeyBlocks-1. Two blocks skip a one-block system prompt even when the
+	// common prefix is unknown (no summaries), so a router that sees
+	// nothing keys a conversation where a router that sees everything does.
+	KeyBlocks int
+	// MinExcessBlocks is how many blocks beyond the common prefix a match
+	// must hold to count as a prefix hit. One block is the smallest reuse
+	// the hashing can see.
+	MinExcessBlocks int
+	// DefaultBlockMs is the prefill time per block used when the view has
+	// no measured one. Only its ratio to NetworkMs and SeqMs matters; 20 ms
+	// is 256 tokens at ~13k tokens/s, a mid-size model on one modern GPU.
+	DefaultBlockMs float64
+	// RecomputeWeight is what a block the replica lacks costs in the
+	// score, in units of its prefill time. Recomputing a prefix that
+	// another replica holds costs this request the prefill, and costs the
+	// cluster a second copy of the prefix (evicting someone else's blocks)
+	// and the queueing of every request behind that work; 1 would count
+	// only the first. A warm request moves off its holder only when the
+	// wait it saves exceeds RecomputeWeight times the prefill it adds.
+	RecomputeWeight float64
+	// DefaultSeqMs is how long a request holds a sequence slot when the
+	// router has not measured it yet (Candidate.SeqMs is 0). It only
+	// prices the wait at an engine whose slots are full before the first
+	// request there has finished.
+	DefaultSeqMs float64
+}
+
+// DefaultPolicy returns the documented defaults, the "default" profile.
+func DefaultPolicy() Policy {
+	return Policy{LoadFactor: 1.25, InFlightFactor: 2, KeyBlocks: 2, MinExcessBlocks: 1, DefaultBlockMs: 20,
+		RecomputeWeight: 16, DefaultSeqMs: 10000}
+}

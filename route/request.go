@@ -1,0 +1,81 @@
+package route
+
+import (
+	"github.com/kvmesh/kvmesh/summary"
+)
+
+// Request is a request as the router sees it: its chained block hashes.
+type Request struct {
+	// Hashes are the chained block hashes of the prompt.
+	Hashes []uint64
+	// Probes are summary.MakeProbes(nil, Hashes).
+	Probes []summary.Probe
+	// Root is the chain root (model scope), the key of prompts shorter
+	// than one block.
+	Root uint64
+	// ClientKey is the hash of a routing key the client sent
+	// (prompt_cache_key, a session header, bootstrap_room); 0 when none.
+	// When set it is the cold-placement key, so every router places the
+	// client's requests alike whatever their prompts; prefix summaries still
+	// decide warm requests.
+	ClientKey uint64
+	// Concurrent is how many requests sharing this request's HeatKey the
+	// router has in flight, this one included; 0 means unknown (as 1). A
+	// prefix many requests want at once is worth a second copy: the
+	// recompute of a move is shared by the requests that copy will serve,
+	// so when they outnumber the prefix's holders and no holder can start
+	// the request at once (a free slot and no prefill queued), a move's
+	// recompute weighs 1 instead of RecomputeWeight.
+	Concurrent int
+	// ForkBlocks is the depth, in blocks, of a stem this request shares
+	// with the last request of its heat key without extending it
+	// (Stem.Fork): a template, a document or a few-shot prompt that
+	// requests leave by different continuations, whose copies serve
+	// other requests, rather than a conversation's history, which only
+	// its next turn extends. 0 when none is known.
+	ForkBlocks int
+}
+
+// Stem is what a router remembers of the last request it decided under a
+// heat key, to tell a stem many requests fork from (a hot template or
+// document) from a conversation's history: that request's length in
+// blocks, its best match when it was decided (the prefix some replica
+// held) and the chained hash of that prefix. The zero value knows nothing.
+// It is a value: the router keeps one per heat key, in a bounded map.
+type Stem struct {
+	Len, Depth int
+	Hash       uint64
+}
+
+// Fork is the stem depth req shares with the request s remembers: the
+// prefix that request matched, when req holds it too and is no longer than
+// that request (so it does not extend it: a conversation's next turn
+// holds its previous turn and is longer), else 0.
+func (s Stem) Fork(req Request) int {
+	d := s.Depth
+	if d <= 0 || d > len(req.Hashes) || len(req.Hashes) > s.Len || req.Hashes[d-1] != s.Hash {
+		return 0
+	}
+	return d
+}
+
+// StemOf is the record a router keeps of req, decided with best match
+// match (Decision.BestMatch), for the next request of its heat key.
+func StemOf(req Request, match int) Stem {
+	if match <= 0 || match > len(req.Hashes) {
+		return Stem{Len: len(req.Hashes)}
+	}
+	return Stem{Len: len(req.Hashes), Depth: match, Hash: req.Hashes[match-1]}
+}
+
+// HeatKey is the key a router counts in-flight requests by for
+// Request.Concurrent: the chained hash of block KeyBlocks-1 (the prompt's
+// head, past a one-block system prompt), or the root of a shorter prompt.
+// A hot prompt's requests share it; a conversation's turns share it but
+// arrive one at a time.
+func (p Policy) HeatKey(req Request) uint64 {
+	if len(req.Hashes) == 0 {
+		return req.Root
+	}
+	return req.Hashes[min(len(req.Hashes)-1, max(p.KeyBlocks-1, 0))]
+}
