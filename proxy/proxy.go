@@ -23,6 +23,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/kvmesh/kvmesh/internal/panics"
 	"github.com/kvmesh/kvmesh/internal/ratelog"
+	"github.com/kvmesh/kvmesh/proxy/admit"
 	"github.com/kvmesh/kvmesh/proxy/hop"
 	"github.com/kvmesh/kvmesh/proxy/reply"
 	"github.com/kvmesh/kvmesh/proxy/upstream"
@@ -131,6 +132,10 @@ type Config struct {
 	// Peers lists the other routers' API base URLs; a router asks them
 	// about stored responses it did not relay (lookup.go). Nil: none.
 	Peers func() []string
+	// Admission, when set, queues and sheds requests while their model's
+	// replicas are saturated (package admit; the proxy sets its Room and
+	// Registerer). Nil: every request goes straight to its decision.
+	Admission *admit.Config
 	// TokenRatios learns each owned replica's bytes per token from its
 	// answers (tokens.go); the router shares it with its health checks.
 	// Nil: the proxy's own. The proxy registers it with Registerer.
@@ -186,6 +191,8 @@ type Proxy struct {
 	// ratios are the replicas' bytes per token (tokens.go).
 	ratios   *TokenRatios
 	stopGone func()
+	// admit is the admission (admission.go); nil when off.
+	admit *admit.Admitter
 }
 
 // New returns a Proxy.
@@ -250,6 +257,11 @@ func New(cfg Config) (*Proxy, error) {
 	p.stopGone = cfg.View.WatchGone(p.owners.Gone)
 	if !cfg.NoStreamLoop {
 		p.loops = upstream.NewLoops(p.m.loopStreams, p.m.loopClientWaits, p.recovered)
+	}
+	if cfg.Admission != nil {
+		ac := *cfg.Admission
+		ac.Room, ac.Registerer = p.roomOf, cfg.Registerer
+		p.admit = admit.New(ac)
 	}
 	if cfg.MaxInflightPerClient > 0 {
 		p.clients = &clientLimiter{max: cfg.MaxInflightPerClient, n: map[string]int{}}
@@ -445,6 +457,9 @@ func (p *Proxy) CloseIdleConnections() {
 // serves on afterwards, without the loops, its hops left to their
 // timeouts.
 func (p *Proxy) Close() {
+	if p.admit != nil {
+		p.admit.Close() // sheds what still queues (503): no request is dropped silently
+	}
 	p.stopGone()
 	p.owners.Close()
 	if p.loops != nil {

@@ -22,6 +22,7 @@ import (
 // The request path of an inference request, top to bottom:
 //
 //	inference   admit, read and render, read the loads (this file)
+//	queue       wait while the model is saturated (admission.go)
 //	attemptAll  attempt until one settles it (this file)
 //	  decideAndBook  decide and book the attempt's replica (place.go)
 //	  attempt        send to the replica or its owner (this file)
@@ -90,8 +91,8 @@ type reqState struct {
 	cut bool
 
 	// What the request holds until it ends (finish releases it).
-	releaseClient, releaseCands, endHeat func()
-	bodyBuf, textBuf                     *[]byte
+	releaseClient, releaseCands, endHeat, releaseAdmit func()
+	bodyBuf, textBuf                                   *[]byte
 }
 
 // inference serves the inference endpoints (endpoints.go).
@@ -109,11 +110,17 @@ func (p *Proxy) inference(w http.ResponseWriter, r *http.Request, ep *endpoint) 
 		st.code = st.noCandidate()
 		return
 	}
+	if !st.queue() {
+		return
+	}
 	st.attemptAll()
 }
 
 // finish releases what the request held, newest first, and counts it.
 func (st *reqState) finish() {
+	if st.releaseAdmit != nil {
+		st.releaseAdmit()
+	}
 	if st.releaseCands != nil {
 		st.releaseCands()
 	}
