@@ -24,6 +24,7 @@ import (
 	"github.com/kvmesh/kvmesh/internal/panics"
 	"github.com/kvmesh/kvmesh/mesh"
 	"github.com/kvmesh/kvmesh/proxy"
+	"github.com/kvmesh/kvmesh/proxy/admit"
 	"github.com/kvmesh/kvmesh/proxy/health"
 	"github.com/kvmesh/kvmesh/proxy/hop"
 	"github.com/kvmesh/kvmesh/proxy/upstream"
@@ -90,6 +91,9 @@ type routerConfig struct {
 	// GOGC as it is); gogcSet: GOGC is in the environment, which wins.
 	gcHeadroom int64
 	gogcSet    bool
+	// admission: the admission's limits (router_admit.go; MaxWaiting 0:
+	// off).
+	admission admit.Config
 }
 
 // parseRouterFlags parses args, then fills every flag not given on the
@@ -143,6 +147,7 @@ flags:
 	fs.DurationVar(&cfg.hopDispatchTimeout, "hop-dispatch-timeout", hop.DefaultDispatchTimeout, "how long a request forwarded to a peer router (that announces its dispatches) may go without an answer before the peer is taken for dead and the request, never dispatched, is retried (0: off; a hop then is retried only when it provably was not sent)")
 	finishReplicaFlags := replicaFlags(fs, &cfg.sources)
 	edgeFlags(fs, &cfg)
+	admitFlags(fs, &cfg)
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
 	}
@@ -211,6 +216,9 @@ flags:
 			return cfg, err
 		}
 		cfg.gossipKey = key
+	}
+	if err := checkAdmitFlags(&cfg); err != nil {
+		return cfg, err
 	}
 	if err := checkEdgeFlags(&cfg); err != nil {
 		return cfg, err
@@ -403,6 +411,7 @@ func startRouter(ctx context.Context, cfg routerConfig) (*router, error) {
 		TrustPeerCerts: edges.serverTLS != nil && edges.peerCA != nil, RequirePeerTLS: edges.peerCA != nil, APIKeys: edges.keys,
 		InsecureHops:  cfg.insecureMesh && !meshAuthenticated(&cfg),
 		SessionHeader: cfg.sessionHeader, Peers: m.PeerAPIs, NoStreamLoop: cfg.noStreamLoop, TokenRatios: ratios,
+		Admission: cfg.admissionConfig(),
 	})
 	if err != nil {
 		closeLns()

@@ -14,10 +14,14 @@ import (
 // Defaults of Config (the router's flags start from these).
 const (
 	// DefaultMaxWaiting is the requests a replica may queue beyond its
-	// slots before it counts as saturated (SMG vetoes a replica at 8
-	// waiting): enough that a freed slot is refilled from the engine's
-	// own queue, not after a round trip through the router.
-	DefaultMaxWaiting = 8
+	// slots before it counts as saturated: enough that a freed slot is
+	// refilled from the engine's own queue within its step, not after a
+	// round trip through the router, and that an engine's slot estimate
+	// (route.SlotEstimate, learned while it queues) can still grow; few
+	// enough that a high-class request finds at most that many requests
+	// ahead of it in the engine's first-come queue, where the router's
+	// priorities no longer apply.
+	DefaultMaxWaiting = 2
 	// DefaultMaxQueue bounds the requests one model's queue holds.
 	DefaultMaxQueue = 1024
 	// DefaultTimeout is how long a request may wait in the queue before

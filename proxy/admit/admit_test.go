@@ -409,7 +409,7 @@ func TestRoomOf(t *testing.T) {
 		{"no signal", []route.Candidate{cand(50, 0, 0, false)}, Room{Open: true, Visible: 50}, -1},
 		{"slots", []route.Candidate{cand(10, 8, 0, true), cand(3, 8, 0, true)}, Room{Free: 19, Visible: 13}, 19},
 		{"full", []route.Candidate{cand(16, 8, 8, true)}, Room{Visible: 16}, 0},
-		{"engine queues beyond", []route.Candidate{cand(2, 8, 9, true)}, Room{Visible: 2}, 0},
+		{"a scrape's waiting does not hold back known slots", []route.Candidate{cand(2, 8, 9, true)}, Room{Free: 14, Visible: 2}, 14},
 		{"no slots, short queue", []route.Candidate{cand(2, 0, 7, true)}, Room{Open: true, Visible: 2}, -1},
 		{"no slots, long queue", []route.Candidate{cand(2, 0, 8, true)}, Room{Visible: 2}, 0},
 	} {

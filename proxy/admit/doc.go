@@ -19,9 +19,8 @@
 // for the router. The router's in-flight count (exact for the replicas it
 // owns, the owner's gossip plus its own requests for the others) is held
 // against that limit, so the room follows each dispatch and each finish
-// at once, not at the next metrics scrape. An engine that reports more
-// than MaxWaiting requests waiting (traffic the router does not see) has
-// no room whatever the count says. A replica that publishes no slots has
+// at once, not at the next metrics scrape (requests sent to a replica
+// past the mesh are not counted). A replica that publishes no slots has
 // room until its engine reports MaxWaiting waiting; one that publishes
 // nothing is never saturated (no signal, no queueing). A model is
 // saturated when none of its replicas has room.

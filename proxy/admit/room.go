@@ -16,7 +16,7 @@ type Room struct {
 	// MaxWaiting on an engine with unknown slots): the model is never
 	// held back.
 	Open bool
-	// Free is how many more requests the replicas with a known limit
+	// Free is how many more requests the replicas with known slots
 	// take (the sum of each replica's Slots + MaxWaiting − InFlight, at
 	// least 0 each).
 	Free int
@@ -28,16 +28,19 @@ type Room struct {
 // RoomOf reads the headroom of a model from its candidates (the
 // decision's, with the router's loads filled in), with maxWaiting the
 // requests a replica may queue beyond its slots.
+//
+// With its slots known, a replica's room is Slots + maxWaiting less the
+// router's in-flight count, which follows each dispatch and each end at
+// once; the engine's waiting count, a scrape old, is not held against
+// it (a stale count would hold a queue back for a whole scrape interval
+// while slots sit free). Without slots, the engine's waiting count is the
+// only signal: maxWaiting or more waiting is no room, fewer is open.
 func RoomOf(cands []route.Candidate, maxWaiting int) Room {
 	var r Room
 	for i := range cands {
 		c := &cands[i]
 		r.Visible += int(max(c.InFlight, 0))
 		switch {
-		case c.HasLoad && int(c.Waiting) > maxWaiting:
-			// The engine queues more than the router let through:
-			// someone else's traffic, or a slower engine than its slots
-			// say. Its word wins.
 		case c.Slots > 0:
 			r.Free += max(int(c.Slots)+maxWaiting-int(c.InFlight), 0)
 		case c.HasLoad && int(c.Waiting) >= maxWaiting:
