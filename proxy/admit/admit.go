@@ -172,11 +172,11 @@ func (a *Admitter) Admit(ctx context.Context, req Request, room Room, beforeWait
 		m = &modelQ{}
 		a.q[req.Model] = m
 	}
-	if m.queued == 0 && room.free(m.held) > 0 {
-		m.held++
+	if m.queued == 0 && m.free(room, req.Class, now) > 0 {
+		m.take(req.Class, now)
 		a.mu.Unlock()
 		a.m.admit(req.Class, false, 0)
-		return a.releaser(req.Model, m), Verdict{}
+		return a.releaser(req.Model, m, req.Class), Verdict{}
 	}
 	timeout := a.cfg.Timeout
 	if req.Timeout > 0 {
@@ -280,7 +280,7 @@ func (a *Admitter) wait(ctx context.Context, m *modelQ, w *waiter, timeout time.
 		// Granted as its client left: the room goes back.
 		w.granted = false
 		w.verdict = Verdict{Status: 499}
-		m.held--
+		m.give(w.req.Class)
 		a.gc(w.req.Model, m)
 		defer a.poke()
 	}
@@ -290,7 +290,7 @@ func (a *Admitter) wait(ctx context.Context, m *modelQ, w *waiter, timeout time.
 	switch {
 	case w.granted:
 		a.m.admit(w.req.Class, true, v.Wait)
-		return a.releaser(w.req.Model, m), v
+		return a.releaser(w.req.Model, m, w.req.Class), v
 	case v.Status == 499:
 		a.m.cancelled(w.req.Class)
 		return nil, v
@@ -303,13 +303,13 @@ func (a *Admitter) shed(req Request, v Verdict) Verdict {
 	return v
 }
 
-// releaser is the release of an admitted request of model.
-func (a *Admitter) releaser(model string, m *modelQ) func() {
+// releaser is the release of an admitted request of model and class c.
+func (a *Admitter) releaser(model string, m *modelQ, c Class) func() {
 	var once sync.Once
 	return func() {
 		once.Do(func() {
 			a.mu.Lock()
-			m.held--
+			m.give(c)
 			m.rate.add(a.cfg.Now())
 			queued := m.queued > 0
 			a.gc(model, m)
@@ -373,11 +373,20 @@ func (a *Admitter) dispatch(models []string) (_ []string, queued bool) {
 	slices.Sort(models)
 	for _, name := range models {
 		room := a.cfg.Room(name)
+		now := a.cfg.Now()
 		a.mu.Lock()
 		if m := a.q[name]; m != nil {
-			for free := room.free(m.held); free > 0 && m.queued > 0; free-- {
+			for m.queued > 0 {
+				c, _ := m.next()
+				if m.free(room, c, now) <= 0 {
+					break
+				}
 				w := m.pop()
-				m.held++
+				// It takes a place the room read did not count: one less
+				// free, and held-Visible, the estimate of those not yet
+				// counted, as it was.
+				m.take(c, now)
+				room.Free, room.FreeSlots, room.Visible = room.Free-1, room.FreeSlots-1, room.Visible+1
 				w.granted = true
 				a.m.depth(w.req.Class, -1)
 				close(w.ready)

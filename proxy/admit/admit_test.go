@@ -22,7 +22,7 @@ const testWait = 60 * time.Second
 // held by the Admitter's own count (Visible 0).
 type capacity struct{ n atomic.Int64 }
 
-func (c *capacity) room(string) Room { return Room{Free: int(c.n.Load())} }
+func (c *capacity) room(string) Room { n := int(c.n.Load()); return Room{Free: n, FreeSlots: n} }
 
 func newTest(t *testing.T, cap int, mod func(*Config)) (*Admitter, *capacity, *prometheus.Registry) {
 	t.Helper()
@@ -128,9 +128,12 @@ func TestFreeRoomAdmitsUpToCapacity(t *testing.T) {
 }
 
 // TestStrictClasses: with one slot busy, a high request that arrives
-// last starts first, then normal, then low.
+// last starts first, then normal, then low; each lower class waits too
+// for the slot the class above it held (its peak) to be forgotten.
 func TestStrictClasses(t *testing.T) {
-	a, c, _ := newTest(t, 1, nil)
+	var now atomic.Int64
+	now.Store(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano())
+	a, c, _ := newTest(t, 1, func(cfg *Config) { cfg.Now = func() time.Time { return time.Unix(0, now.Load()) } })
 	busy, v := a.Admit(context.Background(), Request{Model: "m"}, c.room("m"), nil)
 	if !v.Admitted() {
 		t.Fatal(v)
@@ -142,13 +145,21 @@ func TestStrictClasses(t *testing.T) {
 	}
 	busy()
 	var order []string
-	for range 3 {
+	for i := range 3 {
 		o := recv(t, out, "a grant")
 		if !o.v.Admitted() {
 			t.Fatalf("%s: %+v", o.name, o.v)
 		}
 		order = append(order, o.name)
+		if i < 2 {
+			// The next class waits for the slot this one held.
+			waitQueued(t, a, 2-i)
+			if d := a.Depth(); d[High.idx()] != 0 {
+				t.Fatalf("depth %v", d)
+			}
+		}
 		o.release()
+		now.Add(int64(peakWindow * time.Second))
 	}
 	if fmt.Sprint(order) != "[high normal low]" {
 		t.Errorf("start order %v, want high, normal, low", order)
@@ -407,9 +418,9 @@ func TestRoomOf(t *testing.T) {
 		free  int // with 0 held
 	}{
 		{"no signal", []route.Candidate{cand(50, 0, 0, false)}, Room{Open: true, Visible: 50}, -1},
-		{"slots", []route.Candidate{cand(10, 8, 0, true), cand(3, 8, 0, true)}, Room{Free: 19, Visible: 13}, 19},
+		{"slots", []route.Candidate{cand(10, 8, 0, true), cand(3, 8, 0, true)}, Room{Free: 19, FreeSlots: 5, Visible: 13}, 19},
 		{"full", []route.Candidate{cand(16, 8, 8, true)}, Room{Visible: 16}, 0},
-		{"a scrape's waiting does not hold back known slots", []route.Candidate{cand(2, 8, 9, true)}, Room{Free: 14, Visible: 2}, 14},
+		{"a scrape's waiting does not hold back known slots", []route.Candidate{cand(2, 8, 9, true)}, Room{Free: 14, FreeSlots: 6, Visible: 2}, 14},
 		{"no slots, short queue", []route.Candidate{cand(2, 0, 7, true)}, Room{Open: true, Visible: 2}, -1},
 		{"no slots, long queue", []route.Candidate{cand(2, 0, 8, true)}, Room{Visible: 2}, 0},
 	} {
@@ -417,13 +428,45 @@ func TestRoomOf(t *testing.T) {
 		if got != tc.want {
 			t.Errorf("%s: %+v, want %+v", tc.name, got, tc.want)
 		}
-		if tc.free >= 0 && got.free(0) != tc.free {
-			t.Errorf("%s: free %d, want %d", tc.name, got.free(0), tc.free)
+		if f := (&modelQ{}).free(got, Normal, time.Now()); tc.free >= 0 && f != tc.free {
+			t.Errorf("%s: free %d, want %d", tc.name, f, tc.free)
 		}
 	}
 	// Requests admitted that the counts do not show yet take room.
-	if got := (Room{Free: 5, Visible: 3}).free(6); got != 2 {
+}
+
+func TestFreeByClass(t *testing.T) {
+	now := time.Now()
+	m := &modelQ{held: 6}
+	if got := m.free(Room{Free: 5, Visible: 3}, Normal, now); got != 2 {
 		t.Errorf("free with 3 not yet visible = %d, want 2", got)
+	}
+	// The engines' queues are not the low class's.
+	r := RoomOf([]route.Candidate{{InFlight: 3, Slots: 4}, {InFlight: 3, Slots: 4}}, 2)
+	m = &modelQ{}
+	if h, n, l := m.free(r, High, now), m.free(r, Normal, now), m.free(r, Low, now); h != 6 || n != 6 || l != 2 {
+		t.Errorf("free by class %d %d %d, want 6 6 2", h, n, l)
+	}
+	// High held 3 at once a moment ago and holds 1 now: the classes
+	// below leave 2 slots free for it, and stay out of the engines'
+	// queues.
+	for range 3 {
+		m.take(High, now)
+	}
+	m.give(High)
+	m.give(High)
+	r.Visible = 6 // the high requests are counted
+	if h, n, l := m.free(r, High, now), m.free(r, Normal, now), m.free(r, Low, now); h != 6 || n != 0 || l != 0 {
+		t.Errorf("free by class %d %d %d, want 6 0 0", h, n, l)
+	}
+	r.FreeSlots = 5
+	if n, l := m.free(r, Normal, now), m.free(r, Low, now); n != 3 || l != 3 {
+		t.Errorf("free with 5 free slots: normal %d low %d, want 3 3", n, l)
+	}
+	// The peak is forgotten after its window.
+	later := now.Add(peakWindow * time.Second)
+	if n := m.free(r, Normal, later); n != r.Free {
+		t.Errorf("free after the window: normal %d, want %d", n, r.Free)
 	}
 }
 

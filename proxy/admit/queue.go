@@ -2,6 +2,7 @@ package admit
 
 import (
 	"container/heap"
+	"math"
 	"time"
 )
 
@@ -130,11 +131,67 @@ type modelQ struct {
 	queued  int
 	classes [NumClasses]classQ
 	rate    rateMeter
+	// heldBy is held by class, peak each class's most held at once over
+	// the last peakWindow seconds.
+	heldBy [NumClasses]int
+	peak   [NumClasses]peakMeter
+}
+
+// take counts an admitted request of class c.
+func (m *modelQ) take(c Class, now time.Time) {
+	m.held++
+	m.heldBy[c.idx()]++
+	m.peak[c.idx()].observe(now, m.heldBy[c.idx()])
+}
+
+// give counts the end of an admitted request of class c.
+func (m *modelQ) give(c Class) {
+	m.held--
+	m.heldBy[c.idx()]--
+}
+
+// free is how many requests of class c may start now, given room.
+//
+// Requests this router admitted that the candidates' counts do not show
+// yet (admitted, not yet dispatched: held beyond Visible) take room too.
+//
+// An engine runs a request to its end once started: a high request
+// that finds every slot taken by lower ones waits for one to finish, a
+// whole sequence's time, which no queue order can shorten. So a class
+// leaves free, of the slots, what the classes above it held at their
+// peak over the last peakWindow seconds and do not hold now: a class
+// with traffic above it starts only into a slot, never into an engine's
+// queue, and the low class never into an engine's queue either, so that
+// a higher request finds no lower one ahead of it in an engine's
+// first-come queue. A model served in one class reserves nothing.
+func (m *modelQ) free(r Room, c Class, now time.Time) int {
+	if r.Open {
+		return math.MaxInt
+	}
+	reserve := 0
+	for h := range c.idx() {
+		reserve += max(m.peak[h].max(now)-m.heldBy[h], 0)
+	}
+	pending := max(m.held-r.Visible, 0)
+	if c >= Low || reserve > 0 {
+		return r.FreeSlots - reserve - pending
+	}
+	return r.Free - pending
 }
 
 func (m *modelQ) push(w *waiter) {
 	m.classes[w.req.Class.idx()].push(w)
 	m.queued++
+}
+
+// next is the class of the request pop would take (ok false: none).
+func (m *modelQ) next() (c Class, ok bool) {
+	for i := range m.classes {
+		if len(m.classes[i].items) > 0 {
+			return classAt(i), true
+		}
+	}
+	return 0, false
 }
 
 // pop takes the next request to start: the highest class's smallest
@@ -179,6 +236,35 @@ func (m *modelQ) lowest() (c Class, ok bool) {
 		}
 	}
 	return 0, false
+}
+
+// peakMeter is the most of a count over the last peakWindow seconds,
+// by whole seconds.
+type peakMeter struct {
+	secs [peakWindow]int64
+	most [peakWindow]int
+}
+
+const peakWindow = 10
+
+func (p *peakMeter) observe(now time.Time, n int) {
+	s := now.Unix()
+	i := s % peakWindow
+	if p.secs[i] != s {
+		p.secs[i], p.most[i] = s, 0
+	}
+	p.most[i] = max(p.most[i], n)
+}
+
+func (p *peakMeter) max(now time.Time) int {
+	s := now.Unix()
+	most := 0
+	for i := range p.secs {
+		if p.secs[i] > s-peakWindow && p.secs[i] <= s {
+			most = max(most, p.most[i])
+		}
+	}
+	return most
 }
 
 // rateMeter measures a model's completions per second over the last

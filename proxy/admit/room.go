@@ -20,6 +20,10 @@ type Room struct {
 	// take (the sum of each replica's Slots + MaxWaiting − InFlight, at
 	// least 0 each).
 	Free int
+	// FreeSlots is how many of them start at once, without waiting in
+	// an engine's queue (the sum of Slots − InFlight, at least 0 each):
+	// the low class's room.
+	FreeSlots int
 	// Visible is the sum of the candidates' in-flight counts: what of
 	// the router's own admitted requests the counts already show.
 	Visible int
@@ -43,22 +47,13 @@ func RoomOf(cands []route.Candidate, maxWaiting int) Room {
 		switch {
 		case c.Slots > 0:
 			r.Free += max(int(c.Slots)+maxWaiting-int(c.InFlight), 0)
+			r.FreeSlots += max(int(c.Slots)-int(c.InFlight), 0)
 		case c.HasLoad && int(c.Waiting) >= maxWaiting:
 		default:
 			r.Open = true
 		}
 	}
 	return r
-}
-
-// free is how many requests may start now, given held, the requests
-// this router admitted that have not ended: those the candidates' counts
-// do not show yet (admitted, not yet dispatched) take room too.
-func (r Room) free(held int) int {
-	if r.Open {
-		return math.MaxInt
-	}
-	return r.Free - max(held-r.Visible, 0)
 }
 
 // Class is a request's priority class; a lower value is served first,
