@@ -38,16 +38,19 @@ import (
 	"github.com/kvmesh/kvmesh/proxy/admit"
 	"github.com/kvmesh/kvmesh/summary"
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 )
 
-// The simulated cluster: 2 replicas of 4 sequences, 32 output tokens at
-// 10 ms each: a request holds a slot about 0.33 s, so the cluster serves
-// about 24 requests a second.
+// The simulated cluster: 2 replicas of 32 sequences, 12 output tokens at
+// 40 ms each: a request holds a slot about 0.5 s, so the cluster serves
+// about 133 requests a second (few tokens, so that the router, the
+// engines and the clients share 2 cores without the CPU setting the
+// tail).
 const (
 	olReplicas  = 2
-	olSeqs      = 4
-	olMaxTokens = 32
-	olDecodeMs  = 10
+	olSeqs      = 32
+	olMaxTokens = 12
+	olDecodeMs  = 40
 	// olLowDeadline is the queue deadline the low class asks for
 	// (admit.HeaderQueueTimeout).
 	olLowDeadline = 2 * time.Second
@@ -175,8 +178,8 @@ func olSummary(t *testing.T, name string, rs []olResult) time.Duration {
 		}
 	}
 	t.Logf("%-22s requests %5d  codes %v", name, len(rs), codes)
-	t.Logf("%-22s high: served %4d  shed %3d  TTFT p50 %6.0f ms  p99 %6.0f ms", name, len(highTTFT), highShed,
-		ms(pct(highTTFT, .5)), ms(pct(highTTFT, .99)))
+	t.Logf("%-22s high: served %4d  shed %3d  TTFT p50 %6.0f ms  p90 %6.0f ms  p99 %6.0f ms  max %6.0f ms", name, len(highTTFT), highShed,
+		ms(pct(highTTFT, .5)), ms(pct(highTTFT, .9)), ms(pct(highTTFT, .99)), ms(pct(highTTFT, 1)))
 	t.Logf("%-22s low:  served %4d  shed %4d  TTFT p50 %6.0f ms  p99 %6.0f ms  (shed: longest answer %.0f ms, deadline %v)", name,
 		len(lowTTFT), shed-highShed, ms(pct(lowTTFT, .5)), ms(pct(lowTTFT, .99)), ms(maxShedWait), olLowDeadline)
 	if shedNoRetry > 0 {
@@ -225,6 +228,70 @@ func olCluster(t *testing.T, ctx context.Context, adm admit.Config) (*router, fu
 	}
 }
 
+// olAdmitted logs how the router admitted each class, and how long the
+// queued ones waited.
+func olAdmitted(t *testing.T, r *router) {
+	fams, err := r.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fams {
+		switch f.GetName() {
+		case "kvmesh_admission_admitted_total":
+			for _, m := range f.GetMetric() {
+				if v := m.GetCounter().GetValue(); v > 0 {
+					t.Logf("admitted %v: %.0f", labels(m.GetLabel()), v)
+				}
+			}
+		case "kvmesh_admission_queue_wait_seconds":
+			for _, m := range f.GetMetric() {
+				h := m.GetHistogram()
+				if h.GetSampleCount() == 0 {
+					continue
+				}
+				var b []string
+				for _, bk := range h.GetBucket() {
+					b = append(b, fmt.Sprintf("≤%gs:%d", bk.GetUpperBound(), bk.GetCumulativeCount()))
+				}
+				t.Logf("queue wait %v: %d, mean %.0f ms; %s", labels(m.GetLabel()), h.GetSampleCount(), 1000*h.GetSampleSum()/float64(h.GetSampleCount()), strings.Join(b, " "))
+			}
+		}
+	}
+}
+
+func labels(ls []*dto.LabelPair) string {
+	var s []string
+	for _, l := range ls {
+		s = append(s, l.GetName()+"="+l.GetValue())
+	}
+	return strings.Join(s, ",")
+}
+
+// olSample logs, every 2 s until stopped, what the router reads of its
+// replicas: slots (published or learned), in flight, the engine's
+// running and waiting.
+func olSample(t *testing.T, r *router) (stop func()) {
+	done, quit := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		tk := time.NewTicker(2 * time.Second)
+		defer tk.Stop()
+		for {
+			select {
+			case <-quit:
+				return
+			case <-tk.C:
+			}
+			var s []string
+			for _, c := range r.mesh.Candidates("kvmesh-sim", nil) {
+				s = append(s, fmt.Sprintf("slots %d in flight %d running %d waiting %d", c.Slots, c.InFlight, c.Running, c.Waiting))
+			}
+			t.Logf("replicas: %s", strings.Join(s, " | "))
+		}
+	}()
+	return func() { close(quit); <-done }
+}
+
 // olQueued is the router's admission queue depth, all classes.
 func olQueued(t *testing.T, r *router) float64 {
 	fams, err := r.reg.Gather()
@@ -249,23 +316,26 @@ func TestOverload(t *testing.T) {
 	}
 	d := time.Duration(secs) * time.Second
 	capacity := olCapacity()
-	t.Logf("cluster: %d replicas x %d seqs, %d tokens x %d ms: capacity %.0f req/s; overload %.0f req/s for %v, 1/3 high",
-		olReplicas, olSeqs, olMaxTokens, olDecodeMs, capacity, 2*capacity, d)
+	t.Logf("cluster: %d replicas x %d seqs, %d tokens x %d ms: capacity %.0f req/s; overload %.0f req/s for %v, %.2f of them high",
+		olReplicas, olSeqs, olMaxTokens, olDecodeMs, capacity, 2*capacity, d, olHigh())
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 
 	r, stop := olCluster(t, ctx, admit.Config{MaxWaiting: admit.DefaultMaxWaiting})
 	// Warm up the slot estimate (the engines must be seen queueing), then
 	// the idle figure: high class alone at a quarter of capacity.
-	olRun(t, r.api, 2*capacity, 1.0/3, 5*time.Second, 1)
+	olRun(t, r.api, 2*capacity, olHigh(), 5*time.Second, 1)
 	eventually(t, "the warm-up to drain", func() bool { return olQueued(t, r) == 0 })
 	idle := olSummary(t, "idle (0.25x, high)", olRun(t, r.api, capacity/4, 1, 20*time.Second, 2))
-	over := olSummary(t, "2x, admission", olRun(t, r.api, 2*capacity, 1.0/3, d, 3))
+	stopSample := olSample(t, r)
+	over := olSummary(t, "2x, admission", olRun(t, r.api, 2*capacity, olHigh(), d, 3))
+	stopSample()
 	eventually(t, "the queue to drain after the burst", func() bool { return olQueued(t, r) == 0 })
+	olAdmitted(t, r)
 	stop()
 
 	r0, stop0 := olCluster(t, ctx, admit.Config{})
-	off := olSummary(t, "2x, admission off", olRun(t, r0.api, 2*capacity, 1.0/3, d, 3))
+	off := olSummary(t, "2x, admission off", olRun(t, r0.api, 2*capacity, olHigh(), d, 3))
 	stop0()
 
 	t.Logf("high-class TTFT p99: idle %.0f ms, 2x with admission %.0f ms (%.2fx idle), 2x without %.0f ms (%.2fx idle)",
@@ -273,4 +343,13 @@ func TestOverload(t *testing.T) {
 	if over > 2*idle {
 		t.Errorf("high-class TTFT p99 under overload %v exceeds 2x its idle value %v", over, idle)
 	}
+}
+
+// olHigh is the high class's share of the arrivals: KVMESH_OVERLOAD_HIGH
+// (default 1/6, a third of the capacity).
+func olHigh() float64 {
+	if f, err := strconv.ParseFloat(os.Getenv("KVMESH_OVERLOAD_HIGH"), 64); err == nil && f > 0 && f <= 1 {
+		return f
+	}
+	return 1.0 / 6
 }

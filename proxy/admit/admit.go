@@ -155,7 +155,8 @@ func (a *Admitter) MaxWaiting() int { return a.cfg.MaxWaiting }
 
 // Admit admits req, given room, the model's headroom as the caller read
 // it. While the model has room and nothing of it queues, it returns at
-// once; otherwise it queues the request, calls beforeWait (the caller
+// once (as does a request with only lower classes queued: it would be
+// first); otherwise it queues the request, calls beforeWait (the caller
 // lets go of what a wait should not hold), and waits until the request
 // may start, is shed, its deadline passes or ctx ends. release, non-nil
 // exactly when the verdict admits, must be called once when the request
@@ -172,7 +173,7 @@ func (a *Admitter) Admit(ctx context.Context, req Request, room Room, beforeWait
 		m = &modelQ{}
 		a.q[req.Model] = m
 	}
-	if m.queued == 0 && m.free(room, req.Class, now) > 0 {
+	if !m.queuedFrom(req.Class) && m.free(room, req.Class, now) > 0 {
 		m.take(req.Class, now)
 		a.mu.Unlock()
 		a.m.admit(req.Class, false, 0)

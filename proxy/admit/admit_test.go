@@ -447,21 +447,22 @@ func TestFreeByClass(t *testing.T) {
 	if h, n, l := m.free(r, High, now), m.free(r, Normal, now), m.free(r, Low, now); h != 6 || n != 6 || l != 2 {
 		t.Errorf("free by class %d %d %d, want 6 6 2", h, n, l)
 	}
-	// High held 3 at once a moment ago and holds 1 now: the classes
-	// below leave 2 slots free for it, and stay out of the engines'
-	// queues.
-	for range 3 {
+	// High held 4 at once a moment ago and holds 1 now: the classes
+	// below leave 3 slots free for it, and 2 more (√4), and stay out of
+	// the engines' queues.
+	for range 4 {
 		m.take(High, now)
 	}
-	m.give(High)
-	m.give(High)
-	r.Visible = 6 // the high requests are counted
-	if h, n, l := m.free(r, High, now), m.free(r, Normal, now), m.free(r, Low, now); h != 6 || n != 0 || l != 0 {
-		t.Errorf("free by class %d %d %d, want 6 0 0", h, n, l)
+	for range 3 {
+		m.give(High)
 	}
-	r.FreeSlots = 5
-	if n, l := m.free(r, Normal, now), m.free(r, Low, now); n != 3 || l != 3 {
-		t.Errorf("free with 5 free slots: normal %d low %d, want 3 3", n, l)
+	r.Visible = 6 // the high requests are counted
+	if h, n, l := m.free(r, High, now), m.free(r, Normal, now), m.free(r, Low, now); h != 6 || n != -3 || l != -3 {
+		t.Errorf("free by class %d %d %d, want 6 -3 -3", h, n, l)
+	}
+	r.FreeSlots = 7
+	if n, l := m.free(r, Normal, now), m.free(r, Low, now); n != 2 || l != 2 {
+		t.Errorf("free with 7 free slots: normal %d low %d, want 2 2", n, l)
 	}
 	// The peak is forgotten after its window.
 	later := now.Add(peakWindow * time.Second)

@@ -159,7 +159,8 @@ func (m *modelQ) give(c Class) {
 // that finds every slot taken by lower ones waits for one to finish, a
 // whole sequence's time, which no queue order can shorten. So a class
 // leaves free, of the slots, what the classes above it held at their
-// peak over the last peakWindow seconds and do not hold now: a class
+// peak over the last peakWindow seconds, and a margin, and do not hold
+// now: a class
 // with traffic above it starts only into a slot, never into an engine's
 // queue, and the low class never into an engine's queue either, so that
 // a higher request finds no lower one ahead of it in an engine's
@@ -170,7 +171,9 @@ func (m *modelQ) free(r Room, c Class, now time.Time) int {
 	}
 	reserve := 0
 	for h := range c.idx() {
-		reserve += max(m.peak[h].max(now)-m.heldBy[h], 0)
+		if p := m.peak[h].max(now); p > 0 {
+			reserve += max(p+margin(p)-m.heldBy[h], 0)
+		}
 	}
 	pending := max(m.held-r.Visible, 0)
 	if c >= Low || reserve > 0 {
@@ -182,6 +185,16 @@ func (m *modelQ) free(r Room, c Class, now time.Time) int {
 func (m *modelQ) push(w *waiter) {
 	m.classes[w.req.Class.idx()].push(w)
 	m.queued++
+}
+
+// queuedFrom reports whether requests of class c or higher are queued.
+func (m *modelQ) queuedFrom(c Class) bool {
+	for i := range c.idx() + 1 {
+		if len(m.classes[i].items) > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // next is the class of the request pop would take (ok false: none).
@@ -236,6 +249,14 @@ func (m *modelQ) lowest() (c Class, ok bool) {
 		}
 	}
 	return 0, false
+}
+
+// margin is what a class's reserve keeps beyond its peak p: its
+// arrivals are random, and the peak of the last window is exceeded at
+// the next; the excess of a Poisson count over its mean grows as its
+// square root (square-root staffing), so the margin is √p, rounded up.
+func margin(p int) int {
+	return int(math.Ceil(math.Sqrt(float64(p))))
 }
 
 // peakMeter is the most of a count over the last peakWindow seconds,
