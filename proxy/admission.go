@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"net/http"
+	"strconv"
 	"strings"
 
 	"github.com/kvmesh/kvmesh/proxy/admit"
@@ -77,8 +78,9 @@ const (
 )
 
 // admitRequest is what admission reads of a request: its model, its
-// class from the priority header (high, normal, low, or vLLM's integer;
-// normal otherwise), its tenant, its cost in estimated prompt tokens
+// class from the priority header (high, normal, low, or vLLM's integer),
+// else from the body's priority (vLLM's integer, which the engine reads
+// too), normal otherwise; its tenant, its cost in estimated prompt tokens
 // (bytes / 4), and the queue deadline it asks for.
 //
 // The tenant is the API key when the router checks keys (a client cannot
@@ -88,6 +90,8 @@ func (p *Proxy) admitRequest(r *http.Request, pr *prompt.Prompt) admit.Request {
 	req := admit.Request{Model: pr.Model, Tenant: p.tenantOf(r), Cost: float64(len(pr.Text)/4 + 1)}
 	if c, ok := admit.ParseClass(r.Header.Get(admit.HeaderPriority)); ok {
 		req.Class = c
+	} else if n, err := strconv.Atoi(pr.Priority); err == nil {
+		req.Class = admit.ClassOfPriority(n)
 	}
 	if d, ok := admit.ParseTimeout(r.Header.Get(admit.HeaderQueueTimeout)); ok {
 		// A zero asks for no wait at all: the shortest wait there is.

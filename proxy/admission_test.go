@@ -98,7 +98,8 @@ type classAnswer struct {
 
 // TestAdmissionOverload: two replicas of 2 slots and a router that lets
 // each queue 1 more (6 in flight) while they are stuck: a burst of
-// high and low requests queues at the router; the low ones, with a short
+// high requests (by header or by the body's priority) and low ones
+// queues at the router; the low ones, with a short
 // queue deadline, are all shed with 429/503, Retry-After and an OpenAI
 // error while the replicas still hold the first 6; once the replicas
 // move, every high request is served, all before any later request, and
@@ -112,9 +113,16 @@ func TestAdmissionOverload(t *testing.T) {
 	})
 	out := make(chan classAnswer, 64)
 	send := func(class, timeout string, i int) {
-		req, _ := http.NewRequestWithContext(context.Background(), http.MethodPost, srv.URL+"/v1/chat/completions", strings.NewReader(chatBody("m", false, class+" request "+strconv.Itoa(i))))
+		body := chatBody("m", false, class+" request "+strconv.Itoa(i))
+		if class == "high" && i%2 == 0 {
+			// vLLM's priority field instead of the header.
+			body = `{"priority":-1,` + body[1:]
+		}
+		req, _ := http.NewRequestWithContext(context.Background(), http.MethodPost, srv.URL+"/v1/chat/completions", strings.NewReader(body))
 		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set(admit.HeaderPriority, class)
+		if class != "high" || i%2 == 1 {
+			req.Header.Set(admit.HeaderPriority, class)
+		}
 		req.Header.Set(admit.HeaderTenant, "tenant-"+strconv.Itoa(i%3))
 		if timeout != "" {
 			req.Header.Set(admit.HeaderQueueTimeout, timeout)
@@ -124,8 +132,7 @@ func TestAdmissionOverload(t *testing.T) {
 			out <- classAnswer{class: class, status: -1, body: err.Error()}
 			return
 		}
-		body := readAll(t, resp)
-		out <- classAnswer{class, resp.StatusCode, resp.Header.Get("Retry-After"), body}
+		out <- classAnswer{class, resp.StatusCode, resp.Header.Get("Retry-After"), readAll(t, resp)}
 	}
 	for i := range 6 {
 		go send("normal", "", i)

@@ -19,6 +19,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/kvmesh/kvmesh/mesh"
 	"github.com/kvmesh/kvmesh/proxy"
+	"github.com/kvmesh/kvmesh/proxy/admit"
 	"github.com/kvmesh/kvmesh/summary"
 	dto "github.com/prometheus/client_model/go"
 	"go.uber.org/goleak"
@@ -54,7 +55,7 @@ func TestRouterStatusAndExampleMetrics(t *testing.T) {
 		region: "local", listen: "127.0.0.1:0", gossipBind: "127.0.0.1:0", logLevel: hclog.Warn, logOutput: logs,
 		maxBodyBytes: proxy.DefaultMaxBodyBytes, capacityBlocks: 4096, loadFactor: 1.25,
 		timing: mesh.TestTiming(), healthInterval: 50 * time.Millisecond, contract: summary.DefaultContract(), gossipKey: testGossipKey,
-		adminListen: "127.0.0.1:0",
+		adminListen: "127.0.0.1:0", admission: admit.Config{MaxWaiting: admit.DefaultMaxWaiting},
 	}
 	ca := base
 	ca.name, ca.replicas = "a", []string{reps[0].URL}

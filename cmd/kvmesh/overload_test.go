@@ -334,11 +334,14 @@ func TestOverload(t *testing.T) {
 	olAdmitted(t, r)
 	stop()
 
+	// Without admission, for comparison: every request queues in the
+	// engines, each holding three descriptors, so this phase is kept to
+	// 20 s (60 s of it passes a 20,000-descriptor limit).
 	r0, stop0 := olCluster(t, ctx, admit.Config{})
-	off := olSummary(t, "2x, admission off", olRun(t, r0.api, 2*capacity, olHigh(), d, 3))
+	off := olSummary(t, "2x, admission off", olRun(t, r0.api, 2*capacity, olHigh(), min(d, 20*time.Second), 3))
 	stop0()
 
-	t.Logf("high-class TTFT p99: idle %.0f ms, 2x with admission %.0f ms (%.2fx idle), 2x without %.0f ms (%.2fx idle)",
+	t.Logf("high-class TTFT p99: idle %.0f ms, 2x with admission %.0f ms (%.2fx idle), 2x without (≤ 20 s) %.0f ms (%.2fx idle)",
 		ms(idle), ms(over), float64(over)/float64(idle), ms(off), float64(off)/float64(idle))
 	if over > 2*idle {
 		t.Errorf("high-class TTFT p99 under overload %v exceeds 2x its idle value %v", over, idle)

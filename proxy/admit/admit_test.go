@@ -166,6 +166,25 @@ func TestStrictClasses(t *testing.T) {
 	}
 }
 
+// TestHighPassesLowerQueue: a high request with only low ones queued
+// starts at once into room the low class may not use (an engine's
+// queue).
+func TestHighPassesLowerQueue(t *testing.T) {
+	a, _, _ := newTest(t, 0, nil)
+	room := Room{Free: 1} // a place in an engine's queue, no free slot
+	out := make(chan outcome, 1)
+	admitAsync(a, context.Background(), "low", Request{Model: "m", Class: Low}, room, out)
+	waitQueued(t, a, 1)
+	rel, v := a.Admit(context.Background(), Request{Model: "m", Class: High}, room, func() { t.Error("the high request waited") })
+	if !v.Admitted() || v.Queued {
+		t.Fatalf("high: %+v, want admitted at once", v)
+	}
+	rel()
+	if d := a.Depth(); d[Low.idx()] != 1 {
+		t.Errorf("depth %v, want the low request still queued", d)
+	}
+}
+
 // TestFairTenants: a tenant that queued six requests does not hold back
 // another's two: they alternate by virtual finish time.
 func TestFairTenants(t *testing.T) {

@@ -40,9 +40,19 @@
 // # Order
 //
 // Classes are strict: a queued request of a higher class always starts
-// before one of a lower class. Strict classes are what protects the high
-// class's time to first token under overload; the lower classes take the
-// wait and, past their deadlines, the shedding. Within a class, tenants
+// before one of a lower class, and one that arrives with only lower
+// classes queued starts at once when its class has room. Queue order
+// alone does not protect the high class's time to first token: an engine
+// runs a started request to its end, so a high request that finds every
+// slot taken by lower ones waits a whole sequence's time. So a class
+// keeps free, of the slots, what the classes above it held at their peak
+// over the last 10 s, plus the square root of that peak (the excess of
+// random arrivals over their recent peak: square-root staffing), less
+// what they hold now; and a class with traffic above it, as the low
+// class always, starts only into a free slot, never into an engine's
+// first-come queue. The lower classes take the wait and, past their
+// deadlines, the shedding; a model served in one class reserves nothing.
+// Within a class, tenants
 // share by self-clocked weighted fair queueing on the request's cost (its
 // estimated prompt tokens): each request gets a virtual finish time
 // max(V, the tenant's last finish) + cost, and the smallest starts

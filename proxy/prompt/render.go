@@ -40,6 +40,9 @@ type Prompt struct {
 	// its earlier turns are held by the engine that produced that response
 	// and are not in Text.
 	PreviousResponseID string
+	// Priority is the body's priority (vLLM's scheduling priority: lower
+	// is more urgent) as compact JSON text, "" when absent or null.
+	Priority string
 }
 
 // AppendAnswer returns the canonical text of the prompt followed by the

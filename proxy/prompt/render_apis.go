@@ -20,18 +20,24 @@ import (
 // (docs/BENCHMARKS.md, "Request-side JSON"), and a second hand-written
 // scanner for these formats is not worth its upkeep.
 
-// clientKeys are the routing-key fields a body may carry.
+// clientKeys are the fields a body may carry for the router beyond the
+// prompt: routing keys, and vLLM's scheduling priority.
 type clientKeys struct {
 	PromptCacheKey string          `json:"prompt_cache_key"`
 	BootstrapRoom  json.RawMessage `json:"bootstrap_room"`
+	Priority       json.RawMessage `json:"priority"`
 }
 
-// apply copies the keys into p. bootstrap_room is kept as its compact JSON
-// text (SGLang sends an integer; a batch sends an array).
+// apply copies the keys into p. bootstrap_room and priority are kept as
+// their compact JSON text (SGLang sends an integer; a batch sends an
+// array).
 func (k clientKeys) apply(p *Prompt) {
 	p.CacheKey = k.PromptCacheKey
 	if room := bytes.TrimSpace(k.BootstrapRoom); len(room) > 0 && !bytes.Equal(room, []byte("null")) {
 		p.BootstrapRoom = string(appendCompactJSON(nil, room))
+	}
+	if pr := bytes.TrimSpace(k.Priority); len(pr) > 0 && !bytes.Equal(pr, []byte("null")) {
+		p.Priority = string(appendCompactJSON(nil, pr))
 	}
 }
 

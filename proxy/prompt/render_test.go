@@ -393,3 +393,26 @@ func TestRenderMatchesReference(t *testing.T) {
 		})
 	}
 }
+
+// TestPriority: the body's priority is read as vLLM sends it, by the
+// scanner and the reference alike (it is not part of the rendering: the
+// pinned digest does not cover it).
+func TestPriority(t *testing.T) {
+	for body, want := range map[string]string{
+		`{"model":"m","priority":-1,"messages":[{"role":"user","content":"x"}]}`:             "-1",
+		`{"model":"m","priority":null,"messages":[{"role":"user","content":"x"}]}`:           "",
+		`{"model":"m","priority":"high","messages":[{"role":"user","content":"x"}]}`:         `"high"`,
+		`{"model":"m","priority":1,"Priority":2,"messages":[{"role":"user","content":"x"}]}`: "2",
+		`{"model":"m","messages":[{"role":"user","content":"x"}]}`:                           "",
+	} {
+		p, err := RenderChat([]byte(body))
+		ref, refErr := RenderChatStd([]byte(body))
+		if err != nil || refErr != nil || p.Priority != want || ref.Priority != want {
+			t.Errorf("%s: priority %q (%v), reference %q (%v), want %q", body, p.Priority, err, ref.Priority, refErr, want)
+		}
+	}
+	p, err := RenderCompletion([]byte(`{"model":"m","prompt":"x","priority": 7}`))
+	if err != nil || p.Priority != "7" {
+		t.Errorf("completion: priority %q (%v), want 7", p.Priority, err)
+	}
+}

@@ -141,6 +141,7 @@ func once(seen *uint32, bit uint32) bool {
 type topFields struct {
 	model, salt          []byte
 	cacheKey, room       []byte
+	priority             []byte
 	stream, includeUsage bool
 }
 
@@ -220,6 +221,18 @@ func (s *scanner) common(key []byte, seen *uint32, t *topFields) (handled, ok bo
 		start := s.Pos()
 		ok = s.Number()
 		t.room = s.Since(start)
+	case "priority":
+		// A number, as vLLM reads it; anything else is left to the
+		// reference.
+		if !once(seen, 1<<10) {
+			return true, false
+		}
+		if c := s.Peek(); c != '-' && (c < '0' || c > '9') {
+			return true, false
+		}
+		start := s.Pos()
+		ok = s.Number()
+		t.priority = s.Since(start)
 	default:
 		return false, false
 	}
@@ -236,5 +249,6 @@ func (t *topFields) prompt(chat bool, text []byte) Prompt {
 		Chat:          chat,
 		CacheKey:      string(t.cacheKey),
 		BootstrapRoom: string(t.room),
+		Priority:      string(t.priority),
 	}
 }
