@@ -47,6 +47,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		m.admitted.WithLabelValues(s, "direct")
 		m.admitted.WithLabelValues(s, "queued")
 		m.gone.WithLabelValues(s)
+		m.queueWait.WithLabelValues(s)
 		for _, r := range []string{ReasonQueueFull, ReasonTenantShare, ReasonPreempted, ReasonDeadline, ReasonClosed} {
 			m.shedding.WithLabelValues(s, r)
 		}
