@@ -187,7 +187,8 @@ func TestRouterStatusAndExampleMetrics(t *testing.T) {
 	// once the live registry has it (the refused stream above included).
 	t.Run("status page shows the newer figures", func(t *testing.T) {
 		want := []string{`id="prediction"`, `data-pred-count="`, `data-forgotten="`, `data-rejected="none"`,
-			`data-engine-running="0"`, `data-full-copies="new_peer"`, `data-stream-refused="frame_too_large"`}
+			`data-engine-running="0"`, `data-full-copies="new_peer"`, `data-stream-refused="frame_too_large"`,
+			`data-admission-queued="high 0 · normal 0 · low 0"`}
 		var body string
 		missing := want
 		for range 250 {

@@ -215,6 +215,20 @@ dl{display:grid;grid-template-columns:max-content auto;gap:2px 12px;margin:0}dt{
 </dl>
 </section>
 {{- end}}
+{{- if .Admission.On}}
+<section id="admission">
+<h2>Admission (since start)</h2>
+<dl>
+<dt>queued now</dt><dd data-admission-queued="{{.Admission.Queued}}">{{.Admission.Queued}}</dd>
+<dt>started after a wait</dt><dd data-admission-waited="{{.Admission.Waited}}">{{.Admission.Waited}}</dd>
+{{- range .Admission.Shed}}
+<dt>shed: {{.Reason}}</dt><dd data-admission-shed="{{.Reason}}"><span class="badge warn">{{.Count}}</span></dd>
+{{- else}}
+<dt>shed</dt><dd data-admission-shed="none">none</dd>
+{{- end}}
+</dl>
+</section>
+{{- end}}
 </div>
 {{- end}}
 </main>

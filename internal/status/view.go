@@ -59,6 +59,7 @@ type view struct {
 	HasRejected bool
 	// HasEngines says some replica's engine reported its load here.
 	HasEngines bool
+	Admission  admissionView
 }
 
 type memberRow struct {
@@ -136,11 +137,6 @@ type histBar struct {
 }
 
 // countRow is a counter's value for one label value.
-type countRow struct {
-	Reason, Count string
-	Warn          bool
-}
-
 type ttftRow struct {
 	Target, P50, P95, P99, Count string
 }
@@ -427,6 +423,7 @@ func (v *view) addMetrics(cur sample, older []sample, fams []*dto.MetricFamily) 
 	}
 
 	v.addEngines(fams)
+	v.addAdmission(fams)
 }
 
 // nonzero lists the nonzero counts by label value, sorted by value: zeros
