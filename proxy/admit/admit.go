@@ -162,12 +162,9 @@ func (a *Admitter) MaxWaiting() int { return a.cfg.MaxWaiting }
 // exactly when the verdict admits, must be called once when the request
 // ends.
 func (a *Admitter) Admit(ctx context.Context, req Request, room Room, beforeWait func()) (release func(), v Verdict) {
+	req.Class = min(max(req.Class, High), Low)
 	now := a.cfg.Now()
 	a.mu.Lock()
-	if a.shut {
-		a.mu.Unlock()
-		return nil, a.shed(req, Verdict{Status: http.StatusServiceUnavailable, Reason: ReasonClosed, RetryAfter: time.Second})
-	}
 	m := a.q[req.Model]
 	if m == nil {
 		m = &modelQ{}
@@ -178,6 +175,11 @@ func (a *Admitter) Admit(ctx context.Context, req Request, room Room, beforeWait
 		a.mu.Unlock()
 		a.m.admit(req.Class, false, 0)
 		return a.releaser(req.Model, m, req.Class), Verdict{}
+	}
+	if a.shut {
+		a.gc(req.Model, m)
+		a.mu.Unlock()
+		return nil, a.shed(req, Verdict{Status: http.StatusServiceUnavailable, Reason: ReasonClosed, RetryAfter: time.Second})
 	}
 	timeout := a.cfg.Timeout
 	if req.Timeout > 0 {
@@ -412,8 +414,8 @@ func (a *Admitter) Depth() (d [NumClasses]int) {
 }
 
 // Close stops the dispatcher and sheds every queued request with 503
-// (ReasonClosed), as every later one; admitted requests are not
-// affected.
+// (ReasonClosed), as every later one that would queue; a request with
+// room still starts, and admitted requests are not affected.
 func (a *Admitter) Close() {
 	a.mu.Lock()
 	if a.shut {

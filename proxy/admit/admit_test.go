@@ -338,6 +338,16 @@ func TestFullQueue(t *testing.T) {
 	if len(a.q) != 0 {
 		t.Errorf("%d models tracked after Close drained them", len(a.q))
 	}
+	// Closed, it still admits what has room, and sheds what would wait.
+	rel, v = a.Admit(context.Background(), Request{Model: "m"}, Room{Open: true}, nil)
+	if !v.Admitted() {
+		t.Errorf("after Close, with room: %+v", v)
+	} else {
+		rel()
+	}
+	if _, v = a.Admit(context.Background(), Request{Model: "m", Class: 9}, full, nil); v.Status != http.StatusServiceUnavailable || v.Reason != ReasonClosed {
+		t.Errorf("after Close, without room: %+v, want 503 closed", v)
+	}
 }
 
 // TestUnmeetableDeadline: at the measured drain rate, a request whose

@@ -7,13 +7,18 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promauto"
 )
 
-// metrics are the admission's Prometheus metrics, by class.
+// metrics are the admission's Prometheus metrics, by class; the series
+// the request path touches are resolved once (by class index).
 type metrics struct {
 	queued    *prometheus.GaugeVec
 	admitted  *prometheus.CounterVec
 	shedding  *prometheus.CounterVec
 	gone      *prometheus.CounterVec
 	queueWait *prometheus.HistogramVec
+
+	depthOf        [NumClasses]prometheus.Gauge
+	direct, afterQ [NumClasses]prometheus.Counter
+	waitOf         [NumClasses]prometheus.Observer
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -43,11 +48,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	for i := range NumClasses {
 		s := classAt(i).String()
-		m.queued.WithLabelValues(s)
-		m.admitted.WithLabelValues(s, "direct")
-		m.admitted.WithLabelValues(s, "queued")
+		m.depthOf[i] = m.queued.WithLabelValues(s)
+		m.direct[i] = m.admitted.WithLabelValues(s, "direct")
+		m.afterQ[i] = m.admitted.WithLabelValues(s, "queued")
 		m.gone.WithLabelValues(s)
-		m.queueWait.WithLabelValues(s)
+		m.waitOf[i] = m.queueWait.WithLabelValues(s)
 		for _, r := range []string{ReasonQueueFull, ReasonTenantShare, ReasonPreempted, ReasonDeadline, ReasonClosed} {
 			m.shedding.WithLabelValues(s, r)
 		}
@@ -55,15 +60,15 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	return m
 }
 
-func (m *metrics) depth(c Class, d float64) { m.queued.WithLabelValues(c.String()).Add(d) }
+func (m *metrics) depth(c Class, d float64) { m.depthOf[c.idx()].Add(d) }
 
 func (m *metrics) admit(c Class, queued bool, wait time.Duration) {
 	if !queued {
-		m.admitted.WithLabelValues(c.String(), "direct").Inc()
+		m.direct[c.idx()].Inc()
 		return
 	}
-	m.admitted.WithLabelValues(c.String(), "queued").Inc()
-	m.queueWait.WithLabelValues(c.String()).Observe(wait.Seconds())
+	m.afterQ[c.idx()].Inc()
+	m.waitOf[c.idx()].Observe(wait.Seconds())
 }
 
 func (m *metrics) shed(c Class, reason string) {
