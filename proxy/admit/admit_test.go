@@ -520,3 +520,21 @@ func TestParse(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkAdmitWithRoom is the cost admission adds to a request of a
+// model that is not saturated: Admit and its release.
+func BenchmarkAdmitWithRoom(b *testing.B) {
+	a := New(Config{Room: func(string) Room { return Room{Open: true} }})
+	defer a.Close()
+	room := Room{Free: 64, FreeSlots: 32}
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			rel, v := a.Admit(context.Background(), Request{Model: "m", Tenant: 1, Cost: 100}, room, nil)
+			if !v.Admitted() {
+				b.Fatal(v)
+			}
+			rel()
+		}
+	})
+}
