@@ -176,7 +176,7 @@ haproxy_rr() {
 	shift
 	command -v haproxy >/dev/null || { echo "run.sh: haproxy not installed (apt-get install haproxy)" >&2; return 1; }
 	{
-		printf 'global\n  maxconn 4096\ndefaults\n  mode http\n  option http-keep-alive\n  timeout connect 5s\n  timeout client 10m\n  timeout server 10m\n'
+		printf 'global\n  maxconn 4096\ndefaults\n  mode http\n  option http-keep-alive\n  option http-no-delay\n  timeout connect 5s\n  timeout client 10m\n  timeout server 10m\n'
 		printf 'frontend openai\n  bind %s:%d\n  default_backend up\nbackend up\n  balance roundrobin\n' "$HOST" "$port"
 		for u in "$@"; do printf '  server s%d %s\n' "$k" "${u#http://}"; k=$((k + 1)); done
 	} >"$cfg"
