@@ -394,7 +394,7 @@ func fillCandidate(c *route.Candidate, e *viewEntry, x *route.Detail) {
 	if unsafe.StringData(x.ID) != unsafe.StringData(e.id) || len(x.ID) != len(e.id) {
 		x.ID = e.id
 	}
-	x.SeqMs, x.SlotAgeMs, x.Own, x.Local = 0, 0, 0, false
+	x.SeqMs, x.SlotAgeMs, x.Own, x.Local, x.Written = 0, 0, 0, false, 0
 	c.Hash, c.InFlight, c.PendingPrefillBlocks, c.NetworkMs, c.BlockMs = e.hash, e.inFlight, e.pending, e.networkMs, 0
 	c.Tier, c.Running, c.Waiting, c.Slots, c.HasLoad = e.tier, e.running, e.waiting, e.slots, e.hasLoad
 	c.Stale = false

@@ -918,6 +918,50 @@ func TestColdPlacementTwoChoicesByInFlight(t *testing.T) {
 	}
 }
 
+// Among replicas of equal wait, a cold request goes to the one this
+// router wrote the fewest prefill blocks to recently (Detail.Written),
+// whatever the key's rendezvous order: new prompts that share no prefix
+// spread their cache footprint rather than pile on the replicas their
+// keys happen to name. Equal writes keep the key's order; a shorter wait
+// still beats fewer writes; and without every summary counting the key
+// alone places it (the next turn must retrace it by the key).
+func TestColdPlacementPrefersTheLeastWritten(t *testing.T) {
+	req := request(chainOf(nil, 4, 12))
+	cs := candidates(5)
+	for i := range cs {
+		cs[i].Summary, cs[i].Slots = held(t), 8
+	}
+	order := keyOrder(req, cs)
+	setWritten := func(w ...float64) {
+		for i := range cs {
+			cs[i].Detail.Written, cs[i].PendingPrefillBlocks = 0, 0
+		}
+		for k, x := range w {
+			cs[order[k]].Detail.Written = x
+		}
+	}
+	pick := func() Decision { return DefaultPolicy().Pick(req, cs) }
+
+	setWritten(0, 0, 0, 0, 0)
+	if d := pick(); d.Index != order[0] || d.Reason != ReasonFallbackCold {
+		t.Fatalf("equal writes: decision %+v, want the key's first choice %d", d, order[0])
+	}
+	setWritten(300, 200, 100, 100, 400)
+	if d := pick(); d.Index != order[2] {
+		t.Fatalf("writes %v: decision %+v, want %d (fewest written, first in key order among them)", []float64{300, 200, 100, 100, 400}, d, order[2])
+	}
+	setWritten(300, 200, 100, 100, 400)
+	cs[order[2]].PendingPrefillBlocks, cs[order[3]].PendingPrefillBlocks = 5, 5
+	if d := pick(); d.Index != order[1] {
+		t.Fatalf("the least written queue prefill: decision %+v, want %d (shortest wait first)", d, order[1])
+	}
+	setWritten(300, 200, 100, 100, 400)
+	cs[order[4]].Summary = nil // one summary does not count
+	if d := pick(); d.Index != order[0] {
+		t.Fatalf("a summary missing: decision %+v, want the key's first choice %d", d, order[0])
+	}
+}
+
 // A hot prompt whose holders are all in a farther tier, while every
 // replica of the nearest tier is busy: cold placement found no one to take
 // it (a stale-holder case the fault suite hit after a router's kill -9,
