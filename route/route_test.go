@@ -1153,38 +1153,3 @@ func TestBurst(t *testing.T) {
 		})
 	}
 }
-
-// In a lightly loaded cluster of engines whose slots the router does not
-// know (vLLM publishes no max-num-seqs), a conversation's next turn stays
-// on its holder while the holder is busy with a turn or two: the
-// in-flight bound is InFlightFactor times the mean plus one per replica,
-// not one in all, which would bound every replica at a single request
-// whenever fewer requests are in flight than there are replicas.
-func TestNextTurnStaysWithUnknownSlotsInALightCluster(t *testing.T) {
-	system := chainOf(nil, 3, 1)
-	conv := chainOf(system, 2, 2)
-	next := request(chainOf(conv, 6, 3)) // a long new question: the holder has less than half
-	for _, holderInFlight := range []int32{1, 2} {
-		cs := candidates(8)
-		for i := range cs {
-			cs[i].Summary = held(t, system)
-		}
-		cs[0].Summary = held(t, conv)
-		cs[0].InFlight, cs[0].Running, cs[0].PendingPrefillBlocks = holderInFlight, holderInFlight, 2
-		cs[5].InFlight, cs[5].Running = 1, 1
-		d := DefaultPolicy().Pick(next, cs)
-		if d.Index != 0 {
-			t.Fatalf("holder with %d in flight: decision %+v, want the holder (0)", holderInFlight, d)
-		}
-	}
-	// A holder far above the mean still spills: the guard holds.
-	cs := candidates(8)
-	for i := range cs {
-		cs[i].Summary = held(t, system)
-	}
-	cs[0].Summary = held(t, conv)
-	cs[0].InFlight, cs[0].Running, cs[0].PendingPrefillBlocks = 12, 12, 40
-	if d := DefaultPolicy().Pick(next, cs); d.Index == 0 {
-		t.Fatalf("holder with 12 in flight and 40 blocks queued: decision %+v, want a spill", d)
-	}
-}
