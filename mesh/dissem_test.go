@@ -20,7 +20,7 @@ func TestEngineLoadReachesEveryRouter(t *testing.T) {
 	id := "http://a-rep"
 	declare(a, id)
 	b := newRouter(t, "b", joining(a))
-	a.UpdateReplica(id, ReplicaStatus{Models: []string{"m"}, Healthy: true, CapacityBlocks: 2048, Running: 3, Waiting: 2, Slots: 8})
+	a.UpdateReplica(id, ReplicaStatus{Models: []string{"m"}, Healthy: true, CapacityBlocks: 2048, Load: route.EngineLoad{Running: 3, Waiting: 2, Slots: 8, HasLoad: true}})
 	for _, r := range []*testRouter{a, b} {
 		eventually(t, wait, r.cfg.Name+" sees the engine's load", func() error {
 			c, ok := candidate(r.Mesh, "m", id)
@@ -53,7 +53,7 @@ func TestEngineWithoutLoadNeverSpreads(t *testing.T) {
 	declare(b, b1)
 	declare(b, b2)
 	status := func(hasLoad bool) ReplicaStatus {
-		return ReplicaStatus{Models: []string{"m"}, Healthy: true, CapacityBlocks: 2048, Slots: 8, HasLoad: hasLoad}
+		return ReplicaStatus{Models: []string{"m"}, Healthy: true, CapacityBlocks: 2048, Load: route.EngineLoad{Slots: 8, HasLoad: hasLoad}}
 	}
 	req := route.Request{Hashes: chain(77, 4)}
 	req.Probes = probes(req.Hashes)

@@ -3,6 +3,7 @@ package mesh
 import (
 	"bytes"
 	"fmt"
+	"github.com/kvmesh/kvmesh/route"
 	"net"
 	"testing"
 
@@ -13,11 +14,12 @@ import (
 
 // TestWireVersionChoice is the pure part of a rolling upgrade: which
 // version a router encodes at for the peers it knows, and that every
-// peer decodes what it is sent at its own version, flagNoLoad included
-// exactly when every receiver knows it.
+// peer decodes what it is sent at its own version, flagNoLoad and the
+// engine section (flagEngine) included exactly when every receiver knows
+// them.
 func TestWireVersionChoice(t *testing.T) {
 	noLoad := sampleState()
-	noLoad.NoLoad, noLoad.Running, noLoad.Waiting = true, 0, 0
+	noLoad.Engine, noLoad.EngineWire = route.EngineLoad{Slots: 8}, true
 	future := wireLatest + 3 // a router newer than this build
 	for _, tc := range []struct {
 		name string
@@ -47,14 +49,15 @@ func TestWireVersionChoice(t *testing.T) {
 				if err != nil {
 					t.Fatalf("a peer of version %d refuses the push/pull state: %v", p, err)
 				}
-				if got.(stateMsg).NoLoad != (v >= wireNoLoad) {
-					t.Fatalf("a peer of version %d reads no load %v", p, got.(stateMsg).NoLoad)
+				if s := got.(stateMsg); s.Engine.HasLoad == (v >= wireNoLoad) || s.EngineWire != (v >= wireEngine) || s.Engine.Slots != 8 {
+					t.Fatalf("a peer of version %d reads %+v", p, s)
 				}
 				// A batch goes to each peer at its own version.
 				pv := peerWire(tc.self, p)
 				ps := noLoad.at(pv)
 				got, err = decodeMsg(ps.append(nil), min(p, wireLatest))
-				if err != nil || got.(stateMsg).NoLoad != (min(tc.self, p) >= wireNoLoad) {
+				if err != nil || got.(stateMsg).Engine.HasLoad == (min(tc.self, p) >= wireNoLoad) ||
+					got.(stateMsg).EngineWire != (min(tc.self, p) >= wireEngine) {
 					t.Fatalf("a peer of version %d: batch state at %d: %+v %v", p, pv, got, err)
 				}
 			}
@@ -65,12 +68,13 @@ func TestWireVersionChoice(t *testing.T) {
 // TestEntryStateForOldPeer: an owner's tick encodes a no-load state
 // whole once, and for a peer from before flagNoLoad once more without
 // it: the bytes such a peer always read (the golden state's, when the
-// counts are the sample's), shared by every peer of its version; a state
-// that needs no newer version is the one encoding for everyone.
+// counts are the sample's), shared by every peer of its version; a peer
+// from before flagEngine gets the counts and flagNoLoad; a state that
+// needs no newer version is the one encoding for everyone.
 func TestEntryStateForOldPeer(t *testing.T) {
 	m := &dissemination{env: &env{log: hclog.NewNullLogger()}}
 	st := sampleState()
-	st.NoLoad = true
+	st.Engine.HasLoad, st.EngineWire = false, true
 	c := cut{st: st}
 	e := entryEnc{c: &c}
 	e.stFull, e.need = m.encodeState(nil, &c.st), c.st.needs()
@@ -78,8 +82,16 @@ func TestEntryStateForOldPeer(t *testing.T) {
 	if got := e.stateFor(m, wireBase); !bytes.Equal(got, known.append(nil)) {
 		t.Fatalf("an old peer's state\n%x\nwant the state without the flag\n%x", got, known.append(nil))
 	}
-	if v, err := decodeMsg(e.stateFor(m, wireBase), wireBase); err != nil || v.(stateMsg).NoLoad {
+	if v, err := decodeMsg(e.stateFor(m, wireBase), wireBase); err != nil || !v.(stateMsg).Engine.HasLoad {
 		t.Fatalf("an old decoder reads %+v %v", v, err)
+	}
+	noLoad := sampleState()
+	noLoad.Engine.HasLoad = false
+	if got := e.stateFor(m, wireNoLoad); !bytes.Equal(got, noLoad.append(nil)) {
+		t.Fatalf("a peer before flagEngine gets\n%x\nwant the counts with flagNoLoad\n%x", got, noLoad.append(nil))
+	}
+	if _, err := decodeMsg(e.stFull, wireNoLoad); err == nil {
+		t.Fatal("a decoder before flagEngine reads it: the test tests nothing")
 	}
 	if &e.stateFor(m, wireBase)[0] != &e.stOld[wireBase][0] {
 		t.Fatal("the old peers' encoding is not shared")
@@ -126,7 +138,7 @@ func TestRollingUpgradeNoLoad(t *testing.T) {
 	}
 	id := "http://a-rep"
 	a.DeclareReplica(id)
-	a.UpdateReplica(id, ReplicaStatus{Models: []string{"m"}, Healthy: true, CapacityBlocks: 2048, Slots: 8}) // no HasLoad
+	a.UpdateReplica(id, ReplicaStatus{Models: []string{"m"}, Healthy: true, CapacityBlocks: 2048, Load: route.EngineLoad{Slots: 8}}) // no HasLoad
 	eventually(t, wait, "c learns the engine publishes no counts", func() error {
 		if c, ok := candidate(c.Mesh, "m", id); !ok || c.Summary == nil || c.HasLoad {
 			return fmt.Errorf("ok=%v summary %v has load %v", ok, c.Summary != nil, c.HasLoad)
@@ -160,7 +172,7 @@ func TestRollingUpgradeNoLoad(t *testing.T) {
 func BenchmarkOfferOldPeer(b *testing.B) {
 	benchOffer(b, func(cuts []cut, peers []*peer) {
 		for i := range cuts {
-			cuts[i].st.NoLoad = true
+			cuts[i].st.Engine.HasLoad = false
 		}
 		for _, p := range peers[1:] {
 			p.wire = wireLatest
@@ -228,7 +240,7 @@ func TestJoinPushPullKeepsNoLoad(t *testing.T) {
 	b := newRouter(t, "b", joining(a))
 	id := "http://b-rep"
 	b.DeclareReplica(id)
-	b.UpdateReplica(id, ReplicaStatus{Models: []string{"m"}, Healthy: true, CapacityBlocks: 2048, Slots: 8}) // no HasLoad
+	b.UpdateReplica(id, ReplicaStatus{Models: []string{"m"}, Healthy: true, CapacityBlocks: 2048, Load: route.EngineLoad{Slots: 8}}) // no HasLoad
 	b.Record(id, chain(1, 20))
 	eventually(t, wait, "a learns b's engine publishes no counts", func() error {
 		if c, ok := candidate(a.Mesh, "m", id); !ok || c.Summary == nil || c.HasLoad {

@@ -567,13 +567,13 @@ func TestSlotWaitMs(t *testing.T) {
 		c    Candidate
 		want float64
 	}{
-		{"free slot", Candidate{Slots: 4, InFlight: 3, Detail: &Detail{SeqMs: 4000}}, 0},
-		{"one ahead, age unknown", Candidate{Slots: 4, InFlight: 4, Detail: &Detail{SeqMs: 4000}}, 1000},
-		{"one ahead, full since 1 s", Candidate{Slots: 4, InFlight: 4, Detail: &Detail{SeqMs: 4000, SlotAgeMs: 1000}}, 3000},
-		{"one ahead, oldest past the mean", Candidate{Slots: 4, InFlight: 4, Detail: &Detail{SeqMs: 4000, SlotAgeMs: 5000}}, 0},
-		{"three ahead, full since 3.5 s", Candidate{Slots: 4, InFlight: 6, Detail: &Detail{SeqMs: 4000, SlotAgeMs: 3500}}, 2500},
-		{"age without a measured SeqMs is ignored", Candidate{Slots: 4, InFlight: 4, Detail: &Detail{SlotAgeMs: 1000}}, p.DefaultSeqMs / 4},
-		{"unknown slots, engine queues", Candidate{Waiting: 1, Running: 2, Detail: &Detail{SeqMs: 4000, SlotAgeMs: 3000}}, 3000},
+		{"free slot", Candidate{EngineLoad: EngineLoad{Slots: 4}, InFlight: 3, Detail: &Detail{SeqMs: 4000}}, 0},
+		{"one ahead, age unknown", Candidate{EngineLoad: EngineLoad{Slots: 4}, InFlight: 4, Detail: &Detail{SeqMs: 4000}}, 1000},
+		{"one ahead, full since 1 s", Candidate{EngineLoad: EngineLoad{Slots: 4}, InFlight: 4, Detail: &Detail{SeqMs: 4000, SlotAgeMs: 1000}}, 3000},
+		{"one ahead, oldest past the mean", Candidate{EngineLoad: EngineLoad{Slots: 4}, InFlight: 4, Detail: &Detail{SeqMs: 4000, SlotAgeMs: 5000}}, 0},
+		{"three ahead, full since 3.5 s", Candidate{EngineLoad: EngineLoad{Slots: 4}, InFlight: 6, Detail: &Detail{SeqMs: 4000, SlotAgeMs: 3500}}, 2500},
+		{"age without a measured SeqMs is ignored", Candidate{EngineLoad: EngineLoad{Slots: 4}, InFlight: 4, Detail: &Detail{SlotAgeMs: 1000}}, p.DefaultSeqMs / 4},
+		{"unknown slots, engine queues", Candidate{EngineLoad: EngineLoad{Waiting: 1, Running: 2}, Detail: &Detail{SeqMs: 4000, SlotAgeMs: 3000}}, 3000},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -949,8 +949,8 @@ func TestCandidateNilDetail(t *testing.T) {
 		t.Fatalf("nil Detail reads %q %v %v, want the zero Detail", c.ID(), c.SeqMs(), c.SlotAgeMs())
 	}
 	cands := []Candidate{
-		{Hash: HashID("a"), Slots: 2, Running: 2, Waiting: 3, InFlight: 5},
-		{Hash: HashID("b"), Slots: 2, Running: 2, Waiting: 1, InFlight: 3},
+		{Hash: HashID("a"), EngineLoad: EngineLoad{Slots: 2, Running: 2, Waiting: 3}, InFlight: 5},
+		{Hash: HashID("b"), EngineLoad: EngineLoad{Slots: 2, Running: 2, Waiting: 1}, InFlight: 3},
 	}
 	d := DefaultPolicy().Pick(Request{Hashes: []uint64{1, 2, 3}}, cands)
 	if d.Index < 0 || d.Index >= len(cands) {

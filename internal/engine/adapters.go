@@ -3,6 +3,8 @@ package engine
 import (
 	"encoding/json"
 	"fmt"
+
+	"github.com/kvmesh/kvmesh/route"
 )
 
 // vllm reads vLLM's OpenAI server: GET /health; vllm:num_requests_running
@@ -75,7 +77,7 @@ func (sglang) FromInfo(b []byte) (Stats, error) {
 	read := func(m map[string]any) Stats {
 		var s Stats
 		if v, ok := jsonCount(m["max_running_requests"], maxCount); ok {
-			s.Slots = int(v)
+			s.Slots = route.Count32(int(v))
 		}
 		if v, ok := jsonCount(m["max_total_num_tokens"], maxCacheTokens); ok {
 			s.CacheTokens = v
@@ -127,7 +129,7 @@ func (llamacpp) FromInfo(b []byte) (Stats, error) {
 	var s Stats
 	slots, ok1 := jsonCount(props.TotalSlots, maxCount)
 	if ok1 {
-		s.Slots = int(slots)
+		s.Slots = route.Count32(int(slots))
 	}
 	if nctx, ok := jsonCount(props.Defaults.NCtx, maxCacheTokens); ok && ok1 {
 		s.CacheTokens = min(nctx*max(slots, 1), maxCacheTokens)
@@ -161,7 +163,7 @@ func (tgi) FromInfo(b []byte) (Stats, error) {
 	}
 	var s Stats
 	if v, ok := jsonCount(info.MaxBatchSize, maxCount); ok {
-		s.Slots = int(v)
+		s.Slots = route.Count32(int(v))
 	}
 	if v, ok := jsonCount(info.MaxBatchTotalTokens, maxCacheTokens); ok {
 		s.CacheTokens = v
