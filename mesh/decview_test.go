@@ -376,7 +376,7 @@ func TestFillCandidateWritesEveryField(t *testing.T) {
 				f.SetString("another")
 			case reflect.Int, reflect.Int8, reflect.Int32, reflect.Int64:
 				f.SetInt(int64(100 + i))
-			case reflect.Uint64:
+			case reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
 				f.SetUint(uint64(100 + i))
 			case reflect.Float64:
 				f.SetFloat(float64(i) + 100.5)
