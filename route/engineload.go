@@ -29,6 +29,12 @@ type EngineLoad struct {
 	// Slots is how many sequences the engine runs at once (max-num-seqs),
 	// published or learned (SlotEstimate); 0 means unknown.
 	Slots int32
+	// KVUsage is the share of the engine's KV cache that its running
+	// sequences hold, in 1/10000 (vLLM's kv_cache_usage_perc, SGLang's
+	// token_usage); 0 is unknown or empty, both no evidence of pressure.
+	// Blocks cached for reuse but held by no sequence do not count: the
+	// engine evicts them to admit a request.
+	KVUsage uint16
 	// HasLoad reports that Running and Waiting are the engine's counts:
 	// its last scrape published them. An engine that publishes none
 	// (no such gauges on its /metrics, a generic OpenAI server) or whose
@@ -46,6 +52,9 @@ func (l EngineLoad) Merge(o EngineLoad) EngineLoad {
 	if l.Slots == 0 {
 		l.Slots = o.Slots
 	}
+	if l.KVUsage == 0 {
+		l.KVUsage = o.KVUsage
+	}
 	return l
 }
 
@@ -62,7 +71,11 @@ const (
 	wireRunning = 1 // Running, present iff HasLoad
 	wireWaiting = 2 // Waiting, present iff HasLoad
 	wireSlots   = 3 // Slots, present when known
+	wireKVUsage = 4 // KVUsage, present when known
 )
+
+// KVFull is KVUsage's whole cache.
+const KVFull = 10000
 
 // AppendWire appends l's wire form: a one-byte length, then each known
 // field as a tag byte and the value as an unsigned varint, in increasing
@@ -83,6 +96,9 @@ func (l EngineLoad) AppendWire(dst []byte) []byte {
 	}
 	if l.Slots > 0 {
 		dst = appendWireField(dst, wireSlots, l.Slots)
+	}
+	if l.KVUsage > 0 {
+		dst = appendWireField(dst, wireKVUsage, int32(l.KVUsage))
 	}
 	// A section is at most 255 bytes (its length is one byte): the
 	// fields, a tag and at most 5 bytes of varint each, stay far under.
@@ -128,6 +144,11 @@ func (l *EngineLoad) DecodeWire(b []byte) (int, error) {
 			out.Waiting, out.HasLoad, count = int32(min(v, math.MaxInt32)), true, true
 		case wireSlots:
 			out.Slots, count = int32(min(v, math.MaxInt32)), true
+		case wireKVUsage:
+			if v > KVFull {
+				return 0, fmt.Errorf("engine load: KV usage %d over %d", v, KVFull)
+			}
+			out.KVUsage = uint16(v)
 		}
 		if count && v > math.MaxInt32 {
 			return 0, fmt.Errorf("engine load: tag %d: count %d out of range", tag, v)

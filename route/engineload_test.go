@@ -11,7 +11,9 @@ func engineLoads() []EngineLoad {
 		{Slots: 8},
 		{HasLoad: true},
 		{Running: 3, Waiting: 1, Slots: 8, HasLoad: true},
-		{Running: 1<<31 - 1, Waiting: 1<<31 - 1, Slots: 1<<31 - 1, HasLoad: true},
+		{KVUsage: 1},
+		{Running: 3, Waiting: 1, Slots: 8, KVUsage: 4127, HasLoad: true},
+		{Running: 1<<31 - 1, Waiting: 1<<31 - 1, Slots: 1<<31 - 1, KVUsage: KVFull, HasLoad: true},
 	}
 }
 
@@ -60,6 +62,7 @@ func TestEngineLoadWireSkipsUnknownTags(t *testing.T) {
 		"tag zero":          section(0, 1),
 		"varint cut":        {2, wireSlots, 0x80},
 		"count over int32":  section(wireSlots, 1<<31),
+		"KV usage over 1":   section(wireKVUsage, KVFull+1),
 	} {
 		if _, err := l.DecodeWire(b); err == nil {
 			t.Errorf("%s: decoded %+v", name, l)
@@ -71,8 +74,8 @@ func TestEngineLoadWireSkipsUnknownTags(t *testing.T) {
 // the counts together; Forget keeps the configuration only.
 func TestEngineLoadMergeForget(t *testing.T) {
 	metrics := EngineLoad{Running: 2, HasLoad: true}
-	info := EngineLoad{Running: 9, Waiting: 9, HasLoad: true, Slots: 4}
-	if got := metrics.Merge(info); got != (EngineLoad{Running: 2, HasLoad: true, Slots: 4}) {
+	info := EngineLoad{Running: 9, Waiting: 9, HasLoad: true, Slots: 4, KVUsage: 7}
+	if got := metrics.Merge(info); got != (EngineLoad{Running: 2, HasLoad: true, Slots: 4, KVUsage: 7}) {
 		t.Fatalf("merge %+v", got)
 	}
 	if got := (EngineLoad{}).Merge(info); got != info {

@@ -790,16 +790,23 @@ func TestHotPrefixCopiesOnlyToAnIdleReplica(t *testing.T) {
 }
 
 // A hot prompt (a common prefix longer than one block) whose holders
-// cannot start the request is copied only to an idle replica; when none
-// is idle the request queues at the holder with the shortest wait.
+// cannot start the request is copied only to an idle replica with room
+// in its KV cache; when none is the request queues at the holder with
+// the shortest wait.
 func TestColdHotPromptCopiesOnlyToAnIdleReplica(t *testing.T) {
 	hot := chainOf(nil, 20, 8)
 	req := request(chainOf(hot, 1, 9))
 	for _, tc := range []struct {
-		name string
-		idle bool // replica 3 idle
-		want int
-	}{{"no idle replica", false, 1}, {"an idle replica", true, 3}} {
+		name    string
+		idle    bool   // replica 3 idle
+		kvUsage uint16 // replica 3's KV usage
+		want    int
+	}{
+		{"no idle replica", false, 0, 1},
+		{"an idle replica", true, 0, 3},
+		{"an idle replica, KV usage known", true, kvWatermark - 1, 3},
+		{"an idle replica, KV cache at the watermark", true, kvWatermark, 1},
+	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cs := candidates(4)
 			for i := range cs {
@@ -815,6 +822,7 @@ func TestColdHotPromptCopiesOnlyToAnIdleReplica(t *testing.T) {
 			if tc.idle {
 				cs[3].InFlight = 0
 			}
+			cs[3].KVUsage = tc.kvUsage
 			d := DefaultPolicy().Pick(req, cs)
 			if d.Reason != ReasonFallbackCold || d.CommonMatch != 20 || d.Index != tc.want {
 				t.Fatalf("decision %+v, want replica %d by fallback-cold over common 20", d, tc.want)

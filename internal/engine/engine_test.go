@@ -36,9 +36,9 @@ func TestRecordedPages(t *testing.T) {
 		health        string
 	}{
 		{"vllm.metrics.txt", "", VLLM,
-			Stats{EngineLoad: route.EngineLoad{Running: 3, Waiting: 2, HasLoad: true}, BlockSize: 16, CacheTokens: 27644 * 16}, Stats{}, "/health"},
+			Stats{EngineLoad: route.EngineLoad{Running: 3, Waiting: 2, KVUsage: 4127, HasLoad: true}, BlockSize: 16, CacheTokens: 27644 * 16}, Stats{}, "/health"},
 		{"sglang.metrics.txt", "sglang.server_info.json", SGLang,
-			Stats{EngineLoad: route.EngineLoad{Running: 12, Waiting: 5, HasLoad: true}, CacheTokens: 489602},
+			Stats{EngineLoad: route.EngineLoad{Running: 12, Waiting: 5, KVUsage: 2500, HasLoad: true}, CacheTokens: 489602},
 			Stats{EngineLoad: route.EngineLoad{Slots: 48}, BlockSize: 1, CacheTokens: 489602}, "/health"},
 		{"llamacpp.metrics.txt", "llamacpp.props.json", LlamaCpp,
 			Stats{EngineLoad: route.EngineLoad{Running: 4, Waiting: 3, HasLoad: true}},
@@ -277,5 +277,36 @@ func TestReplicaSimReadsAsVLLM(t *testing.T) {
 	}
 	if got := (vllm{}).FromMetrics(fams); got != (Stats{EngineLoad: route.EngineLoad{HasLoad: true}, BlockSize: 16, CacheTokens: 16000}) {
 		t.Errorf("got %+v", got)
+	}
+}
+
+// TestKVUsage: the KV cache's share in use is the mean of the engine
+// cores' (each has a cache of its own), clamped to the whole cache;
+// vLLM's name before 0.10 is read when the newer is absent, and an
+// engine without either reports 0, unknown.
+func TestKVUsage(t *testing.T) {
+	for _, tc := range []struct {
+		name, page string
+		kind       Kind
+		want       uint16
+	}{
+		{"vllm two cores", "vllm:kv_cache_usage_perc{engine=\"0\"} 0.5\nvllm:kv_cache_usage_perc{engine=\"1\"} 0.25\n", VLLM, 3750},
+		{"vllm before 0.10", "vllm:gpu_cache_usage_perc 0.8\n", VLLM, 8000},
+		{"vllm over 1", "vllm:kv_cache_usage_perc 1.5\n", VLLM, route.KVFull},
+		{"vllm without", "vllm:num_requests_running 1\n", VLLM, 0},
+		{"sglang", "sglang:token_usage{tp_rank=\"0\"} 0.99\n", SGLang, 9900},
+		{"llama.cpp publishes none", "llamacpp:kv_cache_usage_ratio 0.5\n", LlamaCpp, 0},
+	} {
+		fams, err := ParseMetrics([]byte(tc.page))
+		if err != nil {
+			t.Fatal(err)
+		}
+		a, err := For(tc.kind)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := a.FromMetrics(fams).KVUsage; got != tc.want {
+			t.Errorf("%s: KV usage %d, want %d", tc.name, got, tc.want)
+		}
 	}
 }

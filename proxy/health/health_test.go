@@ -296,9 +296,9 @@ func TestHealthCheckerEngines(t *testing.T) {
 		want           ReplicaStatus
 	}{
 		{engine.VLLM, "vllm.metrics.txt", "", "",
-			ReplicaStatus{Load: route.EngineLoad{Running: 3, Waiting: 2, Slots: 3}, CapacityBlocks: 27644 * 16 * 4 / 1024}},
+			ReplicaStatus{Load: route.EngineLoad{Running: 3, Waiting: 2, Slots: 3, KVUsage: 4127}, CapacityBlocks: 27644 * 16 * 4 / 1024}},
 		{engine.SGLang, "sglang.metrics.txt", "/get_server_info", "sglang.server_info.json",
-			ReplicaStatus{Load: route.EngineLoad{Running: 12, Waiting: 5, Slots: 48}, CapacityBlocks: 489602 * 4 / 1024}},
+			ReplicaStatus{Load: route.EngineLoad{Running: 12, Waiting: 5, Slots: 48, KVUsage: 2500}, CapacityBlocks: 489602 * 4 / 1024}},
 		{engine.LlamaCpp, "llamacpp.metrics.txt", "/props", "llamacpp.props.json",
 			ReplicaStatus{Load: route.EngineLoad{Running: 4, Waiting: 3, Slots: 4}, CapacityBlocks: 4 * 8192 * 4 / 1024}},
 		{engine.TGI, "tgi.metrics.txt", "/info", "tgi.info.json",
