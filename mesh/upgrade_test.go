@@ -30,6 +30,7 @@ func TestWireVersionChoice(t *testing.T) {
 	}{
 		{"every peer upgraded", wireLatest, false, []wireVersion{wireLatest, wireLatest}, wireLatest},
 		{"one peer from before versioning", wireLatest, false, []wireVersion{wireLatest, wireBase, wireLatest}, wireBase},
+		{"one peer from before flagEngine", wireLatest, false, []wireVersion{wireLatest, wireNoLoad}, wireNoLoad},
 		{"a peer newer than this router", wireLatest, false, []wireVersion{future, wireLatest}, wireLatest},
 		{"no peer yet", wireLatest, false, nil, wireLatest},
 		{"a join: the peer may be unknown", wireLatest, true, []wireVersion{wireLatest}, wireBase},
@@ -112,14 +113,20 @@ func TestEntryStateForOldPeer(t *testing.T) {
 }
 
 // TestRollingUpgradeNoLoad: a router from before flagNoLoad (b,
-// advertising and decoding wireBase) in a mesh with newer ones keeps a
-// fresh copy of a newer owner's replica whose engine publishes no load
-// counts, across batches and push/pulls, and refuses nothing; a newer
-// router (c) still learns that the engine publishes none. Without the
-// version, the owner's batches and push/pull states carry the flag, b
+// advertising and decoding wireBase), or from before flagEngine
+// (wireNoLoad), in a mesh with newer ones keeps a fresh copy of a newer
+// owner's replica whose engine publishes no load counts, across batches
+// and push/pulls, and refuses nothing; a newer router (c) still learns
+// that the engine publishes none, and the section's other fields. Without
+// the version, the owner's batches and push/pull states carry the flag, b
 // refuses them all, and its copy never counts.
 func TestRollingUpgradeNoLoad(t *testing.T) {
-	old := wireBase
+	for _, old := range []wireVersion{wireBase, wireNoLoad} {
+		t.Run(fmt.Sprint("wire ", old), func(t *testing.T) { rollingUpgradeNoLoad(t, old) })
+	}
+}
+
+func rollingUpgradeNoLoad(t *testing.T, old wireVersion) {
 	a := newRouter(t, "a", nil)
 	b := newRouter(t, "b", func(c *Config) { joining(a)(c); c.wire = &old })
 	c := newRouter(t, "c", joining(a))
@@ -132,16 +139,16 @@ func TestRollingUpgradeNoLoad(t *testing.T) {
 		})
 	}
 	for _, mb := range a.Members() {
-		if want := map[string]int{"a": int(wireLatest), "b": int(wireBase), "c": int(wireLatest)}[mb.Name]; mb.Wire != want {
+		if want := map[string]int{"a": int(wireLatest), "b": int(old), "c": int(wireLatest)}[mb.Name]; mb.Wire != want {
 			t.Fatalf("a lists %s at wire version %d, want %d", mb.Name, mb.Wire, want)
 		}
 	}
 	id := "http://a-rep"
 	a.DeclareReplica(id)
-	a.UpdateReplica(id, ReplicaStatus{Models: []string{"m"}, Healthy: true, CapacityBlocks: 2048, Load: route.EngineLoad{Slots: 8}}) // no HasLoad
+	a.UpdateReplica(id, ReplicaStatus{Models: []string{"m"}, Healthy: true, CapacityBlocks: 2048, Load: route.EngineLoad{Slots: 8, KVUsage: 5000}}) // no HasLoad
 	eventually(t, wait, "c learns the engine publishes no counts", func() error {
-		if c, ok := candidate(c.Mesh, "m", id); !ok || c.Summary == nil || c.HasLoad {
-			return fmt.Errorf("ok=%v summary %v has load %v", ok, c.Summary != nil, c.HasLoad)
+		if c, ok := candidate(c.Mesh, "m", id); !ok || c.Summary == nil || c.HasLoad || c.KVUsage != 5000 {
+			return fmt.Errorf("ok=%v summary %v has load %v, KV usage %d", ok, c.Summary != nil, c.HasLoad, c.KVUsage)
 		}
 		return nil
 	})
@@ -157,9 +164,10 @@ func TestRollingUpgradeNoLoad(t *testing.T) {
 		a.Record(id, hashes)
 		eventually(t, wait, fmt.Sprintf("round %d: b's copy matches", i), func() error { return matches(b.Mesh, id, hashes) })
 	}
-	// b reads the state as load known, as it always did.
-	if c, _ := candidate(b.Mesh, "m", id); !c.HasLoad {
-		t.Fatal("b reads a load flag it does not know")
+	// b reads the state as its version always did: before flagNoLoad as
+	// load known, and without the section's other fields.
+	if c, _ := candidate(b.Mesh, "m", id); c.HasLoad != (old < wireNoLoad) || c.Slots != 8 || c.KVUsage != 0 {
+		t.Fatalf("b at wire %d reads %+v", old, c.EngineLoad)
 	}
 	if n := testutil.ToFloat64(b.met.dropped.WithLabelValues(dropDecode)); n != 0 {
 		t.Fatalf("b refused %v messages", n)
