@@ -429,8 +429,7 @@ func (r *reader) state() stateMsg {
 	if s.EngineWire {
 		s.Engine = r.engine()
 	} else {
-		s.Engine = route.EngineLoad{Running: route.Count32(int(r.u32())), Waiting: route.Count32(int(r.u32())),
-			Slots: route.Count32(int(r.u32())), HasLoad: !noLoad}
+		s.Engine = route.EngineLoad{Running: r.count(), Waiting: r.count(), Slots: r.count(), HasLoad: !noLoad}
 	}
 	if n := int(r.u8()); n > 0 {
 		s.Models = make([]string, 0, n)
@@ -450,7 +449,21 @@ func (r *reader) state() stateMsg {
 	return s
 }
 
-// engine reads a route.EngineLoad section.
+// count reads a u32 count of the engine's. A count past the int32 range
+// is refused rather than saturated, so that a state decodes to one
+// encoding (engines' counts are far below it).
+func (r *reader) count() int32 {
+	n := r.u32()
+	if r.err == nil && n > math.MaxInt32 {
+		r.fail(fmt.Errorf("engine count %d out of range", n))
+	}
+	return int32(min(n, math.MaxInt32))
+}
+
+// engine reads a route.EngineLoad section. It is the one part of a
+// state with room for bytes this router does not read: the section's
+// tags a newer router added, which route.EngineLoad.DecodeWire skips so
+// that a field reaches the routers that know it without a wire version.
 func (r *reader) engine() route.EngineLoad {
 	var l route.EngineLoad
 	if r.err != nil {
