@@ -14,3 +14,18 @@ func (m *Mesh) correct(s *summary.Summary, hashes []uint64) {
 		m.met.cuts.WithLabelValues(c.Cut.String()).Inc()
 	}
 }
+
+// restartedLocked cuts both generations of an owned replica's summary: its
+// engine restarted, and holds none of what the summary remembers. Every
+// follow-up would otherwise be sent to a cache that lost it, and each
+// would correct only its own prefix. The cut is two rotation entries in
+// the summary's log, so the copies drop the same in the next delta, in
+// the same epoch. m.tab.mu is held.
+func (m *Mesh) restartedLocked(r *replica) {
+	if r.sum == nil {
+		return
+	}
+	r.sum.Cut(summary.CutBoth)
+	m.met.cuts.WithLabelValues(summary.CutBoth.String()).Inc()
+	m.log.Info("replica's engine restarted: its summary is cut", "replica", r.id, "epoch", r.sum.Epoch(), "version", r.sum.Version())
+}

@@ -52,3 +52,48 @@ func TestMissCutsTheOlderGenerationEverywhere(t *testing.T) {
 	a.Record(id, early) // the engine computed it again
 	eventually(t, wait, "b matches early again", func() error { return matches(b.Mesh, id, early) })
 }
+
+// A restart of a replica's engine, as its health checks report it, cuts
+// the owner's summary of it whole, in the same epoch, and the copy at the
+// other router follows; a status that reports no new restart cuts
+// nothing, and what is recorded after the restart is kept.
+func TestRestartCutsTheSummaryEverywhere(t *testing.T) {
+	a := newRouter(t, "a", nil)
+	id := "http://a-rep"
+	declare(a, id)
+	b := newRouter(t, "b", joining(a))
+	before, after := chain(1, 40), chain(2, 40)
+	a.Record(id, before)
+	eventually(t, wait, "b matches", func() error { return matches(b.Mesh, id, before) })
+	epoch := a.sumOf(id).Epoch()
+	up := ReplicaStatus{Models: []string{"m"}, Healthy: true, CapacityBlocks: 2048}
+	a.UpdateReplica(id, up) // no restart
+	if err := matches(a.Mesh, id, before); err != nil {
+		t.Fatalf("a status without a restart cut the summary: %v", err)
+	}
+	up.Restarts = 1
+	a.UpdateReplica(id, up)
+	a.UpdateReplica(id, up) // the same restart, reported again
+	a.Record(id, after)     // the restarted engine computed it
+	match := func(r *testRouter, h []uint64) int {
+		c, _ := candidate(r.Mesh, "m", id)
+		if c.Summary == nil {
+			return -1
+		}
+		return c.Summary.Match(summary.MakeProbes(nil, h))
+	}
+	for _, r := range []*testRouter{a, b} {
+		eventually(t, wait, r.cfg.Name+" drops what the engine held before its restart", func() error {
+			if o, n := match(r, before), match(r, after); o != 0 || n != len(after) {
+				return fmt.Errorf("matches before %d (want 0), after %d (want %d)", o, n, len(after))
+			}
+			return nil
+		})
+	}
+	if got := a.sumOf(id).Epoch(); got != epoch {
+		t.Errorf("epoch %d after the restart, want %d (a cut, not a new summary)", got, epoch)
+	}
+	if got := testutil.ToFloat64(a.met.cuts.WithLabelValues("both")); got != 1 {
+		t.Errorf("cuts of both generations: %v, want 1", got)
+	}
+}

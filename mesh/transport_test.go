@@ -35,7 +35,7 @@ func heapInUse() uint64 {
 // asserted: an admitted stream gives its charge back when memberlist
 // drops it (TCPTimeout, 1 s in TestTiming), so a test descheduled for
 // longer than that mid-flood sees a later stream admitted as it should
-// be (the old "refused >= 58" failed that way on a busy machine). The
+// be (a floor on the refusals would fail on a busy machine). The
 // heap bound is coarse (60 unguarded streams buffer 60 MB here).
 func TestGossipStreamFloodBounded(t *testing.T) {
 	key := []byte("0123456789abcdef")
@@ -192,9 +192,9 @@ func FuzzStreamHead(f *testing.F) {
 	})
 }
 
-// TestJunkPacketsLogThrottled is issue 8 item 10's last part: junk
-// gossip packets made memberlist log one ERROR line each; now a burst
-// per second passes and the rest is counted.
+// TestJunkPacketsLogThrottled is issue 8 item 10's last part: memberlist
+// logs one ERROR line per junk gossip packet, so a flood of them would
+// flood the log; a burst per second passes and the rest is counted.
 func TestJunkPacketsLogThrottled(t *testing.T) {
 	a := newRouter(t, "a", func(c *Config) { c.SecretKey = []byte("0123456789abcdef") })
 	c, err := net.Dial("udp", a.GossipAddr())

@@ -22,7 +22,8 @@ func (m *Mesh) DeclareReplica(id string) {
 	m.tab.mu.Lock()
 	r := m.tab.replicaLocked(id, true)
 	if r != nil {
-		r.declared, r.withdrawT = true, 0
+		// A new declaration's health checks count restarts from 0.
+		r.declared, r.withdrawT, r.restarts = true, 0, 0
 		m.tab.declaredLoads.Store(r.id, r.load)
 		m.tab.addDeclarerLocked(r, m.cfg.Name)
 	}
@@ -70,9 +71,14 @@ func (m *Mesh) UpdateReplica(id string, s ReplicaStatus) {
 	}
 	r.models, r.healthy, r.capacity = models, healthy, capacityBlocks
 	r.engine = s.Load
+	restarted := s.Restarts > r.restarts
+	r.restarts = s.Restarts
 	m.tab.touchLocked(r)
 	if r.owned {
 		m.dis.ensureSummaryLocked(r) // the next tick's batch carries the change
+		if restarted {
+			m.restartedLocked(r)
+		}
 	}
 }
 
@@ -377,7 +383,7 @@ func fillCandidate(c *route.Candidate, e *viewEntry, x *route.Detail) {
 	if unsafe.StringData(x.ID) != unsafe.StringData(e.id) || len(x.ID) != len(e.id) {
 		x.ID = e.id
 	}
-	x.SeqMs, x.SlotAgeMs, x.Own, x.Local = 0, 0, 0, false
+	x.SeqMs, x.SlotAgeMs, x.Own, x.Local, x.Written = 0, 0, 0, false, 0
 	c.Hash, c.InFlight, c.PendingPrefillBlocks, c.NetworkMs, c.BlockMs = e.hash, e.inFlight, e.pending, e.networkMs, 0
 	c.Tier, c.EngineLoad = e.tier, e.engine
 	c.Stale = false

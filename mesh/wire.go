@@ -337,8 +337,8 @@ type stateMsg struct {
 	// Engine is the engine's own load (route.Candidate's EngineLoad).
 	// With EngineWire it is encoded whole (flagEngine); without, as the
 	// three counts, and HasLoad false as flagNoLoad, of the inverse sense
-	// so that a state with known counts is encoded as before the flag was
-	// (wire.go's comment).
+	// so that a state with known counts sets no bit a router of wire
+	// version 0 lacks, and reads there as it always did (wireNoLoad).
 	Engine     route.EngineLoad
 	EngineWire bool
 	Models     []string

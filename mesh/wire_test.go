@@ -118,7 +118,7 @@ const goldenState = "01016100000000000000070000000000000009000a687474703a2f2f723
 
 // TestWireNoLoad: an owner's state whose engine publishes no load counts
 // round-trips with NoLoad; a state whose counts are known is encoded
-// byte for byte as before the flag, so older routers read it as they
+// byte for byte as at wire version 0, so older routers read it as they
 // always did, and this decoder reads their states as load known; the
 // flag differs from such a state in that bit only (the one older routers
 // refuse), and it is refused where no load is carried.

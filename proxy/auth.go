@@ -6,7 +6,6 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"fmt"
-	"net/http"
 	"os"
 	"strings"
 	"sync/atomic"
@@ -71,26 +70,4 @@ func (k *KeySet) Valid(key string) bool {
 		ok |= subtle.ConstantTimeCompare(d[:], want[:])
 	}
 	return ok == 1
-}
-
-// authorize checks the client's bearer key when keys are configured; on
-// failure it has answered 401 as OpenAI does.
-func (p *Proxy) authorize(w http.ResponseWriter, r *http.Request) bool {
-	if p.cfg.APIKeys == nil {
-		return true
-	}
-	auth := r.Header.Get("Authorization")
-	scheme, key, _ := strings.Cut(auth, " ")
-	if strings.EqualFold(scheme, "Bearer") && p.cfg.APIKeys.Valid(strings.TrimSpace(key)) {
-		return true
-	}
-	p.edge.rejected.WithLabelValues(rejectAuth).Inc()
-	abandonBody(w, r)
-	w.Header().Set("WWW-Authenticate", `Bearer realm="kvmesh"`)
-	msg := "Incorrect API key provided."
-	if auth == "" {
-		msg = "You didn't provide an API key. Provide it in an Authorization header: Bearer YOUR_KEY."
-	}
-	writeErrorCode(w, http.StatusUnauthorized, "invalid_request_error", codeInvalidAPIKey, msg)
-	return false
 }

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"sync"
+	"time"
 )
 
 // sizedPool lends byte buffers by size class: 8, 16, 32 and 64 KB (plus
@@ -135,3 +136,24 @@ func readKnown(dst []byte, body io.Reader, n, limit int64) ([]byte, error) {
 	}
 	return append(b, rest...), nil
 }
+
+func (p *Proxy) clearBodyDeadline(w http.ResponseWriter, r *http.Request) {
+	if p.cfg.BodyTimeout > 0 && r.Body != nil && r.Body != http.NoBody {
+		_ = http.NewResponseController(w).SetReadDeadline(time.Time{})
+	}
+}
+
+// readLimited reads body as it arrives, failing once more than limit
+// bytes came: memory follows the bytes received, never a Content-Length.
+func readLimited(body io.Reader, limit int64) ([]byte, error) {
+	b, err := io.ReadAll(io.LimitReader(body, limit+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(b)) > limit {
+		return nil, errBodyTooLarge
+	}
+	return b, nil
+}
+
+var errBodyTooLarge = errors.New("body too large")

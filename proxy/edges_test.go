@@ -110,8 +110,8 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 }
 
 // TestBodyFloodBounded is issue 8 item 1: 100 connections announcing
-// 16 MB bodies that never come made the router allocate 16 MB each
-// (1.6 GB); now memory follows the bytes that arrived. The heap bound is
+// 16 MB bodies that never come must not make the router allocate 16 MB
+// each (1.6 GB): memory follows the bytes that arrived. The heap bound is
 // coarse (an allocation per announced byte would exceed it 25 times
 // over), not a timing.
 func TestBodyFloodBounded(t *testing.T) {
@@ -142,7 +142,7 @@ func TestBodyFloodBounded(t *testing.T) {
 }
 
 // TestSlowBodiesTimeOut is issue 8 item 2: connections that send headers
-// and then a byte now and then held a descriptor forever; now the body
+// and then a byte now and then would hold a descriptor forever; the body
 // deadline answers them 408 and closes them, and the router serves
 // meanwhile.
 func TestSlowBodiesTimeOut(t *testing.T) {

@@ -6,7 +6,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -14,7 +13,6 @@ import (
 	"github.com/kvmesh/kvmesh/proxy/hop"
 	"github.com/kvmesh/kvmesh/proxy/prompt"
 	"github.com/kvmesh/kvmesh/route"
-	"github.com/zeebo/xxh3"
 )
 
 // DefaultSessionHeader is the request header whose value is a client
@@ -86,30 +84,6 @@ func (st *reqState) served(replicaID string) {
 		return
 	}
 	p.responses.add(s.id, replicaID)
-}
-
-// clientKey hashes the routing key a client sent, in order of precedence:
-// the body's prompt_cache_key, then the session header, then SGLang's
-// bootstrap_room. 0 means none. The kind is hashed in, so one value sent
-// as two kinds of key does not collide.
-func (p *Proxy) clientKey(r *http.Request, pr *prompt.Prompt) uint64 {
-	var kind uint64
-	var v string
-	switch {
-	case pr.CacheKey != "":
-		kind, v = 1, pr.CacheKey
-	case p.sessionHeader != "" && r.Header.Get(p.sessionHeader) != "":
-		kind, v = 2, r.Header.Get(p.sessionHeader)
-	case pr.BootstrapRoom != "":
-		kind, v = 3, pr.BootstrapRoom
-	default:
-		return 0
-	}
-	h := xxh3.HashStringSeed(v, 0x6b65790000000000|kind)
-	if h == 0 {
-		h = 1
-	}
-	return h
 }
 
 // maxSniff bounds how much of a Responses answer is searched for its id;
@@ -238,7 +212,7 @@ const responsesPrefix = "/v1/responses/"
 // hold it would.
 func (p *Proxy) serveResponseByID(w http.ResponseWriter, r *http.Request) {
 	st := &reqState{p: p, w: w, r: r, path: r.URL.Path, byLoad: true}
-	defer func() { p.m.requests.WithLabelValues(epResponses, strconv.Itoa(st.code)).Inc() }()
+	defer func() { p.m.countRequest(epResponses, st.code, st.hop) }()
 	rest := strings.TrimPrefix(r.URL.Path, responsesPrefix)
 	id, sub, _ := strings.Cut(rest, "/")
 	method := http.MethodGet
@@ -257,6 +231,7 @@ func (p *Proxy) serveResponseByID(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	isHop, authenticated := p.hopOf(r)
+	st.hop = isHop
 	if !authenticated && !p.authorize(w, r) {
 		st.code = http.StatusUnauthorized
 		return

@@ -426,12 +426,16 @@ func TestResponseByIDGoesToItsReplica(t *testing.T) {
 			t.Errorf("%s %s reached the replica as %+v", tc.method, tc.path, s)
 		}
 	}
-	// Counted as the owner's handler ends, after its client had the body.
+	// Counted as the owner's handler ends, after its client had the body:
+	// a hop, not a client's request (the entry router counted that).
 	waitFor(t, "the owner's relay counted", func() bool {
-		return testutil.ToFloat64(ownerProxy.m.requests.WithLabelValues(epResponses, "200")) >= 1
+		return testutil.ToFloat64(ownerProxy.m.hopRequests.WithLabelValues(epResponses, "200")) >= 1
 	})
-	if got := testutil.ToFloat64(ownerProxy.m.requests.WithLabelValues(epResponses, "200")); got != 1 {
+	if got := testutil.ToFloat64(ownerProxy.m.hopRequests.WithLabelValues(epResponses, "200")); got != 1 {
 		t.Errorf("the owner router relayed %v requests for its replica's response, want 1", got)
+	}
+	if got := testutil.ToFloat64(ownerProxy.m.requests.WithLabelValues(epResponses, "200")); got != 0 {
+		t.Errorf("the owner router counted %v hops as client requests, want 0", got)
 	}
 	for _, tc := range []struct {
 		method, path string

@@ -1,11 +1,15 @@
 package proxy
 
 import (
+	"bufio"
+	"fmt"
 	"net/http"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/kvmesh/kvmesh/proxy/prompt"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
 )
 
@@ -51,7 +55,7 @@ func TestRecordOnlyWhenAccepted(t *testing.T) {
 
 // TestForgetBeyondReported: when the engine reports fewer cached tokens
 // than the summary predicted, the blocks beyond the report (and a block
-// of slack, unless it reported none) are forgotten, the prompt and answer are recorded again after
+// of slack, unless it reported under a block) are forgotten, the prompt and answer are recorded again after
 // that, and the error lands in the histogram.
 func TestForgetBeyondReported(t *testing.T) {
 	body := chatBody("m", true, longPrompt)
@@ -69,6 +73,8 @@ func TestForgetBeyondReported(t *testing.T) {
 		wantForget []uint64
 	}{
 		{"nothing cached", 0, hashes[:match]},
+		// The start token alone (llama.cpp's full miss): under a block.
+		{"one token cached", 1, hashes[:match]},
 		{"half cached", int(6*16/bpt) + 1, hashes[7:match]},
 		{"all cached", int(match*16/bpt) + 1, nil},
 		{"more than predicted", 100, nil},
@@ -103,6 +109,50 @@ func TestForgetBeyondReported(t *testing.T) {
 			want := match - float64(tc.cached)*bpt/16
 			if h.GetSampleCount() != 1 || h.GetSampleSum() < want-1e-9 || h.GetSampleSum() > want+1e-9 {
 				t.Errorf("prediction error count %d sum %v, want 1 and %v", h.GetSampleCount(), h.GetSampleSum(), want)
+			}
+		})
+	}
+}
+
+// TestLearnAfterClientLeft: a client that leaves right after [DONE],
+// before the replica's response has ended, does not cost the router what
+// the response taught: the prompt and answer are recorded and the
+// cached-token report is checked, on both relay paths.
+func TestLearnAfterClientLeft(t *testing.T) {
+	for _, off := range []bool{false, true} {
+		t.Run(fmt.Sprintf("no stream loop %v", off), func(t *testing.T) {
+			rep := newReplica(t, func(w http.ResponseWriter, r *http.Request) {
+				sseChat(w, []string{"an answer of a few blocks, ", "streamed to its end"}, 0)
+				w.(http.Flusher).Flush()
+				// The response does not end until the router lets go.
+				select {
+				case <-r.Context().Done():
+				case <-time.After(testWait):
+				}
+			})
+			view := newFakeView([]string{"m"}, fakeReplica{id: rep.URL, match: 4})
+			p, srv, _ := newTestProxy(t, view, func(c *Config) { c.NoStreamLoop = off })
+			body := chatBody("m", true, longPrompt)
+			resp := post(t, t.Context(), srv.URL+"/v1/chat/completions", body)
+			sc := bufio.NewScanner(resp.Body)
+			for sc.Scan() && sc.Text() != "data: [DONE]" {
+			}
+			resp.Body.Close() // gone, with the replica's response still open
+			view.waitDone(t)
+			pr, err := prompt.RenderChat([]byte(body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			hashes := testContract.AppendHashes(nil, testContract.Root("m", ""), pr.Text)
+			recs := view.recorded(rep.URL)
+			if len(recs) != 2 || !slices.Equal(recs[0], hashes) || len(recs[1]) <= len(hashes) {
+				t.Fatalf("records %d, want the prompt, then prompt + answer", len(recs))
+			}
+			if got := len(view.forgotten(rep.URL)); got != 1 {
+				t.Errorf("forgot %d times, want once (the replica reported nothing cached)", got)
+			}
+			if got := testutil.ToFloat64(p.m.promptTokens); got != 100 {
+				t.Errorf("prompt tokens %v, want the replica's 100", got)
 			}
 		})
 	}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/proxy/hop"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 // TestForwardedRequestCounts: a request this router forwards to another
@@ -153,5 +154,33 @@ func TestOwnerRedecidesWithTheHopsCounts(t *testing.T) {
 				t.Fatalf("served at the holder %v, want %v", got, tc.holder)
 			}
 		})
+	}
+}
+
+// TestForwardedRequestCountedOnce: a client's request that one router
+// forwards to another's replica is one request in kvmesh_requests_total,
+// at the router the client reached; the owner counts the hop in
+// kvmesh_hop_requests_total.
+func TestForwardedRequestCountedOnce(t *testing.T) {
+	rep := newReplica(t, func(w http.ResponseWriter, r *http.Request) { jsonChat(w, "ok", 0) })
+	owner, ownerSrv, _ := newTestProxy(t, newFakeView([]string{"m"}, fakeReplica{id: rep.URL}), func(c *Config) { c.HopKey = testHopKey })
+	entry, srv, _ := newTestProxy(t, newFakeView([]string{"m"}, fakeReplica{id: rep.URL, owner: ownerSrv.URL}), func(c *Config) { c.HopKey = testHopKey })
+	resp := post(t, t.Context(), srv.URL+"/v1/chat/completions", chatBody("m", false, longPrompt))
+	if readAll(t, resp); resp.StatusCode != http.StatusOK {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	waitCounted(t, entry, epChat, 1)
+	waitCounted(t, owner, epChat, 1)
+	if got := testutil.ToFloat64(entry.m.requests.WithLabelValues(epChat, "200")); got != 1 {
+		t.Errorf("the entry router counted %v client requests, want 1", got)
+	}
+	if got := testutil.ToFloat64(owner.m.requests.WithLabelValues(epChat, "200")); got != 0 {
+		t.Errorf("the owner router counted the hop as %v client requests, want 0", got)
+	}
+	if got := testutil.ToFloat64(owner.m.hopRequests.WithLabelValues(epChat, "200")); got != 1 {
+		t.Errorf("the owner router counted %v hops, want 1", got)
+	}
+	if got := testutil.ToFloat64(entry.m.hopRequests.WithLabelValues(epChat, "200")); got != 0 {
+		t.Errorf("the entry router counted %v hops, want 0", got)
 	}
 }

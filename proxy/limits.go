@@ -6,7 +6,6 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"os"
@@ -145,37 +144,6 @@ func abandonBody(w http.ResponseWriter, r *http.Request) {
 		_ = http.NewResponseController(w).SetReadDeadline(time.Now())
 	}
 }
-
-// setBodyDeadline bounds the time to read r's body. The deadline is on
-// the connection, so it also bounds what net/http reads after a handler
-// that ignored the body; clearBodyDeadline lifts it before a long
-// response, whose connection net/http keeps reading in the background.
-func (p *Proxy) setBodyDeadline(w http.ResponseWriter, r *http.Request) {
-	if p.cfg.BodyTimeout > 0 && r.Body != nil && r.Body != http.NoBody {
-		_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(p.cfg.BodyTimeout))
-	}
-}
-
-func (p *Proxy) clearBodyDeadline(w http.ResponseWriter, r *http.Request) {
-	if p.cfg.BodyTimeout > 0 && r.Body != nil && r.Body != http.NoBody {
-		_ = http.NewResponseController(w).SetReadDeadline(time.Time{})
-	}
-}
-
-// readLimited reads body as it arrives, failing once more than limit
-// bytes came: memory follows the bytes received, never a Content-Length.
-func readLimited(body io.Reader, limit int64) ([]byte, error) {
-	b, err := io.ReadAll(io.LimitReader(body, limit+1))
-	if err != nil {
-		return nil, err
-	}
-	if int64(len(b)) > limit {
-		return nil, errBodyTooLarge
-	}
-	return b, nil
-}
-
-var errBodyTooLarge = errors.New("body too large")
 
 // ConnLimiter is a net.Listener that keeps at most Max connections open.
 // Connections over the cap are answered 503 with Retry-After (over TLS

@@ -241,28 +241,6 @@ func (st *reqState) countHeat() func() {
 	return end
 }
 
-// observeSlot folds a finished attempt's slot time at replica id into
-// its mean: only complete successful generations count (a refused,
-// failed or abandoned request says nothing of how long one runs).
-//
-// A request this router decided also becomes the record of its heat key
-// (route.Stem): the next request under the key forks from its stem or
-// extends it. Forwarded requests are not recorded, as they are not
-// counted in countHeat (the simulator records on the deciding router as
-// the request ends, too).
-func (st *reqState) observeSlot(id string, d route.Decision, first time.Time) {
-	p := st.p
-	if st.byLoad || st.code < 200 || st.code >= 300 {
-		return
-	}
-	p.load.observe(id, slotMs(first, p.now(), len(st.hashes)-d.Match, st.blockMs))
-	if !st.hop {
-		req := route.Request{Hashes: st.hashes, Root: st.root}
-		key := p.cfg.Policy.HeatKey(req)
-		p.load.setStem(key, route.StemOf(req, d.BestMatch))
-	}
-}
-
 // blockMsOf is a candidate's prefill time per block, as route prices it.
 func blockMsOf(pol route.Policy, c *route.Candidate) float64 {
 	if c.BlockMs > 0 {

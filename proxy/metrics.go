@@ -25,6 +25,7 @@ const (
 // metrics are one router's proxy metrics, registered on its own registry.
 type metrics struct {
 	requests        *prometheus.CounterVec
+	hopRequests     *prometheus.CounterVec
 	decisions       *prometheus.CounterVec
 	predictedCached prometheus.Counter
 	reportedCached  prometheus.Counter
@@ -49,7 +50,7 @@ type metrics struct {
 	// five times per request.
 	upstream [2]upstreamObservers // by target: [0] local, [1] peer
 	mu       sync.RWMutex
-	reqs     map[requestKey]prometheus.Counter // requests by endpoint and code
+	reqs     map[requestKey]prometheus.Counter // requests by endpoint, code and hop
 	replicas map[string]prometheus.Gauge       // inflight by replica
 	// byReason holds the decision counters of every known reason; it is
 	// filled in newMetrics and only read afterwards.
@@ -73,6 +74,7 @@ type upstreamObservers struct {
 type requestKey struct {
 	endpoint string
 	code     int
+	hop      bool
 }
 
 // target returns the upstream histograms of a local replica or a peer.
@@ -83,17 +85,24 @@ func (m *metrics) target(local bool) upstreamObservers {
 	return m.upstream[1]
 }
 
-// countRequest counts one client request by endpoint and status code.
-// The children are kept in a map of their own: the labels are few
+// countRequest counts one request by endpoint and status code: a
+// client's in kvmesh_requests_total, a hop (a request another router
+// forwarded here) in kvmesh_hop_requests_total, so that a client's
+// request is counted once in the mesh, at the router it reached. The
+// children are kept in a map of their own: the labels are few
 // (endpoints times the status codes seen), and the vector keeps each
 // child for as long anyway.
-func (m *metrics) countRequest(endpoint string, code int) {
-	k := requestKey{endpoint, code}
+func (m *metrics) countRequest(endpoint string, code int, hop bool) {
+	k := requestKey{endpoint, code, hop}
 	m.mu.RLock()
 	c := m.reqs[k]
 	m.mu.RUnlock()
 	if c == nil {
-		c = m.requests.WithLabelValues(endpoint, strconv.Itoa(code))
+		vec := m.requests
+		if hop {
+			vec = m.hopRequests
+		}
+		c = vec.WithLabelValues(endpoint, strconv.Itoa(code))
 		m.mu.Lock()
 		m.reqs[k] = c
 		m.mu.Unlock()
@@ -121,7 +130,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
 		requests: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvmesh_requests_total",
-			Help: "Client requests served by this router, by endpoint and HTTP status code.",
+			Help: "Client requests served by this router, by endpoint and HTTP status code (requests other routers forwarded here are in kvmesh_hop_requests_total).",
+		}, []string{"endpoint", "code"}),
+		hopRequests: f.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvmesh_hop_requests_total",
+			Help: "Requests other routers forwarded to this router for its replicas (hops), by endpoint and HTTP status code; their clients are counted in kvmesh_requests_total where they arrived.",
 		}, []string{"endpoint", "code"}),
 		decisions: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvmesh_route_decisions_total",
@@ -209,6 +222,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	for _, e := range []string{hop.GoneError, hop.GoneCut, hop.GoneKept, hop.GoneLeft} {
 		m.ownerGone.WithLabelValues(e)
 	}
+	// A router that has not been forwarded a request yet shows a zero
+	// for the main endpoint, not a missing family.
+	m.hopRequests.WithLabelValues(epChat, "200")
 	m.reqs = map[requestKey]prometheus.Counter{}
 	m.replicas = map[string]prometheus.Gauge{}
 	return m

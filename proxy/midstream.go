@@ -35,7 +35,8 @@ import (
 // comparisons. A failure then drops the held part: what the client got is
 // exactly the whole events before the failure, then the error event. An
 // event longer than the relay's buffer (32 KB) is passed on in pieces;
-// a failure inside one aborts the connection as before.
+// a failure inside one aborts the connection, the only signal left once
+// part of the event is sent.
 //
 // Other responses keep the aborted connection: a JSON body cut short must
 // not look complete, and there is no way to append an error to a JSON

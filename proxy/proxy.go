@@ -36,10 +36,6 @@ import (
 // prompt is ~512 KB of text; JSON escaping and inline images need headroom.
 const DefaultMaxBodyBytes = 16 << 20
 
-// bytesPerToken converts predicted blocks into predicted tokens for the
-// cached-token comparison (English text averages ~4 bytes per token).
-const bytesPerToken = 4
-
 // Config configures a Proxy.
 type Config struct {
 	// RouterName names this router in logs.
@@ -135,6 +131,10 @@ type Config struct {
 	// Peers lists the other routers' API base URLs; a router asks them
 	// about stored responses it did not relay (lookup.go). Nil: none.
 	Peers func() []string
+	// TokenRatios learns each owned replica's bytes per token from its
+	// answers (tokens.go); the router shares it with its health checks.
+	// Nil: the proxy's own. The proxy registers it with Registerer.
+	TokenRatios *TokenRatios
 }
 
 // Proxy is the HTTP handler of one router. It is safe for concurrent use.
@@ -182,7 +182,9 @@ type Proxy struct {
 	// tests).
 	probeOwner hop.Prober
 	// signer signs and verifies hints and lookups (hop.Signer).
-	signer   *hop.Signer
+	signer *hop.Signer
+	// ratios are the replicas' bytes per token (tokens.go).
+	ratios   *TokenRatios
 	stopGone func()
 }
 
@@ -227,11 +229,19 @@ func New(cfg Config) (*Proxy, error) {
 	if cfg.Panics == nil {
 		cfg.Panics = panics.New(cfg.Registerer, cfg.Logger)
 	}
+	if cfg.TokenRatios == nil {
+		cfg.TokenRatios = NewTokenRatios()
+	}
+	if cfg.Registerer != nil {
+		if err := cfg.Registerer.Register(cfg.TokenRatios); err != nil {
+			return nil, fmt.Errorf("proxy: %w", err)
+		}
+	}
 	p := &Proxy{cfg: cfg, log: cfg.Logger, m: newMetrics(cfg.Registerer), edge: newEdgeMetrics(cfg.Registerer), trust: newTrustMetrics(cfg.Registerer), client: cfg.Client,
 		junk: junkLog{log: cfg.Logger, lim: ratelog.New(5, time.Second)}, panics: cfg.Panics, now: time.Now,
 		sessionHeader: cfg.SessionHeader, responses: newResponseLRU(cfg.MaxResponses),
 
-		load: newLoadBook(), hops: hop.NewBook(), up: upstream.New(cfg.Client), answers: reply.NewBudget(reply.BudgetBytes)}
+		ratios: cfg.TokenRatios, load: newLoadBook(), hops: hop.NewBook(), up: upstream.New(cfg.Client), answers: reply.NewBudget(reply.BudgetBytes)}
 	p.lookups = newLookups(p, cfg.Registerer)
 	p.signer = &hop.Signer{Key: cfg.HopKey, Now: func() time.Time { return p.now() }}
 	p.probeOwner = hop.ProbeHealthz(p.client)
@@ -403,7 +413,7 @@ func (p *Proxy) models(w http.ResponseWriter) {
 	b, _ := json.Marshal(l)
 	w.Header().Set("Content-Type", "application/json")
 	_, _ = w.Write(append(b, '\n'))
-	p.m.countRequest(epModels, http.StatusOK)
+	p.m.countRequest(epModels, http.StatusOK, false)
 }
 
 // modelsKnown reports whether the mesh's models are known yet.
@@ -441,4 +451,14 @@ func (p *Proxy) Close() {
 		p.loops.Close()
 	}
 	p.CloseIdleConnections()
+}
+
+// setBodyDeadline bounds the time to read r's body. The deadline is on
+// the connection, so it also bounds what net/http reads after a handler
+// that ignored the body; clearBodyDeadline lifts it before a long
+// response, whose connection net/http keeps reading in the background.
+func (p *Proxy) setBodyDeadline(w http.ResponseWriter, r *http.Request) {
+	if p.cfg.BodyTimeout > 0 && r.Body != nil && r.Body != http.NoBody {
+		_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(p.cfg.BodyTimeout))
+	}
 }

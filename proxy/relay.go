@@ -53,7 +53,8 @@ type clientOut struct {
 
 // relay streams the upstream response to the client as it arrives. For
 // an owned replica's successful response it learns the answer on the way
-// and records prompt + answer once the response is complete.
+// and records prompt + answer once the response is complete, or once its
+// client left (the answer as far as the replica sent it).
 //
 // An upstream silent mid-body is cut off (upstream.IdleWatch): a blocked read of the
 // own client's connection fails on a past deadline, net/http's on the
@@ -96,10 +97,17 @@ func (st *reqState) relay(resp *http.Response, a upstreamAnswer) {
 	a.tap = streamTap{sink: sink, firstByte: a.firstByte, ttft: a.obs.ttft, start: a.start, idle: a.idle}
 	a.fr = upstream.NewFraming(sse && len(st.w.Header()["Content-Length"]) == 0)
 	ended, held, ok := st.relayByLoop(resp, &a, &out, sse)
-	if !ok {
-		return
+	if ok && !ended {
+		ok = st.relayByCopy(resp, &a, &out, held)
 	}
-	if !ended && !st.relayByCopy(resp, &a, &out, held) {
+	if !ok {
+		if st.code == statusClientGone && sink != nil {
+			// The replica answered whether or not its client stayed (a
+			// client may leave right after [DONE], before the response's
+			// end): what the sink saw is what the replica computed.
+			sink.Finish()
+			st.learn(a.id, a.d, sink)
+		}
 		return
 	}
 	if !a.tap.got {
@@ -323,16 +331,24 @@ func (st *reqState) learn(id string, d route.Decision, sink *reply.Sink) {
 	p := st.p
 	forgot := false
 	if u := sink.Usage(); u.Present {
+		// Tokens and blocks meet at this prompt's own bytes per token
+		// when the engine reported its tokens, else at the replica's
+		// learned ratio (tokens.go).
+		bpt := p.ratios.Of(id)
 		if u.PromptTokens > 0 {
 			p.m.promptTokens.Add(float64(u.PromptTokens))
+			if n := len(st.prompt.Text); n > 0 {
+				p.ratios.Observe(id, n, u.PromptTokens)
+				bpt = clampBytesPerToken(float64(n) / float64(u.PromptTokens))
+			}
 		}
 		if u.HasCached {
 			c := u.CachedTokens
 			if c > 0 {
 				p.m.reportedCached.Add(float64(c))
 			}
-			p.m.predictedCached.Add(float64(d.Match * p.cfg.Contract.BlockBytes / bytesPerToken))
-			forgot = st.correct(id, d.Match, c, u.PromptTokens)
+			p.m.predictedCached.Add(float64(d.Match*p.cfg.Contract.BlockBytes) / bpt)
+			forgot = st.correct(id, d.Match, c, bpt)
 		}
 	}
 	if len(sink.Answer()) == 0 && !forgot {
@@ -354,30 +370,49 @@ func (st *reqState) learn(id string, d route.Decision, sink *reply.Sink) {
 	}
 }
 
+// observeSlot folds a finished attempt's slot time at replica id into
+// its mean: only complete successful generations count (a refused,
+// failed or abandoned request says nothing of how long one runs).
+//
+// A request this router decided also becomes the record of its heat key
+// (route.Stem): the next request under the key forks from its stem or
+// extends it. Forwarded requests are not recorded, as they are not
+// counted in countHeat (the simulator records on the deciding router as
+// the request ends, too).
+func (st *reqState) observeSlot(id string, d route.Decision, first time.Time) {
+	p := st.p
+	if st.byLoad || st.code < 200 || st.code >= 300 {
+		return
+	}
+	p.load.observe(id, slotMs(first, p.now(), len(st.hashes)-d.Match, st.blockMs))
+	if !st.hop {
+		req := route.Request{Hashes: st.hashes, Root: st.root}
+		key := p.cfg.Policy.HeatKey(req)
+		p.load.setStem(key, route.StemOf(req, d.BestMatch))
+	}
+}
+
 // forgetSlackBlocks is how many blocks past the reported cached tokens
-// (when any are reported) are still taken as held: the engine counts
+// (when at least a block is reported) are still taken as held: the engine counts
 // chat-template tokens the canonical text does not have and rounds down to
 // its own block size, so a correct prediction may exceed the report by a
 // fraction of a block.
 const forgetSlackBlocks = 1
 
 // correct compares the predicted match (blocks) with the engine's
-// reported cached tokens, observes the error, and forgets the blocks the
-// summary claimed beyond the report. It reports whether it forgot any.
-func (st *reqState) correct(id string, match int, cached, promptTokens int64) bool {
+// reported cached tokens, read as bytes of canonical text at bpt bytes
+// per token, observes the error, and forgets the blocks the summary
+// claimed beyond the report. It reports whether it forgot any.
+func (st *reqState) correct(id string, match int, cached int64, bpt float64) bool {
 	p := st.p
 	bb := float64(p.cfg.Contract.BlockBytes)
-	// Convert tokens to canonical-text bytes with this request's own
-	// ratio (its prompt's bytes over its reported tokens) when it is
-	// sane, else the English average.
-	bpt := float64(bytesPerToken)
-	if promptTokens > 0 && len(st.prompt.Text) > 0 {
-		bpt = min(max(float64(len(st.prompt.Text))/float64(promptTokens), 1), 8)
-	}
 	reported := float64(max(cached, 0)) * bpt / bb
 	p.m.predictionError.Observe(float64(match) - reported)
-	keep := 0 // nothing reported: nothing of the prefix is held
-	if cached > 0 {
+	// Less than a block reported is a full miss: an engine that holds
+	// nothing of the prompt may still count a token or two cached (the
+	// start token llama.cpp keeps), which no block of the prefix is.
+	keep := 0
+	if reported >= 1 {
 		keep = int(reported) + forgetSlackBlocks
 	}
 	match = min(match, len(st.hashes))

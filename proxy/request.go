@@ -16,6 +16,7 @@ import (
 	"github.com/kvmesh/kvmesh/proxy/upstream"
 	"github.com/kvmesh/kvmesh/route"
 	"github.com/kvmesh/kvmesh/summary"
+	"github.com/zeebo/xxh3"
 )
 
 // The request path of an inference request, top to bottom:
@@ -133,7 +134,7 @@ func (st *reqState) finish() {
 	if st.releaseClient != nil {
 		st.releaseClient()
 	}
-	st.p.m.countRequest(st.ep.label, st.code)
+	st.p.m.countRequest(st.ep.label, st.code, st.hop)
 }
 
 // admit checks the method, the hop's hints or the client's key, and the
@@ -229,6 +230,30 @@ func (st *reqState) route() {
 	}
 }
 
+// clientKey hashes the routing key a client sent, in order of precedence:
+// the body's prompt_cache_key, then the session header, then SGLang's
+// bootstrap_room. 0 means none. The kind is hashed in, so one value sent
+// as two kinds of key does not collide.
+func (p *Proxy) clientKey(r *http.Request, pr *prompt.Prompt) uint64 {
+	var kind uint64
+	var v string
+	switch {
+	case pr.CacheKey != "":
+		kind, v = 1, pr.CacheKey
+	case p.sessionHeader != "" && r.Header.Get(p.sessionHeader) != "":
+		kind, v = 2, r.Header.Get(p.sessionHeader)
+	case pr.BootstrapRoom != "":
+		kind, v = 3, pr.BootstrapRoom
+	default:
+		return 0
+	}
+	h := xxh3.HashStringSeed(v, 0x6b65790000000000|kind)
+	if h == 0 {
+		h = 1
+	}
+	return h
+}
+
 // readLoads reads the candidates with their loads, and the placement
 // sequence they reflect (placeBook); a forwarded request keeps this
 // router's own candidates and finds its hint among them.
@@ -241,6 +266,7 @@ func (st *reqState) readLoads() {
 		st.cands, st.releaseCands = p.cfg.View.PooledCandidates(st.prompt.Model)
 		p.load.fill(st.cands)
 		p.hops.Fill(st.cands, p.cfg.View)
+		p.places.fillWritten(st.cands)
 		if p.loadsRead != nil {
 			p.loadsRead()
 		}

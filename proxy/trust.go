@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"net/http"
+	"strings"
 
 	"github.com/kvmesh/kvmesh/proxy/hop"
 
@@ -118,4 +119,26 @@ func (p *Proxy) hopOf(r *http.Request) (isHop, authenticated bool) {
 		p.junk.Printf("dropping unauthenticated hint headers from %s (%s)", r.RemoteAddr, reason)
 	}
 	return false, false
+}
+
+// authorize checks the client's bearer key when keys are configured; on
+// failure it has answered 401 as OpenAI does.
+func (p *Proxy) authorize(w http.ResponseWriter, r *http.Request) bool {
+	if p.cfg.APIKeys == nil {
+		return true
+	}
+	auth := r.Header.Get("Authorization")
+	scheme, key, _ := strings.Cut(auth, " ")
+	if strings.EqualFold(scheme, "Bearer") && p.cfg.APIKeys.Valid(strings.TrimSpace(key)) {
+		return true
+	}
+	p.edge.rejected.WithLabelValues(rejectAuth).Inc()
+	abandonBody(w, r)
+	w.Header().Set("WWW-Authenticate", `Bearer realm="kvmesh"`)
+	msg := "Incorrect API key provided."
+	if auth == "" {
+		msg = "You didn't provide an API key. Provide it in an Authorization header: Bearer YOUR_KEY."
+	}
+	writeErrorCode(w, http.StatusUnauthorized, "invalid_request_error", codeInvalidAPIKey, msg)
+	return false
 }

@@ -104,9 +104,9 @@ func TestWriteTimeoutEndsStalledStream(t *testing.T) {
 func TestWriteTimeoutLiftedForNextRequest(t *testing.T) {
 	rep := newReplica(t, func(w http.ResponseWriter, r *http.Request) { sseChat(w, deltas(20, 8), 3) })
 	view := newFakeView([]string{"m"}, fakeReplica{id: rep.URL})
-	// The stream's writes must all meet the timeout (a 20 ms one was
-	// missed under a loaded -race run, the stream cut: a handler
-	// descheduled between its deadline and its write), and the next
+	// The stream's writes must all meet the timeout (20 ms is too short:
+	// under a loaded -race run a handler descheduled between its deadline
+	// and its write misses it and the stream is cut), and the next
 	// request comes after it has passed.
 	const writeTimeout = 500 * time.Millisecond
 	_, srv, _ := newTestProxy(t, view, func(c *Config) { c.WriteTimeout = writeTimeout })

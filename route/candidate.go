@@ -91,6 +91,13 @@ type Detail struct {
 	// spreads by it (hashPick).
 	Own   int32
 	Local bool
+	// Written is how many prefill blocks this router sent the replica
+	// over its recent placements (the blocks each placement predicted
+	// the replica lacked): what this router added to the replica's cache
+	// lately, which pushes older prompts out of it. At equal estimated
+	// waits a cold request goes where it is least (scanColdAll). 0 when
+	// the view keeps no such record.
+	Written float64
 }
 
 // Count32 is n as a Candidate's count: saturated at the int32 range

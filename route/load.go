@@ -124,8 +124,14 @@ func (p Policy) queueBound(queued, known int) int {
 	return int(math.Ceil(p.InFlightFactor * float64(queued+known) / float64(known)))
 }
 
+// inFlightBound is the hot-spot guard's bound on requests in flight at an
+// engine of unknown slots: InFlightFactor times the mean with one more
+// request per replica, as queueBound. With one more in all instead, a
+// lightly loaded cluster (fewer requests in flight than replicas) bounds
+// every replica at one request, so a conversation's next turn leaves the
+// replica that holds it whenever its previous turn is still finishing.
 func (p Policy) inFlightBound(inFlight, known int) int {
-	return int(math.Ceil(p.InFlightFactor * float64(inFlight+1) / float64(known)))
+	return int(math.Ceil(p.InFlightFactor * float64(inFlight+known) / float64(known)))
 }
 
 // limits are the bounded-load limits of one decision.

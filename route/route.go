@@ -314,11 +314,12 @@ func (p Policy) pick(req Request, cands []Candidate, ms []int32) Decision {
 	// no prefill queued): the request waits behind queued prefill as it
 	// would for a slot, and so do the others. The copy serves them too,
 	// so its recompute weighs 1 against the wait at the holders (on an
-	// idle replica only: price). Until branch s20-hot the test was a free
-	// slot alone, which a prefill-bound engine (256 slots) always has: a
-	// hot prompt kept one or two holders while their lanes queued, and
-	// more than half the requests waited (the grid's hot-prompts
-	// 0.9/256/1: TTFT p50 156-312 ms, 41-46 ms since, over seeds 1-6).
+	// idle replica only: price). A free slot alone is not the test: a
+	// prefill-bound engine (256 slots) always has one, so a hot prompt
+	// would keep one or two holders while their lanes queued, and more
+	// than half the requests would wait (the grid's hot-prompts
+	// 0.9/256/1, seeds 1-6: TTFT p50 156-312 ms with that test, 41-46 ms
+	// with this one).
 	rw := p.RecomputeWeight
 	if req.Concurrent > 1 {
 		holders, _, idleHolder := holdersOf(cands, ms, best)
@@ -341,7 +342,7 @@ func (p Policy) pick(req Request, cands []Candidate, ms []int32) Decision {
 	// earlier request, not from several in flight, and with the idle
 	// test the rule copied the conversation trace's stems more (hit
 	// ratio -0.3 %) and lost no-shared-head 0.9/4/0.25's hit gate on one
-	// seed of six (branch s20-hot).
+	// seed of six.
 	fork, stemWeight := 0, rw
 	if req.ForkBlocks > 0 {
 		if _, startable, _ := holdersOf(cands, ms, best); !startable && counted > 0 && 2*canKnown >= counted {

@@ -631,7 +631,7 @@ func TestPickAllFullWeighsTheWaitAgainstTheRecompute(t *testing.T) {
 // owns, whose load it sees exactly, before one whose free slot it knows
 // only from another router's gossip (a slot the other routers see free
 // too); a router that owns none of the candidates, or a view without
-// ownership, takes the cheapest as before; and a remote replica stays
+// ownership, takes the cheapest; and a remote replica stays
 // the hot-spot guard's last resort when no near one is under its bound.
 func TestPickMovesToAnOwnedReplicaBeforeARemoteOne(t *testing.T) {
 	conv := chainOf(nil, 10, 2)
@@ -926,6 +926,50 @@ func TestColdPlacementTwoChoicesByInFlight(t *testing.T) {
 	}
 }
 
+// Among replicas of equal wait, a cold request goes to the one this
+// router wrote the fewest prefill blocks to recently (Detail.Written),
+// whatever the key's rendezvous order: new prompts that share no prefix
+// spread their cache footprint rather than pile on the replicas their
+// keys happen to name. Equal writes keep the key's order; a shorter wait
+// still beats fewer writes; and without every summary counting the key
+// alone places it (the next turn must retrace it by the key).
+func TestColdPlacementPrefersTheLeastWritten(t *testing.T) {
+	req := request(chainOf(nil, 4, 12))
+	cs := candidates(5)
+	for i := range cs {
+		cs[i].Summary, cs[i].Slots = held(t), 8
+	}
+	order := keyOrder(req, cs)
+	setWritten := func(w ...float64) {
+		for i := range cs {
+			cs[i].Detail.Written, cs[i].PendingPrefillBlocks = 0, 0
+		}
+		for k, x := range w {
+			cs[order[k]].Detail.Written = x
+		}
+	}
+	pick := func() Decision { return DefaultPolicy().Pick(req, cs) }
+
+	setWritten(0, 0, 0, 0, 0)
+	if d := pick(); d.Index != order[0] || d.Reason != ReasonFallbackCold {
+		t.Fatalf("equal writes: decision %+v, want the key's first choice %d", d, order[0])
+	}
+	setWritten(300, 200, 100, 100, 400)
+	if d := pick(); d.Index != order[2] {
+		t.Fatalf("writes %v: decision %+v, want %d (fewest written, first in key order among them)", []float64{300, 200, 100, 100, 400}, d, order[2])
+	}
+	setWritten(300, 200, 100, 100, 400)
+	cs[order[2]].PendingPrefillBlocks, cs[order[3]].PendingPrefillBlocks = 5, 5
+	if d := pick(); d.Index != order[1] {
+		t.Fatalf("the least written queue prefill: decision %+v, want %d (shortest wait first)", d, order[1])
+	}
+	setWritten(300, 200, 100, 100, 400)
+	cs[order[4]].Summary = nil // one summary does not count
+	if d := pick(); d.Index != order[0] {
+		t.Fatalf("a summary missing: decision %+v, want the key's first choice %d", d, order[0])
+	}
+}
+
 // A hot prompt whose holders are all in a farther tier, while every
 // replica of the nearest tier is busy: cold placement found no one to take
 // it (a stale-holder case the fault suite hit after a router's kill -9,
@@ -1115,5 +1159,40 @@ func TestBurst(t *testing.T) {
 				t.Fatalf("burst = %v, want %v", got, tc.want)
 			}
 		})
+	}
+}
+
+// In a lightly loaded cluster of engines whose slots the router does not
+// know (vLLM publishes no max-num-seqs), a conversation's next turn stays
+// on its holder while the holder is busy with a turn or two: the
+// in-flight bound is InFlightFactor times the mean plus one per replica,
+// not one in all, which would bound every replica at a single request
+// whenever fewer requests are in flight than there are replicas.
+func TestNextTurnStaysWithUnknownSlotsInALightCluster(t *testing.T) {
+	system := chainOf(nil, 3, 1)
+	conv := chainOf(system, 2, 2)
+	next := request(chainOf(conv, 6, 3)) // a long new question: the holder has less than half
+	for _, holderInFlight := range []int32{1, 2} {
+		cs := candidates(8)
+		for i := range cs {
+			cs[i].Summary = held(t, system)
+		}
+		cs[0].Summary = held(t, conv)
+		cs[0].InFlight, cs[0].Running, cs[0].PendingPrefillBlocks = holderInFlight, holderInFlight, 2
+		cs[5].InFlight, cs[5].Running = 1, 1
+		d := DefaultPolicy().Pick(next, cs)
+		if d.Index != 0 {
+			t.Fatalf("holder with %d in flight: decision %+v, want the holder (0)", holderInFlight, d)
+		}
+	}
+	// A holder far above the mean still spills: the guard holds.
+	cs := candidates(8)
+	for i := range cs {
+		cs[i].Summary = held(t, system)
+	}
+	cs[0].Summary = held(t, conv)
+	cs[0].InFlight, cs[0].Running, cs[0].PendingPrefillBlocks = 12, 12, 40
+	if d := DefaultPolicy().Pick(next, cs); d.Index == 0 {
+		t.Fatalf("holder with 12 in flight and 40 blocks queued: decision %+v, want a spill", d)
 	}
 }

@@ -6,8 +6,10 @@ import "errors"
 // entries: the simulator's exact model of dissemination uses them (it
 // counts messages, not bytes). Routers use the coded deltas of delta.go.
 
-// ErrDiverged is kept for callers of Apply; Apply no longer returns it
-// (a copy's divergence shows as a digest mismatch in the mesh).
+// ErrDiverged names a copy that diverged from its owner, for callers that
+// check Apply's errors alongside ErrGap. Apply itself does not return it:
+// a divergence versions cannot show is a digest mismatch, which the mesh
+// detects and repairs with a full copy.
 var ErrDiverged = errors.New("summary: copy diverged from its owner")
 
 // Since returns the log entries applied after version v, in order, if the

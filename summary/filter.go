@@ -307,7 +307,7 @@ func New(p Params, epoch uint64) (*Summary, error) {
 func logLimitOf(g geometry) int { return min(max(g.perGen/4, 1024), 1<<16) }
 
 // maxNegOf bounds the negative record: forgets beyond it are refused (the
-// blocks then age out with their generation, as before).
+// blocks then age out with their generation, as any block does).
 func maxNegOf(g geometry) int { return min(max(g.perGen/4, 256), 1<<16) }
 
 // Params returns the parameters the summary was sized with.

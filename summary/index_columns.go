@@ -404,7 +404,7 @@ func (x *Index) claimKeyLocked(s *Summary, key, seq uint64, asked int) (c *colum
 // the next decisions. It returns nil, with nothing changed, when s's lock
 // is taken (a writer, or another Index's fill: never wait on it while
 // holding old's) or s is bound already; the caller then releases old and
-// fills the column as before.
+// fills a column for s whole, the way a summary new to the Index is.
 //
 // Holding old's summary's write lock, it unbinds old (its writes stop
 // mirroring; its words stay those the column holds), then counts a

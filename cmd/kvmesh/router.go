@@ -376,7 +376,11 @@ func startRouter(ctx context.Context, cfg routerConfig) (*router, error) {
 	if edges.peerTLS != nil {
 		client.Transport.(*http.Transport).TLSClientConfig = edges.peerTLS
 	}
-	hc := health.New(health.Config{Interval: cfg.healthInterval, LoadInterval: cfg.sources.loadInterval, Engine: cfg.sources.engine, Panics: rec},
+	// The replicas' bytes per token, learned by the proxy from their
+	// answers, size their summaries in the health checks.
+	ratios := proxy.NewTokenRatios()
+	hc := health.New(health.Config{Interval: cfg.healthInterval, LoadInterval: cfg.sources.loadInterval, Engine: cfg.sources.engine, Panics: rec,
+		BytesPerToken: ratios.Of},
 		nil, client, set.onStatus, cfg.contract.BlockBytes, log.Named("health"), reg)
 	set.health = hc
 	set.update("static", cfg.replicas)
@@ -398,7 +402,7 @@ func startRouter(ctx context.Context, cfg routerConfig) (*router, error) {
 		MaxInflightPerClient: cfg.maxInflightPerClient, HopKey: hop.Key(cfg.gossipKey),
 		TrustPeerCerts: edges.serverTLS != nil && edges.peerCA != nil, RequirePeerTLS: edges.peerCA != nil, APIKeys: edges.keys,
 		InsecureHops:  cfg.insecureMesh && !meshAuthenticated(&cfg),
-		SessionHeader: cfg.sessionHeader, Peers: m.PeerAPIs, NoStreamLoop: cfg.noStreamLoop,
+		SessionHeader: cfg.sessionHeader, Peers: m.PeerAPIs, NoStreamLoop: cfg.noStreamLoop, TokenRatios: ratios,
 	})
 	if err != nil {
 		closeLns()

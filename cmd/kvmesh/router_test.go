@@ -248,7 +248,9 @@ func TestEndToEndNextTurnFollowsCache(t *testing.T) {
 	requests := func() float64 {
 		n := 0.0
 		for _, r := range routers {
-			n += counter(t, r, "kvmesh_requests_total", "")
+			// A client's request at the router it reached, a hop at
+			// each router it was forwarded to.
+			n += counter(t, r, "kvmesh_requests_total", "") + counter(t, r, "kvmesh_hop_requests_total", "")
 		}
 		return n
 	}

@@ -123,7 +123,7 @@ func namedReplica(name string, leaked *int, mu *sync.Mutex) *httptest.Server {
 // TestForgedHopHeadersMoveNothing is issue 24's report end to end: one
 // router, two replicas, and a client that sends the routers' hint
 // headers naming the replica the router would not choose. Forty such
-// requests moved forty before; now none, whether the router has no key
+// requests move none, whether the router has no key
 // (alone) or has one and the client sends no MAC or a forged one. The
 // control, the same router told --insecure-mesh, moves all forty.
 func TestForgedHopHeadersMoveNothing(t *testing.T) {

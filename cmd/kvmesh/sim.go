@@ -21,6 +21,8 @@ import (
 // max-num-seqs × cache fraction, one line per cell, and writes an HTML
 // heat-map; with --check it runs a short grid and fails when kvmesh-mesh
 // loses to a baseline or falls below 0.97× the best peer model's hit ratio.
+// With --random-cells it draws cells over the envelope of issue 22 on
+// generated workloads (simrandom.go).
 func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	return runSimEnv(ctx, args, stdout, stderr, os.LookupEnv)
 }
@@ -59,6 +61,7 @@ func runSimEnv(ctx context.Context, args []string, stdout, stderr io.Writer, get
 	mnsList := fs.String("max-num-seqs-list", "4,32,256", "grid: comma-separated max-num-seqs")
 	cacheList := fs.String("cache-fractions", "0.25,1", "grid: comma-separated cache fractions")
 	htmlPath := fs.String("html", "kvmesh-sim-grid.html", "grid: write the heat-map here (empty: none)")
+	rf := bindRandomFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -86,6 +89,13 @@ func runSimEnv(ctx context.Context, args []string, stdout, stderr io.Writer, get
 	cfg.Policies = splitList(*policies)
 	if len(cfg.Policies) == 0 {
 		return errors.New("sim: --policies is empty")
+	}
+
+	if rf.active() {
+		if *grid || *check {
+			return errors.New("sim: --random-cells/--random-seeds/--holdout run on their own, without --grid or --check")
+		}
+		return runRandomCells(ctx, stdout, cfg, rf, *asJSON)
 	}
 
 	var base []trace.Request

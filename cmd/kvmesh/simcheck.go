@@ -60,10 +60,10 @@ type lossCells []lossCell
 // knownLosses are the corner cells that lose a gate today on some seed
 // (docs/SIMULATION.md, grid section, says why). They run and print, but
 // do not fail the check: it gates what holds, so that it catches
-// regressions. Remove an entry when its cell holds on seeds 1-3. Empty
-// since s16-route: hot-prompts 0.6/4/1 (p99 1274 against round-robin's
-// 1272 ms on seeds 2-3) left when a hot prompt's copy went only to idle
-// replicas (1255 ms on seeds 1-3).
+// regressions. Remove an entry when its cell holds on seeds 1-3. Empty:
+// the last cell to lose, hot-prompts 0.6/4/1 (p99 1274 against
+// round-robin's 1272 ms on seeds 2-3), holds because a hot prompt's copy
+// goes only to idle replicas (1255 ms on seeds 1-3).
 var knownLosses = lossCells{}
 
 func (l lossCells) find(c sim.Cell) (string, bool) {

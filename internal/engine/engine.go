@@ -99,12 +99,16 @@ type ReplicaStatus struct {
 	// tgi, or openai for an unknown OpenAI-compatible server); the mesh
 	// does not read it.
 	Engine string
+	// Restarts counts the engine's restarts the health checker found
+	// (proxy/health's restart.go); when it grows, the owner cuts the
+	// replica's summary (mesh's restartedLocked).
+	Restarts int
 }
 
 // Equal reports that s and o report the same.
 func (s ReplicaStatus) Equal(o ReplicaStatus) bool {
 	return s.Healthy == o.Healthy && slices.Equal(s.Models, o.Models) && s.CapacityBlocks == o.CapacityBlocks &&
-		s.Load == o.Load && s.Engine == o.Engine
+		s.Load == o.Load && s.Engine == o.Engine && s.Restarts == o.Restarts
 }
 
 // Adapter reads one kind of engine.

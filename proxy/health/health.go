@@ -53,9 +53,10 @@ type Config struct {
 	// PassThreshold consecutive passes re-admit an ejected one (default 2).
 	// A replica never admitted is admitted at its first pass.
 	PassThreshold int
-	// BytesPerToken converts engine cache tokens into router blocks
-	// (default 4).
-	BytesPerToken int
+	// BytesPerToken is a replica's bytes of canonical text per engine
+	// token, which converts its engine's cache tokens into router blocks
+	// (tokens.go; nil: DefaultBytesPerToken).
+	BytesPerToken func(replica string) float64
 	// Engine is the kind of engine behind every replica; "" or auto
 	// detects each replica's from its /metrics.
 	Engine engine.Kind
@@ -84,8 +85,8 @@ func (c Config) withDefaults() Config {
 	if c.PassThreshold <= 0 {
 		c.PassThreshold = 2
 	}
-	if c.BytesPerToken <= 0 {
-		c.BytesPerToken = 4
+	if c.BytesPerToken == nil {
+		c.BytesPerToken = func(string) float64 { return DefaultBytesPerToken }
 	}
 	if c.Engine == "" {
 		c.Engine = engine.Auto
@@ -144,6 +145,9 @@ type replicaHealth struct {
 	models                    []string
 	metrics, info             engine.Stats
 	learnedSlots              int32
+	uptime                    engine.Uptime // the last scrape's that had any (restart.go)
+	bytesPerToken             float64       // the ratio CapacityBlocks is in (tokens.go)
+	restarts                  int
 	lastHealth, lastInfo      time.Time
 	lastLoad                  time.Time
 	last                      ReplicaStatus // what onChange was last told
@@ -345,6 +349,7 @@ type pollResult struct {
 	scrapeFailed            bool
 	infoRead                bool
 	info                    engine.Stats
+	uptime                  engine.Uptime
 }
 
 // poll does what is due for replica id (everything when force): its
@@ -367,6 +372,9 @@ func (h *Checker) poll(ctx context.Context, id string, s *replicaHealth, force b
 	detecting := r.adapter == nil
 	if (healthDue || loadDue) && (detecting || r.adapter.Kind() != engine.Generic) {
 		if fams, err := h.fetchMetrics(ctx, base); err == nil || len(fams) > 0 {
+			if err == nil {
+				r.uptime = engine.ReadUptime(fams)
+			}
 			if detecting {
 				if k, ok := engine.Detect(fams); ok {
 					r.adapter, _ = engine.For(k)
@@ -429,6 +437,7 @@ func (h *Checker) apply(id string, s *replicaHealth, r pollResult) {
 		// it published (slots, cache size) does not change with load.
 		s.metrics.EngineLoad = s.metrics.EngineLoad.Forget()
 	}
+	h.noteUptimeLocked(id, s, r.uptime)
 	if r.scraped {
 		s.metrics, s.lastLoad = r.metrics, r.now
 		if m := r.metrics; m.HasLoad && (m.Waiting > 0 || s.learnedSlots > 0) && m.Running > s.learnedSlots {
@@ -450,6 +459,9 @@ func (h *Checker) apply(id string, s *replicaHealth, r pollResult) {
 			s.passes++
 			s.models = r.models
 			if !s.healthy && (!s.ejected || s.passes >= h.cfg.PassThreshold) {
+				if s.ejected {
+					h.readmittedLocked(id, s)
+				}
 				s.healthy, s.ejected, s.admitted = true, false, true
 				h.log.Info("replica admitted", "replica", id, "engine", h.kindLocked(s), "models", strings.Join(r.models, ","))
 			}
@@ -486,12 +498,12 @@ func (h *Checker) kindLocked(s *replicaHealth) string {
 // statusLocked is s as reported; h.mu is held.
 func (h *Checker) statusLocked(s *replicaHealth) ReplicaStatus {
 	st := s.metrics.Merge(s.info)
-	out := ReplicaStatus{Models: s.models, Healthy: s.healthy, Engine: h.kindLocked(s), Load: st.EngineLoad}
+	out := ReplicaStatus{Models: s.models, Healthy: s.healthy, Engine: h.kindLocked(s), Load: st.EngineLoad, Restarts: s.restarts}
 	if out.Load.Slots == 0 {
 		out.Load.Slots = s.learnedSlots
 	}
 	if st.CacheTokens > 0 {
-		c := float64(st.CacheTokens) * float64(h.cfg.BytesPerToken) / float64(h.blockBytes)
+		c := float64(st.CacheTokens) * s.bytesPerToken / float64(h.blockBytes)
 		out.CapacityBlocks = int(min(c, summary.MaxCapacityBlocks))
 	}
 	return out
@@ -500,6 +512,7 @@ func (h *Checker) statusLocked(s *replicaHealth) ReplicaStatus {
 // notify reports s if it changed since the last report; h.mu is held.
 // A replica not yet admitted is not reported.
 func (h *Checker) notify(id string, s *replicaHealth) {
+	h.ratioLocked(id, s)
 	st := h.statusLocked(s)
 	healthy := 0.0
 	if st.Healthy {

@@ -15,8 +15,8 @@ import "net"
 // wake-ups alone at about 10 % of its CPU. These sockets are
 // non-blocking, so a call never blocks: made raw, the processor stays
 // with the goroutine for the microseconds the kernel takes, as the stream
-// loop's calls already do. Waiting, deadlines and Close are the
-// runtime poller's, as before (syscall.RawConn).
+// loop's calls do. Waiting, deadlines and Close stay the runtime
+// poller's (syscall.RawConn).
 //
 // NewSockIO returns nil where raw calls are not made (another platform,
 // a connection that is not a *net.TCPConn): callers use the net.Conn.

@@ -21,7 +21,7 @@ import (
 // handler returns, so the client sees exactly what the normal path
 // sends. A stream leaves the loop back to the normal path (relay's read
 // and write loop) when the client's socket is full (a slow client is then
-// waited for by its handler's goroutine, as before) and when the loop
+// waited for by its handler's goroutine, as on the normal path) and when the loop
 // stops (Proxy.Close); it ends in the loop when the body ends, the
 // replica fails or the client goes away (a write fails, or its request's
 // context is cancelled, which the handler's goroutine watches).

@@ -349,7 +349,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		// call inside the window pulled in a switch that would have come
 		// after the decision (2.4-3.0% of the decisions under load, in
 		// the fill, against 0.8-1.2% spread over the phases with the
-		// call outside; branch s19-dec). The decision itself makes none.
+		// call outside). The decision itself makes none.
 		c0, cpuOK := threadcpu.Now()
 		t0 := time.Now()
 		cands := routers[k].m.CandidatesInto("m", &buf)

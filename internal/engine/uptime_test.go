@@ -1,0 +1,49 @@
+package engine
+
+import (
+	"fmt"
+	"testing"
+)
+
+// TestRestartedSince: a new start time is a restart and the same one is
+// not, whatever the counters did; without one, most counters going down
+// is, and a gauge typed as a counter going down alone is not.
+func TestRestartedSince(t *testing.T) {
+	page := func(s string) Uptime {
+		t.Helper()
+		f, err := ParseMetrics([]byte(s))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ReadUptime(f)
+	}
+	const llama = `# TYPE llamacpp:prompt_tokens_total counter
+llamacpp:prompt_tokens_total %s
+# TYPE llamacpp:tokens_predicted_total counter
+llamacpp:tokens_predicted_total %s
+# TYPE llamacpp:n_busy_slots_per_decode counter
+llamacpp:n_busy_slots_per_decode %s
+`
+	fill := func(a, b, c string) string { return fmt.Sprintf(llama, a, b, c) }
+	const started = "# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds %s\n# TYPE vllm:prompt_tokens_total counter\nvllm:prompt_tokens_total %s\n"
+	tests := []struct {
+		name      string
+		prev, cur string
+		want      bool
+	}{
+		{"counters grew", fill("100", "50", "1.5"), fill("180", "70", "1.5"), false},
+		{"busy slots ratio fell", fill("100", "50", "1.5"), fill("180", "70", "1.2"), false},
+		{"counters reset", fill("100", "50", "1.5"), fill("12", "3", "1"), true},
+		{"start time changed", fmt.Sprintf(started, "1700000000.5", "900"), fmt.Sprintf(started, "1700000300.25", "1000"), true},
+		{"start time kept, counters fell", fmt.Sprintf(started, "1700000000.5", "900"), fmt.Sprintf(started, "1700000000.5", "10"), false},
+		{"nothing published", "vllm:num_requests_running 1\n", "vllm:num_requests_running 0\n", false},
+	}
+	for _, tc := range tests {
+		if got := page(tc.cur).RestartedSince(page(tc.prev)); got != tc.want {
+			t.Errorf("%s: restarted %v, want %v", tc.name, got, tc.want)
+		}
+	}
+	if page("vllm:num_requests_running 1\n").Known() {
+		t.Error("a page without start time or counters tells restarts")
+	}
+}
