@@ -290,7 +290,7 @@ func TestEmbeddingsGoByLoad(t *testing.T) {
 
 func TestLeastLoaded(t *testing.T) {
 	c := func(id string, tier, inFlight, waiting int) route.Candidate {
-		return route.Candidate{Detail: &route.Detail{ID: id}, Tier: int8(tier), InFlight: int32(inFlight), Waiting: int32(waiting)}
+		return route.Candidate{Detail: &route.Detail{ID: id}, Tier: int8(tier), InFlight: int32(inFlight), EngineLoad: route.EngineLoad{Waiting: int32(waiting)}}
 	}
 	tests := []struct {
 		name  string

@@ -270,7 +270,8 @@ type coldFilter struct {
 }
 
 // eligible reports that c is in the nearest tier, under the limits, and
-// holds a hot common prefix or (second pass) is idle to copy it.
+// holds a hot common prefix or (second pass) is idle to copy it, with
+// room in its KV cache for the copy.
 func (f coldFilter) eligible(c *Candidate) bool {
 	if int(c.Tier) != f.tier || !f.lim.admitsCold(c) {
 		return false
@@ -278,8 +279,14 @@ func (f coldFilter) eligible(c *Candidate) bool {
 	if !f.hot || !lacks(c, f.common) {
 		return true
 	}
-	return !f.holdersOnly && idle(c)
+	return !f.holdersOnly && idle(c) && c.KVUsage < kvWatermark
 }
+
+// kvWatermark is the KV usage at which an engine admits no new sequence
+// without evicting or preempting one: vLLM keeps 1% of its blocks free
+// (the block manager's watermark). A hot prompt's copy there would push
+// out the blocks of sequences it runs, whatever its free slots say.
+const kvWatermark = KVFull * 99 / 100
 
 // burst reports that the candidates of tier mix replicas this router
 // owns with others and that every engine among them last reported

@@ -567,13 +567,13 @@ func TestSlotWaitMs(t *testing.T) {
 		c    Candidate
 		want float64
 	}{
-		{"free slot", Candidate{Slots: 4, InFlight: 3, Detail: &Detail{SeqMs: 4000}}, 0},
-		{"one ahead, age unknown", Candidate{Slots: 4, InFlight: 4, Detail: &Detail{SeqMs: 4000}}, 1000},
-		{"one ahead, full since 1 s", Candidate{Slots: 4, InFlight: 4, Detail: &Detail{SeqMs: 4000, SlotAgeMs: 1000}}, 3000},
-		{"one ahead, oldest past the mean", Candidate{Slots: 4, InFlight: 4, Detail: &Detail{SeqMs: 4000, SlotAgeMs: 5000}}, 0},
-		{"three ahead, full since 3.5 s", Candidate{Slots: 4, InFlight: 6, Detail: &Detail{SeqMs: 4000, SlotAgeMs: 3500}}, 2500},
-		{"age without a measured SeqMs is ignored", Candidate{Slots: 4, InFlight: 4, Detail: &Detail{SlotAgeMs: 1000}}, p.DefaultSeqMs / 4},
-		{"unknown slots, engine queues", Candidate{Waiting: 1, Running: 2, Detail: &Detail{SeqMs: 4000, SlotAgeMs: 3000}}, 3000},
+		{"free slot", Candidate{EngineLoad: EngineLoad{Slots: 4}, InFlight: 3, Detail: &Detail{SeqMs: 4000}}, 0},
+		{"one ahead, age unknown", Candidate{EngineLoad: EngineLoad{Slots: 4}, InFlight: 4, Detail: &Detail{SeqMs: 4000}}, 1000},
+		{"one ahead, full since 1 s", Candidate{EngineLoad: EngineLoad{Slots: 4}, InFlight: 4, Detail: &Detail{SeqMs: 4000, SlotAgeMs: 1000}}, 3000},
+		{"one ahead, oldest past the mean", Candidate{EngineLoad: EngineLoad{Slots: 4}, InFlight: 4, Detail: &Detail{SeqMs: 4000, SlotAgeMs: 5000}}, 0},
+		{"three ahead, full since 3.5 s", Candidate{EngineLoad: EngineLoad{Slots: 4}, InFlight: 6, Detail: &Detail{SeqMs: 4000, SlotAgeMs: 3500}}, 2500},
+		{"age without a measured SeqMs is ignored", Candidate{EngineLoad: EngineLoad{Slots: 4}, InFlight: 4, Detail: &Detail{SlotAgeMs: 1000}}, p.DefaultSeqMs / 4},
+		{"unknown slots, engine queues", Candidate{EngineLoad: EngineLoad{Waiting: 1, Running: 2}, Detail: &Detail{SeqMs: 4000, SlotAgeMs: 3000}}, 3000},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -790,16 +790,23 @@ func TestHotPrefixCopiesOnlyToAnIdleReplica(t *testing.T) {
 }
 
 // A hot prompt (a common prefix longer than one block) whose holders
-// cannot start the request is copied only to an idle replica; when none
-// is idle the request queues at the holder with the shortest wait.
+// cannot start the request is copied only to an idle replica with room
+// in its KV cache; when none is the request queues at the holder with
+// the shortest wait.
 func TestColdHotPromptCopiesOnlyToAnIdleReplica(t *testing.T) {
 	hot := chainOf(nil, 20, 8)
 	req := request(chainOf(hot, 1, 9))
 	for _, tc := range []struct {
-		name string
-		idle bool // replica 3 idle
-		want int
-	}{{"no idle replica", false, 1}, {"an idle replica", true, 3}} {
+		name    string
+		idle    bool   // replica 3 idle
+		kvUsage uint16 // replica 3's KV usage
+		want    int
+	}{
+		{"no idle replica", false, 0, 1},
+		{"an idle replica", true, 0, 3},
+		{"an idle replica, KV usage known", true, kvWatermark - 1, 3},
+		{"an idle replica, KV cache at the watermark", true, kvWatermark, 1},
+	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cs := candidates(4)
 			for i := range cs {
@@ -815,6 +822,7 @@ func TestColdHotPromptCopiesOnlyToAnIdleReplica(t *testing.T) {
 			if tc.idle {
 				cs[3].InFlight = 0
 			}
+			cs[3].KVUsage = tc.kvUsage
 			d := DefaultPolicy().Pick(req, cs)
 			if d.Reason != ReasonFallbackCold || d.CommonMatch != 20 || d.Index != tc.want {
 				t.Fatalf("decision %+v, want replica %d by fallback-cold over common 20", d, tc.want)
@@ -993,8 +1001,8 @@ func TestCandidateNilDetail(t *testing.T) {
 		t.Fatalf("nil Detail reads %q %v %v, want the zero Detail", c.ID(), c.SeqMs(), c.SlotAgeMs())
 	}
 	cands := []Candidate{
-		{Hash: HashID("a"), Slots: 2, Running: 2, Waiting: 3, InFlight: 5},
-		{Hash: HashID("b"), Slots: 2, Running: 2, Waiting: 1, InFlight: 3},
+		{Hash: HashID("a"), EngineLoad: EngineLoad{Slots: 2, Running: 2, Waiting: 3}, InFlight: 5},
+		{Hash: HashID("b"), EngineLoad: EngineLoad{Slots: 2, Running: 2, Waiting: 1}, InFlight: 3},
 	}
 	d := DefaultPolicy().Pick(Request{Hashes: []uint64{1, 2, 3}}, cands)
 	if d.Index < 0 || d.Index >= len(cands) {
