@@ -335,6 +335,12 @@ func TestHealthCheckerEngines(t *testing.T) {
 				if c, _ := got.last(rep.URL); !c.equal(want) {
 					t.Errorf("got %+v, want %+v", c, want)
 				}
+				if n := testutil.CollectAndCount(h.engineInfo); n != 1 {
+					t.Errorf("%d engine info series, want 1", n)
+				}
+				if v := testutil.ToFloat64(h.engineInfo.WithLabelValues(rep.URL, string(tc.kind))); v != 1 {
+					t.Errorf("kvmesh_replica_engine_info{engine=%q} = %v, want 1", tc.kind, v)
+				}
 			})
 		}
 	}
@@ -427,6 +433,9 @@ func TestHealthCheckerSetReplicas(t *testing.T) {
 	}
 	if n := testutil.CollectAndCount(h.requests); n != 2 {
 		t.Errorf("%d request series, want 2", n)
+	}
+	if n := testutil.CollectAndCount(h.engineInfo); n != 1 {
+		t.Errorf("%d engine info series, want 1", n)
 	}
 }
 
