@@ -300,12 +300,14 @@ func TestHealthCheckerEngines(t *testing.T) {
 			ReplicaStatus{Running: 12, Waiting: 5, Slots: 48, CapacityBlocks: 489602 * 4 / 1024}},
 		{engine.LlamaCpp, "llamacpp.metrics.txt", "/props", "llamacpp.props.json",
 			ReplicaStatus{Running: 4, Waiting: 3, Slots: 4, CapacityBlocks: 4 * 8192 * 4 / 1024}},
+		{engine.LlamaCpp, "llamacpp-b11312.metrics.txt", "/props", "llamacpp-b11312.props.json", // captured from a real llama-server
+			ReplicaStatus{Running: 4, Waiting: 2, Slots: 4, CapacityBlocks: 4 * 4096 * 4 / 1024}},
 		{engine.TGI, "tgi.metrics.txt", "/info", "tgi.info.json",
 			ReplicaStatus{Running: 7, Waiting: 2, Slots: 7, CapacityBlocks: 153104 * 4 / 1024}},
 	}
 	for _, tc := range tests {
 		for _, cfgKind := range []engine.Kind{engine.Auto, tc.kind} {
-			t.Run(string(tc.kind)+"/"+string(cfgKind), func(t *testing.T) {
+			t.Run(tc.metrics+"/"+string(cfgKind), func(t *testing.T) {
 				metrics := page(tc.metrics)
 				info := ""
 				if tc.info != "" {

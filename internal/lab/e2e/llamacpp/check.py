@@ -171,8 +171,10 @@ def features(router, admin, model, replicas, slots):
         content = [e for e in events if e.get("choices") and field in e["choices"][0]]
         if not content:
             fail(f"{what}: no {field} chunks in {events[:3]}")
+        # Chat ends with OpenAI's usage chunk (no choices); llama.cpp's text
+        # completions put the usage on the final choice's chunk.
         last = events[-1]
-        if last.get("choices") or not last.get("usage"):
+        if not last.get("usage") or (field == "delta" and last.get("choices")):
             fail(f"{what}: the last chunk before [DONE] is not the usage chunk: {last}")
         check_usage(what, last["usage"])
         print(f"  {what}: {len(content)} chunks, usage {last['usage']}")
