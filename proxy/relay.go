@@ -96,10 +96,10 @@ func (st *reqState) relay(resp *http.Response, a upstreamAnswer) {
 	a.tap = streamTap{sink: sink, firstByte: a.firstByte, ttft: a.obs.ttft, start: a.start, idle: a.idle}
 	a.fr = upstream.NewFraming(sse && len(st.w.Header()["Content-Length"]) == 0)
 	ended, held, ok := st.relayByLoop(resp, &a, &out, sse)
-	if !ok {
-		return
+	if ok && !ended {
+		ended = st.relayByCopy(resp, &a, &out, held)
 	}
-	if !ended && !st.relayByCopy(resp, &a, &out, held) {
+	if !ended && !st.answeredBeforeGone(resp, sink) {
 		return
 	}
 	if !a.tap.got {
@@ -111,6 +111,21 @@ func (st *reqState) relay(resp *http.Response, a upstreamAnswer) {
 		sink.Finish()
 		st.learn(a.id, a.d, sink)
 	}
+}
+
+// answeredBeforeGone reports whether a response whose client went away
+// had passed its SSE stream's [DONE] first, and then counts it as
+// answered. OpenAI's SDKs and most clients stop reading at [DONE] and
+// close the connection, while an engine (llama.cpp's server) may end
+// the HTTP body a moment later: the client has its whole answer and the
+// engine holds the prompt and the answer, so the request is not a 499
+// and what the engine reported is learnt.
+func (st *reqState) answeredBeforeGone(resp *http.Response, sink *reply.Sink) bool {
+	if st.code != statusClientGone || sink == nil || !sink.Done() {
+		return false
+	}
+	st.code = resp.StatusCode
+	return true
 }
 
 // writeHead writes the response's head to the client w (hop-by-hop
