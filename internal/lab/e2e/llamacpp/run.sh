@@ -177,6 +177,10 @@ start router-x1 router --name r0 --listen "127.0.0.1:$api1" --gossip-bind "127.0
 wait_http "$(url "$api1")/readyz" "router r0"
 wait_healthy "$admin1" 2
 bench kvmesh-x1 "$(url "$api1")"
+# Every turn reached the client whole (the bench stops reading at [DONE]),
+# so the router counts none as gone (499) and learnt every answer.
+gone=$(curl -fsS "$(url "$admin1")/metrics" | awk '/^kvmesh_requests_total\{.*code="499"/ {n += $2} END {print n + 0}')
+[ "$gone" = 0 ] || die "kvmesh x1 counted $gone requests as 499 (client gone) though the bench read every answer to [DONE]"
 stop_frontends
 stop_replicas "$rep_x1"
 
