@@ -1,7 +1,7 @@
 package engine
 
 import (
-	"github.com/kvmesh/kvmesh/route"
+	"encoding/json"
 	"io"
 	"net/http/httptest"
 	"os"
@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvmesh/kvmesh/internal/lab/replicasim"
+	"github.com/kvmesh/kvmesh/route"
 )
 
 func readPage(t *testing.T, name string) []byte {
@@ -43,12 +44,17 @@ func TestRecordedPages(t *testing.T) {
 		{"llamacpp.metrics.txt", "llamacpp.props.json", LlamaCpp,
 			Stats{EngineLoad: route.EngineLoad{Running: 4, Waiting: 3, HasLoad: true}},
 			Stats{EngineLoad: route.EngineLoad{Slots: 4}, CacheTokens: 4 * 8192}, "/health"},
+		// Captured from a real llama-server b11312 (-np 4 -c 16384
+		// --no-kv-unified) with 6 requests sent at once.
+		{"llamacpp-b11312.metrics.txt", "llamacpp-b11312.props.json", LlamaCpp,
+			Stats{EngineLoad: route.EngineLoad{Running: 4, Waiting: 2, HasLoad: true}},
+			Stats{EngineLoad: route.EngineLoad{Slots: 4}, CacheTokens: 4 * 4096}, "/health"},
 		{"tgi.metrics.txt", "tgi.info.json", TGI,
 			Stats{EngineLoad: route.EngineLoad{Running: 7, Waiting: 2, HasLoad: true}},
 			Stats{CacheTokens: 153104}, "/health"},
 	}
 	for _, tc := range tests {
-		t.Run(string(tc.kind), func(t *testing.T) {
+		t.Run(tc.metrics, func(t *testing.T) {
 			fams, err := ParseMetrics(readPage(t, tc.metrics))
 			if err != nil {
 				t.Fatal(err)
@@ -84,6 +90,48 @@ func TestRecordedPages(t *testing.T) {
 				t.Error("junk info parsed")
 			}
 		})
+	}
+}
+
+// TestLlamaCppSlotsAgreeWithProps: the adapter takes llama.cpp's cache as
+// total_slots × the per-slot n_ctx of /props; the real engine's /slots
+// (captured with the /props beside it, every slot busy) lists that many
+// slots of that context, and its busy slots are the requests_processing
+// its /metrics page reports.
+func TestLlamaCppSlotsAgreeWithProps(t *testing.T) {
+	var slots []struct {
+		ID           int  `json:"id"`
+		NCtx         int  `json:"n_ctx"`
+		IsProcessing bool `json:"is_processing"`
+	}
+	if err := json.Unmarshal(readPage(t, "llamacpp-b11312.slots.json"), &slots); err != nil {
+		t.Fatal(err)
+	}
+	info, err := llamacpp{}.FromInfo(readPage(t, "llamacpp-b11312.props.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fams, err := ParseMetrics(readPage(t, "llamacpp-b11312.metrics.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	load := llamacpp{}.FromMetrics(fams)
+	if len(slots) != int(info.Slots) {
+		t.Fatalf("/slots lists %d slots, /props total_slots %d", len(slots), info.Slots)
+	}
+	var ctx int64
+	busy := 0
+	for _, s := range slots {
+		ctx += int64(s.NCtx)
+		if s.IsProcessing {
+			busy++
+		}
+	}
+	if ctx != info.CacheTokens {
+		t.Errorf("/slots n_ctx sum %d, adapter's cache %d tokens", ctx, info.CacheTokens)
+	}
+	if busy != int(load.Running) {
+		t.Errorf("%d slots processing, metrics say %d running", busy, load.Running)
 	}
 }
 

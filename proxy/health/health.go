@@ -126,6 +126,7 @@ type Checker struct {
 	healthy    *prometheus.GaugeVec
 	requests   *prometheus.GaugeVec
 	slots      *prometheus.GaugeVec
+	engineInfo *prometheus.GaugeVec
 	rounds     atomic.Int64
 	ready      atomic.Bool
 
@@ -151,6 +152,7 @@ type replicaHealth struct {
 	lastHealth, lastInfo      time.Time
 	lastLoad                  time.Time
 	last                      ReplicaStatus // what onChange was last told
+	shownEngine               string        // the engine label of kvmesh_replica_engine_info
 	stop                      context.CancelFunc
 }
 
@@ -187,6 +189,13 @@ func New(cfg Config, replicas []string, client *http.Client, onChange func(id st
 			Name: "kvmesh_replica_engine_slots",
 			Help: "Sequences each replica's engine runs at once, published or learned (0: unknown).",
 		}, []string{"replica"}),
+		// An info gauge (always 1) so dashboards and the real-engine
+		// suites can tell which adapter reads each replica: detection
+		// that falls back to "openai" leaves the router blind to load.
+		engineInfo: f.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "kvmesh_replica_engine_info",
+			Help: "The engine each replica runs, as detected or configured (value 1; engine \"openai\": none recognised).",
+		}, []string{"replica", "engine"}),
 	}
 	h.SetReplicas(replicas)
 	return h
@@ -225,6 +234,7 @@ func (h *Checker) SetReplicas(ids []string) {
 		delete(h.state, id)
 		h.healthy.DeleteLabelValues(id)
 		h.slots.DeleteLabelValues(id)
+		h.engineInfo.DeletePartialMatch(prometheus.Labels{"replica": id})
 		h.requests.DeletePartialMatch(prometheus.Labels{"replica": id})
 		h.log.Info("replica no longer checked", "replica", id)
 	}
@@ -522,6 +532,11 @@ func (h *Checker) notify(id string, s *replicaHealth) {
 	h.requests.WithLabelValues(id, "running").Set(float64(st.Load.Running))
 	h.requests.WithLabelValues(id, "waiting").Set(float64(st.Load.Waiting))
 	h.slots.WithLabelValues(id).Set(float64(st.Load.Slots))
+	if s.shownEngine != st.Engine {
+		h.engineInfo.DeletePartialMatch(prometheus.Labels{"replica": id})
+		h.engineInfo.WithLabelValues(id, st.Engine).Set(1)
+		s.shownEngine = st.Engine
+	}
 	if !s.admitted || st.Equal(s.last) {
 		return
 	}

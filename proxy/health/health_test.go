@@ -301,12 +301,14 @@ func TestHealthCheckerEngines(t *testing.T) {
 			ReplicaStatus{Load: route.EngineLoad{Running: 12, Waiting: 5, Slots: 48, KVUsage: 2500}, CapacityBlocks: 489602 * 4 / 1024}},
 		{engine.LlamaCpp, "llamacpp.metrics.txt", "/props", "llamacpp.props.json",
 			ReplicaStatus{Load: route.EngineLoad{Running: 4, Waiting: 3, Slots: 4}, CapacityBlocks: 4 * 8192 * 4 / 1024}},
+		{engine.LlamaCpp, "llamacpp-b11312.metrics.txt", "/props", "llamacpp-b11312.props.json", // captured from a real llama-server
+			ReplicaStatus{Load: route.EngineLoad{Running: 4, Waiting: 2, Slots: 4}, CapacityBlocks: 4 * 4096 * 4 / 1024}},
 		{engine.TGI, "tgi.metrics.txt", "/info", "tgi.info.json",
 			ReplicaStatus{Load: route.EngineLoad{Running: 7, Waiting: 2, Slots: 7}, CapacityBlocks: 153104 * 4 / 1024}},
 	}
 	for _, tc := range tests {
 		for _, cfgKind := range []engine.Kind{engine.Auto, tc.kind} {
-			t.Run(string(tc.kind)+"/"+string(cfgKind), func(t *testing.T) {
+			t.Run(tc.metrics+"/"+string(cfgKind), func(t *testing.T) {
 				metrics := page(tc.metrics)
 				info := ""
 				if tc.info != "" {
@@ -335,6 +337,12 @@ func TestHealthCheckerEngines(t *testing.T) {
 				want.Models, want.Healthy, want.Engine, want.Load.HasLoad = []string{"m"}, true, string(tc.kind), true
 				if c, _ := got.last(rep.URL); !c.Equal(want) {
 					t.Errorf("got %+v, want %+v", c, want)
+				}
+				if n := testutil.CollectAndCount(h.engineInfo); n != 1 {
+					t.Errorf("%d engine info series, want 1", n)
+				}
+				if v := testutil.ToFloat64(h.engineInfo.WithLabelValues(rep.URL, string(tc.kind))); v != 1 {
+					t.Errorf("kvmesh_replica_engine_info{engine=%q} = %v, want 1", tc.kind, v)
 				}
 			})
 		}
@@ -428,6 +436,9 @@ func TestHealthCheckerSetReplicas(t *testing.T) {
 	}
 	if n := testutil.CollectAndCount(h.requests); n != 2 {
 		t.Errorf("%d request series, want 2", n)
+	}
+	if n := testutil.CollectAndCount(h.engineInfo); n != 1 {
+		t.Errorf("%d engine info series, want 1", n)
 	}
 }
 
