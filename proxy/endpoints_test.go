@@ -241,6 +241,10 @@ func TestFindID(t *testing.T) {
 		{`{"id":5}`, "", false},
 		{`{"id":"a\"b"}`, "", false},
 		{`{"object":"response"}`, "", false},
+		{`{"object":"response","output":[{"id":"msg_1"}],"id":"resp_3"}`, "resp_3", true},
+		{`{"note":"{\"id\":\"no\"}","id":"resp_4"}`, "resp_4", true},
+		{`{"response":{"output":[],"id":"resp_5"`, "resp_5", true},
+		{`{"id":""}`, "", false},
 	}
 	for _, tc := range tests {
 		got, ok := findID([]byte(tc.in))
