@@ -410,6 +410,9 @@ func pruneBounds(cands []Candidate, defBm float64) (minNet, minQueued, minBm, fi
 		if !canStart(c) { // only these are asked their slot wait
 			seq, age := seqAndAge(c)
 			finite += seq + age
+			if c.Detail != nil {
+				finite += c.Detail.FreeMs
+			}
 		}
 	}
 	return minNet, minQueued, minBm, finite

@@ -370,6 +370,40 @@ func TestPickSpillsWhenTheHolderQueuesForSlots(t *testing.T) {
 	}
 }
 
+// At a one-slot holder running a request past the mean slot time, the age
+// alone says the slot frees at once (the mean less the age), and the
+// request would queue behind what is, with heavy-tailed answers, a long
+// decode. The owner's estimate of when it ends (Detail.FreeMs) is what
+// the wait is priced by: a long one sends the request to an idle replica,
+// a short one keeps it.
+func TestPickPricesTheOwnersEstimateOfTheRunningAnswer(t *testing.T) {
+	conv := chainOf(nil, 10, 2)
+	req := request(chainOf(conv, 2, 5)) // 12 blocks; a move recomputes 10
+	for _, tc := range []struct {
+		name   string
+		freeMs float64
+		stay   bool
+	}{
+		{"age only", 0, true},
+		{"owner expects it to end soon", 500, true},
+		// 30 s > 16 × 10 blocks × 20 ms = 3.2 s.
+		{"owner expects a long answer", 30000, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cs := candidates(4)
+			for i := range cs {
+				cs[i].Summary, cs[i].Slots, cs[i].Detail.SeqMs = held(t), 1, 1000
+			}
+			cs[0].Summary, cs[0].InFlight = held(t, conv), 1
+			cs[0].Detail.SlotAgeMs, cs[0].Detail.FreeMs = 3000, tc.freeMs
+			d := DefaultPolicy().Pick(req, cs)
+			if (d.Index == 0) != tc.stay {
+				t.Fatalf("decision %+v, want stay at 0: %v", d, tc.stay)
+			}
+		})
+	}
+}
+
 func TestSlotEstimate(t *testing.T) {
 	tests := []struct {
 		name    string
@@ -574,6 +608,10 @@ func TestSlotWaitMs(t *testing.T) {
 		{"three ahead, full since 3.5 s", Candidate{Slots: 4, InFlight: 6, Detail: &Detail{SeqMs: 4000, SlotAgeMs: 3500}}, 2500},
 		{"age without a measured SeqMs is ignored", Candidate{Slots: 4, InFlight: 4, Detail: &Detail{SlotAgeMs: 1000}}, p.DefaultSeqMs / 4},
 		{"unknown slots, engine queues", Candidate{Waiting: 1, Running: 2, Detail: &Detail{SeqMs: 4000, SlotAgeMs: 3000}}, 3000},
+		// The owner's estimate of the first end outranks the age: a
+		// request past the mean of heavy-tailed answers runs on.
+		{"one ahead, owner expects a long answer", Candidate{Slots: 4, InFlight: 4, Detail: &Detail{SeqMs: 4000, SlotAgeMs: 5000, FreeMs: 6000}}, 6000},
+		{"three ahead, owner's estimate", Candidate{Slots: 4, InFlight: 6, Detail: &Detail{SeqMs: 4000, SlotAgeMs: 5000, FreeMs: 6000}}, 8000},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
