@@ -390,12 +390,46 @@ func TestPickPricesTheOwnersEstimateOfTheRunningAnswer(t *testing.T) {
 		{"owner expects a long answer", 30000, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			cs := candidates(4)
+			// A busy cluster (29 of 32 slots taken), so that a copy
+			// weighs nearly RecomputeWeight (TestPickWeighsACopyByTheSlotsInUse).
+			cs := candidates(8)
 			for i := range cs {
-				cs[i].Summary, cs[i].Slots, cs[i].Detail.SeqMs = held(t), 1, 1000
+				cs[i].Summary, cs[i].Slots, cs[i].InFlight, cs[i].Detail.SeqMs = held(t), 4, 3, 1000
 			}
-			cs[0].Summary, cs[0].InFlight = held(t, conv), 1
+			cs[0].Summary, cs[0].InFlight = held(t, conv), 4
 			cs[0].Detail.SlotAgeMs, cs[0].Detail.FreeMs = 3000, tc.freeMs
+			d := DefaultPolicy().Pick(req, cs)
+			if (d.Index == 0) != tc.stay {
+				t.Fatalf("decision %+v, want stay at 0: %v", d, tc.stay)
+			}
+		})
+	}
+}
+
+// A holder whose slots are all taken, expected to free one in 1.5 s: on
+// a cluster of idle replicas the request moves (recomputing 10 blocks
+// costs it 200 ms, and the others little: few compete for the slots); on
+// a cluster whose slots are mostly taken the copy keeps nearly its full
+// weight (about RecomputeWeight × 200 ms, against the wait and the
+// holder's own 2 blocks) and it stays.
+func TestPickWeighsACopyByTheSlotsInUse(t *testing.T) {
+	conv := chainOf(nil, 10, 2)
+	req := request(chainOf(conv, 2, 5)) // 12 blocks; a move recomputes 10
+	for _, tc := range []struct {
+		name         string
+		slots, other int32 // every replica's slots; in flight at the non-holders
+		stay         bool
+	}{
+		{"idle cluster: move", 1, 0, false},
+		{"busy cluster: stay", 4, 3, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cs := candidates(8)
+			for i := range cs {
+				cs[i].Summary, cs[i].Slots, cs[i].InFlight, cs[i].Detail.SeqMs = held(t), tc.slots, tc.other, 1000
+			}
+			cs[0].Summary, cs[0].InFlight = held(t, conv), tc.slots
+			cs[0].Detail.SlotAgeMs, cs[0].Detail.FreeMs = 500, 1500
 			d := DefaultPolicy().Pick(req, cs)
 			if (d.Index == 0) != tc.stay {
 				t.Fatalf("decision %+v, want stay at 0: %v", d, tc.stay)
@@ -575,9 +609,13 @@ func TestHotPrefixReplicatesWhenItsHolderIsFull(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
+			// The other replicas run 3 requests each, a slot free: with
+			// 4 slots most of the cluster's are taken, so that a lone
+			// request's copy weighs nearly RecomputeWeight
+			// (TestPickWeighsACopyByTheSlotsInUse).
 			cs := candidates(4)
 			for i := range cs {
-				cs[i].Summary, cs[i].Slots, cs[i].Detail.SeqMs = held(t), tc.slots, 4000
+				cs[i].Summary, cs[i].Slots, cs[i].InFlight, cs[i].Detail.SeqMs = held(t), tc.slots, 3, 4000
 			}
 			cs[0].Summary, cs[0].InFlight, cs[0].PendingPrefillBlocks = held(t, hot), tc.inFlight, tc.queued
 			r := req
@@ -776,12 +814,16 @@ func TestForkedStemLeavesAFullHolder(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
+			// The other replicas run 3 requests each, a slot free: most
+			// of the cluster's slots are taken, so that a history's copy
+			// weighs nearly RecomputeWeight
+			// (TestPickWeighsACopyByTheSlotsInUse).
 			cs := candidates(4)
 			for i := range cs {
-				cs[i].Summary, cs[i].Slots, cs[i].Detail.SeqMs = held(t), 4, 4000
+				cs[i].Summary, cs[i].Slots, cs[i].InFlight, cs[i].Detail.SeqMs = held(t), 4, 3, 4000
 			}
 			// Three requests ahead at the holder: 3 s of slot wait, more
-			// than the stem's 400 ms of prefill, less than 16 times it.
+			// than the stem's 400 ms of prefill, less than 13 times it.
 			cs[0].Summary, cs[0].InFlight = held(t, stem), 6
 			if tc.holderFree {
 				cs[0].InFlight = 3
