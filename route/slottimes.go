@@ -16,9 +16,6 @@ const (
 	slotBuckets = 2 + slotSub*slotOctaves
 )
 
-// slotSteps are the bounds of the sub-buckets within an octave: 2^(k/4).
-var slotSteps = [slotSub]float64{1, 1.189207115002721, 1.4142135623730951, 1.681792830507429}
-
 // slotWindow is how many answers SlotTimes remembers, about: each new one
 // weighs 1 and the older ones decay by 1 - 1/slotWindow. A tail is what
 // it must see: at 1 % of the answers, a window of a few hundred holds a
@@ -48,13 +45,7 @@ func slotBucket(ms float64) int {
 	if ms >= math.Ldexp(1, slotOctaves) {
 		return slotBuckets - 1
 	}
-	frac, exp := math.Frexp(ms) // ms = frac × 2^exp, frac in [0.5, 1)
-	frac *= 2
-	k := slotSub - 1
-	for k > 0 && frac < slotSteps[k] {
-		k--
-	}
-	return 1 + (exp-1)*slotSub + k
+	return 1 + int(math.Log2(ms)*slotSub)
 }
 
 // bucketEdges are the bounds of bucket b: [lo, hi).
@@ -62,12 +53,7 @@ func bucketEdges(b int) (lo, hi float64) {
 	if b == 0 {
 		return 0, 1
 	}
-	o, k := (b-1)/slotSub, (b-1)%slotSub
-	lo = math.Ldexp(slotSteps[k], o)
-	if k+1 < slotSub {
-		return lo, math.Ldexp(slotSteps[k+1], o)
-	}
-	return lo, math.Ldexp(1, o+1)
+	return math.Exp2(float64(b-1) / slotSub), math.Exp2(float64(b) / slotSub)
 }
 
 // Observe adds one request's slot time, ms; a time that is not positive
