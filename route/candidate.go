@@ -80,6 +80,14 @@ type Detail struct {
 	// slots that filled in one burst free together, late, and slots held
 	// by requests past the mean free soon.
 	SlotAgeMs float64
+	// FreeMs is the expected time until the first of the requests
+	// running at the replica ends, as its owner estimates from how long
+	// each has run and the slot times it has seen there
+	// (SlotTimes.FreeMs); 0 means unknown (SlotAgeMs then dates the
+	// next free slot). It outranks SlotAgeMs: a request running past
+	// the mean of heavy-tailed answers is a long one, not one about to
+	// end.
+	FreeMs float64
 	// Own is how many of the requests in flight at the replica this
 	// router placed itself (its own dispatches and forwards, not the
 	// requests other routers sent to a replica it owns), and Local

@@ -370,6 +370,74 @@ func TestPickSpillsWhenTheHolderQueuesForSlots(t *testing.T) {
 	}
 }
 
+// At a one-slot holder running a request past the mean slot time, the age
+// alone says the slot frees at once (the mean less the age), and the
+// request would queue behind what is, with heavy-tailed answers, a long
+// decode. The owner's estimate of when it ends (Detail.FreeMs) is what
+// the wait is priced by: a long one sends the request to an idle replica,
+// a short one keeps it.
+func TestPickPricesTheOwnersEstimateOfTheRunningAnswer(t *testing.T) {
+	conv := chainOf(nil, 10, 2)
+	req := request(chainOf(conv, 2, 5)) // 12 blocks; a move recomputes 10
+	for _, tc := range []struct {
+		name   string
+		freeMs float64
+		stay   bool
+	}{
+		{"age only", 0, true},
+		{"owner expects it to end soon", 500, true},
+		// 30 s > 16 × 10 blocks × 20 ms = 3.2 s.
+		{"owner expects a long answer", 30000, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			// A busy cluster (29 of 32 slots taken), so that a copy
+			// weighs nearly RecomputeWeight (TestPickWeighsACopyByTheSlotsInUse).
+			cs := candidates(8)
+			for i := range cs {
+				cs[i].Summary, cs[i].Slots, cs[i].InFlight, cs[i].Detail.SeqMs = held(t), 4, 3, 1000
+			}
+			cs[0].Summary, cs[0].InFlight = held(t, conv), 4
+			cs[0].Detail.SlotAgeMs, cs[0].Detail.FreeMs = 3000, tc.freeMs
+			d := DefaultPolicy().Pick(req, cs)
+			if (d.Index == 0) != tc.stay {
+				t.Fatalf("decision %+v, want stay at 0: %v", d, tc.stay)
+			}
+		})
+	}
+}
+
+// A holder whose slots are all taken, expected to free one in 1.5 s: on
+// a cluster of idle replicas the request moves (recomputing 10 blocks
+// costs it 200 ms, and the others little: few compete for the slots); on
+// a cluster whose slots are mostly taken the copy keeps nearly its full
+// weight (about RecomputeWeight × 200 ms, against the wait and the
+// holder's own 2 blocks) and it stays.
+func TestPickWeighsACopyByTheSlotsInUse(t *testing.T) {
+	conv := chainOf(nil, 10, 2)
+	req := request(chainOf(conv, 2, 5)) // 12 blocks; a move recomputes 10
+	for _, tc := range []struct {
+		name         string
+		slots, other int32 // every replica's slots; in flight at the non-holders
+		stay         bool
+	}{
+		{"idle cluster: move", 1, 0, false},
+		{"busy cluster: stay", 4, 3, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cs := candidates(8)
+			for i := range cs {
+				cs[i].Summary, cs[i].Slots, cs[i].InFlight, cs[i].Detail.SeqMs = held(t), tc.slots, tc.other, 1000
+			}
+			cs[0].Summary, cs[0].InFlight = held(t, conv), tc.slots
+			cs[0].Detail.SlotAgeMs, cs[0].Detail.FreeMs = 500, 1500
+			d := DefaultPolicy().Pick(req, cs)
+			if (d.Index == 0) != tc.stay {
+				t.Fatalf("decision %+v, want stay at 0: %v", d, tc.stay)
+			}
+		})
+	}
+}
+
 func TestSlotEstimate(t *testing.T) {
 	tests := []struct {
 		name    string
@@ -541,9 +609,13 @@ func TestHotPrefixReplicatesWhenItsHolderIsFull(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
+			// The other replicas run 3 requests each, a slot free: with
+			// 4 slots most of the cluster's are taken, so that a lone
+			// request's copy weighs nearly RecomputeWeight
+			// (TestPickWeighsACopyByTheSlotsInUse).
 			cs := candidates(4)
 			for i := range cs {
-				cs[i].Summary, cs[i].Slots, cs[i].Detail.SeqMs = held(t), tc.slots, 4000
+				cs[i].Summary, cs[i].Slots, cs[i].InFlight, cs[i].Detail.SeqMs = held(t), tc.slots, 3, 4000
 			}
 			cs[0].Summary, cs[0].InFlight, cs[0].PendingPrefillBlocks = held(t, hot), tc.inFlight, tc.queued
 			r := req
@@ -574,6 +646,10 @@ func TestSlotWaitMs(t *testing.T) {
 		{"three ahead, full since 3.5 s", Candidate{EngineLoad: EngineLoad{Slots: 4}, InFlight: 6, Detail: &Detail{SeqMs: 4000, SlotAgeMs: 3500}}, 2500},
 		{"age without a measured SeqMs is ignored", Candidate{EngineLoad: EngineLoad{Slots: 4}, InFlight: 4, Detail: &Detail{SlotAgeMs: 1000}}, p.DefaultSeqMs / 4},
 		{"unknown slots, engine queues", Candidate{EngineLoad: EngineLoad{Waiting: 1, Running: 2}, Detail: &Detail{SeqMs: 4000, SlotAgeMs: 3000}}, 3000},
+		// The owner's estimate of the first end outranks the age: a
+		// request past the mean of heavy-tailed answers runs on.
+		{"one ahead, owner expects a long answer", Candidate{EngineLoad: EngineLoad{Slots: 4}, InFlight: 4, Detail: &Detail{SeqMs: 4000, SlotAgeMs: 5000, FreeMs: 6000}}, 6000},
+		{"three ahead, owner's estimate", Candidate{EngineLoad: EngineLoad{Slots: 4}, InFlight: 6, Detail: &Detail{SeqMs: 4000, SlotAgeMs: 5000, FreeMs: 6000}}, 8000},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -738,12 +814,16 @@ func TestForkedStemLeavesAFullHolder(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
+			// The other replicas run 3 requests each, a slot free: most
+			// of the cluster's slots are taken, so that a history's copy
+			// weighs nearly RecomputeWeight
+			// (TestPickWeighsACopyByTheSlotsInUse).
 			cs := candidates(4)
 			for i := range cs {
-				cs[i].Summary, cs[i].Slots, cs[i].Detail.SeqMs = held(t), 4, 4000
+				cs[i].Summary, cs[i].Slots, cs[i].InFlight, cs[i].Detail.SeqMs = held(t), 4, 3, 4000
 			}
 			// Three requests ahead at the holder: 3 s of slot wait, more
-			// than the stem's 400 ms of prefill, less than 16 times it.
+			// than the stem's 400 ms of prefill, less than 13 times it.
 			cs[0].Summary, cs[0].InFlight = held(t, stem), 6
 			if tc.holderFree {
 				cs[0].InFlight = 3
