@@ -13,11 +13,14 @@
 #     turns alternating between them) and a round-robin balancer (kvmesh
 #     bench --balance), each over 2 freshly started replicas (empty caches);
 #     check.py compare: every turn answered with usage, and kvmesh's
-#     follow-up turns more cached (as the engine reports) than round-robin's.
+#     follow-up turns more cached (as the engine reports) than round-robin's,
+#     and kvmesh x2's at least 0.97x kvmesh x1's.
 # Every child is stopped on exit; on failure the logs are printed. Needs go,
 # python3 and curl; install.sh fetches or builds the rest (cached).
 # Env: CONVERSATIONS [8] TURNS [4] ANSWER_TOKENS [48] SLOTS [4] (per replica),
-# KVMESH_ARTIFACTS (the results' JSON is copied there when set).
+# KVMESH_ARTIFACTS (the results' JSON is copied there when set), PHASES
+# ["features x1 x2 rr"]: a subset runs only those (the comparison needs all),
+# KVMESH_BIN [built from this tree]: the router binary under test.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -26,6 +29,8 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/kvmesh-e2e-llamacpp.XXXXXX")
 CONVERSATIONS=${CONVERSATIONS:-8}
 TURNS=${TURNS:-4}
 ANSWER_TOKENS=${ANSWER_TOKENS:-48}
+PHASES=${PHASES:-features x1 x2 rr}
+phase() { [[ " $PHASES " == *" $1 "* ]]; }
 export SLOTS=${SLOTS:-4} LOGDIR=$work
 MODEL_ALIAS=gemma3-270m
 pids=()
@@ -60,7 +65,7 @@ t0=$SECONDS
 
 "$here/install.sh"
 echo "e2e-llamacpp: building kvmesh"
-(cd "$repo" && go build -o "$work/kvmesh" ./cmd/kvmesh)
+if [ -n "${KVMESH_BIN:-}" ]; then cp "$KVMESH_BIN" "$work/kvmesh"; else (cd "$repo" && go build -o "$work/kvmesh" ./cmd/kvmesh); fi
 
 # Free ports below the ephemeral range, each bound on TCP and UDP (gossip
 # uses both) and held until all are chosen: 4 pairs for the replicas
@@ -158,6 +163,12 @@ bench() { # bench NAME FRONTEND_URLS: the conversation benchmark, JSON to NAME.j
   echo "e2e-llamacpp: $1 benchmarked in $((SECONDS - t)) s"
 }
 
+scrape() { # scrape NAME ADMIN_PORT: the router's metrics and mesh view, kept with the results
+  curl -fsS "$(url "$2")/metrics" >"$work/$1.metrics.txt" 2>/dev/null || true
+  curl -fsS "$(url "$2")/debug/mesh" >"$work/$1.mesh.json" 2>/dev/null || true
+}
+
+if phase features; then
 echo "e2e-llamacpp: features through one router over 2 replicas"
 replicas "$rep_feat"
 start router-features router --name r0 --listen "127.0.0.1:$api1" --gossip-bind "127.0.0.1:$gossip1" \
@@ -169,7 +180,9 @@ python3 "$here/check.py" features "$(url "$api1")" "$(url "$admin1")" "$MODEL_AL
 grep -q 'engine detected.*engine=llamacpp' "$work/router-features.log" || die "the router did not log the engine detected"
 stop_frontends
 stop_replicas "$rep_feat"
+fi
 
+if phase x1; then
 echo "e2e-llamacpp: kvmesh x1 ($CONVERSATIONS conversations x $TURNS turns)"
 replicas "$rep_x1"
 start router-x1 router --name r0 --listen "127.0.0.1:$api1" --gossip-bind "127.0.0.1:$gossip1" \
@@ -177,13 +190,16 @@ start router-x1 router --name r0 --listen "127.0.0.1:$api1" --gossip-bind "127.0
 wait_http "$(url "$api1")/readyz" "router r0"
 wait_healthy "$admin1" 2
 bench kvmesh-x1 "$(url "$api1")"
+scrape kvmesh-x1-r0 "$admin1"
 # Every turn reached the client whole (the bench stops reading at [DONE]),
 # so the router counts none as gone (499) and learnt every answer.
 gone=$(curl -fsS "$(url "$admin1")/metrics" | awk '/^kvmesh_requests_total\{.*code="499"/ {n += $2} END {print n + 0}')
 [ "$gone" = 0 ] || die "kvmesh x1 counted $gone requests as 499 (client gone) though the bench read every answer to [DONE]"
 stop_frontends
 stop_replicas "$rep_x1"
+fi
 
+if phase x2; then
 echo "e2e-llamacpp: kvmesh x2 (two routers, one replica each, turns alternating)"
 replicas "$rep_x2"
 (umask 077 && head -c 32 /dev/urandom | base64 >"$work/gossip.key")
@@ -197,9 +213,13 @@ wait_http "$(url "$api2")/readyz" "router r2"
 wait_healthy "$admin1" 2
 wait_healthy "$admin2" 2
 bench kvmesh-x2 "$(url "$api1"),$(url "$api2")"
+scrape kvmesh-x2-r1 "$admin1"
+scrape kvmesh-x2-r2 "$admin2"
 stop_frontends
 stop_replicas "$rep_x2"
+fi
 
+if phase rr; then
 echo "e2e-llamacpp: round-robin baseline"
 replicas "$rep_rr"
 start balancer bench --balance "127.0.0.1:$lbport" --balance-policy round-robin \
@@ -208,10 +228,14 @@ wait_http "$(url "$lbport")/v1/models" "the round-robin balancer"
 bench round-robin "$(url "$lbport")"
 stop_frontends
 stop_replicas "$rep_rr"
+fi
 
-python3 "$here/check.py" compare "$work/kvmesh-x1.json" "$work/kvmesh-x2.json" "$work/round-robin.json"
+if [ "$PHASES" = "features x1 x2 rr" ]; then
+  python3 "$here/check.py" compare "$work/kvmesh-x1.json" "$work/kvmesh-x2.json" "$work/round-robin.json"
+fi
 if [ -n "${KVMESH_ARTIFACTS:-}" ]; then
   mkdir -p "$KVMESH_ARTIFACTS"
-  for f in kvmesh-x1 kvmesh-x2 round-robin; do cp "$work/$f.json" "$KVMESH_ARTIFACTS/llamacpp-$f.json"; done
+  for f in kvmesh-x1 kvmesh-x2 round-robin; do if [ -e "$work/$f.json" ]; then cp "$work/$f.json" "$KVMESH_ARTIFACTS/llamacpp-$f.json"; fi; done
+  for f in "$work"/*.metrics.txt "$work"/*.mesh.json "$work"/router-*.log; do if [ -e "$f" ]; then cp "$f" "$KVMESH_ARTIFACTS/llamacpp-${f##*/}"; fi; done
 fi
 echo "e2e-llamacpp: passed in $((SECONDS - t0)) s"
