@@ -4,6 +4,7 @@ import (
 	"sort"
 	"time"
 
+	"github.com/kvmesh/kvmesh/route"
 	"github.com/kvmesh/kvmesh/summary"
 )
 
@@ -55,13 +56,12 @@ func (m *Mesh) Debug() DebugInfo {
 		if r.owned {
 			d.Models, d.Healthy, d.Counts = r.models, r.healthy, r.sum != nil
 			d.InFlight, d.PendingPref = int(r.load.inFlight.Load()), float64(r.load.pendingK.Load())/1000
-			d.EngineRunning, d.EngineWaiting, d.EngineSlots, d.EngineHasLoad = r.running, r.waiting, r.slots, r.hasLoad
+			d.setEngine(r.engine)
 		} else if r.hasState && r.st.Origin == d.Owner {
 			d.Models, d.Healthy, d.Counts = r.st.Models, r.st.Healthy, m.tab.countsLocked(r, now)
 			d.InFlight, d.PendingPref, d.OwnerVer = int(r.st.InFlight), r.st.Pending, r.st.Version
 			d.AgeSeconds = now.Sub(r.heard).Seconds()
-			d.EngineRunning, d.EngineWaiting, d.EngineSlots = int(r.st.Running), int(r.st.Waiting), int(r.st.Slots)
-			d.EngineHasLoad = !r.st.NoLoad
+			d.setEngine(r.st.Engine)
 		}
 		if r.sum != nil {
 			s := r.sum.Stats()
@@ -89,4 +89,9 @@ func (m *Mesh) MatchReplica(id string, probes []summary.Probe) int {
 		return r.sum.Match(probes)
 	}
 	return -1
+}
+
+// setEngine fills d's engine fields from l.
+func (d *ReplicaDebug) setEngine(l route.EngineLoad) {
+	d.EngineRunning, d.EngineWaiting, d.EngineSlots, d.EngineHasLoad = int(l.Running), int(l.Waiting), int(l.Slots), l.HasLoad
 }

@@ -87,13 +87,11 @@ type viewEntry struct {
 	heard     int64 // copy: the owner's last word, ns after env.t0
 	pending   float64
 	networkMs float64
-	// The counts as route.Candidate keeps them (route.Count32).
-	inFlight                int32
-	running, waiting, slots int32
-	tier                    int8
-	// hasLoad: running and waiting are the engine's published counts
-	// (route.Candidate.HasLoad).
-	hasLoad bool
+	// The count as route.Candidate keeps it (route.Count32).
+	inFlight int32
+	tier     int8
+	// engine is the engine's load, the owner's own or as it gossips it.
+	engine route.EngineLoad
 	// ok: healthy, with an owner whose word this router has (else the
 	// replica is no candidate, but keeps its place in the arrays so that
 	// health flapping does not rebuild them).
@@ -119,16 +117,14 @@ func (v *published) entryLocked(r *replica) (viewEntry, []string) {
 		return e, nil
 	case owner == v.cfg.Name:
 		e.ok, e.sum, e.load = r.healthy, r.sum, r.load
-		e.running, e.waiting, e.slots = route.Count32(r.running), route.Count32(r.waiting), route.Count32(r.slots)
-		e.hasLoad = r.hasLoad
+		e.engine = r.engine
 		return e, r.models
 	case !r.hasState || r.st.Origin != owner:
 		return e, nil
 	}
 	e.ok = r.st.Healthy
 	e.inFlight, e.pending = route.Count32(int(r.st.InFlight)), r.st.Pending
-	e.running, e.waiting, e.slots = route.Count32(int(r.st.Running)), route.Count32(int(r.st.Waiting)), route.Count32(int(r.st.Slots))
-	e.hasLoad = !r.st.NoLoad
+	e.engine = r.st.Engine
 	if r.sum != nil && !r.wantFull && r.sum.Epoch() == r.st.Epoch && !r.heard.IsZero() {
 		e.counts, e.sum, e.heard = true, r.sum, int64(r.heard.Sub(v.t0))
 	}

@@ -73,7 +73,7 @@ func TestViewFollowsReplicas(t *testing.T) {
 	}{
 		{"owned, healthy", func() {
 			a.DeclareReplica(x)
-			a.UpdateReplica(x, ReplicaStatus{Models: []string{"m"}, Healthy: true, Running: 3, Slots: 8})
+			a.UpdateReplica(x, ReplicaStatus{Models: []string{"m"}, Healthy: true, Load: route.EngineLoad{Running: 3, Slots: 8, HasLoad: true}})
 		}, func() error {
 			c, err := find("m", x)
 			if err == nil && (c.Running != 3 || c.Slots != 8 || c.Summary == nil) {
@@ -105,7 +105,7 @@ func TestViewFollowsReplicas(t *testing.T) {
 		}},
 		{"peer's, healthy", func() {
 			b.DeclareReplica(y)
-			b.UpdateReplica(y, ReplicaStatus{Models: []string{"m", "m"}, Healthy: true, Waiting: 2})
+			b.UpdateReplica(y, ReplicaStatus{Models: []string{"m", "m"}, Healthy: true, Load: route.EngineLoad{Waiting: 2, HasLoad: true}})
 			b.Record(y, chain(5, 3))
 		}, func() error {
 			c, err := find("m", y)
@@ -114,7 +114,9 @@ func TestViewFollowsReplicas(t *testing.T) {
 			}
 			return err
 		}},
-		{"peer's, unhealthy", func() { b.UpdateReplica(y, ReplicaStatus{Models: []string{"m"}, Waiting: 2}) },
+		{"peer's, unhealthy", func() {
+			b.UpdateReplica(y, ReplicaStatus{Models: []string{"m"}, Load: route.EngineLoad{Waiting: 2, HasLoad: true}})
+		},
 			func() error { return absent("m", y) }},
 		{"owned, withdrawn", func() { a.WithdrawReplica(x) }, func() error { return absent("other", x) }},
 	}
@@ -362,7 +364,8 @@ func TestEqualFullCopyKept(t *testing.T) {
 func TestFillCandidateWritesEveryField(t *testing.T) {
 	var c route.Candidate
 	c.Detail = new(route.Detail)
-	setAll := func(v reflect.Value) {
+	var setAll func(v reflect.Value)
+	setAll = func(v reflect.Value) {
 		for i := range v.NumField() {
 			f, sf := v.Field(i), v.Type().Field(i)
 			if !sf.IsExported() || sf.Name == "Summary" || sf.Name == "Detail" {
@@ -373,12 +376,14 @@ func TestFillCandidateWritesEveryField(t *testing.T) {
 				f.SetString("another")
 			case reflect.Int, reflect.Int8, reflect.Int32, reflect.Int64:
 				f.SetInt(int64(100 + i))
-			case reflect.Uint64:
+			case reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
 				f.SetUint(uint64(100 + i))
 			case reflect.Float64:
 				f.SetFloat(float64(i) + 100.5)
 			case reflect.Bool:
 				f.SetBool(true)
+			case reflect.Struct: // route.EngineLoad, embedded
+				setAll(f)
 			default:
 				t.Fatalf("field %s of kind %s: teach this test (and fillCandidate) about it", sf.Name, f.Kind())
 			}
@@ -386,11 +391,11 @@ func TestFillCandidateWritesEveryField(t *testing.T) {
 	}
 	setAll(reflect.ValueOf(&c).Elem())
 	setAll(reflect.ValueOf(c.Detail).Elem())
-	e := viewEntry{id: "x", hash: 1, inFlight: 2, pending: 3.5, networkMs: 4.5, running: 5, waiting: 6, slots: 7, tier: 1}
+	e := viewEntry{id: "x", hash: 1, inFlight: 2, pending: 3.5, networkMs: 4.5, tier: 1, engine: route.EngineLoad{Running: 5, Waiting: 6, Slots: 7}}
 	var x route.Detail
 	x.SeqMs, x.SlotAgeMs = 8, 9 // the proxy's, from the buffer's last use
 	fillCandidate(&c, &e, &x)
-	want := route.Candidate{Detail: &route.Detail{ID: "x"}, Hash: 1, InFlight: 2, PendingPrefillBlocks: 3.5, NetworkMs: 4.5, Running: 5, Waiting: 6, Slots: 7, Tier: 1}
+	want := route.Candidate{Detail: &route.Detail{ID: "x"}, Hash: 1, InFlight: 2, PendingPrefillBlocks: 3.5, NetworkMs: 4.5, EngineLoad: route.EngineLoad{Running: 5, Waiting: 6, Slots: 7}, Tier: 1}
 	if c.Detail != &x || !reflect.DeepEqual(c, want) {
 		t.Fatalf("fillCandidate wrote\n%+v (%+v)\nwant\n%+v (%+v)", c, *c.Detail, want, *want.Detail)
 	}

@@ -153,26 +153,35 @@ func (c *replication) mergeRemoteState(buf []byte, join bool) {
 	for _, i := range valid {
 		st := &p.Entries[i].State
 		if join {
-			c.keepNoLoadLocked(st)
+			c.keepEngineLocked(st)
 		}
 		c.handleStateLocked(st, now)
 	}
 }
 
-// keepNoLoadLocked carries a copy's flagNoLoad over to a state from a
-// join's push/pull. Those are encoded at wireBase (pushPullWire), which
-// has no such flag: their silence about it says nothing, and taken as
-// "the engine publishes load" it turned a no-load replica's zero counts
-// into known ones at every router a seed re-join reached (routers re-join
-// their seeds after a failure), until the owner's next full state. A
-// state that does not come from a join is encoded at a version the
-// sender chose for its peers and is taken as it says.
-func (c *replication) keepNoLoadLocked(st *stateMsg) {
-	if st.NoLoad || !st.Owned || st.Slim || st.Withdrawn {
+// keepEngineLocked carries over to a state from a join's push/pull what
+// of the engine's load the copy's last state from the same owner knew
+// and the state cannot say. Those are encoded at wireBase
+// (pushPullWire), which has neither flagNoLoad nor the engine section:
+// their silence says nothing. Taken as "the engine publishes load" it
+// turned a no-load replica's zero counts into known ones at every router
+// a seed re-join reached (routers re-join their seeds after a failure),
+// and taken as "unknown" it would drop the section's other fields, until
+// the owner's next full state. A state that does not come from a join is
+// encoded at a version the sender chose for its peers and is taken as it
+// says.
+func (c *replication) keepEngineLocked(st *stateMsg) {
+	if st.EngineWire || !st.Owned || st.Slim || st.Withdrawn {
 		return
 	}
-	if r := c.tab.replicas[st.Replica]; r != nil && r.hasState && r.st.Origin == st.Origin && r.st.NoLoad {
-		st.NoLoad = true
+	r := c.tab.replicas[st.Replica]
+	if r == nil || !r.hasState || r.st.Origin != st.Origin {
+		return
+	}
+	noLoad := !st.Engine.HasLoad || !r.st.Engine.HasLoad
+	st.Engine = legacyLoad(st.Engine, r.st.Engine)
+	if noLoad {
+		st.Engine.HasLoad = false
 	}
 }
 

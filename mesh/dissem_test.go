@@ -5,6 +5,7 @@ import (
 	"io"
 	"log"
 	"net"
+	"reflect"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -15,17 +16,36 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
+// TestEngineLoadReachesEveryRouter: the engine's load, every field of
+// route.EngineLoad set (by reflection, so that a field added there is
+// checked here too), reaches the owner's candidate and a peer's as is.
 func TestEngineLoadReachesEveryRouter(t *testing.T) {
 	a := newRouter(t, "a", nil)
 	id := "http://a-rep"
 	declare(a, id)
 	b := newRouter(t, "b", joining(a))
-	a.UpdateReplica(id, ReplicaStatus{Models: []string{"m"}, Healthy: true, CapacityBlocks: 2048, Running: 3, Waiting: 2, Slots: 8})
+	load := route.EngineLoad{Running: 3, Waiting: 2, Slots: 8}
+	v := reflect.ValueOf(&load).Elem()
+	for i := range v.NumField() {
+		switch f := v.Field(i); f.Kind() {
+		case reflect.Bool:
+			f.SetBool(true)
+		case reflect.Int32, reflect.Int64:
+			if f.Int() == 0 {
+				f.SetInt(int64(10 + i))
+			}
+		case reflect.Uint8, reflect.Uint16, reflect.Uint32:
+			f.SetUint(uint64(10 + i))
+		default:
+			t.Fatalf("EngineLoad.%s of kind %s: teach this test about it", v.Type().Field(i).Name, f.Kind())
+		}
+	}
+	a.UpdateReplica(id, ReplicaStatus{Models: []string{"m"}, Healthy: true, CapacityBlocks: 2048, Load: load})
 	for _, r := range []*testRouter{a, b} {
 		eventually(t, wait, r.cfg.Name+" sees the engine's load", func() error {
 			c, ok := candidate(r.Mesh, "m", id)
-			if !ok || c.Running != 3 || c.Waiting != 2 || c.Slots != 8 {
-				return fmt.Errorf("ok=%v running %d waiting %d slots %d", ok, c.Running, c.Waiting, c.Slots)
+			if !ok || c.EngineLoad != load {
+				return fmt.Errorf("ok=%v load %+v, want %+v", ok, c.EngineLoad, load)
 			}
 			// The status page shows it from the debug view, at the owner and elsewhere.
 			for _, d := range r.Debug().Replicas {
@@ -53,7 +73,7 @@ func TestEngineWithoutLoadNeverSpreads(t *testing.T) {
 	declare(b, b1)
 	declare(b, b2)
 	status := func(hasLoad bool) ReplicaStatus {
-		return ReplicaStatus{Models: []string{"m"}, Healthy: true, CapacityBlocks: 2048, Slots: 8, HasLoad: hasLoad}
+		return ReplicaStatus{Models: []string{"m"}, Healthy: true, CapacityBlocks: 2048, Load: route.EngineLoad{Slots: 8, HasLoad: hasLoad}}
 	}
 	req := route.Request{Hashes: chain(77, 4)}
 	req.Probes = probes(req.Hashes)

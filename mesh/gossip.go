@@ -129,20 +129,21 @@ func (d *dissemination) ownedStateLocked(r *replica) stateMsg {
 		st.DeclaredBy = append(st.DeclaredBy, d)
 	}
 	slices.Sort(st.DeclaredBy)
+	// A state without its owner's load (a declaration, an owner before
+	// its first summary) carries zero counts, which routers have always
+	// read as known: HasLoad keeps that reading (and its bytes).
+	st.Engine.HasLoad = true
 	if r.owned && r.sum != nil {
 		st.Epoch, st.Version = r.sum.Epoch(), r.lastSent
 		st.InFlight = uint32(max(r.load.inFlight.Load(), 0))
 		st.Pending = float64(max(r.load.pendingK.Load(), 0)) / 1000
-		st.Running, st.Waiting, st.Slots = u32(r.running), u32(r.waiting), u32(r.slots)
-		st.NoLoad = !r.hasLoad
+		st.Engine, st.EngineWire = r.engine, true
 		if r.digestVer == r.lastSent+1 {
 			st.Digest = r.digest
 		}
 	}
 	return st
 }
-
-func u32(n int) uint32 { return uint32(min(max(n, 0), 1<<31)) }
 
 // encodeState appends a state to dst within maxStateBytes, dropping
 // declarers then models that do not fit (a replica with hundreds of

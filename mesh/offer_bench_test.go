@@ -2,6 +2,7 @@ package mesh
 
 import (
 	"fmt"
+	"github.com/kvmesh/kvmesh/route"
 	"testing"
 	"time"
 
@@ -25,7 +26,7 @@ func benchOffer(b *testing.B, mod func([]cut, []*peer)) {
 		id := fmt.Sprintf("http://replica-%04d:8000", i)
 		cuts[i] = cut{r: &replica{id: id}, sum: sum, ok: true, changed: true,
 			st: stateMsg{header: header{Origin: "a", Boot: 1, Seq: uint64(i)}, Replica: id, Owned: true, Healthy: true,
-				Capacity: 2048, Epoch: 1, Version: 9, InFlight: 2, Running: 3, Waiting: 1, Slots: 8,
+				Capacity: 2048, Epoch: 1, Version: 9, InFlight: 2, Engine: route.EngineLoad{Running: 3, Waiting: 1, Slots: 8, HasLoad: true},
 				Models: []string{"m"}, DeclaredBy: []string{"a"}}}
 	}
 	now := time.Now()

@@ -30,10 +30,9 @@ type replica struct {
 	healthy  bool
 	capacity int
 	// The engine's load from the last health check (see ReplicaStatus).
-	running, waiting, slots int
-	hasLoad                 bool
-	restarts                int          // the engine restarts its health checks found (ReplicaStatus)
-	load                    *replicaLoad // the requests in flight here (Begin)
+	engine   route.EngineLoad
+	restarts int          // the engine restarts its health checks found (ReplicaStatus)
+	load     *replicaLoad // the requests in flight here (Begin)
 
 	declarers map[string]bool // routers known to declare it
 	// Soft state of the peers' declarations (softstate.go): when each

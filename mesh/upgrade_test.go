@@ -3,6 +3,7 @@ package mesh
 import (
 	"bytes"
 	"fmt"
+	"github.com/kvmesh/kvmesh/route"
 	"net"
 	"testing"
 
@@ -13,11 +14,12 @@ import (
 
 // TestWireVersionChoice is the pure part of a rolling upgrade: which
 // version a router encodes at for the peers it knows, and that every
-// peer decodes what it is sent at its own version, flagNoLoad included
-// exactly when every receiver knows it.
+// peer decodes what it is sent at its own version, flagNoLoad and the
+// engine section (flagEngine) included exactly when every receiver knows
+// them.
 func TestWireVersionChoice(t *testing.T) {
 	noLoad := sampleState()
-	noLoad.NoLoad, noLoad.Running, noLoad.Waiting = true, 0, 0
+	noLoad.Engine, noLoad.EngineWire = route.EngineLoad{Slots: 8}, true
 	future := wireLatest + 3 // a router newer than this build
 	for _, tc := range []struct {
 		name string
@@ -28,6 +30,7 @@ func TestWireVersionChoice(t *testing.T) {
 	}{
 		{"every peer upgraded", wireLatest, false, []wireVersion{wireLatest, wireLatest}, wireLatest},
 		{"one peer from before versioning", wireLatest, false, []wireVersion{wireLatest, wireBase, wireLatest}, wireBase},
+		{"one peer from before flagEngine", wireLatest, false, []wireVersion{wireLatest, wireNoLoad}, wireNoLoad},
 		{"a peer newer than this router", wireLatest, false, []wireVersion{future, wireLatest}, wireLatest},
 		{"no peer yet", wireLatest, false, nil, wireLatest},
 		{"a join: the peer may be unknown", wireLatest, true, []wireVersion{wireLatest}, wireBase},
@@ -47,14 +50,15 @@ func TestWireVersionChoice(t *testing.T) {
 				if err != nil {
 					t.Fatalf("a peer of version %d refuses the push/pull state: %v", p, err)
 				}
-				if got.(stateMsg).NoLoad != (v >= wireNoLoad) {
-					t.Fatalf("a peer of version %d reads no load %v", p, got.(stateMsg).NoLoad)
+				if s := got.(stateMsg); s.Engine.HasLoad == (v >= wireNoLoad) || s.EngineWire != (v >= wireEngine) || s.Engine.Slots != 8 {
+					t.Fatalf("a peer of version %d reads %+v", p, s)
 				}
 				// A batch goes to each peer at its own version.
 				pv := peerWire(tc.self, p)
 				ps := noLoad.at(pv)
 				got, err = decodeMsg(ps.append(nil), min(p, wireLatest))
-				if err != nil || got.(stateMsg).NoLoad != (min(tc.self, p) >= wireNoLoad) {
+				if err != nil || got.(stateMsg).Engine.HasLoad == (min(tc.self, p) >= wireNoLoad) ||
+					got.(stateMsg).EngineWire != (min(tc.self, p) >= wireEngine) {
 					t.Fatalf("a peer of version %d: batch state at %d: %+v %v", p, pv, got, err)
 				}
 			}
@@ -65,12 +69,13 @@ func TestWireVersionChoice(t *testing.T) {
 // TestEntryStateForOldPeer: an owner's tick encodes a no-load state
 // whole once, and for a peer from before flagNoLoad once more without
 // it: the bytes such a peer always read (the golden state's, when the
-// counts are the sample's), shared by every peer of its version; a state
-// that needs no newer version is the one encoding for everyone.
+// counts are the sample's), shared by every peer of its version; a peer
+// from before flagEngine gets the counts and flagNoLoad; a state that
+// needs no newer version is the one encoding for everyone.
 func TestEntryStateForOldPeer(t *testing.T) {
 	m := &dissemination{env: &env{log: hclog.NewNullLogger()}}
 	st := sampleState()
-	st.NoLoad = true
+	st.Engine.HasLoad, st.EngineWire = false, true
 	c := cut{st: st}
 	e := entryEnc{c: &c}
 	e.stFull, e.need = m.encodeState(nil, &c.st), c.st.needs()
@@ -78,8 +83,16 @@ func TestEntryStateForOldPeer(t *testing.T) {
 	if got := e.stateFor(m, wireBase); !bytes.Equal(got, known.append(nil)) {
 		t.Fatalf("an old peer's state\n%x\nwant the state without the flag\n%x", got, known.append(nil))
 	}
-	if v, err := decodeMsg(e.stateFor(m, wireBase), wireBase); err != nil || v.(stateMsg).NoLoad {
+	if v, err := decodeMsg(e.stateFor(m, wireBase), wireBase); err != nil || !v.(stateMsg).Engine.HasLoad {
 		t.Fatalf("an old decoder reads %+v %v", v, err)
+	}
+	noLoad := sampleState()
+	noLoad.Engine.HasLoad = false
+	if got := e.stateFor(m, wireNoLoad); !bytes.Equal(got, noLoad.append(nil)) {
+		t.Fatalf("a peer before flagEngine gets\n%x\nwant the counts with flagNoLoad\n%x", got, noLoad.append(nil))
+	}
+	if _, err := decodeMsg(e.stFull, wireNoLoad); err == nil {
+		t.Fatal("a decoder before flagEngine reads it: the test tests nothing")
 	}
 	if &e.stateFor(m, wireBase)[0] != &e.stOld[wireBase][0] {
 		t.Fatal("the old peers' encoding is not shared")
@@ -100,14 +113,20 @@ func TestEntryStateForOldPeer(t *testing.T) {
 }
 
 // TestRollingUpgradeNoLoad: a router from before flagNoLoad (b,
-// advertising and decoding wireBase) in a mesh with newer ones keeps a
-// fresh copy of a newer owner's replica whose engine publishes no load
-// counts, across batches and push/pulls, and refuses nothing; a newer
-// router (c) still learns that the engine publishes none. Without the
-// version, the owner's batches and push/pull states carry the flag, b
+// advertising and decoding wireBase), or from before flagEngine
+// (wireNoLoad), in a mesh with newer ones keeps a fresh copy of a newer
+// owner's replica whose engine publishes no load counts, across batches
+// and push/pulls, and refuses nothing; a newer router (c) still learns
+// that the engine publishes none, and the section's other fields. Without
+// the version, the owner's batches and push/pull states carry the flag, b
 // refuses them all, and its copy never counts.
 func TestRollingUpgradeNoLoad(t *testing.T) {
-	old := wireBase
+	for _, old := range []wireVersion{wireBase, wireNoLoad} {
+		t.Run(fmt.Sprint("wire ", old), func(t *testing.T) { rollingUpgradeNoLoad(t, old) })
+	}
+}
+
+func rollingUpgradeNoLoad(t *testing.T, old wireVersion) {
 	a := newRouter(t, "a", nil)
 	b := newRouter(t, "b", func(c *Config) { joining(a)(c); c.wire = &old })
 	c := newRouter(t, "c", joining(a))
@@ -120,16 +139,16 @@ func TestRollingUpgradeNoLoad(t *testing.T) {
 		})
 	}
 	for _, mb := range a.Members() {
-		if want := map[string]int{"a": int(wireLatest), "b": int(wireBase), "c": int(wireLatest)}[mb.Name]; mb.Wire != want {
+		if want := map[string]int{"a": int(wireLatest), "b": int(old), "c": int(wireLatest)}[mb.Name]; mb.Wire != want {
 			t.Fatalf("a lists %s at wire version %d, want %d", mb.Name, mb.Wire, want)
 		}
 	}
 	id := "http://a-rep"
 	a.DeclareReplica(id)
-	a.UpdateReplica(id, ReplicaStatus{Models: []string{"m"}, Healthy: true, CapacityBlocks: 2048, Slots: 8}) // no HasLoad
+	a.UpdateReplica(id, ReplicaStatus{Models: []string{"m"}, Healthy: true, CapacityBlocks: 2048, Load: route.EngineLoad{Slots: 8, KVUsage: 5000}}) // no HasLoad
 	eventually(t, wait, "c learns the engine publishes no counts", func() error {
-		if c, ok := candidate(c.Mesh, "m", id); !ok || c.Summary == nil || c.HasLoad {
-			return fmt.Errorf("ok=%v summary %v has load %v", ok, c.Summary != nil, c.HasLoad)
+		if c, ok := candidate(c.Mesh, "m", id); !ok || c.Summary == nil || c.HasLoad || c.KVUsage != 5000 {
+			return fmt.Errorf("ok=%v summary %v has load %v, KV usage %d", ok, c.Summary != nil, c.HasLoad, c.KVUsage)
 		}
 		return nil
 	})
@@ -145,9 +164,10 @@ func TestRollingUpgradeNoLoad(t *testing.T) {
 		a.Record(id, hashes)
 		eventually(t, wait, fmt.Sprintf("round %d: b's copy matches", i), func() error { return matches(b.Mesh, id, hashes) })
 	}
-	// b reads the state as load known, as it always did.
-	if c, _ := candidate(b.Mesh, "m", id); !c.HasLoad {
-		t.Fatal("b reads a load flag it does not know")
+	// b reads the state as its version always did: before flagNoLoad as
+	// load known, and without the section's other fields.
+	if c, _ := candidate(b.Mesh, "m", id); c.HasLoad != (old < wireNoLoad) || c.Slots != 8 || c.KVUsage != 0 {
+		t.Fatalf("b at wire %d reads %+v", old, c.EngineLoad)
 	}
 	if n := testutil.ToFloat64(b.met.dropped.WithLabelValues(dropDecode)); n != 0 {
 		t.Fatalf("b refused %v messages", n)
@@ -160,7 +180,7 @@ func TestRollingUpgradeNoLoad(t *testing.T) {
 func BenchmarkOfferOldPeer(b *testing.B) {
 	benchOffer(b, func(cuts []cut, peers []*peer) {
 		for i := range cuts {
-			cuts[i].st.NoLoad = true
+			cuts[i].st.Engine.HasLoad = false
 		}
 		for _, p := range peers[1:] {
 			p.wire = wireLatest
@@ -228,7 +248,7 @@ func TestJoinPushPullKeepsNoLoad(t *testing.T) {
 	b := newRouter(t, "b", joining(a))
 	id := "http://b-rep"
 	b.DeclareReplica(id)
-	b.UpdateReplica(id, ReplicaStatus{Models: []string{"m"}, Healthy: true, CapacityBlocks: 2048, Slots: 8}) // no HasLoad
+	b.UpdateReplica(id, ReplicaStatus{Models: []string{"m"}, Healthy: true, CapacityBlocks: 2048, Load: route.EngineLoad{Slots: 8}}) // no HasLoad
 	b.Record(id, chain(1, 20))
 	eventually(t, wait, "a learns b's engine publishes no counts", func() error {
 		if c, ok := candidate(a.Mesh, "m", id); !ok || c.Summary == nil || c.HasLoad {

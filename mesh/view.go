@@ -8,6 +8,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/kvmesh/kvmesh/internal/engine"
 	"github.com/kvmesh/kvmesh/route"
 	"github.com/kvmesh/kvmesh/summary"
 )
@@ -52,21 +53,9 @@ func (m *Mesh) WithdrawReplica(id string) {
 }
 
 // ReplicaStatus is a health check's view of a replica: what it serves,
-// whether it answers, its cache capacity and the engine's own load.
-type ReplicaStatus struct {
-	Models         []string
-	Healthy        bool
-	CapacityBlocks int
-	// Running, Waiting and Slots are the engine's counts (see
-	// route.Candidate); Slots 0 means unknown. HasLoad reports that the
-	// engine published Running and Waiting at its last scrape
-	// (route.Candidate.HasLoad): without it they are 0 and say nothing.
-	Running, Waiting, Slots int
-	HasLoad                 bool
-	// Restarts counts the engine restarts its health checks found; when
-	// it grows, the owner cuts the replica's summary (restartedLocked).
-	Restarts int
-}
+// whether it answers, its cache capacity and the engine's own load. It
+// is the health checker's type (engine.ReplicaStatus), taken as is.
+type ReplicaStatus = engine.ReplicaStatus
 
 // UpdateReplica records the proxy's latest health check of a declared
 // replica; an owner gossips it with the next tick's batch.
@@ -81,7 +70,7 @@ func (m *Mesh) UpdateReplica(id string, s ReplicaStatus) {
 		return
 	}
 	r.models, r.healthy, r.capacity = models, healthy, capacityBlocks
-	r.running, r.waiting, r.slots, r.hasLoad = s.Running, s.Waiting, s.Slots, s.HasLoad
+	r.engine = s.Load
 	restarted := s.Restarts > r.restarts
 	r.restarts = s.Restarts
 	m.tab.touchLocked(r)
@@ -394,9 +383,9 @@ func fillCandidate(c *route.Candidate, e *viewEntry, x *route.Detail) {
 	if unsafe.StringData(x.ID) != unsafe.StringData(e.id) || len(x.ID) != len(e.id) {
 		x.ID = e.id
 	}
-	x.SeqMs, x.SlotAgeMs, x.Own, x.Local = 0, 0, 0, false
+	x.SeqMs, x.SlotAgeMs, x.Own, x.Local, x.Written = 0, 0, 0, false, 0
 	c.Hash, c.InFlight, c.PendingPrefillBlocks, c.NetworkMs, c.BlockMs = e.hash, e.inFlight, e.pending, e.networkMs, 0
-	c.Tier, c.Running, c.Waiting, c.Slots, c.HasLoad = e.tier, e.running, e.waiting, e.slots, e.hasLoad
+	c.Tier, c.EngineLoad = e.tier, e.engine
 	c.Stale = false
 }
 

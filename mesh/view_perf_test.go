@@ -32,7 +32,7 @@ func (m *Mesh) candidatesRef(model string, dst []route.Candidate) []route.Candid
 			}
 			c := route.Candidate{Detail: &route.Detail{ID: r.id, Local: true}, Hash: r.hash, InFlight: int32(max(r.load.inFlight.Load(), 0)),
 				PendingPrefillBlocks: float64(max(r.load.pendingK.Load(), 0)) / 1000,
-				Running:              route.Count32(r.running), Waiting: route.Count32(r.waiting), Slots: route.Count32(r.slots), HasLoad: r.hasLoad}
+				EngineLoad:           r.engine}
 			if r.sum != nil {
 				c.Summary = r.sum
 			}
@@ -42,7 +42,7 @@ func (m *Mesh) candidatesRef(model string, dst []route.Candidate) []route.Candid
 				continue
 			}
 			c := route.Candidate{Detail: &route.Detail{ID: r.id}, Hash: r.hash, InFlight: route.Count32(int(r.st.InFlight)), PendingPrefillBlocks: r.st.Pending,
-				Running: route.Count32(int(r.st.Running)), Waiting: route.Count32(int(r.st.Waiting)), Slots: route.Count32(int(r.st.Slots)), HasLoad: !r.st.NoLoad}
+				EngineLoad: r.st.Engine}
 			if m.tab.countsLocked(r, now) {
 				c.Summary = r.sum
 			} else {
@@ -91,7 +91,7 @@ func (m *Mesh) candidatesPrev(model string, dst []route.Candidate) []route.Candi
 			}
 			c := route.Candidate{Detail: detail(details, len(dst)-n0, r.id), Hash: r.hash, InFlight: int32(max(r.load.inFlight.Load(), 0)),
 				PendingPrefillBlocks: float64(max(r.load.pendingK.Load(), 0)) / 1000,
-				Running:              route.Count32(r.running), Waiting: route.Count32(r.waiting), Slots: route.Count32(r.slots)}
+				EngineLoad:           route.EngineLoad{Running: r.engine.Running, Waiting: r.engine.Waiting, Slots: r.engine.Slots}}
 			if r.sum != nil {
 				c.Summary = bf.add(r.sum, r.hash)
 			}
@@ -101,7 +101,7 @@ func (m *Mesh) candidatesPrev(model string, dst []route.Candidate) []route.Candi
 				continue
 			}
 			c := route.Candidate{Detail: detail(details, len(dst)-n0, r.id), Hash: r.hash, InFlight: route.Count32(int(r.st.InFlight)), PendingPrefillBlocks: r.st.Pending,
-				Running: route.Count32(int(r.st.Running)), Waiting: route.Count32(int(r.st.Waiting)), Slots: route.Count32(int(r.st.Slots))}
+				EngineLoad: route.EngineLoad{Running: r.st.Engine.Running, Waiting: r.st.Engine.Waiting, Slots: r.st.Engine.Slots}}
 			if m.tab.countsLocked(r, now) {
 				c.Summary = bf.add(r.sum, r.hash)
 			} else {
@@ -157,7 +157,7 @@ func TestCandidatesEqualReference(t *testing.T) {
 			} else if j%3 == 2 {
 				models = []string{"other"}
 			}
-			r.UpdateReplica(id, ReplicaStatus{Models: models, Healthy: j != 4, CapacityBlocks: 256, Running: j, Waiting: i, Slots: 8, HasLoad: j%2 == 1})
+			r.UpdateReplica(id, ReplicaStatus{Models: models, Healthy: j != 4, CapacityBlocks: 256, Load: route.EngineLoad{Running: int32(j), Waiting: int32(i), Slots: 8, HasLoad: j%2 == 1}})
 			if j%2 == 0 {
 				r.Record(id, chain(uint64(10*i+j), 20))
 			}

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+
+	"github.com/kvmesh/kvmesh/route"
 )
 
 // Wire formats. Every message and state is hand-encoded, big-endian, and
@@ -16,8 +18,10 @@ import (
 //	state    : kindState | origin s8 | boot u64 | seq u64 | replica s16 | flags u8
 //	           | epoch u64 | version u64 (a slim state ends here)
 //	           | capacity u32 | digest u64
-//	           | in-flight u32 | pending f64 | running u32 | waiting u32 | slots u32
+//	           | in-flight u32 | pending f64 | engine
 //	           | models u8 × s8 | declared-by u8 × s8
+//	engine   : running u32 | waiting u32 | slots u32 (without flagEngine)
+//	           | route.EngineLoad's wire section (with flagEngine)
 //	fullReq  : kindFullReq | origin s8 | replica s16
 //	batch    : kindBatch | origin s8 | boot u64 | seq u64 | n u16 × entry
 //	entry    : state u16-prefixed | payload kind u8 (0 none, 1 delta, 2 full summary)
@@ -36,7 +40,11 @@ import (
 // publishes no load counts, goes only to routers of wireNoLoad or later;
 // an older router gets the state without it, byte for byte what it
 // always read. A router reads an older owner's states, which never carry
-// it, as load known, as the older owner meant them.
+// it, as load known, as the older owner meant them. flagEngine (routers
+// of wireEngine or later) replaces the three counts by the engine's
+// load as route.EngineLoad encodes it (AppendWire), a section that grows
+// by fields without a new wire version: a field the engine adapter adds
+// reaches every router of wireEngine or later with no change here.
 const (
 	kindState    byte = 1
 	kindFullReq  byte = 3
@@ -56,6 +64,10 @@ const (
 	// flagNoLoad: the owner's engine publishes no running and waiting
 	// counts (its 0 and 0 say nothing); only in an owner's full state.
 	flagNoLoad byte = 16
+	// flagEngine: the engine's load is a route.EngineLoad section (which
+	// carries HasLoad itself, so never with flagNoLoad); only in an
+	// owner's full state.
+	flagEngine byte = 32
 
 	// maxFullBytes is memberlist's limit on one SendReliable message and on
 	// push/pull user state (20 MiB); above it delivery silently fails.
@@ -90,8 +102,11 @@ const (
 	wireBase wireVersion = 0
 	// wireNoLoad decodes the state flag flagNoLoad.
 	wireNoLoad wireVersion = 1
+	// wireEngine decodes the state flag flagEngine and the engine
+	// section it announces.
+	wireEngine wireVersion = 2
 	// wireLatest is this build's version.
-	wireLatest = wireNoLoad
+	wireLatest = wireEngine
 )
 
 // peerWire is the version a router of version self encodes at for a
@@ -121,25 +136,49 @@ func (v wireVersion) stateFlags() byte {
 	if v >= wireNoLoad {
 		f |= flagNoLoad
 	}
+	if v >= wireEngine {
+		f |= flagEngine
+	}
 	return f
 }
 
+// noLoad reports that s is encoded without its section with flagNoLoad:
+// an owner's full state whose engine publishes no counts.
+func (s *stateMsg) noLoad() bool { return s.Owned && !s.Slim && !s.EngineWire && !s.Engine.HasLoad }
+
 // needs is the least version that carries s whole.
 func (s *stateMsg) needs() wireVersion {
-	if s.NoLoad {
+	switch {
+	case s.EngineWire:
+		return wireEngine
+	case s.noLoad():
 		return wireNoLoad
 	}
 	return wireBase
 }
 
 // at is s as a router of version v is to read it: what v does not know
-// is left out. Without flagNoLoad an engine's 0 running and 0 waiting
-// read as known counts, as every router before the flag read them.
+// is left out. Below wireEngine the load is the three counts and
+// NoLoad, the section's other fields unknown; without flagNoLoad an
+// engine's 0 running and 0 waiting read as known counts, as every router
+// before the flag read them.
 func (s stateMsg) at(v wireVersion) stateMsg {
-	if v < wireNoLoad {
-		s.NoLoad = false
+	if v < wireEngine && s.EngineWire {
+		s.EngineWire = false
+		s.Engine = legacyLoad(s.Engine, route.EngineLoad{})
+	}
+	if v < wireNoLoad && s.noLoad() {
+		s.Engine.HasLoad = true
 	}
 	return s
+}
+
+// legacyLoad is l's fields that a state without flagEngine carries
+// (running, waiting, slots, and HasLoad through flagNoLoad) over rest's
+// others.
+func legacyLoad(l, rest route.EngineLoad) route.EngineLoad {
+	rest.Running, rest.Waiting, rest.Slots, rest.HasLoad = l.Running, l.Waiting, l.Slots, l.HasLoad
+	return rest
 }
 
 var errShort = errors.New("truncated")
@@ -295,16 +334,15 @@ type stateMsg struct {
 	Digest         uint64 // xxh3 of the encoded summary at Version; 0 = unknown
 	InFlight       uint32
 	Pending        float64
-	// Running, Waiting and Slots are the engine's own load (see
-	// route.Candidate); Slots 0 means unknown. NoLoad reports that the
-	// engine publishes no Running and Waiting (route.Candidate.HasLoad
-	// false); it is a flag of the inverse sense so that a state with
-	// known counts sets no bit a router of wire version 0 lacks, and
-	// reads there as it always did (wireNoLoad).
-	Running, Waiting, Slots uint32
-	NoLoad                  bool
-	Models                  []string
-	DeclaredBy              []string
+	// Engine is the engine's own load (route.Candidate's EngineLoad).
+	// With EngineWire it is encoded whole (flagEngine); without, as the
+	// three counts, and HasLoad false as flagNoLoad, of the inverse sense
+	// so that a state with known counts sets no bit a router of wire
+	// version 0 lacks, and reads there as it always did (wireNoLoad).
+	Engine     route.EngineLoad
+	EngineWire bool
+	Models     []string
+	DeclaredBy []string
 }
 
 func (s *stateMsg) append(dst []byte) []byte {
@@ -323,7 +361,9 @@ func (s *stateMsg) append(dst []byte) []byte {
 	if s.Slim {
 		f |= flagSlim
 	}
-	if s.NoLoad {
+	if s.EngineWire {
+		f |= flagEngine
+	} else if s.noLoad() {
 		f |= flagNoLoad
 	}
 	dst = append(dst, f)
@@ -336,9 +376,13 @@ func (s *stateMsg) append(dst []byte) []byte {
 	dst = binary.BigEndian.AppendUint64(dst, s.Digest)
 	dst = binary.BigEndian.AppendUint32(dst, s.InFlight)
 	dst = binary.BigEndian.AppendUint64(dst, math.Float64bits(s.Pending))
-	dst = binary.BigEndian.AppendUint32(dst, s.Running)
-	dst = binary.BigEndian.AppendUint32(dst, s.Waiting)
-	dst = binary.BigEndian.AppendUint32(dst, s.Slots)
+	if s.EngineWire {
+		dst = s.Engine.AppendWire(dst)
+	} else {
+		dst = binary.BigEndian.AppendUint32(dst, uint32(max(s.Engine.Running, 0)))
+		dst = binary.BigEndian.AppendUint32(dst, uint32(max(s.Engine.Waiting, 0)))
+		dst = binary.BigEndian.AppendUint32(dst, uint32(max(s.Engine.Slots, 0)))
+	}
 	dst = append(dst, byte(min(len(s.Models), math.MaxUint8)))
 	for _, m := range s.Models[:min(len(s.Models), math.MaxUint8)] {
 		dst = appendS8(dst, m)
@@ -356,13 +400,17 @@ func (r *reader) state() stateMsg {
 	s.Replica = r.s16()
 	f := r.u8()
 	s.Owned, s.Healthy, s.Withdrawn, s.Slim = f&flagOwned != 0, f&flagHealthy != 0, f&flagWithdrawn != 0, f&flagSlim != 0
-	s.NoLoad = f&flagNoLoad != 0
+	noLoad := f&flagNoLoad != 0
+	s.EngineWire = f&flagEngine != 0
 	if f&^r.v.stateFlags() != 0 {
 		r.fail(fmt.Errorf("unknown flags %#x", f))
 	}
-	if s.NoLoad && (!s.Owned || s.Slim) {
+	if (noLoad || s.EngineWire) && (!s.Owned || s.Slim) {
 		// Only an owner's full state carries the engine's load.
-		r.fail(fmt.Errorf("flags %#x: no load without an owner's full state", f))
+		r.fail(fmt.Errorf("flags %#x: engine load without an owner's full state", f))
+	}
+	if noLoad && s.EngineWire {
+		r.fail(fmt.Errorf("flags %#x: no load with an engine section", f))
 	}
 	s.Epoch, s.Version = r.u64(), r.u64()
 	if s.Slim {
@@ -378,7 +426,11 @@ func (r *reader) state() stateMsg {
 	if r.err == nil && !(s.Pending >= 0 && s.Pending <= 1e15) {
 		r.fail(fmt.Errorf("pending prefill %v out of range", s.Pending))
 	}
-	s.Running, s.Waiting, s.Slots = r.u32(), r.u32(), r.u32()
+	if s.EngineWire {
+		s.Engine = r.engine()
+	} else {
+		s.Engine = route.EngineLoad{Running: r.count(), Waiting: r.count(), Slots: r.count(), HasLoad: !noLoad}
+	}
 	if n := int(r.u8()); n > 0 {
 		s.Models = make([]string, 0, n)
 		for i := 0; i < n && r.err == nil; i++ {
@@ -395,6 +447,35 @@ func (r *reader) state() stateMsg {
 		r.fail(errors.New("empty origin or bad replica id"))
 	}
 	return s
+}
+
+// count reads a u32 count of the engine's. A count past the int32 range
+// is refused rather than saturated, so that a state decodes to one
+// encoding (engines' counts are far below it).
+func (r *reader) count() int32 {
+	n := r.u32()
+	if r.err == nil && n > math.MaxInt32 {
+		r.fail(fmt.Errorf("engine count %d out of range", n))
+	}
+	return int32(min(n, math.MaxInt32))
+}
+
+// engine reads a route.EngineLoad section. It is the one part of a
+// state with room for bytes this router does not read: the section's
+// tags a newer router added, which route.EngineLoad.DecodeWire skips so
+// that a field reaches the routers that know it without a wire version.
+func (r *reader) engine() route.EngineLoad {
+	var l route.EngineLoad
+	if r.err != nil {
+		return l
+	}
+	n, err := l.DecodeWire(r.b)
+	if err != nil {
+		r.fail(err)
+		return l
+	}
+	r.b = r.b[n:]
+	return l
 }
 
 // fullReq asks the owner of Replica for a full copy of its summary.

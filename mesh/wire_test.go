@@ -3,6 +3,7 @@ package mesh
 import (
 	"encoding/hex"
 	"fmt"
+	"github.com/kvmesh/kvmesh/route"
 	"math/rand/v2"
 	"reflect"
 	"testing"
@@ -31,7 +32,9 @@ func sampleMessages(t testing.TB) [][]byte {
 	pp = append(pp, 0, 0, 0, 0, 0, 0, 0, 7, 0, 0, 0, 1)
 	pp = appendStateWithSummary(pp, &st, sum)
 	noLoad := st
-	noLoad.NoLoad, noLoad.Running, noLoad.Waiting = true, 0, 0
+	noLoad.Engine = route.EngineLoad{Slots: 8}
+	withEngine := st
+	withEngine.EngineWire = true
 	nb := batchMsg{header: header{Origin: "a", Boot: 7, Seq: 12}, Entries: []batchEntry{{State: noLoad, Kind: payloadDelta, Payload: delta}}}
 	npp := appendS8([]byte{kindPushPull}, "a")
 	npp = append(npp, 0, 0, 0, 0, 0, 0, 0, 7, 0, 0, 0, 2)
@@ -46,12 +49,13 @@ func sampleMessages(t testing.TB) [][]byte {
 		noLoad.append(nil),
 		nb.append(nil),
 		npp,
+		withEngine.append(nil),
 	}
 }
 
 func sampleState() stateMsg {
 	return stateMsg{header: header{Origin: "a", Boot: 7, Seq: 9}, Replica: "http://r:1", Owned: true, Healthy: true,
-		Capacity: 2048, Epoch: 3, Version: 4, Digest: 5, InFlight: 2, Pending: 1.5, Running: 3, Waiting: 1, Slots: 8,
+		Capacity: 2048, Epoch: 3, Version: 4, Digest: 5, InFlight: 2, Pending: 1.5, Engine: route.EngineLoad{Running: 3, Waiting: 1, Slots: 8, HasLoad: true},
 		Models: []string{"m1", "m2"}, DeclaredBy: []string{"a", "b"}}
 }
 
@@ -131,12 +135,12 @@ func TestWireNoLoad(t *testing.T) {
 	if err != nil {
 		t.Fatalf("an older router's state: %v", err)
 	}
-	if st := v.(stateMsg); st.NoLoad || !reflect.DeepEqual(st, known) {
+	if st := v.(stateMsg); !st.Engine.HasLoad || !reflect.DeepEqual(st, known) {
 		t.Fatalf("an older router's state decodes to %+v, want %+v (load known)", st, known)
 	}
 
 	none := known
-	none.NoLoad = true
+	none.Engine.HasLoad = false
 	b := none.append(nil)
 	v, err = decodeMsg(b, wireLatest)
 	if err != nil {
@@ -172,13 +176,13 @@ func TestWireNoLoad(t *testing.T) {
 	// In a batch and a push/pull too.
 	bm := batchMsg{header: header{Origin: "a", Boot: 7, Seq: 10}, Entries: []batchEntry{{State: none}, {State: known}}}
 	v, err = decodeMsg(bm.append(nil), wireLatest)
-	if err != nil || !v.(batchMsg).Entries[0].State.NoLoad || v.(batchMsg).Entries[1].State.NoLoad {
+	if err != nil || v.(batchMsg).Entries[0].State.Engine.HasLoad || !v.(batchMsg).Entries[1].State.Engine.HasLoad {
 		t.Fatalf("batch %+v %v", v, err)
 	}
 	pp := appendS8([]byte{kindPushPull}, "a")
 	pp = append(pp, 0, 0, 0, 0, 0, 0, 0, 7, 0, 0, 0, 1)
 	pp = appendStateWithSummary(pp, &none, nil)
-	if p, err := decodePushPull(pp, wireLatest); err != nil || len(p.Entries) != 1 || !p.Entries[0].State.NoLoad {
+	if p, err := decodePushPull(pp, wireLatest); err != nil || len(p.Entries) != 1 || p.Entries[0].State.Engine.HasLoad {
 		t.Fatalf("push/pull %+v %v", p, err)
 	}
 
@@ -187,12 +191,61 @@ func TestWireNoLoad(t *testing.T) {
 		name string
 		st   stateMsg
 	}{
-		{"declaration", stateMsg{header: known.header, Replica: known.Replica, NoLoad: true}},
-		{"slim", stateMsg{header: known.header, Replica: known.Replica, Owned: true, Slim: true, NoLoad: true}},
+		{"declaration", stateMsg{header: known.header, Replica: known.Replica}},
+		{"slim", stateMsg{header: known.header, Replica: known.Replica, Owned: true, Slim: true}},
 	} {
-		if _, err := decodeMsg(tc.st.append(nil), wireLatest); err == nil {
-			t.Fatalf("%s with flagNoLoad decoded", tc.name)
+		for _, f := range []byte{flagNoLoad, flagEngine} {
+			if _, err := decodeMsg(withFlags(tc.st, f), wireLatest); err == nil {
+				t.Fatalf("%s with flags %#x decoded", tc.name, f)
+			}
 		}
+	}
+	if _, err := decodeMsg(withFlags(none, flagEngine), wireLatest); err == nil {
+		t.Fatal("flagNoLoad with flagEngine decoded")
+	}
+}
+
+// withFlags is st encoded with f set in its flags byte as well.
+func withFlags(st stateMsg, f byte) []byte {
+	b := st.append(nil)
+	b[1+1+len(st.Origin)+16+2+len(st.Replica)] |= f
+	return b
+}
+
+// TestWireEngine: an owner's state with the engine section (flagEngine)
+// round-trips at wireEngine, a decoder before it refuses it, and the
+// state for such a router is the counts with flagNoLoad, byte for byte
+// what it always read (the golden state, for the sample's counts); the
+// section's own fields (route.EngineLoad) reach only routers that read
+// it.
+func TestWireEngine(t *testing.T) {
+	st := sampleState()
+	st.EngineWire = true
+	b := st.append(nil)
+	v, err := decodeMsg(b, wireLatest)
+	if err != nil || !reflect.DeepEqual(v, st) {
+		t.Fatalf("got %+v %v\nwant %+v", v, err, st)
+	}
+	for _, old := range []wireVersion{wireBase, wireNoLoad} {
+		if _, err := decodeMsg(b, old); err == nil {
+			t.Fatalf("a decoder of version %d reads flagEngine", old)
+		}
+		ob := st.at(old)
+		if got := hex.EncodeToString(ob.append(nil)); got != goldenState {
+			t.Fatalf("the state for version %d is\n%s\nwant\n%s", old, got, goldenState)
+		}
+	}
+	// Unknown load: the section says it (no counts), and a router before
+	// flagEngine gets flagNoLoad, or before that the zero counts.
+	st.Engine = route.EngineLoad{Slots: 8}
+	if v, err := decodeMsg(st.append(nil), wireLatest); err != nil || v.(stateMsg).Engine != st.Engine {
+		t.Fatalf("no load: %+v %v", v, err)
+	}
+	if ob := st.at(wireNoLoad); !ob.noLoad() || ob.EngineWire {
+		t.Fatalf("no load for wireNoLoad: %+v", ob)
+	}
+	if ob := st.at(wireBase); ob.noLoad() || !ob.Engine.HasLoad || ob.Engine.Running != 0 {
+		t.Fatalf("no load for wireBase: %+v", ob)
 	}
 }
 
@@ -340,9 +393,31 @@ func FuzzDecodeMsg(f *testing.F) {
 			out = m.append(nil)
 		}
 		if string(out) != string(b) {
-			t.Fatalf("re-encoding differs:\n%x\n%x", b, out)
+			// The engine section's tags this router does not know are
+			// skipped (route.EngineLoad.DecodeWire): the one place a
+			// state re-encodes shorter, to what decodes the same.
+			again, err := decodeMsg(out, wireLatest)
+			if !engineSection(v) || len(out) >= len(b) || err != nil || !reflect.DeepEqual(again, v) {
+				t.Fatalf("re-encoding differs:\n%x\n%x", b, out)
+			}
 		}
 	})
+}
+
+// engineSection reports that a decoded message holds a state with the
+// engine section.
+func engineSection(v any) bool {
+	switch m := v.(type) {
+	case stateMsg:
+		return m.EngineWire
+	case batchMsg:
+		for _, e := range m.Entries {
+			if e.State.EngineWire {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 func FuzzDecodePushPull(f *testing.F) {
@@ -400,4 +475,29 @@ func FuzzDecodeMeta(f *testing.F) {
 			t.Fatalf("re-encoding differs")
 		}
 	})
+}
+
+// TestWireEngineSkipsNewerFields: a state whose engine section carries a
+// tag this router does not know (a field a newer router added) decodes,
+// with the fields it knows; that is what lets a field reach the routers
+// that know it without a new wire version.
+func TestWireEngineSkipsNewerFields(t *testing.T) {
+	st := sampleState()
+	st.EngineWire = true
+	b := st.append(nil)
+	at := 1 + 1 + len(st.Origin) + 16 + 2 + len(st.Replica) + 1 + 16 + 4 + 8 + 4 + 8 // the section's length byte
+	var l route.EngineLoad
+	n, err := l.DecodeWire(b[at:])
+	if err != nil || l != st.Engine {
+		t.Fatalf("the section is not at byte %d: %+v %v", at, l, err)
+	}
+	newer := append([]byte(nil), b[:at]...)
+	newer = append(newer, b[at]+3)
+	newer = append(newer, b[at+1:at+n]...)
+	newer = append(newer, 200, 0xAC, 0x02) // tag 200, varint 300
+	newer = append(newer, b[at+n:]...)
+	v, err := decodeMsg(newer, wireLatest)
+	if err != nil || !reflect.DeepEqual(v, st) {
+		t.Fatalf("a newer router's state: %+v %v\nwant %+v", v, err, st)
+	}
 }

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvmesh/kvmesh/internal/jsonscan"
 	"github.com/kvmesh/kvmesh/proxy/hop"
 	"github.com/kvmesh/kvmesh/proxy/prompt"
 	"github.com/kvmesh/kvmesh/route"
@@ -117,37 +118,47 @@ func (s *responseIDSniffer) Write(b []byte) (int, error) {
 // Unwrap lets http.ResponseController reach the connection (Flush).
 func (s *responseIDSniffer) Unwrap() http.ResponseWriter { return s.ResponseWriter }
 
-// findID returns the value of the first "id" member in b, if b holds all
-// of it. An id with escapes is not one an engine makes and is ignored.
+// findID returns the response id in b, the head of a Responses answer:
+// the "id" member of the top-level object, or of its "response" object
+// (a stream's response.created event), once b holds all of it. The head
+// may stop anywhere, so a scan that runs out of text is "not yet". An id
+// with escapes is not one an engine makes and is ignored.
 func findID(b []byte) (string, bool) {
-	for {
-		i := bytes.Index(b, []byte(`"id"`))
-		if i < 0 {
-			return "", false
-		}
-		b = b[i+4:]
-		j := skipSpace(b, 0)
-		if j >= len(b) || b[j] != ':' {
-			continue // a value "id", not a key
-		}
-		j = skipSpace(b, j+1)
-		if j >= len(b) || b[j] != '"' {
-			return "", false
-		}
-		v := b[j+1:]
-		k := bytes.IndexByte(v, '"')
-		if k < 0 || bytes.IndexByte(v[:k], '\\') >= 0 || k == 0 {
-			return "", false
-		}
-		return string(v[:k]), true
+	i := bytes.IndexByte(b, '{')
+	if i < 0 {
+		return "", false
 	}
+	s := jsonscan.New(b[i+1:], jsonscan.MaxDepth)
+	return idIn(&s, 1)
 }
 
-func skipSpace(b []byte, i int) int {
-	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
-		i++
+// idIn reads the members of an object whose '{' has been consumed, at
+// nesting depth, for findID.
+func idIn(s *jsonscan.Scanner, depth int) (string, bool) {
+	for first := true; ; first = false {
+		key, esc, done, ok := s.Key(first)
+		if done || !ok || esc {
+			return "", false
+		}
+		switch string(key) {
+		case "id":
+			if s.Peek() != '"' {
+				return "", false
+			}
+			v, esc, ok := s.RawString()
+			if !ok || esc || len(v) == 0 {
+				return "", false
+			}
+			return string(v), true
+		case "response":
+			if depth == 1 && s.Eat('{') {
+				return idIn(s, depth+1)
+			}
+		}
+		if !s.Skip(depth) {
+			return "", false
+		}
 	}
-	return i
 }
 
 // responseLRU remembers which replica produced each recent response id,

@@ -241,6 +241,10 @@ func TestFindID(t *testing.T) {
 		{`{"id":5}`, "", false},
 		{`{"id":"a\"b"}`, "", false},
 		{`{"object":"response"}`, "", false},
+		{`{"object":"response","output":[{"id":"msg_1"}],"id":"resp_3"}`, "resp_3", true},
+		{`{"note":"{\"id\":\"no\"}","id":"resp_4"}`, "resp_4", true},
+		{`{"response":{"output":[],"id":"resp_5"`, "resp_5", true},
+		{`{"id":""}`, "", false},
 	}
 	for _, tc := range tests {
 		got, ok := findID([]byte(tc.in))
@@ -290,7 +294,7 @@ func TestEmbeddingsGoByLoad(t *testing.T) {
 
 func TestLeastLoaded(t *testing.T) {
 	c := func(id string, tier, inFlight, waiting int) route.Candidate {
-		return route.Candidate{Detail: &route.Detail{ID: id}, Tier: int8(tier), InFlight: int32(inFlight), Waiting: int32(waiting)}
+		return route.Candidate{Detail: &route.Detail{ID: id}, Tier: int8(tier), InFlight: int32(inFlight), EngineLoad: route.EngineLoad{Waiting: int32(waiting)}}
 	}
 	tests := []struct {
 		name  string

@@ -70,3 +70,17 @@ func (nopRecordView) Forget(string, []uint64) {}
 func (nopRecordView) Begin(string, float64) (func(), func()) {
 	return func() {}, func() {}
 }
+
+// FuzzFindID: the Responses id reader takes any head of any answer; what
+// it returns is an escape-free string of the head.
+func FuzzFindID(f *testing.F) {
+	f.Add([]byte(`{"id":"resp_1","object":"response"}`))
+	f.Add([]byte("event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":\"resp_2\""))
+	f.Add([]byte(`{"response":{"response":{"id":"x"}}}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		id, ok := findID(b)
+		if ok && (id == "" || !bytes.Contains(b, []byte(`"`+id+`"`))) {
+			t.Fatalf("findID(%q) = %q", b, id)
+		}
+	})
+}

@@ -97,7 +97,7 @@ func (v *fakeView) Candidates(model string, dst []route.Candidate) []route.Candi
 		// Local as the mesh sets it (the proxy books by it): the
 		// replicas this router owns.
 		c := route.Candidate{Detail: &route.Detail{ID: r.id, Local: r.owner == ""}, Hash: route.HashID(r.id),
-			InFlight: route.Count32(r.inFlight), PendingPrefillBlocks: r.pending, Slots: route.Count32(r.slots)}
+			InFlight: route.Count32(r.inFlight), PendingPrefillBlocks: r.pending, EngineLoad: route.EngineLoad{Slots: route.Count32(r.slots)}}
 		c.Detail.SeqMs = r.seqMs
 		c.Summary = fixedMatch(r.match)
 		dst = append(dst, c)

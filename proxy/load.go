@@ -30,10 +30,11 @@ const (
 // concurrent use.
 type loadBook struct {
 	mu    sync.Mutex
-	heat  map[uint64]int             // heat key -> requests in flight
-	stems map[uint64]route.Stem      // heat key -> the last request decided under it, as it ended
-	seq   map[string]float64         // replica ID -> mean slot time, ms
-	runs  map[string][]*dispatchMark // owned replica ID -> its requests in flight, oldest first
+	heat  map[uint64]int              // heat key -> requests in flight
+	stems map[uint64]route.Stem       // heat key -> the last request decided under it, as it ended
+	seq   map[string]float64          // replica ID -> mean slot time, ms
+	times map[string]*route.SlotTimes // replica ID -> the slot times seen (route.Detail.FreeMs)
+	runs  map[string][]*dispatchMark  // owned replica ID -> its requests in flight, oldest first
 	// mine counts, per owned replica, the requests in runs this router
 	// decided itself (not forwarded to it by another router's decision):
 	// its share of the load there, route.Detail.Own.
@@ -52,7 +53,7 @@ type dispatchMark struct {
 
 func newLoadBook() *loadBook {
 	return &loadBook{heat: map[uint64]int{}, stems: map[uint64]route.Stem{}, seq: map[string]float64{},
-		runs: map[string][]*dispatchMark{}, mine: map[string]int{}, now: time.Now}
+		times: map[string]*route.SlotTimes{}, runs: map[string][]*dispatchMark{}, mine: map[string]int{}, now: time.Now}
 }
 
 // dispatch marks a request sent to owned replica id now, decided by this
@@ -181,8 +182,12 @@ func (b *loadBook) observe(id string, ms float64) {
 	switch {
 	case ok:
 		b.seq[id] = old + (ms-old)/seqEWMADiv
+		b.times[id].Observe(ms)
 	case len(b.seq) < maxSeqReplicas:
 		b.seq[id] = ms
+		t := &route.SlotTimes{}
+		t.Observe(ms)
+		b.times[id] = t
 	}
 }
 
@@ -203,11 +208,44 @@ func (b *loadBook) fill(cands []route.Candidate) {
 		}
 		if q := b.runs[d.ID]; d.SlotAgeMs <= 0 && len(q) > 0 {
 			d.SlotAgeMs = max(float64(now.Sub(q[0].at))/float64(time.Millisecond), 1e-3)
+			if c := &cands[i]; d.FreeMs <= 0 && full(c) {
+				d.FreeMs = b.freeMs(d.ID, q, int(c.Slots), now)
+			}
 		}
 		if n, ok := b.mine[d.ID]; ok {
 			d.Own = route.Count32(n)
 		}
 	}
+}
+
+// full reports that route would ask c's slot wait: its slots known to be
+// taken, or with unknown slots the engine queueing.
+func full(c *route.Candidate) bool {
+	if c.Slots > 0 {
+		return c.InFlight >= c.Slots
+	}
+	return c.Waiting > 0
+}
+
+// freeMs is the expected time until the first of the requests running at
+// owned replica id ends (route.SlotTimes.FreeMs): the oldest marks of q,
+// as many as the engine's slots (all of them with slots unknown), are the
+// requests it runs; 0 when no slot time was seen there. Under b.mu.
+func (b *loadBook) freeMs(id string, q []*dispatchMark, slots int, now time.Time) float64 {
+	t := b.times[id]
+	if t == nil {
+		return 0
+	}
+	if slots > 0 && slots < len(q) {
+		q = q[:slots]
+	}
+	ages := make([]float64, 0, len(q))
+	for _, m := range q {
+		if !m.ended {
+			ages = append(ages, float64(now.Sub(m.at))/float64(time.Millisecond))
+		}
+	}
+	return t.FreeMs(ages)
 }
 
 // slotMs is how long a request held a sequence slot, as a router can

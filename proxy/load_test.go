@@ -235,6 +235,42 @@ func TestLoadBookSlotAge(t *testing.T) {
 	}
 }
 
+// A full owned replica gets the owner's estimate of when its first running
+// request ends (route.Detail.FreeMs), from the slot times seen there and
+// the ages of the requests it runs: with heavy-tailed slot times, a request
+// running past most of them is expected to run on. A replica with a free
+// slot, or with no slot time seen, gets none (route does not ask it).
+func TestLoadBookFreeMs(t *testing.T) {
+	b := newLoadBook()
+	now := time.Unix(1000, 0)
+	b.now = func() time.Time { return now }
+	for i := range 200 {
+		if i%10 == 0 {
+			b.observe("a", 60000)
+		} else {
+			b.observe("a", 500)
+		}
+	}
+	b.dispatch("a", true)
+	b.dispatch("c", true) // no slot time seen at c
+	now = now.Add(3 * time.Second)
+	cands := []route.Candidate{
+		{EngineLoad: route.EngineLoad{Slots: 1}, InFlight: 1, Detail: &route.Detail{ID: "a"}},
+		{EngineLoad: route.EngineLoad{Slots: 2}, InFlight: 1, Detail: &route.Detail{ID: "a"}},
+		{EngineLoad: route.EngineLoad{Slots: 1}, InFlight: 1, Detail: &route.Detail{ID: "c"}},
+	}
+	b.fill(cands)
+	if got, mean := cands[0].Detail.FreeMs, cands[0].SeqMs(); !(got > 10000) || !(got > mean) {
+		t.Fatalf("full replica: free in %v ms (mean %v), want a long answer's remaining time, > 10 s", got, mean)
+	}
+	if got := cands[1].Detail.FreeMs; got != 0 {
+		t.Fatalf("replica with a free slot: FreeMs %v, want 0 (not asked)", got)
+	}
+	if got := cands[2].Detail.FreeMs; got != 0 {
+		t.Fatalf("no slot time seen: FreeMs %v, want 0 (unknown)", got)
+	}
+}
+
 // TestLoadFillNilDetail: a candidate without a Detail has no ID to look up
 // and nowhere to write: fill leaves it as the zero Detail and fills the
 // others.

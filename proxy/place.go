@@ -169,6 +169,12 @@ type placeBook struct {
 	seq atomic.Uint64 // placements committed; written under mu
 	gen atomic.Uint64 // odd while a commit books; +2 per commit; written under mu
 	log [placeLogLen]placement
+	// written is, per replica ID, the prefill blocks of this router's
+	// own placements in log (route.Detail.Written): what it wrote into
+	// each replica's cache over its last placeLogLen placements, a
+	// window of decisions rather than of time, so that it means the same
+	// at any request rate. Under mu.
+	written map[string]float64
 }
 
 // placeReadTries bounds how often read reads the loads: a commit books in
@@ -262,9 +268,49 @@ func (b *placeBook) catchUpLocked(cands []route.Candidate, snap uint64, chosen s
 // recordLocked commits a placement and returns its sequence.
 func (b *placeBook) recordLocked(id string, blocks float64, own bool) uint64 {
 	seq := b.seq.Load() + 1
-	b.log[seq%placeLogLen] = placement{seq: seq, id: id, blocks: blocks, own: own}
+	e := &b.log[seq%placeLogLen]
+	if e.seq != 0 && e.own { // the placement leaving the window
+		b.unwriteLocked(e.id, e.blocks)
+	}
+	*e = placement{seq: seq, id: id, blocks: blocks, own: own}
+	if own && blocks > 0 {
+		if b.written == nil {
+			b.written = map[string]float64{}
+		}
+		b.written[id] += blocks
+	}
 	b.seq.Store(seq)
 	return seq
+}
+
+// unwriteLocked takes blocks off replica id's written count, dropping a
+// count that reaches zero (rounding included: the sums are of whole
+// block counts, exact in a float64) so that the map holds only the
+// replicas of the window.
+func (b *placeBook) unwriteLocked(id string, blocks float64) {
+	if blocks <= 0 {
+		return
+	}
+	if n := b.written[id] - blocks; n > 0.5 {
+		b.written[id] = n
+	} else {
+		delete(b.written, id)
+	}
+}
+
+// fillWritten sets Detail.Written on cands from this router's own
+// placements in the window.
+func (b *placeBook) fillWritten(cands []route.Candidate) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.written) == 0 {
+		return
+	}
+	for i := range cands {
+		if d := cands[i].Detail; d != nil {
+			d.Written = b.written[d.ID]
+		}
+	}
 }
 
 // catchUp adds placement e to its candidate in cands (sorted by ID, as
@@ -280,6 +326,7 @@ func catchUp(cands []route.Candidate, e *placement) bool {
 	c.PendingPrefillBlocks += e.blocks
 	if e.own {
 		c.Detail.Own++
+		c.Detail.Written += max(e.blocks, 0)
 	}
 	return true
 }

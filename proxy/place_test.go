@@ -291,3 +291,50 @@ func TestDecisionSeesACommitDuringItsRead(t *testing.T) {
 		t.Fatalf("served %v; want the second request at replica %d, the home %d being full", got, 1-home, home)
 	}
 }
+
+// Detail.Written is the prefill blocks of this router's own placements
+// in the log's window, per replica: forwarded requests (another router's
+// decision) do not count, a placement leaving the window takes its blocks
+// with it, and the decisions caught up at commit add theirs.
+func TestPlaceBookWritten(t *testing.T) {
+	var b placeBook
+	cands := func() []route.Candidate {
+		return []route.Candidate{{Detail: &route.Detail{ID: "r0"}}, {Detail: &route.Detail{ID: "r1"}}, {Detail: &route.Detail{ID: "r2"}}}
+	}
+	written := func() []float64 {
+		cs := cands()
+		b.fillWritten(cs)
+		return []float64{cs[0].Detail.Written, cs[1].Detail.Written, cs[2].Detail.Written}
+	}
+	b.mu.Lock()
+	b.recordLocked("r0", 30, true)
+	b.recordLocked("r1", 5, true)
+	b.recordLocked("r1", 100, false) // another router's decision: not this router's writing
+	b.recordLocked("r0", 0, true)    // all cached: nothing written
+	b.mu.Unlock()
+	if got := written(); got[0] != 30 || got[1] != 5 || got[2] != 0 {
+		t.Fatalf("written %v, want [30 5 0]", got)
+	}
+	// Fill the window with r2's placements: r0's and r1's leave it.
+	b.mu.Lock()
+	for range placeLogLen {
+		b.recordLocked("r2", 2, true)
+	}
+	b.mu.Unlock()
+	if got := written(); got[0] != 0 || got[1] != 0 || got[2] != 2*placeLogLen {
+		t.Fatalf("after a full window of r2: written %v, want [0 0 %d]", got, 2*placeLogLen)
+	}
+	if len(b.written) != 1 {
+		t.Fatalf("%d replicas kept, want only r2's", len(b.written))
+	}
+	// A decision whose view predates a placement catches it up.
+	cs := cands()
+	snap := b.seq.Load()
+	b.mu.Lock()
+	b.recordLocked("r1", 7, true)
+	b.catchUpLocked(cs, snap, "r0")
+	b.mu.Unlock()
+	if cs[1].Detail.Written != 7 {
+		t.Fatalf("caught-up written %v, want 7", cs[1].Detail.Written)
+	}
+}

@@ -100,11 +100,11 @@ func (st *reqState) relay(resp *http.Response, a upstreamAnswer) {
 	if ok && !ended {
 		ok = st.relayByCopy(resp, &a, &out, held)
 	}
-	if !ok {
+	if !ok && !st.answeredBeforeGone(resp, sink) {
 		if st.code == statusClientGone && sink != nil {
-			// The replica answered whether or not its client stayed (a
-			// client may leave right after [DONE], before the response's
-			// end): what the sink saw is what the replica computed.
+			// The client left mid-answer: what the sink saw is what the
+			// replica computed (it holds that prompt and that much of
+			// the answer), so it is learnt though the request is a 499.
 			sink.Finish()
 			st.learn(a.id, a.d, sink)
 		}
@@ -119,6 +119,21 @@ func (st *reqState) relay(resp *http.Response, a upstreamAnswer) {
 		sink.Finish()
 		st.learn(a.id, a.d, sink)
 	}
+}
+
+// answeredBeforeGone reports whether a response whose client went away
+// had passed its SSE stream's [DONE] first, and then counts it as
+// answered. OpenAI's SDKs and most clients stop reading at [DONE] and
+// close the connection, while an engine (llama.cpp's server) may end
+// the HTTP body a moment later: the client has its whole answer and the
+// engine holds the prompt and the answer, so the request is not a 499
+// and what the engine reported is learnt.
+func (st *reqState) answeredBeforeGone(resp *http.Response, sink *reply.Sink) bool {
+	if st.code != statusClientGone || sink == nil || !sink.Done() {
+		return false
+	}
+	st.code = resp.StatusCode
+	return true
 }
 
 // writeHead writes the response's head to the client w (hop-by-hop

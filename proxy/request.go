@@ -273,6 +273,7 @@ func (st *reqState) readLoads() {
 		st.cands, st.releaseCands = p.cfg.View.PooledCandidates(st.prompt.Model)
 		p.load.fill(st.cands)
 		p.hops.Fill(st.cands, p.cfg.View)
+		p.places.fillWritten(st.cands)
 		if p.loadsRead != nil {
 			p.loadsRead()
 		}

@@ -339,3 +339,48 @@ func TestStreamLoopHandsBackHeldEvent(t *testing.T) {
 		t.Errorf("loop streams %v, want 1", got)
 	}
 }
+
+// TestClientGoneAfterDone: a client that stops reading at [DONE] and
+// closes its connection before the replica ends the body (llama.cpp's
+// server ends it a moment later; OpenAI's SDKs stop at [DONE]) has its
+// whole answer: the request counts as 200 and the engine's usage and the
+// answer are learnt, through the stream loop and the normal path alike.
+func TestClientGoneAfterDone(t *testing.T) {
+	for _, off := range []bool{false, true} {
+		t.Run(fmt.Sprintf("NoStreamLoop=%v", off), func(t *testing.T) {
+			rep := newReplica(t, func(w http.ResponseWriter, r *http.Request) {
+				sseChat(w, deltas(20, 8), 40)
+				w.(http.Flusher).Flush()
+				<-r.Context().Done() // the body ends only when the router lets go
+			})
+			view := newFakeView([]string{"m"}, fakeReplica{id: rep.URL, match: 4})
+			p, srv, _ := newTestProxy(t, view, func(c *Config) { c.NoStreamLoop = off })
+			c, br, resp := rawStream(t, srv.URL)
+			if resp.StatusCode != 200 {
+				t.Fatalf("status %d", resp.StatusCode)
+			}
+			for {
+				line, err := br.ReadString('\n')
+				if err != nil {
+					t.Fatalf("stream ended before [DONE]: %v", err)
+				}
+				if strings.Contains(line, "data: [DONE]") {
+					break
+				}
+			}
+			c.Close()
+			view.waitDone(t)
+			waitCounted(t, p, epChat, 1)
+			if got := testutil.ToFloat64(p.m.requests.WithLabelValues(epChat, "200")); got != 1 {
+				t.Errorf("%v requests counted 200, want 1 (499: %v)", got, testutil.ToFloat64(p.m.requests.WithLabelValues(epChat, "499")))
+			}
+			if got := testutil.ToFloat64(p.m.reportedCached); got != 40 {
+				t.Errorf("reported cached tokens %v, want the engine's 40", got)
+			}
+			records := view.recorded(rep.URL)
+			if len(records) != 2 || len(records[1]) <= len(records[0]) {
+				t.Errorf("records %d, want the prompt then the prompt and answer", len(records))
+			}
+		})
+	}
+}

@@ -11,9 +11,13 @@ import (
 // Its layout is the decision's cost: a decision over a thousand replicas
 // reads every candidate two or three times, so each byte of the struct is
 // a kilobyte per pass. The fields every decision reads of every candidate
-// come first and fill 80 bytes (counts as int32, the tier as an int8,
-// Stale and HasLoad in what would be padding; the times stay float64, as a
-// float32 would change costs and so decisions);
+// come first and fill 88 bytes (counts as int32, the tier as an int8; the
+// times stay float64, as a float32 would change costs and so decisions).
+// The engine's fields are one embedded EngineLoad so that a new one
+// travels from the adapter to here without a copy at every hop; Go does
+// not pack the fields after it into its tail padding (HasLoad's three
+// bytes), which costs 8 bytes over the same fields loose, and leaves room
+// for a small engine field at no further cost;
 // the replica's ID and the slot-timing fields, which only the views and
 // the slot wait of a full engine read, are behind the *Detail pointer.
 // TestCandidateSize holds the size.
@@ -41,14 +45,10 @@ type Candidate struct {
 	Detail *Detail
 	// InFlight is the number of requests in flight at the replica.
 	InFlight int32
-	// Running and Waiting are the engine's own counts of sequences it runs
-	// and requests it queues (vLLM num_requests_running/waiting, SGLang
-	// num_running_reqs/num_queue_reqs), as last scraped; InFlight is the
-	// router's faster signal in between scrapes.
-	Running, Waiting int32
-	// Slots is how many sequences the engine runs at once (max-num-seqs),
-	// published or learned (SlotEstimate); 0 means unknown.
-	Slots int32
+	// EngineLoad is the engine's own word on its load (Running, Waiting,
+	// Slots, HasLoad), as the engine adapter read it and its owner
+	// gossiped it.
+	EngineLoad
 
 	// match is filled by Pick. It is an int32 (a prompt of 2^31 blocks is
 	// 2 TB of KV) so that it packs with the counts. Pick computes a
@@ -61,12 +61,6 @@ type Candidate struct {
 	// Stale reports that a summary exists but does not count: too old, or
 	// its owner is suspect or gone.
 	Stale bool
-	// HasLoad reports that Running and Waiting are the engine's counts:
-	// its last scrape published them. An engine that publishes none
-	// (no such gauges on its /metrics, a generic OpenAI server) or whose
-	// scrape fails reports 0 and 0, which say nothing: it never reads
-	// as idle to the burst rule (hashPick).
-	HasLoad bool
 }
 
 // Detail is what a decision rarely reads of a candidate.
@@ -86,6 +80,14 @@ type Detail struct {
 	// slots that filled in one burst free together, late, and slots held
 	// by requests past the mean free soon.
 	SlotAgeMs float64
+	// FreeMs is the expected time until the first of the requests
+	// running at the replica ends, as its owner estimates from how long
+	// each has run and the slot times it has seen there
+	// (SlotTimes.FreeMs); 0 means unknown (SlotAgeMs then dates the
+	// next free slot). It outranks SlotAgeMs: a request running past
+	// the mean of heavy-tailed answers is a long one, not one about to
+	// end.
+	FreeMs float64
 	// Own is how many of the requests in flight at the replica this
 	// router placed itself (its own dispatches and forwards, not the
 	// requests other routers sent to a replica it owns), and Local
@@ -97,6 +99,13 @@ type Detail struct {
 	// spreads by it (hashPick).
 	Own   int32
 	Local bool
+	// Written is how many prefill blocks this router sent the replica
+	// over its recent placements (the blocks each placement predicted
+	// the replica lacked): what this router added to the replica's cache
+	// lately, which pushes older prompts out of it. At equal estimated
+	// waits a cold request goes where it is least (scanColdAll). 0 when
+	// the view keeps no such record.
+	Written float64
 }
 
 // Count32 is n as a Candidate's count: saturated at the int32 range

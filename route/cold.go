@@ -160,15 +160,22 @@ func (p Policy) hashPick(cands []Candidate, tier int, key uint64, lim limits, co
 
 // scanColdAll is one pass of hashPick over cands: among the candidates
 // f admits (f.eligible), first has the highest rendezvous weight for
-// key, shortest the shortest estimated wait, ties in rendezvous order,
-// and second the runner-up in rendezvous order at that wait; -1 for
-// none. The ranking is scanCold's, written out in both: a shared
+// key, shortest the shortest estimated wait, ties to the fewest blocks
+// this router wrote there recently (Detail.Written), then in rendezvous
+// order, and second the runner-up in rendezvous order at that wait and
+// those writes; -1 for none. At equal waits (an idle cluster's zeros)
+// the key alone piles new prompts onto whichever replicas their keys
+// happen to name (16 prompts over 8 replicas put four on one in
+// inference-perf's shared_prefix runs, whose cache then evicted what
+// their follow-ups needed); the replica written least takes the next
+// new prompt, so a router's new prompts spread their cache footprint,
+// and routers that each spread theirs spread the sum. The ranking is scanCold's, written out in both: a shared
 // ranker would be a struct of seven fields, which the compiler keeps
 // in memory, not registers (scanCold's point).
 func (p Policy) scanColdAll(cands []Candidate, f coldFilter, key uint64, defBm float64) (first, shortest, second int) {
 	first, shortest, second = -1, -1, -1
 	var firstW, shortestW, secondW uint64
-	var shortestWait float64
+	var shortestWait, shortestWr float64
 	for i := range cands {
 		c := &cands[i]
 		if !f.eligible(c) {
@@ -185,9 +192,14 @@ func (p Policy) scanColdAll(cands []Candidate, f coldFilter, key uint64, defBm f
 		if !(bm > 0) { // blockMs
 			bm = defBm
 		}
-		if wait := bm*c.PendingPrefillBlocks + slot; shortest < 0 || wait < shortestWait {
-			shortest, shortestW, shortestWait, second = i, w, wait, -1
-		} else if wait == shortestWait {
+		wait := bm*c.PendingPrefillBlocks + slot
+		if shortest >= 0 && !(wait <= shortestWait) { // NaN too
+			continue
+		}
+		wr := written(c)
+		if shortest < 0 || wait < shortestWait || wr < shortestWr {
+			shortest, shortestW, shortestWait, shortestWr, second = i, w, wait, wr, -1
+		} else if wr == shortestWr {
 			if w > shortestW {
 				second, secondW = shortest, shortestW
 				shortest, shortestW = i, w
@@ -210,7 +222,7 @@ func (p Policy) scanColdAll(cands []Candidate, f coldFilter, key uint64, defBm f
 func scanCold(cands []Candidate, tier int, key uint64, work float64, inFlight int, defBm float64) (first, shortest, second int) {
 	first, shortest, second = -1, -1, -1
 	var firstW, shortestW, secondW uint64
-	var shortestWait float64
+	var shortestWait, shortestWr float64
 	for i := range cands {
 		c := &cands[i]
 		if int(c.Tier) != tier || c.PendingPrefillBlocks > work || !canStart(c) || (c.Slots <= 0 && int(c.InFlight)+1 > inFlight) {
@@ -224,9 +236,17 @@ func scanCold(cands []Candidate, tier int, key uint64, work float64, inFlight in
 		if !(bm > 0) { // blockMs
 			bm = defBm
 		}
-		if wait := bm * c.PendingPrefillBlocks; shortest < 0 || wait < shortestWait {
-			shortest, shortestW, shortestWait, second = i, w, wait, -1
-		} else if wait == shortestWait {
+		wait := bm * c.PendingPrefillBlocks
+		if shortest >= 0 && !(wait <= shortestWait) { // NaN too
+			continue
+		}
+		var wr float64 // written(c), by hand: no call in this loop
+		if d := c.Detail; d != nil {
+			wr = d.Written
+		}
+		if shortest < 0 || wait < shortestWait || wr < shortestWr {
+			shortest, shortestW, shortestWait, shortestWr, second = i, w, wait, wr, -1
+		} else if wr == shortestWr {
 			if w > shortestW {
 				second, secondW = shortest, shortestW
 				shortest, shortestW = i, w
@@ -250,7 +270,8 @@ type coldFilter struct {
 }
 
 // eligible reports that c is in the nearest tier, under the limits, and
-// holds a hot common prefix or (second pass) is idle to copy it.
+// holds a hot common prefix or (second pass) is idle to copy it, with
+// room in its KV cache for the copy.
 func (f coldFilter) eligible(c *Candidate) bool {
 	if int(c.Tier) != f.tier || !f.lim.admitsCold(c) {
 		return false
@@ -258,8 +279,14 @@ func (f coldFilter) eligible(c *Candidate) bool {
 	if !f.hot || !lacks(c, f.common) {
 		return true
 	}
-	return !f.holdersOnly && idle(c)
+	return !f.holdersOnly && idle(c) && c.KVUsage < kvWatermark
 }
+
+// kvWatermark is the KV usage at which an engine admits no new sequence
+// without evicting or preempting one: vLLM keeps 1% of its blocks free
+// (the block manager's watermark). A hot prompt's copy there would push
+// out the blocks of sequences it runs, whatever its free slots say.
+const kvWatermark = KVFull * 99 / 100
 
 // burst reports that the candidates of tier mix replicas this router
 // owns with others and that every engine among them last reported
@@ -311,6 +338,14 @@ func (p Policy) spread(cands []Candidate, key uint64, f coldFilter) int {
 		}
 	}
 	return best
+}
+
+// written is c's Detail.Written (0 without a Detail).
+func written(c *Candidate) float64 {
+	if d := c.Detail; d != nil {
+		return d.Written
+	}
+	return 0
 }
 
 // lacks reports that c's summary counts and lacks the common prefix.

@@ -27,9 +27,11 @@ func (p *Policy) waitMs(c *Candidate) float64 {
 
 // slotWaitMs estimates how long a new request would wait at c for a
 // sequence slot: nothing while one is free, else the time for enough of
-// them to free: the first when the oldest request in flight ends (SeqMs
-// after it began) when the router knows its age, the rest one every
-// SeqMs/Slots. The router's in-flight count is
+// them to free: the first when the owner expects the first running
+// request to end (FreeMs, from the slot times it has seen and how long
+// each has run), or without that estimate when the oldest request in
+// flight ends (SeqMs after it began) when the router knows its age, the
+// rest one every SeqMs/Slots. The router's in-flight count is
 // the fast signal of how many requests the engine holds; with unknown
 // slots the last scrape's waiting count says whether it queues.
 func (p *Policy) slotWaitMs(c *Candidate) float64 {
@@ -47,6 +49,9 @@ func (p *Policy) slotWaitMs(c *Candidate) float64 {
 		seq = p.DefaultSeqMs
 	}
 	per := seq / float64(slots)
+	if d := c.Detail; d != nil && d.FreeMs > 0 {
+		return d.FreeMs + float64(ahead-1)*per
+	}
 	if slotAgeMs > 0 && seqMs > 0 {
 		// The first slot frees when the oldest request ends, the rest
 		// one every SeqMs/Slots after it.

@@ -1,5 +1,7 @@
 package route
 
+import "fmt"
+
 // Policy holds the tunables of the decision. docs/DESIGN.md gives the
 // reason for each default and the grid of simulations that checks it
 // (docs/SIMULATION.md); DefaultPolicy is the "default" profile.
@@ -53,4 +55,46 @@ type Policy struct {
 func DefaultPolicy() Policy {
 	return Policy{LoadFactor: 1.25, InFlightFactor: 2, KeyBlocks: 2, MinExcessBlocks: 1, DefaultBlockMs: 20,
 		RecomputeWeight: 16, DefaultSeqMs: 10000}
+}
+
+// PolicyError is a tunable of Policy out of its range: Field is the
+// Policy field's name, so that a caller that binds the tunables to its own
+// names (flags, environment) can report the name its user set.
+type PolicyError struct {
+	Field string
+	Value float64
+	// Want is the range the field must lie in (">= 1", "> 0").
+	Want string
+}
+
+func (e *PolicyError) Error() string {
+	return fmt.Sprintf("route: %s %v, want %s", e.Field, e.Value, e.Want)
+}
+
+// Validate reports the first tunable of p outside the range the decision
+// is defined on, as a *PolicyError: a load or in-flight factor under 1
+// would bound a replica below the mean and refuse every cold request, a
+// key under one block has no block to key on, a recompute weight under 1
+// would price a missing block below its own prefill, and a non-positive
+// default time would make an unmeasured replica free.
+func (p Policy) Validate() error {
+	checks := []struct {
+		field string
+		v     float64
+		ok    bool
+		want  string
+	}{
+		{"LoadFactor", p.LoadFactor, p.LoadFactor >= 1, ">= 1"},
+		{"InFlightFactor", p.InFlightFactor, p.InFlightFactor >= 1, ">= 1"},
+		{"KeyBlocks", float64(p.KeyBlocks), p.KeyBlocks >= 1, ">= 1"},
+		{"DefaultBlockMs", p.DefaultBlockMs, p.DefaultBlockMs > 0, "> 0"},
+		{"RecomputeWeight", p.RecomputeWeight, p.RecomputeWeight >= 1, ">= 1"},
+		{"DefaultSeqMs", p.DefaultSeqMs, p.DefaultSeqMs > 0, "> 0"},
+	}
+	for _, c := range checks {
+		if !c.ok {
+			return &PolicyError{Field: c.field, Value: c.v, Want: c.want}
+		}
+	}
+	return nil
 }

@@ -49,7 +49,14 @@
 //     (Request.Concurrent) when no holder is idle: queued prefill makes
 //     a request wait as a full engine does. A copy is that
 //     cheap only on an idle replica (a free slot, no prefill queued);
-//     on a busy one it delays the requests queued there.
+//     on a busy one it delays the requests queued there. When every
+//     holder's slots are taken, a copy on an idle replica weighs its
+//     prefill once plus the rest of RecomputeWeight times the share of
+//     the cluster's slots in use: what it costs the others grows with
+//     how much they compete for the slots. The wait at a full engine is
+//     priced by its owner's estimate of when a running request ends
+//     (Detail.FreeMs, from the slot times it has seen: with heavy-tailed
+//     answers one running past the mean is a long one).
 //
 // The hot-spot guard (consistent hashing with bounded loads, Mirrokni,
 // Thorup, Zadimoghaddam 2018, applied to the queue for slots, and to
@@ -343,9 +350,24 @@ func (p Policy) pick(req Request, cands []Candidate, ms []int32) Decision {
 	// test the rule copied the conversation trace's stems more (hit
 	// ratio -0.3 %) and lost no-shared-head 0.9/4/0.25's hit gate on one
 	// seed of six.
+	// A copy on an idle replica when no holder can start the request
+	// (every holder's slots taken: it would wait for one) weighs its
+	// prefill once for this request, and the rest of RecomputeWeight,
+	// what it costs the others (the work it adds where they queue, the
+	// blocks it evicts that they would hit), only as far as they compete
+	// for the slots: times the share of the cluster's slots in use. On a
+	// cluster of mostly free slots a request waiting at a full holder
+	// behind decodes of unknown length (a one-slot engine running a long
+	// answer) then moves for any wait above a few times its prefill;
+	// on a busy one the weight stays near RecomputeWeight. It only
+	// lowers rw, never below 1.
+	_, startable, _ := holdersOf(cands, ms, best)
+	if !startable && rw > 1 {
+		rw = 1 + (rw-1)*slotsInUse(cands)
+	}
 	fork, stemWeight := 0, rw
 	if req.ForkBlocks > 0 {
-		if _, startable, _ := holdersOf(cands, ms, best); !startable && counted > 0 && 2*canKnown >= counted {
+		if !startable && counted > 0 && 2*canKnown >= counted {
 			fork, stemWeight = min(req.ForkBlocks, n), 1
 		}
 	}
@@ -410,6 +432,9 @@ func pruneBounds(cands []Candidate, defBm float64) (minNet, minQueued, minBm, fi
 		if !canStart(c) { // only these are asked their slot wait
 			seq, age := seqAndAge(c)
 			finite += seq + age
+			if c.Detail != nil {
+				finite += c.Detail.FreeMs
+			}
 		}
 	}
 	return minNet, minQueued, minBm, finite
@@ -439,4 +464,23 @@ func holdersOf(cands []Candidate, ms []int32, best int) (holders int, startable,
 		}
 	}
 	return holders, startable, idleHolder
+}
+
+// slotsInUse is the share of the sequence slots taken over the candidates
+// whose slots are known and whose load counts (not stale); 1 when none
+// is known, so that what it weighs keeps its full weight.
+func slotsInUse(cands []Candidate) float64 {
+	used, slots := 0, 0
+	for i := range cands {
+		c := &cands[i]
+		if c.Stale || c.Slots <= 0 {
+			continue
+		}
+		used += int(min(c.InFlight, c.Slots))
+		slots += int(c.Slots)
+	}
+	if slots == 0 {
+		return 1
+	}
+	return float64(used) / float64(slots)
 }

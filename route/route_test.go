@@ -370,6 +370,74 @@ func TestPickSpillsWhenTheHolderQueuesForSlots(t *testing.T) {
 	}
 }
 
+// At a one-slot holder running a request past the mean slot time, the age
+// alone says the slot frees at once (the mean less the age), and the
+// request would queue behind what is, with heavy-tailed answers, a long
+// decode. The owner's estimate of when it ends (Detail.FreeMs) is what
+// the wait is priced by: a long one sends the request to an idle replica,
+// a short one keeps it.
+func TestPickPricesTheOwnersEstimateOfTheRunningAnswer(t *testing.T) {
+	conv := chainOf(nil, 10, 2)
+	req := request(chainOf(conv, 2, 5)) // 12 blocks; a move recomputes 10
+	for _, tc := range []struct {
+		name   string
+		freeMs float64
+		stay   bool
+	}{
+		{"age only", 0, true},
+		{"owner expects it to end soon", 500, true},
+		// 30 s > 16 × 10 blocks × 20 ms = 3.2 s.
+		{"owner expects a long answer", 30000, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			// A busy cluster (29 of 32 slots taken), so that a copy
+			// weighs nearly RecomputeWeight (TestPickWeighsACopyByTheSlotsInUse).
+			cs := candidates(8)
+			for i := range cs {
+				cs[i].Summary, cs[i].Slots, cs[i].InFlight, cs[i].Detail.SeqMs = held(t), 4, 3, 1000
+			}
+			cs[0].Summary, cs[0].InFlight = held(t, conv), 4
+			cs[0].Detail.SlotAgeMs, cs[0].Detail.FreeMs = 3000, tc.freeMs
+			d := DefaultPolicy().Pick(req, cs)
+			if (d.Index == 0) != tc.stay {
+				t.Fatalf("decision %+v, want stay at 0: %v", d, tc.stay)
+			}
+		})
+	}
+}
+
+// A holder whose slots are all taken, expected to free one in 1.5 s: on
+// a cluster of idle replicas the request moves (recomputing 10 blocks
+// costs it 200 ms, and the others little: few compete for the slots); on
+// a cluster whose slots are mostly taken the copy keeps nearly its full
+// weight (about RecomputeWeight × 200 ms, against the wait and the
+// holder's own 2 blocks) and it stays.
+func TestPickWeighsACopyByTheSlotsInUse(t *testing.T) {
+	conv := chainOf(nil, 10, 2)
+	req := request(chainOf(conv, 2, 5)) // 12 blocks; a move recomputes 10
+	for _, tc := range []struct {
+		name         string
+		slots, other int32 // every replica's slots; in flight at the non-holders
+		stay         bool
+	}{
+		{"idle cluster: move", 1, 0, false},
+		{"busy cluster: stay", 4, 3, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cs := candidates(8)
+			for i := range cs {
+				cs[i].Summary, cs[i].Slots, cs[i].InFlight, cs[i].Detail.SeqMs = held(t), tc.slots, tc.other, 1000
+			}
+			cs[0].Summary, cs[0].InFlight = held(t, conv), tc.slots
+			cs[0].Detail.SlotAgeMs, cs[0].Detail.FreeMs = 500, 1500
+			d := DefaultPolicy().Pick(req, cs)
+			if (d.Index == 0) != tc.stay {
+				t.Fatalf("decision %+v, want stay at 0: %v", d, tc.stay)
+			}
+		})
+	}
+}
+
 func TestSlotEstimate(t *testing.T) {
 	tests := []struct {
 		name    string
@@ -541,9 +609,13 @@ func TestHotPrefixReplicatesWhenItsHolderIsFull(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
+			// The other replicas run 3 requests each, a slot free: with
+			// 4 slots most of the cluster's are taken, so that a lone
+			// request's copy weighs nearly RecomputeWeight
+			// (TestPickWeighsACopyByTheSlotsInUse).
 			cs := candidates(4)
 			for i := range cs {
-				cs[i].Summary, cs[i].Slots, cs[i].Detail.SeqMs = held(t), tc.slots, 4000
+				cs[i].Summary, cs[i].Slots, cs[i].InFlight, cs[i].Detail.SeqMs = held(t), tc.slots, 3, 4000
 			}
 			cs[0].Summary, cs[0].InFlight, cs[0].PendingPrefillBlocks = held(t, hot), tc.inFlight, tc.queued
 			r := req
@@ -567,13 +639,17 @@ func TestSlotWaitMs(t *testing.T) {
 		c    Candidate
 		want float64
 	}{
-		{"free slot", Candidate{Slots: 4, InFlight: 3, Detail: &Detail{SeqMs: 4000}}, 0},
-		{"one ahead, age unknown", Candidate{Slots: 4, InFlight: 4, Detail: &Detail{SeqMs: 4000}}, 1000},
-		{"one ahead, full since 1 s", Candidate{Slots: 4, InFlight: 4, Detail: &Detail{SeqMs: 4000, SlotAgeMs: 1000}}, 3000},
-		{"one ahead, oldest past the mean", Candidate{Slots: 4, InFlight: 4, Detail: &Detail{SeqMs: 4000, SlotAgeMs: 5000}}, 0},
-		{"three ahead, full since 3.5 s", Candidate{Slots: 4, InFlight: 6, Detail: &Detail{SeqMs: 4000, SlotAgeMs: 3500}}, 2500},
-		{"age without a measured SeqMs is ignored", Candidate{Slots: 4, InFlight: 4, Detail: &Detail{SlotAgeMs: 1000}}, p.DefaultSeqMs / 4},
-		{"unknown slots, engine queues", Candidate{Waiting: 1, Running: 2, Detail: &Detail{SeqMs: 4000, SlotAgeMs: 3000}}, 3000},
+		{"free slot", Candidate{EngineLoad: EngineLoad{Slots: 4}, InFlight: 3, Detail: &Detail{SeqMs: 4000}}, 0},
+		{"one ahead, age unknown", Candidate{EngineLoad: EngineLoad{Slots: 4}, InFlight: 4, Detail: &Detail{SeqMs: 4000}}, 1000},
+		{"one ahead, full since 1 s", Candidate{EngineLoad: EngineLoad{Slots: 4}, InFlight: 4, Detail: &Detail{SeqMs: 4000, SlotAgeMs: 1000}}, 3000},
+		{"one ahead, oldest past the mean", Candidate{EngineLoad: EngineLoad{Slots: 4}, InFlight: 4, Detail: &Detail{SeqMs: 4000, SlotAgeMs: 5000}}, 0},
+		{"three ahead, full since 3.5 s", Candidate{EngineLoad: EngineLoad{Slots: 4}, InFlight: 6, Detail: &Detail{SeqMs: 4000, SlotAgeMs: 3500}}, 2500},
+		{"age without a measured SeqMs is ignored", Candidate{EngineLoad: EngineLoad{Slots: 4}, InFlight: 4, Detail: &Detail{SlotAgeMs: 1000}}, p.DefaultSeqMs / 4},
+		{"unknown slots, engine queues", Candidate{EngineLoad: EngineLoad{Waiting: 1, Running: 2}, Detail: &Detail{SeqMs: 4000, SlotAgeMs: 3000}}, 3000},
+		// The owner's estimate of the first end outranks the age: a
+		// request past the mean of heavy-tailed answers runs on.
+		{"one ahead, owner expects a long answer", Candidate{EngineLoad: EngineLoad{Slots: 4}, InFlight: 4, Detail: &Detail{SeqMs: 4000, SlotAgeMs: 5000, FreeMs: 6000}}, 6000},
+		{"three ahead, owner's estimate", Candidate{EngineLoad: EngineLoad{Slots: 4}, InFlight: 6, Detail: &Detail{SeqMs: 4000, SlotAgeMs: 5000, FreeMs: 6000}}, 8000},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -738,12 +814,16 @@ func TestForkedStemLeavesAFullHolder(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
+			// The other replicas run 3 requests each, a slot free: most
+			// of the cluster's slots are taken, so that a history's copy
+			// weighs nearly RecomputeWeight
+			// (TestPickWeighsACopyByTheSlotsInUse).
 			cs := candidates(4)
 			for i := range cs {
-				cs[i].Summary, cs[i].Slots, cs[i].Detail.SeqMs = held(t), 4, 4000
+				cs[i].Summary, cs[i].Slots, cs[i].InFlight, cs[i].Detail.SeqMs = held(t), 4, 3, 4000
 			}
 			// Three requests ahead at the holder: 3 s of slot wait, more
-			// than the stem's 400 ms of prefill, less than 16 times it.
+			// than the stem's 400 ms of prefill, less than 13 times it.
 			cs[0].Summary, cs[0].InFlight = held(t, stem), 6
 			if tc.holderFree {
 				cs[0].InFlight = 3
@@ -790,16 +870,23 @@ func TestHotPrefixCopiesOnlyToAnIdleReplica(t *testing.T) {
 }
 
 // A hot prompt (a common prefix longer than one block) whose holders
-// cannot start the request is copied only to an idle replica; when none
-// is idle the request queues at the holder with the shortest wait.
+// cannot start the request is copied only to an idle replica with room
+// in its KV cache; when none is the request queues at the holder with
+// the shortest wait.
 func TestColdHotPromptCopiesOnlyToAnIdleReplica(t *testing.T) {
 	hot := chainOf(nil, 20, 8)
 	req := request(chainOf(hot, 1, 9))
 	for _, tc := range []struct {
-		name string
-		idle bool // replica 3 idle
-		want int
-	}{{"no idle replica", false, 1}, {"an idle replica", true, 3}} {
+		name    string
+		idle    bool   // replica 3 idle
+		kvUsage uint16 // replica 3's KV usage
+		want    int
+	}{
+		{"no idle replica", false, 0, 1},
+		{"an idle replica", true, 0, 3},
+		{"an idle replica, KV usage known", true, kvWatermark - 1, 3},
+		{"an idle replica, KV cache at the watermark", true, kvWatermark, 1},
+	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cs := candidates(4)
 			for i := range cs {
@@ -815,6 +902,7 @@ func TestColdHotPromptCopiesOnlyToAnIdleReplica(t *testing.T) {
 			if tc.idle {
 				cs[3].InFlight = 0
 			}
+			cs[3].KVUsage = tc.kvUsage
 			d := DefaultPolicy().Pick(req, cs)
 			if d.Reason != ReasonFallbackCold || d.CommonMatch != 20 || d.Index != tc.want {
 				t.Fatalf("decision %+v, want replica %d by fallback-cold over common 20", d, tc.want)
@@ -918,6 +1006,50 @@ func TestColdPlacementTwoChoicesByInFlight(t *testing.T) {
 	}
 }
 
+// Among replicas of equal wait, a cold request goes to the one this
+// router wrote the fewest prefill blocks to recently (Detail.Written),
+// whatever the key's rendezvous order: new prompts that share no prefix
+// spread their cache footprint rather than pile on the replicas their
+// keys happen to name. Equal writes keep the key's order; a shorter wait
+// still beats fewer writes; and without every summary counting the key
+// alone places it (the next turn must retrace it by the key).
+func TestColdPlacementPrefersTheLeastWritten(t *testing.T) {
+	req := request(chainOf(nil, 4, 12))
+	cs := candidates(5)
+	for i := range cs {
+		cs[i].Summary, cs[i].Slots = held(t), 8
+	}
+	order := keyOrder(req, cs)
+	setWritten := func(w ...float64) {
+		for i := range cs {
+			cs[i].Detail.Written, cs[i].PendingPrefillBlocks = 0, 0
+		}
+		for k, x := range w {
+			cs[order[k]].Detail.Written = x
+		}
+	}
+	pick := func() Decision { return DefaultPolicy().Pick(req, cs) }
+
+	setWritten(0, 0, 0, 0, 0)
+	if d := pick(); d.Index != order[0] || d.Reason != ReasonFallbackCold {
+		t.Fatalf("equal writes: decision %+v, want the key's first choice %d", d, order[0])
+	}
+	setWritten(300, 200, 100, 100, 400)
+	if d := pick(); d.Index != order[2] {
+		t.Fatalf("writes %v: decision %+v, want %d (fewest written, first in key order among them)", []float64{300, 200, 100, 100, 400}, d, order[2])
+	}
+	setWritten(300, 200, 100, 100, 400)
+	cs[order[2]].PendingPrefillBlocks, cs[order[3]].PendingPrefillBlocks = 5, 5
+	if d := pick(); d.Index != order[1] {
+		t.Fatalf("the least written queue prefill: decision %+v, want %d (shortest wait first)", d, order[1])
+	}
+	setWritten(300, 200, 100, 100, 400)
+	cs[order[4]].Summary = nil // one summary does not count
+	if d := pick(); d.Index != order[0] {
+		t.Fatalf("a summary missing: decision %+v, want the key's first choice %d", d, order[0])
+	}
+}
+
 // A hot prompt whose holders are all in a farther tier, while every
 // replica of the nearest tier is busy: cold placement found no one to take
 // it (a stale-holder case the fault suite hit after a router's kill -9,
@@ -949,8 +1081,8 @@ func TestCandidateNilDetail(t *testing.T) {
 		t.Fatalf("nil Detail reads %q %v %v, want the zero Detail", c.ID(), c.SeqMs(), c.SlotAgeMs())
 	}
 	cands := []Candidate{
-		{Hash: HashID("a"), Slots: 2, Running: 2, Waiting: 3, InFlight: 5},
-		{Hash: HashID("b"), Slots: 2, Running: 2, Waiting: 1, InFlight: 3},
+		{Hash: HashID("a"), EngineLoad: EngineLoad{Slots: 2, Running: 2, Waiting: 3}, InFlight: 5},
+		{Hash: HashID("b"), EngineLoad: EngineLoad{Slots: 2, Running: 2, Waiting: 1}, InFlight: 3},
 	}
 	d := DefaultPolicy().Pick(Request{Hashes: []uint64{1, 2, 3}}, cands)
 	if d.Index < 0 || d.Index >= len(cands) {

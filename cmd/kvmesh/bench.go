@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/internal/lab/bench"
+	"github.com/kvmesh/kvmesh/internal/lab/lb"
 	"github.com/kvmesh/kvmesh/internal/lab/trace"
 )
 
@@ -88,6 +89,10 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	instant := fs.String("instant-replica", "", "serve an instant OpenAI replica (the overhead benchmark's upstream) on this HOST:PORT until interrupted, and nothing else")
 	tokenGap := fs.Duration("token-gap", time.Millisecond, "instant replica: pause between streamed tokens")
 	tcpRelay := fs.String("tcp-relay", "", "serve a bare TCP relay to --direct on this HOST:PORT until interrupted (a read/write loop per direction, no HTTP): the overhead benchmark's floor for Go's runtime alone")
+	balance := fs.String("balance", "", "serve a standard load balancer (--balance-policy, over the --backend URLs, blind to caches) on this HOST:PORT until interrupted: the baseline of the real-engine suites")
+	balancePolicy := fs.String("balance-policy", lb.RoundRobin, "balance: "+lb.RoundRobin+" or "+lb.LeastConnections)
+	var backends listFlag
+	fs.Var(&backends, "backend", "balance: a replica base URL (repeatable, or a comma list)")
 	stdProxy := fs.String("reverse-proxy", "", "serve Go's standard reverse proxy (httputil.ReverseProxy, flushing every write) to --direct on this HOST:PORT until interrupted: the overhead benchmark's floor for a Go proxy")
 	overhead := fs.Bool("overhead", false, "measure front ends' overhead over the instant replica at --direct: req/s and added latency at --overhead-concurrency, then process CPU per relayed stream (--group name=URL front ends, --pid name=PID)")
 	direct := fs.String("direct", "", "overhead: base URL of the instant replica itself")
@@ -122,6 +127,9 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	if *tcpRelay != "" {
 		return serveTCPRelay(ctx, *tcpRelay, *direct, stderr)
+	}
+	if *balance != "" {
+		return serveBalancer(ctx, *balance, *balancePolicy, backends, stderr)
 	}
 	if *stdProxy != "" {
 		return serveStdProxy(ctx, *stdProxy, *direct, stderr)
@@ -413,6 +421,33 @@ func serveStdProxy(ctx context.Context, addr, target string, stderr io.Writer) e
 	fmt.Fprintf(stderr, "standard reverse proxy to %s on http://%s\n", target, l.Addr())
 	go func() {
 		<-ctx.Done()
+		_ = srv.Close()
+	}()
+	if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("bench: %w", err)
+	}
+	return nil
+}
+
+// serveBalancer serves lb's policy over backends on addr until ctx ends.
+func serveBalancer(ctx context.Context, addr, policy string, backends []string, stderr io.Writer) error {
+	h, err := lb.New(policy, backends, nil)
+	if err != nil {
+		return fmt.Errorf("bench: --balance: %w", err)
+	}
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("bench: %w", err)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	fmt.Fprintf(stderr, "%s balancer over %s on http://%s\n", policy, strings.Join(backends, ","), l.Addr())
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		select {
+		case <-ctx.Done():
+		case <-done:
+		}
 		_ = srv.Close()
 	}()
 	if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {

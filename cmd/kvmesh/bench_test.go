@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -13,6 +14,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // fakeEngine serves /v1/models and streaming chat completions on 127.0.0.1
@@ -180,5 +182,59 @@ func TestBenchConversations(t *testing.T) {
 	}
 	if !strings.Contains(table.String(), "two") || !strings.Contains(table.String(), "0.500") {
 		t.Fatalf("table:\n%s", table.String())
+	}
+}
+
+// TestBenchBalance: --balance serves the round-robin baseline over the
+// --backend replicas (requests alternate), and returns once cancelled; a
+// policy it does not know is refused before it listens.
+func TestBenchBalance(t *testing.T) {
+	a, na := fakeEngine(t, "m")
+	b, nb := fakeEngine(t, "m")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var stdout, stderr syncBuffer
+	done := make(chan error, 1)
+	go func() {
+		done <- runBench(ctx, []string{"--balance", "127.0.0.1:0", "--backend", a.URL + "," + b.URL}, &stdout, &stderr)
+	}()
+	var base string
+	for range 2000 {
+		if _, after, ok := strings.Cut(stderr.String(), " on http://"); ok {
+			base = "http://" + strings.TrimSpace(after)
+			break
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("exited early: %v; stderr: %s", err, stderr.String())
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	if base == "" {
+		t.Fatal("no listening line")
+	}
+	for range 4 {
+		resp, err := http.Post(base+"/v1/chat/completions", "application/json", strings.NewReader(`{"model":"m","messages":[]}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("status %d", resp.StatusCode)
+		}
+	}
+	if na.Load() != 2 || nb.Load() != 2 {
+		t.Errorf("a served %d, b %d; want 2 each", na.Load(), nb.Load())
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("returned %v after cancel", err)
+	}
+
+	var errOut bytes.Buffer
+	err := runBench(context.Background(), []string{"--balance", "127.0.0.1:0", "--balance-policy", "random", "--backend", a.URL}, &errOut, &errOut)
+	if err == nil || !strings.Contains(err.Error(), "random") {
+		t.Errorf("unknown policy: %v", err)
 	}
 }

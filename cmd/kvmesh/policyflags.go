@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"sort"
@@ -30,11 +31,13 @@ type policyFlags struct {
 // policyField is one tunable: a flag that remembers whether it was set.
 type policyField struct {
 	name, usage string
-	isInt       bool
-	val         float64
-	set         bool
-	get         func(route.Policy) float64
-	put         func(*route.Policy, float64)
+	// field is the route.Policy field it sets (route.PolicyError.Field).
+	field string
+	isInt bool
+	val   float64
+	set   bool
+	get   func(route.Policy) float64
+	put   func(*route.Policy, float64)
 }
 
 func (f *policyField) String() string {
@@ -71,24 +74,24 @@ func bindPolicyFlags(fs *flag.FlagSet) *policyFlags {
 	sort.Strings(names)
 	fs.StringVar(&pf.profile, "route-profile", "default", "named set of routing tunables ("+strings.Join(names, ", ")+"); the flags below override single fields")
 	def := route.DefaultPolicy()
-	add := func(name string, isInt bool, usage string, get func(route.Policy) float64, put func(*route.Policy, float64)) {
-		f := &policyField{name: name, usage: usage, isInt: isInt, val: get(def), get: get, put: put}
+	add := func(name, field string, isInt bool, usage string, get func(route.Policy) float64, put func(*route.Policy, float64)) {
+		f := &policyField{name: name, field: field, usage: usage, isInt: isInt, val: get(def), get: get, put: put}
 		pf.fields = append(pf.fields, f)
 		fs.Var(f, name, "route: "+usage)
 	}
-	add("load-factor", false, "bounded-load factor on queued prefill for cold placement (consistent hashing with bounded loads)",
+	add("load-factor", "LoadFactor", false, "bounded-load factor on queued prefill for cold placement (consistent hashing with bounded loads)",
 		func(p route.Policy) float64 { return p.LoadFactor }, func(p *route.Policy, v float64) { p.LoadFactor = v })
-	add("inflight-factor", false, "hot-spot guard: in-flight bound as a multiple of the mean (plus one per replica); replicas with a free slot are exempt",
+	add("inflight-factor", "InFlightFactor", false, "hot-spot guard: in-flight bound as a multiple of the mean (plus one per replica); replicas with a free slot are exempt",
 		func(p route.Policy) float64 { return p.InFlightFactor }, func(p *route.Policy, v float64) { p.InFlightFactor = v })
-	add("key-blocks", true, "minimum depth in blocks of a cold request's placement key",
+	add("key-blocks", "KeyBlocks", true, "minimum depth in blocks of a cold request's placement key",
 		func(p route.Policy) float64 { return float64(p.KeyBlocks) }, func(p *route.Policy, v float64) { p.KeyBlocks = int(v) })
-	add("min-excess-blocks", true, "blocks beyond the common prefix a match must hold to count",
+	add("min-excess-blocks", "MinExcessBlocks", true, "blocks beyond the common prefix a match must hold to count",
 		func(p route.Policy) float64 { return float64(p.MinExcessBlocks) }, func(p *route.Policy, v float64) { p.MinExcessBlocks = int(v) })
-	add("default-block-ms", false, "prefill time per block when the view has no measured one",
+	add("default-block-ms", "DefaultBlockMs", false, "prefill time per block when the view has no measured one",
 		func(p route.Policy) float64 { return p.DefaultBlockMs }, func(p *route.Policy, v float64) { p.DefaultBlockMs = v })
-	add("recompute-weight", false, "score of a block the replica lacks, in units of its prefill time; a warm request moves only when the wait saved exceeds this times the prefill added",
+	add("recompute-weight", "RecomputeWeight", false, "score of a block the replica lacks, in units of its prefill time; a warm request moves only when the wait saved exceeds this times the prefill added",
 		func(p route.Policy) float64 { return p.RecomputeWeight }, func(p *route.Policy, v float64) { p.RecomputeWeight = v })
-	add("default-seq-ms", false, "time a request holds a sequence slot before the router has measured it",
+	add("default-seq-ms", "DefaultSeqMs", false, "time a request holds a sequence slot before the router has measured it",
 		func(p route.Policy) float64 { return p.DefaultSeqMs }, func(p *route.Policy, v float64) { p.DefaultSeqMs = v })
 	return pf
 }
@@ -105,19 +108,17 @@ func (pf *policyFlags) Policy() (route.Policy, error) {
 			f.put(&p, f.val)
 		}
 	}
-	switch {
-	case p.LoadFactor < 1:
-		return p, fmt.Errorf("--load-factor %v, want >= 1", p.LoadFactor)
-	case p.InFlightFactor < 1:
-		return p, fmt.Errorf("--inflight-factor %v, want >= 1", p.InFlightFactor)
-	case p.KeyBlocks < 1:
-		return p, fmt.Errorf("--key-blocks %d, want >= 1", p.KeyBlocks)
-	case p.DefaultBlockMs <= 0:
-		return p, fmt.Errorf("--default-block-ms %v, want > 0", p.DefaultBlockMs)
-	case p.RecomputeWeight < 1:
-		return p, fmt.Errorf("--recompute-weight %v, want >= 1", p.RecomputeWeight)
-	case p.DefaultSeqMs <= 0:
-		return p, fmt.Errorf("--default-seq-ms %v, want > 0", p.DefaultSeqMs)
+	if err := p.Validate(); err != nil {
+		// Name the flag the user sets rather than the Go field.
+		var pe *route.PolicyError
+		if errors.As(err, &pe) {
+			for _, f := range pf.fields {
+				if f.field == pe.Field {
+					return p, fmt.Errorf("--%s %v, want %s", f.name, pe.Value, pe.Want)
+				}
+			}
+		}
+		return p, err
 	}
 	return p, nil
 }

@@ -104,10 +104,8 @@ func (s *replicaSet) onStatus(id string, st health.ReplicaStatus) {
 		s.mesh.DeclareReplica(id)
 		s.log.Info("replica declared", "replica", id, "engine", st.Engine)
 	}
-	ms := mesh.ReplicaStatus{Models: st.Models, Healthy: st.Healthy, CapacityBlocks: st.CapacityBlocks,
-		Running: st.Running, Waiting: st.Waiting, Slots: st.Slots, HasLoad: st.HasLoad, Restarts: st.Restarts}
-	s.declared[id] = ms
-	s.mesh.UpdateReplica(id, ms)
+	s.declared[id] = st
+	s.mesh.UpdateReplica(id, st)
 }
 
 // update replaces source's list, hands the union of all sources to the

@@ -124,3 +124,36 @@ func TestPolicyFlags(t *testing.T) {
 		t.Fatal("accepted a fractional --key-blocks")
 	}
 }
+
+// TestPolicyFlagsValidate: a tunable out of range (route.Policy.Validate)
+// is reported by the flag that set it, and every flag maps to a field
+// Validate knows or accepts.
+func TestPolicyFlagsValidate(t *testing.T) {
+	tests := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--load-factor", "0.5"}, "--load-factor 0.5, want >= 1"},
+		{[]string{"--inflight-factor", "0"}, "--inflight-factor 0, want >= 1"},
+		{[]string{"--key-blocks", "0"}, "--key-blocks 0, want >= 1"},
+		{[]string{"--default-block-ms", "0"}, "--default-block-ms 0, want > 0"},
+		{[]string{"--recompute-weight", "0.9"}, "--recompute-weight 0.9, want >= 1"},
+		{[]string{"--default-seq-ms", "0"}, "--default-seq-ms 0, want > 0"},
+		{[]string{"--min-excess-blocks", "0"}, ""},
+	}
+	for _, tc := range tests {
+		fs := flag.NewFlagSet("t", flag.ContinueOnError)
+		pf := bindPolicyFlags(fs)
+		if err := fs.Parse(tc.args); err != nil {
+			t.Fatal(err)
+		}
+		_, err := pf.Policy()
+		got := ""
+		if err != nil {
+			got = err.Error()
+		}
+		if got != tc.want {
+			t.Errorf("%v: error %q, want %q", tc.args, got, tc.want)
+		}
+	}
+}

@@ -3,13 +3,18 @@ package engine
 import (
 	"encoding/json"
 	"fmt"
+	"math"
+
+	"github.com/kvmesh/kvmesh/route"
 )
 
 // vllm reads vLLM's OpenAI server: GET /health; vllm:num_requests_running
 // and vllm:num_requests_waiting (one series per engine core, summed);
 // the cache from the labels of vllm:cache_config_info (block_size ×
 // num_gpu_blocks, or kv_cache_size_tokens where newer versions add it).
-// vLLM publishes no max_num_seqs: the caller learns the slot count.
+// vLLM publishes no max_num_seqs: the caller learns the slot count. The
+// KV cache in use is vllm:kv_cache_usage_perc (a share, not a percent),
+// vllm:gpu_cache_usage_perc before 0.10.
 type vllm struct{}
 
 func (vllm) Kind() Kind         { return VLLM }
@@ -18,6 +23,10 @@ func (vllm) InfoPath() string   { return "" }
 
 func (vllm) FromMetrics(f Families) Stats {
 	s := f.load("vllm:num_requests_running", "vllm:num_requests_waiting")
+	s.KVUsage = f.kvUsage("vllm:kv_cache_usage_perc")
+	if s.KVUsage == 0 {
+		s.KVUsage = f.kvUsage("vllm:gpu_cache_usage_perc")
+	}
 	s.BlockSize, s.CacheTokens = f.infoCache("vllm:cache_config_info", "block_size", "num_gpu_blocks")
 	if s.CacheTokens == 0 {
 		var total int64
@@ -39,7 +48,8 @@ func (vllm) FromInfo([]byte) (Stats, error) { return Stats{}, nil }
 // {page_size, num_pages}, the sglang:page_size/sglang:num_pages gauges of
 // later versions, or sglang:max_total_num_tokens; and from GET
 // /get_server_info its max_running_requests (the slot count),
-// max_total_num_tokens and page_size.
+// max_total_num_tokens and page_size. The KV cache in use is
+// sglang:token_usage.
 type sglang struct{}
 
 func (sglang) Kind() Kind         { return SGLang }
@@ -48,6 +58,7 @@ func (sglang) InfoPath() string   { return "/get_server_info" }
 
 func (sglang) FromMetrics(f Families) Stats {
 	s := f.load("sglang:num_running_reqs", "sglang:num_queue_reqs")
+	s.KVUsage = f.kvUsage("sglang:token_usage")
 	s.BlockSize, s.CacheTokens = f.infoCache("sglang:cache_config_info", "page_size", "num_pages")
 	if s.CacheTokens == 0 {
 		ps, ok1 := f.count("sglang:page_size")
@@ -75,7 +86,7 @@ func (sglang) FromInfo(b []byte) (Stats, error) {
 	read := func(m map[string]any) Stats {
 		var s Stats
 		if v, ok := jsonCount(m["max_running_requests"], maxCount); ok {
-			s.Slots = int(v)
+			s.Slots = route.Count32(int(v))
 		}
 		if v, ok := jsonCount(m["max_total_num_tokens"], maxCacheTokens); ok {
 			s.CacheTokens = v
@@ -96,6 +107,24 @@ func (sglang) FromInfo(b []byte) (Stats, error) {
 		s.BlockSize = int(v)
 	}
 	return s, nil
+}
+
+// kvUsage reads a gauge of the KV cache's share in use (0 to 1), one
+// series per engine core or data-parallel rank, each with a cache of its
+// own: their mean, in route.EngineLoad.KVUsage's units; 0 when absent.
+func (f Families) kvUsage(name string) uint16 {
+	total, n := 0.0, 0
+	if fam := f[name]; fam != nil {
+		for _, m := range fam.GetMetric() {
+			if v, ok := value(m); ok {
+				total, n = total+min(v, 1), n+1
+			}
+		}
+	}
+	if n == 0 {
+		return 0
+	}
+	return uint16(math.Round(total / float64(n) * route.KVFull))
 }
 
 // llamacpp reads llama.cpp's llama-server (started with --metrics): GET
@@ -127,7 +156,7 @@ func (llamacpp) FromInfo(b []byte) (Stats, error) {
 	var s Stats
 	slots, ok1 := jsonCount(props.TotalSlots, maxCount)
 	if ok1 {
-		s.Slots = int(slots)
+		s.Slots = route.Count32(int(slots))
 	}
 	if nctx, ok := jsonCount(props.Defaults.NCtx, maxCacheTokens); ok && ok1 {
 		s.CacheTokens = min(nctx*max(slots, 1), maxCacheTokens)
@@ -161,7 +190,7 @@ func (tgi) FromInfo(b []byte) (Stats, error) {
 	}
 	var s Stats
 	if v, ok := jsonCount(info.MaxBatchSize, maxCount); ok {
-		s.Slots = int(v)
+		s.Slots = route.Count32(int(v))
 	}
 	if v, ok := jsonCount(info.MaxBatchTotalTokens, maxCacheTokens); ok {
 		s.CacheTokens = v

@@ -19,6 +19,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/kvmesh/kvmesh/route"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
@@ -53,15 +54,11 @@ func ParseKind(s string) (Kind, error) {
 }
 
 // Stats is what an engine tells about itself. Zero means unknown for
-// every field but Running and Waiting, which are valid when HasLoad.
+// every field (route.EngineLoad's rule).
 type Stats struct {
-	// Running and Waiting are the engine's requests in its running batch
-	// and in its queue.
-	Running, Waiting int
-	HasLoad          bool
-	// Slots is the most sequences the engine runs at once (vLLM's
-	// max_num_seqs, SGLang's max_running_requests, llama.cpp's slots).
-	Slots int
+	// EngineLoad is what the routing decision reads of the engine: the
+	// adapter fills it and it travels as is to route.Candidate.
+	route.EngineLoad
 	// BlockSize is the engine's KV cache block (page) in tokens.
 	BlockSize int
 	// CacheTokens is the engine's KV cache capacity in tokens.
@@ -70,12 +67,7 @@ type Stats struct {
 
 // Merge returns s with its unknown fields taken from o.
 func (s Stats) Merge(o Stats) Stats {
-	if !s.HasLoad && o.HasLoad {
-		s.Running, s.Waiting, s.HasLoad = o.Running, o.Waiting, true
-	}
-	if s.Slots == 0 {
-		s.Slots = o.Slots
-	}
+	s.EngineLoad = s.EngineLoad.Merge(o.EngineLoad)
 	if s.BlockSize == 0 {
 		s.BlockSize = o.BlockSize
 	}
@@ -83,6 +75,40 @@ func (s Stats) Merge(o Stats) Stats {
 		s.CacheTokens = o.CacheTokens
 	}
 	return s
+}
+
+// ReplicaStatus is what a router's health checks know of one replica:
+// the health checker reports it and the mesh gossips it, one type from
+// one end to the other.
+type ReplicaStatus struct {
+	// Models the replica serves, sorted.
+	Models []string
+	// Healthy: the replica passes its checks.
+	Healthy bool
+	// CapacityBlocks is the engine's KV cache in router blocks (0:
+	// unknown, the mesh assumes its default).
+	CapacityBlocks int
+	// Load is the engine's own load at the last scrape. Its Slots is
+	// published by the engine, else learned by the health checker. When
+	// the engine publishes no running and waiting counts (an
+	// OpenAI-compatible server, an engine without them on its /metrics)
+	// or its last scrape failed, HasLoad is false: 0 and 0 then say
+	// nothing, and must not read as an idle engine.
+	Load route.EngineLoad
+	// Engine is the adapter reading the replica (vllm, sglang, llamacpp,
+	// tgi, or openai for an unknown OpenAI-compatible server); the mesh
+	// does not read it.
+	Engine string
+	// Restarts counts the engine's restarts the health checker found
+	// (proxy/health's restart.go); when it grows, the owner cuts the
+	// replica's summary (mesh's restartedLocked).
+	Restarts int
+}
+
+// Equal reports that s and o report the same.
+func (s ReplicaStatus) Equal(o ReplicaStatus) bool {
+	return s.Healthy == o.Healthy && slices.Equal(s.Models, o.Models) && s.CapacityBlocks == o.CapacityBlocks &&
+		s.Load == o.Load && s.Engine == o.Engine && s.Restarts == o.Restarts
 }
 
 // Adapter reads one kind of engine.
@@ -247,7 +273,7 @@ func (f Families) load(running, waiting string) Stats {
 	r, okR := f.count(running)
 	w, okW := f.count(waiting)
 	if okR || okW {
-		s.Running, s.Waiting, s.HasLoad = r, w, true
+		s.Running, s.Waiting, s.HasLoad = route.Count32(r), route.Count32(w), true
 	}
 	return s
 }

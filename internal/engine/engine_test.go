@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"encoding/json"
 	"io"
 	"net/http/httptest"
 	"os"
@@ -12,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvmesh/kvmesh/internal/lab/replicasim"
+	"github.com/kvmesh/kvmesh/route"
 )
 
 func readPage(t *testing.T, name string) []byte {
@@ -35,19 +37,24 @@ func TestRecordedPages(t *testing.T) {
 		health        string
 	}{
 		{"vllm.metrics.txt", "", VLLM,
-			Stats{Running: 3, Waiting: 2, HasLoad: true, BlockSize: 16, CacheTokens: 27644 * 16}, Stats{}, "/health"},
+			Stats{EngineLoad: route.EngineLoad{Running: 3, Waiting: 2, KVUsage: 4127, HasLoad: true}, BlockSize: 16, CacheTokens: 27644 * 16}, Stats{}, "/health"},
 		{"sglang.metrics.txt", "sglang.server_info.json", SGLang,
-			Stats{Running: 12, Waiting: 5, HasLoad: true, CacheTokens: 489602},
-			Stats{Slots: 48, BlockSize: 1, CacheTokens: 489602}, "/health"},
+			Stats{EngineLoad: route.EngineLoad{Running: 12, Waiting: 5, KVUsage: 2500, HasLoad: true}, CacheTokens: 489602},
+			Stats{EngineLoad: route.EngineLoad{Slots: 48}, BlockSize: 1, CacheTokens: 489602}, "/health"},
 		{"llamacpp.metrics.txt", "llamacpp.props.json", LlamaCpp,
-			Stats{Running: 4, Waiting: 3, HasLoad: true},
-			Stats{Slots: 4, CacheTokens: 4 * 8192}, "/health"},
+			Stats{EngineLoad: route.EngineLoad{Running: 4, Waiting: 3, HasLoad: true}},
+			Stats{EngineLoad: route.EngineLoad{Slots: 4}, CacheTokens: 4 * 8192}, "/health"},
+		// Captured from a real llama-server b11312 (-np 4 -c 16384
+		// --no-kv-unified) with 6 requests sent at once.
+		{"llamacpp-b11312.metrics.txt", "llamacpp-b11312.props.json", LlamaCpp,
+			Stats{EngineLoad: route.EngineLoad{Running: 4, Waiting: 2, HasLoad: true}},
+			Stats{EngineLoad: route.EngineLoad{Slots: 4}, CacheTokens: 4 * 4096}, "/health"},
 		{"tgi.metrics.txt", "tgi.info.json", TGI,
-			Stats{Running: 7, Waiting: 2, HasLoad: true},
+			Stats{EngineLoad: route.EngineLoad{Running: 7, Waiting: 2, HasLoad: true}},
 			Stats{CacheTokens: 153104}, "/health"},
 	}
 	for _, tc := range tests {
-		t.Run(string(tc.kind), func(t *testing.T) {
+		t.Run(tc.metrics, func(t *testing.T) {
 			fams, err := ParseMetrics(readPage(t, tc.metrics))
 			if err != nil {
 				t.Fatal(err)
@@ -86,6 +93,48 @@ func TestRecordedPages(t *testing.T) {
 	}
 }
 
+// TestLlamaCppSlotsAgreeWithProps: the adapter takes llama.cpp's cache as
+// total_slots × the per-slot n_ctx of /props; the real engine's /slots
+// (captured with the /props beside it, every slot busy) lists that many
+// slots of that context, and its busy slots are the requests_processing
+// its /metrics page reports.
+func TestLlamaCppSlotsAgreeWithProps(t *testing.T) {
+	var slots []struct {
+		ID           int  `json:"id"`
+		NCtx         int  `json:"n_ctx"`
+		IsProcessing bool `json:"is_processing"`
+	}
+	if err := json.Unmarshal(readPage(t, "llamacpp-b11312.slots.json"), &slots); err != nil {
+		t.Fatal(err)
+	}
+	info, err := llamacpp{}.FromInfo(readPage(t, "llamacpp-b11312.props.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fams, err := ParseMetrics(readPage(t, "llamacpp-b11312.metrics.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	load := llamacpp{}.FromMetrics(fams)
+	if len(slots) != int(info.Slots) {
+		t.Fatalf("/slots lists %d slots, /props total_slots %d", len(slots), info.Slots)
+	}
+	var ctx int64
+	busy := 0
+	for _, s := range slots {
+		ctx += int64(s.NCtx)
+		if s.IsProcessing {
+			busy++
+		}
+	}
+	if ctx != info.CacheTokens {
+		t.Errorf("/slots n_ctx sum %d, adapter's cache %d tokens", ctx, info.CacheTokens)
+	}
+	if busy != int(load.Running) {
+		t.Errorf("%d slots processing, metrics say %d running", busy, load.Running)
+	}
+}
+
 // TestDetectEachPageOnlyOnce: no recorded page carries another engine's
 // load gauges, so auto cannot mistake one engine for another.
 func TestDetectEachPageOnlyOnce(t *testing.T) {
@@ -113,7 +162,7 @@ func TestMetricsVariants(t *testing.T) {
 			Stats{CacheTokens: 123433}},
 		{"vllm not initialised", VLLM,
 			`vllm:cache_config_info{block_size="16",num_gpu_blocks="None"} 1.0` + "\nvllm:num_requests_running 0\n",
-			Stats{HasLoad: true}},
+			Stats{EngineLoad: route.EngineLoad{HasLoad: true}}},
 		{"vllm two engine cores are summed", VLLM, `# TYPE vllm:num_requests_running gauge
 vllm:num_requests_running{engine="0",model_name="m"} 3.0
 vllm:num_requests_running{engine="1",model_name="m"} 4.0
@@ -123,7 +172,7 @@ vllm:num_requests_waiting{engine="1",model_name="m"} 1.0
 # TYPE vllm:cache_config_info gauge
 vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="100"} 1.0
 vllm:cache_config_info{block_size="16",engine="1",num_gpu_blocks="100"} 1.0
-`, Stats{Running: 7, Waiting: 1, HasLoad: true, BlockSize: 16, CacheTokens: 3200}},
+`, Stats{EngineLoad: route.EngineLoad{Running: 7, Waiting: 1, HasLoad: true}, BlockSize: 16, CacheTokens: 3200}},
 		{"vllm junk values are unknown", VLLM,
 			"vllm:num_requests_running NaN\nvllm:num_requests_waiting -3\n" +
 				`vllm:cache_config_info{block_size="-16",num_gpu_blocks="10"} 1` + "\n",
@@ -134,8 +183,8 @@ vllm:cache_config_info{block_size="16",engine="1",num_gpu_blocks="100"} 1.0
 			Stats{BlockSize: 64, CacheTokens: 128000}},
 		{"sglang page gauges", SGLang,
 			"sglang:page_size 16\nsglang:num_pages 1000\nsglang:num_running_reqs 1\n",
-			Stats{Running: 1, HasLoad: true, BlockSize: 16, CacheTokens: 16000}},
-		{"llamacpp waiting only", LlamaCpp, "llamacpp:requests_deferred 2\n", Stats{Waiting: 2, HasLoad: true}},
+			Stats{EngineLoad: route.EngineLoad{Running: 1, HasLoad: true}, BlockSize: 16, CacheTokens: 16000}},
+		{"llamacpp waiting only", LlamaCpp, "llamacpp:requests_deferred 2\n", Stats{EngineLoad: route.EngineLoad{Waiting: 2, HasLoad: true}}},
 		{"tgi absent", TGI, "other 1\n", Stats{}},
 		{"generic knows nothing", Generic, "vllm:num_requests_running 1\n", Stats{}},
 	}
@@ -162,11 +211,11 @@ func TestInfoVariants(t *testing.T) {
 	}{
 		{"sglang per-rank states override", SGLang,
 			`{"max_running_requests":null,"max_total_num_tokens":900,"page_size":16,"internal_states":[{"max_running_requests":32,"max_total_num_tokens":400},{"max_running_requests":32,"max_total_num_tokens":400}]}`,
-			Stats{Slots: 64, BlockSize: 16, CacheTokens: 800}},
+			Stats{EngineLoad: route.EngineLoad{Slots: 64}, BlockSize: 16, CacheTokens: 800}},
 		{"sglang unset slots", SGLang, `{"max_running_requests":null,"max_total_num_tokens":900}`, Stats{CacheTokens: 900}},
 		{"tgi 3.x has no batch fields", TGI, `{"model_id":"m","max_concurrent_requests":128,"max_total_tokens":4096}`, Stats{}},
-		{"tgi batch size set", TGI, `{"max_batch_size":32,"max_batch_total_tokens":null}`, Stats{Slots: 32}},
-		{"llamacpp slots without context", LlamaCpp, `{"total_slots":2}`, Stats{Slots: 2}},
+		{"tgi batch size set", TGI, `{"max_batch_size":32,"max_batch_total_tokens":null}`, Stats{EngineLoad: route.EngineLoad{Slots: 32}}},
+		{"llamacpp slots without context", LlamaCpp, `{"total_slots":2}`, Stats{EngineLoad: route.EngineLoad{Slots: 2}}},
 		{"llamacpp junk types", LlamaCpp, `{"total_slots":"four","default_generation_settings":{"n_ctx":-1}}`, Stats{}},
 	}
 	for _, tc := range tests {
@@ -209,7 +258,7 @@ func TestParseKeepsFamiliesBeforeAnError(t *testing.T) {
 	if err == nil {
 		t.Fatal("no error for a malformed page")
 	}
-	if got := (vllm{}).FromMetrics(fams); got != (Stats{Running: 2, Waiting: 1, HasLoad: true}) {
+	if got := (vllm{}).FromMetrics(fams); got != (Stats{EngineLoad: route.EngineLoad{Running: 2, Waiting: 1, HasLoad: true}}) {
 		t.Errorf("got %+v", got)
 	}
 }
@@ -241,9 +290,9 @@ func TestParseModels(t *testing.T) {
 }
 
 func TestMerge(t *testing.T) {
-	a := Stats{Running: 1, HasLoad: true, CacheTokens: 5}
-	b := Stats{Running: 9, Waiting: 9, HasLoad: true, Slots: 4, BlockSize: 16, CacheTokens: 7}
-	if got := a.Merge(b); got != (Stats{Running: 1, HasLoad: true, Slots: 4, BlockSize: 16, CacheTokens: 5}) {
+	a := Stats{EngineLoad: route.EngineLoad{Running: 1, HasLoad: true}, CacheTokens: 5}
+	b := Stats{EngineLoad: route.EngineLoad{Running: 9, Waiting: 9, HasLoad: true, Slots: 4}, BlockSize: 16, CacheTokens: 7}
+	if got := a.Merge(b); got != (Stats{EngineLoad: route.EngineLoad{Running: 1, HasLoad: true, Slots: 4}, BlockSize: 16, CacheTokens: 5}) {
 		t.Errorf("got %+v", got)
 	}
 	if got := (Stats{}).Merge(b); got != b {
@@ -274,7 +323,38 @@ func TestReplicaSimReadsAsVLLM(t *testing.T) {
 	if k, ok := Detect(fams); !ok || k != VLLM {
 		t.Fatalf("detected %q", k)
 	}
-	if got := (vllm{}).FromMetrics(fams); got != (Stats{HasLoad: true, BlockSize: 16, CacheTokens: 16000}) {
+	if got := (vllm{}).FromMetrics(fams); got != (Stats{EngineLoad: route.EngineLoad{HasLoad: true}, BlockSize: 16, CacheTokens: 16000}) {
 		t.Errorf("got %+v", got)
+	}
+}
+
+// TestKVUsage: the KV cache's share in use is the mean of the engine
+// cores' (each has a cache of its own), clamped to the whole cache;
+// vLLM's name before 0.10 is read when the newer is absent, and an
+// engine without either reports 0, unknown.
+func TestKVUsage(t *testing.T) {
+	for _, tc := range []struct {
+		name, page string
+		kind       Kind
+		want       uint16
+	}{
+		{"vllm two cores", "vllm:kv_cache_usage_perc{engine=\"0\"} 0.5\nvllm:kv_cache_usage_perc{engine=\"1\"} 0.25\n", VLLM, 3750},
+		{"vllm before 0.10", "vllm:gpu_cache_usage_perc 0.8\n", VLLM, 8000},
+		{"vllm over 1", "vllm:kv_cache_usage_perc 1.5\n", VLLM, route.KVFull},
+		{"vllm without", "vllm:num_requests_running 1\n", VLLM, 0},
+		{"sglang", "sglang:token_usage{tp_rank=\"0\"} 0.99\n", SGLang, 9900},
+		{"llama.cpp publishes none", "llamacpp:kv_cache_usage_ratio 0.5\n", LlamaCpp, 0},
+	} {
+		fams, err := ParseMetrics([]byte(tc.page))
+		if err != nil {
+			t.Fatal(err)
+		}
+		a, err := For(tc.kind)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := a.FromMetrics(fams).KVUsage; got != tc.want {
+			t.Errorf("%s: KV usage %d, want %d", tc.name, got, tc.want)
+		}
 	}
 }

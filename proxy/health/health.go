@@ -94,39 +94,9 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-// ReplicaStatus is the health checker's report on one replica.
-type ReplicaStatus struct {
-	// Models the replica serves, sorted.
-	Models []string
-	// Healthy: the replica passes its checks.
-	Healthy bool
-	// CapacityBlocks is the engine's KV cache in router blocks (0:
-	// unknown, the mesh assumes its default).
-	CapacityBlocks int
-	// Running and Waiting are the engine's running and queued requests
-	// at the last scrape, when HasLoad; HasLoad is false (and both 0)
-	// when the engine publishes none (an OpenAI-compatible server, an
-	// engine without them on its /metrics) or its last scrape failed:
-	// 0 and 0 then say nothing, and must not read as an idle engine
-	// (route.Candidate.HasLoad).
-	Running, Waiting int
-	HasLoad          bool
-	// Slots is how many sequences the engine runs at once: published by
-	// the engine, else learned (see Checker); 0 is unknown.
-	Slots int
-	// Engine is the adapter reading the replica (vllm, sglang, llamacpp,
-	// tgi, or openai for an unknown OpenAI-compatible server).
-	Engine string
-	// Restarts counts the engine's restarts the checker found
-	// (restart.go); the owner cuts the replica's summary at each.
-	Restarts int
-}
-
-func (s ReplicaStatus) equal(o ReplicaStatus) bool {
-	return s.Healthy == o.Healthy && slices.Equal(s.Models, o.Models) && s.CapacityBlocks == o.CapacityBlocks &&
-		s.Running == o.Running && s.Waiting == o.Waiting && s.HasLoad == o.HasLoad && s.Slots == o.Slots && s.Engine == o.Engine &&
-		s.Restarts == o.Restarts
-}
+// ReplicaStatus is the health checker's report on one replica, the type
+// the mesh takes (engine.ReplicaStatus).
+type ReplicaStatus = engine.ReplicaStatus
 
 // Checker checks the replicas declared at this router, each in its
 // own loop: the engine's health endpoint and model list every Interval,
@@ -156,6 +126,7 @@ type Checker struct {
 	healthy    *prometheus.GaugeVec
 	requests   *prometheus.GaugeVec
 	slots      *prometheus.GaugeVec
+	engineInfo *prometheus.GaugeVec
 	rounds     atomic.Int64
 	ready      atomic.Bool
 
@@ -174,13 +145,14 @@ type replicaHealth struct {
 	fails, passes             int
 	models                    []string
 	metrics, info             engine.Stats
-	learnedSlots              int
+	learnedSlots              int32
 	uptime                    engine.Uptime // the last scrape's that had any (restart.go)
 	bytesPerToken             float64       // the ratio CapacityBlocks is in (tokens.go)
 	restarts                  int
 	lastHealth, lastInfo      time.Time
 	lastLoad                  time.Time
 	last                      ReplicaStatus // what onChange was last told
+	shownEngine               string        // the engine label of kvmesh_replica_engine_info
 	stop                      context.CancelFunc
 }
 
@@ -217,6 +189,13 @@ func New(cfg Config, replicas []string, client *http.Client, onChange func(id st
 			Name: "kvmesh_replica_engine_slots",
 			Help: "Sequences each replica's engine runs at once, published or learned (0: unknown).",
 		}, []string{"replica"}),
+		// An info gauge (always 1) so dashboards and the real-engine
+		// suites can tell which adapter reads each replica: detection
+		// that falls back to "openai" leaves the router blind to load.
+		engineInfo: f.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "kvmesh_replica_engine_info",
+			Help: "The engine each replica runs, as detected or configured (value 1; engine \"openai\": none recognised).",
+		}, []string{"replica", "engine"}),
 	}
 	h.SetReplicas(replicas)
 	return h
@@ -255,6 +234,7 @@ func (h *Checker) SetReplicas(ids []string) {
 		delete(h.state, id)
 		h.healthy.DeleteLabelValues(id)
 		h.slots.DeleteLabelValues(id)
+		h.engineInfo.DeletePartialMatch(prometheus.Labels{"replica": id})
 		h.requests.DeletePartialMatch(prometheus.Labels{"replica": id})
 		h.log.Info("replica no longer checked", "replica", id)
 	}
@@ -465,7 +445,7 @@ func (h *Checker) apply(id string, s *replicaHealth, r pollResult) {
 		// The last counts are of an engine that no longer answers its
 		// /metrics: unknown until a scrape succeeds again. What else
 		// it published (slots, cache size) does not change with load.
-		s.metrics.Running, s.metrics.Waiting, s.metrics.HasLoad = 0, 0, false
+		s.metrics.EngineLoad = s.metrics.EngineLoad.Forget()
 	}
 	h.noteUptimeLocked(id, s, r.uptime)
 	if r.scraped {
@@ -528,12 +508,9 @@ func (h *Checker) kindLocked(s *replicaHealth) string {
 // statusLocked is s as reported; h.mu is held.
 func (h *Checker) statusLocked(s *replicaHealth) ReplicaStatus {
 	st := s.metrics.Merge(s.info)
-	out := ReplicaStatus{Models: s.models, Healthy: s.healthy, Engine: h.kindLocked(s), Slots: st.Slots, Restarts: s.restarts}
-	if st.HasLoad {
-		out.Running, out.Waiting, out.HasLoad = st.Running, st.Waiting, true
-	}
-	if out.Slots == 0 {
-		out.Slots = s.learnedSlots
+	out := ReplicaStatus{Models: s.models, Healthy: s.healthy, Engine: h.kindLocked(s), Load: st.EngineLoad, Restarts: s.restarts}
+	if out.Load.Slots == 0 {
+		out.Load.Slots = s.learnedSlots
 	}
 	if st.CacheTokens > 0 {
 		c := float64(st.CacheTokens) * s.bytesPerToken / float64(h.blockBytes)
@@ -552,10 +529,15 @@ func (h *Checker) notify(id string, s *replicaHealth) {
 		healthy = 1
 	}
 	h.healthy.WithLabelValues(id).Set(healthy)
-	h.requests.WithLabelValues(id, "running").Set(float64(st.Running))
-	h.requests.WithLabelValues(id, "waiting").Set(float64(st.Waiting))
-	h.slots.WithLabelValues(id).Set(float64(st.Slots))
-	if !s.admitted || st.equal(s.last) {
+	h.requests.WithLabelValues(id, "running").Set(float64(st.Load.Running))
+	h.requests.WithLabelValues(id, "waiting").Set(float64(st.Load.Waiting))
+	h.slots.WithLabelValues(id).Set(float64(st.Load.Slots))
+	if s.shownEngine != st.Engine {
+		h.engineInfo.DeletePartialMatch(prometheus.Labels{"replica": id})
+		h.engineInfo.WithLabelValues(id, st.Engine).Set(1)
+		s.shownEngine = st.Engine
+	}
+	if !s.admitted || st.Equal(s.last) {
 		return
 	}
 	s.last = st

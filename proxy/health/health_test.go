@@ -3,6 +3,7 @@ package health
 import (
 	"context"
 	"fmt"
+	"github.com/kvmesh/kvmesh/route"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -116,8 +117,8 @@ func TestHealthCheckerEjectsAndReadmits(t *testing.T) {
 	}
 	h.round(ctx)
 	// 2048 blocks × 16 tokens × 4 bytes / 1024 = 128 router blocks.
-	want := ReplicaStatus{Models: []string{"m1", "m2"}, Healthy: true, CapacityBlocks: 128, Running: 3, Waiting: 1, HasLoad: true, Slots: 3, Engine: "vllm"}
-	if c, n := got.last(rep.URL); n != 1 || !c.equal(want) {
+	want := ReplicaStatus{Models: []string{"m1", "m2"}, Healthy: true, CapacityBlocks: 128, Load: route.EngineLoad{Running: 3, Waiting: 1, HasLoad: true, Slots: 3}, Engine: "vllm"}
+	if c, n := got.last(rep.URL); n != 1 || !c.Equal(want) {
 		t.Fatalf("after first round: %+v (%d reports), want %+v", c, n, want)
 	}
 	if !h.Ready() || healthyGauge() != 1 {
@@ -212,7 +213,7 @@ func TestHealthCheckerLearnsSlots(t *testing.T) {
 	for i, s := range steps {
 		e.set(s.running, s.waiting)
 		h.round(t.Context())
-		if c, _ := got.last(rep.URL); c.Running != s.running || c.Waiting != s.waiting || c.Slots != s.slots {
+		if c, _ := got.last(rep.URL); int(c.Load.Running) != s.running || int(c.Load.Waiting) != s.waiting || int(c.Load.Slots) != s.slots {
 			t.Errorf("step %d: %+v, want running %d waiting %d slots %d", i, c, s.running, s.waiting, s.slots)
 		}
 	}
@@ -230,8 +231,8 @@ func TestHealthCheckerLearnsSlots(t *testing.T) {
 	h.SetReplicas([]string{lrep.URL})
 	h.round(t.Context())
 	// 2 slots × 1024 tokens × 4 bytes / 1024.
-	want := ReplicaStatus{Models: []string{"m1", "m2"}, Healthy: true, CapacityBlocks: 8, Running: 2, Waiting: 5, HasLoad: true, Slots: 2, Engine: "llamacpp"}
-	if c, _ := got.last(lrep.URL); !c.equal(want) {
+	want := ReplicaStatus{Models: []string{"m1", "m2"}, Healthy: true, CapacityBlocks: 8, Load: route.EngineLoad{Running: 2, Waiting: 5, HasLoad: true, Slots: 2}, Engine: "llamacpp"}
+	if c, _ := got.last(lrep.URL); !c.Equal(want) {
 		t.Errorf("llama.cpp: %+v, want %+v", c, want)
 	}
 }
@@ -256,10 +257,10 @@ func TestHealthCheckerHasLoad(t *testing.T) {
 		want             ReplicaStatus
 	}{
 		{"no counts published", noCounts, false, 0, 0, base},
-		{"counts published", vllmMetrics, false, 2, 0, ReplicaStatus{Running: 2, HasLoad: true}},
-		{"counts published, idle", vllmMetrics, false, 0, 0, ReplicaStatus{HasLoad: true}},
+		{"counts published", vllmMetrics, false, 2, 0, ReplicaStatus{Load: route.EngineLoad{Running: 2, HasLoad: true}}},
+		{"counts published, idle", vllmMetrics, false, 0, 0, ReplicaStatus{Load: route.EngineLoad{HasLoad: true}}},
 		{"the scrape fails", vllmMetrics, true, 3, 0, base},
-		{"the scrape succeeds again", vllmMetrics, false, 3, 0, ReplicaStatus{Running: 3, HasLoad: true}},
+		{"the scrape succeeds again", vllmMetrics, false, 3, 0, ReplicaStatus{Load: route.EngineLoad{Running: 3, HasLoad: true}}},
 		{"the counts go", noCounts, false, 3, 0, base},
 	}
 	for i, s := range steps {
@@ -271,7 +272,7 @@ func TestHealthCheckerHasLoad(t *testing.T) {
 		h.round(t.Context())
 		want := s.want
 		want.Models, want.Healthy, want.CapacityBlocks, want.Engine = base.Models, true, base.CapacityBlocks, "vllm"
-		if c, _ := got.last(rep.URL); !c.equal(want) {
+		if c, _ := got.last(rep.URL); !c.Equal(want) {
 			t.Fatalf("step %d (%s): %+v, want %+v", i, s.name, c, want)
 		}
 	}
@@ -295,17 +296,19 @@ func TestHealthCheckerEngines(t *testing.T) {
 		want           ReplicaStatus
 	}{
 		{engine.VLLM, "vllm.metrics.txt", "", "",
-			ReplicaStatus{Running: 3, Waiting: 2, Slots: 3, CapacityBlocks: 27644 * 16 * 4 / 1024}},
+			ReplicaStatus{Load: route.EngineLoad{Running: 3, Waiting: 2, Slots: 3, KVUsage: 4127}, CapacityBlocks: 27644 * 16 * 4 / 1024}},
 		{engine.SGLang, "sglang.metrics.txt", "/get_server_info", "sglang.server_info.json",
-			ReplicaStatus{Running: 12, Waiting: 5, Slots: 48, CapacityBlocks: 489602 * 4 / 1024}},
+			ReplicaStatus{Load: route.EngineLoad{Running: 12, Waiting: 5, Slots: 48, KVUsage: 2500}, CapacityBlocks: 489602 * 4 / 1024}},
 		{engine.LlamaCpp, "llamacpp.metrics.txt", "/props", "llamacpp.props.json",
-			ReplicaStatus{Running: 4, Waiting: 3, Slots: 4, CapacityBlocks: 4 * 8192 * 4 / 1024}},
+			ReplicaStatus{Load: route.EngineLoad{Running: 4, Waiting: 3, Slots: 4}, CapacityBlocks: 4 * 8192 * 4 / 1024}},
+		{engine.LlamaCpp, "llamacpp-b11312.metrics.txt", "/props", "llamacpp-b11312.props.json", // captured from a real llama-server
+			ReplicaStatus{Load: route.EngineLoad{Running: 4, Waiting: 2, Slots: 4}, CapacityBlocks: 4 * 4096 * 4 / 1024}},
 		{engine.TGI, "tgi.metrics.txt", "/info", "tgi.info.json",
-			ReplicaStatus{Running: 7, Waiting: 2, Slots: 7, CapacityBlocks: 153104 * 4 / 1024}},
+			ReplicaStatus{Load: route.EngineLoad{Running: 7, Waiting: 2, Slots: 7}, CapacityBlocks: 153104 * 4 / 1024}},
 	}
 	for _, tc := range tests {
 		for _, cfgKind := range []engine.Kind{engine.Auto, tc.kind} {
-			t.Run(string(tc.kind)+"/"+string(cfgKind), func(t *testing.T) {
+			t.Run(tc.metrics+"/"+string(cfgKind), func(t *testing.T) {
 				metrics := page(tc.metrics)
 				info := ""
 				if tc.info != "" {
@@ -331,9 +334,15 @@ func TestHealthCheckerEngines(t *testing.T) {
 				h := New(Config{Engine: cfgKind}, []string{rep.URL}, nil, got.add, 1024, nil, nil)
 				h.round(t.Context())
 				want := tc.want
-				want.Models, want.Healthy, want.Engine, want.HasLoad = []string{"m"}, true, string(tc.kind), true
-				if c, _ := got.last(rep.URL); !c.equal(want) {
+				want.Models, want.Healthy, want.Engine, want.Load.HasLoad = []string{"m"}, true, string(tc.kind), true
+				if c, _ := got.last(rep.URL); !c.Equal(want) {
 					t.Errorf("got %+v, want %+v", c, want)
+				}
+				if n := testutil.CollectAndCount(h.engineInfo); n != 1 {
+					t.Errorf("%d engine info series, want 1", n)
+				}
+				if v := testutil.ToFloat64(h.engineInfo.WithLabelValues(rep.URL, string(tc.kind))); v != 1 {
+					t.Errorf("kvmesh_replica_engine_info{engine=%q} = %v, want 1", tc.kind, v)
 				}
 			})
 		}
@@ -356,7 +365,7 @@ func TestHealthCheckerUnknownEngine(t *testing.T) {
 	var got reports
 	h := New(Config{}, []string{rep.URL}, nil, got.add, 1024, nil, nil)
 	h.round(t.Context())
-	if c, n := got.last(rep.URL); n != 1 || !c.Healthy || c.Engine != "openai" || c.Running != 0 || c.HasLoad || c.CapacityBlocks != 0 {
+	if c, n := got.last(rep.URL); n != 1 || !c.Healthy || c.Engine != "openai" || c.Load.Running != 0 || c.Load.HasLoad || c.CapacityBlocks != 0 {
 		t.Errorf("got %+v (%d reports)", c, n)
 	}
 	// A fixed engine whose health path is missing fails the check.
@@ -428,6 +437,9 @@ func TestHealthCheckerSetReplicas(t *testing.T) {
 	if n := testutil.CollectAndCount(h.requests); n != 2 {
 		t.Errorf("%d request series, want 2", n)
 	}
+	if n := testutil.CollectAndCount(h.engineInfo); n != 1 {
+		t.Errorf("%d engine info series, want 1", n)
+	}
 }
 
 func sorted(s ...string) []string { slices.Sort(s); return s }
@@ -447,10 +459,10 @@ func TestHealthCheckerRunDynamic(t *testing.T) {
 	h.SetReplicas([]string{b.URL})
 	waitFor(t, "the added replica", func() bool { _, n := got.last(b.URL); return n > 0 })
 	eb.set(2, 0)
-	waitFor(t, "the added replica's load", func() bool { c, _ := got.last(b.URL); return c.Running == 2 })
+	waitFor(t, "the added replica's load", func() bool { c, _ := got.last(b.URL); return c.Load.Running == 2 })
 	hits := a.count()
 	eb.set(3, 0)
-	waitFor(t, "another scrape", func() bool { c, _ := got.last(b.URL); return c.Running == 3 })
+	waitFor(t, "another scrape", func() bool { c, _ := got.last(b.URL); return c.Load.Running == 3 })
 	if a.count() != hits {
 		t.Error("removed replica polled under Run")
 	}
@@ -485,7 +497,7 @@ func TestHealthCheckerPollPanicContained(t *testing.T) {
 	go func() { h.Run(ctx); close(done) }()
 	waitFor(t, "the panic", func() bool { return testutil.ToFloat64(rec.Counter(panics.HealthCheck)) == 1 })
 	e.set(4, 1)
-	waitFor(t, "a report after the panic", func() bool { c, _ := got.last(rep.URL); return c.Running == 4 })
+	waitFor(t, "a report after the panic", func() bool { c, _ := got.last(rep.URL); return c.Load.Running == 4 })
 	cancel()
 	recv(t, done, "Run to return after cancel")
 }
@@ -550,9 +562,9 @@ func TestHealthCheckerLearnsReplicaSimSlots(t *testing.T) {
 	waitFor(t, "the checker to see two running and two waiting", func() bool {
 		h.round(t.Context())
 		c, _ := got.last(srv.URL)
-		return c.Running == 2 && c.Waiting == 2
+		return c.Load.Running == 2 && c.Load.Waiting == 2
 	})
-	if c, _ := got.last(srv.URL); c.Slots != 2 || c.Engine != "vllm" || c.CapacityBlocks != 8192*16*4/1024 {
+	if c, _ := got.last(srv.URL); c.Load.Slots != 2 || c.Engine != "vllm" || c.CapacityBlocks != 8192*16*4/1024 {
 		t.Errorf("got %+v, want 2 learned slots from the vllm adapter", c)
 	}
 }

@@ -27,12 +27,13 @@ func TestCapacityAtTheLearnedRatio(t *testing.T) {
 		ratio float64
 		want  int // 32768 tokens × ratio / 1024 bytes per block, in the ratio in use
 	}{
-		{0, 128},  // the default 4
-		{2.2, 70}, // learned: 32768 × 2.2 / 1024
-		{2.4, 70}, // its average drifts: kept
-		{1.9, 70}, // within the band of 2.2
-		{3.0, 96}, // moved: followed
-		{2.3, 73}, // moved back past the band
+		{0, 128},   // the default 4
+		{4.8, 128}, // a chat template's share of short prompts: kept
+		{2.2, 70},  // another tokenizer: 32768 × 2.2 / 1024
+		{2.4, 70},  // its average drifts: kept
+		{1.6, 70},  // within the band of 2.2
+		{3.4, 108}, // moved: followed
+		{2.2, 70},  // moved back past the band
 	}
 	for i, s := range steps {
 		mu.Lock()

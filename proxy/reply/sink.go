@@ -118,6 +118,10 @@ func (s *Sink) Answer() []byte { return s.answer }
 // Usage is the last usage object the response carried.
 func (s *Sink) Usage() Usage { return s.usage }
 
+// Done reports whether an SSE stream's data: [DONE] line went by: the
+// engine finished the answer, whatever becomes of the connection after.
+func (s *Sink) Done() bool { return s.done }
+
 // Release resets the sink and returns it to the pool. The sink must not
 // be used afterwards.
 func (s *Sink) Release() {

@@ -62,6 +62,7 @@ type loadSnap struct {
 type engSnap struct {
 	running, waiting, slots int
 	seqMs                   float64
+	freeMs                  float64 // the owner's expected time until a running sequence ends (route.SlotTimes.FreeMs)
 	oldest                  float64 // start of the oldest running sequence, if any
 	hasOldest               bool
 }
@@ -120,6 +121,7 @@ type world struct {
 	scraped  []engSnap            // per replica: engine counts at the last scrape
 	slotEst  []route.SlotEstimate // per replica: the owner's learned slots
 	seqMs    []float64            // per replica: the owner's mean request residence, ms
+	slotT    []route.SlotTimes    // per replica: the owner's learned slot times
 	epochs   []uint64
 	peer     *peerState // the peer-router models' learned state
 
@@ -129,8 +131,9 @@ type world struct {
 	reasons                              map[string]int
 	fullCopies                           int
 	belowBest                            int
-	warm, found                          int   // retrace: warm requests, and those sent to a best holder
-	runs, runsSorted                     []int // retrace scratch
+	warm, found                          int       // retrace: warm requests, and those sent to a best holder
+	runs, runsSorted                     []int     // retrace scratch
+	ages                                 []float64 // ownerEng scratch
 	givenUp                              int64
 	corrections                          int // misses the feedback loop corrected
 	view                                 viewError
@@ -184,6 +187,7 @@ func runPolicy(ctx context.Context, p *prepared, name string) (PolicyReport, err
 		w.scraped = make([]engSnap, cfg.Replicas)
 		w.slotEst = make([]route.SlotEstimate, cfg.Replicas)
 		w.seqMs = make([]float64, cfg.Replicas)
+		w.slotT = make([]route.SlotTimes, cfg.Replicas)
 		w.q.push(p.reqs[0].arrival, evScrape, 0, 0)
 	}
 	if w.routers != nil || w.exact != nil {
@@ -456,8 +460,9 @@ func (w *world) fillCandidates(k int, r *simReq) {
 		c.HasLoad = true // every simulated engine publishes its counts
 		c.Detail.SeqMs = eng.seqMs
 		c.Detail.Own, c.Detail.Local = route.Count32(own), local
-		c.Detail.SlotAgeMs = 0
+		c.Detail.SlotAgeMs, c.Detail.FreeMs = 0, 0
 		if eng.hasOldest {
+			c.Detail.FreeMs = eng.freeMs
 			c.Detail.SlotAgeMs = max(w.now-eng.oldest, 1e-3)
 		}
 	}
@@ -603,6 +608,7 @@ func (w *world) decodeDone(j, i int32) {
 		// sequence slot, prefill to last token (a proxy times it as first
 		// token to last plus the prefill it estimated).
 		d := w.now - w.jobs[i].start
+		w.slotT[j].Observe(d)
 		if w.seqMs[j] == 0 {
 			w.seqMs[j] = d
 		} else {
@@ -675,10 +681,19 @@ func (w *world) ownerEng(j int) engSnap {
 	e.seqMs = w.seqMs[j]
 	// The owner proxies every request to its replicas, so it knows when
 	// each began (proxy/load.go dates it from the dispatch).
+	ages := w.ages[:0]
 	for _, i := range w.rep[j].runJobs {
-		if st := w.jobs[i].start; !e.hasOldest || st < e.oldest {
+		st := w.jobs[i].start
+		if !e.hasOldest || st < e.oldest {
 			e.oldest, e.hasOldest = st, true
 		}
+		ages = append(ages, w.now-st)
+	}
+	w.ages = ages
+	// Asked only where the decision reads it: an engine the owner
+	// knows to be full.
+	if in := w.rep[j].inFlight; (e.slots > 0 && in >= e.slots) || (e.slots <= 0 && e.waiting > 0) {
+		e.freeMs = w.slotT[j].FreeMs(ages)
 	}
 	return e
 }

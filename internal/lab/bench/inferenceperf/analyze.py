@@ -1,0 +1,88 @@
+"""Summarises one inference-perf run for run.sh, from the engines' own counts.
+
+    python analyze.py LABEL PER_REQUEST_JSON REPLICA_METRICS...
+
+PER_REQUEST_JSON is inference-perf's per_request_lifecycle_metrics.json;
+each request's usage (prompt_tokens, prompt_tokens_details.cached_tokens)
+is what the replica that served it reported, and extra_info.chat_round
+its turn (1 = a session's first). REPLICA_METRICS are the replicas'
+/metrics pages read after the run (vLLM names), for the requests each
+served. Prints one JSON object: the share of prompt tokens reported
+cached over all turns and over follow-up turns (round >= 2), TTFT
+percentiles in ms (first streamed chunk after the request's start), and
+the requests per replica.
+"""
+
+import json
+import re
+import sys
+
+
+def pct(xs, q):
+    """The q-quantile of xs by the nearest rank (None when empty)."""
+    if not xs:
+        return None
+    xs = sorted(xs)
+    k = max(0, min(len(xs) - 1, int(round(q * len(xs) + 0.5)) - 1))
+    return xs[k]
+
+
+def replica_requests(path):
+    """Requests the replica at path served: its TTFT histogram's count."""
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            m = re.match(r"vllm:time_to_first_token_seconds_count\{[^}]*\} (\S+)", line)
+            if m:
+                return int(float(m.group(1)))
+    return 0
+
+
+def main():
+    label, per_request, metrics = sys.argv[1], sys.argv[2], sys.argv[3:]
+    with open(per_request, encoding="utf-8") as f:
+        reqs = json.load(f)
+    sums = {"all": [0, 0], "follow": [0, 0], "first": [0, 0]}
+    ttft, ttft_follow, failed, rounds = [], [], 0, {}
+    for r in reqs:
+        info = r.get("info") or {}
+        usage = (info.get("response_metrics") or {}).get("server_usage") or {}
+        if r.get("error") or not usage:
+            failed += 1
+            continue
+        prompt = int(usage.get("prompt_tokens") or 0)
+        cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+        rnd = int((info.get("extra_info") or {}).get("chat_round") or 1)
+        rounds[rnd] = rounds.get(rnd, 0) + 1
+        for k in ("all", "follow" if rnd >= 2 else "first"):
+            sums[k][0] += cached
+            sums[k][1] += prompt
+        chunks = (info.get("response_metrics") or {}).get("chunk_times") or []
+        if chunks:
+            t = 1000.0 * (chunks[0] - r["start_time"])
+            ttft.append(t)
+            if rnd >= 2:
+                ttft_follow.append(t)
+
+    def share(k):
+        c, p = sums[k]
+        return round(c / p, 3) if p else None
+
+    out = {
+        "label": label,
+        "requests": len(reqs),
+        "failed": failed,
+        "turns": {str(k): v for k, v in sorted(rounds.items())},
+        "cached_all": share("all"),
+        "cached_followup": share("follow"),
+        "cached_first": share("first"),
+        "ttft_ms": {q: round(pct(ttft, v), 1) if ttft else None for q, v in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))},
+        "ttft_followup_ms": {
+            q: round(pct(ttft_follow, v), 1) if ttft_follow else None for q, v in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))
+        },
+        "per_replica": [replica_requests(m) for m in metrics],
+    }
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,276 @@
+#!/usr/bin/env python3
+"""Checks a kvmesh router in front of real llama.cpp replicas (Python stdlib only).
+
+  check.py features ROUTER_URL ADMIN_URL MODEL REPLICAS SLOTS
+      chat and text completions, streamed (stream_options.include_usage) and
+      not; the router detects llama.cpp on every replica and reads its
+      metrics (load) and /props (slots); cached-token feedback: a second turn
+      is served from the engine's prefix cache and the router's kvmesh_*
+      counters of reported and predicted cached tokens move by what the
+      engine reported.
+  check.py compare RESULT.json...
+      the conversation benchmark's results (kvmesh bench --json), one file
+      per front end, the last the round-robin baseline: every turn answered
+      with usage, and each kvmesh front end's follow-up cached share above
+      the baseline's. Prints one table.
+
+Exits non-zero with the failed check on stderr.
+"""
+import json
+import random
+import re
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+
+def fail(msg):
+    print(f"check.py: FAIL: {msg}", file=sys.stderr)
+    sys.exit(1)
+
+
+def http(method, url, body=None, timeout=120):
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method,
+                                 headers={"Content-Type": "application/json"} if data else {})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def post_json(url, body):
+    status, raw = http("POST", url, body)
+    if status != 200:
+        fail(f"POST {url}: HTTP {status}: {raw[:300]!r}")
+    return json.loads(raw)
+
+
+def stream(url, body):
+    """POSTs body with stream on; returns (data events as dicts, saw [DONE])."""
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    events, done = [], False
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            ctype = r.headers.get("Content-Type", "")
+            if not ctype.startswith("text/event-stream"):
+                fail(f"stream {url}: Content-Type {ctype!r}")
+            for line in r:
+                line = line.decode().rstrip("\r\n")
+                if not line.startswith("data:"):
+                    continue
+                payload = line[5:].strip()
+                if payload == "[DONE]":
+                    done = True
+                    continue
+                if done:
+                    fail(f"stream {url}: data after [DONE]")
+                events.append(json.loads(payload))
+    except urllib.error.HTTPError as e:
+        fail(f"stream {url}: HTTP {e.code}: {e.read()[:300]!r}")
+    return events, done
+
+
+def metrics(admin):
+    """Parses the router's /metrics into {name: [(labels dict, value)]}."""
+    status, raw = http("GET", admin + "/metrics", timeout=10)
+    if status != 200:
+        fail(f"GET {admin}/metrics: HTTP {status}")
+    out = {}
+    for line in raw.decode().splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = re.match(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)$', line)
+        if not m:
+            continue
+        labels = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', m.group(3) or ""))
+        out.setdefault(m.group(1), []).append((labels, float(m.group(4))))
+    return out
+
+
+def total(ms, name):
+    return sum(v for _, v in ms.get(name, []))
+
+
+def debug_mesh(admin):
+    status, raw = http("GET", admin + "/debug/mesh", timeout=10)
+    if status != 200:
+        fail(f"GET {admin}/debug/mesh: HTTP {status}")
+    return json.loads(raw)
+
+
+def check_usage(what, usage):
+    if not isinstance(usage, dict):
+        fail(f"{what}: no usage: {usage!r}")
+    if not usage.get("prompt_tokens", 0) > 0 or not usage.get("completion_tokens", 0) > 0:
+        fail(f"{what}: usage without prompt or completion tokens: {usage}")
+    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+    if not isinstance(cached, int) or cached < 0 or cached > usage["prompt_tokens"]:
+        fail(f"{what}: usage.prompt_tokens_details.cached_tokens {cached!r} (prompt {usage['prompt_tokens']})")
+    return usage["prompt_tokens"], cached
+
+
+def text(n, rng):
+    words = "the cache router replica token prompt engine queue memory network answer question model".split()
+    return " ".join(rng.choice(words) for _ in range(n))
+
+
+def features(router, admin, model, replicas, slots):
+    rng = random.Random()
+    nonce = f"{rng.getrandbits(64):016x}"
+
+    status, raw = http("GET", router + "/v1/models", timeout=10)
+    ids = [m.get("id") for m in json.loads(raw).get("data", [])] if status == 200 else []
+    if model not in ids:
+        fail(f"/v1/models: HTTP {status}, models {ids}, want {model}")
+    print(f"  models: {ids}")
+
+    # Engine auto-detection: the router names llama.cpp for every replica,
+    # and has read /props (the slot count) and /metrics (the load gauges).
+    deadline = time.time() + 30
+    while True:
+        ms = metrics(admin)
+        kinds = {l.get("replica"): l.get("engine") for l, v in ms.get("kvmesh_replica_engine_info", []) if v == 1}
+        owned = [r for r in debug_mesh(admin)["replicas"] if r.get("owned")]
+        if (len(kinds) == replicas and set(kinds.values()) == {"llamacpp"} and len(owned) == replicas
+                and all(r["engine_slots"] == slots and r["engine_has_load"] for r in owned)):
+            break
+        if time.time() > deadline:
+            fail(f"engine detection: kvmesh_replica_engine_info {kinds}, /debug/mesh owned replicas "
+                 f"{[(r['id'], r['engine_slots'], r['engine_has_load']) for r in owned]}; want {replicas} "
+                 f"replicas of engine llamacpp with {slots} slots and load known")
+        time.sleep(0.2)
+    print(f"  engine detected: {sorted(kinds.items())}, slots {slots} each (from /props), load published")
+
+    chat_url, comp_url = router + "/v1/chat/completions", router + "/v1/completions"
+    r = post_json(chat_url, {"model": model, "max_tokens": 8,
+                             "messages": [{"role": "user", "content": f"{nonce} say hello"}]})
+    if r.get("object") != "chat.completion" or not isinstance(r["choices"][0]["message"].get("content"), str):
+        fail(f"chat: {r}")
+    check_usage("chat", r.get("usage"))
+    print(f"  chat: {r['usage']}")
+
+    r = post_json(comp_url, {"model": model, "max_tokens": 8, "prompt": f"{nonce} once upon a time"})
+    if r.get("object") != "text_completion" or not isinstance(r["choices"][0].get("text"), str):
+        fail(f"completions: {r}")
+    check_usage("completions", r.get("usage"))
+    print(f"  completions: {r['usage']}")
+
+    for what, url, body, field in [
+        ("chat stream", chat_url, {"messages": [{"role": "user", "content": f"{nonce} count to five"}]}, "delta"),
+        ("completions stream", comp_url, {"prompt": f"{nonce} one two three"}, "text"),
+    ]:
+        body.update(model=model, max_tokens=16, stream=True, stream_options={"include_usage": True})
+        events, done = stream(url, body)
+        if not done:
+            fail(f"{what}: no [DONE]")
+        content = [e for e in events if e.get("choices") and field in e["choices"][0]]
+        if not content:
+            fail(f"{what}: no {field} chunks in {events[:3]}")
+        # Chat ends with OpenAI's usage chunk (no choices); llama.cpp's text
+        # completions put the usage on the final choice's chunk.
+        last = events[-1]
+        if not last.get("usage") or (field == "delta" and last.get("choices")):
+            fail(f"{what}: the last chunk before [DONE] is not the usage chunk: {last}")
+        check_usage(what, last["usage"])
+        print(f"  {what}: {len(content)} chunks, usage {last['usage']}")
+
+    # The engine's load as the router reads it: while a long answer
+    # streams, some replica's engine reports a running request.
+    seen = []
+    long_req = threading.Thread(target=stream, args=(chat_url, {
+        "model": model, "max_tokens": 200, "ignore_eos": True, "stream": True,
+        "messages": [{"role": "user", "content": f"{nonce} write a long story"}]}))
+    long_req.start()
+    while long_req.is_alive() and not seen:
+        seen = [r["id"] for r in debug_mesh(admin)["replicas"] if r.get("owned") and r["engine_running"] >= 1]
+        running = [l for l, v in metrics(admin).get("kvmesh_replica_engine_requests", [])
+                   if l.get("state") == "running" and v >= 1]
+        if seen and not running:
+            seen = []
+        time.sleep(0.1)
+    long_req.join()
+    if not seen:
+        fail("engine load: no replica's engine_running reached 1 while a 200-token answer streamed")
+    print(f"  engine load read from llamacpp:requests_processing: running 1 at {seen}")
+
+    # Cached-token feedback: turn 2 extends turn 1's conversation, so the
+    # engine serves turn 1's prompt and answer from its cache, and the
+    # router's counters move by what the engine reported.
+    before = metrics(admin)
+    msgs = [{"role": "system", "content": f"{nonce} " + text(300, rng)},
+            {"role": "user", "content": text(20, rng)}]
+    r1 = post_json(chat_url, {"model": model, "max_tokens": 16, "messages": msgs})
+    msgs += [r1["choices"][0]["message"], {"role": "user", "content": text(20, rng)}]
+    body = {"model": model, "max_tokens": 16, "messages": msgs, "stream": True,
+            "stream_options": {"include_usage": True}}
+    events, _ = stream(chat_url, body)
+    p1, c1 = check_usage("turn 1", r1["usage"])
+    p2, c2 = check_usage("turn 2", events[-1].get("usage"))
+    if c2 < p1 // 2:
+        fail(f"turn 2: {c2} cached tokens of {p2}, turn 1 had {p1} prompt tokens: not served from the engine's cache")
+    deadline = time.time() + 10
+    while True:
+        after = metrics(admin)
+        d_rep = total(after, "kvmesh_reported_cached_tokens_total") - total(before, "kvmesh_reported_cached_tokens_total")
+        d_prompt = total(after, "kvmesh_prompt_tokens_total") - total(before, "kvmesh_prompt_tokens_total")
+        d_pred = total(after, "kvmesh_predicted_cached_tokens_total") - total(before, "kvmesh_predicted_cached_tokens_total")
+        d_err = (total(after, "kvmesh_cache_prediction_error_blocks_count")
+                 - total(before, "kvmesh_cache_prediction_error_blocks_count"))
+        if d_rep == c1 + c2 and d_prompt == p1 + p2 and d_err == 2:
+            break
+        if time.time() > deadline:
+            fail(f"feedback: router counters moved reported {d_rep} prompt {d_prompt} observations {d_err}; "
+                 f"the engine reported cached {c1}+{c2} of prompt {p1}+{p2} in 2 responses")
+        time.sleep(0.2)
+    if d_pred <= 0:
+        fail(f"feedback: the router predicted no cached tokens for turn 2 ({c2} reported)")
+    print(f"  feedback: turn 2 cached {c2}/{p2}; router reported_cached +{d_rep:.0f}, prompt +{d_prompt:.0f}, "
+          f"predicted_cached +{d_pred:.0f}")
+    print("check.py features: passed")
+
+
+def compare(paths):
+    results = []
+    for p in paths:
+        with open(p) as f:
+            results.extend(json.load(f)["frontends"])
+    print(f"  {'front end':<14} {'turns':>5} {'errors':>6} {'follow-up cached':>16} {'turn-1 cached':>13} "
+          f"{'TTFT p50 ms':>11} {'p99 ms':>8} {'follow-up p50':>13} {'p99':>8} {'wall s':>7}")
+    for r in results:
+        print(f"  {r['name']:<14} {r['turns']:>5} {r['errors']:>6} {r['followup_cached_share']:>16.3f} "
+              f"{r['first_turn_cached_share']:>13.3f} {r['ttft_p50_ms']:>11.0f} {r['ttft_p99_ms']:>8.0f} "
+              f"{r['followup_ttft_p50_ms']:>13.0f} {r['followup_ttft_p99_ms']:>8.0f} {r['wall_seconds']:>7.1f}")
+    want = max(r["turns"] for r in results)
+    for r in results:
+        if r["errors"] or r["no_usage"] or r["turns"] != want:
+            fail(f"{r['name']}: {r['turns']} turns of {want}, {r['errors']} errors {r.get('errors_by_kind')}, "
+                 f"{r['no_usage']} without usage")
+    base = results[-1]
+    for r in results[:-1]:
+        if not r["followup_cached_share"] > base["followup_cached_share"]:
+            fail(f"{r['name']}: follow-up cached share {r['followup_cached_share']:.3f} not above "
+                 f"{base['name']}'s {base['followup_cached_share']:.3f}")
+    # More routers keep a conversation's cache as one does (issue 22: at
+    # least 0.97x one router's follow-up share on the same replicas); the
+    # first kvmesh front end is the one-router run.
+    one = results[0]
+    for r in results[1:-1]:
+        if r["followup_cached_share"] < 0.97 * one["followup_cached_share"]:
+            fail(f"{r['name']}: follow-up cached share {r['followup_cached_share']:.3f} below 0.97x "
+                 f"{one['name']}'s {one['followup_cached_share']:.3f}")
+    print("check.py compare: passed")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 7 and sys.argv[1] == "features":
+        features(sys.argv[2].rstrip("/"), sys.argv[3].rstrip("/"), sys.argv[4], int(sys.argv[5]), int(sys.argv[6]))
+    elif len(sys.argv) >= 4 and sys.argv[1] == "compare":
+        compare(sys.argv[2:])
+    else:
+        print(__doc__, file=sys.stderr)
+        sys.exit(2)
