@@ -10,21 +10,34 @@ import (
 	"github.com/zeebo/xxh3"
 )
 
-// queue is the request's admission (package admit), between reading
-// its candidates and deciding: it goes on at once while its model has
-// room and nothing queues; otherwise it waits in the router's queue,
-// without its candidates and heat (a wait holds neither pooled storage
-// nor a place in the burst counts), and reads both again when its turn
-// comes. It reports whether to go on; when not, it has answered (or the
-// client is gone). A hop was admitted by the router it entered.
-func (st *reqState) queue() bool {
-	p := st.p
-	if p.admit == nil || st.hop {
+// admission is the proxy's side of package admit: what it reads of a
+// request and of the view, and the request path's wait.
+type admission struct {
+	p *Proxy
+	a *admit.Admitter
+}
+
+func newAdmission(p *Proxy, cfg admit.Config) *admission {
+	ad := &admission{p: p}
+	cfg.Room, cfg.Registerer = ad.roomOf, p.cfg.Registerer
+	ad.a = admit.New(cfg)
+	return ad
+}
+
+// queue is st's admission, between reading its candidates and deciding:
+// it goes on at once while its model has room and nothing queues;
+// otherwise it waits in the router's queue, without its candidates and
+// heat (a wait holds neither pooled storage nor a place in the burst
+// counts), and reads both again when its turn comes. It reports whether
+// to go on; when not, it has answered (or the client is gone). A hop was
+// admitted by the router it entered.
+func (ad *admission) queue(st *reqState) bool {
+	if ad == nil || st.hop {
 		return true
 	}
-	req := p.admitRequest(st.r, &st.prompt)
-	room := admit.RoomOf(st.cands, p.admit.MaxWaiting())
-	release, v := p.admit.Admit(st.r.Context(), req, room, st.letGo)
+	req := ad.request(st.r, &st.prompt)
+	room := admit.RoomOf(st.cands, ad.a.Limits())
+	release, v := ad.a.Admit(st.r.Context(), req, room, func() { letGo(st) })
 	if !v.Admitted() {
 		if v.Status == statusClientGone {
 			st.code = statusClientGone
@@ -46,9 +59,9 @@ func (st *reqState) queue() bool {
 	return true
 }
 
-// letGo gives back the candidates' storage and the heat count before a
-// wait in the queue.
-func (st *reqState) letGo() {
+// letGo gives back st's candidates' storage and heat count before a wait
+// in the queue.
+func letGo(st *reqState) {
 	if st.releaseCands != nil {
 		st.releaseCands()
 		st.releaseCands, st.cands = nil, nil
@@ -62,11 +75,27 @@ func (st *reqState) letGo() {
 // roomOf reads a model's headroom for the admission's dispatcher: its
 // candidates with this router's hops counted in, as a decision reads
 // them.
-func (p *Proxy) roomOf(model string) admit.Room {
-	cands, release := p.cfg.View.PooledCandidates(model)
+func (ad *admission) roomOf(model string) admit.Room {
+	v := ad.p.cfg.View
+	cands, release := v.PooledCandidates(model)
 	defer release()
-	p.hops.Fill(cands, p.cfg.View)
-	return admit.RoomOf(cands, p.admit.MaxWaiting())
+	ad.p.hops.Fill(cands, v)
+	return admit.RoomOf(cands, ad.a.Limits())
+}
+
+// close sheds what still queues (503): no request is dropped silently.
+func (ad *admission) close() {
+	if ad != nil {
+		ad.a.Close()
+	}
+}
+
+// depth is what queues by class (none when admission is off).
+func (ad *admission) depth() [admit.NumClasses]int {
+	if ad == nil {
+		return [admit.NumClasses]int{}
+	}
+	return ad.a.Depth()
 }
 
 // Seeds of the tenant hashes, one per source of the identity, so one
@@ -77,7 +106,7 @@ const (
 	tenantByAddr   = 0x74656e616e740003
 )
 
-// admitRequest is what admission reads of a request: its model, its
+// request is what admission reads of a request: its model, its
 // class from the priority header (high, normal, low, or vLLM's integer),
 // else from the body's priority (vLLM's integer, which the engine reads
 // too), normal otherwise; its tenant, its cost in estimated prompt tokens
@@ -86,8 +115,8 @@ const (
 // The tenant is the API key when the router checks keys (a client cannot
 // name itself another tenant); otherwise the tenant header, then the
 // bearer key, then the client's address.
-func (p *Proxy) admitRequest(r *http.Request, pr *prompt.Prompt) admit.Request {
-	req := admit.Request{Model: pr.Model, Tenant: p.tenantOf(r), Cost: float64(len(pr.Text)/4 + 1)}
+func (ad *admission) request(r *http.Request, pr *prompt.Prompt) admit.Request {
+	req := admit.Request{Model: pr.Model, Tenant: ad.tenantOf(r), Cost: float64(len(pr.Text)/4 + 1)}
 	if c, ok := admit.ParseClass(r.Header.Get(admit.HeaderPriority)); ok {
 		req.Class = c
 	} else if n, err := strconv.Atoi(pr.Priority); err == nil {
@@ -100,11 +129,11 @@ func (p *Proxy) admitRequest(r *http.Request, pr *prompt.Prompt) admit.Request {
 	return req
 }
 
-// tenantOf identifies r's tenant (admitRequest).
-func (p *Proxy) tenantOf(r *http.Request) uint64 {
+// tenantOf identifies r's tenant (request).
+func (ad *admission) tenantOf(r *http.Request) uint64 {
 	key := bearerKey(r)
 	switch {
-	case p.cfg.APIKeys != nil && key != "":
+	case ad.p.cfg.APIKeys != nil && key != "":
 		return xxh3.HashStringSeed(key, tenantByKey)
 	case r.Header.Get(admit.HeaderTenant) != "":
 		return xxh3.HashStringSeed(r.Header.Get(admit.HeaderTenant), tenantByHeader)

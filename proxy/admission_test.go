@@ -161,7 +161,7 @@ func TestAdmissionOverload(t *testing.T) {
 		}
 		got++
 	}
-	if d := p.admit.Depth(); d != [admit.NumClasses]int{10, 0, 0} {
+	if d := p.admit.depth(); d != [admit.NumClasses]int{10, 0, 0} {
 		t.Fatalf("queue %v, want the 10 high requests", d)
 	}
 	if n := len(log.arrived()); n != 6 {
@@ -179,7 +179,7 @@ func TestAdmissionOverload(t *testing.T) {
 		}
 	}
 	waitCounted(t, p, epChat, 26)
-	if d := p.admit.Depth(); d != [admit.NumClasses]int{} {
+	if d := p.admit.depth(); d != [admit.NumClasses]int{} {
 		t.Errorf("queue %v after the burst, want empty", d)
 	}
 	if got := metricValue(t, reg, "kvmesh_admission_admitted_total", "high", "queued"); got != 10 {

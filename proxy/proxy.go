@@ -192,7 +192,7 @@ type Proxy struct {
 	ratios   *TokenRatios
 	stopGone func()
 	// admit is the admission (admission.go); nil when off.
-	admit *admit.Admitter
+	admit *admission
 }
 
 // New returns a Proxy.
@@ -259,9 +259,7 @@ func New(cfg Config) (*Proxy, error) {
 		p.loops = upstream.NewLoops(p.m.loopStreams, p.m.loopClientWaits, p.recovered)
 	}
 	if cfg.Admission != nil {
-		ac := *cfg.Admission
-		ac.Room, ac.Registerer = p.roomOf, cfg.Registerer
-		p.admit = admit.New(ac)
+		p.admit = newAdmission(p, *cfg.Admission)
 	}
 	if cfg.MaxInflightPerClient > 0 {
 		p.clients = &clientLimiter{max: cfg.MaxInflightPerClient, n: map[string]int{}}
@@ -457,9 +455,7 @@ func (p *Proxy) CloseIdleConnections() {
 // serves on afterwards, without the loops, its hops left to their
 // timeouts.
 func (p *Proxy) Close() {
-	if p.admit != nil {
-		p.admit.Close() // sheds what still queues (503): no request is dropped silently
-	}
+	p.admit.close()
 	p.stopGone()
 	p.owners.Close()
 	if p.loops != nil {

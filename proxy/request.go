@@ -110,7 +110,7 @@ func (p *Proxy) inference(w http.ResponseWriter, r *http.Request, ep *endpoint) 
 		st.code = st.noCandidate()
 		return
 	}
-	if !st.queue() {
+	if !p.admit.queue(st) {
 		return
 	}
 	st.attemptAll()

@@ -34,7 +34,7 @@ func TestAdmitFlags(t *testing.T) {
 	if c, err = parseRouterFlags([]string{"--name", "r"}, env, io.Discard); err != nil || c.admissionConfig().Timeout != 3*time.Second {
 		t.Errorf("KVMESH_ADMIT_QUEUE_TIMEOUT=3s: %+v, %v", c.admissionConfig(), err)
 	}
-	for _, args := range [][]string{{"--admit-max-waiting", "-1"}, {"--admit-queue", "0"}, {"--admit-queue-timeout", "0s"}} {
+	for _, args := range [][]string{{"--admit-max-waiting", "-1"}, {"--admit-queue", "0"}, {"--admit-queue-timeout", "0s"}, {"--admit-max-kv-usage", "1.5"}} {
 		if _, err := parseRouterFlags(append([]string{"--name", "r"}, args...), none, io.Discard); err == nil || !strings.Contains(err.Error(), "--admit") {
 			t.Errorf("%v: error %v, want one naming the admission flags", args, err)
 		}

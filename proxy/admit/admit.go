@@ -39,6 +39,9 @@ type Config struct {
 	// MaxWaiting is the requests a replica may queue beyond its slots
 	// (RoomOf); default DefaultMaxWaiting.
 	MaxWaiting int
+	// MaxKVUsage, when positive, is the KV cache share (0 to 1) at which
+	// a replica has no room (RoomOf); 0: not read.
+	MaxKVUsage float64
 	// MaxQueue bounds each model's queue (default DefaultMaxQueue).
 	MaxQueue int
 	// Timeout bounds a request's wait in the queue (default
@@ -150,8 +153,10 @@ func New(cfg Config) *Admitter {
 	return a
 }
 
-// MaxWaiting is the Config's, for RoomOf.
-func (a *Admitter) MaxWaiting() int { return a.cfg.MaxWaiting }
+// Limits are the Config's, for RoomOf.
+func (a *Admitter) Limits() Limits {
+	return Limits{MaxWaiting: a.cfg.MaxWaiting, MaxKVUsage: a.cfg.MaxKVUsage}
+}
 
 // Admit admits req, given room, the model's headroom as the caller read
 // it. While the model has room and nothing of it queues, it returns at

@@ -438,7 +438,7 @@ func TestConcurrentChurn(t *testing.T) {
 
 func TestRoomOf(t *testing.T) {
 	cand := func(inFlight, slots, waiting int, hasLoad bool) route.Candidate {
-		return route.Candidate{InFlight: int32(inFlight), Slots: int32(slots), Waiting: int32(waiting), HasLoad: hasLoad}
+		return route.Candidate{InFlight: int32(inFlight), EngineLoad: route.EngineLoad{Slots: int32(slots), Waiting: int32(waiting), HasLoad: hasLoad}}
 	}
 	for _, tc := range []struct {
 		name  string
@@ -453,12 +453,31 @@ func TestRoomOf(t *testing.T) {
 		{"no slots, short queue", []route.Candidate{cand(2, 0, 7, true)}, Room{Open: true, Visible: 2}, -1},
 		{"no slots, long queue", []route.Candidate{cand(2, 0, 8, true)}, Room{Visible: 2}, 0},
 	} {
-		got := RoomOf(tc.cands, 8)
+		got := RoomOf(tc.cands, Limits{MaxWaiting: 8})
 		if got != tc.want {
 			t.Errorf("%s: %+v, want %+v", tc.name, got, tc.want)
 		}
 		if f := (&modelQ{}).free(got, Normal, time.Now()); tc.free >= 0 && f != tc.free {
 			t.Errorf("%s: free %d, want %d", tc.name, f, tc.free)
+		}
+	}
+	// An engine at its KV limit has no room, slots or not; below it, or
+	// with the limit off, the slots count.
+	kv := func(usage uint16, slots int) route.Candidate {
+		return route.Candidate{InFlight: 1, EngineLoad: route.EngineLoad{Slots: int32(slots), KVUsage: usage, HasLoad: true}}
+	}
+	for _, tc := range []struct {
+		c    route.Candidate
+		lim  Limits
+		want Room
+	}{
+		{kv(9600, 8), Limits{MaxWaiting: 2, MaxKVUsage: 0.95}, Room{Visible: 1}},
+		{kv(9400, 8), Limits{MaxWaiting: 2, MaxKVUsage: 0.95}, Room{Free: 9, FreeSlots: 7, Visible: 1}},
+		{kv(9600, 8), Limits{MaxWaiting: 2}, Room{Free: 9, FreeSlots: 7, Visible: 1}},
+		{kv(9600, 0), Limits{MaxWaiting: 2, MaxKVUsage: 0.95}, Room{Visible: 1}},
+	} {
+		if got := RoomOf([]route.Candidate{tc.c}, tc.lim); got != tc.want {
+			t.Errorf("KV usage %d, %+v: %+v, want %+v", tc.c.KVUsage, tc.lim, got, tc.want)
 		}
 	}
 	// Requests admitted that the counts do not show yet take room.
@@ -471,7 +490,8 @@ func TestFreeByClass(t *testing.T) {
 		t.Errorf("free with 3 not yet visible = %d, want 2", got)
 	}
 	// The engines' queues are not the low class's.
-	r := RoomOf([]route.Candidate{{InFlight: 3, Slots: 4}, {InFlight: 3, Slots: 4}}, 2)
+	four := route.EngineLoad{Slots: 4}
+	r := RoomOf([]route.Candidate{{InFlight: 3, EngineLoad: four}, {InFlight: 3, EngineLoad: four}}, Limits{MaxWaiting: 2})
 	m = &modelQ{}
 	if h, n, l := m.free(r, High, now), m.free(r, Normal, now), m.free(r, Low, now); h != 6 || n != 6 || l != 2 {
 		t.Errorf("free by class %d %d %d, want 6 6 2", h, n, l)

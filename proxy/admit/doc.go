@@ -25,9 +25,12 @@
 // nothing is never saturated (no signal, no queueing). A model is
 // saturated when none of its replicas has room.
 //
-// KV cache usage is not among the signals: the engine adapters
-// (internal/engine) read capacity, not usage, and an engine whose KV is
-// full queues its requests, which the waiting count shows.
+// KV cache usage, where the engine publishes it, is an opt-in veto
+// (MaxKVUsage): an engine at that share has no room whatever its slots.
+// It is off by default: the reading is a scrape old, and a full one
+// holds the queue back until the next scrape, while an engine whose KV
+// is full queues its requests anyway, which its slots and the router's
+// count already bound.
 //
 // # Release at the end
 //

@@ -29,26 +29,42 @@ type Room struct {
 	Visible int
 }
 
+// Limits are the absolute limits RoomOf holds each replica to.
+type Limits struct {
+	// MaxWaiting is the requests a replica may queue beyond its slots.
+	MaxWaiting int
+	// MaxKVUsage, when positive, is the share of its KV cache (0 to 1)
+	// at which an engine that reports its usage has no room, whatever
+	// its slots; 0: KV usage is not read.
+	MaxKVUsage float64
+}
+
 // RoomOf reads the headroom of a model from its candidates (the
-// decision's, with the router's loads filled in), with maxWaiting the
-// requests a replica may queue beyond its slots.
+// decision's, with the router's loads filled in), held to lim.
 //
-// With its slots known, a replica's room is Slots + maxWaiting less the
+// With its slots known, a replica's room is Slots + MaxWaiting less the
 // router's in-flight count, which follows each dispatch and each end at
 // once; the engine's waiting count, a scrape old, is not held against
 // it (a stale count would hold a queue back for a whole scrape interval
 // while slots sit free). Without slots, the engine's waiting count is the
-// only signal: maxWaiting or more waiting is no room, fewer is open.
-func RoomOf(cands []route.Candidate, maxWaiting int) Room {
+// only signal: MaxWaiting or more waiting is no room, fewer is open. An
+// engine whose KV usage is at MaxKVUsage or above has no room either: its
+// next requests would wait for memory, or push running ones out.
+func RoomOf(cands []route.Candidate, lim Limits) Room {
 	var r Room
+	kvFull := uint16(0)
+	if lim.MaxKVUsage > 0 {
+		kvFull = uint16(max(min(lim.MaxKVUsage, 1)*10000, 1))
+	}
 	for i := range cands {
 		c := &cands[i]
 		r.Visible += int(max(c.InFlight, 0))
 		switch {
+		case kvFull > 0 && c.KVUsage >= kvFull:
 		case c.Slots > 0:
-			r.Free += max(int(c.Slots)+maxWaiting-int(c.InFlight), 0)
+			r.Free += max(int(c.Slots)+lim.MaxWaiting-int(c.InFlight), 0)
 			r.FreeSlots += max(int(c.Slots)-int(c.InFlight), 0)
-		case c.HasLoad && int(c.Waiting) >= maxWaiting:
+		case c.HasLoad && int(c.Waiting) >= lim.MaxWaiting:
 		default:
 			r.Open = true
 		}
