@@ -16,11 +16,13 @@
 # Every child is stopped on exit; on failure the routers' mesh views and the
 # logs' tails are printed. Needs go (unless KVMESH_BIN), python3 and curl.
 # Env: COUNTS ["1 4 8 16"] (the first is the reference), REPLICAS [8],
-# CONVERSATIONS [24] TURNS [4] CLIENTS [8] ANSWER_TOKENS [48] THINK [200ms],
-# SLOTS [4] (replica-sim --max-num-seqs), KV_BLOCKS [2048] (per replica, 16
-# tokens each), TIME_SCALE [2] (replica-sim speed-up), RATIO [0.97],
+# CONVERSATIONS [64] TURNS [4] CLIENTS [32] (as many as the replicas' slots:
+# placement then weighs load against cache), ANSWER_TOKENS [48], THINK
+# [200ms], SLOTS [4] (replica-sim --max-num-seqs), KV_BLOCKS [2048] (per
+# replica, 16 tokens each: ~32k tokens, the working set fits), TIME_SCALE [2] (replica-sim speed-up), RATIO [0.97],
 # KVMESH_BIN [built from this tree], KVMESH_ARTIFACTS (results, metrics and
-# mesh views are copied there when set).
+# mesh views are copied there when set), ROUTER_LOG_LEVEL [warn] (debug logs
+# every routing decision).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -28,15 +30,16 @@ repo=$(cd "$here/../../../.." && pwd)
 work=$(mktemp -d "${TMPDIR:-/tmp}/kvmesh-e2e-routers.XXXXXX")
 COUNTS=${COUNTS:-1 4 8 16}
 REPLICAS=${REPLICAS:-8}
-CONVERSATIONS=${CONVERSATIONS:-24}
+CONVERSATIONS=${CONVERSATIONS:-64}
 TURNS=${TURNS:-4}
-CLIENTS=${CLIENTS:-8}
+CLIENTS=${CLIENTS:-32}
 ANSWER_TOKENS=${ANSWER_TOKENS:-48}
 THINK=${THINK:-200ms}
 SLOTS=${SLOTS:-4}
 KV_BLOCKS=${KV_BLOCKS:-2048}
 TIME_SCALE=${TIME_SCALE:-2}
 RATIO=${RATIO:-0.97}
+ROUTER_LOG_LEVEL=${ROUTER_LOG_LEVEL:-warn}
 MODEL=kvmesh-sim
 routers=() # router PIDs of the current N
 reps=()    # replica PIDs of the current N
@@ -68,7 +71,7 @@ cleanup() {
     for f in "$work"/*.log; do
       [ -s "$f" ] || continue
       echo "--- $(basename "$f") (last 15 lines)" >&2
-      tail -n 15 "$f" >&2
+      grep -v 'similar log lines suppressed' "$f" | tail -n 15 >&2
     done
   fi
   rm -rf "$work"
@@ -116,11 +119,11 @@ wait_http() { # wait_http URL WHAT PID: until URL answers 200 (30 s), failing ea
   die "timed out waiting for $2 ($1)"
 }
 
-start_replicas() { # fresh replicas (empty caches) on the same ports
-  local j
+start_replicas() { # start_replicas N: fresh replicas (empty caches) on the same ports
+  local n=$1 j
   for ((j = 0; j < REPLICAS; j++)); do
     "$work/kvmesh" replica-sim --listen "127.0.0.1:${ports[$j]}" --model "$MODEL" --max-num-seqs "$SLOTS" \
-      --kv-blocks "$KV_BLOCKS" --time-scale "$TIME_SCALE" --log-level warn >>"$work/replica-$j.log" 2>&1 &
+      --kv-blocks "$KV_BLOCKS" --time-scale "$TIME_SCALE" --log-level warn >"$work/replica-x$n-$j.log" 2>&1 &
     reps+=($!)
   done
   for ((j = 0; j < REPLICAS; j++)); do wait_http "$(rep_url "$j")/health" "replica $j" "${reps[$j]}"; done
@@ -133,10 +136,10 @@ start_routers() { # start_routers N: router i declares replicas j with j mod N =
     local args=(router --name "r$i" --region local --listen "127.0.0.1:$(api_port "$i")"
       --gossip-bind "127.0.0.1:$(gossip_port "$i")" --admin-listen "127.0.0.1:$(admin_port "$i")"
       --gossip-key-file "$work/gossip.key" --gossip-profile test --health-interval 200ms
-      --engine-load-interval 250ms --log-level warn)
+      --engine-load-interval 250ms --log-level "$ROUTER_LOG_LEVEL")
     [ "$i" -gt 0 ] && args+=(--join "127.0.0.1:$(gossip_port 0)")
     for ((j = i; j < REPLICAS; j += n)); do args+=(--replica "$(rep_url "$j")"); done
-    "$work/kvmesh" "${args[@]}" >>"$work/router-$i.log" 2>&1 &
+    "$work/kvmesh" "${args[@]}" >"$work/router-x$n-r$i.log" 2>&1 &
     routers+=($!)
     admins+=("$(url "$(admin_port "$i")")")
     # The seed first, so the others join it at once.
@@ -148,7 +151,7 @@ start_routers() { # start_routers N: router i declares replicas j with j mod N =
 results=()
 for n in $COUNTS; do
   t=$SECONDS
-  start_replicas
+  start_replicas "$n"
   start_routers "$n"
   fronts=()
   for ((i = 0; i < n; i++)); do fronts+=("$(url "$(api_port "$i")")"); done
@@ -172,7 +175,7 @@ status=0
 python3 "$here/check.py" compare "$RATIO" "${results[@]}" || status=$?
 if [ -n "${KVMESH_ARTIFACTS:-}" ]; then
   mkdir -p "$KVMESH_ARTIFACTS"
-  for f in "$work"/x*.json "$work"/*.metrics.txt; do [ -e "$f" ] && cp "$f" "$KVMESH_ARTIFACTS/routers-${f##*/}"; done
+  for f in "$work"/x*.json "$work"/*.metrics.txt "$work"/*.log; do [ -e "$f" ] && cp "$f" "$KVMESH_ARTIFACTS/routers-${f##*/}"; done
 fi
 [ "$status" = 0 ] || die "the comparison failed"
 echo "e2e-routers: passed in $((SECONDS - t0)) s"
