@@ -19,8 +19,8 @@
 # CONVERSATIONS [64] TURNS [4] CLIENTS [32] (as many as the replicas' slots:
 # placement then weighs load against cache), ANSWER_TOKENS [48], THINK
 # [200ms], SLOTS [4] (replica-sim --max-num-seqs), KV_BLOCKS [2048] (per
-# replica, 16 tokens each: ~32k tokens, the working set fits), TIME_SCALE [2] (replica-sim speed-up), RATIO [0.97],
-# KVMESH_BIN [built from this tree], KVMESH_ARTIFACTS (results, metrics and
+# replica, 16 tokens each: ~32k tokens, the working set fits), TIME_SCALE
+# [2] (replica-sim speed-up), RATIO [0.97], KVMESH_BIN [built from this tree], KVMESH_ARTIFACTS (results, metrics and
 # mesh views are copied there when set), ROUTER_LOG_LEVEL [warn] (debug logs
 # every routing decision).
 set -euo pipefail
@@ -71,7 +71,8 @@ cleanup() {
     for f in "$work"/*.log; do
       [ -s "$f" ] || continue
       echo "--- $(basename "$f") (last 15 lines)" >&2
-      grep -v 'similar log lines suppressed' "$f" | tail -n 15 >&2
+      tr '\r' '\n' <"$f" | grep -v -e 'similar log lines suppressed' -e '^x[0-9]*: [0-9]*/[0-9]* conversations$' |
+        tail -n 15 >&2
     done
   fi
   rm -rf "$work"
