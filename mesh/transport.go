@@ -1,6 +1,7 @@
 package mesh
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -93,7 +94,11 @@ type guardedTransport struct {
 // one line per junk packet or refused stream.
 func (b *membership) guardTransport(mc *memberlist.Config) error {
 	if mc.Logger != nil {
-		mc.Logger = log.New(ratelog.Writer{W: mc.Logger.Writer(), L: ratelog.New(20, time.Second)}, mc.Logger.Prefix(), mc.Logger.Flags())
+		lg := b.cfg.Logger
+		dropped := func(line []byte) bool { // memberlist's debug lines, below an info logger
+			return lg != nil && !lg.IsDebug() && bytes.Contains(line, []byte("[DEBUG]"))
+		}
+		mc.Logger = log.New(ratelog.Writer{W: mc.Logger.Writer(), L: ratelog.New(20, time.Second), Dropped: dropped}, mc.Logger.Prefix(), mc.Logger.Flags())
 	}
 	if b.cfg.Transport != nil {
 		mc.Transport = b.cfg.Transport

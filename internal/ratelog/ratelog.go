@@ -51,10 +51,17 @@ func (l *Limiter) Allow() (ok bool, suppressed int) {
 type Writer struct {
 	W io.Writer
 	L *Limiter
+	// Dropped, when set, tells the lines W drops anyway (below its
+	// logger's level): they go to W without counting against the burst,
+	// so debug lines never become a warning that they were suppressed.
+	Dropped func(line []byte) bool
 }
 
 // Write implements io.Writer; a suppressed line still reports success.
 func (w Writer) Write(p []byte) (int, error) {
+	if w.Dropped != nil && w.Dropped(p) {
+		return w.W.Write(p)
+	}
 	ok, suppressed := w.L.Allow()
 	if !ok {
 		return len(p), nil

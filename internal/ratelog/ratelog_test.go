@@ -27,3 +27,26 @@ func TestWriterThrottles(t *testing.T) {
 		t.Fatalf("no suppression report:\n%s", out.String())
 	}
 }
+
+// TestWriterLetsDroppedLinesPass: lines the destination drops anyway
+// (below its level) neither use the burst nor turn into a report that
+// lines were suppressed.
+func TestWriterLetsDroppedLinesPass(t *testing.T) {
+	now := time.Unix(1000, 0)
+	l := New(2, time.Second)
+	l.now = func() time.Time { return now }
+	var out bytes.Buffer
+	w := Writer{W: &out, L: l, Dropped: func(p []byte) bool { return bytes.HasPrefix(p, []byte("[DEBUG]")) }}
+	for i := 0; i < 50; i++ {
+		_, _ = w.Write([]byte("[DEBUG] stream\n"))
+	}
+	_, _ = w.Write([]byte("[WARN] junk\n"))
+	now = now.Add(time.Second)
+	_, _ = w.Write([]byte("[WARN] junk\n"))
+	if strings.Contains(out.String(), "suppressed") {
+		t.Fatalf("debug lines reported as suppressed:\n%s", out.String())
+	}
+	if got := strings.Count(out.String(), "[WARN] junk"); got != 2 {
+		t.Fatalf("%d warnings passed, want 2:\n%s", got, out.String())
+	}
+}
