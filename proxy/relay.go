@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"github.com/kvmesh/kvmesh/proxy/reply"
@@ -100,7 +101,7 @@ func (st *reqState) relay(resp *http.Response, a upstreamAnswer) {
 	if ok && !ended {
 		ok = st.relayByCopy(resp, &a, &out, held)
 	}
-	if !ok && !st.answeredBeforeGone(resp, sink) {
+	if !ok && !st.answeredBeforeGone(resp, &a.tap) {
 		if st.code == statusClientGone && sink != nil {
 			// The client left mid-answer: what the sink saw is what the
 			// replica computed (it holds that prompt and that much of
@@ -127,9 +128,10 @@ func (st *reqState) relay(resp *http.Response, a upstreamAnswer) {
 // close the connection, while an engine (llama.cpp's server) may end
 // the HTTP body a moment later: the client has its whole answer and the
 // engine holds the prompt and the answer, so the request is not a 499
-// and what the engine reported is learnt.
-func (st *reqState) answeredBeforeGone(resp *http.Response, sink *reply.Sink) bool {
-	if st.code != statusClientGone || sink == nil || !sink.Done() {
+// and what the engine reported is learnt. A hop's entry router sees the
+// same through the owner's relay (the tap's tail).
+func (st *reqState) answeredBeforeGone(resp *http.Response, tap *streamTap) bool {
+	if st.code != statusClientGone || !tap.sawDone() {
 		return false
 	}
 	st.code = resp.StatusCode
@@ -315,6 +317,11 @@ type streamTap struct {
 	ttft      prometheus.Observer
 	start     time.Time
 	idle      *upstream.IdleWatch // nil: no upstream idle timeout
+	// tail is the stream's last bytes when no sink reads it (a hop to
+	// another router's replica), so that a stream's [DONE] is seen there
+	// too (sawDone).
+	tail  [24]byte
+	tailN int
 }
 
 // loopData is data on the stream loop, whose reads of the replica never
@@ -333,7 +340,29 @@ func (t *streamTap) data(b []byte) {
 	}
 	if t.sink != nil {
 		t.sink.Feed(b)
+	} else {
+		t.keepTail(b)
 	}
+}
+
+// keepTail keeps the last len(t.tail) bytes of the stream.
+func (t *streamTap) keepTail(b []byte) {
+	if len(b) >= len(t.tail) {
+		t.tailN = copy(t.tail[:], b[len(b)-len(t.tail):])
+		return
+	}
+	keep := min(t.tailN, len(t.tail)-len(b))
+	copy(t.tail[:keep], t.tail[t.tailN-keep:t.tailN])
+	t.tailN = keep + copy(t.tail[keep:], b)
+}
+
+// sawDone reports whether the stream's last event was data: [DONE], as
+// Sink.Done does for a stream a sink reads.
+func (t *streamTap) sawDone() bool {
+	if t.sink != nil {
+		return t.sink.Done()
+	}
+	return bytes.HasSuffix(bytes.TrimRight(t.tail[:t.tailN], "\r\n"), []byte("data: [DONE]"))
 }
 
 // learn records what the replica holds after a complete response (prompt
