@@ -1,0 +1,149 @@
+package proxy
+
+import (
+	"context"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvmesh/kvmesh/internal/engine"
+	"github.com/kvmesh/kvmesh/proxy/health"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"io"
+)
+
+// metricSum sums the counters of family name (those with a label of
+// value label, when not "").
+func metricSum(t *testing.T, g prometheus.Gatherer, name, label string) float64 {
+	t.Helper()
+	fams, err := g.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum float64
+	for _, f := range fams {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			if label == "" || slices.ContainsFunc(m.GetLabel(), func(l *dto.LabelPair) bool { return l.GetValue() == label }) {
+				sum += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return sum
+}
+
+func readBody(r *http.Request) string {
+	b, _ := io.ReadAll(r.Body)
+	return string(b)
+}
+
+// drop removes the fake view's replicas (a health change).
+func (v *fakeView) drop(id string) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.replicas = slices.DeleteFunc(v.replicas, func(r fakeReplica) bool { return r.id == id })
+}
+
+// TestStalledReplicaEjected: a replica that answers its health checks but
+// never answers a request (a wedged engine) is ejected as stalled by the
+// health checker, the requests in flight there are retried on the
+// healthy replica (nothing of them reached their clients), and the next
+// request goes to the healthy one. The window is short and the test's
+// deadlines generous: it asserts outcomes, not durations.
+func TestStalledReplicaEjected(t *testing.T) {
+	release := make(chan struct{})
+	defer close(release)
+	models := func(w http.ResponseWriter) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"object":"list","data":[{"id":"m","object":"model"}]}`))
+	}
+	wedged := newReplica(t, func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet {
+			models(w)
+			return
+		}
+		select { // accepts, sends nothing
+		case <-r.Context().Done():
+		case <-release:
+		}
+	})
+	good := newReplica(t, func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet {
+			models(w)
+			return
+		}
+		if strings.Contains(readBody(r), `"stream":true`) {
+			sseChat(w, []string{"fine"}, -1)
+			return
+		}
+		jsonChat(w, "fine", 0)
+	})
+	view := newFakeView([]string{"m"}, fakeReplica{id: wedged.URL, match: 1 << 20}, fakeReplica{id: good.URL})
+	var mu sync.Mutex
+	ejected := map[string]bool{}
+	hreg := prometheus.NewPedanticRegistry()
+	hc := health.New(health.Config{Interval: 20 * time.Millisecond, LoadInterval: 20 * time.Millisecond, Engine: engine.Generic},
+		[]string{wedged.URL, good.URL}, nil, func(id string, s health.ReplicaStatus) {
+			if !s.Healthy {
+				mu.Lock()
+				ejected[id] = true
+				mu.Unlock()
+				view.drop(id)
+			}
+		}, 64, nil, hreg)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { hc.Run(ctx) })
+	defer func() { cancel(); wg.Wait() }()
+	waitFor(t, "both replicas checked", hc.Ready)
+
+	_, srv, reg := newTestProxy(t, view, func(c *Config) {
+		c.StallWindow = 200 * time.Millisecond
+		c.Stalled = hc.Stall
+		c.ReportFailure = hc.ReportFailure
+	})
+	const n = 4
+	codes := make(chan string, n)
+	var clients sync.WaitGroup
+	for i := range n {
+		clients.Go(func() {
+			resp := post(t, t.Context(), srv.URL+"/v1/chat/completions", chatBody("m", i%2 == 0, "the same long prompt "+strings.Repeat("x", 400)))
+			codes <- resp.Status + " " + readAll(t, resp)
+		})
+	}
+	waitGroup(t, &clients, "the requests in flight at the stalled replica")
+	close(codes)
+	for c := range codes {
+		if !strings.HasPrefix(c, "200") || !strings.Contains(c, "fine") {
+			t.Errorf("a request in flight at the stalled replica got %q, want 200 from the healthy one", c)
+		}
+	}
+	if wedged.count() == 0 {
+		t.Fatal("no request went to the wedged replica: the test tests nothing")
+	}
+	mu.Lock()
+	if !ejected[wedged.URL] || ejected[good.URL] {
+		t.Errorf("ejected %v, want only the wedged replica", ejected)
+	}
+	mu.Unlock()
+	if got := metricSum(t, hreg, "kvmesh_replica_ejections_total", "stalled"); got < 1 {
+		t.Errorf("kvmesh_replica_ejections_total{reason=stalled} = %v, want ≥ 1", got)
+	}
+	if got := metricSum(t, reg, "kvmesh_stalled_requests_total", ""); got < 1 {
+		t.Errorf("kvmesh_stalled_requests_total = %v, want ≥ 1", got)
+	}
+	before := wedged.count()
+	resp := post(t, t.Context(), srv.URL+"/v1/chat/completions", chatBody("m", true, "the same long prompt "+strings.Repeat("x", 400)))
+	if body := readAll(t, resp); resp.StatusCode != 200 || !strings.Contains(body, "fine") {
+		t.Errorf("after the ejection: %d %q, want 200 from the healthy replica", resp.StatusCode, body)
+	}
+	if wedged.count() != before {
+		t.Error("a request went to the ejected replica")
+	}
+}
