@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -63,11 +64,13 @@ func TestStalledReplicaEjected(t *testing.T) {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write([]byte(`{"object":"list","data":[{"id":"m","object":"model"}]}`))
 	}
+	var posts atomic.Int64 // the wedged replica's requests (its count has the checks too)
 	wedged := newReplica(t, func(w http.ResponseWriter, r *http.Request) {
 		if r.Method == http.MethodGet {
 			models(w)
 			return
 		}
+		posts.Add(1)
 		select { // accepts, sends nothing
 		case <-r.Context().Done():
 		case <-release:
@@ -124,7 +127,7 @@ func TestStalledReplicaEjected(t *testing.T) {
 			t.Errorf("a request in flight at the stalled replica got %q, want 200 from the healthy one", c)
 		}
 	}
-	if wedged.count() == 0 {
+	if posts.Load() == 0 {
 		t.Fatal("no request went to the wedged replica: the test tests nothing")
 	}
 	mu.Lock()
@@ -138,12 +141,57 @@ func TestStalledReplicaEjected(t *testing.T) {
 	if got := metricSum(t, reg, "kvmesh_stalled_requests_total", ""); got < 1 {
 		t.Errorf("kvmesh_stalled_requests_total = %v, want ≥ 1", got)
 	}
-	before := wedged.count()
+	before := posts.Load()
 	resp := post(t, t.Context(), srv.URL+"/v1/chat/completions", chatBody("m", true, "the same long prompt "+strings.Repeat("x", 400)))
 	if body := readAll(t, resp); resp.StatusCode != 200 || !strings.Contains(body, "fine") {
 		t.Errorf("after the ejection: %d %q, want 200 from the healthy replica", resp.StatusCode, body)
 	}
-	if wedged.count() != before {
+	if posts.Load() != before {
 		t.Error("a request went to the ejected replica")
+	}
+}
+
+// TestStalledMidStream: a replica that stops in the middle of a stream
+// is judged stalled and the stream, begun for its client, ends with an
+// OpenAI-shaped error event (not retried: the client has part of an
+// answer).
+func TestStalledMidStream(t *testing.T) {
+	release := make(chan struct{})
+	defer close(release)
+	stuck := newReplica(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = w.Write([]byte("data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"half\"}}]}\n\n"))
+		w.(http.Flusher).Flush()
+		select {
+		case <-r.Context().Done():
+		case <-release:
+		}
+	})
+	other := newReplica(t, func(w http.ResponseWriter, r *http.Request) { sseChat(w, []string{"fine"}, -1) })
+	view := newFakeView([]string{"m"}, fakeReplica{id: stuck.URL, match: 1 << 20}, fakeReplica{id: other.URL})
+	judged := make(chan string, 4)
+	_, srv, reg := newTestProxy(t, view, func(c *Config) {
+		c.StallWindow = 200 * time.Millisecond
+		c.Stalled = func(id string, quiet time.Time, streamed bool) bool {
+			if !streamed {
+				t.Errorf("a stream judged as not streamed")
+			}
+			judged <- id
+			return true
+		}
+	})
+	resp := post(t, t.Context(), srv.URL+"/v1/chat/completions", chatBody("m", true, "a prompt "+strings.Repeat("y", 400)))
+	body := readAll(t, resp)
+	if resp.StatusCode != 200 || !strings.Contains(body, "half") || !strings.Contains(body, `"error"`) || !strings.Contains(body, "stopped progressing") {
+		t.Errorf("got %d %q, want the stream's start and an error event", resp.StatusCode, body)
+	}
+	if strings.Contains(body, "[DONE]") || other.count() != 0 {
+		t.Error("a begun stream was completed or retried")
+	}
+	if id := recv(t, judged, "the stall judged"); id != stuck.URL {
+		t.Errorf("judged %s, want the stuck replica", id)
+	}
+	if got := metricSum(t, reg, "kvmesh_upstream_midstream_failures_total", "stalled"); got != 1 {
+		t.Errorf("midstream failures{cause=stalled} = %v, want 1", got)
 	}
 }
