@@ -13,8 +13,8 @@ import (
 // health checker is asked to judge it stalled (Config.Stalled). A replica
 // that accepts connections and answers its health endpoint but whose
 // engine is wedged holds every request sent to it until the response
-// header timeout (minutes); this window, with a check every quarter of
-// it, ejects it within 10 s. Under load an engine streams the tokens of
+// header timeout (minutes); this window, with a check every eighth of
+// it, ejects it within 9 s. Under load an engine streams the tokens of
 // the requests it runs, so its silence for seconds is not a queue: the
 // health checker still looks at the engine's token counter before it
 // agrees.
@@ -33,15 +33,17 @@ type stallBook struct {
 	cut    func(id string, n int) // told of each replica's requests cut
 	mu     sync.Mutex
 	runs   map[string]map[*stallMark]struct{}
-	ended  map[string]time.Time // replica -> when a request there last ended
-	stop   chan struct{}
-	done   chan struct{}
+	// progress: replica -> when a request there last ended, or its
+	// requests in flight began (the first of them was sent): the
+	// router's sending more is no progress of the replica's.
+	progress map[string]time.Time
+	stop     chan struct{}
+	done     chan struct{}
 }
 
 // stallMark is one attempt in flight at an owned replica.
 type stallMark struct {
 	id       string
-	sent     time.Time
 	streamed bool
 	cancel   func()                             // ends the attempt before its headers
 	idle     atomic.Pointer[upstream.IdleWatch] // its relay's watch, once the headers came
@@ -49,15 +51,17 @@ type stallMark struct {
 	stalled  atomic.Bool
 }
 
-// newStallBook starts the loop that checks every window/4; nil (a no-op
-// book) when window <= 0 or judge is nil.
+// newStallBook starts the loop that checks every window/8 (a stall is
+// caught within 9/8 of the window: 9 s by default, under the 10 s of the
+// retry budget, so a request cut before its answer is retried); nil (a
+// no-op book) when window <= 0 or judge is nil.
 func newStallBook(window time.Duration, judge func(string, time.Time, bool) bool, now func() time.Time, cut func(string, int)) *stallBook {
 	if window <= 0 || judge == nil {
 		return nil
 	}
 	b := &stallBook{window: window, judge: judge, now: now, cut: cut, runs: map[string]map[*stallMark]struct{}{},
-		ended: map[string]time.Time{}, stop: make(chan struct{}), done: make(chan struct{})}
-	go b.loop(max(window/4, time.Millisecond))
+		progress: map[string]time.Time{}, stop: make(chan struct{}), done: make(chan struct{})}
+	go b.loop(max(window/8, time.Millisecond))
 	return b
 }
 
@@ -90,7 +94,7 @@ func (b *stallBook) add(id string, streamed bool, cancel func()) *stallMark {
 	if b == nil {
 		return nil
 	}
-	m := &stallMark{id: id, sent: b.now(), streamed: streamed, cancel: cancel}
+	m := &stallMark{id: id, streamed: streamed, cancel: cancel}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	set := b.runs[id]
@@ -100,6 +104,7 @@ func (b *stallBook) add(id string, streamed bool, cancel func()) *stallMark {
 		}
 		set = map[*stallMark]struct{}{}
 		b.runs[id] = set
+		b.progress[id] = b.now()
 	}
 	set[m] = struct{}{}
 	return m
@@ -118,12 +123,11 @@ func (b *stallBook) remove(m *stallMark) {
 	if len(set) == 0 {
 		delete(b.runs, m.id)
 	}
-	if !m.stalled.Load() {
-		if len(set) == 0 {
-			delete(b.ended, m.id)
-		} else {
-			b.ended[m.id] = b.now()
-		}
+	switch {
+	case len(set) == 0:
+		delete(b.progress, m.id)
+	case !m.stalled.Load():
+		b.progress[m.id] = b.now()
 	}
 }
 
@@ -141,11 +145,12 @@ func (m *stallMark) headers(w *upstream.IdleWatch) {
 // wasStalled reports whether m was cut as its replica stalled.
 func (m *stallMark) wasStalled() bool { return m != nil && m.stalled.Load() }
 
-// quiet is since when m heard nothing; ok is false when it is not judged
-// (its relay is busy writing, or it has no watch).
+// quiet is since when m heard nothing (the zero time: never, the
+// replica's progress decides); ok is false when it is not judged (its
+// relay is busy writing, or it has no watch).
 func (m *stallMark) quiet() (time.Time, bool) {
 	if !m.heard.Load() {
-		return m.sent, true
+		return time.Time{}, true
 	}
 	if w := m.idle.Load(); w != nil {
 		return w.Quiet()
@@ -165,7 +170,7 @@ func (b *stallBook) check() {
 	var quiet []quietReplica
 	b.mu.Lock()
 	for id, set := range b.runs {
-		since, streamed, judged := b.ended[id], false, true
+		since, streamed, judged := b.progress[id], false, true
 		for m := range set {
 			t, ok := m.quiet()
 			if !ok {

@@ -195,3 +195,64 @@ func TestStalledMidStream(t *testing.T) {
 		t.Errorf("midstream failures{cause=stalled} = %v, want 1", got)
 	}
 }
+
+// TestStallBookQuiet: the book's judgement on a fake clock. Requests
+// sent to a silent replica are no progress of it (steady arrivals do not
+// hide a stall), a request ending is, a relay writing to its client is
+// not judged, and a cut ends every request there through its
+// cancellation.
+func TestStallBookQuiet(t *testing.T) {
+	now := time.Unix(1000, 0)
+	var judged []time.Time
+	cuts := 0
+	b := &stallBook{window: 8 * time.Second, now: func() time.Time { return now },
+		judge: func(id string, quiet time.Time, streamed bool) bool { judged = append(judged, quiet); return true },
+		cut:   func(id string, n int) { cuts += n },
+		runs:  map[string]map[*stallMark]struct{}{}, progress: map[string]time.Time{}}
+	cancelled := 0
+	cancel := func() { cancelled++ }
+	start := now
+	first := b.add("r", true, cancel)
+	var marks []*stallMark
+	for range 7 { // one more request every second
+		now = now.Add(time.Second)
+		marks = append(marks, b.add("r", false, cancel))
+		b.check()
+	}
+	if len(judged) != 0 {
+		t.Fatalf("judged after %v of silence, window 8s", now.Sub(start))
+	}
+	now = now.Add(time.Second)
+	b.check()
+	if len(judged) != 1 || !judged[0].Equal(start) {
+		t.Fatalf("judged %v, want once, quiet since the first request was sent (%v)", judged, start)
+	}
+	if cancelled != 8 || cuts != 8 || !first.wasStalled() || !marks[6].wasStalled() {
+		t.Errorf("cancelled %d, cut %d, want all 8 requests", cancelled, cuts)
+	}
+	for _, m := range append(marks, first) {
+		b.remove(m)
+	}
+	if len(b.runs) != 0 || len(b.progress) != 0 {
+		t.Fatalf("the book kept %v %v after every request ended", b.runs, b.progress)
+	}
+
+	// A request ending is progress; a relay writing to its client is not
+	// judged at all.
+	judged = nil
+	a, c := b.add("r", false, cancel), b.add("r", false, cancel)
+	now = now.Add(6 * time.Second)
+	b.remove(c)
+	now = now.Add(6 * time.Second)
+	b.check()
+	if len(judged) != 0 {
+		t.Fatal("judged 6s after a request there ended, window 8s")
+	}
+	a.heard.Store(true) // headers came and no watch: not judged
+	now = now.Add(time.Minute)
+	b.check()
+	if len(judged) != 0 {
+		t.Fatal("judged a request whose silence nothing measures")
+	}
+	b.remove(a)
+}
