@@ -36,6 +36,7 @@ type metrics struct {
 	duration        *prometheus.HistogramVec
 	inflight        *prometheus.GaugeVec
 	retries         prometheus.Counter
+	stallCuts       prometheus.Counter
 	loopStreams     prometheus.Counter
 	loopClientWaits prometheus.Counter
 	// midstream counts streams failed after their head, by cause and by
@@ -185,6 +186,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "kvmesh_inflight_requests",
 			Help: "Requests this router has in flight to each replica (directly or through its owner).",
 		}, []string{"replica"}),
+		stallCuts: f.NewCounter(prometheus.CounterOpts{
+			Name: "kvmesh_stalled_requests_total",
+			Help: "Requests in flight at an owned replica judged stalled, ended there (retried elsewhere when nothing reached the client yet, else ended with an error event).",
+		}),
 		retries: f.NewCounter(prometheus.CounterOpts{
 			Name: "kvmesh_upstream_retries_total",
 			Help: "Upstream attempts retried on another candidate before the first response byte.",

@@ -54,6 +54,9 @@ const (
 	// midstreamOwnerGone: a hop's owner router left the mesh and did not
 	// answer (hop.Owners); its event's code is hop.CodeOwnerGone.
 	midstreamOwnerGone = "owner_gone"
+	// midstreamStalled: the replica was judged stalled (stall.go) and
+	// ejected.
+	midstreamStalled = "stalled"
 )
 
 // How a failed stream ended for its client (the end label).

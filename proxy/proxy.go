@@ -120,6 +120,14 @@ type Config struct {
 	// ReportFailure is told of passive failures of owned replicas seen on
 	// the request path (health.Checker.ReportFailure); nil ignores them.
 	ReportFailure func(replicaID string)
+	// Stalled judges an owned replica whose requests in flight got no
+	// response byte, and none ended, since quiet for StallWindow
+	// (health.Checker.Stall, which ejects it); when it says stalled,
+	// those requests are ended (stall.go). Nil: no stall detection.
+	Stalled func(replicaID string, quiet time.Time, streamed bool) bool
+	// StallWindow is that silence (default DefaultStallWindow; negative:
+	// no stall detection).
+	StallWindow time.Duration
 	// SessionHeader names the request header whose value is a client
 	// routing key ("" means DefaultSessionHeader, "-" none).
 	SessionHeader string
@@ -193,6 +201,9 @@ type Proxy struct {
 	stopGone func()
 	// admit is the admission (admission.go); nil when off.
 	admit *admission
+	// stalls: the requests in flight at owned replicas, for the stall
+	// detection (nil: off).
+	stalls *stallBook
 }
 
 // New returns a Proxy.
@@ -258,6 +269,13 @@ func New(cfg Config) (*Proxy, error) {
 	if !cfg.NoStreamLoop {
 		p.loops = upstream.NewLoops(p.m.loopStreams, p.m.loopClientWaits, p.recovered)
 	}
+	if cfg.StallWindow == 0 {
+		cfg.StallWindow = DefaultStallWindow
+	}
+	p.stalls = newStallBook(cfg.StallWindow, cfg.Stalled, func() time.Time { return p.now() }, func(id string, n int) {
+		p.log.Warn("replica stalled: its requests in flight ended", "replica", id, "reason", "stalled", "requests", n)
+		p.m.stallCuts.Add(float64(n))
+	})
 	if cfg.Admission != nil {
 		p.admit = newAdmission(p, *cfg.Admission)
 	}
@@ -456,6 +474,7 @@ func (p *Proxy) CloseIdleConnections() {
 // timeouts.
 func (p *Proxy) Close() {
 	p.admit.close()
+	p.stalls.close()
 	p.stopGone()
 	p.owners.Close()
 	if p.loops != nil {

@@ -68,6 +68,7 @@ func (st *reqState) relay(resp *http.Response, a upstreamAnswer) {
 	} else if a.cancel != nil {
 		a.idle = p.watchIdle(nil, a.cancel, !a.local)
 	}
+	st.stall.headers(a.idle)
 	if a.idle != nil {
 		defer func() {
 			if a.idle.Stop() {
@@ -263,6 +264,8 @@ func (st *reqState) relayFailed(a *upstreamAnswer, out *clientOut, rerr error) {
 	if st.ownerHop.Gone() {
 		cause = midstreamOwnerGone
 		p.log.Warn("owner router gone from the mesh and silent mid-response: ended", "replica", a.id, "owner", st.ownerHop.Owner())
+	} else if st.stall.wasStalled() {
+		cause = midstreamStalled
 	} else if a.idle.Fired() {
 		cause = midstreamIdle
 		p.junk.Printf("upstream %s sent nothing of its response for %v: ended", a.id, a.idle.Timeout())
@@ -293,6 +296,8 @@ func endStream(w http.ResponseWriter, rc *http.ResponseController, wd *writeDead
 	switch cause {
 	case midstreamIdle:
 		code, msg = codeUpstreamTimeout, fmt.Sprintf("the upstream sent nothing for %v in the middle of the response; it is incomplete", idle.Timeout())
+	case midstreamStalled:
+		code, msg = codeUpstreamTimeout, "the replica stopped progressing in the middle of the response and was ejected; it is incomplete"
 	case midstreamOwnerGone:
 		code, msg = hop.CodeOwnerGone, "the router owning the replica left the mesh and does not answer, in the middle of the response; it is incomplete"
 	}

@@ -89,6 +89,9 @@ type reqState struct {
 	// cut: the upstream failed mid-response (the client got an error
 	// event or a broken connection); nothing of it is learnt.
 	cut bool
+	// stall: the attempt in flight at an owned replica, as the stall
+	// detection follows it (stall.go; nil: none).
+	stall *stallMark
 
 	// What the request holds until it ends (finish releases it).
 	releaseClient, releaseCands, endHeat, releaseAdmit func()
@@ -436,6 +439,11 @@ func (st *reqState) attempt(id string, d route.Decision, bk *booking) attemptRes
 			p.log.Warn("bad upstream URL", "replica", id, "url", t.url, "error", err)
 			return attemptNotReached
 		}
+	} else if p.stalls != nil {
+		// The stall detection ends the own client's wait for the
+		// headers through this.
+		ctx, cancel = context.WithCancel(ctx)
+		defer cancel()
 	}
 	// The request's accounting at the replica was booked with the
 	// decision (bk, placeBook), and ends when this returns.
@@ -463,6 +471,11 @@ func (st *reqState) attempt(id string, d route.Decision, bk *booking) attemptRes
 	g := p.m.inflightOf(id)
 	g.Inc()
 	defer g.Dec()
+	st.stall = nil
+	if t.local {
+		st.stall = p.stalls.add(id, st.prompt.Stream, cancel)
+		defer p.stalls.remove(st.stall)
+	}
 
 	start := time.Now()
 	var resp *http.Response
@@ -475,6 +488,7 @@ func (st *reqState) attempt(id string, d route.Decision, bk *booking) attemptRes
 	if err != nil {
 		return st.sendFailed(&t, watch, live, err)
 	}
+	st.stall.headers(nil) // the relay hands over its watch
 	if live != nil {
 		// The headers came; the body's bytes are the owner speaking
 		// (hop.Owners).
@@ -575,6 +589,13 @@ func (st *reqState) sendFailed(t *target, watch *hop.Watch, live *hop.Live, err 
 	if st.r.Context().Err() != nil {
 		st.code = statusClientGone
 		return attemptDone
+	}
+	if st.stall.wasStalled() {
+		// Judged stalled, the replica was ejected and the request ended
+		// before a byte of its answer: its engine generated nothing for
+		// it (health.Checker.Stall), so another replica may take it.
+		p.log.Warn("replica stalled before answering, trying another", "replica", id)
+		return attemptNotReached
 	}
 	if t.local {
 		p.reportFailure(id)

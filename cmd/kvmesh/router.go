@@ -80,6 +80,7 @@ type routerConfig struct {
 	bodyTimeout          time.Duration
 	writeTimeout         time.Duration
 	upstreamIdleTimeout  time.Duration
+	stallWindow          time.Duration
 	noStreamLoop         bool
 	idleTimeout          time.Duration
 	retryBudget          time.Duration
@@ -405,7 +406,8 @@ func startRouter(ctx context.Context, cfg routerConfig) (*router, error) {
 		MaxBodyBytes: cfg.maxBodyBytes, Client: client, Logger: log.Named("proxy"),
 		Registerer: reg, Gatherer: reg, Panics: rec, Debug: func() any { return m.Debug() }, Ready: r.ready, ModelsKnown: r.modelsKnown, ReportFailure: hc.ReportFailure,
 		MaxAttempts: cfg.maxAttempts, RetryBudget: cfg.retryBudget, BodyTimeout: cfg.bodyTimeout, WriteTimeout: cfg.writeTimeout,
-		UpstreamIdleTimeout:  offTimeout(cfg.upstreamIdleTimeout),
+		UpstreamIdleTimeout: offTimeout(cfg.upstreamIdleTimeout),
+		StallWindow:         offTimeout(cfg.stallWindow), Stalled: hc.Stall,
 		HopDispatchTimeout:   offTimeout(cfg.hopDispatchTimeout),
 		MaxInflightPerClient: cfg.maxInflightPerClient, HopKey: hop.Key(cfg.gossipKey),
 		TrustPeerCerts: edges.serverTLS != nil && edges.peerCA != nil, RequirePeerTLS: edges.peerCA != nil, APIKeys: edges.keys,

@@ -37,6 +37,7 @@ func edgeFlags(fs *flag.FlagSet, cfg *routerConfig) {
 	fs.IntVar(&cfg.clientSendBuffer, "client-send-buffer", proxy.DefaultClientSendBuffer, "send buffer (SO_SNDBUF) of each API connection in bytes: bounds the kernel memory a client that reads nothing pins until --write-timeout (0: the kernel's default, autotuned up to tcp_wmem's maximum, 4 MB on Linux)")
 	fs.IntVar(&cfg.upstreamRecvBuffer, "upstream-recv-buffer", upstream.DefaultUpstreamRecvBuffer, "receive buffer (SO_RCVBUF) of each connection to a replica or a peer router in bytes, set before connect: bounds the kernel memory a stream stalled by its client pins on the router's side of the replica's connection until --write-timeout, and caps that connection at a buffer per round trip (256 KiB at 100 ms: 2.5 MB/s) (0: the kernel's default, autotuned up to tcp_rmem's maximum, 6 MB on Linux)")
 	fs.DurationVar(&cfg.writeTimeout, "write-timeout", proxy.DefaultWriteTimeout, "time a client may take no byte of its response (a stalled stream reader); its request is then ended (499) and its connection closed, which cancels the generation")
+	fs.DurationVar(&cfg.stallWindow, "stall-window", proxy.DefaultStallWindow, "time an owned replica with requests in flight may send no byte of any of their responses, nor end one, while its engine's generated-token counter (where it publishes one) stays still, before it is ejected as stalled and those requests ended: retried on another replica when nothing reached the client yet, else ended with an error event (0: no stall detection)")
 	fs.DurationVar(&cfg.upstreamIdleTimeout, "upstream-idle-timeout", proxy.DefaultUpstreamIdleTimeout, "time an upstream (a replica, or a peer router on a hop) may send no byte of a response body once its first byte arrived (before it, the 10-minute response header timeout); the response is then ended (an SSE stream with an error event, another body by aborting the client's connection) and the upstream connection closed (0: none)")
 	fs.DurationVar(&cfg.idleTimeout, "idle-timeout", 2*time.Minute, "time an idle keep-alive connection is kept")
 	fs.DurationVar(&cfg.retryBudget, "retry-budget", proxy.DefaultRetryBudget, "time from a request's first upstream attempt within which another may start (only requests that never reached a replica are retried)")
@@ -69,6 +70,9 @@ func checkEdgeFlags(cfg *routerConfig) error {
 		if d <= 0 {
 			return fmt.Errorf("router: --%s must be positive", name)
 		}
+	}
+	if cfg.stallWindow < 0 {
+		return errors.New("router: --stall-window must be ≥ 0 (0: no stall detection)")
 	}
 	if cfg.upstreamIdleTimeout < 0 {
 		return errors.New("router: --upstream-idle-timeout must be ≥ 0 (0: none)")

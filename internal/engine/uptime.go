@@ -68,3 +68,26 @@ func (u Uptime) RestartedSince(prev Uptime) bool {
 	}
 	return down > 0 && 2*down >= positive
 }
+
+// generatedTokenCounters are the counter families in which engines count
+// the tokens they generated: a stalled engine's stay still.
+var generatedTokenCounters = [...]string{
+	"vllm:generation_tokens_total",
+	"sglang:generation_tokens_total",
+	"llamacpp:tokens_predicted_total",
+}
+
+// GeneratedTokens is the engine's count of generated tokens, summed over
+// the families it publishes (ok is false when it publishes none: TGI
+// counts them in a histogram updated only as requests end, which says
+// nothing of a generation in progress).
+func (u Uptime) GeneratedTokens() (float64, bool) {
+	var sum float64
+	ok := false
+	for _, name := range generatedTokenCounters {
+		if v, has := u.Counters[name]; has {
+			sum, ok = sum+v, true
+		}
+	}
+	return sum, ok
+}

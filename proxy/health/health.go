@@ -127,6 +127,7 @@ type Checker struct {
 	requests   *prometheus.GaugeVec
 	slots      *prometheus.GaugeVec
 	engineInfo *prometheus.GaugeVec
+	ejections  *prometheus.CounterVec
 	rounds     atomic.Int64
 	ready      atomic.Bool
 
@@ -153,7 +154,13 @@ type replicaHealth struct {
 	lastLoad                  time.Time
 	last                      ReplicaStatus // what onChange was last told
 	shownEngine               string        // the engine label of kvmesh_replica_engine_info
-	stop                      context.CancelFunc
+	// The engine's generated-token counter (stall.go): its last value,
+	// whether it publishes one, when it last moved; stalled: ejected by
+	// Stall at stalledAt, and not re-admitted since.
+	tokens                 float64
+	tokensKnown, stalled   bool
+	tokensMoved, stalledAt time.Time
+	stop                   context.CancelFunc
 }
 
 // New returns a checker of replicas (their base URLs). onChange
@@ -196,6 +203,10 @@ func New(cfg Config, replicas []string, client *http.Client, onChange func(id st
 			Name: "kvmesh_replica_engine_info",
 			Help: "The engine each replica runs, as detected or configured (value 1; engine \"openai\": none recognised).",
 		}, []string{"replica", "engine"}),
+		ejections: f.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvmesh_replica_ejections_total",
+			Help: "Replicas declared at this router ejected, by reason: failed_checks (health checks or requests failing) or stalled (requests in flight got no byte for the stall window and the engine generated nothing).",
+		}, []string{"reason"}),
 	}
 	h.SetReplicas(replicas)
 	return h
@@ -448,6 +459,7 @@ func (h *Checker) apply(id string, s *replicaHealth, r pollResult) {
 		s.metrics.EngineLoad = s.metrics.EngineLoad.Forget()
 	}
 	h.noteUptimeLocked(id, s, r.uptime)
+	h.noteTokensLocked(s, r)
 	if r.scraped {
 		s.metrics, s.lastLoad = r.metrics, r.now
 		if m := r.metrics; m.HasLoad && (m.Waiting > 0 || s.learnedSlots > 0) && m.Running > s.learnedSlots {
@@ -466,13 +478,15 @@ func (h *Checker) apply(id string, s *replicaHealth, r pollResult) {
 			h.fail(id, s, r.healthErr.Error())
 		} else {
 			s.fails = 0
-			s.passes++
+			if h.progressedLocked(s) {
+				s.passes++
+			}
 			s.models = r.models
 			if !s.healthy && (!s.ejected || s.passes >= h.cfg.PassThreshold) {
 				if s.ejected {
 					h.readmittedLocked(id, s)
 				}
-				s.healthy, s.ejected, s.admitted = true, false, true
+				s.healthy, s.ejected, s.admitted, s.stalled = true, false, true, false
 				h.log.Info("replica admitted", "replica", id, "engine", h.kindLocked(s), "models", strings.Join(r.models, ","))
 			}
 		}
@@ -492,8 +506,9 @@ func (h *Checker) fail(id string, s *replicaHealth, why string) {
 			s.warned = true
 		}
 	case s.healthy && s.fails >= h.cfg.FailThreshold:
-		h.log.Warn("replica unhealthy", "replica", id, "error", why)
+		h.log.Warn("replica unhealthy", "replica", id, "reason", ReasonFailedChecks, "error", why)
 		s.healthy, s.ejected = false, true
+		h.ejections.WithLabelValues(ReasonFailedChecks).Inc()
 	}
 	h.notify(id, s)
 }

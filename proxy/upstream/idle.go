@@ -105,6 +105,11 @@ func (w *IdleWatch) check() {
 		w.timer.Reset(min(limit-idle, w.d))
 		return
 	}
+	w.fireLocked()
+}
+
+// fireLocked ends the response; w.mu is held.
+func (w *IdleWatch) fireLocked() {
 	w.stopped = true
 	w.isFired.Store(true)
 	if w.c != nil {
@@ -115,6 +120,33 @@ func (w *IdleWatch) check() {
 	} else {
 		w.kill()
 	}
+}
+
+// Fire ends the response now, as a silence of d would (the router's
+// stall detection judged its upstream stuck); false when the watch was
+// stopped or fired already.
+func (w *IdleWatch) Fire() bool {
+	if w == nil {
+		return false
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.stopped {
+		return false
+	}
+	w.fireLocked()
+	return true
+}
+
+// Quiet reports since when the relay has waited for the upstream, which
+// sent no byte since (ok is false while the relay does something else:
+// the upstream is not being silent then).
+func (w *IdleWatch) Quiet() (since time.Time, ok bool) {
+	last := w.last.Load()
+	if last == notWaiting {
+		return time.Time{}, false
+	}
+	return w.start.Add(time.Duration(last)), true
 }
 
 // Fired reports whether the watch ended the response.

@@ -1,0 +1,113 @@
+package health
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+// vllmPage is a vLLM metrics page with its load and, when tokens >= 0,
+// its generated-token counter.
+func vllmPage(running, waiting int, tokens float64) string {
+	s := fmt.Sprintf(vllmMetrics, running, waiting)
+	if tokens >= 0 {
+		s += fmt.Sprintf("# TYPE vllm:generation_tokens_total counter\nvllm:generation_tokens_total{engine=\"0\",model_name=\"m\"} %v\n", tokens)
+	}
+	return s
+}
+
+// TestStallByTokenCounter: with a generated-token counter, Stall agrees
+// only when the counter stood still since the requests went quiet (a
+// long non-streamed answer generates without a byte), ejects the replica
+// with reason "stalled", and re-admission counts only passes once the
+// engine generates again.
+func TestStallByTokenCounter(t *testing.T) {
+	e := &engineReplica{metrics: vllmPage(2, 0, 100)}
+	rep := newReplica(t, e.serve)
+	var got reports
+	reg := prometheus.NewPedanticRegistry()
+	h := New(Config{Timeout: 5 * time.Second, PassThreshold: 2}, []string{rep.URL}, nil, got.add, 1024, nil, reg)
+	ctx := t.Context()
+	h.round(ctx)
+	h.round(ctx)
+	healthy := func() bool { c, _ := got.last(rep.URL); return c.Healthy }
+	if !healthy() {
+		t.Fatal("not admitted")
+	}
+	setPage := func(s string) { e.mu.Lock(); e.metrics = s; e.mu.Unlock() }
+
+	quiet := time.Now()
+	setPage(vllmPage(2, 0, 150))
+	h.round(ctx)
+	if h.Stall(rep.URL, quiet, false) || !healthy() {
+		t.Fatal("judged stalled while its engine generated")
+	}
+	quiet = time.Now()
+	h.round(ctx) // the counter stands still
+	if !h.Stall(rep.URL, quiet, false) || healthy() {
+		t.Fatal("not judged stalled with its counter still")
+	}
+	if n := testutil.ToFloat64(h.ejections.WithLabelValues(ReasonStalled)); n != 1 {
+		t.Errorf("ejections{stalled} = %v, want 1", n)
+	}
+	if !h.Stall(rep.URL, quiet, false) {
+		t.Error("an ejected replica still stuck is no longer judged stalled (its requests would stay)")
+	}
+	for i := range 3 {
+		h.round(ctx) // health passes, the engine still stuck with requests
+		if healthy() {
+			t.Fatalf("re-admitted at pass %d with its engine still stuck", i+1)
+		}
+	}
+	setPage(vllmPage(2, 0, 170))
+	h.round(ctx)
+	if healthy() {
+		t.Fatal("re-admitted at its first pass, PassThreshold 2")
+	}
+	h.round(ctx)
+	if !healthy() {
+		t.Fatal("not re-admitted after PassThreshold passes of an engine that generates again")
+	}
+	if n := testutil.ToFloat64(h.ejections.WithLabelValues(ReasonStalled)); n != 1 {
+		t.Errorf("ejections{stalled} = %v, want 1", n)
+	}
+}
+
+// TestStallWithoutTokenCounter: without a counter only a stream's
+// silence is evidence, and an ejected replica counts its passes once its
+// engine runs nothing.
+func TestStallWithoutTokenCounter(t *testing.T) {
+	e := &engineReplica{metrics: vllmPage(2, 0, -1)}
+	rep := newReplica(t, e.serve)
+	var got reports
+	h := New(Config{Timeout: 5 * time.Second, PassThreshold: 2}, []string{rep.URL}, nil, got.add, 1024, nil, prometheus.NewPedanticRegistry())
+	ctx := t.Context()
+	h.round(ctx)
+	healthy := func() bool { c, _ := got.last(rep.URL); return c.Healthy }
+	quiet := time.Now().Add(-time.Minute)
+	if h.Stall(rep.URL, quiet, false) || !healthy() {
+		t.Fatal("non-streamed requests' silence alone judged a stall")
+	}
+	if !h.Stall(rep.URL, quiet, true) || healthy() {
+		t.Fatal("a silent stream not judged a stall")
+	}
+	h.round(ctx)
+	h.round(ctx)
+	if healthy() {
+		t.Fatal("re-admitted while its engine runs the requests it is stuck on")
+	}
+	e.mu.Lock()
+	e.metrics = vllmPage(0, 0, -1)
+	e.mu.Unlock()
+	h.round(ctx)
+	h.round(ctx)
+	if !healthy() {
+		t.Fatal("not re-admitted after PassThreshold passes of an idle engine")
+	}
+	if h.Stall("http://unknown", quiet, true) {
+		t.Error("an unknown replica judged stalled")
+	}
+}
