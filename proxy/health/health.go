@@ -208,6 +208,9 @@ func New(cfg Config, replicas []string, client *http.Client, onChange func(id st
 			Help: "Replicas declared at this router ejected, by reason: failed_checks (health checks or requests failing) or stalled (requests in flight got no byte for the stall window and the engine generated nothing).",
 		}, []string{"reason"}),
 	}
+	for _, r := range []string{ReasonFailedChecks, ReasonStalled} {
+		h.ejections.WithLabelValues(r) // both series from the start, at 0
+	}
 	h.SetReplicas(replicas)
 	return h
 }
