@@ -10,14 +10,16 @@ import (
 
 // DefaultStallWindow is how long an owned replica with requests in flight
 // may send no byte of any of their responses (and end none) before the
-// health checker is asked to judge it stalled (Config.Stalled). A replica
-// that accepts connections and answers its health endpoint but whose
-// engine is wedged holds every request sent to it until the response
-// header timeout (minutes); this window, with a check every eighth of
-// it, ejects it within 9 s. Under load an engine streams the tokens of
-// the requests it runs, so its silence for seconds is not a queue: the
-// health checker still looks at the engine's token counter before it
-// agrees.
+// health checker is asked to judge it stalled (Config.Stalled), when the
+// proxy is given a judge and no window. A replica that accepts
+// connections and answers its health endpoint but whose engine is wedged
+// holds every request sent to it until the response header timeout
+// (minutes); this window, with a check every eighth of it, ejects it
+// within 9 s. It must exceed the longest prefill: an engine prefilling
+// sends no byte and moves no generated-token counter either (llama.cpp
+// on 2 loaded CPU cores took 10-25 s for 2k-token prompts and was
+// ejected at 8 s), which is why `kvmesh router` leaves it off unless
+// --stall-window is set.
 const DefaultStallWindow = 8 * time.Second
 
 // stallBook keeps the requests in flight at each owned replica and when
