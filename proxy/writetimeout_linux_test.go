@@ -147,10 +147,10 @@ func TestUpstreamIdleTimeoutSparesSlowClient(t *testing.T) {
 			p, srv, _ := newTestProxy(t, view, func(c *Config) {
 				c.NoStreamLoop = off
 				c.WriteTimeout = 30 * time.Second
-				c.UpstreamIdleTimeout = 200 * time.Millisecond
+				c.UpstreamIdleTimeout = time.Second // a loaded machine (-race, 2 cores) may not schedule the replica's writer for a few hundred ms
 			})
 			c := stalledStream(t, srv.URL)
-			time.Sleep(time.Second) // the router's writes wait on the client
+			time.Sleep(3 * time.Second) // the router's writes wait on the client, past the idle timeout
 			_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
 			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
 			if err != nil {
