@@ -12,7 +12,9 @@
       the routers' /metrics after a benchmark (one file per router of one
       front end): cached tokens the routers predicted against those the
       engines reported, and the bytes of prompt text per engine token each
-      router learnt for its replicas (kvmesh_replica_bytes_per_token).
+      router learnt for its replicas (kvmesh_replica_bytes_per_token), and
+      how many predictions were within half a block and within 4 blocks of
+      what the engine reported (kvmesh_cache_prediction_error_blocks).
 
 The HTTP, stream and metrics helpers, and the benchmark comparison
 (check.py compare), are ../llamacpp/check.py's. Exits non-zero with the
@@ -160,6 +162,7 @@ def parse(path):
 def report(paths):
     pred = rep = prompt = 0.0
     ratios = []
+    buckets, count, err_sum = {}, 0.0, 0.0
     for p in paths:
         ms = parse(p)
         pred += total(ms, "kvmesh_predicted_cached_tokens_total")
@@ -167,9 +170,18 @@ def report(paths):
         prompt += total(ms, "kvmesh_prompt_tokens_total")
         ratios += [(os.path.basename(p).removesuffix(".metrics.txt"), l.get("replica"), v)
                    for l, v in ms.get("kvmesh_replica_bytes_per_token", [])]
+        for l, v in ms.get("kvmesh_cache_prediction_error_blocks_bucket", []):
+            buckets[float(l["le"])] = buckets.get(float(l["le"]), 0) + v
+        count += total(ms, "kvmesh_cache_prediction_error_blocks_count")
+        err_sum += total(ms, "kvmesh_cache_prediction_error_blocks_sum")
     share = f"{pred / rep:.3f}" if rep else "n/a"
     print(f"  routers' cached tokens: predicted {pred:.0f}, engine-reported {rep:.0f} (predicted/reported {share}), "
           f"prompt tokens {prompt:.0f}")
+    def within(lo, hi):  # observations in (lo, hi], by the histogram's buckets
+        return buckets.get(hi, 0) - buckets.get(lo, 0)
+    if count:
+        print(f"  prediction error (predicted - reported, blocks) over {count:.0f} answers: "
+              f"{within(-0.5, 0.5):.0f} within half a block, {within(-4, 4):.0f} within 4, sum {err_sum:.1f}")
     for router, replica, v in ratios:
         print(f"  bytes/token learnt by {router} for {replica}: {v:.2f}")
 
