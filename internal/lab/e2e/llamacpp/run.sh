@@ -305,6 +305,6 @@ fi
 if [ -n "${KVMESH_ARTIFACTS:-}" ]; then
   mkdir -p "$KVMESH_ARTIFACTS"
   for f in kvmesh-x1 kvmesh-x2 round-robin smg-x1 vllm-router; do if [ -e "$work/$f.json" ]; then cp "$work/$f.json" "$KVMESH_ARTIFACTS/llamacpp-$f.json"; fi; done
-  for f in "$work"/*.metrics.txt "$work"/*.mesh.json "$work"/router-*.log; do if [ -e "$f" ]; then cp "$f" "$KVMESH_ARTIFACTS/llamacpp-${f##*/}"; fi; done
+  for f in "$work"/*.metrics.txt "$work"/*.mesh.json "$work"/router-*.log "$work"/smg.log "$work"/vllm-router.log; do if [ -e "$f" ]; then cp "$f" "$KVMESH_ARTIFACTS/llamacpp-${f##*/}"; fi; done
 fi
 echo "e2e-llamacpp: passed in $((SECONDS - t0)) s"
