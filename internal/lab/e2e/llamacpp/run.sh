@@ -15,12 +15,23 @@
 #     check.py compare: every turn answered with usage, and kvmesh's
 #     follow-up turns more cached (as the engine reports) than round-robin's,
 #     and kvmesh x2's at least 0.97x kvmesh x1's.
+#  3. opt-in peers, the same benchmark through one published cache-aware
+#     router over 2 freshly started replicas, for the comparison of issue
+#     22 (check.py peers tabulates runs kept with KVMESH_ARTIFACTS):
+#     smg, SGLang Model Gateway (PyPI smg) x1 with --policy cache_aware, and
+#     vllmrouter, vllm-router (PyPI vllm-router) x1 with --policy
+#     cache_aware; each installs into its venv under ~/.cache when missing.
 # Every child is stopped on exit; on failure the logs are printed. Needs go,
 # python3 and curl; install.sh fetches or builds the rest (cached).
 # Env: CONVERSATIONS [8] TURNS [4] ANSWER_TOKENS [48] SLOTS [4] (per replica),
 # KVMESH_ARTIFACTS (the results' JSON is copied there when set), PHASES
 # ["features x1 x2 rr"]: a subset runs only those (the comparison needs all),
-# KVMESH_BIN [built from this tree]: the router binary under test.
+# KVMESH_BIN [built from this tree]: the router binary under test,
+# SMG_VENV [~/.cache/kvmesh-iperf/smg-venv], VLLM_ROUTER_VENV
+# [~/.cache/kvmesh-vllm-router-venv]: the peers' venvs, PYTHON [python3]
+# creates them.
+# KVMESH_ROUTER_FLAGS: more flags for every kvmesh router (e.g.
+# "--stall-window 60s").
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -68,8 +79,8 @@ echo "e2e-llamacpp: building kvmesh"
 if [ -n "${KVMESH_BIN:-}" ]; then cp "$KVMESH_BIN" "$work/kvmesh"; else (cd "$repo" && go build -o "$work/kvmesh" ./cmd/kvmesh); fi
 
 # Free ports below the ephemeral range, each bound on TCP and UDP (gossip
-# uses both) and held until all are chosen: 4 pairs for the replicas
-# (start.sh takes consecutive ports), then 10 single ones.
+# uses both) and held until all are chosen: 6 pairs for the replicas
+# (start.sh takes consecutive ports), then 12 single ones.
 picked=$(python3 - <<'EOF'
 import random, socket
 try:
@@ -87,9 +98,9 @@ def grab(p):
         t.close(); u.close(); return False
     held.extend([t, u]); return True
 for _ in range(5000):
-    if len(ports) == 18:
+    if len(ports) == 24:
         break
-    pair = len(ports) < 8
+    pair = len(ports) < 12
     p = random.randrange(10000, lo - 1)
     if p in ports or (pair and p + 1 in ports):
         continue
@@ -103,14 +114,18 @@ print(*ports)
 EOF
 ) || die "could not pick free ports"
 read -r -a ports <<<"$picked"
-[ "${#ports[@]}" -eq 18 ] || die "could not pick free ports"
-rep_feat=${ports[0]} rep_x1=${ports[2]} rep_x2=${ports[4]} rep_rr=${ports[6]}
-api1=${ports[8]} api2=${ports[9]} gossip1=${ports[10]} gossip2=${ports[11]} admin1=${ports[12]} admin2=${ports[13]}
-lbport=${ports[14]}
+[ "${#ports[@]}" -eq 24 ] || die "could not pick free ports"
+rep_feat=${ports[0]} rep_x1=${ports[2]} rep_x2=${ports[4]} rep_rr=${ports[6]} rep_smg=${ports[8]} rep_vr=${ports[10]}
+api1=${ports[12]} api2=${ports[13]} gossip1=${ports[14]} gossip2=${ports[15]} admin1=${ports[16]} admin2=${ports[17]}
+lbport=${ports[18]} peerport=${ports[19]} peerprom=${ports[20]}
 
 start() { # start NAME ARGS...: runs kvmesh ARGS in the background, logging to NAME.log
   local name=$1; shift
-  "$work/kvmesh" "$@" >"$work/$name.log" 2>&1 &
+  start_cmd "$name" "$work/kvmesh" "$@"
+}
+start_cmd() { # start_cmd NAME CMD ARGS...: runs CMD ARGS in the background, logging to NAME.log
+  local name=$1; shift
+  "$@" >"$work/$name.log" 2>&1 &
   pids+=($!)
 }
 
@@ -154,7 +169,32 @@ except ValueError:
   die "the router with admin port $1 did not see $2 replicas healthy"
 }
 
-router_flags=(--region local --gossip-profile test --health-interval 200ms --log-level info)
+# wait_ready URL WHAT: until a one-token chat completion through the front
+# end at URL answers 200 (120 s). A peer router has no readiness endpoint
+# that says its workers are admitted, so it is asked what the benchmark
+# asks; the prompt shares only the chat template's first tokens with it.
+wait_ready() {
+  local i pid code body
+  body=$(printf '{"model":"%s","messages":[{"role":"user","content":"ready?"}],"max_tokens":1}' "$MODEL_ALIAS")
+  for ((i = 0; i < 600; i++)); do
+    code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 -H 'Content-Type: application/json' \
+      -d "$body" "$1/v1/chat/completions" 2>/dev/null) || code=000
+    [ "$code" = 200 ] && return 0
+    for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null || die "a child exited while waiting for $2"; done
+    sleep 0.2
+  done
+  die "timed out waiting for $2 ($1, last status $code)"
+}
+need_venv() { # need_venv DIR PACKAGE: a venv at DIR with PACKAGE from PyPI, created once
+  [ -x "$1/bin/python" ] && "$1/bin/pip" show -q "$2" >/dev/null 2>&1 && return 0
+  echo "e2e-llamacpp: installing $2 into $1"
+  "${PYTHON:-python3}" -m venv "$1" || die "could not create the venv $1"
+  "$1/bin/pip" install -q "$2" || die "pip install $2 failed"
+}
+
+# KVMESH_ROUTER_FLAGS (split on spaces) are added to every router's flags.
+read -r -a extra_router_flags <<<"${KVMESH_ROUTER_FLAGS:-}"
+router_flags=(--region local --gossip-profile test --health-interval 200ms --log-level info ${extra_router_flags[@]+"${extra_router_flags[@]}"})
 url() { echo "http://127.0.0.1:$1"; }
 bench() { # bench NAME FRONTEND_URLS: the conversation benchmark, JSON to NAME.json
   local t=$SECONDS
@@ -230,12 +270,41 @@ stop_frontends
 stop_replicas "$rep_rr"
 fi
 
+if phase smg; then
+echo "e2e-llamacpp: SGLang Model Gateway x1 (cache_aware)"
+SMG_VENV=${SMG_VENV:-$HOME/.cache/kvmesh-iperf/smg-venv}
+need_venv "$SMG_VENV" smg
+replicas "$rep_smg"
+# Run as a module: sglang-router installs a console script named smg too.
+start_cmd smg "$SMG_VENV/bin/python" -m smg.cli launch --host 127.0.0.1 --port "$peerport" \
+  --worker-urls "$(url "$rep_smg")" "$(url $((rep_smg + 1)))" --policy cache_aware \
+  --prometheus-host 127.0.0.1 --prometheus-port "$peerprom" --log-level warn
+wait_ready "$(url "$peerport")" "SMG"
+bench smg-x1 "$(url "$peerport")"
+stop_frontends
+stop_replicas "$rep_smg"
+fi
+
+if phase vllmrouter; then
+echo "e2e-llamacpp: vllm-router x1 (cache_aware)"
+VLLM_ROUTER_VENV=${VLLM_ROUTER_VENV:-$HOME/.cache/kvmesh-vllm-router-venv}
+need_venv "$VLLM_ROUTER_VENV" vllm-router
+replicas "$rep_vr"
+start_cmd vllm-router "$VLLM_ROUTER_VENV/bin/vllm-router" --host 127.0.0.1 --port "$peerport" \
+  --worker-urls "$(url "$rep_vr")" "$(url $((rep_vr + 1)))" --policy cache_aware \
+  --prometheus-host 127.0.0.1 --prometheus-port "$peerprom" --log-level warning
+wait_ready "$(url "$peerport")" "vllm-router"
+bench vllm-router "$(url "$peerport")"
+stop_frontends
+stop_replicas "$rep_vr"
+fi
+
 if [ "$PHASES" = "features x1 x2 rr" ]; then
   python3 "$here/check.py" compare "$work/kvmesh-x1.json" "$work/kvmesh-x2.json" "$work/round-robin.json"
 fi
 if [ -n "${KVMESH_ARTIFACTS:-}" ]; then
   mkdir -p "$KVMESH_ARTIFACTS"
-  for f in kvmesh-x1 kvmesh-x2 round-robin; do if [ -e "$work/$f.json" ]; then cp "$work/$f.json" "$KVMESH_ARTIFACTS/llamacpp-$f.json"; fi; done
-  for f in "$work"/*.metrics.txt "$work"/*.mesh.json "$work"/router-*.log; do if [ -e "$f" ]; then cp "$f" "$KVMESH_ARTIFACTS/llamacpp-${f##*/}"; fi; done
+  for f in kvmesh-x1 kvmesh-x2 round-robin smg-x1 vllm-router; do if [ -e "$work/$f.json" ]; then cp "$work/$f.json" "$KVMESH_ARTIFACTS/llamacpp-$f.json"; fi; done
+  for f in "$work"/*.metrics.txt "$work"/*.mesh.json "$work"/router-*.log "$work"/smg.log "$work"/vllm-router.log; do if [ -e "$f" ]; then cp "$f" "$KVMESH_ARTIFACTS/llamacpp-${f##*/}"; fi; done
 fi
 echo "e2e-llamacpp: passed in $((SECONDS - t0)) s"
