@@ -24,54 +24,6 @@ func newAdmission(p *Proxy, cfg admit.Config) *admission {
 	return ad
 }
 
-// queue is st's admission, between reading its candidates and deciding:
-// it goes on at once while its model has room and nothing queues;
-// otherwise it waits in the router's queue, without its candidates and
-// heat (a wait holds neither pooled storage nor a place in the burst
-// counts), and reads both again when its turn comes. It reports whether
-// to go on; when not, it has answered (or the client is gone). A hop was
-// admitted by the router it entered.
-func (ad *admission) queue(st *reqState) bool {
-	if ad == nil || st.hop {
-		return true
-	}
-	req := ad.request(st.r, &st.prompt)
-	room := admit.RoomOf(st.cands, ad.a.Limits())
-	release, v := ad.a.Admit(st.r.Context(), req, room, func() { letGo(st) })
-	if !v.Admitted() {
-		if v.Status == statusClientGone {
-			st.code = statusClientGone
-			return false
-		}
-		st.code = writeRetryLater(st.w, v.Status, v.RetryAfter, v.Message(st.prompt.Model))
-		return false
-	}
-	st.releaseAdmit = release
-	if !v.Queued {
-		return true
-	}
-	st.route()
-	st.readLoads()
-	if len(st.cands) == 0 {
-		st.code = st.noCandidate()
-		return false
-	}
-	return true
-}
-
-// letGo gives back st's candidates' storage and heat count before a wait
-// in the queue.
-func letGo(st *reqState) {
-	if st.releaseCands != nil {
-		st.releaseCands()
-		st.releaseCands, st.cands = nil, nil
-	}
-	if st.endHeat != nil {
-		st.endHeat()
-		st.endHeat = nil
-	}
-}
-
 // roomOf reads a model's headroom for the admission's dispatcher: its
 // candidates with this router's hops counted in, as a decision reads
 // them.
@@ -115,37 +67,38 @@ const (
 // The tenant is the API key when the router checks keys (a client cannot
 // name itself another tenant); otherwise the tenant header, then the
 // bearer key, then the client's address.
-func (ad *admission) request(r *http.Request, pr *prompt.Prompt) admit.Request {
-	req := admit.Request{Model: pr.Model, Tenant: ad.tenantOf(r), Cost: float64(len(pr.Text)/4 + 1)}
-	if c, ok := admit.ParseClass(r.Header.Get(admit.HeaderPriority)); ok {
+func (ad *admission) request(h http.Header, addr string, pr *prompt.Prompt) admit.Request {
+	req := admit.Request{Model: pr.Model, Tenant: ad.tenantOf(h, addr), Cost: float64(len(pr.Text)/4 + 1)}
+	if c, ok := admit.ParseClass(h.Get(admit.HeaderPriority)); ok {
 		req.Class = c
 	} else if n, err := strconv.Atoi(pr.Priority); err == nil {
 		req.Class = admit.ClassOfPriority(n)
 	}
-	if d, ok := admit.ParseTimeout(r.Header.Get(admit.HeaderQueueTimeout)); ok {
+	if d, ok := admit.ParseTimeout(h.Get(admit.HeaderQueueTimeout)); ok {
 		// A zero asks for no wait at all: the shortest wait there is.
 		req.Timeout = max(d, 1)
 	}
 	return req
 }
 
-// tenantOf identifies r's tenant (request).
-func (ad *admission) tenantOf(r *http.Request) uint64 {
-	key := bearerKey(r)
+// tenantOf identifies the tenant of a request with headers h from addr
+// (request).
+func (ad *admission) tenantOf(h http.Header, addr string) uint64 {
+	key := bearerKey(h)
 	switch {
 	case ad.p.cfg.APIKeys != nil && key != "":
 		return xxh3.HashStringSeed(key, tenantByKey)
-	case r.Header.Get(admit.HeaderTenant) != "":
-		return xxh3.HashStringSeed(r.Header.Get(admit.HeaderTenant), tenantByHeader)
+	case h.Get(admit.HeaderTenant) != "":
+		return xxh3.HashStringSeed(h.Get(admit.HeaderTenant), tenantByHeader)
 	case key != "":
 		return xxh3.HashStringSeed(key, tenantByKey)
 	}
-	return xxh3.HashStringSeed(clientAddr(r), tenantByAddr)
+	return xxh3.HashStringSeed(addr, tenantByAddr)
 }
 
-// bearerKey is r's bearer key, "" when none.
-func bearerKey(r *http.Request) string {
-	scheme, key, _ := strings.Cut(r.Header.Get("Authorization"), " ")
+// bearerKey is the bearer key in h, "" when none.
+func bearerKey(h http.Header) string {
+	scheme, key, _ := strings.Cut(h.Get("Authorization"), " ")
 	if !strings.EqualFold(scheme, "Bearer") {
 		return ""
 	}

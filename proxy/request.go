@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvmesh/kvmesh/proxy/admit"
 	"github.com/kvmesh/kvmesh/proxy/hop"
 	"github.com/kvmesh/kvmesh/proxy/upstream"
 	"github.com/kvmesh/kvmesh/route"
@@ -117,6 +118,55 @@ func (p *Proxy) inference(w http.ResponseWriter, r *http.Request, ep *endpoint) 
 		return
 	}
 	st.attemptAll()
+}
+
+// queue is st's admission, between reading its candidates and deciding
+// (a step of the request path, so here; admission.go has the rest):
+// it goes on at once while its model has room and nothing queues;
+// otherwise it waits in the router's queue, without its candidates and
+// heat (a wait holds neither pooled storage nor a place in the burst
+// counts), and reads both again when its turn comes. It reports whether
+// to go on; when not, it has answered (or the client is gone). A hop was
+// admitted by the router it entered.
+func (ad *admission) queue(st *reqState) bool {
+	if ad == nil || st.hop {
+		return true
+	}
+	req := ad.request(st.r.Header, clientAddr(st.r), &st.prompt)
+	room := admit.RoomOf(st.cands, ad.a.Limits())
+	release, v := ad.a.Admit(st.r.Context(), req, room, func() { letGo(st) })
+	if !v.Admitted() {
+		if v.Status == statusClientGone {
+			st.code = statusClientGone
+			return false
+		}
+		st.code = writeRetryLater(st.w, v.Status, v.RetryAfter, v.Message(st.prompt.Model))
+		return false
+	}
+	st.releaseAdmit = release
+	if !v.Queued {
+		return true
+	}
+	st.route()
+	st.readLoads()
+	if len(st.cands) == 0 {
+		st.code = st.noCandidate()
+		return false
+	}
+	return true
+}
+
+// letGo gives back st's candidates' storage and heat count before a wait
+// in the queue.
+func letGo(st *reqState) {
+	if st.releaseCands != nil {
+		st.releaseCands()
+		st.releaseCands, st.cands = nil, nil
+	}
+	if st.endHeat != nil {
+		st.endHeat()
+		st.endHeat = nil
+	}
 }
 
 // finish releases what the request held, newest first, and counts it.
