@@ -281,7 +281,9 @@ type Summary struct {
 	logStart uint64            // version before log[0]
 	logLimit int
 	cut      cutState // the owner's correction state (cut.go)
-
+	// kept is the owner's hashes of each generation's adds, indexed as
+	// gens, for Resized (resize.go); copies keep none.
+	kept [2]keptHashes
 }
 
 // New returns an empty summary. epoch names its history: copies of it carry
@@ -342,6 +344,7 @@ func (s *Summary) Add(hashes []uint64) int {
 		}
 		s.noteAdd(key, base, bits, forgotten)
 		s.applyAdd(key)
+		s.kept[s.cur].add(h, keptLimit(s.geo))
 		s.version++
 		s.curCount++
 		s.record(key | opAdd)
@@ -416,6 +419,7 @@ func (s *Summary) rotate() {
 		c.clear(s.words[old], old)
 	}
 	s.gens[old].ClearAll()
+	s.kept[old].clear()
 	s.cur = old
 	s.curCount = 0
 	s.rot++
