@@ -194,7 +194,7 @@ need_venv() { # need_venv DIR PACKAGE: a venv at DIR with PACKAGE from PyPI, cre
 
 # KVMESH_ROUTER_FLAGS (split on spaces) are added to every router's flags.
 read -r -a extra_router_flags <<<"${KVMESH_ROUTER_FLAGS:-}"
-router_flags=(--region local --gossip-profile test --health-interval 200ms --log-level info ${extra_router_flags[@]+"${extra_router_flags[@]}"})
+router_flags=(--region local --gossip-profile test --health-interval 200ms --log-level debug ${extra_router_flags[@]+"${extra_router_flags[@]}"})
 url() { echo "http://127.0.0.1:$1"; }
 bench() { # bench NAME FRONTEND_URLS: the conversation benchmark, JSON to NAME.json
   local t=$SECONDS
@@ -299,12 +299,19 @@ stop_frontends
 stop_replicas "$rep_vr"
 fi
 
-if [ "$PHASES" = "features x1 x2 rr" ]; then
-  python3 "$here/check.py" compare "$work/kvmesh-x1.json" "$work/kvmesh-x2.json" "$work/round-robin.json"
-fi
+# Kept before the gates run, so that a failed run's are too.
 if [ -n "${KVMESH_ARTIFACTS:-}" ]; then
   mkdir -p "$KVMESH_ARTIFACTS"
   for f in kvmesh-x1 kvmesh-x2 round-robin smg-x1 vllm-router; do if [ -e "$work/$f.json" ]; then cp "$work/$f.json" "$KVMESH_ARTIFACTS/llamacpp-$f.json"; fi; done
-  for f in "$work"/*.metrics.txt "$work"/*.mesh.json "$work"/router-*.log "$work"/smg.log "$work"/vllm-router.log; do if [ -e "$f" ]; then cp "$f" "$KVMESH_ARTIFACTS/llamacpp-${f##*/}"; fi; done
+  for f in "$work"/*.metrics.txt "$work"/*.mesh.json "$work"/router-*.log "$work"/realengine-*.log "$work"/smg.log "$work"/vllm-router.log; do if [ -e "$f" ]; then cp "$f" "$KVMESH_ARTIFACTS/llamacpp-${f##*/}"; fi; done
+fi
+# The routers' predicted against reported cached tokens, from their
+# per-response debug lines.
+predicted=()
+if phase x1; then predicted+=("kvmesh-x1=$work/router-x1.log"); fi
+if phase x2; then predicted+=("kvmesh-x2=$work/router-x2-1.log,$work/router-x2-2.log"); fi
+if [ ${#predicted[@]} -gt 0 ]; then python3 "$here/check.py" predict "${predicted[@]}"; fi
+if [ "$PHASES" = "features x1 x2 rr" ]; then
+  python3 "$here/check.py" compare "$work/kvmesh-x1.json" "$work/kvmesh-x2.json" "$work/round-robin.json"
 fi
 echo "e2e-llamacpp: passed in $((SECONDS - t0)) s"
