@@ -397,11 +397,13 @@ func (st *reqState) learn(id string, d route.Decision, sink *reply.Sink) {
 			if c > 0 {
 				p.m.reportedCached.Add(float64(c))
 			}
-			predicted := float64(d.Match*p.cfg.Contract.BlockBytes) / bpt
+			bb, n := p.cfg.Contract.BlockBytes, len(st.prompt.Text)
+			predicted := p.ratios.Predict(id, d.Match, n, bb, bpt)
+			p.ratios.ObserveCached(id, d.Match, n, bb, bpt, c)
 			p.m.predictedCached.Add(predicted)
 			// The error in blocks of canonical text, at this prompt's
 			// ratio.
-			miss := (predicted - float64(max(c, 0))) * bpt / float64(p.cfg.Contract.BlockBytes)
+			miss := (predicted - float64(max(c, 0))) * bpt / float64(bb)
 			p.m.predictionError.Observe(miss)
 			p.m.predictionMiss.Observe(math.Abs(miss))
 			forgot = st.correct(id, d.Match, c, bpt)
