@@ -369,7 +369,7 @@ def predict(args):
         lo, hi = (float(x) for x in args[1].split(","))
         gate, args = (lo, hi), args[2:]
     rows = []
-    print(f"  {'front end':<12} {'answers':>7} {'predicted':>9} {'reported':>9} {'pred/rep':>8} "
+    print(f"  {'front end':<14} {'answers':>7} {'predicted':>9} {'reported':>9} {'pred/rep':>8} "
           f"{'|err| p50':>9} {'p95':>6} {'max':>6} {'err sum':>8} {'hits':>5} {'misses':>6} {'forgot':>6}")
     for arg in args:
         name, _, paths = arg.partition("=")
@@ -382,7 +382,7 @@ def predict(args):
         ratio = pred / rep if rep else float("nan")
         hits = sum(1 for r in recs if r["match"] > 0)
         misses = sum(1 for r in recs if r["error_blocks"] >= 1)
-        print(f"  {name:<12} {len(recs):>7} {pred:>9.0f} {rep:>9.0f} {ratio:>8.3f} {percentile(errs, 0.5):>9.2f} "
+        print(f"  {name:<14} {len(recs):>7} {pred:>9.0f} {rep:>9.0f} {ratio:>8.3f} {percentile(errs, 0.5):>9.2f} "
               f"{percentile(errs, 0.95):>6.2f} {max(errs):>6.2f} {sum(r['error_blocks'] for r in recs):>8.1f} "
               f"{hits:>5} {misses:>6} {sum(1 for r in recs if r['forgot']):>6}")
         rows.append((name, ratio))

@@ -57,8 +57,8 @@ cleanup() {
     echo "--- e2e-llamacpp FAILED (exit $rc); process logs:" >&2
     for f in "$work"/*.log; do
       [ -e "$f" ] || continue
-      echo "--- $(basename "$f") (last 30 lines)" >&2
-      tail -n 30 "$f" >&2
+      echo "--- $(basename "$f") (last 30 lines but memberlist's connections)" >&2
+      grep -v 'memberlist: Stream connection\|memberlist: Initiating push/pull' "$f" | tail -n 30 >&2
     done
   fi
   rm -rf "$work"
