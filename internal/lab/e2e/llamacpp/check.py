@@ -21,6 +21,13 @@
       share at least theirs to 3 decimals, TTFT p50 and p99 at most 1.05x
       theirs). A
       report: it fails only when a run is missing or has errors.
+  check.py predict [--gate LO,HI] NAME=LOG[,LOG...]...
+      per front end, from its routers' logs (at --log-level debug, a
+      "cached tokens" line per response that reported cached tokens): the
+      cached tokens predicted against those the engines reported, and the
+      prediction error in blocks (|predicted - reported| at the prompt's
+      bytes per token) p50/p95/max; with --gate, fails unless each front
+      end's predicted/reported is within [LO, HI].
 
 Exits non-zero with the failed check on stderr.
 """

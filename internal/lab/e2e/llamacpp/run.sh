@@ -14,7 +14,9 @@
 #     bench --balance), each over 2 freshly started replicas (empty caches);
 #     check.py compare: every turn answered with usage, and kvmesh's
 #     follow-up turns more cached (as the engine reports) than round-robin's,
-#     and kvmesh x2's at least 0.97x kvmesh x1's.
+#     and kvmesh x2's at least 0.97x kvmesh x1's; check.py predict: the
+#     routers' predicted against engine-reported cached tokens, from their
+#     per-response debug lines, and the prediction error p50/p95 in blocks.
 #  3. opt-in peers, the same benchmark through one published cache-aware
 #     router over 2 freshly started replicas, for the comparison of issue
 #     22 (check.py peers tabulates runs kept with KVMESH_ARTIFACTS):
