@@ -119,7 +119,7 @@ func (d *dissemination) ensureSummaryLocked(r *replica) {
 		// prefixes the replica has do not change with the size it is
 		// counted in.
 		var kept int
-		s, kept, err = r.sum.Resized(p, epoch)
+		s, kept, err = summary.Resized(r.sum, p, epoch)
 		if err == nil {
 			d.log.Info("replica capacity changed; summary resized into a new epoch", "replica", r.id,
 				"from", r.sum.Params().CapacityBlocks, "to", want, "kept_blocks", kept)

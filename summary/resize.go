@@ -58,8 +58,10 @@ func keptLimit(g geometry) int { return min(g.perGen, maxKeptPerGen) }
 // take it as a full copy) that holds what s holds as far as s's owner
 // remembers: the blocks added to its generations, replayed older first
 // (the LRU order, so a smaller summary keeps the most recent), without
-// those forgotten since. It reports how many hashes it replayed.
-func (s *Summary) Resized(p Params, epoch uint64) (*Summary, int, error) {
+// those forgotten since. It reports how many hashes it replayed. (A
+// function rather than a method: Summary's methods are its readers' and
+// its log's.)
+func Resized(s *Summary, p Params, epoch uint64) (*Summary, int, error) {
 	n, err := New(p, epoch)
 	if err != nil {
 		return nil, 0, err

@@ -36,7 +36,7 @@ func TestResizedKeepsWhatItHolds(t *testing.T) {
 		smaller bool
 	}{{"larger", 1000, false}, {"same", capBlocks, false}, {"smaller", 100, true}} {
 		t.Run(tc.name, func(t *testing.T) {
-			r, kept, err := s.Resized(Params{CapacityBlocks: tc.capacity, FalsePositiveRate: 0.01}, 2)
+			r, kept, err := Resized(s, Params{CapacityBlocks: tc.capacity, FalsePositiveRate: 0.01}, 2)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -80,7 +80,7 @@ func TestResizedCopyKeepsNothing(t *testing.T) {
 	if c.Match(MakeProbes(nil, p)) != 10 {
 		t.Fatal("the copy does not match")
 	}
-	r, kept, err := c.Resized(Params{CapacityBlocks: 800, FalsePositiveRate: 0.01}, 2)
+	r, kept, err := Resized(c, Params{CapacityBlocks: 800, FalsePositiveRate: 0.01}, 2)
 	if err != nil || kept != 0 || r.Match(MakeProbes(nil, p)) != 0 {
 		t.Fatalf("resized copy: kept %d, match %d, error %v", kept, r.Match(MakeProbes(nil, p)), err)
 	}
