@@ -16,7 +16,8 @@
 #     follow-up turns more cached (as the engine reports) than round-robin's,
 #     and kvmesh x2's at least 0.97x kvmesh x1's; check.py predict: the
 #     routers' predicted against engine-reported cached tokens, from their
-#     per-response debug lines, and the prediction error p50/p95 in blocks.
+#     per-response debug lines, within 10% for each kvmesh front end, and
+#     the prediction error p50/p95 in blocks.
 #  3. opt-in peers, the same benchmark through one published cache-aware
 #     router over 2 freshly started replicas, for the comparison of issue
 #     22 (check.py peers tabulates runs kept with KVMESH_ARTIFACTS):
@@ -308,11 +309,12 @@ if [ -n "${KVMESH_ARTIFACTS:-}" ]; then
   for f in "$work"/*.metrics.txt "$work"/*.mesh.json "$work"/router-*.log "$work"/realengine-*.log "$work"/smg.log "$work"/vllm-router.log; do if [ -e "$f" ]; then cp "$f" "$KVMESH_ARTIFACTS/llamacpp-${f##*/}"; fi; done
 fi
 # The routers' predicted against reported cached tokens, from their
-# per-response debug lines.
+# per-response debug lines: within 10% (issue 22; 0.987-0.994 over four
+# runs, 0.89-0.91 when the prediction counted whole blocks only).
 predicted=()
 if phase x1; then predicted+=("kvmesh-x1=$work/router-x1.log"); fi
 if phase x2; then predicted+=("kvmesh-x2=$work/router-x2-1.log,$work/router-x2-2.log"); fi
-if [ ${#predicted[@]} -gt 0 ]; then python3 "$here/check.py" predict "${predicted[@]}"; fi
+if [ ${#predicted[@]} -gt 0 ]; then python3 "$here/check.py" predict --gate 0.9,1.1 "${predicted[@]}"; fi
 if [ "$PHASES" = "features x1 x2 rr" ]; then
   python3 "$here/check.py" compare "$work/kvmesh-x1.json" "$work/kvmesh-x2.json" "$work/round-robin.json"
 fi
