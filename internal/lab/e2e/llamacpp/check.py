@@ -26,8 +26,13 @@
       "cached tokens" line per response that reported cached tokens): the
       cached tokens predicted against those the engines reported, and the
       prediction error in blocks (|predicted - reported| at the prompt's
-      bytes per token) p50/p95/max; with --gate, fails unless each front
-      end's predicted/reported is within [LO, HI].
+      bytes per token) p50/p95/max, its sum (negative: under-predicted),
+      the answers with a match (hits), a block or more over-predicted
+      (misses) and corrected (forgot), and the cached tokens reported on
+      answers that matched nothing (cold cached: a prefix the engine
+      shared between requests in flight together, which no summary held
+      yet); with --gate, fails unless each front end's predicted/reported
+      is within [LO, HI].
 
 Exits non-zero with the failed check on stderr.
 """
@@ -377,7 +382,8 @@ def predict(args):
         gate, args = (lo, hi), args[2:]
     rows = []
     print(f"  {'front end':<14} {'answers':>7} {'predicted':>9} {'reported':>9} {'pred/rep':>8} "
-          f"{'|err| p50':>9} {'p95':>6} {'max':>6} {'err sum':>8} {'hits':>5} {'misses':>6} {'forgot':>6}")
+          f"{'|err| p50':>9} {'p95':>6} {'max':>6} {'err sum':>8} {'hits':>5} {'misses':>6} {'forgot':>6} "
+          f"{'cold cached':>11}")
     for arg in args:
         name, _, paths = arg.partition("=")
         recs = [r for p in paths.split(",") for r in prediction_records(p)]
@@ -391,7 +397,8 @@ def predict(args):
         misses = sum(1 for r in recs if r["error_blocks"] >= 1)
         print(f"  {name:<14} {len(recs):>7} {pred:>9.0f} {rep:>9.0f} {ratio:>8.3f} {percentile(errs, 0.5):>9.2f} "
               f"{percentile(errs, 0.95):>6.2f} {max(errs):>6.2f} {sum(r['error_blocks'] for r in recs):>8.1f} "
-              f"{hits:>5} {misses:>6} {sum(1 for r in recs if r['forgot']):>6}")
+              f"{hits:>5} {misses:>6} {sum(1 for r in recs if r['forgot']):>6} "
+              f"{sum(r['cached'] for r in recs if r['match'] == 0):>11.0f}")
         rows.append((name, ratio))
     if gate:
         for name, ratio in rows:
