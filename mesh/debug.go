@@ -35,6 +35,11 @@ type ReplicaDebug struct {
 	EngineWaiting int  `json:"engine_waiting"`
 	EngineSlots   int  `json:"engine_slots"`
 	EngineHasLoad bool `json:"engine_has_load"`
+	// Role is the replica's part of disaggregated requests (both,
+	// prefill or decode) and BootstrapPort a prefill replica's KV
+	// bootstrap port (0: unknown), as declared or discovered by its owner.
+	Role          string `json:"role"`
+	BootstrapPort int    `json:"bootstrap_port,omitempty"`
 }
 
 // DebugInfo is the mesh as this router sees it, what Debug returns: the
@@ -57,11 +62,13 @@ func (m *Mesh) Debug() DebugInfo {
 			d.Models, d.Healthy, d.Counts = r.models, r.healthy, r.sum != nil
 			d.InFlight, d.PendingPref = int(r.load.inFlight.Load()), float64(r.load.pendingK.Load())/1000
 			d.setEngine(r.engine)
+			d.Role, d.BootstrapPort = r.role.String(), int(r.bootstrap)
 		} else if r.hasState && r.st.Origin == d.Owner {
 			d.Models, d.Healthy, d.Counts = r.st.Models, r.st.Healthy, m.tab.countsLocked(r, now)
 			d.InFlight, d.PendingPref, d.OwnerVer = int(r.st.InFlight), r.st.Pending, r.st.Version
 			d.AgeSeconds = now.Sub(r.heard).Seconds()
 			d.setEngine(r.st.Engine)
+			d.Role, d.BootstrapPort = r.st.Role.String(), int(r.st.Bootstrap)
 		}
 		if r.sum != nil {
 			s := r.sum.Stats()

@@ -92,6 +92,10 @@ type viewEntry struct {
 	tier     int8
 	// engine is the engine's load, the owner's own or as it gossips it.
 	engine route.EngineLoad
+	// role and bootstrap: the replica's role in disaggregated requests,
+	// and a prefill replica's bootstrap port.
+	role      route.Role
+	bootstrap uint16
 	// ok: healthy, with an owner whose word this router has (else the
 	// replica is no candidate, but keeps its place in the arrays so that
 	// health flapping does not rebuild them).
@@ -117,14 +121,14 @@ func (v *published) entryLocked(r *replica) (viewEntry, []string) {
 		return e, nil
 	case owner == v.cfg.Name:
 		e.ok, e.sum, e.load = r.healthy, r.sum, r.load
-		e.engine = r.engine
+		e.engine, e.role, e.bootstrap = r.engine, r.role, r.bootstrap
 		return e, r.models
 	case !r.hasState || r.st.Origin != owner:
 		return e, nil
 	}
 	e.ok = r.st.Healthy
 	e.inFlight, e.pending = route.Count32(int(r.st.InFlight)), r.st.Pending
-	e.engine = r.st.Engine
+	e.engine, e.role, e.bootstrap = r.st.Engine, r.st.Role, r.st.Bootstrap
 	if r.sum != nil && !r.wantFull && r.sum.Epoch() == r.st.Epoch && !r.heard.IsZero() {
 		e.counts, e.sum, e.heard = true, r.sum, int64(r.heard.Sub(v.t0))
 	}

@@ -155,6 +155,7 @@ func (c *replication) mergeRemoteState(buf []byte, join bool) {
 		if join {
 			c.keepEngineLocked(st)
 		}
+		c.keepRoleLocked(st)
 		c.handleStateLocked(st, now)
 	}
 }
@@ -183,6 +184,26 @@ func (c *replication) keepEngineLocked(st *stateMsg) {
 	if noLoad {
 		st.Engine.HasLoad = false
 	}
+}
+
+// keepRoleLocked carries over to an owner's full state from a push/pull
+// the role its owner's last state gave the replica, when the state has
+// none. A push/pull is encoded at the least version of the live routers
+// (pushPullWire, wireBase in a join), below wireRole whenever one of
+// them is older, and so says nothing of roles: taken as "a whole
+// replica" it would offer a prefill-only replica whole requests until
+// the owner's next full state. A batch is encoded at the receiver's own
+// version and says: a replica whose owner makes it whole again is
+// whole from the next batch.
+func (c *replication) keepRoleLocked(st *stateMsg) {
+	if !st.Owned || st.Slim || st.Withdrawn || st.hasRole() {
+		return
+	}
+	r := c.tab.replicas[st.Replica]
+	if r == nil || !r.hasState || r.st.Origin != st.Origin {
+		return
+	}
+	st.Role, st.Bootstrap = r.st.Role, r.st.Bootstrap
 }
 
 // checkPeer refuses a peer whose metadata is not ours to understand or

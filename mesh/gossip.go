@@ -138,6 +138,7 @@ func (d *dissemination) ownedStateLocked(r *replica) stateMsg {
 		st.InFlight = uint32(max(r.load.inFlight.Load(), 0))
 		st.Pending = float64(max(r.load.pendingK.Load(), 0)) / 1000
 		st.Engine, st.EngineWire = r.engine, true
+		st.Role, st.Bootstrap = r.role, r.bootstrap
 		if r.digestVer == r.lastSent+1 {
 			st.Digest = r.digest
 		}

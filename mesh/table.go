@@ -32,6 +32,10 @@ type replica struct {
 	// The engine's load from the last health check (see ReplicaStatus).
 	engine   route.EngineLoad
 	restarts int          // the engine restarts its health checks found (ReplicaStatus)
+	// role and bootstrap are the replica's part of disaggregated
+	// requests and a prefill replica's bootstrap port (ReplicaStatus).
+	role      route.Role
+	bootstrap uint16
 	load     *replicaLoad // the requests in flight here (Begin)
 
 	declarers map[string]bool // routers known to declare it

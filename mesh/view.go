@@ -71,6 +71,10 @@ func (m *Mesh) UpdateReplica(id string, s ReplicaStatus) {
 	}
 	r.models, r.healthy, r.capacity = models, healthy, capacityBlocks
 	r.engine = s.Load
+	r.role, r.bootstrap = s.Role, 0
+	if s.Role == route.RolePrefill {
+		r.bootstrap = s.Bootstrap // the wire carries a port only for a prefill replica
+	}
 	restarted := s.Restarts > r.restarts
 	r.restarts = s.Restarts
 	m.tab.touchLocked(r)
@@ -385,7 +389,8 @@ func fillCandidate(c *route.Candidate, e *viewEntry, x *route.Detail) {
 	}
 	x.SeqMs, x.SlotAgeMs, x.Own, x.Local, x.Written = 0, 0, 0, false, 0
 	c.Hash, c.InFlight, c.PendingPrefillBlocks, c.NetworkMs, c.BlockMs = e.hash, e.inFlight, e.pending, e.networkMs, 0
-	c.Tier, c.EngineLoad = e.tier, e.engine
+	c.Tier, c.EngineLoad, c.Role = e.tier, e.engine, e.role
+	x.Bootstrap = e.bootstrap
 	c.Stale = false
 }
 

@@ -19,6 +19,7 @@ import (
 //	           | epoch u64 | version u64 (a slim state ends here)
 //	           | capacity u32 | digest u64
 //	           | in-flight u32 | pending f64 | engine
+//	           | role u8 | bootstrap u16 (with flagRole)
 //	           | models u8 × s8 | declared-by u8 × s8
 //	engine   : running u32 | waiting u32 | slots u32 (without flagEngine)
 //	           | route.EngineLoad's wire section (with flagEngine)
@@ -45,6 +46,9 @@ import (
 // load as route.EngineLoad encodes it (AppendWire), a section that grows
 // by fields without a new wire version: a field the engine adapter adds
 // reaches every router of wireEngine or later with no change here.
+// flagRole (routers of wireRole or later) adds the replica's role in a
+// disaggregated deployment (route.Role) and a prefill replica's
+// bootstrap port; a state without it is a whole replica's.
 const (
 	kindState    byte = 1
 	kindFullReq  byte = 3
@@ -68,6 +72,10 @@ const (
 	// carries HasLoad itself, so never with flagNoLoad); only in an
 	// owner's full state.
 	flagEngine byte = 32
+	// flagRole: the replica's role and bootstrap port follow the
+	// engine's load (only in an owner's full state, and only when they
+	// are not a whole replica's: route.RoleBoth and no port).
+	flagRole byte = 64
 
 	// maxFullBytes is memberlist's limit on one SendReliable message and on
 	// push/pull user state (20 MiB); above it delivery silently fails.
@@ -105,8 +113,11 @@ const (
 	// wireEngine decodes the state flag flagEngine and the engine
 	// section it announces.
 	wireEngine wireVersion = 2
+	// wireRole decodes the state flag flagRole and the role it
+	// announces.
+	wireRole wireVersion = 3
 	// wireLatest is this build's version.
-	wireLatest = wireEngine
+	wireLatest = wireRole
 )
 
 // peerWire is the version a router of version self encodes at for a
@@ -139,7 +150,16 @@ func (v wireVersion) stateFlags() byte {
 	if v >= wireEngine {
 		f |= flagEngine
 	}
+	if v >= wireRole {
+		f |= flagRole
+	}
 	return f
+}
+
+// hasRole reports that s carries the replica's role (flagRole): an
+// owner's full state of a replica that is not a whole one.
+func (s *stateMsg) hasRole() bool {
+	return s.Owned && !s.Slim && (s.Role != route.RoleBoth || s.Bootstrap != 0)
 }
 
 // noLoad reports that s is encoded without its section with flagNoLoad:
@@ -149,6 +169,8 @@ func (s *stateMsg) noLoad() bool { return s.Owned && !s.Slim && !s.EngineWire &&
 // needs is the least version that carries s whole.
 func (s *stateMsg) needs() wireVersion {
 	switch {
+	case s.hasRole():
+		return wireRole
 	case s.EngineWire:
 		return wireEngine
 	case s.noLoad():
@@ -158,11 +180,16 @@ func (s *stateMsg) needs() wireVersion {
 }
 
 // at is s as a router of version v is to read it: what v does not know
-// is left out. Below wireEngine the load is the three counts and
+// is left out. Below wireRole the role is left out; below wireEngine the load is the three counts and
 // NoLoad, the section's other fields unknown; without flagNoLoad an
 // engine's 0 running and 0 waiting read as known counts, as every router
 // before the flag read them.
 func (s stateMsg) at(v wireVersion) stateMsg {
+	if v < wireRole {
+		// A router before roles reads every replica as a whole one
+		// (it cannot split requests anyway).
+		s.Role, s.Bootstrap = route.RoleBoth, 0
+	}
 	if v < wireEngine && s.EngineWire {
 		s.EngineWire = false
 		s.Engine = legacyLoad(s.Engine, route.EngineLoad{})
@@ -341,6 +368,10 @@ type stateMsg struct {
 	// version 0 lacks, and reads there as it always did (wireNoLoad).
 	Engine     route.EngineLoad
 	EngineWire bool
+	// Role is the replica's role and Bootstrap a prefill replica's
+	// bootstrap port (flagRole; zero: a whole replica).
+	Role       route.Role
+	Bootstrap  uint16
 	Models     []string
 	DeclaredBy []string
 }
@@ -366,6 +397,9 @@ func (s *stateMsg) append(dst []byte) []byte {
 	} else if s.noLoad() {
 		f |= flagNoLoad
 	}
+	if s.hasRole() {
+		f |= flagRole
+	}
 	dst = append(dst, f)
 	dst = binary.BigEndian.AppendUint64(dst, s.Epoch)
 	dst = binary.BigEndian.AppendUint64(dst, s.Version)
@@ -382,6 +416,9 @@ func (s *stateMsg) append(dst []byte) []byte {
 		dst = binary.BigEndian.AppendUint32(dst, uint32(max(s.Engine.Running, 0)))
 		dst = binary.BigEndian.AppendUint32(dst, uint32(max(s.Engine.Waiting, 0)))
 		dst = binary.BigEndian.AppendUint32(dst, uint32(max(s.Engine.Slots, 0)))
+	}
+	if s.hasRole() {
+		dst = binary.BigEndian.AppendUint16(append(dst, byte(s.Role)), s.Bootstrap)
 	}
 	dst = append(dst, byte(min(len(s.Models), math.MaxUint8)))
 	for _, m := range s.Models[:min(len(s.Models), math.MaxUint8)] {
@@ -402,6 +439,7 @@ func (r *reader) state() stateMsg {
 	s.Owned, s.Healthy, s.Withdrawn, s.Slim = f&flagOwned != 0, f&flagHealthy != 0, f&flagWithdrawn != 0, f&flagSlim != 0
 	noLoad := f&flagNoLoad != 0
 	s.EngineWire = f&flagEngine != 0
+	role := f&flagRole != 0
 	if f&^r.v.stateFlags() != 0 {
 		r.fail(fmt.Errorf("unknown flags %#x", f))
 	}
@@ -411,6 +449,9 @@ func (r *reader) state() stateMsg {
 	}
 	if noLoad && s.EngineWire {
 		r.fail(fmt.Errorf("flags %#x: no load with an engine section", f))
+	}
+	if role && (!s.Owned || s.Slim) {
+		r.fail(fmt.Errorf("flags %#x: a role without an owner's full state", f))
 	}
 	s.Epoch, s.Version = r.u64(), r.u64()
 	if s.Slim {
@@ -430,6 +471,14 @@ func (r *reader) state() stateMsg {
 		s.Engine = r.engine()
 	} else {
 		s.Engine = route.EngineLoad{Running: r.count(), Waiting: r.count(), Slots: r.count(), HasLoad: !noLoad}
+	}
+	if role {
+		s.Role, s.Bootstrap = route.Role(r.u8()), uint16(r.u16())
+		// One encoding per state: flagRole only for what a state
+		// without it cannot say, a port only for a prefill replica.
+		if r.err == nil && (!s.Role.Valid() || !s.hasRole() || (s.Bootstrap != 0 && s.Role != route.RolePrefill)) {
+			r.fail(fmt.Errorf("role %d with bootstrap port %d", s.Role, s.Bootstrap))
+		}
 	}
 	if n := int(r.u8()); n > 0 {
 		s.Models = make([]string, 0, n)

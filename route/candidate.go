@@ -61,6 +61,10 @@ type Candidate struct {
 	// Stale reports that a summary exists but does not count: too old, or
 	// its owner is suspect or gone.
 	Stale bool
+	// Role is the part of a request the replica serves (RoleBoth: all
+	// of it); a disaggregated request's legs each read it of every
+	// candidate, so it sits in the padding after Stale, not in Detail.
+	Role Role
 }
 
 // Detail is what a decision rarely reads of a candidate.
@@ -99,6 +103,10 @@ type Detail struct {
 	// spreads by it (hashPick).
 	Own   int32
 	Local bool
+	// Bootstrap is a prefill replica's KV bootstrap port (SGLang's
+	// disaggregation_bootstrap_port), which a disaggregated request's
+	// legs name; 0 when unknown or not a prefill replica.
+	Bootstrap uint16
 	// Written is how many prefill blocks this router sent the replica
 	// over its recent placements (the blocks each placement predicted
 	// the replica lacked): what this router added to the replica's cache

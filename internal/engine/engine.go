@@ -63,6 +63,13 @@ type Stats struct {
 	BlockSize int
 	// CacheTokens is the engine's KV cache capacity in tokens.
 	CacheTokens int64
+	// Role is the part of disaggregated requests the engine says it
+	// serves (SGLang's disaggregation_mode); RoleBoth when it says
+	// nothing.
+	Role route.Role
+	// Bootstrap is a prefill engine's KV bootstrap port (SGLang's
+	// disaggregation_bootstrap_port); 0 when unknown.
+	Bootstrap uint16
 }
 
 // Merge returns s with its unknown fields taken from o.
@@ -73,6 +80,12 @@ func (s Stats) Merge(o Stats) Stats {
 	}
 	if s.CacheTokens == 0 {
 		s.CacheTokens = o.CacheTokens
+	}
+	if s.Role == route.RoleBoth {
+		s.Role = o.Role
+	}
+	if s.Bootstrap == 0 {
+		s.Bootstrap = o.Bootstrap
 	}
 	return s
 }
@@ -103,12 +116,21 @@ type ReplicaStatus struct {
 	// (proxy/health's restart.go); when it grows, the owner cuts the
 	// replica's summary (mesh's restartedLocked).
 	Restarts int
+	// Role is the part of a request the replica serves when prefill and
+	// decode are disaggregated: declared with the replica (the router's
+	// --replica URL#prefill) or read from the engine (SGLang's
+	// disaggregation_mode); RoleBoth, a whole replica, when neither says.
+	// The owner gossips it (the mesh's flagRole).
+	Role route.Role
+	// Bootstrap is a prefill replica's KV bootstrap port, which the
+	// legs of an SGLang-style disaggregated request name (0: unknown).
+	Bootstrap uint16
 }
 
 // Equal reports that s and o report the same.
 func (s ReplicaStatus) Equal(o ReplicaStatus) bool {
 	return s.Healthy == o.Healthy && slices.Equal(s.Models, o.Models) && s.CapacityBlocks == o.CapacityBlocks &&
-		s.Load == o.Load && s.Engine == o.Engine && s.Restarts == o.Restarts
+		s.Load == o.Load && s.Engine == o.Engine && s.Restarts == o.Restarts && s.Role == o.Role && s.Bootstrap == o.Bootstrap
 }
 
 // Adapter reads one kind of engine.

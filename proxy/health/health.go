@@ -526,7 +526,8 @@ func (h *Checker) kindLocked(s *replicaHealth) string {
 // statusLocked is s as reported; h.mu is held.
 func (h *Checker) statusLocked(s *replicaHealth) ReplicaStatus {
 	st := s.metrics.Merge(s.info)
-	out := ReplicaStatus{Models: s.models, Healthy: s.healthy, Engine: h.kindLocked(s), Load: st.EngineLoad, Restarts: s.restarts}
+	out := ReplicaStatus{Models: s.models, Healthy: s.healthy, Engine: h.kindLocked(s), Load: st.EngineLoad, Restarts: s.restarts,
+		Role: st.Role, Bootstrap: st.Bootstrap}
 	if out.Load.Slots == 0 {
 		out.Load.Slots = s.learnedSlots
 	}
