@@ -50,6 +50,9 @@ func (st *reqState) decideAndBook(counted *bool) (route.Decision, booking) {
 // decide picks the candidate for a request this router decides.
 func (st *reqState) decide() route.Decision {
 	p, req, cands := st.p, st.req, st.cands
+	if st.leg == hop.LegDecode {
+		return decodePick(cands, req.ClientKey^xxh3.Hash(st.body)) // pd.go
+	}
 	if st.ep.byLoad {
 		return leastLoaded(cands, req.ClientKey, st.body)
 	}
@@ -236,8 +239,12 @@ func (st *reqState) commit(d route.Decision, redecide bool) (route.Decision, boo
 		d = st.decide()
 	}
 	c := &cands[d.Index]
+	blocks := float64(len(st.hashes) - d.Match)
+	if st.leg == hop.LegDecode {
+		blocks = 0 // its prompt arrives as KV (pd.go)
+	}
 	var bk booking
-	bk, st.snap = p.bookLocked(c.ID(), c.Detail != nil && c.Detail.Local, float64(len(st.hashes)-d.Match), !st.hop)
+	bk, st.snap = p.bookLocked(c.ID(), c.Detail != nil && c.Detail.Local, blocks, !st.hop)
 	return d, bk
 }
 

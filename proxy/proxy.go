@@ -24,6 +24,7 @@ import (
 	"github.com/kvmesh/kvmesh/internal/panics"
 	"github.com/kvmesh/kvmesh/internal/ratelog"
 	"github.com/kvmesh/kvmesh/proxy/admit"
+	"github.com/kvmesh/kvmesh/proxy/disagg"
 	"github.com/kvmesh/kvmesh/proxy/hop"
 	"github.com/kvmesh/kvmesh/proxy/reply"
 	"github.com/kvmesh/kvmesh/proxy/upstream"
@@ -148,6 +149,10 @@ type Config struct {
 	// answers (tokens.go); the router shares it with its health checks.
 	// Nil: the proxy's own. The proxy registers it with Registerer.
 	TokenRatios *TokenRatios
+	// PD splits chat and completions requests into a prefill leg and a
+	// decode leg by this protocol (pd.go); disagg.None (the zero): no
+	// request is split, and only whole replicas (route.RoleBoth) serve.
+	PD disagg.Protocol
 }
 
 // Proxy is the HTTP handler of one router. It is safe for concurrent use.
@@ -204,6 +209,8 @@ type Proxy struct {
 	// stalls: the requests in flight at owned replicas, for the stall
 	// detection (nil: off).
 	stalls *stallBook
+	// pdm counts the requests split into legs (pd.go).
+	pdm *pdMetrics
 }
 
 // New returns a Proxy.
@@ -261,6 +268,7 @@ func New(cfg Config) (*Proxy, error) {
 
 		ratios: cfg.TokenRatios, load: newLoadBook(), hops: hop.NewBook(), up: upstream.New(cfg.Client), answers: reply.NewBudget(reply.BudgetBytes)}
 	p.lookups = newLookups(p, cfg.Registerer)
+	p.pdm = newPDMetrics(cfg.Registerer, cfg.PD)
 	p.signer = &hop.Signer{Key: cfg.HopKey, Now: func() time.Time { return p.now() }}
 	p.probeOwner = hop.ProbeHealthz(p.client)
 	p.owners = hop.NewOwners(func(ctx context.Context, api string) (hop.Check, error) { return p.probeOwner(ctx, api) },

@@ -400,6 +400,14 @@ func (st *reqState) learn(id string, d route.Decision, sink *reply.Sink) {
 			forgot = st.correct(id, d.Match, c, bpt)
 		}
 	}
+	if st.leg == hop.LegPrefill || st.leg == hop.LegPinned {
+		// A prefill leg's replica holds the prompt, not the answer,
+		// which its decode leg generates elsewhere (pd.go).
+		if forgot {
+			p.cfg.View.Record(id, st.hashes)
+		}
+		return
+	}
 	if len(sink.Answer()) == 0 && !forgot {
 		return
 	}

@@ -53,6 +53,18 @@ type reqState struct {
 	hashes           []uint64
 	hop              bool
 	byLoad           bool // placed by load; the response is not read
+	// split: this router splits the request into a prefill and a decode
+	// leg (pd.go); leg: the request is one of them (hop.Leg), from this
+	// router (a leg it answers itself, or its decode leg) or another.
+	split bool
+	leg   hop.Leg
+	// gate, when set, lets the response of an attempt through to the
+	// client (an SGLang decode leg waits for its prefill leg, pdleg.go);
+	// abandoned: it did not, and nothing of the attempt was sent.
+	gate      func() bool
+	abandoned bool
+	// lastID is the replica of the latest attempt.
+	lastID string
 
 	// The decision's inputs: the routing request, the candidates with
 	// their loads, the placement sequence those reflect (placeBook), and
@@ -108,6 +120,7 @@ func (p *Proxy) inference(w http.ResponseWriter, r *http.Request, ep *endpoint) 
 	if !st.admit() || !st.read() {
 		return
 	}
+	st.split = splits(st)
 	st.route()
 	st.readLoads()
 	if len(st.cands) == 0 {
@@ -115,6 +128,10 @@ func (p *Proxy) inference(w http.ResponseWriter, r *http.Request, ep *endpoint) 
 		return
 	}
 	if !p.admit.queue(st) {
+		return
+	}
+	if st.split {
+		serveSplit(st)
 		return
 	}
 	st.attemptAll()
@@ -283,6 +300,8 @@ func (st *reqState) route() {
 		// router's own replicas.
 		st.req.Concurrent, st.req.ForkBlocks = hop.Parse(r.Header.Get(hop.HeaderHop))
 		st.req.ForkBlocks = min(st.req.ForkBlocks, len(st.hashes))
+		st.leg = hop.ParseLeg(r.Header.Get(hop.HeaderHop))
+		st.byLoad = st.byLoad || st.leg == hop.LegDecode // placed by load, not learnt (pd.go)
 	}
 	st.concurrent, st.fork = st.req.Concurrent, st.req.ForkBlocks
 	if id := st.prompt.PreviousResponseID; id != "" {
@@ -324,6 +343,7 @@ func (st *reqState) readLoads() {
 			st.releaseCands()
 		}
 		st.cands, st.releaseCands = p.cfg.View.PooledCandidates(st.prompt.Model)
+		st.cands = fitRole(st.cands, st.leg, st.split)
 		p.load.fill(st.cands)
 		p.hops.Fill(st.cands, p.cfg.View)
 		p.places.fillWritten(st.cands)
@@ -333,7 +353,7 @@ func (st *reqState) readLoads() {
 	})
 	st.hinted = -1
 	if st.hop && len(st.cands) > 0 {
-		st.cands, st.hinted = ownCandidates(p.cfg.Policy, st.cands, r.Header.Get(hop.HeaderReplica))
+		st.cands, st.hinted = ownCandidates(p.cfg.Policy, st.cands, r.Header.Get(hop.HeaderReplica), st.leg == hop.LegPinned)
 		if m, err := strconv.Atoi(r.Header.Get(hop.HeaderMatch)); err == nil {
 			st.hintMatch = min(max(m, 0), len(st.hashes))
 		}
@@ -349,14 +369,18 @@ func (st *reqState) attemptAll() {
 	for st.attempts = 1; ; st.attempts++ {
 		d, bk := st.decideAndBook(&counted)
 		st.blockMs = blockMsOf(p.cfg.Policy, &st.cands[d.Index])
-		switch st.attempt(st.cands[d.Index].ID(), d, &bk) {
+		st.lastID = st.cands[d.Index].ID()
+		switch st.attempt(st.lastID, d, &bk) {
 		case attemptDone:
 			if !st.cut {
-				st.served(st.cands[d.Index].ID())
+				st.served(st.lastID)
 			}
 			return
 		case attemptFailed:
 			st.answerFailed()
+			return
+		case attemptAbandoned:
+			st.abandoned = true
 			return
 		}
 		if !st.more() {
@@ -419,34 +443,6 @@ func (st *reqState) noCandidate() int {
 	}
 }
 
-// ownCandidates keeps the candidates this router owns (a forwarded request
-// never travels further) and finds the hinted replica among them. The
-// deciding router saw this router's replicas as they were up to a gossip
-// interval ago, and not the other routers' dispatches since; this router
-// counts them exactly, so it keeps the hint only while route's rule says
-// the replica can still start the request (route.Policy.KeepHint), and
-// otherwise decides again among its own replicas.
-func ownCandidates(pol route.Policy, cands []route.Candidate, hint string) ([]route.Candidate, int) {
-	keep := false
-	for i := range cands {
-		if cands[i].ID() == hint {
-			keep = pol.KeepHint(cands, i)
-			break
-		}
-	}
-	own, hinted := cands[:0], -1
-	for _, c := range cands {
-		if c.Detail == nil || !c.Detail.Local { // the view's word, as commit books by it: no Locate per candidate
-			continue
-		}
-		if c.ID() == hint && keep {
-			hinted = len(own)
-		}
-		own = append(own, c)
-	}
-	return own, hinted
-}
-
 // Outcomes of one upstream attempt.
 type attemptResult int
 
@@ -460,6 +456,9 @@ const (
 	// attemptFailed: the request may have reached the replica and may be
 	// running; nothing reached the client, and it must not be retried.
 	attemptFailed
+	// attemptAbandoned: the request's gate kept its response from the
+	// client (st.gate); nothing reached the client.
+	attemptAbandoned
 )
 
 // attempt sends the request to candidate id, as decision d booked it
@@ -508,7 +507,7 @@ func (st *reqState) attempt(id string, d route.Decision, bk *booking) attemptRes
 			return attemptDone
 		}
 	} else {
-		p.signer.Sign(out, id, d.Match, st.concurrent, st.fork)
+		p.signer.SignLeg(out, id, d.Match, st.concurrent, st.fork, st.leg)
 		var end context.CancelCauseFunc
 		out, watch, live, end = startHop(p, ctx, out, t.ownerAPI, bk.mark)
 		defer end(nil)
@@ -554,6 +553,9 @@ func (st *reqState) attempt(id string, d route.Decision, bk *booking) attemptRes
 			p.reportFailure(id)
 		}
 		return attemptNotReached
+	}
+	if st.gate != nil && !st.gate() {
+		return attemptAbandoned // its pair's prefill leg failed first (pdleg.go)
 	}
 	st.code = resp.StatusCode
 	var first time.Time
