@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -25,6 +26,7 @@ import (
 	"github.com/kvmesh/kvmesh/mesh"
 	"github.com/kvmesh/kvmesh/proxy"
 	"github.com/kvmesh/kvmesh/proxy/admit"
+	"github.com/kvmesh/kvmesh/proxy/disagg"
 	"github.com/kvmesh/kvmesh/proxy/health"
 	"github.com/kvmesh/kvmesh/proxy/hop"
 	"github.com/kvmesh/kvmesh/proxy/upstream"
@@ -95,6 +97,9 @@ type routerConfig struct {
 	// admission: the admission's limits (router_admit.go; MaxWaiting 0:
 	// off).
 	admission admit.Config
+	// pd: how requests are split into prefill and decode legs
+	// (--pd-protocol; disagg.None: not split).
+	pd disagg.Protocol
 }
 
 // parseRouterFlags parses args, then fills every flag not given on the
@@ -132,7 +137,8 @@ flags:
 	fs.StringVar(&cfg.gossipBind, "gossip-bind", "0.0.0.0:7946", "HOST:PORT to bind gossip to (UDP and TCP)")
 	fs.StringVar(&cfg.advertise, "advertise", "", "HOST:PORT peers use to reach this router's gossip (default: the bound address)")
 	fs.Var(&join, "join", "seed router's gossip HOST:PORT, or a DNS name resolving to routers (repeatable)")
-	fs.Var(&replicas, "replica", "base URL of an OpenAI-compatible replica this router fronts, e.g. http://10.0.0.5:8000 (repeatable)")
+	fs.Var(&replicas, "replica", "base URL of an OpenAI-compatible replica this router fronts, e.g. http://10.0.0.5:8000, with #prefill, #decode or #both after it for its role in disaggregated serving (#prefill:8998 with SGLang's KV bootstrap port) (repeatable)")
+	pd := fs.String("pd-protocol", "off", "split chat and completions requests into a prefill leg (a prefill replica chosen by cache) and a decode leg (a decode replica chosen by load): off, vllm (kv_transfer_params, NIXL connector) or sglang (bootstrap_host/port/room)")
 	keyFile := fs.String("gossip-key-file", "", "file holding the gossip encryption key: 16, 24 or 32 bytes, base64-encoded or raw; all routers must share it. It also authenticates the requests routers forward to each other; a router with --join needs it (or peer mutual TLS, or --insecure-mesh)")
 	fs.BoolVar(&cfg.insecureMesh, "insecure-mesh", false, "let a router with --join run without --gossip-key-file or peer mutual TLS: gossip is then unauthenticated and the router believes the hop headers of anyone who reaches its API; only on a network you fully trust")
 	logLevel := fs.String("log-level", "info", "log level: trace, debug, info, warn, error or off")
@@ -183,11 +189,19 @@ flags:
 		return cfg, errors.New("router: --health-interval must be positive")
 	}
 	for i, r := range cfg.replicas {
-		u, err := url.Parse(r)
-		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return cfg, fmt.Errorf("router: --replica %q is not an http(s) URL", r)
+		sp, err := parseReplicaSpec(r)
+		if err != nil {
+			return cfg, fmt.Errorf("router: --replica: %w", err)
 		}
-		cfg.replicas[i] = strings.TrimRight(r, "/")
+		if cfg.replicas[i] = sp.id; sp.declared {
+			cfg.replicas[i] += "#" + sp.role.String()
+			if sp.bootstrap != 0 {
+				cfg.replicas[i] += ":" + strconv.Itoa(int(sp.bootstrap))
+			}
+		}
+	}
+	if cfg.pd, err = disagg.ParseProtocol(*pd); err != nil {
+		return cfg, fmt.Errorf("router: --pd-protocol: %w", err)
 	}
 	if err := finishReplicaFlags(); err != nil {
 		return cfg, err
@@ -380,7 +394,7 @@ func startRouter(ctx context.Context, cfg routerConfig) (*router, error) {
 	// contains them (internal/panics): one metric, one log throttle.
 	rec := panics.New(reg, log)
 	// Replicas are declared once they pass a health check (replicaSet).
-	set := newReplicaSet(m, log.Named("replicas"))
+	set := newReplicaSet(m, log.Named("replicas"), reg, cfg.pd != disagg.None)
 	client := upstream.NewClientRecvBuffer(cfg.upstreamRecvBuffer)
 	if edges.peerTLS != nil {
 		client.Transport.(*http.Transport).TLSClientConfig = edges.peerTLS
@@ -413,7 +427,7 @@ func startRouter(ctx context.Context, cfg routerConfig) (*router, error) {
 		TrustPeerCerts: edges.serverTLS != nil && edges.peerCA != nil, RequirePeerTLS: edges.peerCA != nil, APIKeys: edges.keys,
 		InsecureHops:  cfg.insecureMesh && !meshAuthenticated(&cfg),
 		SessionHeader: cfg.sessionHeader, Peers: m.PeerAPIs, NoStreamLoop: cfg.noStreamLoop, TokenRatios: ratios,
-		Admission: cfg.admissionConfig(),
+		Admission: cfg.admissionConfig(), PD: cfg.pd,
 	})
 	if err != nil {
 		closeLns()

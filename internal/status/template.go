@@ -79,8 +79,8 @@ dl{display:grid;grid-template-columns:max-content auto;gap:2px 12px;margin:0}dt{
 <thead><tr><th>replica</th><th>health</th><th>owner</th><th>declared by</th><th>models</th><th class="num">in flight</th><th></th><th class="num">pending prefill</th><th>engine <span class="muted">running · waiting / slots</span></th><th>summary</th><th>summary age</th></tr></thead>
 <tbody>
 {{- range .Replicas}}
-<tr class="replica {{.HealthClass}}" data-replica="{{.ID}}" data-owner="{{.Owner}}">
-<td>{{.ID}}</td>
+<tr class="replica {{.HealthClass}}" data-replica="{{.ID}}" data-owner="{{.Owner}}"{{if .Role}} data-role="{{.Role}}"{{end}}>
+<td>{{.ID}}{{if .Role}} <span class="badge info">{{.Role}}</span>{{end}}</td>
 <td><span class="badge">{{.Health}}</span></td>
 <td>{{.Owner}}{{if .Owned}} <span class="muted">(here)</span>{{end}}</td>
 <td>{{.DeclaredBy}}</td>

@@ -70,6 +70,7 @@ type memberRow struct {
 
 type replicaRow struct {
 	ID, Owner, DeclaredBy, Models string
+	Role                          string // prefill or decode ("": a whole replica)
 	Health, HealthClass           string
 	InFlight, Pending             string
 	LoadBar                       string // px
@@ -192,6 +193,9 @@ func (v *view) addReplicas(d mesh.DebugInfo, now time.Time) {
 		row := replicaRow{ID: r.ID, Owner: r.Owner, DeclaredBy: strings.Join(r.DeclaredBy, ", "),
 			Models: strings.Join(r.Models, ", "), Owned: r.Owned,
 			InFlight: fmt.Sprint(r.InFlight), Pending: trimFloat(r.PendingPref), LoadBar: px(float64(r.InFlight) / float64(maxLoad))}
+		if r.Role == "prefill" || r.Role == "decode" {
+			row.Role = r.Role
+		}
 		switch {
 		case r.Owner == "":
 			row.Owner, row.Health, row.HealthClass = "none", "NO OWNER", "down"
@@ -232,7 +236,7 @@ func (v *view) addReplicas(d mesh.DebugInfo, now time.Time) {
 
 // reasonOrder puts the decision reasons in the order an operator reads
 // them: good, tolerable, bad.
-var reasonOrder = []string{"prefix", "previous-response", "load", "spill", "rehint", "fallback-cold", "fallback-stale", "none"}
+var reasonOrder = []string{"prefix", "previous-response", "load", "pd-decode", "spill", "rehint", "fallback-cold", "fallback-stale", "none"}
 
 func reasonClass(r string) string {
 	switch r {
