@@ -91,33 +91,44 @@ func splits(st *reqState) bool {
 }
 
 // fitsLeg reports whether a replica of role r serves leg (hop.LegNone: a
-// whole request).
-func fitsLeg(r route.Role, leg hop.Leg) bool {
+// whole request). A whole replica takes either leg of vLLM's protocol (a
+// vLLM replica with a KV connector of role kv_both does), but none of
+// SGLang's (strict): an SGLang server runs in one disaggregation mode,
+// and the two legs' bodies are the same, so only its mode tells it which
+// leg it serves.
+func fitsLeg(r route.Role, leg hop.Leg, strict bool) bool {
 	switch leg {
-	case hop.LegPrefill, hop.LegPinned:
-		return r.Prefills()
+	case hop.LegPinned:
+		return r == route.RolePrefill
+	case hop.LegPrefill:
+		return r == route.RolePrefill || (!strict && r == route.RoleBoth)
 	case hop.LegDecode:
-		return r.Decodes()
+		return r == route.RoleDecode || (!strict && r == route.RoleBoth)
 	}
 	return r == route.RoleBoth
 }
 
+// strictLegs reports whether only replicas of a leg's own role serve it
+// (fitsLeg): SGLang's protocol.
+func strictLegs(p *Proxy) bool { return p.cfg.PD == disagg.SGLang }
+
 // fitRole keeps the candidates that serve leg, in place; a split request
 // (split) keeps all of them for its legs to choose from.
-func fitRole(cands []route.Candidate, leg hop.Leg, split bool) []route.Candidate {
-	if split || !slices.ContainsFunc(cands, func(c route.Candidate) bool { return !fitsLeg(c.Role, leg) }) {
+func fitRole(cands []route.Candidate, leg hop.Leg, split, strict bool) []route.Candidate {
+	misfit := func(c route.Candidate) bool { return !fitsLeg(c.Role, leg, strict) }
+	if split || !slices.ContainsFunc(cands, misfit) {
 		return cands
 	}
-	return slices.DeleteFunc(cands, func(c route.Candidate) bool { return !fitsLeg(c.Role, leg) })
+	return slices.DeleteFunc(cands, misfit)
 }
 
 // legCands copies the candidates that serve leg, each with a Detail of
 // its own: a leg that runs beside another (SGLang's prefill leg) books
 // and catches up on its own candidates.
-func legCands(cands []route.Candidate, leg hop.Leg) []route.Candidate {
+func legCands(cands []route.Candidate, leg hop.Leg, strict bool) []route.Candidate {
 	var out []route.Candidate
 	for _, c := range cands {
-		if !fitsLeg(c.Role, leg) {
+		if !fitsLeg(c.Role, leg, strict) {
 			continue
 		}
 		if c.Detail != nil {
@@ -215,7 +226,7 @@ func serveSplit(st *reqState) {
 func (sr *splitRequest) whole() string {
 	st := sr.st
 	st.split = false
-	st.cands = fitRole(st.cands, hop.LegNone, false)
+	st.cands = fitRole(st.cands, hop.LegNone, false, false)
 	if len(st.cands) == 0 {
 		st.code = writeError(st.w, http.StatusBadRequest, disagg.ErrBatch.Error()+"; this deployment has no whole replica for it")
 		return pdWhole
@@ -268,7 +279,7 @@ func (sr *splitRequest) vllm() string {
 		st.code = writeError(st.w, http.StatusBadRequest, err.Error())
 		return pdRefused
 	}
-	pre, dec := legCands(st.cands, hop.LegPrefill), fitRole(st.cands, hop.LegDecode, false)
+	pre, dec := legCands(st.cands, hop.LegPrefill, false), fitRole(st.cands, hop.LegDecode, false, false)
 	if !sr.legsOrRefuse(pre, dec) {
 		return pdRefused
 	}

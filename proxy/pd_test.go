@@ -384,7 +384,14 @@ func TestOwnCandidatesOfLegs(t *testing.T) {
 		{hop.LegPinned, "p1", 0},
 		{hop.LegDecode, "d1,w1", -1},
 	} {
-		in := fitRole(append([]route.Candidate(nil), cands...), tc.leg, false)
+		if tc.leg != hop.LegNone && tc.leg != hop.LegPinned {
+			// SGLang's: only the leg's own role.
+			strict := fitRole(append([]route.Candidate(nil), cands...), tc.leg, false, true)
+			if got := ids(strict); strings.Contains(got, "w1") {
+				t.Errorf("leg %q, strict: %s", tc.leg, got)
+			}
+		}
+		in := fitRole(append([]route.Candidate(nil), cands...), tc.leg, false, false)
 		got, hint := ownCandidates(route.DefaultPolicy(), in, "p1", tc.leg == hop.LegPinned)
 		if ids(got) != tc.want || hint != tc.wantHint {
 			t.Errorf("leg %q: %s hint %d, want %s hint %d", tc.leg, ids(got), hint, tc.want, tc.wantHint)

@@ -181,7 +181,7 @@ func (sr *splitRequest) sglang() string {
 		st.code = writeError(st.w, http.StatusBadRequest, err.Error())
 		return pdRefused
 	}
-	pre, dec := legCands(st.cands, hop.LegPrefill), fitRole(st.cands, hop.LegDecode, false)
+	pre, dec := legCands(st.cands, hop.LegPrefill, true), fitRole(st.cands, hop.LegDecode, false, true)
 	if !sr.legsOrRefuse(pre, dec) {
 		return pdRefused
 	}

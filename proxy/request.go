@@ -343,7 +343,7 @@ func (st *reqState) readLoads() {
 			st.releaseCands()
 		}
 		st.cands, st.releaseCands = p.cfg.View.PooledCandidates(st.prompt.Model)
-		st.cands = fitRole(st.cands, st.leg, st.split)
+		st.cands = fitRole(st.cands, st.leg, st.split, strictLegs(p))
 		p.load.fill(st.cands)
 		p.hops.Fill(st.cands, p.cfg.View)
 		p.places.fillWritten(st.cands)
