@@ -41,6 +41,9 @@ func runReplicaSim(ctx context.Context, args []string, stdout, stderr io.Writer)
 	fs.IntVar(&cfg.MaxModelLen, "max-model-len", 131072, "prompt + max_tokens limit in `tokens`; longer requests get 400")
 	fs.IntVar(&cfg.DefaultMaxTokens, "default-max-tokens", 128, "output `tokens` when a request sets no max_tokens")
 	fs.Float64Var(&cfg.TimeScale, "time-scale", 1, "speed-up `factor`: every modelled duration is divided by it (>1 runs faster than real time)")
+	role := fs.String("role", "both", "`role` in disaggregated serving: both (whole requests; either vLLM leg), prefill or decode (only that leg, vLLM's kv_transfer_params or SGLang's bootstrap fields)")
+	fs.Float64Var(&cfg.TransferTokensPerS, "kv-transfer-tokens-per-s", 200000, "how fast a decode pulls a prompt's KV from its prefill replica, in `tokens/s`")
+	fs.DurationVar(&cfg.KVHold, "kv-hold", 30*time.Second, "how long a prefill keeps a prompt's KV for its decode, and a decode waits for its prefill (wall `time`, not scaled)")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), `usage: kvmesh replica-sim [flags]
 
@@ -51,7 +54,12 @@ usage.prompt_tokens_details.cached_tokens respond to routing. Endpoints:
 POST /v1/chat/completions, POST /v1/completions, POST /v1/responses (and
 GET /v1/responses/{id}), POST /v1/messages (Anthropic), POST /v1/embeddings,
 GET /v1/models, GET /health, POST /reset_prefix_cache, GET /metrics (vLLM
-metric names).
+metric names). With --role prefill or decode it serves one leg of
+disaggregated requests, by vLLM's protocol (kv_transfer_params) or SGLang's
+(bootstrap_host, bootstrap_port, bootstrap_room; its bootstrap port is its
+own HTTP port), and moves KV between replicas through POST /kvsim/pull;
+GET /kvsim/requests lists its recent requests (X-Request-Id, leg, prompt,
+cached, pulled and computed tokens).
 
 Every flag can also be set by the environment variable KVMESH_<FLAG>
 (upper case, dashes to underscores, e.g. KVMESH_KV_BLOCKS); the command line wins.
@@ -75,6 +83,11 @@ flags:
 		return fmt.Errorf("replica-sim: invalid --log-level %q", *logLevel)
 	}
 	logger := hclog.New(&hclog.LoggerOptions{Name: "replica-sim", Level: level, Output: stderr, JSONFormat: *logJSON})
+	r, err := replicasim.ParseRole(*role)
+	if err != nil {
+		return fmt.Errorf("replica-sim: --role: %w", err)
+	}
+	cfg.Role = r
 
 	reg := prometheus.NewRegistry()
 	sim, err := replicasim.New(cfg, logger, reg)

@@ -12,7 +12,10 @@
 // a response re-tokenizes to the same count in the next turn.
 package replicasim
 
-import "fmt"
+import (
+	"fmt"
+	"time"
+)
 
 // bytesPerToken is the tokenization approximation: one token per 4 bytes.
 const bytesPerToken = 4
@@ -32,6 +35,16 @@ type Config struct {
 	MaxModelLen       int     // prompt+max_tokens limit in tokens (default 131072); over it is a 400
 	DefaultMaxTokens  int     // output tokens when the request gives none (default 128)
 	TimeScale         float64 // >1 runs faster than real time: every modelled duration is divided by it (default 1)
+	// Role is the part of disaggregated requests the replica serves
+	// (pd.go; default both: whole requests).
+	Role Role
+	// TransferTokensPerS is how fast a decode pulls a prompt's KV from
+	// its prefill replica (default 200000, ten times the prefill).
+	TransferTokensPerS float64
+	// KVHold is how long a prefill keeps a prompt's KV for its decode
+	// (wall time, not scaled: it bounds the router's round trips; default
+	// 30 s), and how long a decode waits for its room's prefill.
+	KVHold time.Duration
 }
 
 // withDefaults fills zero fields and rejects negative ones.
@@ -66,6 +79,7 @@ func (c Config) withDefaults() (Config, error) {
 		{"prefill tokens per second", &c.PrefillTokensPerS, 20000},
 		{"decode ms per token", &c.DecodeMsPerToken, 10},
 		{"time scale", &c.TimeScale, 1},
+		{"transfer tokens per second", &c.TransferTokensPerS, 200000},
 	}
 	for _, f := range floats {
 		if *f.v < 0 || *f.v != *f.v { // negative or NaN
@@ -74,6 +88,17 @@ func (c Config) withDefaults() (Config, error) {
 		if *f.v == 0 {
 			*f.v = f.def
 		}
+	}
+	r, err := ParseRole(string(c.Role))
+	if err != nil {
+		return c, fmt.Errorf("replicasim config: %w", err)
+	}
+	c.Role = r
+	if c.KVHold < 0 {
+		return c, fmt.Errorf("replicasim config: kv hold %v is negative", c.KVHold)
+	}
+	if c.KVHold == 0 {
+		c.KVHold = 30 * time.Second
 	}
 	return c, nil
 }

@@ -30,6 +30,11 @@ type Server struct {
 	maxBody int64
 	seq     atomic.Uint64 // request counter, for response IDs
 	stored  *responseStore
+	// kv holds prompts prefilled for remote decodes; client pulls them
+	// from prefill replicas; ledger remembers the requests (pd.go).
+	kv     *kvStore
+	client *http.Client
+	ledger ledger
 
 	// ctx ends when Close is called; every sequence watches it.
 	ctx      context.Context
@@ -58,6 +63,8 @@ func New(cfg Config, logger hclog.Logger, reg prometheus.Registerer) (*Server, e
 		created: time.Now().Unix(),
 		maxBody: defaultMaxBody,
 		stored:  newResponseStore(maxStoredResponses),
+		kv:      newKVStore(cfg.KVHold),
+		client:  &http.Client{Timeout: cfg.KVHold + 10*time.Second},
 	}
 	s.m = newMetrics(cfg, func() float64 { return float64(s.cache.len()) / float64(cfg.KVBlocks) })
 	s.sched = &scheduler{max: cfg.MaxNumSeqs, onChange: func(r, w int) {
@@ -95,6 +102,8 @@ func New(cfg Config, logger hclog.Logger, reg prometheus.Registerer) (*Server, e
 	mux.HandleFunc("GET /v1/responses/{id}", s.serveStoredResponse)
 	mux.HandleFunc("POST /v1/embeddings", s.serveEmbeddings)
 	mux.HandleFunc("GET /v1/models", s.serveModels)
+	mux.HandleFunc("POST /kvsim/pull", s.servePull)
+	mux.HandleFunc("GET /kvsim/requests", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, http.StatusOK, s.Ledger()) })
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusOK) })
 	mux.HandleFunc("POST /reset_prefix_cache", func(w http.ResponseWriter, r *http.Request) {
 		s.cache.reset()
@@ -107,7 +116,7 @@ func New(cfg Config, logger hclog.Logger, reg prometheus.Registerer) (*Server, e
 	})
 	s.handler = mux
 	logger.Info("replica simulator ready", "model", cfg.Model, "block_size", cfg.BlockSize,
-		"kv_blocks", cfg.KVBlocks, "max_num_seqs", cfg.MaxNumSeqs, "time_scale", cfg.TimeScale)
+		"kv_blocks", cfg.KVBlocks, "max_num_seqs", cfg.MaxNumSeqs, "time_scale", cfg.TimeScale, "role", cfg.Role)
 	return s, nil
 }
 
@@ -124,6 +133,8 @@ func (s *Server) Close() error {
 	s.closing.Do(func() {
 		s.cancel()
 		s.inflight.Wait()
+		s.kv.close()
+		s.client.CloseIdleConnections()
 		s.logger.Debug("replica simulator closed")
 	})
 	return nil
@@ -169,6 +180,9 @@ type sequence struct {
 	maxTokens    int
 	hashes       []uint64 // full prompt blocks
 	seed         uint64   // picks the filler words
+	plan         pdPlan   // its part of a disaggregated request (pd.go)
+	reqID        string   // X-Request-Id
+	host         string   // this replica's address as the request reached it
 }
 
 func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request, ep endpoint) {
@@ -189,6 +203,11 @@ func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request, ep endpoi
 		writeError(w, http.StatusNotFound, fmt.Sprintf("The model `%s` does not exist.", req.Model))
 		return
 	}
+	plan, err := req.PD.plan(s.cfg.Role)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
 	req.Model = s.cfg.Model // responses name the served model
 	if id := req.PreviousResponseID; id != "" {
 		// The engine holds the earlier turns; the new input follows them.
@@ -207,6 +226,9 @@ func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request, ep endpoi
 		maxTokens:    req.MaxTokens,
 		hashes:       blockHashes(req.Prompt, s.cfg.BlockSize),
 		seed:         xxh3.HashString(req.Prompt),
+		plan:         plan,
+		reqID:        r.Header.Get("X-Request-Id"),
+		host:         r.Host,
 	}
 	if seq.maxTokens == 0 {
 		seq.maxTokens = s.cfg.DefaultMaxTokens
@@ -238,15 +260,20 @@ func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request, ep endpoi
 	s.run(ctx, w, seq)
 }
 
-// run moves a sequence through the engine: wait for a slot, prefill the
-// uncached part of the prompt on the prefill lane, decode maxTokens tokens,
-// then cache prompt + answer.
+// run moves a sequence through the engine: wait for a slot, pull the KV
+// of a decode's prompt from its prefill replica (pd.go), prefill the
+// uncached part of the prompt on the prefill lane, then either hand a
+// prefill's KV over (prefillAnswer) or decode maxTokens tokens and cache
+// prompt + answer. Every request leaves an entry in the ledger.
 func (s *Server) run(ctx context.Context, w http.ResponseWriter, seq *sequence) {
 	start := time.Now()
+	led := LedgerEntry{RequestID: seq.reqID, Kind: seq.plan.mode.kind(), PromptTokens: seq.promptTokens, Outcome: "cancelled"}
+	defer func() { s.ledger.add(led) }()
 	fail := func(err error) {
 		// Nothing was written yet; a gone client never reads this.
 		if s.ctx.Err() != nil {
 			writeError(w, http.StatusServiceUnavailable, "The server is shutting down.")
+			led.Outcome = "error"
 			return
 		}
 		s.logger.Debug("sequence cancelled before output", "id", seq.id, "error", err)
@@ -256,10 +283,6 @@ func (s *Server) run(ctx context.Context, w http.ResponseWriter, seq *sequence) 
 		return
 	}
 	defer s.sched.release()
-	if err := s.prefill.lock(ctx); err != nil {
-		fail(err)
-		return
-	}
 	// vLLM always computes the last prompt token (it needs its logits), so
 	// a block holding it can never be a hit.
 	matchable := seq.hashes
@@ -267,10 +290,46 @@ func (s *Server) run(ctx context.Context, w http.ResponseWriter, seq *sequence) 
 		matchable = matchable[:max(maxHit, 0)]
 	}
 	held := s.cache.matchAndAcquire(matchable)
-	cached := len(held) * s.cfg.BlockSize
+	local := len(held) * s.cfg.BlockSize
+	cached := local
+	if seq.plan.mode == modeDecodeVLLM || seq.plan.mode == modeDecodeSGLang {
+		remote, err := s.pull(ctx, seq.plan)
+		switch {
+		case ctx.Err() != nil:
+			s.cache.release(held)
+			fail(ctx.Err())
+			return
+		case err != nil:
+			// vLLM's kv_load_failure_policy "recompute"; SGLang's
+			// decode fails the request.
+			s.logger.Warn("KV pull failed", "id", seq.id, "error", err)
+			if seq.plan.mode == modeDecodeSGLang {
+				s.cache.release(held)
+				writeError(w, http.StatusInternalServerError, fmt.Sprintf("KV transfer failed: %v", err))
+				led.Outcome = "error"
+				return
+			}
+			led.Outcome = "pull_failed"
+		default:
+			remote = min(remote, len(matchable)*s.cfg.BlockSize)
+			transfer := max(remote-local, 0)
+			if err := sleepUntil(ctx, time.Now().Add(s.scaled(float64(transfer)/s.cfg.TransferTokensPerS))); err != nil {
+				s.cache.release(held)
+				fail(err)
+				return
+			}
+			led.PulledTokens, cached = transfer, max(local, remote)
+		}
+	}
+	if err := s.prefill.lock(ctx); err != nil {
+		s.cache.release(held)
+		fail(err)
+		return
+	}
 	s.m.prefixQueries.Add(float64(seq.promptTokens))
-	s.m.prefixHits.Add(float64(cached))
+	s.m.prefixHits.Add(float64(local))
 	uncached := seq.promptTokens - cached
+	led.CachedTokens, led.ComputedTokens = local, uncached
 	err := sleepUntil(ctx, time.Now().Add(s.scaled(float64(uncached)/s.cfg.PrefillTokensPerS)))
 	s.prefill.unlock()
 	if err != nil {
@@ -283,6 +342,10 @@ func (s *Server) run(ctx context.Context, w http.ResponseWriter, seq *sequence) 
 	promptHeld := s.cache.acquire(seq.hashes)
 	s.cache.release(held)
 	defer func() { s.cache.release(promptHeld) }()
+	if seq.plan.mode == modePrefillVLLM || seq.plan.mode == modePrefillSGLang {
+		s.prefillAnswer(ctx, w, seq, cached, start, &led)
+		return
+	}
 
 	u := usage{PromptTokens: seq.promptTokens, CompletionTokens: seq.maxTokens,
 		TotalTokens: seq.promptTokens + seq.maxTokens, PromptTokensDetails: &tokenDetails{CachedTokens: cached}}
@@ -325,6 +388,59 @@ func (s *Server) run(ctx context.Context, w http.ResponseWriter, seq *sequence) 
 		out.store = func(obj responseObject) { s.stored.add(seq.id, full, obj) }
 	}
 	out.finish(answer.String(), u)
+	if led.Outcome == "cancelled" {
+		led.Outcome = "ok"
+	}
+}
+
+// prefillAnswer hands a prefilled prompt over to its decode and answers
+// the prefill's one token: at once with kv_transfer_params naming this
+// replica (vLLM), or once the decode of its room claimed the KV
+// (SGLang; 500 when none does within the hold). The prompt's full
+// blocks stay pinned until pulled or expired.
+func (s *Server) prefillAnswer(ctx context.Context, w http.ResponseWriter, seq *sequence, cached int, start time.Time, led *LedgerEntry) {
+	key := seq.plan.key
+	if seq.plan.mode == modePrefillVLLM {
+		key = "vllm:" + seq.id
+	}
+	pin := s.cache.acquire(seq.hashes)
+	e := s.kv.register(key, len(pin)*s.cfg.BlockSize, func() { s.cache.release(pin) })
+	if e == nil {
+		s.cache.release(pin)
+		writeError(w, http.StatusServiceUnavailable, "no room to hold the KV for a remote decode")
+		led.Outcome = "error"
+		return
+	}
+	out := newOutput(w, seq)
+	if seq.plan.mode == modePrefillVLLM {
+		kv := vllmParams(seq.host, seq.id, len(pin))
+		out.kv = &kv
+	} else {
+		t := time.NewTimer(s.cfg.KVHold)
+		defer t.Stop()
+		select {
+		case <-e.claimed:
+		case <-ctx.Done():
+			s.logger.Debug("prefill cancelled while holding its KV", "id", seq.id)
+			return
+		case <-t.C:
+			writeError(w, http.StatusInternalServerError, fmt.Sprintf("KV transfer timed out: no decode claimed %s within %v", key, s.cfg.KVHold))
+			led.Outcome = "error"
+			return
+		}
+	}
+	s.m.ttft.Observe(time.Since(start).Seconds())
+	s.m.generationTokens.Inc()
+	tok := fillerToken(seq.seed, 0)
+	seq.maxTokens = 1
+	u := usage{PromptTokens: seq.promptTokens, CompletionTokens: 1, TotalTokens: seq.promptTokens + 1,
+		PromptTokensDetails: &tokenDetails{CachedTokens: cached}}
+	out.u = u
+	if err := out.token(tok, true); err != nil {
+		return
+	}
+	out.finish(tok, u)
+	led.Outcome = "ok"
 }
 
 // abort ends a sequence cut short after it started producing output.
