@@ -387,6 +387,7 @@ type LedgerEntry struct {
 	// PulledTokens (KV a decode took from its prefill replica) and
 	// ComputedTokens (prefilled here).
 	PromptTokens   int `json:"prompt_tokens"`
+	BlockTokens    int `json:"block_tokens"` // the prompt's tokens in whole KV blocks: what a cache can hold of it
 	CachedTokens   int `json:"cached_tokens"`
 	PulledTokens   int `json:"pulled_tokens"`
 	ComputedTokens int `json:"computed_tokens"`

@@ -40,6 +40,7 @@ type Server struct {
 	ctx      context.Context
 	cancel   context.CancelFunc
 	inflight sync.WaitGroup
+	active   atomic.Int64 // generation handlers running (Active)
 	closing  sync.Once
 }
 
@@ -140,11 +141,17 @@ func (s *Server) Close() error {
 	return nil
 }
 
+// Active is how many generation requests the replica is serving: once
+// it is 0, every request it served is in its Ledger.
+func (s *Server) Active() int { return int(s.active.Load()) }
+
 // tracked counts a generation handler as in flight for Close.
 func (s *Server) tracked(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		s.inflight.Add(1)
+		s.active.Add(1)
 		defer s.inflight.Done()
+		defer s.active.Add(-1)
 		h(w, r)
 	}
 }
@@ -267,7 +274,8 @@ func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request, ep endpoi
 // prompt + answer. Every request leaves an entry in the ledger.
 func (s *Server) run(ctx context.Context, w http.ResponseWriter, seq *sequence) {
 	start := time.Now()
-	led := LedgerEntry{RequestID: seq.reqID, Kind: seq.plan.mode.kind(), PromptTokens: seq.promptTokens, Outcome: "cancelled"}
+	led := LedgerEntry{RequestID: seq.reqID, Kind: seq.plan.mode.kind(), PromptTokens: seq.promptTokens,
+		BlockTokens: len(seq.hashes) * s.cfg.BlockSize, Outcome: "cancelled"}
 	defer func() { s.ledger.add(led) }()
 	fail := func(err error) {
 		// Nothing was written yet; a gone client never reads this.
