@@ -143,6 +143,14 @@ func TestPDVLLMPrefillRetry(t *testing.T) {
 		t.Errorf("prefill rounds retried = %v", got)
 	}
 
+	// Every prefill replica failing: 502, saying which leg and why.
+	view = newFakeView([]string{"m"}, fakeReplica{id: broken.URL, role: route.RolePrefill}, fakeReplica{id: decode.URL, role: route.RoleDecode})
+	_, srv, _ = newTestProxy(t, view, func(c *Config) { c.PD = disagg.VLLM })
+	resp = post(t, context.Background(), srv.URL+"/v1/chat/completions", chatBody("m", false, "hello"))
+	if body := readAll(t, resp); resp.StatusCode != http.StatusBadGateway || !strings.Contains(body, "prefill leg") || !strings.Contains(body, "answered 500: prefill refused") {
+		t.Fatalf("status %d: %s", resp.StatusCode, body)
+	}
+
 	bad := newReplica(t, func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "This model's maximum context length is 8 tokens.")
 	})
@@ -153,7 +161,7 @@ func TestPDVLLMPrefillRetry(t *testing.T) {
 		t.Fatalf("status %d: %s", resp.StatusCode, body)
 	}
 	if decode.count() != 1 {
-		t.Fatalf("a decode leg ran after the prefill's 400 (%d)", decode.count())
+		t.Fatalf("a decode leg ran after a failed prefill (%d)", decode.count())
 	}
 }
 

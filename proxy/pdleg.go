@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -80,8 +81,17 @@ func (lw *legWriter) answer(w http.ResponseWriter, model string) int {
 	what := "failed"
 	if lw.status != 0 {
 		what = fmt.Sprintf("answered %d", lw.status)
-		if msg := bytes.TrimSpace(lw.body[:min(len(lw.body), 200)]); len(msg) > 0 {
-			what += ": " + string(msg)
+		var e struct {
+			Error struct {
+				Message string `json:"message"`
+			} `json:"error"`
+		}
+		msg := string(bytes.TrimSpace(lw.body[:min(len(lw.body), 200)]))
+		if json.Unmarshal(lw.body, &e) == nil && e.Error.Message != "" {
+			msg = e.Error.Message // an OpenAI error's, ours or the replica's
+		}
+		if msg != "" {
+			what += ": " + msg
 		}
 	}
 	return writeError(w, http.StatusBadGateway, fmt.Sprintf("the prefill leg for the model '%s' %s; nothing was generated", model, what))
