@@ -443,3 +443,24 @@ func TestPDMetricsInitialised(t *testing.T) {
 	}
 	_ = time.Second
 }
+
+// TestOwnerOfADeadReplicaRefuses: an owner whose replica refuses the
+// connection (dead before its health checks noticed) answers the hop
+// 503, not dispatched, so the entry takes another replica: the client
+// is answered (a decode replica killed mid-stream costs no other
+// request). A client of that owner gets 502 as before.
+func TestOwnerOfADeadReplicaRefuses(t *testing.T) {
+	dead := deadAddr(t)
+	_, owner, _ := newTestProxy(t, newFakeView([]string{"m"}, fakeReplica{id: dead}), func(c *Config) { c.HopKey = testHopKey })
+	alive := newReplica(t, func(w http.ResponseWriter, r *http.Request) { jsonChat(w, "from the other", 0) })
+	view := newFakeView([]string{"m"}, fakeReplica{id: dead, owner: owner.URL, match: 20}, fakeReplica{id: alive.URL})
+	_, entry, _ := newTestProxy(t, view, func(c *Config) { c.HopKey = testHopKey })
+	resp := post(t, context.Background(), entry.URL+"/v1/chat/completions", chatBody("m", false, strings.Repeat("prompt ", 20)))
+	if body := readAll(t, resp); resp.StatusCode != http.StatusOK || !strings.Contains(body, "from the other") {
+		t.Fatalf("status %d: %s", resp.StatusCode, body)
+	}
+	resp = post(t, context.Background(), owner.URL+"/v1/chat/completions", chatBody("m", false, "hi"))
+	if body := readAll(t, resp); resp.StatusCode != http.StatusBadGateway {
+		t.Fatalf("a client of the owner: status %d: %s", resp.StatusCode, body)
+	}
+}

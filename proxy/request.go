@@ -363,7 +363,7 @@ func (st *reqState) readLoads() {
 // attemptAll decides, books and attempts until an attempt settles the
 // request, or no other attempt may follow.
 func (st *reqState) attemptAll() {
-	p, w := st.p, st.w
+	p := st.p
 	counted := false
 	st.began = p.now()
 	for st.attempts = 1; ; st.attempts++ {
@@ -384,7 +384,7 @@ func (st *reqState) attemptAll() {
 			return
 		}
 		if !st.more() {
-			st.code = writeError(w, http.StatusBadGateway, fmt.Sprintf("all %d upstream attempts for the model '%s' failed", st.attempts, st.prompt.Model))
+			st.code = answerUnreached(st)
 			return
 		}
 		st.cands = slices.Delete(st.cands, d.Index, d.Index+1)
@@ -392,7 +392,7 @@ func (st *reqState) attemptAll() {
 			st.cands = p.avoidOwner(st.cands, st.downOwner, st.downSince)
 			st.downOwner = ""
 			if len(st.cands) == 0 {
-				st.code = writeError(w, http.StatusBadGateway, fmt.Sprintf("all %d upstream attempts for the model '%s' failed", st.attempts, st.prompt.Model))
+				st.code = answerUnreached(st)
 				return
 			}
 		}
