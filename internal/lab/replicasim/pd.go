@@ -392,7 +392,9 @@ type LedgerEntry struct {
 	PulledTokens   int `json:"pulled_tokens"`
 	ComputedTokens int `json:"computed_tokens"`
 	// Outcome is ok, error (answered an error), cancelled (the client
-	// left) or pull_failed (a decode that recomputed its prompt).
+	// left before any output: nothing was generated), cut (the client
+	// left, or the replica closed, after output began) or pull_failed (a
+	// decode that recomputed its prompt, and answered).
 	Outcome string `json:"outcome"`
 }
 

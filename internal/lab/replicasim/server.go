@@ -369,6 +369,7 @@ func (s *Server) run(ctx context.Context, w http.ResponseWriter, seq *sequence) 
 		if i > 0 {
 			if err := sleepUntil(ctx, firstAt.Add(time.Duration(i)*perToken)); err != nil {
 				s.abort(w, out, seq, err)
+				led.Outcome = "cut"
 				return
 			}
 		}
@@ -380,6 +381,7 @@ func (s *Server) run(ctx context.Context, w http.ResponseWriter, seq *sequence) 
 		s.m.generationTokens.Inc()
 		if err := out.token(tok, i == seq.maxTokens-1); err != nil {
 			s.logger.Debug("client write failed", "id", seq.id, "error", err)
+			led.Outcome = "cut"
 			return
 		}
 	}
