@@ -70,14 +70,13 @@ func newPDMetrics(reg prometheus.Registerer, proto disagg.Protocol) *pdMetrics {
 			Help: "Rounds of the legs of split requests this router decided, by leg (prefill, decode) and result: ok, failed, retried (a prefill leg that failed before any output, tried again on another prefill replica).",
 		}, []string{"leg", "result"}),
 	}
-	if proto != disagg.None {
-		for _, o := range []string{pdOK, pdPrefillFailed, pdDecodeFailed, pdClientGone, pdWhole, pdRefused} {
-			m.requests.WithLabelValues(proto.String(), o)
-		}
-		for _, l := range []string{"prefill", "decode"} {
-			for _, r := range []string{"ok", "failed", "retried"} {
-				m.legs.WithLabelValues(l, r)
-			}
+	// Zeros, not gaps (protocol "off" where nothing is split).
+	for _, o := range []string{pdOK, pdPrefillFailed, pdDecodeFailed, pdClientGone, pdWhole, pdRefused} {
+		m.requests.WithLabelValues(proto.String(), o)
+	}
+	for _, l := range []string{"prefill", "decode"} {
+		for _, r := range []string{"ok", "failed", "retried"} {
+			m.legs.WithLabelValues(l, r)
 		}
 	}
 	return m

@@ -10,7 +10,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/kvmesh/kvmesh/proxy/disagg"
 	"github.com/kvmesh/kvmesh/proxy/hop"
@@ -433,15 +432,17 @@ func TestDecodePick(t *testing.T) {
 	}
 }
 
-// The metrics of split requests are pre-initialised for the deployment's
-// protocol only.
+// The metrics of split requests are pre-initialised, under the
+// deployment's protocol.
 func TestPDMetricsInitialised(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
 	newPDMetrics(reg, disagg.SGLang)
 	if n := testutil.CollectAndCount(reg, "kvmesh_pd_requests_total"); n != 6 {
 		t.Errorf("%d series", n)
 	}
-	_ = time.Second
+	if v := testutil.ToFloat64(newPDMetrics(prometheus.NewRegistry(), disagg.None).requests.WithLabelValues("off", pdOK)); v != 0 {
+		t.Errorf("off: %v", v)
+	}
 }
 
 // TestOwnerOfADeadReplicaRefuses: an owner whose replica refuses the
