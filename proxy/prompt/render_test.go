@@ -455,7 +455,6 @@ func TestMaxTokens(t *testing.T) {
 	}
 }
 
-
 // maxTokensBodies seed the reference checks with output caps (they are
 // not renderCases, whose rendering is pinned: a cap renders nothing).
 var maxTokensBodies = []string{
