@@ -50,6 +50,7 @@ func sampleMessages(t testing.TB) [][]byte {
 		nb.append(nil),
 		npp,
 		withEngine.append(nil),
+		usageMsg{Origin: "a", Boot: 7, Payload: []byte{1, 2, 3}}.append(nil),
 	}
 }
 
@@ -390,6 +391,8 @@ func FuzzDecodeMsg(f *testing.F) {
 		case batchMsg:
 			out = m.append(nil)
 		case fullReq:
+			out = m.append(nil)
+		case usageMsg:
 			out = m.append(nil)
 		}
 		if string(out) != string(b) {
