@@ -191,6 +191,9 @@ func (c Config) Enabled() bool {
 	return false
 }
 
+// Window is the budgets' period.
+func (l *Ledger) Window() time.Duration { return l.cfg.Window }
+
 func (l *Ledger) newSeries() *series { return &series{cells: make([]cell, l.ring)} }
 
 // bucket is the absolute bucket of t.
@@ -280,13 +283,19 @@ func (l *Ledger) Reserve(tenant uint64, in, out int64) (Ticket, Decision) {
 }
 
 // Settle corrects t's charge to what the request used: in and out
-// tokens (the engine's usage, or the caller's estimate). A request that
-// never reached an engine settles at 0 and 0.
+// tokens (the engine's usage, or the caller's estimate; negative keeps
+// what was charged). A request that never reached an engine settles at
+// 0 and 0.
 func (l *Ledger) Settle(t Ticket, in, out int64) {
 	if t.s == nil {
 		return
 	}
-	in, out = max(in, 0), max(out, 0)
+	if in < 0 {
+		in = t.in
+	}
+	if out < 0 {
+		out = t.out
+	}
 	l.m.charged(t.name, in, out)
 	cur := l.bucket(l.cfg.Now())
 	l.mu.Lock()

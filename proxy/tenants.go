@@ -1,0 +1,118 @@
+package proxy
+
+import (
+	"fmt"
+	"math"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/kvmesh/kvmesh/proxy/admit"
+	"github.com/kvmesh/kvmesh/proxy/prompt"
+	"github.com/kvmesh/kvmesh/proxy/quota"
+	"github.com/kvmesh/kvmesh/proxy/reply"
+	"github.com/zeebo/xxh3"
+)
+
+// The tenant of a request, and its token budget (package quota): a
+// request is charged its estimated input tokens and reserved output
+// tokens before it may queue or dispatch, and the charge is corrected to
+// the engine's usage when it ends. The router that admits a request
+// counts it, a hop's owner does not.
+
+// Seeds of the tenant hashes, one per source of the identity, so one
+// value from two sources does not name one tenant.
+const (
+	tenantByKey    = 0x74656e616e740001
+	tenantByHeader = 0x74656e616e740002
+	tenantByAddr   = 0x74656e616e740003
+)
+
+// tenantOf identifies the tenant of a request with headers h from addr
+// (admission's fair queueing, and the tenant's token budget).
+func (p *Proxy) tenantOf(h http.Header, addr string) uint64 {
+	key := bearerKey(h)
+	switch {
+	case p.cfg.APIKeys != nil && key != "":
+		return xxh3.HashStringSeed(key, tenantByKey)
+	case h.Get(admit.HeaderTenant) != "":
+		return xxh3.HashStringSeed(h.Get(admit.HeaderTenant), tenantByHeader)
+	case key != "":
+		return xxh3.HashStringSeed(key, tenantByKey)
+	}
+	return xxh3.HashStringSeed(addr, tenantByAddr)
+}
+
+
+// TenantKeys are the tenant hashes a name stands for in a budgets file:
+// as an API key, as an X-Kvmesh-Tenant value and as a client address,
+// whichever identifies the tenant (tenantOf).
+func TenantKeys(name string) [3]uint64 {
+	return [3]uint64{xxh3.HashStringSeed(name, tenantByKey), xxh3.HashStringSeed(name, tenantByHeader),
+		xxh3.HashStringSeed(name, tenantByAddr)}
+}
+
+// spent is what an engine reported a request used, as its answer went
+// by: its usage, and the answer's bytes (read: a sink read them).
+type spent struct {
+	usage  reply.Usage
+	answer int
+	read   bool
+}
+
+// spentOf reads a sink before it is released (nil: nothing read).
+func spentOf(s *reply.Sink) spent {
+	if s == nil {
+		return spent{}
+	}
+	return spent{usage: s.Usage(), answer: len(s.Answer()), read: true}
+}
+
+// chargeTenant charges a request of tenant with prompt pr to its
+// tenant's budget: input tokens estimated from the prompt's bytes at the
+// replicas' learned bytes per token, output reserved at its max_tokens
+// (else the tenant's mean). When the budget is spent it answers 429
+// rate_limit_exceeded with Retry-After and reports false.
+func (p *Proxy) chargeTenant(w http.ResponseWriter, tenant uint64, pr *prompt.Prompt) (quota.Ticket, int, bool) {
+	in := int64(math.Ceil(float64(len(pr.Text)) / p.ratios.Overall()))
+	t, d := p.cfg.Quota.Reserve(tenant, in, pr.MaxTokens)
+	if d.OK {
+		return t, 0, true
+	}
+	h := w.Header()
+	h.Set("X-Ratelimit-Limit-Tokens", strconv.FormatInt(d.Limit, 10))
+	h.Set("X-Ratelimit-Remaining-Tokens", strconv.FormatInt(max(d.Limit-d.Used, 0), 10))
+	h.Set("X-Ratelimit-Reset-Tokens", d.RetryAfter.Round(time.Millisecond).String())
+	secs := max(int((d.RetryAfter+time.Second-1)/time.Second), 1)
+	h.Set("Retry-After", strconv.Itoa(secs))
+	msg := fmt.Sprintf("Rate limit reached for this tenant on %s tokens per %v: limit %d, used %d mesh-wide; please try again in %ds",
+		d.Kind, p.cfg.Quota.Window(), d.Limit, d.Used, secs)
+	return quota.Ticket{}, writeErrorCode(w, http.StatusTooManyRequests, "tokens", codeRateLimited, msg), false
+}
+
+// settleTokens corrects st's charge to what it used: the engine's
+// usage.prompt_tokens and completion_tokens when it reported them, else
+// the estimate for the input and the answer's bytes for the output; a
+// request no engine answered with success settles at nothing.
+func (st *reqState) settleTokens() {
+	if !st.quota.Held() {
+		return
+	}
+	answered := st.code >= 200 && st.code < 300 || st.code == statusClientGone && st.spent.read
+	if !answered {
+		st.p.cfg.Quota.Settle(st.quota, 0, 0)
+		return
+	}
+	u := st.spent.usage
+	in, out := int64(-1), int64(0)
+	if u.PromptTokens > 0 {
+		in = u.PromptTokens
+	}
+	switch {
+	case u.Present:
+		out = u.CompletionTokens
+	case st.spent.read:
+		out = int64(math.Ceil(float64(st.spent.answer) / st.p.ratios.Overall()))
+	}
+	st.p.cfg.Quota.Settle(st.quota, in, out)
+}
