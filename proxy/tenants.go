@@ -43,7 +43,6 @@ func (p *Proxy) tenantOf(h http.Header, addr string) uint64 {
 	return xxh3.HashStringSeed(addr, tenantByAddr)
 }
 
-
 // TenantKeys are the tenant hashes a name stands for in a budgets file:
 // as an API key, as an X-Kvmesh-Tenant value and as a client address,
 // whichever identifies the tenant (tenantOf).
