@@ -251,7 +251,10 @@ func TestTenantBudgetAcrossRouters(t *testing.T) {
 	run := func(d time.Duration) (heavy, light []tnResult) {
 		var wg sync.WaitGroup
 		wg.Add(1)
-		go func() { defer wg.Done(); light = tnLoad(ctx, c, client, "light", 0.25*budget/400/window.Seconds(), d, promptBytes, 4) }()
+		go func() {
+			defer wg.Done()
+			light = tnLoad(ctx, c, client, "light", 0.25*budget/400/window.Seconds(), d, promptBytes, 4)
+		}()
 		heavy = tnLoad(ctx, c, client, "heavy", rate, d, promptBytes, 4)
 		wg.Wait()
 		return heavy, light
