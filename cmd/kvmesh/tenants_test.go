@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -51,16 +52,36 @@ type tnCluster struct {
 // tnStart starts the cluster: sides gives each router's side of the
 // partition (r1 alone, r2 and r3 together).
 func tnStart(t *testing.T, ctx context.Context, tc tenantConfig, sim replicasim.Config) *tnCluster {
+	return tnStartAt(t, ctx, tc, sim, 0)
+}
+
+// tnStartAt is tnStart on ports from base (0: any free ports): replica
+// i on base+i, router i's API on base+10+i and its gossip on base+20+i.
+func tnStartAt(t *testing.T, ctx context.Context, tc tenantConfig, sim replicasim.Config, base int) *tnCluster {
 	c := &tnCluster{}
+	addr := func(off int) string {
+		if base == 0 {
+			return "127.0.0.1:0"
+		}
+		return fmt.Sprintf("127.0.0.1:%d", base+off)
+	}
 	sides := map[string]int{"t1": 0, "t2": 1, "t3": 1}
 	for i, name := range []string{"t1", "t2", "t3"} {
 		s, err := replicasim.New(sim, hclog.NewNullLogger(), prometheus.NewRegistry())
 		if err != nil {
 			t.Fatal(err)
 		}
-		rep := simReplica{sim: s, srv: httptest.NewServer(s.Handler())}
+		ln, err := net.Listen("tcp", addr(i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := httptest.NewUnstartedServer(s.Handler())
+		srv.Listener.Close()
+		srv.Listener = ln
+		srv.Start()
+		rep := simReplica{sim: s, srv: srv}
 		c.reps = append(c.reps, rep)
-		cfg := routerConfig{name: name, region: "local", listen: "127.0.0.1:0", gossipBind: "127.0.0.1:0", logLevel: hclog.Warn, logOutput: io.Discard,
+		cfg := routerConfig{name: name, region: "local", listen: addr(10 + i), gossipBind: addr(20 + i), logLevel: hclog.Warn, logOutput: io.Discard,
 			maxBodyBytes: proxy.DefaultMaxBodyBytes, capacityBlocks: 4096, loadFactor: 1.25,
 			timing: mesh.TestTiming(), healthInterval: 100 * time.Millisecond, contract: summary.DefaultContract(), gossipKey: testGossipKey,
 			replicas: []string{rep.srv.URL}, tenants: tc}
