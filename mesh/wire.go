@@ -673,31 +673,3 @@ func decodePushPull(b []byte, v wireVersion) (pushPull, error) {
 	}
 	return p, nil
 }
-
-// usageMsg is a router's tenant usage: the payload is Config.Usage's,
-// opaque to the mesh.
-type usageMsg struct {
-	Origin  string
-	Boot    uint64
-	Payload []byte
-}
-
-func (u usageMsg) append(dst []byte) []byte {
-	dst = append(dst, kindUsage)
-	dst = appendS8(dst, u.Origin)
-	dst = binary.BigEndian.AppendUint64(dst, u.Boot)
-	dst = binary.BigEndian.AppendUint32(dst, uint32(len(u.Payload)))
-	return append(dst, u.Payload...)
-}
-
-// maxUsageBytes bounds a usage payload (a few KB in practice).
-const maxUsageBytes = 1 << 20
-
-func (r *reader) usage() usageMsg {
-	u := usageMsg{Origin: r.s8(), Boot: r.u64()}
-	u.Payload = r.bytes32(maxUsageBytes)
-	if r.err == nil && u.Origin == "" {
-		r.fail(errors.New("empty origin"))
-	}
-	return u
-}

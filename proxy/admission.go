@@ -59,7 +59,7 @@ func (ad *admission) depth() [admit.NumClasses]int {
 // name itself another tenant); otherwise the tenant header, then the
 // bearer key, then the client's address.
 func (ad *admission) request(h http.Header, addr string, pr *prompt.Prompt) admit.Request {
-	req := admit.Request{Model: pr.Model, Tenant: ad.p.tenantOf(h, addr), Cost: float64(len(pr.Text)/4 + 1)}
+	req := admit.Request{Model: pr.Model, Tenant: tenantOf(h, addr, ad.p.cfg.APIKeys != nil), Cost: float64(len(pr.Text)/4 + 1)}
 	if c, ok := admit.ParseClass(h.Get(admit.HeaderPriority)); ok {
 		req.Class = c
 	} else if n, err := strconv.Atoi(pr.Priority); err == nil {

@@ -119,7 +119,7 @@ func (p *Proxy) inference(w http.ResponseWriter, r *http.Request, ep *endpoint) 
 		st.code = st.noCandidate()
 		return
 	}
-	if !st.reserveTokens() || !p.admit.queue(st) {
+	if !reserveTokens(st) || !p.admit.queue(st) {
 		return
 	}
 	st.attemptAll()
@@ -161,16 +161,20 @@ func (ad *admission) queue(st *reqState) bool {
 	return true
 }
 
-// reserveTokens charges st to its tenant's token budget (tenants.go),
-// before it may queue: a request over budget is answered 429 there. A
-// hop was charged by the router it entered.
-func (st *reqState) reserveTokens() bool {
+// reserveTokens charges st to its tenant's token budget before it may
+// queue (a step of the request path; tenants.go has the rest): input tokens
+// estimated from the prompt's bytes at the replicas' learned bytes per
+// token, output reserved at its max_tokens (else the tenant's mean). A
+// hop was charged by the router it entered. When the budget is spent it
+// answers 429 and reports false.
+func reserveTokens(st *reqState) bool {
 	p := st.p
 	if p.cfg.Quota == nil || st.hop {
 		return true
 	}
 	var ok bool
-	st.quota, st.code, ok = p.chargeTenant(st.w, p.tenantOf(st.r.Header, clientAddr(st.r)), &st.prompt)
+	tenant := tenantOf(st.r.Header, clientAddr(st.r), p.cfg.APIKeys != nil)
+	st.quota, st.code, ok = chargeTenant(st.w, p.cfg.Quota, p.ratios.Overall(), tenant, &st.prompt)
 	return ok
 }
 
@@ -189,7 +193,9 @@ func letGo(st *reqState) {
 
 // finish releases what the request held, newest first, and counts it.
 func (st *reqState) finish() {
-	st.settleTokens()
+	if st.quota.Held() {
+		settleTokens(st.p.cfg.Quota, st.quota, st.code, st.spent, st.p.ratios.Overall())
+	}
 	if st.releaseAdmit != nil {
 		st.releaseAdmit()
 	}

@@ -29,11 +29,12 @@ const (
 )
 
 // tenantOf identifies the tenant of a request with headers h from addr
-// (admission's fair queueing, and the tenant's token budget).
-func (p *Proxy) tenantOf(h http.Header, addr string) uint64 {
+// (admission's fair queueing, and the tenant's token budget); keyed: the
+// router checks API keys.
+func tenantOf(h http.Header, addr string, keyed bool) uint64 {
 	key := bearerKey(h)
 	switch {
-	case p.cfg.APIKeys != nil && key != "":
+	case keyed && key != "":
 		return xxh3.HashStringSeed(key, tenantByKey)
 	case h.Get(admit.HeaderTenant) != "":
 		return xxh3.HashStringSeed(h.Get(admit.HeaderTenant), tenantByHeader)
@@ -67,14 +68,12 @@ func spentOf(s *reply.Sink) spent {
 	return spent{usage: s.Usage(), answer: len(s.Answer()), read: true}
 }
 
-// chargeTenant charges a request of tenant with prompt pr to its
-// tenant's budget: input tokens estimated from the prompt's bytes at the
-// replicas' learned bytes per token, output reserved at its max_tokens
-// (else the tenant's mean). When the budget is spent it answers 429
+// chargeTenant charges a request of tenant with prompt pr to l at
+// bytesPerToken; when the budget is spent it answers 429
 // rate_limit_exceeded with Retry-After and reports false.
-func (p *Proxy) chargeTenant(w http.ResponseWriter, tenant uint64, pr *prompt.Prompt) (quota.Ticket, int, bool) {
-	in := int64(math.Ceil(float64(len(pr.Text)) / p.ratios.Overall()))
-	t, d := p.cfg.Quota.Reserve(tenant, in, pr.MaxTokens)
+func chargeTenant(w http.ResponseWriter, l *quota.Ledger, bytesPerToken float64, tenant uint64, pr *prompt.Prompt) (quota.Ticket, int, bool) {
+	in := int64(math.Ceil(float64(len(pr.Text)) / bytesPerToken))
+	t, d := l.Reserve(tenant, in, pr.MaxTokens)
 	if d.OK {
 		return t, 0, true
 	}
@@ -85,24 +84,25 @@ func (p *Proxy) chargeTenant(w http.ResponseWriter, tenant uint64, pr *prompt.Pr
 	secs := max(int((d.RetryAfter+time.Second-1)/time.Second), 1)
 	h.Set("Retry-After", strconv.Itoa(secs))
 	msg := fmt.Sprintf("Rate limit reached for this tenant on %s tokens per %v: limit %d, used %d mesh-wide; please try again in %ds",
-		d.Kind, p.cfg.Quota.Window(), d.Limit, d.Used, secs)
+		d.Kind, l.Window(), d.Limit, d.Used, secs)
 	return quota.Ticket{}, writeErrorCode(w, http.StatusTooManyRequests, "tokens", codeRateLimited, msg), false
 }
 
-// settleTokens corrects st's charge to what it used: the engine's
-// usage.prompt_tokens and completion_tokens when it reported them, else
-// the estimate for the input and the answer's bytes for the output; a
+// settleTokens corrects a request's charge t to what it used (it ended
+// with status code, its relay read sp): the engine's usage.prompt_tokens
+// and completion_tokens when it reported them, else the estimate for the
+// input and the answer's bytes at bytesPerToken for the output; a
 // request no engine answered with success settles at nothing.
-func (st *reqState) settleTokens() {
-	if !st.quota.Held() {
+func settleTokens(l *quota.Ledger, t quota.Ticket, code int, sp spent, bytesPerToken float64) {
+	if !t.Held() {
 		return
 	}
-	answered := st.code >= 200 && st.code < 300 || st.code == statusClientGone && st.spent.read
+	answered := code >= 200 && code < 300 || code == statusClientGone && sp.read
 	if !answered {
-		st.p.cfg.Quota.Settle(st.quota, 0, 0)
+		l.Settle(t, 0, 0)
 		return
 	}
-	u := st.spent.usage
+	u := sp.usage
 	in, out := int64(-1), int64(0)
 	if u.PromptTokens > 0 {
 		in = u.PromptTokens
@@ -110,8 +110,8 @@ func (st *reqState) settleTokens() {
 	switch {
 	case u.Present:
 		out = u.CompletionTokens
-	case st.spent.read:
-		out = int64(math.Ceil(float64(st.spent.answer) / st.p.ratios.Overall()))
+	case sp.read:
+		out = int64(math.Ceil(float64(sp.answer) / bytesPerToken))
 	}
-	st.p.cfg.Quota.Settle(st.quota, in, out)
+	l.Settle(t, in, out)
 }
