@@ -10,8 +10,8 @@ package main
 //
 //	go test -tags tenants -run TestTenantBudgetLab -v -timeout 20m ./cmd/kvmesh/
 //
-// Phases: the light tenant alone (45 s); both tenants (150 s: the heavy
-// one's window fills and then slides); a 30 s partition of the usage
+// Phases: the light tenant alone and beside the heavy one, 20 s each,
+// four times over, then both for 60 s; a 30 s partition of the usage
 // gossip (t1 | t2, t3) with both tenants, and 90 s after it heals. It
 // prints, for the heavy tenant, the most prompt tokens served in any
 // sliding minute in each phase, and the light tenant's TTFT p50/p99
@@ -36,13 +36,14 @@ func TestTenantBudgetLab(t *testing.T) {
 		promptBytes = 1600  // about 400 tokens
 		maxTokens   = 16
 	)
-	c := tnStartAt(t, ctx, tenantConfig{input: budget, window: time.Minute},
+	// The light tenant has a budget of its own, far from spent.
+	c := tnStartAt(t, ctx, tenantConfig{input: budget, window: time.Minute, file: writeFile(t, "light 10000000 -\n")},
 		replicasim.Config{DecodeMsPerToken: 10, MaxNumSeqs: 32}, 24000)
 	defer c.close(t)
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 128}}
 	defer client.CloseIdleConnections()
 	heavyRate := 3.0 * budget / 400 / 60 // 7.5 a second
-	lightRate := 1.5                      // 36,000 tokens a minute
+	lightRate := 3.0
 	both := func(d time.Duration) (heavy, light []tnResult) {
 		var wg sync.WaitGroup
 		wg.Add(1)
@@ -51,8 +52,16 @@ func TestTenantBudgetLab(t *testing.T) {
 		wg.Wait()
 		return heavy, light
 	}
-	alone := tnLoad(ctx, c, client, "light", lightRate, 45*time.Second, promptBytes, maxTokens)
-	heavy, light := both(150 * time.Second)
+	// Side by side: 20 s of the light tenant alone, then 20 s beside the
+	// heavy one, four times over.
+	var alone, heavy, light []tnResult
+	for range 4 {
+		alone = append(alone, tnLoad(ctx, c, client, "light", lightRate, 20*time.Second, promptBytes, maxTokens)...)
+		h, l := both(20 * time.Second)
+		heavy, light = append(heavy, h...), append(light, l...)
+	}
+	h, l := both(60 * time.Second) // the heavy one's window full and sliding
+	heavy, light = append(heavy, h...), append(light, l...)
 	c.cut.Store(true)
 	heavyP, lightP := both(30 * time.Second)
 	c.cut.Store(false)
