@@ -1,3 +1,5 @@
+//go:build tenants
+
 package main
 
 import (
