@@ -265,14 +265,14 @@ func TestJoinPushPullKeepsNoLoad(t *testing.T) {
 	}
 }
 
-// TestRollingUpgradeRole: a router from before roles (b, wireEngine) in
+// TestRollingUpgradeRole: a router from before roles (b, wireUsage) in
 // a mesh with newer ones reads a newer owner's prefill replica as a
 // whole one, keeps a fresh copy of it across batches and push/pulls, and
 // refuses nothing; a newer router (c) learns the role and the bootstrap
 // port, and keeps them across the push/pulls, which are encoded at b's
 // version while b is alive and so say nothing of roles.
 func TestRollingUpgradeRole(t *testing.T) {
-	old := wireEngine
+	old := wireUsage
 	a := newRouter(t, "a", nil)
 	b := newRouter(t, "b", func(c *Config) { joining(a)(c); c.wire = &old })
 	c := newRouter(t, "c", joining(a))

@@ -53,6 +53,7 @@ func sampleMessages(t testing.TB) [][]byte {
 		nb.append(nil),
 		npp,
 		withEngine.append(nil),
+		usageMsg{Origin: "a", Boot: 7, Payload: []byte{1, 2, 3}}.append(nil),
 		prefill.append(nil),
 		decode.append(nil),
 	}
@@ -280,7 +281,7 @@ func TestWireRole(t *testing.T) {
 		if st.needs() != wireRole {
 			t.Fatalf("%v needs version %d", tc, st.needs())
 		}
-		for _, old := range []wireVersion{wireBase, wireNoLoad, wireEngine} {
+		for _, old := range []wireVersion{wireBase, wireNoLoad, wireEngine, wireUsage} {
 			if _, err := decodeMsg(b, old); err == nil {
 				t.Fatalf("a decoder of version %d reads flagRole", old)
 			}
@@ -292,9 +293,9 @@ func TestWireRole(t *testing.T) {
 		}
 		withoutRole := st
 		withoutRole.Role, withoutRole.Bootstrap = route.RoleBoth, 0
-		got, want := st.at(wireEngine), withoutRole.at(wireEngine)
+		got, want := st.at(wireUsage), withoutRole.at(wireUsage)
 		if string(got.append(nil)) != string(want.append(nil)) {
-			t.Fatalf("%v at wireEngine:\n%x\nwant the state without a role\n%x", tc, got.append(nil), want.append(nil))
+			t.Fatalf("%v at wireUsage:\n%x\nwant the state without a role\n%x", tc, got.append(nil), want.append(nil))
 		}
 	}
 	whole := sampleState()
@@ -483,6 +484,8 @@ func FuzzDecodeMsg(f *testing.F) {
 		case batchMsg:
 			out = m.append(nil)
 		case fullReq:
+			out = m.append(nil)
+		case usageMsg:
 			out = m.append(nil)
 		}
 		if string(out) != string(b) {

@@ -32,9 +32,11 @@ const (
 	// wireEngine decodes the state flag flagEngine and the engine
 	// section it announces.
 	wireEngine wireVersion = 2
+	// wireUsage decodes the message kind kindUsage.
+	wireUsage wireVersion = 3
 	// wireRole decodes the state flag flagRole and the role it
 	// announces.
-	wireRole wireVersion = 3
+	wireRole wireVersion = 4
 	// wireLatest is this build's version.
 	wireLatest = wireRole
 )

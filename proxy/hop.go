@@ -3,7 +3,6 @@ package proxy
 import (
 	"fmt"
 	"net/http"
-	"slices"
 	"time"
 
 	"github.com/kvmesh/kvmesh/proxy/hop"
@@ -106,37 +105,4 @@ func (st *reqState) hopFailed(h *hop.Watch, id, ownerAPI string, err error) (att
 		return attemptFailed, true
 	}
 	return 0, false
-}
-
-// ownCandidates keeps the candidates this router owns (a forwarded request
-// never travels further) and finds the hinted replica among them. The
-// deciding router saw this router's replicas as they were up to a gossip
-// interval ago, and not the other routers' dispatches since; this router
-// counts them exactly, so it keeps the hint only while route's rule says
-// the replica can still start the request (route.Policy.KeepHint), and
-// otherwise decides again among its own replicas. A pinned request (an
-// SGLang prefill leg, whose decode leg names its replica) keeps the
-// hinted replica alone, or none.
-func ownCandidates(pol route.Policy, cands []route.Candidate, hint string, pinned bool) ([]route.Candidate, int) {
-	keep := false
-	for i := range cands {
-		if cands[i].ID() == hint {
-			keep = pinned || pol.KeepHint(cands, i)
-			break
-		}
-	}
-	if pinned {
-		cands = slices.DeleteFunc(cands, func(c route.Candidate) bool { return c.ID() != hint })
-	}
-	own, hinted := cands[:0], -1
-	for _, c := range cands {
-		if c.Detail == nil || !c.Detail.Local { // the view's word, as commit books by it: no Locate per candidate
-			continue
-		}
-		if c.ID() == hint && keep {
-			hinted = len(own)
-		}
-		own = append(own, c)
-	}
-	return own, hinted
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/proxy/disagg"
 	"github.com/kvmesh/kvmesh/proxy/hop"
+	"github.com/kvmesh/kvmesh/proxy/quota"
 	"github.com/kvmesh/kvmesh/route"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -463,5 +464,32 @@ func TestOwnerOfADeadReplicaRefuses(t *testing.T) {
 	resp = post(t, context.Background(), owner.URL+"/v1/chat/completions", chatBody("m", false, "hi"))
 	if body := readAll(t, resp); resp.StatusCode != http.StatusBadGateway {
 		t.Fatalf("a client of the owner: status %d: %s", resp.StatusCode, body)
+	}
+}
+
+// TestPDChargesTheDecodeLegsUsage: a split request is charged to its
+// tenant what its decode leg's engine reported (the answer is the
+// decode's), not left at its input estimate.
+func TestPDChargesTheDecodeLegsUsage(t *testing.T) {
+	pre := vllmPrefill(t, "p", http.StatusOK)
+	for _, owned := range []bool{true, false} {
+		dec := newReplica(t, usageChat(100, 20))
+		fr := fakeReplica{id: dec.URL, role: route.RoleDecode}
+		if !owned {
+			fr = fakeReplica{id: "http://decode-of-b", owner: dec.URL, role: route.RoleDecode}
+		}
+		l, err := quota.New(quota.Config{Default: quota.Limit{Input: 1e6, Output: 1e6}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		view := newFakeView([]string{"m"}, fakeReplica{id: pre.URL, role: route.RolePrefill}, fr)
+		_, srv, _ := newTestProxy(t, view, func(c *Config) { c.PD, c.Quota = disagg.VLLM, l })
+		if resp, b := postTenant(t, srv.URL, "a", chatBody("m", false, "hello")); resp.StatusCode != 200 {
+			t.Fatalf("owned %v: %d %s", owned, resp.StatusCode, b)
+		}
+		waitCounted(t, srv.Config.Handler.(*Proxy), epChat, 1)
+		if st := l.Status(1); len(st.Tenants) != 1 || st.Tenants[0].Input != 100 || st.Tenants[0].Output != 20 {
+			t.Fatalf("owned %v: charged %+v, want the decode's 100 in, 20 out", owned, st)
+		}
 	}
 }

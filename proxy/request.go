@@ -1,11 +1,9 @@
 package proxy
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"github.com/kvmesh/kvmesh/proxy/prompt"
-	"io"
 	"net/http"
 	"slices"
 	"strconv"
@@ -14,6 +12,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/proxy/admit"
 	"github.com/kvmesh/kvmesh/proxy/hop"
+	"github.com/kvmesh/kvmesh/proxy/quota"
 	"github.com/kvmesh/kvmesh/proxy/upstream"
 	"github.com/kvmesh/kvmesh/route"
 	"github.com/kvmesh/kvmesh/summary"
@@ -105,6 +104,10 @@ type reqState struct {
 	// stall: the attempt in flight at an owned replica, as the stall
 	// detection follows it (stall.go; nil: none).
 	stall *stallMark
+	// quota: the tenant's token charge, settled by finish to what the
+	// engine reported (spent; tenants.go).
+	quota quota.Ticket
+	spent spent
 
 	// What the request holds until it ends (finish releases it).
 	releaseClient, releaseCands, endHeat, releaseAdmit func()
@@ -127,7 +130,7 @@ func (p *Proxy) inference(w http.ResponseWriter, r *http.Request, ep *endpoint) 
 		st.code = st.noCandidate()
 		return
 	}
-	if !p.admit.queue(st) {
+	if !reserveTokens(st) || !p.admit.queue(st) {
 		return
 	}
 	if st.split {
@@ -173,6 +176,23 @@ func (ad *admission) queue(st *reqState) bool {
 	return true
 }
 
+// reserveTokens charges st to its tenant's token budget before it may
+// queue (a step of the request path; tenants.go has the rest): input tokens
+// estimated from the prompt's bytes at the replicas' learned bytes per
+// token, output reserved at its max_tokens (else the tenant's mean). A
+// hop was charged by the router it entered. When the budget is spent it
+// answers 429 and reports false.
+func reserveTokens(st *reqState) bool {
+	p := st.p
+	if p.cfg.Quota == nil || st.hop {
+		return true
+	}
+	var ok bool
+	tenant := tenantOf(st.r.Header, clientAddr(st.r), p.cfg.APIKeys != nil)
+	st.quota, st.code, ok = chargeTenant(st.w, p.cfg.Quota, p.ratios.Overall(), tenant, &st.prompt)
+	return ok
+}
+
 // letGo gives back st's candidates' storage and heat count before a wait
 // in the queue.
 func letGo(st *reqState) {
@@ -188,6 +208,9 @@ func letGo(st *reqState) {
 
 // finish releases what the request held, newest first, and counts it.
 func (st *reqState) finish() {
+	if st.quota.Held() {
+		settleTokens(st.p.cfg.Quota, st.quota, st.code, st.spent, st.p.ratios.Overall())
+	}
 	if st.releaseAdmit != nil {
 		st.releaseAdmit()
 	}
@@ -597,19 +620,6 @@ func (st *reqState) targetOf(id string) (t target, ok bool) {
 		url += "?" + r.URL.RawQuery
 	}
 	return target{id: id, ownerAPI: ownerAPI, url: url, local: local, fast: local && p.up != nil && upstream.Plain(url)}, true
-}
-
-// newUpstreamRequest is the net/http request of an attempt: the client's
-// headers that go upstream, and a body net/http can replay (it does only
-// when nothing was written, see retry.go).
-func newUpstreamRequest(ctx context.Context, url string, hdr http.Header, body []byte) (*http.Request, error) {
-	out, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
-	if err != nil {
-		return nil, err
-	}
-	copyRequestHeader(out.Header, hdr)
-	out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
-	return out, nil
 }
 
 // startHop prepares a hop to ownerAPI: its own cancellation, with a cause

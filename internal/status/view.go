@@ -60,6 +60,7 @@ type view struct {
 	// HasEngines says some replica's engine reported its load here.
 	HasEngines bool
 	Admission  admissionView
+	Tenants    tenantsView // tenants.go
 }
 
 type memberRow struct {
@@ -70,7 +71,7 @@ type memberRow struct {
 
 type replicaRow struct {
 	ID, Owner, DeclaredBy, Models string
-	Role                          string // prefill or decode ("": a whole replica)
+	Role                          string // prefill or decode ("": a whole replica, "both")
 	Health, HealthClass           string
 	InFlight, Pending             string
 	LoadBar                       string // px
@@ -191,11 +192,8 @@ func (v *view) addReplicas(d mesh.DebugInfo, now time.Time) {
 	}
 	for _, r := range d.Replicas {
 		row := replicaRow{ID: r.ID, Owner: r.Owner, DeclaredBy: strings.Join(r.DeclaredBy, ", "),
-			Models: strings.Join(r.Models, ", "), Owned: r.Owned,
+			Models: strings.Join(r.Models, ", "), Owned: r.Owned, Role: strings.TrimPrefix(r.Role, "both"),
 			InFlight: fmt.Sprint(r.InFlight), Pending: trimFloat(r.PendingPref), LoadBar: px(float64(r.InFlight) / float64(maxLoad))}
-		if r.Role == "prefill" || r.Role == "decode" {
-			row.Role = r.Role
-		}
 		switch {
 		case r.Owner == "":
 			row.Owner, row.Health, row.HealthClass = "none", "NO OWNER", "down"
