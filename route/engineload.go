@@ -35,6 +35,15 @@ type EngineLoad struct {
 	// Blocks cached for reuse but held by no sequence do not count: the
 	// engine evicts them to admit a request.
 	KVUsage uint16
+	// MinSlots is a lower bound on the engine's sequence slots while
+	// Slots is unknown: the most sequences it has been seen running with
+	// nothing waiting (the health checker's scrapes), saturated at 255,
+	// which is a bound all the same. An engine running fewer than that
+	// can start a request at once as far as its slots go, so the
+	// hot-spot guard does not hold it to the in-flight bound it keeps for
+	// engines of unknown capacity (route/load.go). 0 is unknown: not seen
+	// running yet, or Slots known.
+	MinSlots uint8
 	// HasLoad reports that Running and Waiting are the engine's counts:
 	// its last scrape published them. An engine that publishes none
 	// (no such gauges on its /metrics, a generic OpenAI server) or whose
@@ -55,23 +64,28 @@ func (l EngineLoad) Merge(o EngineLoad) EngineLoad {
 	if l.KVUsage == 0 {
 		l.KVUsage = o.KVUsage
 	}
+	if l.MinSlots == 0 {
+		l.MinSlots = o.MinSlots
+	}
 	return l
 }
 
 // Forget returns l as known once the engine's /metrics stops answering:
 // what the engine is configured with (Slots) stays, its gauges become
-// unknown. A field not named here is a gauge and is forgotten.
+// unknown. A field not named here is a gauge and is forgotten. MinSlots
+// is what the engine was seen to run, not a gauge, and stays too.
 func (l EngineLoad) Forget() EngineLoad {
-	return EngineLoad{Slots: l.Slots}
+	return EngineLoad{Slots: l.Slots, MinSlots: l.MinSlots}
 }
 
 // The wire tags of EngineLoad's fields. A tag's number never changes
 // meaning; a new field takes the next one.
 const (
-	wireRunning = 1 // Running, present iff HasLoad
-	wireWaiting = 2 // Waiting, present iff HasLoad
-	wireSlots   = 3 // Slots, present when known
-	wireKVUsage = 4 // KVUsage, present when known
+	wireRunning  = 1 // Running, present iff HasLoad
+	wireWaiting  = 2 // Waiting, present iff HasLoad
+	wireSlots    = 3 // Slots, present when known
+	wireKVUsage  = 4 // KVUsage, present when known
+	wireMinSlots = 5 // MinSlots, present when known
 )
 
 // KVFull is KVUsage's whole cache.
@@ -99,6 +113,9 @@ func (l EngineLoad) AppendWire(dst []byte) []byte {
 	}
 	if l.KVUsage > 0 {
 		dst = appendWireField(dst, wireKVUsage, int32(l.KVUsage))
+	}
+	if l.MinSlots > 0 {
+		dst = appendWireField(dst, wireMinSlots, int32(l.MinSlots))
 	}
 	// A section is at most 255 bytes (its length is one byte): the
 	// fields, a tag and at most 5 bytes of varint each, stay far under.
@@ -149,6 +166,11 @@ func (l *EngineLoad) DecodeWire(b []byte) (int, error) {
 				return 0, fmt.Errorf("engine load: KV usage %d over %d", v, KVFull)
 			}
 			out.KVUsage = uint16(v)
+		case wireMinSlots:
+			if v > math.MaxUint8 {
+				return 0, fmt.Errorf("engine load: min slots %d over %d", v, math.MaxUint8)
+			}
+			out.MinSlots = uint8(v)
 		}
 		if count && v > math.MaxInt32 {
 			return 0, fmt.Errorf("engine load: tag %d: count %d out of range", tag, v)

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"slices"
 	"strings"
@@ -116,7 +117,10 @@ type ReplicaStatus = engine.ReplicaStatus
 // reached its limit at n (max_num_seqs, or the room in its KV cache,
 // which caps it as well). Later scrapes that run more raise it; a full
 // cache that runs fewer for a while does not lower it. Until the engine
-// has queued once, Slots is 0 (unknown).
+// has queued once, Slots is 0 (unknown), and the report's MinSlots is the
+// most sequences it saw running with nothing waiting (at most 255): the
+// engine has at least that many slots, which spares a replica running
+// fewer the hot-spot guard's in-flight bound (route.EngineLoad.MinSlots).
 type Checker struct {
 	cfg        Config
 	client     *http.Client
@@ -147,6 +151,7 @@ type replicaHealth struct {
 	models                    []string
 	metrics, info             engine.Stats
 	learnedSlots              int32
+	ranFree                   int32         // most sequences seen running with nothing waiting
 	uptime                    engine.Uptime // the last scrape's that had any (restart.go)
 	bytesPerToken             float64       // the ratio CapacityBlocks is in (tokens.go)
 	restarts                  int
@@ -468,6 +473,9 @@ func (h *Checker) apply(id string, s *replicaHealth, r pollResult) {
 		if m := r.metrics; m.HasLoad && (m.Waiting > 0 || s.learnedSlots > 0) && m.Running > s.learnedSlots {
 			s.learnedSlots = m.Running
 		}
+		if m := r.metrics; m.HasLoad && m.Waiting == 0 {
+			s.ranFree = max(s.ranFree, m.Running)
+		}
 	}
 	if r.infoTried {
 		s.lastInfo = r.now // a missing info endpoint is not asked every second
@@ -529,6 +537,9 @@ func (h *Checker) statusLocked(s *replicaHealth) ReplicaStatus {
 	out := ReplicaStatus{Models: s.models, Healthy: s.healthy, Engine: h.kindLocked(s), Load: st.EngineLoad, Restarts: s.restarts}
 	if out.Load.Slots == 0 {
 		out.Load.Slots = s.learnedSlots
+	}
+	if out.Load.Slots == 0 && out.Load.MinSlots == 0 {
+		out.Load.MinSlots = uint8(min(s.ranFree, math.MaxUint8))
 	}
 	if st.CacheTokens > 0 {
 		c := float64(st.CacheTokens) * s.bytesPerToken / float64(h.blockBytes)

@@ -196,25 +196,29 @@ func TestHealthCheckerAdmitsOnlyAfterAPass(t *testing.T) {
 }
 
 // TestHealthCheckerLearnsSlots: without a published limit, the slot count
-// is the most sequences seen running while requests waited; a published
+// is the most sequences seen running while requests waited; until then
+// MinSlots is the most seen running with nothing waiting; a published
 // one wins.
 func TestHealthCheckerLearnsSlots(t *testing.T) {
 	e := &engineReplica{metrics: vllmMetrics}
 	rep := newReplica(t, e.serve)
 	var got reports
 	h := New(Config{}, []string{rep.URL}, nil, got.add, 1024, nil, nil)
-	steps := []struct{ running, waiting, slots int }{
-		{2, 0, 0}, // never queued: unknown
-		{4, 3, 4}, // queued while running 4
-		{3, 1, 4}, // a full cache runs fewer for a while: kept
-		{2, 0, 4},
-		{6, 0, 6}, // runs more: raised
+	steps := []struct{ running, waiting, slots, minSlots int }{
+		{2, 0, 0, 2}, // never queued: unknown, at least 2
+		{1, 0, 0, 2}, // runs fewer: the bound stays
+		{3, 0, 0, 3}, // runs more with nothing waiting: raised
+		{4, 3, 4, 0}, // queued while running 4: known
+		{3, 1, 4, 0}, // a full cache runs fewer for a while: kept
+		{2, 0, 4, 0},
+		{6, 0, 6, 0}, // runs more: raised
 	}
 	for i, s := range steps {
 		e.set(s.running, s.waiting)
 		h.round(t.Context())
-		if c, _ := got.last(rep.URL); int(c.Load.Running) != s.running || int(c.Load.Waiting) != s.waiting || int(c.Load.Slots) != s.slots {
-			t.Errorf("step %d: %+v, want running %d waiting %d slots %d", i, c, s.running, s.waiting, s.slots)
+		if c, _ := got.last(rep.URL); int(c.Load.Running) != s.running || int(c.Load.Waiting) != s.waiting || int(c.Load.Slots) != s.slots ||
+			int(c.Load.MinSlots) != s.minSlots {
+			t.Errorf("step %d: %+v, want running %d waiting %d slots %d min slots %d", i, c, s.running, s.waiting, s.slots, s.minSlots)
 		}
 	}
 
@@ -241,7 +245,7 @@ func TestHealthCheckerLearnsSlots(t *testing.T) {
 // and waiting counts are known. An engine whose /metrics lacks them, or
 // whose scrape fails, reports them unknown (HasLoad false, both 0: not an
 // idle engine), and known again once a scrape reads them; what else it
-// published (slots, cache) stays.
+// published (slots, cache) and what it was seen running (MinSlots) stay.
 func TestHealthCheckerHasLoad(t *testing.T) {
 	noCounts := strings.Join(strings.Split(vllmMetrics, "\n")[:3], "\n") + "\n" // the cache config alone
 	e := &engineReplica{metrics: noCounts}
@@ -257,11 +261,11 @@ func TestHealthCheckerHasLoad(t *testing.T) {
 		want             ReplicaStatus
 	}{
 		{"no counts published", noCounts, false, 0, 0, base},
-		{"counts published", vllmMetrics, false, 2, 0, ReplicaStatus{Load: route.EngineLoad{Running: 2, HasLoad: true}}},
-		{"counts published, idle", vllmMetrics, false, 0, 0, ReplicaStatus{Load: route.EngineLoad{HasLoad: true}}},
-		{"the scrape fails", vllmMetrics, true, 3, 0, base},
-		{"the scrape succeeds again", vllmMetrics, false, 3, 0, ReplicaStatus{Load: route.EngineLoad{Running: 3, HasLoad: true}}},
-		{"the counts go", noCounts, false, 3, 0, base},
+		{"counts published", vllmMetrics, false, 2, 0, ReplicaStatus{Load: route.EngineLoad{Running: 2, HasLoad: true, MinSlots: 2}}},
+		{"counts published, idle", vllmMetrics, false, 0, 0, ReplicaStatus{Load: route.EngineLoad{HasLoad: true, MinSlots: 2}}},
+		{"the scrape fails", vllmMetrics, true, 3, 0, ReplicaStatus{Load: route.EngineLoad{MinSlots: 2}}},
+		{"the scrape succeeds again", vllmMetrics, false, 3, 0, ReplicaStatus{Load: route.EngineLoad{Running: 3, HasLoad: true, MinSlots: 3}}},
+		{"the counts go", noCounts, false, 3, 0, ReplicaStatus{Load: route.EngineLoad{MinSlots: 3}}},
 	}
 	for i, s := range steps {
 		e.mu.Lock()
