@@ -7,6 +7,13 @@
 //
 // The decision, in order:
 //
+//  0. A request for a LoRA adapter (Candidate.LoRA: the engine serves the
+//     model as an adapter on top of its base model) is decided among the
+//     replicas the LoRA scorer keeps (pickLoRA, lora.go): those running
+//     the adapter while one can start it, else those and the one replica
+//     to load it on (by rendezvous hashing of the adapter, among those
+//     with room under the engine's limit), and so on down; the steps
+//     below then decide among them.
 //  1. Every candidate with a summary that counts is asked for its prefix
 //     match. The common prefix is the longest match that at least half of
 //     them (and two) hold (a global system prompt, or a hot prompt); only a
@@ -114,6 +121,9 @@ type Decision struct {
 	CommonMatch int
 	// Key is the consistent-hashing key of the request.
 	Key uint64
+	// LoRA is where a LoRA adapter's request went (pickLoRA); empty for
+	// a base model's.
+	LoRA LoRAPlacement
 }
 
 // Pick chooses a replica for req among cands. It writes only the
@@ -147,6 +157,7 @@ func (p Policy) pick(req Request, cands []Candidate, ms []int32) Decision {
 	// decision's only (pruneBounds).
 	tier := cands[0].Tier
 	canKnown := 0
+	var lora LoRAFit // the candidates' LoRA bits, ORed
 	defBm := p.DefaultBlockMs
 	// The answers of the batch the last candidate's cell was of (Batch):
 	// read here rather than through a call per candidate.
@@ -159,6 +170,7 @@ func (p Policy) pick(req Request, cands []Candidate, ms []int32) Decision {
 	for i := range cands {
 		c := &cands[i]
 		tier = min(tier, c.Tier)
+		lora |= c.LoRA
 		can := canStart(c)
 		// A stale candidate's load is as unknown as its cache: it neither
 		// counts towards the mean nor is held to the bound (a router that
@@ -175,6 +187,11 @@ func (p Policy) pick(req Request, cands []Candidate, ms []int32) Decision {
 				canKnown++
 			}
 		}
+	}
+	if lora&LoRAAdapter != 0 && !req.loraPlaced {
+		// The model is a LoRA adapter: the scorer keeps the replicas
+		// it should go to, and the decision among them is this one.
+		return p.pickLoRA(req, cands)
 	}
 	// The matches of the candidates whose summary is a cell of the batch
 	// the first summary's is (the mesh's candidates), read without a call
