@@ -71,6 +71,9 @@ type viewOp struct {
 // order). Its entries are written in place under decisionView.mu.
 type modelView struct {
 	entries []viewEntry
+	// lora is the model's route.LoRAID, which its candidates' LoRA
+	// is of.
+	lora uint32
 }
 
 // viewEntry is one replica as a decision reads it: what candidatesRef
@@ -90,8 +93,10 @@ type viewEntry struct {
 	// The count as route.Candidate keeps it (route.Count32).
 	inFlight int32
 	tier     int8
-	// engine is the engine's load, the owner's own or as it gossips it.
+	// engine is the engine's load, the owner's own or as it gossips it;
+	// lora its LoRA adapters, which Candidates reduces per model.
 	engine route.EngineLoad
+	lora   route.LoRAs
 	// ok: healthy, with an owner whose word this router has (else the
 	// replica is no candidate, but keeps its place in the arrays so that
 	// health flapping does not rebuild them).
@@ -117,14 +122,14 @@ func (v *published) entryLocked(r *replica) (viewEntry, []string) {
 		return e, nil
 	case owner == v.cfg.Name:
 		e.ok, e.sum, e.load = r.healthy, r.sum, r.load
-		e.engine = r.engine
+		e.engine, e.lora = r.engine, r.lora
 		return e, r.models
 	case !r.hasState || r.st.Origin != owner:
 		return e, nil
 	}
 	e.ok = r.st.Healthy
 	e.inFlight, e.pending = route.Count32(int(r.st.InFlight)), r.st.Pending
-	e.engine = r.st.Engine
+	e.engine, e.lora = r.st.Engine, r.st.LoRA
 	if r.sum != nil && !r.wantFull && r.sum.Epoch() == r.st.Epoch && !r.heard.IsZero() {
 		e.counts, e.sum, e.heard = true, r.sum, int64(r.heard.Sub(v.t0))
 	}
@@ -222,7 +227,7 @@ func (v *published) buildLocked(t *table) map[string]*modelView {
 			}
 			mv := views[model]
 			if mv == nil {
-				mv = &modelView{}
+				mv = &modelView{lora: route.LoRAID(model)}
 				views[model] = mv
 			}
 			r.viewAt = append(r.viewAt, viewSlot{mv, len(mv.entries)})

@@ -70,7 +70,7 @@ func (m *Mesh) UpdateReplica(id string, s ReplicaStatus) {
 		return
 	}
 	r.models, r.healthy, r.capacity = models, healthy, capacityBlocks
-	r.engine = s.Load
+	r.engine, r.lora = s.Load, s.LoRA
 	restarted := s.Restarts > r.restarts
 	r.restarts = s.Restarts
 	m.tab.touchLocked(r)
@@ -267,7 +267,7 @@ func (v *published) candidates(model string, dst []route.Candidate, b *matchBatc
 		dst = dst[:n+1]
 		c := &dst[n]
 		var sum route.Matcher
-		fillCandidate(c, e, &details[k])
+		fillCandidate(c, e, &details[k], mv.lora)
 		k++
 		if l := e.load; l != nil { // owned here
 			c.Detail.Local = true
@@ -373,8 +373,9 @@ func sameMatcher(a, b route.Matcher) bool {
 // of pointers for it to shade per decision: the decisions that overlapped
 // a mark phase cost several times the others. A buffer reused for the
 // same view writes no pointer here. TestFillCandidateWritesEveryField
-// keeps it in step with route.Candidate.
-func fillCandidate(c *route.Candidate, e *viewEntry, x *route.Detail) {
+// keeps it in step with route.Candidate. lora is the model's
+// route.LoRAID: the candidate's LoRA is the replica's word on it.
+func fillCandidate(c *route.Candidate, e *viewEntry, x *route.Detail, lora uint32) {
 	if c.Detail != x {
 		c.Detail = x
 	}
@@ -387,6 +388,7 @@ func fillCandidate(c *route.Candidate, e *viewEntry, x *route.Detail) {
 	c.Hash, c.InFlight, c.PendingPrefillBlocks, c.NetworkMs, c.BlockMs = e.hash, e.inFlight, e.pending, e.networkMs, 0
 	c.Tier, c.EngineLoad = e.tier, e.engine
 	c.Stale = false
+	c.LoRA = e.lora.Fit(lora)
 }
 
 // matchBatch is the summaries of one Candidates call, matched together
