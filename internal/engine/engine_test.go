@@ -407,6 +407,42 @@ func TestReplicaSimReadsAsVLLM(t *testing.T) {
 	}
 }
 
+// TestReplicaSimLoRAReadsAsVLLM: replica-sim's LoRA adapters read as
+// vLLM's: the limit and the adapters in use from vllm:lora_requests_info,
+// the adapters from /v1/models' parents.
+func TestReplicaSimLoRAReadsAsVLLM(t *testing.T) {
+	sim, err := replicasim.New(replicasim.Config{TimeScale: 1e6, LoRAAdapters: []string{"sql", "chat"}, MaxLoRAs: 2},
+		hclog.NewNullLogger(), prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sim.Close()
+	srv := httptest.NewServer(sim.Handler())
+	defer srv.Close()
+	get := func(path string) []byte {
+		resp, err := srv.Client().Get(srv.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return b
+	}
+	fams, err := ParseMetrics(get("/metrics"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	info := (vllm{}).FromMetrics(fams).LoRA
+	models, err := ParseModels(get("/v1/models"))
+	if err != nil || info != (LoRAInfo{Max: 2}) || !slices.Equal(models.Adapters, []string{"chat", "sql"}) {
+		t.Fatalf("info %+v models %+v %v", info, models, err)
+	}
+	l := LoRAsOf(info, models)
+	if l.Fit(route.LoRAID("kvmesh-sim")) != 0 || l.Fit(route.LoRAID("sql")) != route.LoRAAdapter|route.LoRARoom {
+		t.Fatalf("%+v", l)
+	}
+}
+
 // TestKVUsage: the KV cache's share in use is the mean of the engine
 // cores' (each has a cache of its own), clamped to the whole cache;
 // vLLM's name before 0.10 is read when the newer is absent, and an
