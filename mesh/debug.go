@@ -36,12 +36,12 @@ type ReplicaDebug struct {
 	EngineSlots   int  `json:"engine_slots"`
 	EngineHasLoad bool `json:"engine_has_load"`
 	// The engine's LoRA adapters: its limit (0: unknown or no LoRA),
-	// how many it has in use, and those of its models that run (loaded)
-	// and wait there, by name (the mesh carries them as ids, named here
-	// from the replica's models).
+	// how many it had in use when it last ran any, and those of its
+	// models that ran then (loaded) and waited, by name (the mesh carries
+	// them as ids, named here from the replica's models).
 	LoRAMax     int      `json:"lora_max,omitempty"`
 	LoRAActive  int      `json:"lora_active,omitempty"`
-	LoRARunning []string `json:"lora_running,omitempty"`
+	LoRALoaded  []string `json:"lora_loaded,omitempty"`
 	LoRAWaiting []string `json:"lora_waiting,omitempty"`
 }
 
@@ -110,5 +110,5 @@ func (d *ReplicaDebug) setEngine(l route.EngineLoad) {
 // d.Models.
 func (d *ReplicaDebug) setLoRA(a route.LoRAs) {
 	d.LoRAMax, d.LoRAActive = int(a.Max), int(a.Active)
-	d.LoRARunning, d.LoRAWaiting = a.Named(d.Models)
+	d.LoRALoaded, d.LoRAWaiting = a.Named(d.Models)
 }

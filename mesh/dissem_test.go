@@ -287,8 +287,8 @@ func TestLoRAReachesEveryRouter(t *testing.T) {
 					}
 				}
 				for _, d := range r.Debug().Replicas {
-					if d.ID == id && (d.LoRAMax != 2 || !slices.Equal(d.LoRARunning, step.running)) {
-						return fmt.Errorf("debug view: max %d running %v", d.LoRAMax, d.LoRARunning)
+					if d.ID == id && (d.LoRAMax != 2 || !slices.Equal(d.LoRALoaded, step.running)) {
+						return fmt.Errorf("debug view: max %d running %v", d.LoRAMax, d.LoRALoaded)
 					}
 				}
 				return nil

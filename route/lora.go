@@ -51,7 +51,7 @@ const maxLoRABases = 4
 // The state of an entry, its low two bits. A base model has neither
 // bit: it is listed so that a router can tell it from an adapter.
 const (
-	loraRunning = 1 // requests of the adapter run: it is resident
+	loraRunning = 1 // requests of the adapter ran when the engine last ran any: it is resident
 	loraWaiting = 2 // requests of the adapter wait (for a sequence slot, or to load it)
 )
 
@@ -192,7 +192,9 @@ const (
 	// LoRAAdapter: the model is an adapter at this replica (its engine
 	// tells LoRA and does not list the model as a base model).
 	LoRAAdapter LoRAFit = 1 << iota
-	// LoRARunning: requests of the adapter run there: it is loaded.
+	// LoRARunning: requests of the adapter ran there when the engine
+	// last ran any adapter: it is loaded (an engine evicts an adapter
+	// only to load another, which it would then name).
 	LoRARunning
 	// LoRAWaiting: requests of the adapter wait there.
 	LoRAWaiting

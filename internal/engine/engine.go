@@ -69,7 +69,8 @@ type Stats struct {
 
 // LoRAInfo is what an engine's metrics tell of its LoRA adapters (vLLM's
 // vllm:lora_requests_info): its limit on adapters resident at once and
-// the adapters its running and waiting requests name, as the
+// the adapters its running and waiting requests named when it last ran
+// any (Families.loraInfo: those that ran are loaded still), as the
 // comma-separated lists the engine labels them with. The zero value
 // tells nothing (an engine without LoRA).
 type LoRAInfo struct {
@@ -372,21 +373,35 @@ func (f Families) load(running, waiting string) Stats {
 
 // loraInfo reads an info gauge of LoRA adapters (vLLM's
 // vllm:lora_requests_info{max_lora, running_lora_adapters,
-// waiting_lora_adapters}): vLLM sets a series to the current time
+// waiting_lora_adapters}). vLLM sets a series to the current time
 // whenever it records its stats, and keeps the series of earlier label
-// values, so the series with the largest value is the engine's present
-// (an empty one included: nothing in use). A list over maxLoRAList bytes
-// is cut at its last name that fits.
+// values, so the latest series is its present; but when its last request
+// ends that is the series naming no adapter, while the adapters it ran
+// last stay loaded (vLLM evicts one only to load another, which a later
+// series would name). So, as llm-d's metrics extractor does, the series
+// read is the latest that names any adapter: those it names as running
+// are loaded still. A list over maxLoRAList bytes is cut at its last
+// name that fits.
 func (f Families) loraInfo(name string) LoRAInfo {
 	fam := f[name]
 	if fam == nil {
 		return LoRAInfo{}
 	}
 	var latest *dto.Metric
-	latestT := -1.0
+	latestT, named := -1.0, false
 	for _, m := range fam.GetMetric() {
-		if v, ok := value(m); ok && v >= latestT {
-			latest, latestT = m, v
+		v, ok := value(m)
+		if !ok {
+			continue
+		}
+		n := false
+		for _, p := range m.GetLabel() {
+			if (p.GetName() == "running_lora_adapters" || p.GetName() == "waiting_lora_adapters") && p.GetValue() != "" {
+				n = true
+			}
+		}
+		if (n && !named) || (n == named && v >= latestT) {
+			latest, latestT, named = m, v, n
 		}
 	}
 	if latest == nil {

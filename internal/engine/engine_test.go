@@ -349,16 +349,22 @@ func TestLoRAsOf(t *testing.T) {
 	}
 }
 
-// TestLoRAInfoLatestSeries: the series with the latest time is the
-// engine's present, an empty one included, and an oversized list is cut
-// at a name.
+// TestLoRAInfoLatestSeries: the latest series naming an adapter is read
+// (an idle engine's latest names none, and the adapters it ran last are
+// loaded still), the latest of all when none names one, and an
+// oversized list is cut at a name.
 func TestLoRAInfoLatestSeries(t *testing.T) {
-	page := `vllm:lora_requests_info{max_lora="4",running_lora_adapters="a,b",waiting_lora_adapters=""} 1.7e+09
+	page := `vllm:lora_requests_info{max_lora="4",running_lora_adapters="c",waiting_lora_adapters=""} 1.6e+09
+vllm:lora_requests_info{max_lora="4",running_lora_adapters="a,b",waiting_lora_adapters="c"} 1.7e+09
 vllm:lora_requests_info{max_lora="4",running_lora_adapters="",waiting_lora_adapters=""} 1.8e+09
 `
 	fams, _ := ParseMetrics([]byte(page))
-	if got := fams.loraInfo("vllm:lora_requests_info"); got != (LoRAInfo{Max: 4}) {
+	if got := fams.loraInfo("vllm:lora_requests_info"); got != (LoRAInfo{Max: 4, Running: "a,b", Waiting: "c"}) {
 		t.Errorf("idle engine: %+v", got)
+	}
+	fams, _ = ParseMetrics([]byte(`vllm:lora_requests_info{max_lora="4",running_lora_adapters="",waiting_lora_adapters=""} 1.8e+09` + "\n"))
+	if got := fams.loraInfo("vllm:lora_requests_info"); got != (LoRAInfo{Max: 4}) {
+		t.Errorf("no adapter ever ran: %+v", got)
 	}
 	long := strings.Repeat("adapter-with-a-long-name,", 1000)
 	fams, _ = ParseMetrics([]byte(`vllm:lora_requests_info{max_lora="x",running_lora_adapters="` + long + `"} 1` + "\n"))

@@ -7,20 +7,20 @@ import (
 	"github.com/kvmesh/kvmesh/mesh"
 )
 
-// loraCell is one replica's LoRA adapters: those its engine runs (loaded)
-// and queues, against the engine's limit, as this router's health checks
+// loraCell is one replica's LoRA adapters: those its engine ran (loaded)
+// and queued when it last ran any, against the engine's limit, as this router's health checks
 // read them or, for another router's replica, as its owner gossips them.
 type loraCell struct {
-	Has              bool
-	Running, Waiting string // comma-separated names, "" for none
-	Active, Max      string // Max "?" when unknown
+	Has             bool
+	Loaded, Waiting string // comma-separated names, "" for none
+	Active, Max     string // Max "?" when unknown
 }
 
 func loraCellOf(r mesh.ReplicaDebug) loraCell {
 	if r.LoRAMax == 0 && r.LoRAActive == 0 {
 		return loraCell{}
 	}
-	c := loraCell{Has: true, Running: strings.Join(r.LoRARunning, ", "), Waiting: strings.Join(r.LoRAWaiting, ", "),
+	c := loraCell{Has: true, Loaded: strings.Join(r.LoRALoaded, ", "), Waiting: strings.Join(r.LoRAWaiting, ", "),
 		Active: fmt.Sprint(r.LoRAActive), Max: "?"}
 	if r.LoRAMax > 0 {
 		c.Max = fmt.Sprint(r.LoRAMax)

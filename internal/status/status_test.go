@@ -211,17 +211,17 @@ func TestRender(t *testing.T) {
 			name: "LoRA adapters per replica", target: "/",
 			mesh: &fakeMesh{threeRouters(), func() mesh.DebugInfo {
 				d := replicas()
-				d.Replicas[0].LoRAMax, d.Replicas[0].LoRAActive, d.Replicas[0].LoRARunning = 2, 2, []string{"chat-lora", "sql-lora"}
+				d.Replicas[0].LoRAMax, d.Replicas[0].LoRAActive, d.Replicas[0].LoRALoaded = 2, 2, []string{"chat-lora", "sql-lora"}
 				d.Replicas[1].LoRAMax, d.Replicas[1].LoRAActive = 2, 0
-				d.Replicas[2].LoRAActive, d.Replicas[2].LoRARunning, d.Replicas[2].LoRAWaiting = 2, []string{"sql-lora"}, []string{"legal-lora"}
+				d.Replicas[2].LoRAActive, d.Replicas[2].LoRALoaded, d.Replicas[2].LoRAWaiting = 2, []string{"sql-lora"}, []string{"legal-lora"}
 				return d
 			}()},
 			metrics: newFakeMetrics(),
 			want: []string{
 				`LoRA adapters`,
-				`data-lora-running="chat-lora, sql-lora" data-lora-waiting="" data-lora-max="2">chat-lora, sql-lora <span class="muted">(2 / 2)</span>`,
-				`data-lora-running="" data-lora-waiting="" data-lora-max="2"><span class="muted">none</span>`,
-				`data-lora-running="sql-lora" data-lora-waiting="legal-lora" data-lora-max="?">sql-lora · <span class="badge warn">legal-lora</span>`,
+				`data-lora-loaded="chat-lora, sql-lora" data-lora-waiting="" data-lora-max="2">chat-lora, sql-lora <span class="muted">(2 / 2)</span>`,
+				`data-lora-loaded="" data-lora-waiting="" data-lora-max="2"><span class="muted">none</span>`,
+				`data-lora-loaded="sql-lora" data-lora-waiting="legal-lora" data-lora-max="?">sql-lora · <span class="badge warn">legal-lora</span>`,
 			},
 		},
 		{

@@ -95,7 +95,7 @@ dl{display:grid;grid-template-columns:max-content auto;gap:2px 12px;margin:0}dt{
 {{- end}}
 {{- if $.HasLoRA}}
 {{- if .LoRA.Has}}
-<td class="lora" data-lora-running="{{.LoRA.Running}}" data-lora-waiting="{{.LoRA.Waiting}}" data-lora-max="{{.LoRA.Max}}">{{if .LoRA.Running}}{{.LoRA.Running}}{{else}}<span class="muted">none</span>{{end}}{{if .LoRA.Waiting}} · <span class="badge warn">{{.LoRA.Waiting}}</span>{{end}} <span class="muted">({{.LoRA.Active}} / {{.LoRA.Max}})</span></td>
+<td class="lora" data-lora-loaded="{{.LoRA.Loaded}}" data-lora-waiting="{{.LoRA.Waiting}}" data-lora-max="{{.LoRA.Max}}">{{if .LoRA.Loaded}}{{.LoRA.Loaded}}{{else}}<span class="muted">none</span>{{end}}{{if .LoRA.Waiting}} · <span class="badge warn">{{.LoRA.Waiting}}</span>{{end}} <span class="muted">({{.LoRA.Active}} / {{.LoRA.Max}})</span></td>
 {{- else}}
 <td class="muted">—</td>
 {{- end}}

@@ -610,7 +610,7 @@ func TestHealthCheckerLoRA(t *testing.T) {
 	}
 	for _, s := range []struct {
 		adapter, state string
-	}{{"sql-lora", "running"}, {"chat-lora", "running"}, {"legal-lora", "waiting"}} {
+	}{{"sql-lora", "loaded"}, {"chat-lora", "loaded"}, {"legal-lora", "waiting"}} {
 		if v := testutil.ToFloat64(h.lora.adapters.WithLabelValues(rep.URL, s.adapter, s.state)); v != 1 {
 			t.Errorf("kvmesh_replica_lora_adapters{%s,%s} = %v", s.adapter, s.state, v)
 		}

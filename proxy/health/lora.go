@@ -21,7 +21,7 @@ func newLoRAGauges(f promauto.Factory) loraGauges {
 		}, []string{"replica"}),
 		adapters: f.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "kvmesh_replica_lora_adapters",
-			Help: "LoRA adapters in use at each replica's engine (value 1), by state: running (loaded) or waiting, as its metrics last said.",
+			Help: "LoRA adapters in use at each replica's engine (value 1), by state: loaded (its requests ran when the engine last ran any adapter) or waiting, as its metrics last said.",
 		}, []string{"replica", "adapter", "state"}),
 	}
 }
@@ -42,7 +42,7 @@ func (g loraGauges) show(id string, st ReplicaStatus, shown *route.LoRAs) {
 	}
 	running, waiting := st.LoRA.Named(st.Models)
 	for _, a := range running {
-		g.adapters.WithLabelValues(id, a, "running").Set(1)
+		g.adapters.WithLabelValues(id, a, "loaded").Set(1)
 	}
 	for _, a := range waiting {
 		g.adapters.WithLabelValues(id, a, "waiting").Set(1)
