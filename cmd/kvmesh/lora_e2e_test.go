@@ -136,8 +136,9 @@ func (g loraFigures) String() string {
 
 // runLoRAWorkload sends the conversations, each to target(i) for its
 // i-th conversation, and returns the figures the fleet and the answers
-// give.
-func runLoRAWorkload(t *testing.T, f *loraFleet, target func(conv int) string) loraFigures {
+// give. With hot, every other conversation is the first adapter's (half
+// the load on one adapter, more than one replica's slots hold).
+func runLoRAWorkload(t *testing.T, f *loraFleet, hot bool, target func(conv int) string) loraFigures {
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: loraClients}, Timeout: 60 * time.Second}
 	defer client.CloseIdleConnections()
 	models := append([]string{"kvmesh-sim"}, loraAdapters...)
@@ -152,6 +153,9 @@ func runLoRAWorkload(t *testing.T, f *loraFleet, target func(conv int) string) l
 			defer wg.Done()
 			for c := range convs {
 				model := models[c%len(models)]
+				if hot && c%2 == 0 {
+					model = loraAdapters[0]
+				}
 				system := strings.Repeat(fmt.Sprintf("You are the %s assistant; answer in its house style. ", model), 25)
 				msgs := []map[string]string{{"role": "system", "content": system},
 					{"role": "user", "content": fmt.Sprintf("Conversation %d. ", c) + strings.Repeat("Tell me about routing requests to engines. ", 20)}}
@@ -228,19 +232,52 @@ func runLoRAWorkload(t *testing.T, f *loraFleet, target func(conv int) string) l
 
 // TestLoRAPlacement runs the LoRA workload through two routers (each
 // owning two of the replica-sims, clients alternating between them) and,
-// for contrast, round-robin straight to the replicas: through the mesh at
-// least 95% of the adapters' requests that could land where the adapter
-// is loaded with a free slot do, and each adapter's cached share stays
-// near the base model's.
+// for contrast, round-robin straight to the replicas, with the load even
+// over the models and with half of it on one adapter: through the mesh
+// at least 95% of the adapters' requests that could land where the
+// adapter is loaded with a free slot do, and each adapter's cached share
+// stays near the base model's.
 //
 // The figures: go test ./cmd/kvmesh -run TestLoRAPlacement -v
 func TestLoRAPlacement(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
+	for _, hot := range []bool{false, true} {
+		name := "even"
+		if hot {
+			name = "hot adapter"
+		}
+		t.Run(name, func(t *testing.T) {
+			f := newLoRAFleet(t)
+			defer f.close()
+			routers := startLoRAMesh(t, f)
+			mesh := runLoRAWorkload(t, f, hot, func(c int) string { return routers[c%2].api + "/v1/chat/completions" })
+			t.Logf("kvmesh (2 routers): %v", mesh)
 
-	f := newLoRAFleet(t)
-	defer f.close()
+			rr := newLoRAFleet(t)
+			defer rr.close()
+			var next atomic.Uint64
+			robin := runLoRAWorkload(t, rr, hot, func(int) string {
+				return rr.srvs[next.Add(1)%loraReplicas].URL + "/v1/chat/completions"
+			})
+			t.Logf("round-robin:        %v", robin)
+
+			if mesh.placed < 0.95 {
+				t.Errorf("%.1f%% of the adapters' requests that could land where the adapter is loaded did, want at least 95%%", 100*mesh.placed)
+			}
+			for _, m := range loraAdapters {
+				if mesh.cached[m] < 0.8*mesh.cached["kvmesh-sim"] {
+					t.Errorf("%s's cached share %.3f, the base model's %.3f", m, mesh.cached[m], mesh.cached["kvmesh-sim"])
+				}
+			}
+		})
+	}
+}
+
+// startLoRAMesh starts two routers over f's replicas, two each, stopped
+// when the test ends, once both see every replica serve every adapter.
+func startLoRAMesh(t *testing.T, f *loraFleet) []*router {
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
 	logs := &lockedWriter{}
 	base := routerConfig{
 		region: "local", listen: "127.0.0.1:0", gossipBind: "127.0.0.1:0", logLevel: hclog.Warn, logOutput: logs,
@@ -248,21 +285,8 @@ func TestLoRAPlacement(t *testing.T) {
 		timing: mesh.TestTiming(), healthInterval: 50 * time.Millisecond, contract: summary.DefaultContract(), gossipKey: testGossipKey,
 	}
 	base.sources.loadInterval = 50 * time.Millisecond
-	ca := base
-	ca.name, ca.replicas = "a", f.urls()[:2]
-	a, err := startRouter(ctx, ca)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cb := base
-	cb.name, cb.replicas, cb.join = "b", f.urls()[2:], []string{a.mesh.GossipAddr()}
-	b, err := startRouter(ctx, cb)
-	if err != nil {
-		_ = a.shutdown()
-		t.Fatal(err)
-	}
-	routers := []*router{a, b}
-	defer func() {
+	var routers []*router
+	t.Cleanup(func() {
 		for _, r := range routers {
 			if err := r.shutdown(); err != nil {
 				t.Errorf("shutdown %s: %v", r.name, err)
@@ -271,7 +295,19 @@ func TestLoRAPlacement(t *testing.T) {
 		if t.Failed() {
 			t.Log(logs.String())
 		}
-	}()
+	})
+	for i, name := range []string{"a", "b"} {
+		c := base
+		c.name, c.replicas = name, f.urls()[2*i:2*i+2]
+		if i > 0 {
+			c.join = []string{routers[0].mesh.GossipAddr()}
+		}
+		r, err := startRouter(ctx, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		routers = append(routers, r)
+	}
 	for _, r := range routers {
 		eventually(t, "both routers to see every replica serve every adapter", func() bool {
 			for _, m := range loraAdapters {
@@ -282,23 +318,5 @@ func TestLoRAPlacement(t *testing.T) {
 			return r.health.Ready()
 		})
 	}
-	mesh := runLoRAWorkload(t, f, func(c int) string { return routers[c%2].api + "/v1/chat/completions" })
-	t.Logf("kvmesh (2 routers): %v", mesh)
-
-	rr := newLoRAFleet(t)
-	defer rr.close()
-	var next atomic.Uint64
-	robin := runLoRAWorkload(t, rr, func(int) string {
-		return rr.srvs[next.Add(1)%loraReplicas].URL + "/v1/chat/completions"
-	})
-	t.Logf("round-robin:        %v", robin)
-
-	if mesh.placed < 0.95 {
-		t.Errorf("%.1f%% of the adapters' requests that could land where the adapter is loaded did, want at least 95%%", 100*mesh.placed)
-	}
-	for _, m := range loraAdapters {
-		if mesh.cached[m] < 0.8*mesh.cached["kvmesh-sim"] {
-			t.Errorf("%s's cached share %.3f, the base model's %.3f", m, mesh.cached[m], mesh.cached["kvmesh-sim"])
-		}
-	}
+	return routers
 }
