@@ -268,14 +268,16 @@ func TestLoRAReachesEveryRouter(t *testing.T) {
 	for _, step := range []struct {
 		lora    route.LoRAs
 		fits    map[string]route.LoRAFit
-		running []string
+		loaded  []string
 	}{
-		{route.MakeLoRAs(2, []string{"base"}, []string{"sql"}, []string{"chat"}),
-			map[string]route.LoRAFit{"base": 0, "sql": route.LoRAAdapter | route.LoRARunning, "chat": route.LoRAAdapter | route.LoRAWaiting, "legal": route.LoRAAdapter},
+		{route.MakeLoRAs(2, []string{"base"}, nil, []string{"sql"}, []string{"chat"}),
+			map[string]route.LoRAFit{"base": 0, "sql": route.LoRAAdapter | route.LoRAResident | route.LoRAFree, "chat": route.LoRAAdapter | route.LoRAWaiting | route.LoRAFree,
+				"legal": route.LoRAAdapter | route.LoRAFree},
 			[]string{"sql"}},
-		{route.MakeLoRAs(2, []string{"base"}, []string{"legal"}, nil),
-			map[string]route.LoRAFit{"base": 0, "sql": route.LoRAAdapter | route.LoRARoom, "legal": route.LoRAAdapter | route.LoRARunning | route.LoRARoom},
-			[]string{"legal"}},
+		{route.MakeLoRAs(2, []string{"base"}, []string{"sql"}, []string{"legal"}, nil),
+			map[string]route.LoRAFit{"base": 0, "sql": route.LoRAAdapter | route.LoRAResident | route.LoRARoom, "legal": route.LoRAAdapter | route.LoRAResident | route.LoRARoom,
+				"chat": route.LoRAAdapter | route.LoRARoom},
+			[]string{"legal", "sql"}},
 	} {
 		a.UpdateReplica(id, status(step.lora))
 		for _, r := range []*testRouter{a, b} {
@@ -287,8 +289,8 @@ func TestLoRAReachesEveryRouter(t *testing.T) {
 					}
 				}
 				for _, d := range r.Debug().Replicas {
-					if d.ID == id && (d.LoRAMax != 2 || !slices.Equal(d.LoRALoaded, step.running)) {
-						return fmt.Errorf("debug view: max %d running %v", d.LoRAMax, d.LoRALoaded)
+					if d.ID == id && (d.LoRAMax != 2 || !slices.Equal(d.LoRALoaded, step.loaded)) {
+						return fmt.Errorf("debug view: max %d loaded %v", d.LoRAMax, d.LoRALoaded)
 					}
 				}
 				return nil

@@ -36,7 +36,7 @@ func sampleMessages(t testing.TB) [][]byte {
 	withEngine := st
 	withEngine.EngineWire = true
 	withLoRA := withEngine
-	withLoRA.LoRA = route.MakeLoRAs(2, []string{"m1"}, []string{"m2"}, []string{"m3"})
+	withLoRA.LoRA = route.MakeLoRAs(2, []string{"m1"}, []string{"m4"}, []string{"m2"}, []string{"m3"})
 	nb := batchMsg{header: header{Origin: "a", Boot: 7, Seq: 12}, Entries: []batchEntry{{State: noLoad, Kind: payloadDelta, Payload: delta}}}
 	npp := appendS8([]byte{kindPushPull}, "a")
 	npp = append(npp, 0, 0, 0, 0, 0, 0, 0, 7, 0, 0, 0, 2)
@@ -514,7 +514,7 @@ func TestWireEngineSkipsNewerFields(t *testing.T) {
 func TestWireLoRA(t *testing.T) {
 	st := sampleState()
 	st.EngineWire = true
-	st.LoRA = route.MakeLoRAs(2, []string{"m1"}, []string{"m2"}, nil)
+	st.LoRA = route.MakeLoRAs(2, []string{"m1"}, nil, []string{"m2"}, nil)
 	b := st.append(nil)
 	v, err := decodeMsg(b, wireLatest)
 	if err != nil || !reflect.DeepEqual(v, st) {

@@ -40,8 +40,9 @@ const loraIDBits = 26
 
 // MaxLoRAEntries bounds the adapters (and base models) a LoRAs lists, so
 // that a replica's state stays small on the wire whatever its engine
-// reports: base models first, then running adapters, then waiting ones,
-// each by id. Active still counts every adapter the engine named.
+// reports: base models first, then running adapters, then the other
+// loaded ones, then waiting ones. Active and Resident still count every
+// adapter the engine named.
 const MaxLoRAEntries = 24
 
 // maxLoRABases bounds the base models among the entries (an engine serves
@@ -51,26 +52,30 @@ const maxLoRABases = 4
 // The state of an entry, its low two bits. A base model has neither
 // bit: it is listed so that a router can tell it from an adapter.
 const (
-	loraRunning = 1 // requests of the adapter ran when the engine last ran any: it is resident
+	loraLoaded  = 1 // the adapter is loaded (resident)
 	loraWaiting = 2 // requests of the adapter wait (for a sequence slot, or to load it)
 )
 
 // LoRAs is what a replica's engine tells of its LoRA adapters: its limit
-// on adapters resident at once, how many it has in use, which those are,
-// and which of its models are base models rather than adapters. The
-// zero value is an engine without LoRA (or one that says nothing of it);
-// every field's zero is unknown. It is a comparable value: the health
-// checker reports it only when it changed.
+// on adapters resident at once, how many it has in use and loaded, which
+// those are, and which of its models are base models rather than
+// adapters. The zero value is an engine without LoRA (or one that says
+// nothing of it); every field's zero is unknown. It is a comparable
+// value: the health checker reports it only when it changed.
 type LoRAs struct {
 	// Max is how many adapters the engine holds resident at once (vLLM's
 	// --max-loras, the max_lora label of vllm:lora_requests_info); 0
 	// is unknown, which the decision reads as room.
 	Max uint16
 	// Active is how many distinct adapters the engine runs or queues
-	// requests of (vLLM's running_lora_adapters and
+	// requests of now (vLLM's running_lora_adapters and
 	// waiting_lora_adapters together, as llm-d counts them against
-	// max_lora), listed or not.
+	// max_lora): with fewer than Max it loads another without waiting.
 	Active uint16
+	// Resident is how many adapters the engine holds loaded (at most
+	// Max): with fewer than Max it loads another into a free slot,
+	// evicting none.
+	Resident uint16
 	// entries are 4 bytes each, a big-endian uint32 of a LoRAID shifted
 	// left by 2 and an entry state, sorted by id, unique ids, at most
 	// MaxLoRAEntries. A string, so that the value stays comparable and
@@ -79,47 +84,72 @@ type LoRAs struct {
 }
 
 // MakeLoRAs builds what an engine told: its limit, the base models it
-// serves (its /v1/models entries without a parent), and the adapters
-// whose requests run and wait. Names past the bounds are dropped (base
-// models past maxLoRABases, then entries past MaxLoRAEntries, waiting
-// ones first); duplicates are merged. An engine that names no base
-// model, no adapter and no limit says nothing of LoRA: the zero value.
-func MakeLoRAs(maxLoRAs int, bases, running, waiting []string) LoRAs {
+// serves (its /v1/models entries without a parent), the adapters it
+// holds loaded, most recently used first, and those whose requests run
+// and wait now (a running one is loaded). Loaded adapters past the limit
+// are not loaded (the engine cannot hold them: the least recent are
+// dropped), names past the bounds are dropped (base models past
+// maxLoRABases, then entries past MaxLoRAEntries in MaxLoRAEntries'
+// order), and duplicates are merged. An engine that names no base model,
+// no adapter and no limit says nothing of LoRA: the zero value.
+func MakeLoRAs(maxLoRAs int, bases, loaded, running, waiting []string) LoRAs {
 	var a LoRAs
 	a.Max = uint16(min(max(maxLoRAs, 0), 1<<16-1))
 	byID := map[uint32]uint32{}
 	var order []uint32 // ids in the order they earn a place
+	resident := 0
 	add := func(name string, state uint32) {
 		if name == "" {
 			return
 		}
 		id := LoRAID(name)
-		if st, ok := byID[id]; ok {
-			if st != 0 { // a base model stays one
-				byID[id] = st | state
-			}
-			return
+		st, ok := byID[id]
+		if ok && st == 0 {
+			return // a base model stays one
 		}
-		byID[id] = state
-		order = append(order, id)
+		if state&loraLoaded != 0 && st&loraLoaded == 0 {
+			if a.Max > 0 && resident == int(a.Max) {
+				state &^= loraLoaded
+			} else {
+				resident++
+			}
+		}
+		if !ok {
+			if state == 0 {
+				return // a loaded adapter past the limit
+			}
+			order = append(order, id)
+		}
+		byID[id] = st | state
 	}
 	for i, b := range bases {
 		if i == maxLoRABases {
 			break
 		}
-		add(b, 0)
+		if _, ok := byID[LoRAID(b)]; !ok && b != "" {
+			byID[LoRAID(b)] = 0
+			order = append(order, LoRAID(b))
+		}
 	}
 	for _, n := range running {
-		add(n, loraRunning)
+		add(n, loraLoaded)
+	}
+	for _, n := range loaded {
+		add(n, loraLoaded)
 	}
 	for _, n := range waiting {
 		add(n, loraWaiting)
 	}
-	for _, st := range byID {
-		if st != 0 {
-			a.Active++
+	inUse := map[uint32]bool{}
+	for _, list := range [][]string{running, waiting} {
+		for _, n := range list {
+			if id := LoRAID(n); n != "" && byID[id] != 0 {
+				inUse[id] = true
+			}
 		}
 	}
+	a.Active = uint16(min(len(inUse), 1<<16-1))
+	a.Resident = uint16(min(resident, 1<<16-1))
 	if len(order) > MaxLoRAEntries {
 		order = order[:MaxLoRAEntries]
 	}
@@ -133,7 +163,7 @@ func MakeLoRAs(maxLoRAs int, bases, running, waiting []string) LoRAs {
 }
 
 // Known reports that the engine said anything of LoRA.
-func (a LoRAs) Known() bool { return a.Max > 0 || a.entries != "" || a.Active > 0 }
+func (a LoRAs) Known() bool { return a.Max > 0 || a.entries != "" || a.Active > 0 || a.Resident > 0 }
 
 // Len is the number of entries listed.
 func (a LoRAs) Len() int { return len(a.entries) / 4 }
@@ -145,7 +175,7 @@ func (a LoRAs) entry(i int) (id, state uint32) {
 
 // Forget is a as known once the engine's /metrics stops answering: its
 // limit (configured) and its base models (from /v1/models) stay, the
-// adapters in use become unknown.
+// adapters loaded and in use become unknown.
 func (a LoRAs) Forget() LoRAs {
 	out := LoRAs{Max: a.Max}
 	var b []byte
@@ -158,33 +188,34 @@ func (a LoRAs) Forget() LoRAs {
 	return out
 }
 
-// Named is the adapters of a that models name (a replica's models:
-// a running or waiting adapter is one of them), running and waiting,
-// sorted: the names of what a holds only as ids, for the status page
-// and the mesh's debug view.
-func (a LoRAs) Named(models []string) (running, waiting []string) {
+// Named is the adapters of a that models name (a replica's models: an
+// adapter it loads or queues is one of them), loaded and waiting,
+// sorted: the names of what a holds only as ids, for the status page and
+// the mesh's debug view.
+func (a LoRAs) Named(models []string) (loaded, waiting []string) {
 	if a.entries == "" {
 		return nil, nil
 	}
 	for _, m := range models {
 		f := a.Fit(LoRAID(m))
-		if f&LoRARunning != 0 {
-			running = append(running, m)
+		if f&LoRAResident != 0 {
+			loaded = append(loaded, m)
 		}
 		if f&LoRAWaiting != 0 {
 			waiting = append(waiting, m)
 		}
 	}
-	slices.Sort(running)
+	slices.Sort(loaded)
 	slices.Sort(waiting)
-	return running, waiting
+	return loaded, waiting
 }
 
 // LoRAFit is what the decision reads of one candidate for a request's
-// model: whether the model is a LoRA adapter there, whether it runs or
-// waits there, whether the engine has room to load it. The view computes
-// it per model (LoRAs.Fit); 0 is a base model, or an engine that says
-// nothing of LoRA, and leaves the decision as it is without adapters.
+// model: whether the model is a LoRA adapter there, whether it is loaded
+// or waits there, whether the engine can load it without waiting and
+// without evicting. The view computes it per model (LoRAs.Fit); 0 is a
+// base model, or an engine that says nothing of LoRA, and leaves the
+// decision as it is without adapters.
 type LoRAFit uint8
 
 // The bits of a LoRAFit.
@@ -192,15 +223,16 @@ const (
 	// LoRAAdapter: the model is an adapter at this replica (its engine
 	// tells LoRA and does not list the model as a base model).
 	LoRAAdapter LoRAFit = 1 << iota
-	// LoRARunning: requests of the adapter ran there when the engine
-	// last ran any adapter: it is loaded (an engine evicts an adapter
-	// only to load another, which it would then name).
-	LoRARunning
+	// LoRAResident: the adapter is loaded there.
+	LoRAResident
 	// LoRAWaiting: requests of the adapter wait there.
 	LoRAWaiting
 	// LoRARoom: the engine has fewer adapters in use than its limit (or
 	// an unknown limit): it can load one more without waiting.
 	LoRARoom
+	// LoRAFree: the engine holds fewer adapters than its limit (or an
+	// unknown limit): it can load one more evicting none.
+	LoRAFree
 )
 
 // Fit is a's word on the model of LoRAID id.
@@ -224,16 +256,19 @@ func (a LoRAs) Fit(id uint32) LoRAFit {
 			if st == 0 {
 				return 0 // a base model
 			}
-			if st&loraRunning != 0 {
-				f |= LoRARunning
+			if st&loraLoaded != 0 {
+				f |= LoRAResident
 			}
 			if st&loraWaiting != 0 {
 				f |= LoRAWaiting
 			}
 		}
 	}
-	if a.Max == 0 || int(a.Active) < int(a.Max) {
+	if a.Max == 0 || a.Active < a.Max {
 		f |= LoRARoom
+	}
+	if a.Max == 0 || a.Resident < a.Max {
+		f |= LoRAFree
 	}
 	return f
 }
@@ -242,22 +277,25 @@ func (a LoRAs) Fit(id uint32) LoRAFit {
 // (which take 1 to 15). A router that does not know them skips them
 // (EngineLoad.DecodeWire), so they need no mesh wire version.
 const (
-	wireLoRAMax     = 16 // Max, present when known
-	wireLoRAActive  = 17 // Active, present when not 0
-	wireLoRAEntries = 18 // the first entry; entry i takes tag 18+i
+	wireLoRAMax      = 16 // Max, present when known
+	wireLoRAActive   = 17 // Active, present when not 0
+	wireLoRAResident = 18 // Resident, present when not 0
+	wireLoRAEntries  = 19 // the first entry; entry i takes tag 19+i
 )
 
 // appendWire appends a's fields to an EngineLoad section: each entry an
 // id<<2|state varint of at most 4 bytes (a 26-bit id), so that the
-// section's 255 bytes hold the engine's fields, a's limit and count and
+// section's 255 bytes hold the engine's fields, a's counts and
 // MaxLoRAEntries entries (5 bytes each with the tag) with room left for
 // fields to come.
 func (a LoRAs) appendWire(dst []byte) []byte {
-	if a.Max > 0 {
-		dst = binary.AppendUvarint(append(dst, wireLoRAMax), uint64(a.Max))
-	}
-	if a.Active > 0 {
-		dst = binary.AppendUvarint(append(dst, wireLoRAActive), uint64(a.Active))
+	for _, f := range [...]struct {
+		tag byte
+		v   uint16
+	}{{wireLoRAMax, a.Max}, {wireLoRAActive, a.Active}, {wireLoRAResident, a.Resident}} {
+		if f.v > 0 {
+			dst = binary.AppendUvarint(append(dst, f.tag), uint64(f.v))
+		}
 	}
 	for i := range a.Len() {
 		id, st := a.entry(i)
@@ -276,14 +314,17 @@ type loraDecoder struct {
 // field reads one tag of LoRAs; ok is false for a tag that is not one.
 func (d *loraDecoder) field(tag byte, v uint64) (ok bool, err error) {
 	switch {
-	case tag == wireLoRAMax, tag == wireLoRAActive:
+	case tag == wireLoRAMax, tag == wireLoRAActive, tag == wireLoRAResident:
 		if v == 0 || v > 1<<16-1 {
 			return true, fmt.Errorf("lora: tag %d: %d out of range", tag, v)
 		}
-		if tag == wireLoRAMax {
+		switch tag {
+		case wireLoRAMax:
 			d.a.Max = uint16(v)
-		} else {
+		case wireLoRAActive:
 			d.a.Active = uint16(v)
+		default:
+			d.a.Resident = uint16(v)
 		}
 		return true, nil
 	case tag >= wireLoRAEntries && int(tag) < wireLoRAEntries+MaxLoRAEntries:
@@ -305,18 +346,28 @@ func (d *loraDecoder) field(tag byte, v uint64) (ok bool, err error) {
 	return false, nil
 }
 
-// done is the LoRAs read, checked as a whole: an engine has at least as
-// many adapters in use as it lists running or waiting.
+// done is the LoRAs read, checked as a whole: an engine holds at least
+// as many adapters as it lists loaded, and no more than its limit; it
+// has at least as many in use as it lists waiting.
 func (d *loraDecoder) done() (LoRAs, error) {
 	d.a.entries = string(d.entries)
-	listed := 0
+	loaded, waiting := 0, 0
 	for i := range d.a.Len() {
-		if _, st := d.a.entry(i); st != 0 {
-			listed++
+		_, st := d.a.entry(i)
+		if st&loraLoaded != 0 {
+			loaded++
+		}
+		if st&loraWaiting != 0 {
+			waiting++
 		}
 	}
-	if int(d.a.Active) < listed {
-		return LoRAs{}, fmt.Errorf("lora: %d adapters in use, %d listed", d.a.Active, listed)
+	switch {
+	case int(d.a.Resident) < loaded:
+		return LoRAs{}, fmt.Errorf("lora: %d adapters resident, %d listed loaded", d.a.Resident, loaded)
+	case d.a.Max > 0 && d.a.Resident > d.a.Max:
+		return LoRAs{}, fmt.Errorf("lora: %d adapters resident over the limit %d", d.a.Resident, d.a.Max)
+	case int(d.a.Active) < waiting:
+		return LoRAs{}, fmt.Errorf("lora: %d adapters in use, %d listed waiting", d.a.Active, waiting)
 	}
 	return d.a, nil
 }
@@ -327,29 +378,32 @@ type LoRAPlacement string
 
 // The placements of an adapter's request.
 const (
-	LoRALoaded  LoRAPlacement = "loaded"  // where the adapter runs
-	LoRALoad    LoRAPlacement = "load"    // where the engine has room to load it
-	LoRAQueued  LoRAPlacement = "waiting" // where its requests already wait, with no room to load it
-	LoRAEvict   LoRAPlacement = "evict"   // where loading it evicts another adapter or waits for one to go idle
+	LoRALoaded  LoRAPlacement = "loaded"  // where the adapter is loaded
+	LoRALoad    LoRAPlacement = "load"    // where a free slot loads it, evicting none
+	LoRASwap    LoRAPlacement = "swap"    // where loading it evicts an idle adapter
+	LoRAQueued  LoRAPlacement = "waiting" // where its requests already wait, every slot in use
+	LoRAFull    LoRAPlacement = "full"    // where every slot is in use: it waits for one, then evicts
 	LoRAUnknown LoRAPlacement = "unknown" // no candidate told (stale): placed as a base model's request
 )
 
 // LoRAPlacements lists every placement, for metric initialisation.
-var LoRAPlacements = []LoRAPlacement{LoRALoaded, LoRALoad, LoRAQueued, LoRAEvict, LoRAUnknown}
+var LoRAPlacements = []LoRAPlacement{LoRALoaded, LoRALoad, LoRASwap, LoRAQueued, LoRAFull, LoRAUnknown}
 
 // placementOf is the placement of a request sent to a replica of fit f.
 func placementOf(f LoRAFit) LoRAPlacement {
 	switch {
 	case f&LoRAAdapter == 0:
 		return LoRAUnknown
-	case f&LoRARunning != 0:
+	case f&LoRAResident != 0:
 		return LoRALoaded
-	case f&LoRARoom != 0:
+	case f&LoRARoom != 0 && f&LoRAFree != 0:
 		return LoRALoad
+	case f&LoRARoom != 0:
+		return LoRASwap
 	case f&LoRAWaiting != 0:
 		return LoRAQueued
 	}
-	return LoRAEvict
+	return LoRAFull
 }
 
 // loraMode is which candidates pickLoRA leaves to the decision.
@@ -357,34 +411,38 @@ type loraMode uint8
 
 const (
 	loraAll           loraMode = iota // no candidate tells: all, as a base model's request
-	loraLoadedOnly                    // the replicas running the adapter
+	loraLoadedOnly                    // the replicas holding the adapter
 	loraLoadedAndLoad                 // those, and the one to load it on
 	loraLoadOrQueued                  // the one to load it on (busy), and where it waits
 	loraQueuedOnly                    // where it waits
-	loraOne                           // the one to load it on, evicting
+	loraOne                           // the one to load it on, every slot in use
 )
 
 // pickLoRA is the LoRA scorer: it leaves the decision (Pick, over the
 // candidates it keeps) only the replicas an adapter's request should go
-// to, in the order llm-d's lora-affinity scorer ranks them (loaded, room
-// to load it, already queued there, full), bounded by the engine's limit:
+// to, in about the order llm-d's lora-affinity scorer ranks them (loaded,
+// room to load it, already queued there, full), bounded by the engine's
+// limit:
 //
-//   - a replica running the adapter that can start the request (a free
-//     sequence slot): the replicas running it, among which the decision
+//   - a replica holding the adapter that can start the request (a free
+//     sequence slot): the replicas holding it, among which the decision
 //     is the usual cache-aware one;
-//   - else, the replicas running it (all busy) and the one replica to load
-//     it on next: of the replicas with room for one more adapter that can
-//     start the request, the first by rendezvous hashing of (adapter,
-//     replica), so that every router, and routers that cannot talk, load
-//     an adapter on the same replica, and different adapters on
-//     different ones; the decision weighs queueing where it runs against
-//     loading it there (the cold path takes the one that can start it);
-//   - with none of those, the replicas running it, queueing there;
-//   - loaded nowhere and no room that can start it: the first by
-//     rendezvous with room (busy) and the replicas where it waits;
-//     else where it waits; else the first by rendezvous of the full
-//     replicas that can start it (else of all), where loading it evicts
-//     the least recently used adapter.
+//   - else, those (all busy) and the one replica to load it on next: of
+//     the replicas that can start the request and load it without
+//     waiting (fewer adapters in use than the limit), one with a free
+//     slot if any (it evicts none), else one holding only idle adapters
+//     (it evicts the least recently used); among those, the first by
+//     rendezvous hashing of (adapter, replica), so that every router,
+//     and routers that cannot talk, load an adapter on the same replica,
+//     and different adapters on different ones. The decision weighs
+//     queueing where it is loaded against loading it there (the cold
+//     path takes the one that can start it);
+//   - with none of those, the replicas holding it, queueing there;
+//   - held nowhere and no replica to load it on that can start it: the
+//     first by rendezvous that could load it without waiting (busy) and
+//     the replicas where it waits; else where it waits; else the first
+//     by rendezvous of the replicas that can start it (else of all),
+//     where it waits for a slot to free.
 //
 // Stale candidates tell nothing (their owner's word is old) and are left
 // out, unless no candidate tells, when the request is placed as a base
@@ -395,8 +453,8 @@ func (p Policy) pickLoRA(req Request, cands []Candidate) Decision {
 		key = req.Root
 	}
 	loaded, loadedCan, queued := 0, false, 0
-	room, roomBusy, full, fullCan := -1, -1, -1, -1
-	var wRoom, wRoomBusy, wFull, wFullCan uint64
+	load, swap, roomBusy, full, fullCan := -1, -1, -1, -1, -1
+	var wLoad, wSwap, wRoomBusy, wFull, wFullCan uint64
 	best := func(i int, w uint64, at *int, aw *uint64) {
 		if *at < 0 || w > *aw {
 			*at, *aw = i, w
@@ -410,11 +468,13 @@ func (p Policy) pickLoRA(req Request, cands []Candidate) Decision {
 		}
 		can := canStart(c)
 		switch w := weight(key, c.Hash); {
-		case f&LoRARunning != 0:
+		case f&LoRAResident != 0:
 			loaded++
 			loadedCan = loadedCan || can
+		case f&LoRARoom != 0 && can && f&LoRAFree != 0:
+			best(i, w, &load, &wLoad)
 		case f&LoRARoom != 0 && can:
-			best(i, w, &room, &wRoom)
+			best(i, w, &swap, &wSwap)
 		case f&LoRARoom != 0:
 			best(i, w, &roomBusy, &wRoomBusy)
 		case f&LoRAWaiting != 0:
@@ -429,8 +489,10 @@ func (p Policy) pickLoRA(req Request, cands []Candidate) Decision {
 	switch {
 	case loadedCan:
 		mode = loraLoadedOnly
-	case room >= 0:
-		mode, one = loraLoadedAndLoad, room
+	case load >= 0:
+		mode, one = loraLoadedAndLoad, load
+	case swap >= 0:
+		mode, one = loraLoadedAndLoad, swap
 	case loaded > 0:
 		mode = loraLoadedOnly
 	case roomBusy >= 0:
@@ -472,13 +534,13 @@ func keepLoRA(mode loraMode, c *Candidate, one bool) bool {
 	if c.Stale || f&LoRAAdapter == 0 {
 		return false
 	}
-	running := f&LoRARunning != 0
-	queued := !running && f&LoRARoom == 0 && f&LoRAWaiting != 0
+	loaded := f&LoRAResident != 0
+	queued := !loaded && f&LoRARoom == 0 && f&LoRAWaiting != 0
 	switch mode {
 	case loraLoadedOnly:
-		return running
+		return loaded
 	case loraLoadedAndLoad:
-		return running || one
+		return loaded || one
 	case loraLoadOrQueued:
 		return one || queued
 	case loraQueuedOnly:

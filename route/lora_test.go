@@ -7,52 +7,62 @@ import (
 	"testing"
 )
 
-// TestMakeLoRAs: base models are told from adapters, running and waiting
-// adapters are marked and counted once, the limit is room until it is
-// reached, and what Forget keeps is what the engine is configured with.
+// TestMakeLoRAs: base models are told from adapters, loaded (running
+// ones first, then most recent) up to the limit, waiting adapters marked,
+// in use and resident counted once; the limit is room until it is in
+// use, and a free slot until it is loaded; what Forget keeps is what the
+// engine is configured with.
 func TestMakeLoRAs(t *testing.T) {
-	a := MakeLoRAs(2, []string{"base"}, []string{"sql", "chat"}, []string{"chat", "legal"})
-	if a.Max != 2 || a.Active != 3 || a.Len() != 4 {
-		t.Fatalf("%+v: max %d active %d entries %d", a, a.Max, a.Active, a.Len())
+	a := MakeLoRAs(2, []string{"base"}, []string{"chat", "med"}, []string{"sql"}, []string{"chat", "legal"})
+	if a.Max != 2 || a.Active != 3 || a.Resident != 2 || a.Len() != 4 {
+		t.Fatalf("%+v: max %d active %d resident %d entries %d", a, a.Max, a.Active, a.Resident, a.Len())
 	}
 	fits := map[string]LoRAFit{
 		"base":  0,
-		"sql":   LoRAAdapter | LoRARunning,
-		"chat":  LoRAAdapter | LoRARunning | LoRAWaiting,
+		"sql":   LoRAAdapter | LoRAResident,
+		"chat":  LoRAAdapter | LoRAResident | LoRAWaiting,
 		"legal": LoRAAdapter | LoRAWaiting,
-		"other": LoRAAdapter, // not in use, no room: 3 in use of 2
+		"med":   LoRAAdapter, // past the limit: not loaded; 3 in use of 2: no room
+		"other": LoRAAdapter,
 	}
 	for name, want := range fits {
 		if got := a.Fit(LoRAID(name)); got != want {
-			t.Errorf("%s: fit %04b, want %04b", name, got, want)
+			t.Errorf("%s: fit %05b, want %05b", name, got, want)
 		}
 	}
-	if got := MakeLoRAs(4, []string{"base"}, []string{"sql"}, nil).Fit(LoRAID("other")); got != LoRAAdapter|LoRARoom {
-		t.Errorf("room: fit %04b", got)
+	for _, tc := range []struct {
+		a    LoRAs
+		want LoRAFit
+	}{
+		{MakeLoRAs(4, []string{"base"}, []string{"sql"}, nil, nil), LoRAAdapter | LoRARoom | LoRAFree},
+		{MakeLoRAs(2, []string{"base"}, []string{"sql", "chat"}, nil, nil), LoRAAdapter | LoRARoom}, // loading it evicts an idle one
+		{MakeLoRAs(0, []string{"base"}, nil, nil, nil), LoRAAdapter | LoRARoom | LoRAFree},        // an unknown limit
+	} {
+		if got := tc.a.Fit(LoRAID("other")); got != tc.want {
+			t.Errorf("%+v: fit %05b, want %05b", tc.a, got, tc.want)
+		}
 	}
-	if got := MakeLoRAs(0, []string{"base"}, nil, nil).Fit(LoRAID("x")); got != LoRAAdapter|LoRARoom {
-		t.Errorf("an unknown limit is room: fit %04b", got)
-	}
-	if (LoRAs{}).Fit(LoRAID("x")) != 0 || MakeLoRAs(0, nil, nil, nil) != (LoRAs{}) {
+	if (LoRAs{}).Fit(LoRAID("x")) != 0 || MakeLoRAs(0, nil, nil, nil, nil) != (LoRAs{}) {
 		t.Errorf("an engine that tells nothing of LoRA is a base model's")
 	}
-	// The same names in another order are the same value.
-	if b := MakeLoRAs(2, []string{"base"}, []string{"chat", "sql"}, []string{"legal", "chat", "legal"}); b != a {
+	// The same names, in another order where order does not matter, are
+	// the same value.
+	if b := MakeLoRAs(2, []string{"base"}, []string{"chat", "med", "chat"}, []string{"sql"}, []string{"legal", "chat", "legal"}); b != a {
 		t.Errorf("order changed the value: %+v != %+v", b, a)
 	}
 	f := a.Forget()
-	if f.Max != 2 || f.Active != 0 || f.Fit(LoRAID("base")) != 0 || f.Fit(LoRAID("sql")) != LoRAAdapter|LoRARoom {
+	if f.Max != 2 || f.Active != 0 || f.Resident != 0 || f.Fit(LoRAID("base")) != 0 || f.Fit(LoRAID("sql")) != LoRAAdapter|LoRARoom|LoRAFree {
 		t.Errorf("forget: %+v", f)
 	}
-	running, waiting := a.Named([]string{"base", "chat", "legal", "nobody", "sql"})
-	if !slices.Equal(running, []string{"chat", "sql"}) || !slices.Equal(waiting, []string{"chat", "legal"}) {
-		t.Errorf("named: running %v waiting %v", running, waiting)
+	loaded, waiting := a.Named([]string{"base", "chat", "legal", "med", "nobody", "sql"})
+	if !slices.Equal(loaded, []string{"chat", "sql"}) || !slices.Equal(waiting, []string{"chat", "legal"}) {
+		t.Errorf("named: loaded %v waiting %v", loaded, waiting)
 	}
 }
 
 // TestMakeLoRAsBounds: a replica's entries stay bounded whatever its
-// engine names, base models first, running before waiting, and the
-// count of adapters in use stays whole.
+// engine names, base models first, running before the other loaded and
+// before waiting, and the counts stay whole.
 func TestMakeLoRAsBounds(t *testing.T) {
 	names := func(prefix string, n int) []string {
 		var out []string
@@ -61,18 +71,18 @@ func TestMakeLoRAsBounds(t *testing.T) {
 		}
 		return out
 	}
-	a := MakeLoRAs(8, names("base", 10), names("run", 30), names("wait", 30))
-	if a.Len() != MaxLoRAEntries || a.Active != 60 {
-		t.Fatalf("entries %d active %d", a.Len(), a.Active)
+	a := MakeLoRAs(64, names("base", 10), names("loaded", 30), names("run", 20), names("wait", 30))
+	if a.Len() != MaxLoRAEntries || a.Active != 50 || a.Resident != 50 {
+		t.Fatalf("entries %d active %d resident %d", a.Len(), a.Active, a.Resident)
 	}
 	for _, b := range names("base", maxLoRABases) {
 		if a.Fit(LoRAID(b)) != 0 {
 			t.Errorf("base %s lost", b)
 		}
 	}
-	for _, w := range names("wait", 30) {
-		if a.Fit(LoRAID(w))&LoRAWaiting != 0 {
-			t.Errorf("waiting %s kept while running ones were dropped", w)
+	for _, w := range append(names("wait", 30), names("loaded", 30)...) {
+		if a.Fit(LoRAID(w))&(LoRAWaiting|LoRAResident) != 0 {
+			t.Errorf("%s kept while running ones were dropped", w)
 		}
 	}
 }
@@ -93,10 +103,10 @@ func TestEngineWireCarriesLoRAs(t *testing.T) {
 		a LoRAs
 	}{
 		{EngineLoad{}, LoRAs{}},
-		{EngineLoad{Running: 2, HasLoad: true}, MakeLoRAs(2, []string{"base"}, []string{"sql"}, []string{"chat"})},
-		{EngineLoad{}, MakeLoRAs(1, nil, nil, nil)},
-		{EngineLoad{Slots: 4}, MakeLoRAs(0, []string{"base"}, nil, nil)},
-		{full, MakeLoRAs(1<<16-1, many[:4], many[4:60], many[60:])},
+		{EngineLoad{Running: 2, HasLoad: true}, MakeLoRAs(2, []string{"base"}, []string{"med"}, []string{"sql"}, []string{"chat"})},
+		{EngineLoad{}, MakeLoRAs(1, nil, nil, nil, nil)},
+		{EngineLoad{Slots: 4}, MakeLoRAs(0, []string{"base"}, nil, nil, nil)},
+		{full, MakeLoRAs(1<<16-1, many[:4], many[4:30], many[30:60], many[60:])},
 	} {
 		b := AppendEngineWire([]byte{0xAA}, tc.l, tc.a)
 		b = append(b, 0xBB)
@@ -127,20 +137,22 @@ func TestEngineWireRefusesBadLoRAs(t *testing.T) {
 		}
 		return append([]byte{byte(len(body))}, body...)
 	}
-	if _, a, _, err := DecodeEngineWire(section(wireLoRAMax, 2, wireLoRAActive, 1, wireLoRAEntries, 5<<2|loraRunning)); err != nil ||
-		a.Max != 2 || a.Fit(5)&LoRARunning == 0 {
+	if _, a, _, err := DecodeEngineWire(section(wireLoRAMax, 2, wireLoRAActive, 1, wireLoRAResident, 1, wireLoRAEntries, 5<<2|loraLoaded)); err != nil ||
+		a.Max != 2 || a.Fit(5)&LoRAResident == 0 {
 		t.Fatalf("a good section: %+v %v", a, err)
 	}
 	for name, b := range map[string][]byte{
-		"max zero":            section(wireLoRAMax, 0),
-		"max over 16 bits":    section(wireLoRAMax, 1<<16),
-		"active zero":         section(wireLoRAActive, 0),
-		"entry skipped":       section(wireLoRAActive, 2, wireLoRAEntries+1, 5<<2|loraRunning),
-		"ids out of order":    section(wireLoRAActive, 2, wireLoRAEntries, 6<<2|loraRunning, wireLoRAEntries+1, 5<<2|loraRunning),
-		"id repeated":         section(wireLoRAActive, 2, wireLoRAEntries, 6<<2|loraRunning, wireLoRAEntries+1, 6<<2|loraWaiting),
-		"id over 26 bits":     section(wireLoRAEntries, 1<<28),
-		"fewer active listed": section(wireLoRAActive, 1, wireLoRAEntries, 5<<2|loraRunning, wireLoRAEntries+1, 6<<2|loraWaiting),
-		"in use, no count":    section(wireLoRAEntries, 5<<2|loraRunning),
+		"max zero":             section(wireLoRAMax, 0),
+		"max over 16 bits":     section(wireLoRAMax, 1<<16),
+		"active zero":          section(wireLoRAActive, 0),
+		"resident zero":        section(wireLoRAResident, 0),
+		"entry skipped":        section(wireLoRAResident, 2, wireLoRAEntries+1, 5<<2|loraLoaded),
+		"ids out of order":     section(wireLoRAResident, 2, wireLoRAEntries, 6<<2|loraLoaded, wireLoRAEntries+1, 5<<2|loraLoaded),
+		"id repeated":          section(wireLoRAActive, 1, wireLoRAResident, 2, wireLoRAEntries, 6<<2|loraLoaded, wireLoRAEntries+1, 6<<2|loraWaiting),
+		"id over 26 bits":      section(wireLoRAEntries, 1<<28),
+		"fewer resident":       section(wireLoRAResident, 1, wireLoRAEntries, 5<<2|loraLoaded, wireLoRAEntries+1, 6<<2|loraLoaded),
+		"resident over max":    section(wireLoRAMax, 1, wireLoRAResident, 2),
+		"waiting, none in use": section(wireLoRAEntries, 5<<2|loraWaiting),
 	} {
 		if _, a, _, err := DecodeEngineWire(b); err == nil {
 			t.Errorf("%s: decoded %+v", name, a)
@@ -152,9 +164,9 @@ func TestEngineWireRefusesBadLoRAs(t *testing.T) {
 // section, decodes LoRAs an older router's reading agrees with on the
 // load, and what it decodes re-encodes to what decodes the same.
 func FuzzEngineWire(f *testing.F) {
-	f.Add(AppendEngineWire(nil, EngineLoad{Running: 1, HasLoad: true}, MakeLoRAs(2, []string{"b"}, []string{"x"}, []string{"y"})))
-	f.Add(AppendEngineWire(nil, EngineLoad{}, MakeLoRAs(1, nil, nil, nil)))
-	f.Add([]byte{6, wireLoRAActive, 1, wireLoRAEntries, 0x85, 0x01})
+	f.Add(AppendEngineWire(nil, EngineLoad{Running: 1, HasLoad: true}, MakeLoRAs(2, []string{"b"}, []string{"z"}, []string{"x"}, []string{"y"})))
+	f.Add(AppendEngineWire(nil, EngineLoad{}, MakeLoRAs(1, nil, nil, nil, nil)))
+	f.Add([]byte{6, wireLoRAResident, 1, wireLoRAEntries, 0x85, 0x01})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		l, a, n, err := DecodeEngineWire(b)
 		if err != nil {
@@ -167,7 +179,7 @@ func FuzzEngineWire(f *testing.F) {
 		if m, err := old.DecodeWire(b); err != nil || m != n || old != l {
 			t.Fatalf("load %+v (%d) against %+v (%d), %v", l, n, old, m, err)
 		}
-		if a.Len() > MaxLoRAEntries || int(a.Active) < 0 {
+		if a.Len() > MaxLoRAEntries || (a.Max > 0 && a.Resident > a.Max) {
 			t.Fatalf("impossible %+v", a)
 		}
 		re := AppendEngineWire(nil, l, a)
@@ -183,7 +195,7 @@ func loraCands(n int) []Candidate {
 	cs := candidates(n)
 	for i := range cs {
 		cs[i].Slots = 4
-		cs[i].LoRA = LoRAAdapter | LoRARoom
+		cs[i].LoRA = LoRAAdapter | LoRARoom | LoRAFree
 	}
 	return cs
 }
@@ -201,7 +213,7 @@ func loraRequest(model string) Request {
 // cold request goes to one that can start it).
 func TestLoRAPrefersWhereTheAdapterRuns(t *testing.T) {
 	cs := loraCands(4)
-	cs[2].LoRA |= LoRARunning
+	cs[2].LoRA |= LoRAResident
 	cs[2].InFlight = 3 // one slot left
 	for _, model := range []string{"sql", "chat", "legal", "tax"} {
 		d := DefaultPolicy().Pick(loraRequest(model), cs)
@@ -209,7 +221,7 @@ func TestLoRAPrefersWhereTheAdapterRuns(t *testing.T) {
 			t.Fatalf("%s: %+v, want replica 2 where it runs", model, d)
 		}
 	}
-	cs[0].LoRA |= LoRARunning
+	cs[0].LoRA |= LoRAResident
 	cs[2].InFlight = 4
 	d := DefaultPolicy().Pick(loraRequest("sql"), cs)
 	if d.Index != 0 || d.LoRA != LoRALoaded {
@@ -251,17 +263,31 @@ func TestLoRALoadsOnOneReplicaByRendezvous(t *testing.T) {
 		if d2 := DefaultPolicy().Pick(r, rev); rev[d2.Index].ID() != cs[want].ID() {
 			t.Fatalf("%s: another router loads it on %s, not %s", model, rev[d2.Index].ID(), cs[want].ID())
 		}
-		// The first choice at its limit: the next one with room.
-		cs[want].LoRA = LoRAAdapter
+		// The first choice holds idle adapters only: a free slot elsewhere
+		// first.
+		cs[want].LoRA = LoRAAdapter | LoRARoom
 		if d := DefaultPolicy().Pick(loraRequest(model), cs); d.Index == want || d.LoRA != LoRALoad {
+			t.Fatalf("%s: %+v with the first choice's slots all loaded", model, d)
+		}
+		// No free slot anywhere: the first choice, evicting an idle one.
+		for i := range cs {
+			cs[i].LoRA = LoRAAdapter | LoRARoom
+		}
+		if d := DefaultPolicy().Pick(loraRequest(model), cs); d.Index != want || d.LoRA != LoRASwap {
+			t.Fatalf("%s: %+v with no free slot, want %d swapping", model, d, want)
+		}
+		// The first choice at its limit in use: the next one with room.
+		cs[want].LoRA = LoRAAdapter
+		if d := DefaultPolicy().Pick(loraRequest(model), cs); d.Index == want || d.LoRA != LoRASwap {
 			t.Fatalf("%s: %+v with the first choice full", model, d)
 		}
-		// Nobody has room: the first choice that can start it, evicting.
+		// Every slot in use everywhere: the first choice that can start
+		// it, waiting for a slot.
 		for i := range cs {
 			cs[i].LoRA = LoRAAdapter
 		}
-		if d := DefaultPolicy().Pick(loraRequest(model), cs); d.Index != want || d.LoRA != LoRAEvict {
-			t.Fatalf("%s: %+v with every replica full, want %d evicting", model, d, want)
+		if d := DefaultPolicy().Pick(loraRequest(model), cs); d.Index != want || d.LoRA != LoRAFull {
+			t.Fatalf("%s: %+v with every replica full, want %d", model, d, want)
 		}
 	}
 	if len(targets) < 3 {
@@ -275,7 +301,7 @@ func TestLoRALoadsOnOneReplicaByRendezvous(t *testing.T) {
 // with no room anywhere it queues where the adapter runs.
 func TestLoRASpillsToTheLoadTargetWhenLoadedOnesAreFull(t *testing.T) {
 	cs := loraCands(4)
-	cs[1].LoRA |= LoRARunning
+	cs[1].LoRA |= LoRAResident
 	cs[1].InFlight = 6 // full, 2 queued
 	d := DefaultPolicy().Pick(loraRequest("sql"), cs)
 	if d.Index == 1 || d.LoRA != LoRALoad {
@@ -303,7 +329,7 @@ func TestLoRAWaitingRanksBelowRoom(t *testing.T) {
 	cs := loraCands(3)
 	cs[0].LoRA = LoRAAdapter | LoRAWaiting
 	cs[1].LoRA = LoRAAdapter
-	cs[2].LoRA = LoRAAdapter | LoRARoom
+	cs[2].LoRA = LoRAAdapter | LoRARoom | LoRAFree
 	if d := DefaultPolicy().Pick(loraRequest("sql"), cs); d.Index != 2 || d.LoRA != LoRALoad {
 		t.Fatalf("%+v, want room (2)", d)
 	}
@@ -322,7 +348,7 @@ func TestLoRAKeepsCacheAwarePlacement(t *testing.T) {
 	cs := loraCands(4)
 	for i := range cs {
 		cs[i].Summary = held(t)
-		cs[i].LoRA |= LoRARunning
+		cs[i].LoRA |= LoRAResident
 	}
 	cs[3].Summary = held(t, conv)
 	r := request(chainOf(conv, 3, 4))
@@ -331,7 +357,7 @@ func TestLoRAKeepsCacheAwarePlacement(t *testing.T) {
 		t.Fatalf("%+v, want the holder (3) by prefix", d)
 	}
 	// The holder does not run it: it goes where the adapter runs.
-	cs[3].LoRA = LoRAAdapter | LoRARoom
+	cs[3].LoRA = LoRAAdapter | LoRARoom | LoRAFree
 	if d := DefaultPolicy().Pick(r, cs); d.Index == 3 || d.LoRA != LoRALoaded {
 		t.Fatalf("%+v, want a replica running the adapter", d)
 	}

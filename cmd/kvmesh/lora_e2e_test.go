@@ -31,12 +31,20 @@ import (
 var loraAdapters = []string{"sql-lora", "chat-lora", "legal-lora", "med-lora"}
 
 const (
-	loraReplicas      = 4
-	loraMaxLoRAs      = 2
-	loraConvsPerModel = 10
-	loraTurns         = 3
-	loraClients       = 8
+	loraReplicas = 4
+	loraMaxLoRAs = 2
+	loraTurns    = 3
 )
+
+// loraWorkload is how the conversations are sent: by clients clients at
+// once; with hot, every other conversation is the first adapter's (half
+// the load on one adapter, more than one replica's slots hold).
+type loraWorkload struct {
+	name    string
+	clients int
+	convs   int // per model
+	hot     bool
+}
 
 // loraFleet is the replica-sims of one run, each behind a handler that
 // notes, as a request for an adapter arrives, whether the adapter is
@@ -136,10 +144,9 @@ func (g loraFigures) String() string {
 
 // runLoRAWorkload sends the conversations, each to target(i) for its
 // i-th conversation, and returns the figures the fleet and the answers
-// give. With hot, every other conversation is the first adapter's (half
-// the load on one adapter, more than one replica's slots hold).
-func runLoRAWorkload(t *testing.T, f *loraFleet, hot bool, target func(conv int) string) loraFigures {
-	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: loraClients}, Timeout: 60 * time.Second}
+// give.
+func runLoRAWorkload(t *testing.T, f *loraFleet, w loraWorkload, target func(conv int) string) loraFigures {
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: w.clients}, Timeout: 60 * time.Second}
 	defer client.CloseIdleConnections()
 	models := append([]string{"kvmesh-sim"}, loraAdapters...)
 	var mu sync.Mutex
@@ -147,13 +154,13 @@ func runLoRAWorkload(t *testing.T, f *loraFleet, hot bool, target func(conv int)
 	var failed atomic.Int32
 	convs := make(chan int)
 	var wg sync.WaitGroup
-	for range loraClients {
+	for range w.clients {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for c := range convs {
 				model := models[c%len(models)]
-				if hot && c%2 == 0 {
+				if w.hot && c%2 == 0 {
 					model = loraAdapters[0]
 				}
 				system := strings.Repeat(fmt.Sprintf("You are the %s assistant; answer in its house style. ", model), 25)
@@ -195,7 +202,7 @@ func runLoRAWorkload(t *testing.T, f *loraFleet, hot bool, target func(conv int)
 			}
 		}()
 	}
-	for c := range loraConvsPerModel * len(models) {
+	for c := range w.convs * len(models) {
 		convs <- c
 	}
 	close(convs)
@@ -233,30 +240,28 @@ func runLoRAWorkload(t *testing.T, f *loraFleet, hot bool, target func(conv int)
 // TestLoRAPlacement runs the LoRA workload through two routers (each
 // owning two of the replica-sims, clients alternating between them) and,
 // for contrast, round-robin straight to the replicas, with the load even
-// over the models and with half of it on one adapter: through the mesh
+// over the models, with half of it on one adapter, and one request at a
+// time: through the mesh
 // at least 95% of the adapters' requests that could land where the
 // adapter is loaded with a free slot do, and each adapter's cached share
-// stays near the base model's.
+// stays near the base model's. One request at a time, each adapter is
+// loaded once.
 //
 // The figures: go test ./cmd/kvmesh -run TestLoRAPlacement -v
 func TestLoRAPlacement(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
-	for _, hot := range []bool{false, true} {
-		name := "even"
-		if hot {
-			name = "hot adapter"
-		}
-		t.Run(name, func(t *testing.T) {
+	for _, w := range []loraWorkload{{"even", 8, 10, false}, {"hot adapter", 8, 10, true}, {"one at a time", 1, 3, false}} {
+		t.Run(w.name, func(t *testing.T) {
 			f := newLoRAFleet(t)
 			defer f.close()
 			routers := startLoRAMesh(t, f)
-			mesh := runLoRAWorkload(t, f, hot, func(c int) string { return routers[c%2].api + "/v1/chat/completions" })
+			mesh := runLoRAWorkload(t, f, w, func(c int) string { return routers[c%2].api + "/v1/chat/completions" })
 			t.Logf("kvmesh (2 routers): %v", mesh)
 
 			rr := newLoRAFleet(t)
 			defer rr.close()
 			var next atomic.Uint64
-			robin := runLoRAWorkload(t, rr, hot, func(int) string {
+			robin := runLoRAWorkload(t, rr, w, func(int) string {
 				return rr.srvs[next.Add(1)%loraReplicas].URL + "/v1/chat/completions"
 			})
 			t.Logf("round-robin:        %v", robin)
@@ -268,6 +273,11 @@ func TestLoRAPlacement(t *testing.T) {
 				if mesh.cached[m] < 0.8*mesh.cached["kvmesh-sim"] {
 					t.Errorf("%s's cached share %.3f, the base model's %.3f", m, mesh.cached[m], mesh.cached["kvmesh-sim"])
 				}
+			}
+			// One at a time, no adapter is ever in use beside another,
+			// and there are slots for all: each is loaded once.
+			if w.clients == 1 && mesh.loads != float64(len(loraAdapters)) {
+				t.Errorf("%v adapter loads one request at a time, want %d (each once)", mesh.loads, len(loraAdapters))
 			}
 		})
 	}

@@ -12,6 +12,7 @@ package engine
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -68,17 +69,18 @@ type Stats struct {
 }
 
 // LoRAInfo is what an engine's metrics tell of its LoRA adapters (vLLM's
-// vllm:lora_requests_info): its limit on adapters resident at once and
-// the adapters its running and waiting requests named when it last ran
-// any (Families.loraInfo: those that ran are loaded still), as the
-// comma-separated lists the engine labels them with. The zero value
-// tells nothing (an engine without LoRA).
+// vllm:lora_requests_info, read by Families.loraInfo): its limit on
+// adapters resident at once, the adapters it holds loaded, and those its
+// running and waiting requests name now, as comma-separated lists (the
+// form the engine labels them with). The zero value tells nothing (an
+// engine without LoRA).
 type LoRAInfo struct {
 	// Max is the engine's limit (vLLM's --max-loras); 0 is unknown.
 	Max int
-	// Running and Waiting are the adapters of the running and of the
-	// waiting requests, comma-separated, at most maxLoRAList bytes each.
-	Running, Waiting string
+	// Loaded are the adapters the engine holds, most recently used
+	// first; Running and Waiting those of its running and waiting
+	// requests now. Each at most maxLoRAList bytes.
+	Loaded, Running, Waiting string
 }
 
 // maxLoRAList bounds a list of adapter names an engine reports (its
@@ -107,7 +109,7 @@ func LoRAsOf(info LoRAInfo, models ModelList) route.LoRAs {
 	if info == (LoRAInfo{}) && len(models.Adapters) == 0 {
 		return route.LoRAs{}
 	}
-	return route.MakeLoRAs(info.Max, models.Bases(), names(info.Running), names(info.Waiting))
+	return route.MakeLoRAs(info.Max, models.Bases(), names(info.Loaded), names(info.Running), names(info.Waiting))
 }
 
 // Merge returns s with its unknown fields taken from o.
@@ -127,7 +129,8 @@ func (s Stats) Merge(o Stats) Stats {
 
 // Forget returns s as known once the engine's /metrics stops answering:
 // what the engine is configured with stays, its gauges become unknown
-// (route.EngineLoad.Forget), and of its LoRA adapters the limit stays.
+// (route.EngineLoad.Forget), and of its LoRA adapters the limit stays
+// (which are loaded becomes unknown too: the engine may have restarted).
 func (s Stats) Forget() Stats {
 	s.EngineLoad = s.EngineLoad.Forget()
 	s.LoRA = LoRAInfo{Max: s.LoRA.Max}
@@ -373,52 +376,76 @@ func (f Families) load(running, waiting string) Stats {
 
 // loraInfo reads an info gauge of LoRA adapters (vLLM's
 // vllm:lora_requests_info{max_lora, running_lora_adapters,
-// waiting_lora_adapters}). vLLM sets a series to the current time
-// whenever it records its stats, and keeps the series of earlier label
-// values, so the latest series is its present; but when its last request
-// ends that is the series naming no adapter, while the adapters it ran
-// last stay loaded (vLLM evicts one only to load another, which a later
-// series would name). So, as llm-d's metrics extractor does, the series
-// read is the latest that names any adapter: those it names as running
-// are loaded still. A list over maxLoRAList bytes is cut at its last
-// name that fits.
+// waiting_lora_adapters}). vLLM sets the series of the lists it records
+// to the current time at every record and keeps the series of earlier
+// lists, so the page is a history: the latest series is the present
+// (Running and Waiting), and an adapter was last used at the latest time
+// of a series naming it running. vLLM keeps the adapters it used last
+// loaded, evicting the least recently used one only to load another, so
+// the Max most recently used are the ones it holds (Loaded): an idle
+// engine's present names none, while they stay loaded. With no limit
+// known, Loaded are those the latest series naming any adapter ran (what
+// llm-d's metrics extractor reads as active). A list over maxLoRAList
+// bytes is cut at its last name that fits.
 func (f Families) loraInfo(name string) LoRAInfo {
 	fam := f[name]
 	if fam == nil {
 		return LoRAInfo{}
 	}
-	var latest *dto.Metric
-	latestT, named := -1.0, false
+	type series struct {
+		at                    float64
+		max, running, waiting string
+	}
+	var latest, named *series
+	lastRun := map[string]float64{}
 	for _, m := range fam.GetMetric() {
 		v, ok := value(m)
 		if !ok {
 			continue
 		}
-		n := false
+		s := &series{at: v}
 		for _, p := range m.GetLabel() {
-			if (p.GetName() == "running_lora_adapters" || p.GetName() == "waiting_lora_adapters") && p.GetValue() != "" {
-				n = true
+			switch p.GetName() {
+			case "max_lora":
+				s.max = p.GetValue()
+			case "running_lora_adapters":
+				s.running = cutList(p.GetValue())
+			case "waiting_lora_adapters":
+				s.waiting = cutList(p.GetValue())
 			}
 		}
-		if (n && !named) || (n == named && v >= latestT) {
-			latest, latestT, named = m, v, n
+		if latest == nil || v >= latest.at {
+			latest = s
+		}
+		if s.running != "" && (named == nil || v >= named.at) {
+			named = s
+		}
+		for _, n := range names(s.running) {
+			lastRun[n] = max(lastRun[n], v)
 		}
 	}
 	if latest == nil {
 		return LoRAInfo{}
 	}
-	var info LoRAInfo
-	for _, p := range latest.GetLabel() {
-		switch p.GetName() {
-		case "max_lora":
-			if v, ok := parseCount(p.GetValue(), 1<<16-1); ok {
-				info.Max = int(v)
-			}
-		case "running_lora_adapters":
-			info.Running = cutList(p.GetValue())
-		case "waiting_lora_adapters":
-			info.Waiting = cutList(p.GetValue())
+	info := LoRAInfo{Running: latest.running, Waiting: latest.waiting}
+	if v, ok := parseCount(latest.max, 1<<16-1); ok {
+		info.Max = int(v)
+	}
+	switch {
+	case info.Max > 0:
+		recent := make([]string, 0, len(lastRun))
+		for n := range lastRun {
+			recent = append(recent, n)
 		}
+		slices.SortFunc(recent, func(a, b string) int {
+			if c := cmp.Compare(lastRun[b], lastRun[a]); c != 0 {
+				return c
+			}
+			return strings.Compare(a, b)
+		})
+		info.Loaded = cutList(strings.Join(recent[:min(len(recent), info.Max)], ","))
+	case named != nil:
+		info.Loaded = named.running
 	}
 	return info
 }

@@ -41,7 +41,7 @@ func TestRecordedPages(t *testing.T) {
 			Stats{EngineLoad: route.EngineLoad{Running: 3, Waiting: 2, KVUsage: 4127, HasLoad: true}, BlockSize: 16, CacheTokens: 27644 * 16}, Stats{}, "/health"},
 		{"vllm-lora.metrics.txt", "", VLLM,
 			Stats{EngineLoad: route.EngineLoad{Running: 3, Waiting: 2, KVUsage: 4127, HasLoad: true}, BlockSize: 16, CacheTokens: 27644 * 16,
-				LoRA: LoRAInfo{Max: 2, Running: "sql-lora,chat-lora", Waiting: "legal-lora"}}, Stats{}, "/health"},
+				LoRA: LoRAInfo{Max: 2, Loaded: "chat-lora,sql-lora", Running: "sql-lora,chat-lora", Waiting: "legal-lora"}}, Stats{}, "/health"},
 		{"sglang.metrics.txt", "sglang.server_info.json", SGLang,
 			Stats{EngineLoad: route.EngineLoad{Running: 12, Waiting: 5, KVUsage: 2500, HasLoad: true}, CacheTokens: 489602},
 			Stats{EngineLoad: route.EngineLoad{Slots: 48}, BlockSize: 1, CacheTokens: 489602}, "/health"},
@@ -311,7 +311,7 @@ func TestLoRAsOf(t *testing.T) {
 	}
 	a, _ := For(VLLM)
 	st := a.FromMetrics(fams)
-	if st.LoRA != (LoRAInfo{Max: 2, Running: "sql-lora,chat-lora", Waiting: "legal-lora"}) {
+	if st.LoRA != (LoRAInfo{Max: 2, Loaded: "chat-lora,sql-lora", Running: "sql-lora,chat-lora", Waiting: "legal-lora"}) {
 		t.Fatalf("lora info %+v", st.LoRA)
 	}
 	models, err := ParseModels(readPage(t, "vllm-lora.models.json"))
@@ -321,8 +321,8 @@ func TestLoRAsOf(t *testing.T) {
 	l := LoRAsOf(st.LoRA, models)
 	want := map[string]route.LoRAFit{
 		"meta-llama/Llama-3.1-8B-Instruct": 0,
-		"sql-lora":                         route.LoRAAdapter | route.LoRARunning,
-		"chat-lora":                        route.LoRAAdapter | route.LoRARunning,
+		"sql-lora":                         route.LoRAAdapter | route.LoRAResident,
+		"chat-lora":                        route.LoRAAdapter | route.LoRAResident,
 		"legal-lora":                       route.LoRAAdapter | route.LoRAWaiting,
 	}
 	for m, f := range want {
@@ -330,11 +330,11 @@ func TestLoRAsOf(t *testing.T) {
 			t.Errorf("%s: fit %04b, want %04b", m, got, f)
 		}
 	}
-	if l.Max != 2 || l.Active != 3 {
+	if l.Max != 2 || l.Active != 3 || l.Resident != 2 {
 		t.Errorf("%+v", l)
 	}
 	forgot := LoRAsOf(st.Forget().LoRA, models)
-	if forgot.Max != 2 || forgot.Fit(route.LoRAID("sql-lora")) != route.LoRAAdapter|route.LoRARoom ||
+	if forgot.Max != 2 || forgot.Fit(route.LoRAID("sql-lora")) != route.LoRAAdapter|route.LoRARoom|route.LoRAFree ||
 		forgot.Fit(route.LoRAID("meta-llama/Llama-3.1-8B-Instruct")) != 0 {
 		t.Errorf("after a failed scrape: %+v", forgot)
 	}
@@ -344,23 +344,39 @@ func TestLoRAsOf(t *testing.T) {
 		t.Errorf("an engine without LoRA: %+v", got)
 	}
 	// LoRA on, no adapter registered yet: the limit alone, the model a base.
-	if got := LoRAsOf(LoRAInfo{Max: 4}, plain); got.Fit(route.LoRAID("m")) != 0 || got.Fit(route.LoRAID("new")) != route.LoRAAdapter|route.LoRARoom {
+	if got := LoRAsOf(LoRAInfo{Max: 4}, plain); got.Fit(route.LoRAID("m")) != 0 || got.Fit(route.LoRAID("new")) != route.LoRAAdapter|route.LoRARoom|route.LoRAFree {
 		t.Errorf("limit alone: %+v", got)
 	}
 }
 
-// TestLoRAInfoLatestSeries: the latest series naming an adapter is read
-// (an idle engine's latest names none, and the adapters it ran last are
-// loaded still), the latest of all when none names one, and an
+// TestLoRAInfoLatestSeries: the latest series is the present; the
+// adapters loaded are the limit's most recently named running over every
+// series (an idle engine's present names none while they stay loaded);
+// with no limit known, those of the latest series naming any; an
 // oversized list is cut at a name.
 func TestLoRAInfoLatestSeries(t *testing.T) {
-	page := `vllm:lora_requests_info{max_lora="4",running_lora_adapters="c",waiting_lora_adapters=""} 1.6e+09
-vllm:lora_requests_info{max_lora="4",running_lora_adapters="a,b",waiting_lora_adapters="c"} 1.7e+09
-vllm:lora_requests_info{max_lora="4",running_lora_adapters="",waiting_lora_adapters=""} 1.8e+09
-`
-	fams, _ := ParseMetrics([]byte(page))
-	if got := fams.loraInfo("vllm:lora_requests_info"); got != (LoRAInfo{Max: 4, Running: "a,b", Waiting: "c"}) {
-		t.Errorf("idle engine: %+v", got)
+	page := func(max string) []byte {
+		return []byte(`vllm:lora_requests_info{max_lora="` + max + `",running_lora_adapters="c",waiting_lora_adapters=""} 1.6e+09
+vllm:lora_requests_info{max_lora="` + max + `",running_lora_adapters="b,a",waiting_lora_adapters="c"} 1.7e+09
+vllm:lora_requests_info{max_lora="` + max + `",running_lora_adapters="",waiting_lora_adapters=""} 1.8e+09
+`)
+	}
+	for _, tc := range []struct {
+		max  string
+		want LoRAInfo
+	}{
+		{"4", LoRAInfo{Max: 4, Loaded: "a,b,c"}},
+		{"2", LoRAInfo{Max: 2, Loaded: "a,b"}},
+		{"", LoRAInfo{Loaded: "b,a"}},
+	} {
+		fams, _ := ParseMetrics(page(tc.max))
+		if got := fams.loraInfo("vllm:lora_requests_info"); got != tc.want {
+			t.Errorf("max %q: %+v, want %+v", tc.max, got, tc.want)
+		}
+	}
+	fams, _ := ParseMetrics([]byte(`vllm:lora_requests_info{max_lora="4",running_lora_adapters="a",waiting_lora_adapters="b"} 1.9e+09` + "\n"))
+	if got := fams.loraInfo("vllm:lora_requests_info"); got != (LoRAInfo{Max: 4, Loaded: "a", Running: "a", Waiting: "b"}) {
+		t.Errorf("busy engine: %+v", got)
 	}
 	fams, _ = ParseMetrics([]byte(`vllm:lora_requests_info{max_lora="4",running_lora_adapters="",waiting_lora_adapters=""} 1.8e+09` + "\n"))
 	if got := fams.loraInfo("vllm:lora_requests_info"); got != (LoRAInfo{Max: 4}) {
@@ -444,7 +460,7 @@ func TestReplicaSimLoRAReadsAsVLLM(t *testing.T) {
 		t.Fatalf("info %+v models %+v %v", info, models, err)
 	}
 	l := LoRAsOf(info, models)
-	if l.Fit(route.LoRAID("kvmesh-sim")) != 0 || l.Fit(route.LoRAID("sql")) != route.LoRAAdapter|route.LoRARoom {
+	if l.Fit(route.LoRAID("kvmesh-sim")) != 0 || l.Fit(route.LoRAID("sql")) != route.LoRAAdapter|route.LoRARoom|route.LoRAFree {
 		t.Fatalf("%+v", l)
 	}
 }

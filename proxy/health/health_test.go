@@ -604,7 +604,7 @@ func TestHealthCheckerLoRA(t *testing.T) {
 	h.round(t.Context())
 	c, _ := got.last(rep.URL)
 	base := "meta-llama/Llama-3.1-8B-Instruct"
-	want := route.MakeLoRAs(2, []string{base}, []string{"sql-lora", "chat-lora"}, []string{"legal-lora"})
+	want := route.MakeLoRAs(2, []string{base}, []string{"chat-lora", "sql-lora"}, []string{"sql-lora", "chat-lora"}, []string{"legal-lora"})
 	if c.LoRA != want || len(c.Models) != 4 {
 		t.Fatalf("report %+v, want LoRA %+v", c, want)
 	}
@@ -628,7 +628,7 @@ func TestHealthCheckerLoRA(t *testing.T) {
 		return c.LoRA.Active == 0
 	})
 	c, _ = got.last(rep.URL)
-	if c.LoRA.Max != 2 || c.LoRA.Fit(route.LoRAID(base)) != 0 || c.LoRA.Fit(route.LoRAID("sql-lora")) != route.LoRAAdapter|route.LoRARoom {
+	if c.LoRA.Max != 2 || c.LoRA.Fit(route.LoRAID(base)) != 0 || c.LoRA.Fit(route.LoRAID("sql-lora")) != route.LoRAAdapter|route.LoRARoom|route.LoRAFree {
 		t.Errorf("after a failed scrape: %+v", c.LoRA)
 	}
 	if n := testutil.CollectAndCount(h.lora.adapters); n != 0 {
