@@ -266,9 +266,9 @@ func TestLoRAReachesEveryRouter(t *testing.T) {
 		return ReplicaStatus{Models: models, Healthy: true, CapacityBlocks: 2048, Load: route.EngineLoad{Slots: 8}, LoRA: l}
 	}
 	for _, step := range []struct {
-		lora    route.LoRAs
-		fits    map[string]route.LoRAFit
-		loaded  []string
+		lora   route.LoRAs
+		fits   map[string]route.LoRAFit
+		loaded []string
 	}{
 		{route.MakeLoRAs(2, []string{"base"}, nil, []string{"sql"}, []string{"chat"}),
 			map[string]route.LoRAFit{"base": 0, "sql": route.LoRAAdapter | route.LoRAResident | route.LoRAFree, "chat": route.LoRAAdapter | route.LoRAWaiting | route.LoRAFree,

@@ -36,7 +36,7 @@ func TestMakeLoRAs(t *testing.T) {
 	}{
 		{MakeLoRAs(4, []string{"base"}, []string{"sql"}, nil, nil), LoRAAdapter | LoRARoom | LoRAFree},
 		{MakeLoRAs(2, []string{"base"}, []string{"sql", "chat"}, nil, nil), LoRAAdapter | LoRARoom}, // loading it evicts an idle one
-		{MakeLoRAs(0, []string{"base"}, nil, nil, nil), LoRAAdapter | LoRARoom | LoRAFree},        // an unknown limit
+		{MakeLoRAs(0, []string{"base"}, nil, nil, nil), LoRAAdapter | LoRARoom | LoRAFree},          // an unknown limit
 	} {
 		if got := tc.a.Fit(LoRAID("other")); got != tc.want {
 			t.Errorf("%+v: fit %05b, want %05b", tc.a, got, tc.want)
