@@ -25,7 +25,8 @@ import (
 // vllm:lora_requests_info is published as vLLM's PrometheusStatLogger
 // does: labels max_lora, running_lora_adapters and waiting_lora_adapters
 // (comma-joined names), the series of the present label values set to
-// the current Unix time, earlier series kept.
+// the current Unix time, earlier series kept (a router reads which
+// adapters are loaded from that history: internal/engine).
 //
 // How it differs from vLLM: a load delays only the requests of the
 // adapter being loaded (vLLM loads it in the step that first schedules
@@ -34,8 +35,8 @@ import (
 // much faster than from disk); the lists name adapters sorted (vLLM: in
 // the order they became active); the gauge is set on every change of the
 // lists rather than once per engine step, and keeps at most
-// maxLoRASeries series (vLLM keeps every label set it ever recorded);
-// there is no /v1/load_lora_adapter, adapters are fixed at start.
+// maxLoRASeries series (vLLM keeps every label set it ever recorded; an
+// adapter named only in dropped series reads as not loaded); there is no /v1/load_lora_adapter, adapters are fixed at start.
 
 // maxLoRASeries bounds the series of vllm:lora_requests_info kept: the
 // oldest is dropped past it.
