@@ -510,9 +510,27 @@ func (p Policy) pickLoRA(req Request, cands []Candidate) Decision {
 		d.LoRA = LoRAUnknown
 		return d
 	}
+	kept := 0
+	for i := range cands {
+		if keepLoRA(mode, &cands[i], i == one) {
+			kept++
+		}
+	}
+	if kept == len(cands) { // every replica holds it, say: no copy
+		d := p.Pick(req, cands)
+		if d.Index >= 0 {
+			d.LoRA = placementOf(cands[d.Index].LoRA)
+		}
+		return d
+	}
+	// The kept candidates, copied (on the stack for a few): Pick reads
+	// a slice, and the caller's must stay as they are.
 	var buf [16]Candidate
 	var ibuf [16]int
 	sub, idx := buf[:0], ibuf[:0]
+	if kept > len(buf) {
+		sub, idx = make([]Candidate, 0, kept), make([]int, 0, kept)
+	}
 	for i := range cands {
 		if c := &cands[i]; keepLoRA(mode, c, i == one) {
 			sub = append(sub, *c)
