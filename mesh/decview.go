@@ -65,6 +65,9 @@ type viewOp struct {
 	views map[string]*modelView
 	at    []viewSlot
 	e     viewEntry
+	// lora is the replica's LoRA adapters, which each slot's entry
+	// reduces to its model's fit.
+	lora route.LoRAs
 }
 
 // modelView is the replicas serving one model, in ID order (Candidates'
@@ -93,10 +96,8 @@ type viewEntry struct {
 	// The count as route.Candidate keeps it (route.Count32).
 	inFlight int32
 	tier     int8
-	// engine is the engine's load, the owner's own or as it gossips it;
-	// lora its LoRA adapters, which Candidates reduces per model.
+	// engine is the engine's load, the owner's own or as it gossips it.
 	engine route.EngineLoad
-	lora   route.LoRAs
 	// ok: healthy, with an owner whose word this router has (else the
 	// replica is no candidate, but keeps its place in the arrays so that
 	// health flapping does not rebuild them).
@@ -104,6 +105,10 @@ type viewEntry struct {
 	// counts: a copy whose summary counts for routing as long as its
 	// owner's last word is recent (table.countsLocked without the age).
 	counts bool
+	// lora is the replica's word on the model of the array the entry is
+	// in, as a LoRA adapter (its LoRAs' Fit, computed when the entry is
+	// written, not per decision).
+	lora route.LoRAFit
 }
 
 // viewSlot is where a replica's entry sits in one model's array.
@@ -122,14 +127,14 @@ func (v *published) entryLocked(r *replica) (viewEntry, []string) {
 		return e, nil
 	case owner == v.cfg.Name:
 		e.ok, e.sum, e.load = r.healthy, r.sum, r.load
-		e.engine, e.lora = r.engine, r.lora
+		e.engine = r.engine
 		return e, r.models
 	case !r.hasState || r.st.Origin != owner:
 		return e, nil
 	}
 	e.ok = r.st.Healthy
 	e.inFlight, e.pending = route.Count32(int(r.st.InFlight)), r.st.Pending
-	e.engine, e.lora = r.st.Engine, r.st.LoRA
+	e.engine = r.st.Engine
 	if r.sum != nil && !r.wantFull && r.sum.Epoch() == r.st.Epoch && !r.heard.IsZero() {
 		e.counts, e.sum, e.heard = true, r.sum, int64(r.heard.Sub(v.t0))
 	}
@@ -140,6 +145,19 @@ func (v *published) entryLocked(r *replica) (viewEntry, []string) {
 		}
 	}
 	return e, r.st.Models
+}
+
+// loraLocked is r's LoRA adapters as its entry's owner tells them: this
+// router's health checks for a replica it owns, the owner's last state
+// for another's (entryLocked's owners).
+func (v *published) loraLocked(r *replica) route.LoRAs {
+	switch {
+	case r.owner == v.cfg.Name:
+		return r.lora
+	case r.owner != "" && r.hasState && r.st.Origin == r.owner:
+		return r.st.LoRA
+	}
+	return route.LoRAs{}
 }
 
 // publishLocked queues the entries of the replicas t's write section
@@ -163,7 +181,7 @@ func (v *published) publishLocked(t *table) bool {
 			rebuild = true
 			continue
 		}
-		upd = append(upd, viewOp{at: r.viewAt, e: e})
+		upd = append(upd, viewOp{at: r.viewAt, e: e, lora: v.loraLocked(r)})
 	}
 	clear(t.viewDirty)
 	t.viewDirty, t.viewRebuild = t.viewDirty[:0], false
@@ -203,6 +221,7 @@ func (v *published) drain() {
 		}
 		for _, s := range op.at {
 			s.mv.entries[s.i] = op.e
+			s.mv.entries[s.i].lora = op.lora.Fit(s.mv.lora)
 		}
 	}
 	v.mu.Unlock()
@@ -219,6 +238,7 @@ func (v *published) buildLocked(t *table) map[string]*modelView {
 	views := map[string]*modelView{}
 	for _, r := range t.order {
 		e, models := v.entryLocked(r)
+		lora := v.loraLocked(r)
 		// A new slots slice: queued changes hold the old one.
 		r.viewModels, r.viewAt = slices.Clone(models), nil
 		for j, model := range models {
@@ -231,6 +251,7 @@ func (v *published) buildLocked(t *table) map[string]*modelView {
 				views[model] = mv
 			}
 			r.viewAt = append(r.viewAt, viewSlot{mv, len(mv.entries)})
+			e.lora = lora.Fit(mv.lora)
 			mv.entries = append(mv.entries, e)
 		}
 	}

@@ -267,7 +267,7 @@ func (v *published) candidates(model string, dst []route.Candidate, b *matchBatc
 		dst = dst[:n+1]
 		c := &dst[n]
 		var sum route.Matcher
-		fillCandidate(c, e, &details[k], mv.lora)
+		fillCandidate(c, e, &details[k])
 		k++
 		if l := e.load; l != nil { // owned here
 			c.Detail.Local = true
@@ -373,9 +373,8 @@ func sameMatcher(a, b route.Matcher) bool {
 // of pointers for it to shade per decision: the decisions that overlapped
 // a mark phase cost several times the others. A buffer reused for the
 // same view writes no pointer here. TestFillCandidateWritesEveryField
-// keeps it in step with route.Candidate. lora is the model's
-// route.LoRAID: the candidate's LoRA is the replica's word on it.
-func fillCandidate(c *route.Candidate, e *viewEntry, x *route.Detail, lora uint32) {
+// keeps it in step with route.Candidate.
+func fillCandidate(c *route.Candidate, e *viewEntry, x *route.Detail) {
 	if c.Detail != x {
 		c.Detail = x
 	}
@@ -388,7 +387,7 @@ func fillCandidate(c *route.Candidate, e *viewEntry, x *route.Detail, lora uint3
 	c.Hash, c.InFlight, c.PendingPrefillBlocks, c.NetworkMs, c.BlockMs = e.hash, e.inFlight, e.pending, e.networkMs, 0
 	c.Tier, c.EngineLoad = e.tier, e.engine
 	c.Stale = false
-	c.LoRA = e.lora.Fit(lora)
+	c.LoRA = e.lora
 }
 
 // matchBatch is the summaries of one Candidates call, matched together
