@@ -164,6 +164,10 @@ func New(ctx context.Context, cfg Config) (*Mesh, error) {
 	go m.dis.repairLoop()
 	go m.dis.tickLoop()
 	go m.mem.joinLoop()
+	if cfg.Usage != nil {
+		m.wg.Add(1)
+		go m.dis.usageLoop()
+	}
 	return m, nil
 }
 

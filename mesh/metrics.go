@@ -94,6 +94,8 @@ func kindName(k byte) string {
 		return "full_request"
 	case kindPushPull:
 		return "push_pull"
+	case kindUsage:
+		return "usage"
 	}
 	return "unknown"
 }

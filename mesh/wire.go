@@ -27,6 +27,7 @@ import (
 //	entry    : state u16-prefixed | payload kind u8 (0 none, 1 delta, 2 full summary)
 //	           | payload u32-prefixed (summary.DecodeDelta or summary.Decode)
 //	push/pull: kindPushPull | origin s8 | boot u64 | n u32 × (state u16-prefixed | summary u32-prefixed, 0 = none)
+//	usage    : kindUsage | origin s8 | boot u64 | payload u32-prefixed (the tenants' token usage, Config.Usage's)
 //
 // Kinds 2 (a delta of raw 64-bit hashes on the UDP broadcast queue) and 4
 // (a full reply) belonged to protocol 1 and are refused.
@@ -50,6 +51,9 @@ const (
 	kindFullReq  byte = 3
 	kindPushPull byte = 5
 	kindBatch    byte = 6
+	// kindUsage carries the tenants' token usage (usage.go); only to
+	// routers of wireUsage or later.
+	kindUsage byte = 7
 
 	payloadNone  byte = 0
 	payloadDelta byte = 1
@@ -105,8 +109,10 @@ const (
 	// wireEngine decodes the state flag flagEngine and the engine
 	// section it announces.
 	wireEngine wireVersion = 2
+	// wireUsage decodes the message kind kindUsage.
+	wireUsage wireVersion = 3
 	// wireLatest is this build's version.
-	wireLatest = wireEngine
+	wireLatest = wireUsage
 )
 
 // peerWire is the version a router of version self encodes at for a
@@ -627,6 +633,11 @@ func decodeMsg(b []byte, v wireVersion) (any, error) {
 		out = r.state()
 	case kindBatch:
 		out = r.batch()
+	case kindUsage:
+		if v < wireUsage {
+			return nil, fmt.Errorf("unknown message kind %d", kind)
+		}
+		out = r.usage()
 	case kindFullReq:
 		f := fullReq{Origin: r.s8(), Replica: r.s16()}
 		if r.err == nil && (f.Origin == "" || f.Replica == "") {

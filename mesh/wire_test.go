@@ -53,6 +53,7 @@ func sampleMessages(t testing.TB) [][]byte {
 		npp,
 		withEngine.append(nil),
 		withLoRA.append(nil),
+		usageMsg{Origin: "a", Boot: 7, Payload: []byte{1, 2, 3}}.append(nil),
 	}
 }
 
@@ -393,6 +394,8 @@ func FuzzDecodeMsg(f *testing.F) {
 		case batchMsg:
 			out = m.append(nil)
 		case fullReq:
+			out = m.append(nil)
+		case usageMsg:
 			out = m.append(nil)
 		}
 		if string(out) != string(b) {

@@ -363,3 +363,31 @@ func (p *Proxy) book(id string, local bool, blocks float64, mine bool) booking {
 	mark, firstByte, done := p.hops.SendMark(id, blocks)
 	return booking{firstByte: firstByte, done: done, mark: mark}
 }
+
+// ownCandidates keeps the candidates this router owns (a forwarded request
+// never travels further) and finds the hinted replica among them. The
+// deciding router saw this router's replicas as they were up to a gossip
+// interval ago, and not the other routers' dispatches since; this router
+// counts them exactly, so it keeps the hint only while route's rule says
+// the replica can still start the request (route.Policy.KeepHint), and
+// otherwise decides again among its own replicas.
+func ownCandidates(pol route.Policy, cands []route.Candidate, hint string) ([]route.Candidate, int) {
+	keep := false
+	for i := range cands {
+		if cands[i].ID() == hint {
+			keep = pol.KeepHint(cands, i)
+			break
+		}
+	}
+	own, hinted := cands[:0], -1
+	for _, c := range cands {
+		if c.Detail == nil || !c.Detail.Local { // the view's word, as commit books by it: no Locate per candidate
+			continue
+		}
+		if c.ID() == hint && keep {
+			hinted = len(own)
+		}
+		own = append(own, c)
+	}
+	return own, hinted
+}

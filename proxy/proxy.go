@@ -25,6 +25,7 @@ import (
 	"github.com/kvmesh/kvmesh/internal/ratelog"
 	"github.com/kvmesh/kvmesh/proxy/admit"
 	"github.com/kvmesh/kvmesh/proxy/hop"
+	"github.com/kvmesh/kvmesh/proxy/quota"
 	"github.com/kvmesh/kvmesh/proxy/reply"
 	"github.com/kvmesh/kvmesh/proxy/upstream"
 	"github.com/kvmesh/kvmesh/route"
@@ -144,6 +145,10 @@ type Config struct {
 	// replicas are saturated (package admit; the proxy sets its Room and
 	// Registerer). Nil: every request goes straight to its decision.
 	Admission *admit.Config
+	// Quota, when set, holds each tenant to its token budget across the
+	// mesh (package quota; tenants.go): over it, a request is answered
+	// 429 before it queues. Nil: no budgets.
+	Quota *quota.Ledger
 	// TokenRatios learns each owned replica's bytes per token from its
 	// answers (tokens.go); the router shares it with its health checks.
 	// Nil: the proxy's own. The proxy registers it with Registerer.

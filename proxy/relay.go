@@ -91,10 +91,13 @@ func (st *reqState) relay(resp *http.Response, a upstreamAnswer) {
 		// prompt now. A refused or failed request records nothing, and
 		// embeddings leave no cache.
 		p.cfg.View.Record(a.id, st.hashes)
-		if resp.StatusCode == http.StatusOK {
-			sink = reply.NewSink(sse, p.answers)
-			defer sink.Release()
-		}
+	}
+	if resp.StatusCode == http.StatusOK && !st.byLoad && (a.local || st.quota.Held()) {
+		// An owned replica's answer is learnt; a hop's is read for its
+		// tenant's token usage only (tenants.go).
+		sink = reply.NewSink(sse, p.answers)
+		defer sink.Release()
+		defer func() { st.spent = spentOf(sink) }() // before the release
 	}
 	a.tap = streamTap{sink: sink, firstByte: a.firstByte, ttft: a.obs.ttft, start: a.start, idle: a.idle}
 	a.fr = upstream.NewFraming(sse && len(st.w.Header()["Content-Length"]) == 0)
@@ -108,7 +111,9 @@ func (st *reqState) relay(resp *http.Response, a upstreamAnswer) {
 			// replica computed (it holds that prompt and that much of
 			// the answer), so it is learnt though the request is a 499.
 			sink.Finish()
-			st.learn(a.id, a.d, sink)
+			if a.local {
+				st.learn(a.id, a.d, sink)
+			}
 		}
 		return
 	}
@@ -119,7 +124,9 @@ func (st *reqState) relay(resp *http.Response, a upstreamAnswer) {
 	a.obs.duration.Observe(time.Since(a.start).Seconds())
 	if sink != nil {
 		sink.Finish()
-		st.learn(a.id, a.d, sink)
+		if a.local {
+			st.learn(a.id, a.d, sink)
+		}
 	}
 }
 

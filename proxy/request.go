@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/proxy/admit"
 	"github.com/kvmesh/kvmesh/proxy/hop"
+	"github.com/kvmesh/kvmesh/proxy/quota"
 	"github.com/kvmesh/kvmesh/proxy/upstream"
 	"github.com/kvmesh/kvmesh/route"
 	"github.com/kvmesh/kvmesh/summary"
@@ -93,6 +94,10 @@ type reqState struct {
 	// stall: the attempt in flight at an owned replica, as the stall
 	// detection follows it (stall.go; nil: none).
 	stall *stallMark
+	// quota: the tenant's token charge, settled by finish to what the
+	// engine reported (spent; tenants.go).
+	quota quota.Ticket
+	spent spent
 
 	// What the request holds until it ends (finish releases it).
 	releaseClient, releaseCands, endHeat, releaseAdmit func()
@@ -114,7 +119,7 @@ func (p *Proxy) inference(w http.ResponseWriter, r *http.Request, ep *endpoint) 
 		st.code = st.noCandidate()
 		return
 	}
-	if !p.admit.queue(st) {
+	if !reserveTokens(st) || !p.admit.queue(st) {
 		return
 	}
 	st.attemptAll()
@@ -156,6 +161,23 @@ func (ad *admission) queue(st *reqState) bool {
 	return true
 }
 
+// reserveTokens charges st to its tenant's token budget before it may
+// queue (a step of the request path; tenants.go has the rest): input tokens
+// estimated from the prompt's bytes at the replicas' learned bytes per
+// token, output reserved at its max_tokens (else the tenant's mean). A
+// hop was charged by the router it entered. When the budget is spent it
+// answers 429 and reports false.
+func reserveTokens(st *reqState) bool {
+	p := st.p
+	if p.cfg.Quota == nil || st.hop {
+		return true
+	}
+	var ok bool
+	tenant := tenantOf(st.r.Header, clientAddr(st.r), p.cfg.APIKeys != nil)
+	st.quota, st.code, ok = chargeTenant(st.w, p.cfg.Quota, p.ratios.Overall(), tenant, &st.prompt)
+	return ok
+}
+
 // letGo gives back st's candidates' storage and heat count before a wait
 // in the queue.
 func letGo(st *reqState) {
@@ -171,6 +193,9 @@ func letGo(st *reqState) {
 
 // finish releases what the request held, newest first, and counts it.
 func (st *reqState) finish() {
+	if st.quota.Held() {
+		settleTokens(st.p.cfg.Quota, st.quota, st.code, st.spent, st.p.ratios.Overall())
+	}
 	if st.releaseAdmit != nil {
 		st.releaseAdmit()
 	}
@@ -417,34 +442,6 @@ func (st *reqState) noCandidate() int {
 	default:
 		return writeModelNotFound(w, model)
 	}
-}
-
-// ownCandidates keeps the candidates this router owns (a forwarded request
-// never travels further) and finds the hinted replica among them. The
-// deciding router saw this router's replicas as they were up to a gossip
-// interval ago, and not the other routers' dispatches since; this router
-// counts them exactly, so it keeps the hint only while route's rule says
-// the replica can still start the request (route.Policy.KeepHint), and
-// otherwise decides again among its own replicas.
-func ownCandidates(pol route.Policy, cands []route.Candidate, hint string) ([]route.Candidate, int) {
-	keep := false
-	for i := range cands {
-		if cands[i].ID() == hint {
-			keep = pol.KeepHint(cands, i)
-			break
-		}
-	}
-	own, hinted := cands[:0], -1
-	for _, c := range cands {
-		if c.Detail == nil || !c.Detail.Local { // the view's word, as commit books by it: no Locate per candidate
-			continue
-		}
-		if c.ID() == hint && keep {
-			hinted = len(own)
-		}
-		own = append(own, c)
-	}
-	return own, hinted
 }
 
 // Outcomes of one upstream attempt.

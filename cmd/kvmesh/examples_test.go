@@ -69,7 +69,7 @@ func TestRouterStatusAndExampleMetrics(t *testing.T) {
 		region: "local", listen: "127.0.0.1:0", gossipBind: "127.0.0.1:0", logLevel: hclog.Warn, logOutput: logs,
 		maxBodyBytes: proxy.DefaultMaxBodyBytes, capacityBlocks: 4096, loadFactor: 1.25,
 		timing: mesh.TestTiming(), healthInterval: 50 * time.Millisecond, contract: summary.DefaultContract(), gossipKey: testGossipKey,
-		adminListen: "127.0.0.1:0", admission: admit.Config{MaxWaiting: admit.DefaultMaxWaiting},
+		adminListen: "127.0.0.1:0", admission: admit.Config{MaxWaiting: admit.DefaultMaxWaiting}, tenants: tenantConfig{input: 1 << 40, window: time.Minute},
 	}
 	ca := base
 	ca.name, ca.replicas = "a", []string{reps[0].URL, loraSrv.URL}

@@ -95,6 +95,7 @@ type routerConfig struct {
 	// admission: the admission's limits (router_admit.go; MaxWaiting 0:
 	// off).
 	admission admit.Config
+	tenants   tenantConfig // router_tenants.go
 }
 
 // parseRouterFlags parses args, then fills every flag not given on the
@@ -149,6 +150,7 @@ flags:
 	finishReplicaFlags := replicaFlags(fs, &cfg.sources)
 	edgeFlags(fs, &cfg)
 	admitFlags(fs, &cfg)
+	tenantFlags(fs, &cfg)
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
 	}
@@ -219,6 +221,9 @@ flags:
 		cfg.gossipKey = key
 	}
 	if err := checkAdmitFlags(&cfg); err != nil {
+		return cfg, err
+	}
+	if err := checkTenantFlags(&cfg); err != nil {
 		return cfg, err
 	}
 	if err := checkEdgeFlags(&cfg); err != nil {
@@ -366,11 +371,17 @@ func startRouter(ctx context.Context, cfg routerConfig) (*router, error) {
 			adminLn.Close()
 		}
 	}
+	budgets, err := tenantLedger(&cfg, reg)
+	if err != nil {
+		closeLns()
+		return nil, err
+	}
 	m, err := mesh.New(ctx, mesh.Config{
 		Name: cfg.name, Region: cfg.region, APIAddr: api,
 		BindAddr: cfg.gossipBind, AdvertiseAddr: cfg.advertise, Join: cfg.join, SecretKey: cfg.gossipKey,
 		Contract: cfg.contract, DefaultCapacityBlocks: cfg.capacityBlocks, Timing: cfg.timing,
 		Streams: cfg.gossipStreams, Logger: log, Registerer: reg,
+		Usage: meshUsage(&cfg, budgets), UsageInterval: cfg.tenants.interval,
 	})
 	if err != nil {
 		closeLns()
@@ -413,7 +424,7 @@ func startRouter(ctx context.Context, cfg routerConfig) (*router, error) {
 		TrustPeerCerts: edges.serverTLS != nil && edges.peerCA != nil, RequirePeerTLS: edges.peerCA != nil, APIKeys: edges.keys,
 		InsecureHops:  cfg.insecureMesh && !meshAuthenticated(&cfg),
 		SessionHeader: cfg.sessionHeader, Peers: m.PeerAPIs, NoStreamLoop: cfg.noStreamLoop, TokenRatios: ratios,
-		Admission: cfg.admissionConfig(),
+		Admission: cfg.admissionConfig(), Quota: budgets,
 	})
 	if err != nil {
 		closeLns()
@@ -424,7 +435,7 @@ func startRouter(ctx context.Context, cfg routerConfig) (*router, error) {
 	r.ln = r.edgeListener(ln, cfg.maxConns, cfg.clientSendBuffer)
 	r.srv = r.apiServer(cfg, p)
 	if adminLn != nil {
-		admin, err := withStatusPage(p.AdminHandler(), cfg.name, m, reg, log.Named("status"))
+		admin, err := withStatusPage(p.AdminHandler(), cfg.name, m, reg, budgets, log.Named("status"))
 		if err != nil {
 			closeLns()
 			_ = m.Close(context.Background())

@@ -236,6 +236,20 @@ dl{display:grid;grid-template-columns:max-content auto;gap:2px 12px;margin:0}dt{
 </dl>
 </section>
 {{- end}}
+{{- if .Tenants.On}}
+<section id="tenants">
+<h2>Tenant token budgets (mesh-wide, last {{.Tenants.Window}})</h2>
+<dl>
+<dt>default budget</dt><dd data-tenants-default="{{.Tenants.Default}}">{{.Tenants.Default}}</dd>
+<dt>peers counted</dt><dd data-tenants-peers="{{.Tenants.Peers}}">{{.Tenants.Peers}}</dd>
+{{- range .Tenants.Rows}}
+<dt>{{.Name}}</dt><dd data-tenant="{{.Name}}">{{if .Warn}}<span class="badge warn">{{end}}input {{.Input}} · output {{.Output}}{{if .Warn}}</span>{{end}} (this router: {{.Own}})</dd>
+{{- else}}
+<dt>tenants</dt><dd data-tenant="none">none counted</dd>
+{{- end}}
+</dl>
+</section>
+{{- end}}
 </div>
 {{- end}}
 </main>

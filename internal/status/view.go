@@ -60,6 +60,7 @@ type view struct {
 	// HasEngines says some replica's engine reported its load here.
 	HasEngines bool
 	Admission  admissionView
+	Tenants    tenantsView // tenants.go
 }
 
 type memberRow struct {
