@@ -252,6 +252,9 @@ func TestLoRAPlacement(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 	for _, w := range []loraWorkload{{"even", 8, 10, false}, {"hot adapter", 8, 10, true}, {"one at a time", 1, 3, false}} {
 		t.Run(w.name, func(t *testing.T) {
+			if raceEnabled && w.clients == 1 {
+				t.Skip("one request at a time races nothing, and takes long under the race detector")
+			}
 			f := newLoRAFleet(t)
 			defer f.close()
 			routers := startLoRAMesh(t, f)
@@ -266,6 +269,17 @@ func TestLoRAPlacement(t *testing.T) {
 			})
 			t.Logf("round-robin:        %v", robin)
 
+			if raceEnabled {
+				// The routers run ten times slower against the
+				// simulators' clock: their engine scrapes and gossip
+				// lag behind more requests. Still far ahead of
+				// round-robin.
+				if mesh.placed < robin.placed+0.2 || mesh.loads > robin.loads/2 {
+					t.Errorf("under the race detector kvmesh placed %.1f%% with %v loads, round-robin %.1f%% with %v",
+						100*mesh.placed, mesh.loads, 100*robin.placed, robin.loads)
+				}
+				return
+			}
 			if mesh.placed < 0.95 {
 				t.Errorf("%.1f%% of the adapters' requests that could land where the adapter is loaded did, want at least 95%%", 100*mesh.placed)
 			}
