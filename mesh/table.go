@@ -31,6 +31,7 @@ type replica struct {
 	capacity int
 	// The engine's load from the last health check (see ReplicaStatus).
 	engine   route.EngineLoad
+	lora     route.LoRAs  // the engine's LoRA adapters (ReplicaStatus.LoRA)
 	restarts int          // the engine restarts its health checks found (ReplicaStatus)
 	load     *replicaLoad // the requests in flight here (Begin)
 

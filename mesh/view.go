@@ -70,7 +70,7 @@ func (m *Mesh) UpdateReplica(id string, s ReplicaStatus) {
 		return
 	}
 	r.models, r.healthy, r.capacity = models, healthy, capacityBlocks
-	r.engine = s.Load
+	r.engine, r.lora = s.Load, s.LoRA
 	restarted := s.Restarts > r.restarts
 	r.restarts = s.Restarts
 	m.tab.touchLocked(r)
@@ -387,6 +387,7 @@ func fillCandidate(c *route.Candidate, e *viewEntry, x *route.Detail) {
 	c.Hash, c.InFlight, c.PendingPrefillBlocks, c.NetworkMs, c.BlockMs = e.hash, e.inFlight, e.pending, e.networkMs, 0
 	c.Tier, c.EngineLoad = e.tier, e.engine
 	c.Stale = false
+	c.LoRA = e.lora
 }
 
 // matchBatch is the summaries of one Candidates call, matched together

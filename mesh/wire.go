@@ -172,6 +172,7 @@ func (s stateMsg) at(v wireVersion) stateMsg {
 	if v < wireEngine && s.EngineWire {
 		s.EngineWire = false
 		s.Engine = legacyLoad(s.Engine, route.EngineLoad{})
+		s.LoRA = route.LoRAs{}
 	}
 	if v < wireNoLoad && s.noLoad() {
 		s.Engine.HasLoad = true
@@ -347,6 +348,9 @@ type stateMsg struct {
 	// version 0 lacks, and reads there as it always did (wireNoLoad).
 	Engine     route.EngineLoad
 	EngineWire bool
+	// LoRA is the engine's LoRA adapters, in Engine's section (so only
+	// with EngineWire), as tags a router that does not know them skips.
+	LoRA       route.LoRAs
 	Models     []string
 	DeclaredBy []string
 }
@@ -383,7 +387,7 @@ func (s *stateMsg) append(dst []byte) []byte {
 	dst = binary.BigEndian.AppendUint32(dst, s.InFlight)
 	dst = binary.BigEndian.AppendUint64(dst, math.Float64bits(s.Pending))
 	if s.EngineWire {
-		dst = s.Engine.AppendWire(dst)
+		dst = route.AppendEngineWire(dst, s.Engine, s.LoRA)
 	} else {
 		dst = binary.BigEndian.AppendUint32(dst, uint32(max(s.Engine.Running, 0)))
 		dst = binary.BigEndian.AppendUint32(dst, uint32(max(s.Engine.Waiting, 0)))
@@ -433,7 +437,7 @@ func (r *reader) state() stateMsg {
 		r.fail(fmt.Errorf("pending prefill %v out of range", s.Pending))
 	}
 	if s.EngineWire {
-		s.Engine = r.engine()
+		s.Engine, s.LoRA = r.engine()
 	} else {
 		s.Engine = route.EngineLoad{Running: r.count(), Waiting: r.count(), Slots: r.count(), HasLoad: !noLoad}
 	}
@@ -470,18 +474,17 @@ func (r *reader) count() int32 {
 // state with room for bytes this router does not read: the section's
 // tags a newer router added, which route.EngineLoad.DecodeWire skips so
 // that a field reaches the routers that know it without a wire version.
-func (r *reader) engine() route.EngineLoad {
-	var l route.EngineLoad
+func (r *reader) engine() (route.EngineLoad, route.LoRAs) {
 	if r.err != nil {
-		return l
+		return route.EngineLoad{}, route.LoRAs{}
 	}
-	n, err := l.DecodeWire(r.b)
+	l, a, n, err := route.DecodeEngineWire(r.b)
 	if err != nil {
 		r.fail(err)
-		return l
+		return l, a
 	}
 	r.b = r.b[n:]
-	return l
+	return l, a
 }
 
 // fullReq asks the owner of Replica for a full copy of its summary.

@@ -41,6 +41,10 @@ func runReplicaSim(ctx context.Context, args []string, stdout, stderr io.Writer)
 	fs.IntVar(&cfg.MaxModelLen, "max-model-len", 131072, "prompt + max_tokens limit in `tokens`; longer requests get 400")
 	fs.IntVar(&cfg.DefaultMaxTokens, "default-max-tokens", 128, "output `tokens` when a request sets no max_tokens")
 	fs.Float64Var(&cfg.TimeScale, "time-scale", 1, "speed-up `factor`: every modelled duration is divided by it (>1 runs faster than real time)")
+	var adapters listFlag
+	fs.Var(&adapters, "lora-adapters", "LoRA adapter `names` served on top of --model (vLLM's --lora-modules), comma-separated or repeated: listed in /v1/models with the model as parent, named by a request as its model")
+	fs.IntVar(&cfg.MaxLoRAs, "max-loras", 1, "LoRA adapters resident at once (`n`, vLLM's --max-loras): one not resident is loaded, evicting the least recently used idle one")
+	fs.Float64Var(&cfg.LoRALoadMs, "lora-load-ms", 50, "time to load a LoRA adapter that is not resident, in `ms`")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), `usage: kvmesh replica-sim [flags]
 
@@ -51,7 +55,9 @@ usage.prompt_tokens_details.cached_tokens respond to routing. Endpoints:
 POST /v1/chat/completions, POST /v1/completions, POST /v1/responses (and
 GET /v1/responses/{id}), POST /v1/messages (Anthropic), POST /v1/embeddings,
 GET /v1/models, GET /health, POST /reset_prefix_cache, GET /metrics (vLLM
-metric names).
+metric names). With --lora-adapters it serves LoRA adapters as vLLM does
+with --enable-lora: at most --max-loras resident, loaded on demand, listed in
+/v1/models with their parent and in vllm:lora_requests_info.
 
 Every flag can also be set by the environment variable KVMESH_<FLAG>
 (upper case, dashes to underscores, e.g. KVMESH_KV_BLOCKS); the command line wins.
@@ -70,6 +76,7 @@ flags:
 	if err := applyEnv(fs, os.LookupEnv); err != nil {
 		return err
 	}
+	cfg.LoRAAdapters = adapters
 	level := hclog.LevelFromString(*logLevel)
 	if level == hclog.NoLevel {
 		return fmt.Errorf("replica-sim: invalid --log-level %q", *logLevel)

@@ -572,3 +572,70 @@ func TestHealthCheckerLearnsReplicaSimSlots(t *testing.T) {
 		t.Errorf("got %+v, want 2 learned slots from the vllm adapter", c)
 	}
 }
+
+// TestHealthCheckerLoRA: a vLLM replica's recorded LoRA pages (the gauge
+// and /v1/models' parents) become its report's LoRAs and its LoRA series;
+// when its /metrics stops answering, the adapters in use are forgotten
+// and the limit and base model stay.
+func TestHealthCheckerLoRA(t *testing.T) {
+	page := func(name string) string {
+		b, err := os.ReadFile(filepath.Join("..", "..", "internal", "engine", "testdata", name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+	metrics, models := page("vllm-lora.metrics.txt"), page("vllm-lora.models.json")
+	var failMetrics atomic.Bool
+	rep := newReplica(t, func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/health":
+		case "/v1/models":
+			fmt.Fprint(w, models)
+		case "/metrics":
+			if failMetrics.Load() {
+				http.Error(w, "down", http.StatusInternalServerError)
+				return
+			}
+			fmt.Fprint(w, metrics)
+		default:
+			http.NotFound(w, r)
+		}
+	})
+	reg := prometheus.NewRegistry()
+	var got reports
+	h := New(Config{Engine: engine.VLLM}, []string{rep.URL}, nil, got.add, 1024, nil, reg)
+	h.round(t.Context())
+	c, _ := got.last(rep.URL)
+	base := "meta-llama/Llama-3.1-8B-Instruct"
+	want := route.MakeLoRAs(2, []string{base}, []string{"chat-lora", "sql-lora"}, []string{"sql-lora", "chat-lora"}, []string{"legal-lora"})
+	if c.LoRA != want || len(c.Models) != 4 {
+		t.Fatalf("report %+v, want LoRA %+v", c, want)
+	}
+	for _, s := range []struct {
+		adapter, state string
+	}{{"sql-lora", "loaded"}, {"chat-lora", "loaded"}, {"legal-lora", "waiting"}} {
+		if v := testutil.ToFloat64(h.lora.adapters.WithLabelValues(rep.URL, s.adapter, s.state)); v != 1 {
+			t.Errorf("kvmesh_replica_lora_adapters{%s,%s} = %v", s.adapter, s.state, v)
+		}
+	}
+	if n := testutil.CollectAndCount(h.lora.adapters); n != 3 {
+		t.Errorf("%d adapter series, want 3", n)
+	}
+	if v := testutil.ToFloat64(h.lora.max.WithLabelValues(rep.URL)); v != 2 {
+		t.Errorf("kvmesh_replica_lora_max = %v", v)
+	}
+	failMetrics.Store(true)
+	waitFor(t, "the failed scrape to forget the adapters in use", func() bool {
+		h.round(t.Context())
+		c, _ := got.last(rep.URL)
+		return c.LoRA.Active == 0
+	})
+	c, _ = got.last(rep.URL)
+	if c.LoRA.Max != 2 || c.LoRA.Fit(route.LoRAID(base)) != 0 || c.LoRA.Fit(route.LoRAID("sql-lora")) != route.LoRAAdapter|route.LoRARoom|route.LoRAFree {
+		t.Errorf("after a failed scrape: %+v", c.LoRA)
+	}
+	if n := testutil.CollectAndCount(h.lora.adapters); n != 0 {
+		t.Errorf("%d adapter series after the failed scrape, want 0", n)
+	}
+}

@@ -12,7 +12,10 @@
 // a response re-tokenizes to the same count in the next turn.
 package replicasim
 
-import "fmt"
+import (
+	"fmt"
+	"slices"
+)
 
 // bytesPerToken is the tokenization approximation: one token per 4 bytes.
 const bytesPerToken = 4
@@ -32,7 +35,15 @@ type Config struct {
 	MaxModelLen       int     // prompt+max_tokens limit in tokens (default 131072); over it is a 400
 	DefaultMaxTokens  int     // output tokens when the request gives none (default 128)
 	TimeScale         float64 // >1 runs faster than real time: every modelled duration is divided by it (default 1)
+	// LoRAAdapters are the LoRA adapters served on top of Model (vLLM's
+	// --lora-modules): a request names one as its model (lora.go).
+	LoRAAdapters []string
+	MaxLoRAs     int     // adapters resident at once (vLLM's --max-loras; default 1)
+	LoRALoadMs   float64 // time to load an adapter that is not resident (default 50)
 }
+
+// maxLoRAAdapters bounds the adapters a replica serves.
+const maxLoRAAdapters = 1024
 
 // withDefaults fills zero fields and rejects negative ones.
 func (c Config) withDefaults() (Config, error) {
@@ -49,6 +60,7 @@ func (c Config) withDefaults() (Config, error) {
 		{"max num seqs", &c.MaxNumSeqs, 64},
 		{"max model len", &c.MaxModelLen, 131072},
 		{"default max tokens", &c.DefaultMaxTokens, 128},
+		{"max loras", &c.MaxLoRAs, 1},
 	}
 	for _, f := range ints {
 		if *f.v < 0 {
@@ -66,6 +78,7 @@ func (c Config) withDefaults() (Config, error) {
 		{"prefill tokens per second", &c.PrefillTokensPerS, 20000},
 		{"decode ms per token", &c.DecodeMsPerToken, 10},
 		{"time scale", &c.TimeScale, 1},
+		{"lora load ms", &c.LoRALoadMs, 50},
 	}
 	for _, f := range floats {
 		if *f.v < 0 || *f.v != *f.v { // negative or NaN
@@ -73,6 +86,14 @@ func (c Config) withDefaults() (Config, error) {
 		}
 		if *f.v == 0 {
 			*f.v = f.def
+		}
+	}
+	if len(c.LoRAAdapters) > maxLoRAAdapters {
+		return c, fmt.Errorf("replicasim config: %d LoRA adapters, at most %d", len(c.LoRAAdapters), maxLoRAAdapters)
+	}
+	for i, a := range c.LoRAAdapters {
+		if a == "" || a == c.Model || slices.Contains(c.LoRAAdapters[:i], a) {
+			return c, fmt.Errorf("replicasim config: LoRA adapter %q is empty, the base model's name or given twice", a)
 		}
 	}
 	return c, nil
