@@ -65,12 +65,18 @@ type viewOp struct {
 	views map[string]*modelView
 	at    []viewSlot
 	e     viewEntry
+	// lora is the replica's LoRA adapters, which each slot's entry
+	// reduces to its model's fit.
+	lora route.LoRAs
 }
 
 // modelView is the replicas serving one model, in ID order (Candidates'
 // order). Its entries are written in place under decisionView.mu.
 type modelView struct {
 	entries []viewEntry
+	// lora is the model's route.LoRAID, which its candidates' LoRA
+	// is of.
+	lora uint32
 }
 
 // viewEntry is one replica as a decision reads it: what candidatesRef
@@ -103,6 +109,10 @@ type viewEntry struct {
 	// counts: a copy whose summary counts for routing as long as its
 	// owner's last word is recent (table.countsLocked without the age).
 	counts bool
+	// lora is the replica's word on the model of the array the entry is
+	// in, as a LoRA adapter (its LoRAs' Fit, computed when the entry is
+	// written, not per decision).
+	lora route.LoRAFit
 }
 
 // viewSlot is where a replica's entry sits in one model's array.
@@ -141,6 +151,19 @@ func (v *published) entryLocked(r *replica) (viewEntry, []string) {
 	return e, r.st.Models
 }
 
+// loraLocked is r's LoRA adapters as its entry's owner tells them: this
+// router's health checks for a replica it owns, the owner's last state
+// for another's (entryLocked's owners).
+func (v *published) loraLocked(r *replica) route.LoRAs {
+	switch {
+	case r.owner == v.cfg.Name:
+		return r.lora
+	case r.owner != "" && r.hasState && r.st.Origin == r.owner:
+		return r.st.LoRA
+	}
+	return route.LoRAs{}
+}
+
 // publishLocked queues the entries of the replicas t's write section
 // touched for drain: in place when each serves the models it served, else
 // arrays built anew (a replica came, went or changed models) to swap in.
@@ -162,7 +185,7 @@ func (v *published) publishLocked(t *table) bool {
 			rebuild = true
 			continue
 		}
-		upd = append(upd, viewOp{at: r.viewAt, e: e})
+		upd = append(upd, viewOp{at: r.viewAt, e: e, lora: v.loraLocked(r)})
 	}
 	clear(t.viewDirty)
 	t.viewDirty, t.viewRebuild = t.viewDirty[:0], false
@@ -202,6 +225,7 @@ func (v *published) drain() {
 		}
 		for _, s := range op.at {
 			s.mv.entries[s.i] = op.e
+			s.mv.entries[s.i].lora = op.lora.Fit(s.mv.lora)
 		}
 	}
 	v.mu.Unlock()
@@ -218,6 +242,7 @@ func (v *published) buildLocked(t *table) map[string]*modelView {
 	views := map[string]*modelView{}
 	for _, r := range t.order {
 		e, models := v.entryLocked(r)
+		lora := v.loraLocked(r)
 		// A new slots slice: queued changes hold the old one.
 		r.viewModels, r.viewAt = slices.Clone(models), nil
 		for j, model := range models {
@@ -226,10 +251,11 @@ func (v *published) buildLocked(t *table) map[string]*modelView {
 			}
 			mv := views[model]
 			if mv == nil {
-				mv = &modelView{}
+				mv = &modelView{lora: route.LoRAID(model)}
 				views[model] = mv
 			}
 			r.viewAt = append(r.viewAt, viewSlot{mv, len(mv.entries)})
+			e.lora = lora.Fit(mv.lora)
 			mv.entries = append(mv.entries, e)
 		}
 	}

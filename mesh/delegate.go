@@ -164,7 +164,8 @@ func (c *replication) mergeRemoteState(buf []byte, join bool) {
 // of the engine's load the copy's last state from the same owner knew
 // and the state cannot say. Those are encoded at wireBase
 // (pushPullWire), which has neither flagNoLoad nor the engine section:
-// their silence says nothing. Taken as "the engine publishes load" it
+// their silence says nothing (of the LoRA adapters, gossiped in the
+// section, too). Taken as "the engine publishes load" it
 // turned a no-load replica's zero counts into known ones at every router
 // a seed re-join reached (routers re-join their seeds after a failure),
 // and taken as "unknown" it would drop the section's other fields, until
@@ -181,6 +182,7 @@ func (c *replication) keepEngineLocked(st *stateMsg) {
 	}
 	noLoad := !st.Engine.HasLoad || !r.st.Engine.HasLoad
 	st.Engine = legacyLoad(st.Engine, r.st.Engine)
+	st.LoRA = r.st.LoRA
 	if noLoad {
 		st.Engine.HasLoad = false
 	}

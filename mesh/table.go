@@ -31,7 +31,8 @@ type replica struct {
 	capacity int
 	// The engine's load from the last health check (see ReplicaStatus).
 	engine   route.EngineLoad
-	restarts int // the engine restarts its health checks found (ReplicaStatus)
+	lora     route.LoRAs // the engine's LoRA adapters (ReplicaStatus.LoRA)
+	restarts int         // the engine restarts its health checks found (ReplicaStatus)
 	// role and bootstrap are the replica's part of disaggregated
 	// requests and a prefill replica's bootstrap port (ReplicaStatus).
 	role      route.Role

@@ -117,7 +117,8 @@ func TestEntryStateForOldPeer(t *testing.T) {
 // (wireNoLoad), in a mesh with newer ones keeps a fresh copy of a newer
 // owner's replica whose engine publishes no load counts, across batches
 // and push/pulls, and refuses nothing; a newer router (c) still learns
-// that the engine publishes none, and the section's other fields. Without
+// that the engine publishes none, and the section's other fields (its
+// LoRA adapters among them). Without
 // the version, the owner's batches and push/pull states carry the flag, b
 // refuses them all, and its copy never counts.
 func TestRollingUpgradeNoLoad(t *testing.T) {
@@ -145,10 +146,14 @@ func rollingUpgradeNoLoad(t *testing.T, old wireVersion) {
 	}
 	id := "http://a-rep"
 	a.DeclareReplica(id)
-	a.UpdateReplica(id, ReplicaStatus{Models: []string{"m"}, Healthy: true, CapacityBlocks: 2048, Load: route.EngineLoad{Slots: 8, KVUsage: 5000}}) // no HasLoad
-	eventually(t, wait, "c learns the engine publishes no counts", func() error {
+	a.UpdateReplica(id, ReplicaStatus{Models: []string{"m", "sql"}, Healthy: true, CapacityBlocks: 2048, Load: route.EngineLoad{Slots: 8, KVUsage: 5000}, // no HasLoad
+		LoRA: route.MakeLoRAs(2, []string{"m"}, nil, []string{"sql"}, nil)})
+	eventually(t, wait, "c learns the engine publishes no counts, and its adapters", func() error {
 		if c, ok := candidate(c.Mesh, "m", id); !ok || c.Summary == nil || c.HasLoad || c.KVUsage != 5000 {
 			return fmt.Errorf("ok=%v summary %v has load %v, KV usage %d", ok, c.Summary != nil, c.HasLoad, c.KVUsage)
+		}
+		if c, ok := candidate(c.Mesh, "sql", id); !ok || c.LoRA&route.LoRAResident == 0 {
+			return fmt.Errorf("ok=%v sql's fit %05b", ok, c.LoRA)
 		}
 		return nil
 	})
@@ -168,6 +173,9 @@ func rollingUpgradeNoLoad(t *testing.T, old wireVersion) {
 	// load known, and without the section's other fields.
 	if c, _ := candidate(b.Mesh, "m", id); c.HasLoad != (old < wireNoLoad) || c.Slots != 8 || c.KVUsage != 0 {
 		t.Fatalf("b at wire %d reads %+v", old, c.EngineLoad)
+	}
+	if c, _ := candidate(b.Mesh, "sql", id); c.LoRA != 0 {
+		t.Fatalf("b at wire %d reads the adapters the engine section carries: %05b", old, c.LoRA)
 	}
 	if n := testutil.ToFloat64(b.met.dropped.WithLabelValues(dropDecode)); n != 0 {
 		t.Fatalf("b refused %v messages", n)

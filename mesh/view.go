@@ -70,7 +70,7 @@ func (m *Mesh) UpdateReplica(id string, s ReplicaStatus) {
 		return
 	}
 	r.models, r.healthy, r.capacity = models, healthy, capacityBlocks
-	r.engine = s.Load
+	r.engine, r.lora = s.Load, s.LoRA
 	r.role, r.bootstrap = s.Role, 0
 	if s.Role == route.RolePrefill {
 		r.bootstrap = s.Bootstrap // the wire carries a port only for a prefill replica
@@ -392,6 +392,7 @@ func fillCandidate(c *route.Candidate, e *viewEntry, x *route.Detail) {
 	c.Tier, c.EngineLoad, c.Role = e.tier, e.engine, e.role
 	x.Bootstrap = e.bootstrap
 	c.Stale = false
+	c.LoRA = e.lora
 }
 
 // matchBatch is the summaries of one Candidates call, matched together

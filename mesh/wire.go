@@ -253,8 +253,11 @@ type stateMsg struct {
 	EngineWire bool
 	// Role is the replica's role and Bootstrap a prefill replica's
 	// bootstrap port (flagRole; zero: a whole replica).
-	Role       route.Role
-	Bootstrap  uint16
+	Role      route.Role
+	Bootstrap uint16
+	// LoRA is the engine's LoRA adapters, in Engine's section (so only
+	// with EngineWire), as tags a router that does not know them skips.
+	LoRA       route.LoRAs
 	Models     []string
 	DeclaredBy []string
 }
@@ -294,7 +297,7 @@ func (s *stateMsg) append(dst []byte) []byte {
 	dst = binary.BigEndian.AppendUint32(dst, s.InFlight)
 	dst = binary.BigEndian.AppendUint64(dst, math.Float64bits(s.Pending))
 	if s.EngineWire {
-		dst = s.Engine.AppendWire(dst)
+		dst = route.AppendEngineWire(dst, s.Engine, s.LoRA)
 	} else {
 		dst = binary.BigEndian.AppendUint32(dst, uint32(max(s.Engine.Running, 0)))
 		dst = binary.BigEndian.AppendUint32(dst, uint32(max(s.Engine.Waiting, 0)))
@@ -351,7 +354,7 @@ func (r *reader) state() stateMsg {
 		r.fail(fmt.Errorf("pending prefill %v out of range", s.Pending))
 	}
 	if s.EngineWire {
-		s.Engine = r.engine()
+		s.Engine, s.LoRA = r.engine()
 	} else {
 		s.Engine = route.EngineLoad{Running: r.count(), Waiting: r.count(), Slots: r.count(), HasLoad: !noLoad}
 	}
@@ -396,18 +399,17 @@ func (r *reader) count() int32 {
 // state with room for bytes this router does not read: the section's
 // tags a newer router added, which route.EngineLoad.DecodeWire skips so
 // that a field reaches the routers that know it without a wire version.
-func (r *reader) engine() route.EngineLoad {
-	var l route.EngineLoad
+func (r *reader) engine() (route.EngineLoad, route.LoRAs) {
 	if r.err != nil {
-		return l
+		return route.EngineLoad{}, route.LoRAs{}
 	}
-	n, err := l.DecodeWire(r.b)
+	l, a, n, err := route.DecodeEngineWire(r.b)
 	if err != nil {
 		r.fail(err)
-		return l
+		return l, a
 	}
 	r.b = r.b[n:]
-	return l
+	return l, a
 }
 
 // fullReq asks the owner of Replica for a full copy of its summary.

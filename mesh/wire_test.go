@@ -38,6 +38,8 @@ func sampleMessages(t testing.TB) [][]byte {
 	prefill, decode := withEngine, st
 	prefill.Role, prefill.Bootstrap = route.RolePrefill, 8998
 	decode.Role = route.RoleDecode
+	withLoRA := withEngine
+	withLoRA.LoRA = route.MakeLoRAs(2, []string{"m1"}, []string{"m4"}, []string{"m2"}, []string{"m3"})
 	nb := batchMsg{header: header{Origin: "a", Boot: 7, Seq: 12}, Entries: []batchEntry{{State: noLoad, Kind: payloadDelta, Payload: delta}}}
 	npp := appendS8([]byte{kindPushPull}, "a")
 	npp = append(npp, 0, 0, 0, 0, 0, 0, 0, 7, 0, 0, 0, 2)
@@ -53,6 +55,7 @@ func sampleMessages(t testing.TB) [][]byte {
 		nb.append(nil),
 		npp,
 		withEngine.append(nil),
+		withLoRA.append(nil),
 		usageMsg{Origin: "a", Boot: 7, Payload: []byte{1, 2, 3}}.append(nil),
 		prefill.append(nil),
 		decode.append(nil),
@@ -595,5 +598,39 @@ func TestWireEngineSkipsNewerFields(t *testing.T) {
 	v, err := decodeMsg(newer, wireLatest)
 	if err != nil || !reflect.DeepEqual(v, st) {
 		t.Fatalf("a newer router's state: %+v %v\nwant %+v", v, err, st)
+	}
+}
+
+// TestWireLoRA: a replica's LoRA adapters ride in the engine section: a
+// router of this version reads them back, a router before flagEngine
+// gets the state it always got (without them), and a router of
+// wireEngine that does not know their tags (EngineLoad.DecodeWire)
+// reads the section's load and ends it where it ends, so the models
+// after it decode as before.
+func TestWireLoRA(t *testing.T) {
+	st := sampleState()
+	st.EngineWire = true
+	st.LoRA = route.MakeLoRAs(2, []string{"m1"}, nil, []string{"m2"}, nil)
+	b := st.append(nil)
+	v, err := decodeMsg(b, wireLatest)
+	if err != nil || !reflect.DeepEqual(v, st) {
+		t.Fatalf("got %+v %v\nwant %+v", v, err, st)
+	}
+	for _, old := range []wireVersion{wireBase, wireNoLoad} {
+		if ob := st.at(old); ob.LoRA != (route.LoRAs{}) || hex.EncodeToString(ob.append(nil)) != goldenState {
+			t.Fatalf("the state for version %d carries LoRA: %+v", old, ob)
+		}
+	}
+	at := 1 + 1 + len(st.Origin) + 16 + 2 + len(st.Replica) + 1 + 16 + 4 + 8 + 4 + 8 // the section's length byte
+	var l route.EngineLoad
+	n, err := l.DecodeWire(b[at:])
+	if err != nil || l != st.Engine || n != 1+int(b[at]) {
+		t.Fatalf("an older router reads the section as %+v (%d bytes), %v", l, n, err)
+	}
+	without := st
+	without.LoRA = route.LoRAs{}
+	wb := without.append(nil)
+	if string(b[at+n:]) != string(wb[at+1+int(wb[at]):]) {
+		t.Fatalf("what follows the section differs with LoRA")
 	}
 }

@@ -114,6 +114,7 @@ func (s stateMsg) at(v wireVersion) stateMsg {
 	if v < wireEngine && s.EngineWire {
 		s.EngineWire = false
 		s.Engine = legacyLoad(s.Engine, route.EngineLoad{})
+		s.LoRA = route.LoRAs{}
 	}
 	if v < wireNoLoad && s.noLoad() {
 		s.Engine.HasLoad = true

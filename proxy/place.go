@@ -36,6 +36,7 @@ func (st *reqState) decideAndBook(counted *bool) (route.Decision, booking) {
 			reason = ReasonRehint
 		}
 		p.m.countDecision(reason)
+		p.m.countLoRA(d.LoRA)
 		*counted = true
 		if p.log.IsDebug() {
 			c := &st.cands[d.Index]

@@ -61,9 +61,15 @@ type Candidate struct {
 	// Stale reports that a summary exists but does not count: too old, or
 	// its owner is suspect or gone.
 	Stale bool
+	// LoRA is the replica's word on the request's model as a LoRA
+	// adapter (loaded, waiting, room to load it), which the view
+	// computes per model from the engine's LoRAs; 0 for a base model.
+	// One byte, in what was padding: a decision over base-model
+	// candidates reads it once, in its first pass.
+	LoRA LoRAFit
 	// Role is the part of a request the replica serves (RoleBoth: all
 	// of it); a disaggregated request's legs each read it of every
-	// candidate, so it sits in the padding after Stale, not in Detail.
+	// candidate, so it sits in the padding too, not in Detail.
 	Role Role
 }
 

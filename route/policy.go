@@ -19,7 +19,8 @@ type Policy struct {
 	// with a handful of requests never trips it (the bound is
 	// ceil(f × (in-flight + replicas) / replicas), 4 with 3 requests on 4
 	// replicas). A replica known to have a free sequence slot is never
-	// held to it: it can start the request at once. It is a hot-spot guard
+	// held to it: it can start the request at once (with unknown slots:
+	// fewer in flight than it was seen running, EngineLoad.MinSlots). It is a hot-spot guard
 	// for engines whose slots are unknown, not a balancer.
 	InFlightFactor float64
 	// KeyBlocks is the minimum depth, in blocks, of a cold request's key;

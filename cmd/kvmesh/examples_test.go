@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"github.com/kvmesh/kvmesh/internal/lab/replicasim"
+	"github.com/prometheus/client_golang/prometheus"
 	"io"
 	"net"
 	"net/http"
@@ -50,6 +52,18 @@ func TestRouterStatusAndExampleMetrics(t *testing.T) {
 			s.Close()
 		}
 	}()
+	// A replica-sim serving a LoRA adapter beside them, for the LoRA
+	// series (kvmesh_replica_lora_*), which only an engine with LoRA has.
+	lora, err := replicasim.New(replicasim.Config{Model: "lora-base", LoRAAdapters: []string{"lora-x"}, TimeScale: 1000, DefaultMaxTokens: 4},
+		hclog.NewNullLogger(), prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	loraSrv := httptest.NewServer(lora.Handler())
+	defer func() {
+		_ = lora.Close()
+		loraSrv.Close()
+	}()
 	logs := &lockedWriter{}
 	base := routerConfig{
 		region: "local", listen: "127.0.0.1:0", gossipBind: "127.0.0.1:0", logLevel: hclog.Warn, logOutput: logs,
@@ -58,7 +72,7 @@ func TestRouterStatusAndExampleMetrics(t *testing.T) {
 		adminListen: "127.0.0.1:0", admission: admit.Config{MaxWaiting: admit.DefaultMaxWaiting}, tenants: tenantConfig{input: 1 << 40, window: time.Minute},
 	}
 	ca := base
-	ca.name, ca.replicas = "a", []string{reps[0].URL}
+	ca.name, ca.replicas = "a", []string{reps[0].URL, loraSrv.URL}
 	a, err := startRouter(ctx, ca)
 	if err != nil {
 		t.Fatal(err)
@@ -87,6 +101,17 @@ func TestRouterStatusAndExampleMetrics(t *testing.T) {
 		eventually(t, "both routers to see both replicas", func() bool {
 			return len(r.mesh.Candidates("m", nil)) == 2 && r.health.Ready()
 		})
+	}
+	eventually(t, "a to see the LoRA adapter", func() bool { return len(a.mesh.Candidates("lora-x", nil)) == 1 })
+	resp, err := client.Post(a.api+"/v1/chat/completions", "application/json",
+		strings.NewReader(`{"model":"lora-x","messages":[{"role":"user","content":"hi"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("the adapter's request: status %d", resp.StatusCode)
 	}
 	for _, r := range routers {
 		resp, err := client.Post(r.api+"/v1/chat/completions", "application/json", strings.NewReader(chatRequest("hello from "+r.name)))

@@ -44,6 +44,10 @@ func runReplicaSim(ctx context.Context, args []string, stdout, stderr io.Writer)
 	role := fs.String("role", "both", "`role` in disaggregated serving: both (whole requests; either vLLM leg), prefill or decode (only that leg, vLLM's kv_transfer_params or SGLang's bootstrap fields)")
 	fs.Float64Var(&cfg.TransferTokensPerS, "kv-transfer-tokens-per-s", 200000, "how fast a decode pulls a prompt's KV from its prefill replica, in `tokens/s`")
 	fs.DurationVar(&cfg.KVHold, "kv-hold", 30*time.Second, "how long a prefill keeps a prompt's KV for its decode, and a decode waits for its prefill (wall `time`, not scaled)")
+	var adapters listFlag
+	fs.Var(&adapters, "lora-adapters", "LoRA adapter `names` served on top of --model (vLLM's --lora-modules), comma-separated or repeated: listed in /v1/models with the model as parent, named by a request as its model")
+	fs.IntVar(&cfg.MaxLoRAs, "max-loras", 1, "LoRA adapters resident at once (`n`, vLLM's --max-loras): one not resident is loaded, evicting the least recently used idle one")
+	fs.Float64Var(&cfg.LoRALoadMs, "lora-load-ms", 50, "time to load a LoRA adapter that is not resident, in `ms`")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), `usage: kvmesh replica-sim [flags]
 
@@ -54,12 +58,15 @@ usage.prompt_tokens_details.cached_tokens respond to routing. Endpoints:
 POST /v1/chat/completions, POST /v1/completions, POST /v1/responses (and
 GET /v1/responses/{id}), POST /v1/messages (Anthropic), POST /v1/embeddings,
 GET /v1/models, GET /health, POST /reset_prefix_cache, GET /metrics (vLLM
-metric names). With --role prefill or decode it serves one leg of
-disaggregated requests, by vLLM's protocol (kv_transfer_params) or SGLang's
-(bootstrap_host, bootstrap_port, bootstrap_room; its bootstrap port is its
-own HTTP port), and moves KV between replicas through POST /kvsim/pull;
-GET /kvsim/requests lists its recent requests (X-Request-Id, leg, prompt,
-cached, pulled and computed tokens).
+metric names). With --lora-adapters it serves LoRA adapters as vLLM does
+with --enable-lora: at most --max-loras resident, loaded on demand, listed in
+/v1/models with their parent and in vllm:lora_requests_info. With --role
+prefill or decode it serves one leg of disaggregated requests, by vLLM's
+protocol (kv_transfer_params) or SGLang's (bootstrap_host, bootstrap_port,
+bootstrap_room; its bootstrap port is its own HTTP port), and moves KV
+between replicas through POST /kvsim/pull; GET /kvsim/requests lists its
+recent requests (X-Request-Id, leg, prompt, cached, pulled and computed
+tokens).
 
 Every flag can also be set by the environment variable KVMESH_<FLAG>
 (upper case, dashes to underscores, e.g. KVMESH_KV_BLOCKS); the command line wins.
@@ -78,6 +85,7 @@ flags:
 	if err := applyEnv(fs, os.LookupEnv); err != nil {
 		return err
 	}
+	cfg.LoRAAdapters = adapters
 	level := hclog.LevelFromString(*logLevel)
 	if level == hclog.NoLevel {
 		return fmt.Errorf("replica-sim: invalid --log-level %q", *logLevel)

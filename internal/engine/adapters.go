@@ -14,7 +14,9 @@ import (
 // num_gpu_blocks, or kv_cache_size_tokens where newer versions add it).
 // vLLM publishes no max_num_seqs: the caller learns the slot count. The
 // KV cache in use is vllm:kv_cache_usage_perc (a share, not a percent),
-// vllm:gpu_cache_usage_perc before 0.10.
+// vllm:gpu_cache_usage_perc before 0.10. With --enable-lora, its LoRA
+// limit and the adapters in use are the labels of the latest series of
+// vllm:lora_requests_info (Families.loraInfo).
 type vllm struct{}
 
 func (vllm) Kind() Kind         { return VLLM }
@@ -37,6 +39,7 @@ func (vllm) FromMetrics(f Families) Stats {
 		}
 		s.CacheTokens = total
 	}
+	s.LoRA = f.loraInfo("vllm:lora_requests_info")
 	return s
 }
 

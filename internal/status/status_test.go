@@ -210,6 +210,23 @@ func TestRender(t *testing.T) {
 			ordered: []string{`data-engine-gossiped`, `data-replica="http://vllm-3:8000"`, `<td class="muted">—</td>`},
 		},
 		{
+			name: "LoRA adapters per replica", target: "/",
+			mesh: &fakeMesh{threeRouters(), func() mesh.DebugInfo {
+				d := replicas()
+				d.Replicas[0].LoRAMax, d.Replicas[0].LoRAActive, d.Replicas[0].LoRALoaded = 2, 2, []string{"chat-lora", "sql-lora"}
+				d.Replicas[1].LoRAMax, d.Replicas[1].LoRAActive = 2, 0
+				d.Replicas[2].LoRAActive, d.Replicas[2].LoRALoaded, d.Replicas[2].LoRAWaiting = 2, []string{"sql-lora"}, []string{"legal-lora"}
+				return d
+			}()},
+			metrics: newFakeMetrics(),
+			want: []string{
+				`LoRA adapters`,
+				`data-lora-loaded="chat-lora, sql-lora" data-lora-waiting="" data-lora-max="2">chat-lora, sql-lora <span class="muted">(2 / 2)</span>`,
+				`data-lora-loaded="" data-lora-waiting="" data-lora-max="2"><span class="muted">none</span>`,
+				`data-lora-loaded="sql-lora" data-lora-waiting="legal-lora" data-lora-max="?">sql-lora · <span class="badge warn">legal-lora</span>`,
+			},
+		},
+		{
 			name: "prediction error histogram", mesh: &fakeMesh{threeRouters(), replicas()}, target: "/",
 			metrics: func() *fakeMetrics {
 				f := newFakeMetrics().withNewFamilies()
@@ -261,7 +278,7 @@ func TestRender(t *testing.T) {
 		{
 			name: "a router without the newer families", mesh: &fakeMesh{threeRouters(), replicas()}, target: "/", metrics: newFakeMetrics(),
 			want:    []string{`id="decisions"`, `data-reason="prefix"`},
-			wantNot: []string{`id="prediction"`, `id="rejected"`, `data-engine-running`, `Engine figures`},
+			wantNot: []string{`id="prediction"`, `id="rejected"`, `data-engine-running`, `Engine figures`, `LoRA adapters`},
 		},
 		{
 			name: "names are escaped", target: "/",

@@ -76,7 +76,7 @@ dl{display:grid;grid-template-columns:max-content auto;gap:2px 12px;margin:0}dt{
 <section id="replicas">
 <h2>Replicas{{if .ReplicasStale}} <span class="badge warn">{{.ReplicasStale}} stale</span>{{end}}</h2>
 <table>
-<thead><tr><th>replica</th><th>health</th><th>owner</th><th>declared by</th><th>models</th><th class="num">in flight</th><th></th><th class="num">pending prefill</th><th>engine <span class="muted">running · waiting / slots</span></th><th>summary</th><th>summary age</th></tr></thead>
+<thead><tr><th>replica</th><th>health</th><th>owner</th><th>declared by</th><th>models</th><th class="num">in flight</th><th></th><th class="num">pending prefill</th><th>engine <span class="muted">running · waiting / slots</span></th>{{if .HasLoRA}}<th>LoRA adapters <span class="muted">loaded · waiting (in use / max)</span></th>{{end}}<th>summary</th><th>summary age</th></tr></thead>
 <tbody>
 {{- range .Replicas}}
 <tr class="replica {{.HealthClass}}" data-replica="{{.ID}}" data-owner="{{.Owner}}"{{if .Role}} data-role="{{.Role}}"{{end}}>
@@ -93,11 +93,18 @@ dl{display:grid;grid-template-columns:max-content auto;gap:2px 12px;margin:0}dt{
 {{- else}}
 <td class="muted">—</td>
 {{- end}}
+{{- if $.HasLoRA}}
+{{- if .LoRA.Has}}
+<td class="lora" data-lora-loaded="{{.LoRA.Loaded}}" data-lora-waiting="{{.LoRA.Waiting}}" data-lora-max="{{.LoRA.Max}}">{{if .LoRA.Loaded}}{{.LoRA.Loaded}}{{else}}<span class="muted">none</span>{{end}}{{if .LoRA.Waiting}} · <span class="badge warn">{{.LoRA.Waiting}}</span>{{end}} <span class="muted">({{.LoRA.Active}} / {{.LoRA.Max}})</span></td>
+{{- else}}
+<td class="muted">—</td>
+{{- end}}
+{{- end}}
 <td>{{.Summary}}</td>
 <td><span class="badge {{.AgeClass}}">{{.Age}}</span></td>
 </tr>
 {{- else}}
-<tr><td colspan="11" class="muted">no replicas known</td></tr>
+<tr><td colspan="12" class="muted">no replicas known</td></tr>
 {{- end}}
 </tbody>
 </table>

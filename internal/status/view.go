@@ -80,6 +80,7 @@ type replicaRow struct {
 	// Engine is the replica's engine as this router's health checks
 	// last read it (HasEngine false: not checked here).
 	Engine engineCell
+	LoRA   loraCell // its LoRA adapters (lora.go)
 }
 
 // engineCell is one replica's engine load: requests running and waiting
@@ -222,6 +223,7 @@ func (v *view) addReplicas(d mesh.DebugInfo, now time.Time) {
 			row.Age, row.AgeClass = "never heard", "warn"
 			v.ReplicasStale++
 		}
+		row.LoRA = loraCellOf(r)
 		v.Replicas = append(v.Replicas, row)
 		if !r.Owned && r.EngineRunning+r.EngineWaiting+r.EngineSlots > 0 {
 			if v.gossiped == nil {

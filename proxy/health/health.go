@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"slices"
 	"strings"
@@ -21,6 +22,7 @@ import (
 	"github.com/kvmesh/kvmesh/internal/engine"
 	"github.com/kvmesh/kvmesh/internal/panics"
 	"github.com/kvmesh/kvmesh/proxy/upstream"
+	"github.com/kvmesh/kvmesh/route"
 	"github.com/kvmesh/kvmesh/summary"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
@@ -116,7 +118,10 @@ type ReplicaStatus = engine.ReplicaStatus
 // reached its limit at n (max_num_seqs, or the room in its KV cache,
 // which caps it as well). Later scrapes that run more raise it; a full
 // cache that runs fewer for a while does not lower it. Until the engine
-// has queued once, Slots is 0 (unknown).
+// has queued once, Slots is 0 (unknown), and the report's MinSlots is the
+// most sequences it saw running with nothing waiting (at most 255): the
+// engine has at least that many slots, which spares a replica running
+// fewer the hot-spot guard's in-flight bound (route.EngineLoad.MinSlots).
 type Checker struct {
 	cfg        Config
 	client     *http.Client
@@ -127,6 +132,7 @@ type Checker struct {
 	requests   *prometheus.GaugeVec
 	slots      *prometheus.GaugeVec
 	engineInfo *prometheus.GaugeVec
+	lora       loraGauges
 	ejections  *prometheus.CounterVec
 	rounds     atomic.Int64
 	ready      atomic.Bool
@@ -144,9 +150,10 @@ type replicaHealth struct {
 	healthy, ejected, checked bool
 	admitted, warned          bool
 	fails, passes             int
-	models                    []string
+	models                    engine.ModelList
 	metrics, info             engine.Stats
 	learnedSlots              int32
+	ranFree                   int32         // most sequences seen running with nothing waiting
 	uptime                    engine.Uptime // the last scrape's that had any (restart.go)
 	bytesPerToken             float64       // the ratio CapacityBlocks is in (tokens.go)
 	restarts                  int
@@ -154,6 +161,7 @@ type replicaHealth struct {
 	lastLoad                  time.Time
 	last                      ReplicaStatus // what onChange was last told
 	shownEngine               string        // the engine label of kvmesh_replica_engine_info
+	shownLoRA                 route.LoRAs   // what the LoRA series show (lora.go)
 	// The engine's generated-token counter (stall.go): its last value,
 	// whether it publishes one, when it last moved; stalled: ejected by
 	// Stall at stalledAt, and not re-admitted since.
@@ -203,6 +211,7 @@ func New(cfg Config, replicas []string, client *http.Client, onChange func(id st
 			Name: "kvmesh_replica_engine_info",
 			Help: "The engine each replica runs, as detected or configured (value 1; engine \"openai\": none recognised).",
 		}, []string{"replica", "engine"}),
+		lora: newLoRAGauges(f),
 		ejections: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvmesh_replica_ejections_total",
 			Help: "Replicas declared at this router ejected, by reason: failed_checks (health checks or requests failing) or stalled (requests in flight got no byte for the stall window and the engine generated nothing).",
@@ -250,6 +259,7 @@ func (h *Checker) SetReplicas(ids []string) {
 		h.slots.DeleteLabelValues(id)
 		h.engineInfo.DeletePartialMatch(prometheus.Labels{"replica": id})
 		h.requests.DeletePartialMatch(prometheus.Labels{"replica": id})
+		h.lora.forget(id)
 		h.log.Info("replica no longer checked", "replica", id)
 	}
 	h.updateReadyLocked()
@@ -367,7 +377,7 @@ type pollResult struct {
 	adapter                 engine.Adapter
 	healthChecked, healthOK bool
 	healthErr               error
-	models                  []string
+	models                  engine.ModelList
 	metrics                 engine.Stats
 	scraped, infoTried      bool
 	scrapeFailed            bool
@@ -459,7 +469,7 @@ func (h *Checker) apply(id string, s *replicaHealth, r pollResult) {
 		// The last counts are of an engine that no longer answers its
 		// /metrics: unknown until a scrape succeeds again. What else
 		// it published (slots, cache size) does not change with load.
-		s.metrics.EngineLoad = s.metrics.EngineLoad.Forget()
+		s.metrics = s.metrics.Forget()
 	}
 	h.noteUptimeLocked(id, s, r.uptime)
 	h.noteTokensLocked(s, r)
@@ -467,6 +477,9 @@ func (h *Checker) apply(id string, s *replicaHealth, r pollResult) {
 		s.metrics, s.lastLoad = r.metrics, r.now
 		if m := r.metrics; m.HasLoad && (m.Waiting > 0 || s.learnedSlots > 0) && m.Running > s.learnedSlots {
 			s.learnedSlots = m.Running
+		}
+		if m := r.metrics; m.HasLoad && m.Waiting == 0 {
+			s.ranFree = max(s.ranFree, m.Running)
 		}
 	}
 	if r.infoTried {
@@ -490,7 +503,7 @@ func (h *Checker) apply(id string, s *replicaHealth, r pollResult) {
 					h.readmittedLocked(id, s)
 				}
 				s.healthy, s.ejected, s.admitted, s.stalled = true, false, true, false
-				h.log.Info("replica admitted", "replica", id, "engine", h.kindLocked(s), "models", strings.Join(r.models, ","))
+				h.log.Info("replica admitted", "replica", id, "engine", h.kindLocked(s), "models", strings.Join(r.models.Models, ","))
 			}
 		}
 		h.updateReadyLocked()
@@ -526,10 +539,13 @@ func (h *Checker) kindLocked(s *replicaHealth) string {
 // statusLocked is s as reported; h.mu is held.
 func (h *Checker) statusLocked(s *replicaHealth) ReplicaStatus {
 	st := s.metrics.Merge(s.info)
-	out := ReplicaStatus{Models: s.models, Healthy: s.healthy, Engine: h.kindLocked(s), Load: st.EngineLoad, Restarts: s.restarts,
-		Role: st.Role, Bootstrap: st.Bootstrap}
+	out := ReplicaStatus{Models: s.models.Models, Healthy: s.healthy, Engine: h.kindLocked(s), Load: st.EngineLoad, Restarts: s.restarts,
+		LoRA: engine.LoRAsOf(st.LoRA, s.models), Role: st.Role, Bootstrap: st.Bootstrap}
 	if out.Load.Slots == 0 {
 		out.Load.Slots = s.learnedSlots
+	}
+	if out.Load.Slots == 0 && out.Load.MinSlots == 0 {
+		out.Load.MinSlots = uint8(min(s.ranFree, math.MaxUint8))
 	}
 	if st.CacheTokens > 0 {
 		c := float64(st.CacheTokens) * s.bytesPerToken / float64(h.blockBytes)
@@ -551,6 +567,7 @@ func (h *Checker) notify(id string, s *replicaHealth) {
 	h.requests.WithLabelValues(id, "running").Set(float64(st.Load.Running))
 	h.requests.WithLabelValues(id, "waiting").Set(float64(st.Load.Waiting))
 	h.slots.WithLabelValues(id).Set(float64(st.Load.Slots))
+	h.lora.show(id, st, &s.shownLoRA)
 	if s.shownEngine != st.Engine {
 		h.engineInfo.DeletePartialMatch(prometheus.Labels{"replica": id})
 		h.engineInfo.WithLabelValues(id, st.Engine).Set(1)
@@ -565,19 +582,19 @@ func (h *Checker) notify(id string, s *replicaHealth) {
 }
 
 // checkHealth reads the adapter's health endpoint, then the model list.
-func (h *Checker) checkHealth(ctx context.Context, base string, a engine.Adapter) ([]string, error) {
+func (h *Checker) checkHealth(ctx context.Context, base string, a engine.Adapter) (engine.ModelList, error) {
 	if p := a.HealthPath(); p != "" {
 		if _, err := h.get(ctx, base+p, maxHealthBytes, ""); err != nil {
-			return nil, err
+			return engine.ModelList{}, err
 		}
 	}
 	b, err := h.get(ctx, base+"/v1/models", maxModelsBytes, "")
 	if err != nil {
-		return nil, err
+		return engine.ModelList{}, err
 	}
 	models, err := engine.ParseModels(b)
 	if err != nil {
-		return nil, fmt.Errorf("GET %s/v1/models: %w", base, err)
+		return engine.ModelList{}, fmt.Errorf("GET %s/v1/models: %w", base, err)
 	}
 	return models, nil
 }

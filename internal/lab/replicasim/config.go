@@ -14,6 +14,7 @@ package replicasim
 
 import (
 	"fmt"
+	"slices"
 	"time"
 )
 
@@ -45,7 +46,15 @@ type Config struct {
 	// (wall time, not scaled: it bounds the router's round trips; default
 	// 30 s), and how long a decode waits for its room's prefill.
 	KVHold time.Duration
+	// LoRAAdapters are the LoRA adapters served on top of Model (vLLM's
+	// --lora-modules): a request names one as its model (lora.go).
+	LoRAAdapters []string
+	MaxLoRAs     int     // adapters resident at once (vLLM's --max-loras; default 1)
+	LoRALoadMs   float64 // time to load an adapter that is not resident (default 50)
 }
+
+// maxLoRAAdapters bounds the adapters a replica serves.
+const maxLoRAAdapters = 1024
 
 // withDefaults fills zero fields and rejects negative ones.
 func (c Config) withDefaults() (Config, error) {
@@ -62,6 +71,7 @@ func (c Config) withDefaults() (Config, error) {
 		{"max num seqs", &c.MaxNumSeqs, 64},
 		{"max model len", &c.MaxModelLen, 131072},
 		{"default max tokens", &c.DefaultMaxTokens, 128},
+		{"max loras", &c.MaxLoRAs, 1},
 	}
 	for _, f := range ints {
 		if *f.v < 0 {
@@ -80,6 +90,7 @@ func (c Config) withDefaults() (Config, error) {
 		{"decode ms per token", &c.DecodeMsPerToken, 10},
 		{"time scale", &c.TimeScale, 1},
 		{"transfer tokens per second", &c.TransferTokensPerS, 200000},
+		{"lora load ms", &c.LoRALoadMs, 50},
 	}
 	for _, f := range floats {
 		if *f.v < 0 || *f.v != *f.v { // negative or NaN
@@ -99,6 +110,14 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.KVHold == 0 {
 		c.KVHold = 30 * time.Second
+	}
+	if len(c.LoRAAdapters) > maxLoRAAdapters {
+		return c, fmt.Errorf("replicasim config: %d LoRA adapters, at most %d", len(c.LoRAAdapters), maxLoRAAdapters)
+	}
+	for i, a := range c.LoRAAdapters {
+		if a == "" || a == c.Model || slices.Contains(c.LoRAAdapters[:i], a) {
+			return c, fmt.Errorf("replicasim config: LoRA adapter %q is empty, the base model's name or given twice", a)
+		}
 	}
 	return c, nil
 }

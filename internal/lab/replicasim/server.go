@@ -71,7 +71,7 @@ func New(cfg Config, logger hclog.Logger, reg prometheus.Registerer) (*Server, e
 	s.sched = &scheduler{max: cfg.MaxNumSeqs, onChange: func(r, w int) {
 		s.m.running.Set(float64(r))
 		s.m.waiting.Set(float64(w))
-	}}
+	}, loras: newLoRAState(cfg, s.scaled(cfg.LoRALoadMs/1000), s.m.loraLoads, s.m.loraInfo)}
 	gatherer, ok := reg.(prometheus.Gatherer)
 	if !ok || reg == nil {
 		private := prometheus.NewRegistry()
@@ -117,7 +117,8 @@ func New(cfg Config, logger hclog.Logger, reg prometheus.Registerer) (*Server, e
 	})
 	s.handler = mux
 	logger.Info("replica simulator ready", "model", cfg.Model, "block_size", cfg.BlockSize,
-		"kv_blocks", cfg.KVBlocks, "max_num_seqs", cfg.MaxNumSeqs, "time_scale", cfg.TimeScale, "role", cfg.Role)
+		"kv_blocks", cfg.KVBlocks, "max_num_seqs", cfg.MaxNumSeqs, "time_scale", cfg.TimeScale,
+		"lora_adapters", len(cfg.LoRAAdapters), "max_loras", cfg.MaxLoRAs, "role", cfg.Role)
 	return s, nil
 }
 
@@ -156,20 +157,32 @@ func (s *Server) tracked(h http.HandlerFunc) http.HandlerFunc {
 	}
 }
 
+// serveModels lists the base model and, as vLLM does, each LoRA adapter
+// with the base model as its parent.
 func (s *Server) serveModels(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, map[string]any{
-		"object": "list",
-		"data": []map[string]any{{
-			"id":            s.cfg.Model,
+	data := []map[string]any{{
+		"id":            s.cfg.Model,
+		"object":        "model",
+		"created":       s.created,
+		"owned_by":      "vllm",
+		"root":          s.cfg.Model,
+		"parent":        nil,
+		"max_model_len": s.cfg.MaxModelLen,
+		"permission":    []any{},
+	}}
+	for _, a := range s.cfg.LoRAAdapters {
+		data = append(data, map[string]any{
+			"id":            a,
 			"object":        "model",
 			"created":       s.created,
 			"owned_by":      "vllm",
-			"root":          s.cfg.Model,
-			"parent":        nil,
-			"max_model_len": s.cfg.MaxModelLen,
+			"root":          a,
+			"parent":        s.cfg.Model,
+			"max_model_len": nil,
 			"permission":    []any{},
-		}},
-	})
+		})
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": data})
 }
 
 // scaled converts a modelled duration in seconds to wall time.
@@ -187,6 +200,7 @@ type sequence struct {
 	maxTokens    int
 	hashes       []uint64 // full prompt blocks
 	seed         uint64   // picks the filler words
+	adapter      string   // its LoRA adapter, "" for the base model
 	plan         pdPlan   // its part of a disaggregated request (pd.go)
 	reqID        string   // X-Request-Id
 	host         string   // this replica's address as the request reached it
@@ -206,16 +220,21 @@ func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request, ep endpoi
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
-	if req.Model != "" && req.Model != s.cfg.Model {
-		writeError(w, http.StatusNotFound, fmt.Sprintf("The model `%s` does not exist.", req.Model))
-		return
-	}
 	plan, err := req.PD.plan(s.cfg.Role)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
-	req.Model = s.cfg.Model // responses name the served model
+	adapter := ""
+	switch {
+	case req.Model == "" || req.Model == s.cfg.Model:
+		req.Model = s.cfg.Model // responses name the served model
+	case s.sched.loras.knows(req.Model):
+		adapter = req.Model // responses name the adapter, as vLLM's do
+	default:
+		writeError(w, http.StatusNotFound, fmt.Sprintf("The model `%s` does not exist.", req.Model))
+		return
+	}
 	if id := req.PreviousResponseID; id != "" {
 		// The engine holds the earlier turns; the new input follows them.
 		prev, ok := s.stored.get(id)
@@ -231,8 +250,9 @@ func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request, ep endpoi
 		ep:           ep,
 		promptTokens: countTokens(req.Prompt),
 		maxTokens:    req.MaxTokens,
-		hashes:       blockHashes(req.Prompt, s.cfg.BlockSize),
+		hashes:       blockHashes(req.Prompt, s.cfg.BlockSize, loraRoot(adapter)),
 		seed:         xxh3.HashString(req.Prompt),
+		adapter:      adapter,
 		plan:         plan,
 		reqID:        r.Header.Get("X-Request-Id"),
 		host:         r.Host,
@@ -267,11 +287,12 @@ func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request, ep endpoi
 	s.run(ctx, w, seq)
 }
 
-// run moves a sequence through the engine: wait for a slot, pull the KV
-// of a decode's prompt from its prefill replica (pd.go), prefill the
-// uncached part of the prompt on the prefill lane, then either hand a
-// prefill's KV over (prefillAnswer) or decode maxTokens tokens and cache
-// prompt + answer. Every request leaves an entry in the ledger.
+// run moves a sequence through the engine: wait for a slot (and its
+// LoRA adapter), pull the KV of a decode's prompt from its prefill
+// replica (pd.go), prefill the uncached part of the prompt on the
+// prefill lane, then either hand a prefill's KV over (prefillAnswer) or
+// decode maxTokens tokens and cache prompt + answer. Every request
+// leaves an entry in the ledger.
 func (s *Server) run(ctx context.Context, w http.ResponseWriter, seq *sequence) {
 	start := time.Now()
 	led := LedgerEntry{RequestID: seq.reqID, Kind: seq.plan.mode.kind(), PromptTokens: seq.promptTokens,
@@ -286,11 +307,18 @@ func (s *Server) run(ctx context.Context, w http.ResponseWriter, seq *sequence) 
 		}
 		s.logger.Debug("sequence cancelled before output", "id", seq.id, "error", err)
 	}
-	if err := s.sched.acquire(ctx); err != nil {
+	ready, err := s.sched.acquire(ctx, seq.adapter)
+	if err != nil {
 		fail(err)
 		return
 	}
-	defer s.sched.release()
+	defer s.sched.release(seq.adapter)
+	// A LoRA adapter that was not resident is being loaded: its requests
+	// wait for it (lora.go).
+	if err := sleepUntil(ctx, ready); err != nil {
+		fail(err)
+		return
+	}
 	// vLLM always computes the last prompt token (it needs its logits), so
 	// a block holding it can never be a hit.
 	matchable := seq.hashes
@@ -338,7 +366,7 @@ func (s *Server) run(ctx context.Context, w http.ResponseWriter, seq *sequence) 
 	s.m.prefixHits.Add(float64(local))
 	uncached := seq.promptTokens - cached
 	led.CachedTokens, led.ComputedTokens = local, uncached
-	err := sleepUntil(ctx, time.Now().Add(s.scaled(float64(uncached)/s.cfg.PrefillTokensPerS)))
+	err = sleepUntil(ctx, time.Now().Add(s.scaled(float64(uncached)/s.cfg.PrefillTokensPerS)))
 	s.prefill.unlock()
 	if err != nil {
 		s.cache.release(held)
@@ -391,7 +419,7 @@ func (s *Server) run(ctx context.Context, w http.ResponseWriter, seq *sequence) 
 	if seq.ep != completionEndpoint {
 		full += imEnd
 	}
-	s.cache.release(s.cache.acquire(blockHashes(full, s.cfg.BlockSize)))
+	s.cache.release(s.cache.acquire(blockHashes(full, s.cfg.BlockSize, loraRoot(seq.adapter))))
 	if seq.ep == responsesEndpoint && seq.req.Store {
 		// Stored before the client can see the response, so that a next
 		// turn naming it always finds it.
