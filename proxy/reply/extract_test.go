@@ -68,6 +68,7 @@ func refExtract(doc []byte) (string, Usage, bool) {
 	if um, ok := top["usage"].(map[string]any); ok {
 		u.Present = true
 		u.PromptTokens, _ = asInt(um["prompt_tokens"])
+		u.CompletionTokens, _ = asInt(um["completion_tokens"])
 		if d, ok := um["prompt_tokens_details"].(map[string]any); ok {
 			u.CachedTokens, u.HasCached = asInt(d["cached_tokens"])
 		}
