@@ -29,3 +29,32 @@ func (m *Mesh) restartedLocked(r *replica) {
 	m.met.cuts.WithLabelValues(summary.CutBoth.String()).Inc()
 	m.log.Info("replica's engine restarted: its summary is cut", "replica", r.id, "epoch", r.sum.Epoch(), "version", r.sum.Version())
 }
+
+// Evicted forgets text blocks an owned replica's engine evicted, as its
+// KV events tell (internal/kvtrack relates them): exact, so no cut. It
+// reports false when the summary's negative record is nearly full or
+// refused some: the caller then rebases. Elsewhere it is a no-op and
+// reports true.
+func (m *Mesh) Evicted(replicaID string, hashes []uint64) bool {
+	m.tab.mu.RLock()
+	defer m.tab.mu.RUnlock()
+	r := m.tab.replicas[replicaID]
+	if r == nil || !r.owned || r.sum == nil {
+		return true
+	}
+	return r.sum.Evict(hashes)
+}
+
+// Rebase makes an owned replica's summary claim exactly held (what its
+// engine's events say it holds): both generations are cut and held added,
+// in the log, so copies follow at the next delta.
+func (m *Mesh) Rebase(replicaID string, held []uint64) {
+	m.tab.mu.RLock()
+	defer m.tab.mu.RUnlock()
+	r := m.tab.replicas[replicaID]
+	if r == nil || !r.owned || r.sum == nil {
+		return
+	}
+	r.sum.Rebase(held)
+	m.met.cuts.WithLabelValues("rebase").Inc()
+}

@@ -148,6 +148,10 @@ type Config struct {
 	// answers (tokens.go); the router shares it with its health checks.
 	// Nil: the proxy's own. The proxy registers it with Registerer.
 	TokenRatios *TokenRatios
+	// Answers, when set, is told of every complete answer of an owned
+	// replica that reported usage (relay.go's learn), from the request's
+	// goroutine; it must not block. Nil: none.
+	Answers func(replicaID string, a Answered)
 }
 
 // Proxy is the HTTP handler of one router. It is safe for concurrent use.

@@ -108,7 +108,7 @@ func (st *reqState) relay(resp *http.Response, a upstreamAnswer) {
 			// replica computed (it holds that prompt and that much of
 			// the answer), so it is learnt though the request is a 499.
 			sink.Finish()
-			st.learn(a.id, a.d, sink)
+			st.learn(a.id, a.d, sink, a.start)
 		}
 		return
 	}
@@ -119,7 +119,7 @@ func (st *reqState) relay(resp *http.Response, a upstreamAnswer) {
 	a.obs.duration.Observe(time.Since(a.start).Seconds())
 	if sink != nil {
 		sink.Finish()
-		st.learn(a.id, a.d, sink)
+		st.learn(a.id, a.d, sink, a.start)
 	}
 }
 
@@ -376,7 +376,7 @@ func (t *streamTap) sawDone() bool {
 // summary claimed beyond them are forgotten (the replica evicted them),
 // and the prompt is recorded again after that, since the engine has just
 // computed it.
-func (st *reqState) learn(id string, d route.Decision, sink *reply.Sink) {
+func (st *reqState) learn(id string, d route.Decision, sink *reply.Sink, sent time.Time) {
 	p := st.p
 	forgot := false
 	if u := sink.Usage(); u.Present {
@@ -401,6 +401,7 @@ func (st *reqState) learn(id string, d route.Decision, sink *reply.Sink) {
 		}
 	}
 	if len(sink.Answer()) == 0 && !forgot {
+		st.answered(id, sink, st.hashes, len(st.prompt.Text), sent)
 		return
 	}
 	// The text (prompt + answer) starts with the prompt, so the chain
@@ -413,10 +414,33 @@ func (st *reqState) learn(id string, d route.Decision, sink *reply.Sink) {
 	}
 	tail := st.prompt
 	tail.Text = st.prompt.Text[n*bb:]
-	all := p.cfg.Contract.AppendHashes(st.hashes[:n:n], from, tail.AppendAnswer(string(sink.Answer())))
+	text := tail.AppendAnswer(string(sink.Answer()))
+	all := p.cfg.Contract.AppendHashes(st.hashes[:n:n], from, text)
 	if len(all) > n || forgot {
 		p.cfg.View.Record(id, all)
 	}
+	st.answered(id, sink, all, n*bb+len(text), sent)
+}
+
+// answered tells Config.Answers of an answer that reported usage.
+func (st *reqState) answered(id string, sink *reply.Sink, hashes []uint64, textBytes int, sent time.Time) {
+	p := st.p
+	if u := sink.Usage(); p.cfg.Answers != nil && u.PromptTokens > 0 {
+		p.cfg.Answers(id, Answered{Hashes: hashes, PromptBytes: len(st.prompt.Text), TextBytes: textBytes,
+			BlockBytes: p.cfg.Contract.BlockBytes, PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens,
+			CachedTokens: u.CachedTokens, Sent: sent})
+	}
+}
+
+// Answered is what an owned replica's complete answer taught: the text
+// blocks it holds now (prompt, then answer as the next turn renders it),
+// their bytes, the engine's usage and when the request was sent. The
+// router's KV-event trackers relate it to the engine's blocks.
+type Answered struct {
+	Hashes                                       []uint64
+	PromptBytes, TextBytes, BlockBytes           int
+	PromptTokens, CompletionTokens, CachedTokens int64
+	Sent                                         time.Time
 }
 
 // observeSlot folds a finished attempt's slot time at replica id into

@@ -200,3 +200,66 @@ func TestCutLogsRotationsCopiesReplay(t *testing.T) {
 		t.Fatal("cut none logged entries")
 	}
 }
+
+// TestEvictAndRebase: evictions forget without cutting, say when the
+// negative record nears its bound, and a rebase leaves exactly the held
+// blocks claimed, with copies following through deltas.
+func TestEvictAndRebase(t *testing.T) {
+	s, err := New(Params{CapacityBlocks: 1024, FalsePositiveRate: 0.01}, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cp, _ := New(s.Params(), 1)
+	hashes := make([]uint64, 600)
+	for i := range hashes {
+		hashes[i] = uint64(i)*0x9e3779b97f4a7c15 + 1
+	}
+	s.Add(hashes)
+	v0 := s.Version()
+	if !s.Evict(hashes[:10]) {
+		t.Fatal("10 evictions reported the record near full")
+	}
+	for _, h := range hashes[:10] {
+		if s.Has(h) {
+			t.Fatal("an evicted block is still claimed")
+		}
+	}
+	if s.Stats().Version != v0+10 {
+		t.Fatalf("version %d: evictions cut something", s.Stats().Version)
+	}
+	limit := maxNegOf(s.geo)
+	if s.Evict(hashes[10 : 10+limit]) {
+		t.Fatal("a full record was not reported")
+	}
+	held := hashes[300:400]
+	s.Rebase(held)
+	d, _, ok := s.AppendDelta(nil, 0)
+	if !ok {
+		t.Fatal("no delta")
+	}
+	dd, err := DecodeDelta(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cp.ApplyDelta(dd); err != nil {
+		t.Fatal(err)
+	}
+	for _, sum := range []*Summary{s, cp} {
+		if st := sum.Stats(); st.Forgotten != 0 {
+			t.Fatalf("record of %d after a rebase", st.Forgotten)
+		}
+		n := 0
+		for i, h := range hashes {
+			in := i >= 300 && i < 400
+			if sum.Has(h) != in {
+				n++
+			}
+		}
+		if n > 6 { // false positives among 500 absent blocks, at 1%
+			t.Fatalf("%d blocks disagree with the rebase", n)
+		}
+	}
+	if dc, _ := cp.Digest(0); func() uint64 { d, _ := s.Digest(0); return d }() != dc {
+		t.Fatal("the copy diverged")
+	}
+}

@@ -332,6 +332,10 @@ func (s *Summary) Version() uint64 {
 func (s *Summary) Add(hashes []uint64) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	return s.addLocked(hashes)
+}
+
+func (s *Summary) addLocked(hashes []uint64) int {
 	n := 0
 	for _, h := range hashes {
 		key := s.geo.key(probeOf(h))
@@ -364,10 +368,20 @@ func (s *Summary) Add(hashes []uint64) int {
 func (s *Summary) Forget(hashes []uint64) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	n := 0
+	n, _ := s.forgetLocked(hashes)
+	return n
+}
+
+// forgetLocked forgets the keys of hashes the summary claims and returns
+// how many it logged and how many the full record refused.
+func (s *Summary) forgetLocked(hashes []uint64) (n, refused int) {
 	for _, h := range hashes {
 		key := s.geo.key(probeOf(h))
-		if !s.hasKey(key) || len(s.neg) >= maxNegOf(s.geo) {
+		if !s.hasKey(key) {
+			continue
+		}
+		if len(s.neg) >= maxNegOf(s.geo) {
+			refused++
 			continue
 		}
 		s.applyForget(key)
@@ -375,7 +389,7 @@ func (s *Summary) Forget(hashes []uint64) int {
 		s.record(key | opForget)
 		n++
 	}
-	return n
+	return n, refused
 }
 
 func (s *Summary) applyAdd(key uint64) {

@@ -80,6 +80,11 @@ type replicaSet struct {
 	mesh   *mesh.Mesh
 	health *health.Checker
 
+	// onDeclare and onWithdraw, when set, hear of each replica declared
+	// and withdrawn (KV-event subscriptions follow them); called under
+	// mu, they must not block.
+	onDeclare, onWithdraw func(id string)
+
 	updateMu sync.Mutex // serialises update; never held by onStatus
 
 	mu       sync.Mutex
@@ -103,6 +108,9 @@ func (s *replicaSet) onStatus(id string, st health.ReplicaStatus) {
 		}
 		s.mesh.DeclareReplica(id)
 		s.log.Info("replica declared", "replica", id, "engine", st.Engine)
+		if s.onDeclare != nil {
+			s.onDeclare(id)
+		}
 	}
 	s.declared[id] = st
 	s.mesh.UpdateReplica(id, st)
@@ -141,6 +149,9 @@ func (s *replicaSet) update(source string, ids []string) {
 		s.mesh.WithdrawReplica(id)
 		delete(s.declared, id)
 		s.log.Info("replica drained and withdrawn", "replica", id)
+		if s.onWithdraw != nil {
+			s.onWithdraw(id)
+		}
 	}
 }
 

@@ -30,6 +30,7 @@ type Server struct {
 	maxBody int64
 	seq     atomic.Uint64 // request counter, for response IDs
 	stored  *responseStore
+	sources atomic.Pointer[[]byte] // GET /kv_event_sources, when publishing (kvevents.go)
 
 	// ctx ends when Close is called; every sequence watches it.
 	ctx      context.Context
@@ -53,7 +54,7 @@ func New(cfg Config, logger hclog.Logger, reg prometheus.Registerer) (*Server, e
 	s := &Server{
 		cfg:     cfg,
 		logger:  logger,
-		cache:   newPrefixCache(cfg.KVBlocks),
+		cache:   newPrefixCache(cfg.KVBlocks, cfg.BlockSize),
 		prefill: make(lane, 1),
 		created: time.Now().Unix(),
 		maxBody: defaultMaxBody,
@@ -95,6 +96,7 @@ func New(cfg Config, logger hclog.Logger, reg prometheus.Registerer) (*Server, e
 	mux.HandleFunc("GET /v1/responses/{id}", s.serveStoredResponse)
 	mux.HandleFunc("POST /v1/embeddings", s.serveEmbeddings)
 	mux.HandleFunc("GET /v1/models", s.serveModels)
+	mux.HandleFunc("GET /kv_event_sources", s.serveKVEventSources)
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusOK) })
 	mux.HandleFunc("POST /reset_prefix_cache", func(w http.ResponseWriter, r *http.Request) {
 		s.cache.reset()
