@@ -31,10 +31,11 @@ func (m *Mesh) restartedLocked(r *replica) {
 }
 
 // Evicted forgets text blocks an owned replica's engine evicted, as its
-// KV events tell (internal/kvtrack relates them): exact, so no cut. It
-// reports false when the summary's negative record is nearly full or
-// refused some: the caller then rebases. Elsewhere it is a no-op and
-// reports true.
+// KV events tell (internal/kvtrack relates them): exact, so no cut
+// (summary.Correct would cut on a usage miss). It reports false when the
+// summary's negative record refused some or is three quarters full: the
+// caller then rebases, before evicted blocks stay claimed until their
+// generation ages out. Elsewhere it is a no-op and reports true.
 func (m *Mesh) Evicted(replicaID string, hashes []uint64) bool {
 	m.tab.mu.RLock()
 	defer m.tab.mu.RUnlock()
@@ -42,19 +43,25 @@ func (m *Mesh) Evicted(replicaID string, hashes []uint64) bool {
 	if r == nil || !r.owned || r.sum == nil {
 		return true
 	}
-	return r.sum.Evict(hashes)
+	r.sum.Forget(hashes)
+	st := r.sum.Stats()
+	return 4*st.Forgotten < 3*st.ForgetLimit
 }
 
 // Rebase makes an owned replica's summary claim exactly held (what its
-// engine's events say it holds): both generations are cut and held added,
-// in the log, so copies follow at the next delta.
+// engine's events say it holds): both generations are cut (two rotation
+// entries, which also empty the negative record) and held added. Under
+// the table's write lock, so the owner's tick cuts no delta in between and
+// copies go from the old content to the new in one step; a decision here
+// may see the summary empty for the time of the adds.
 func (m *Mesh) Rebase(replicaID string, held []uint64) {
-	m.tab.mu.RLock()
-	defer m.tab.mu.RUnlock()
+	m.tab.mu.Lock()
+	defer m.tab.unlock()
 	r := m.tab.replicas[replicaID]
 	if r == nil || !r.owned || r.sum == nil {
 		return
 	}
-	r.sum.Rebase(held)
+	r.sum.Cut(summary.CutBoth)
+	r.sum.Add(held)
 	m.met.cuts.WithLabelValues("rebase").Inc()
 }

@@ -401,7 +401,7 @@ func (st *reqState) learn(id string, d route.Decision, sink *reply.Sink, sent ti
 		}
 	}
 	if len(sink.Answer()) == 0 && !forgot {
-		st.answered(id, sink, st.hashes, len(st.prompt.Text), sent)
+		answered(&p.cfg, id, st, sink, st.hashes, len(st.prompt.Text), sent)
 		return
 	}
 	// The text (prompt + answer) starts with the prompt, so the chain
@@ -419,15 +419,14 @@ func (st *reqState) learn(id string, d route.Decision, sink *reply.Sink, sent ti
 	if len(all) > n || forgot {
 		p.cfg.View.Record(id, all)
 	}
-	st.answered(id, sink, all, n*bb+len(text), sent)
+	answered(&p.cfg, id, st, sink, all, n*bb+len(text), sent)
 }
 
-// answered tells Config.Answers of an answer that reported usage.
-func (st *reqState) answered(id string, sink *reply.Sink, hashes []uint64, textBytes int, sent time.Time) {
-	p := st.p
-	if u := sink.Usage(); p.cfg.Answers != nil && u.PromptTokens > 0 {
-		p.cfg.Answers(id, Answered{Hashes: hashes, PromptBytes: len(st.prompt.Text), TextBytes: textBytes,
-			BlockBytes: p.cfg.Contract.BlockBytes, PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens,
+// answered tells cfg.Answers of an answer of st that reported usage.
+func answered(cfg *Config, id string, st *reqState, sink *reply.Sink, hashes []uint64, textBytes int, sent time.Time) {
+	if u := sink.Usage(); cfg.Answers != nil && u.PromptTokens > 0 {
+		cfg.Answers(id, Answered{Hashes: hashes, PromptBytes: len(st.prompt.Text), TextBytes: textBytes,
+			BlockBytes: cfg.Contract.BlockBytes, PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens,
 			CachedTokens: u.CachedTokens, Sent: sent})
 	}
 }

@@ -201,10 +201,11 @@ func TestCutLogsRotationsCopiesReplay(t *testing.T) {
 	}
 }
 
-// TestEvictAndRebase: evictions forget without cutting, say when the
-// negative record nears its bound, and a rebase leaves exactly the held
-// blocks claimed, with copies following through deltas.
-func TestEvictAndRebase(t *testing.T) {
+// TestForgetToTheLimitThenRebase: what the owner of a replica with KV
+// events does (mesh.Evicted, mesh.Rebase): forgets evicted blocks until
+// the negative record nears ForgetLimit, then cuts both generations and
+// adds what the engine holds; a copy follows through one delta.
+func TestForgetToTheLimitThenRebase(t *testing.T) {
 	s, err := New(Params{CapacityBlocks: 1024, FalsePositiveRate: 0.01}, 1)
 	if err != nil {
 		t.Fatal(err)
@@ -215,24 +216,16 @@ func TestEvictAndRebase(t *testing.T) {
 		hashes[i] = uint64(i)*0x9e3779b97f4a7c15 + 1
 	}
 	s.Add(hashes)
-	v0 := s.Version()
-	if !s.Evict(hashes[:10]) {
-		t.Fatal("10 evictions reported the record near full")
+	limit := s.Stats().ForgetLimit
+	if limit != maxNegOf(s.geo) || limit >= 500 {
+		t.Fatalf("limit %d", limit)
 	}
-	for _, h := range hashes[:10] {
-		if s.Has(h) {
-			t.Fatal("an evicted block is still claimed")
-		}
-	}
-	if s.Stats().Version != v0+10 {
-		t.Fatalf("version %d: evictions cut something", s.Stats().Version)
-	}
-	limit := maxNegOf(s.geo)
-	if s.Evict(hashes[10 : 10+limit]) {
-		t.Fatal("a full record was not reported")
+	if n := s.Forget(hashes[:500]); n != limit || s.Stats().Forgotten != limit {
+		t.Fatalf("forgot %d of 500, record %d, limit %d", n, s.Stats().Forgotten, limit)
 	}
 	held := hashes[300:400]
-	s.Rebase(held)
+	s.Cut(CutBoth)
+	s.Add(held)
 	d, _, ok := s.AppendDelta(nil, 0)
 	if !ok {
 		t.Fatal("no delta")
@@ -250,8 +243,7 @@ func TestEvictAndRebase(t *testing.T) {
 		}
 		n := 0
 		for i, h := range hashes {
-			in := i >= 300 && i < 400
-			if sum.Has(h) != in {
+			if sum.Has(h) != (i >= 300 && i < 400) {
 				n++
 			}
 		}

@@ -332,10 +332,6 @@ func (s *Summary) Version() uint64 {
 func (s *Summary) Add(hashes []uint64) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.addLocked(hashes)
-}
-
-func (s *Summary) addLocked(hashes []uint64) int {
 	n := 0
 	for _, h := range hashes {
 		key := s.geo.key(probeOf(h))
@@ -537,8 +533,10 @@ type Stats struct {
 	CapacityBlocks int    `json:"capacity_blocks"`
 	NewerInserts   int    `json:"newer_generation_inserts"`
 	Bytes          int    `json:"bytes"`
-	// Forgotten is the size of the negative record.
-	Forgotten int `json:"forgotten"`
+	// Forgotten is the size of the negative record, ForgetLimit its
+	// bound (forgets past it are refused).
+	Forgotten   int `json:"forgotten"`
+	ForgetLimit int `json:"forget_limit"`
 	// PatternBits is the width of a key's pattern (see geometry).
 	PatternBits int `json:"pattern_bits"`
 }
@@ -550,7 +548,7 @@ func (s *Summary) Stats() Stats {
 	return Stats{
 		MaxBlocks: 2 * s.geo.perGen,
 		Epoch:     s.epoch, Version: s.version, CapacityBlocks: s.params.CapacityBlocks,
-		NewerInserts: s.curCount, Bytes: encodedSize(s.geo, len(s.neg)), Forgotten: len(s.neg),
+		NewerInserts: s.curCount, Bytes: encodedSize(s.geo, len(s.neg)), Forgotten: len(s.neg), ForgetLimit: maxNegOf(s.geo),
 		PatternBits: int(s.geo.pat),
 	}
 }
