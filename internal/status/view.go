@@ -60,6 +60,7 @@ type view struct {
 	// HasEngines says some replica's engine reported its load here.
 	HasEngines bool
 	Admission  admissionView
+	KVEvents   []kvEventRow // kvevents.go
 }
 
 type memberRow struct {
@@ -423,6 +424,7 @@ func (v *view) addMetrics(cur sample, older []sample, fams []*dto.MetricFamily) 
 	}
 
 	v.addEngines(fams)
+	v.addKVEvents(fams)
 	v.addAdmission(fams)
 }
 
