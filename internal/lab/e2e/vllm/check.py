@@ -159,6 +159,10 @@ def parse(path):
     return out
 
 
+def total_all(paths, name):
+    return sum(total(parse(p), name) for p in paths)
+
+
 def report(paths):
     pred = rep = prompt = 0.0
     ratios = []
@@ -182,6 +186,22 @@ def report(paths):
     if count:
         print(f"  prediction error (predicted - reported, blocks) over {count:.0f} answers: "
               f"{within(-0.5, 0.5):.0f} within half a block, {within(-4, 4):.0f} within 4, sum {err_sum:.1f}")
+        def quantile(q):  # the histogram bucket bound at or under which a share q of answers fall
+            for le in sorted(buckets):
+                if buckets[le] >= q * count:
+                    return le
+            return float("inf")
+        over = count - buckets.get(1.0, 0)
+        print(f"  prediction error p50 <= {quantile(0.5):g}, p95 <= {quantile(0.95):g} blocks; "
+              f"over 1 block: {over:.0f} ({100 * over / count:.1f} %), mean {err_sum / count:+.2f}")
+    kv = {name: total_all(paths, name) for name in ("kvmesh_kv_events_total", "kvmesh_kv_event_gaps_total",
+          "kvmesh_kv_event_resyncs_total", "kvmesh_kv_event_text_blocks_evicted_total", "kvmesh_kv_event_rebases_total")}
+    if kv["kvmesh_kv_events_total"]:
+        rel = sum(v for p in paths for l, v in parse(p).get("kvmesh_kv_event_answers_total", []) if l.get("outcome") == "related")
+        unrel = sum(v for p in paths for l, v in parse(p).get("kvmesh_kv_event_answers_total", []) if l.get("outcome") == "unrelated")
+        print(f"  KV events: {kv['kvmesh_kv_events_total']:.0f} events, {kv['kvmesh_kv_event_gaps_total']:.0f} gaps, "
+              f"{kv['kvmesh_kv_event_resyncs_total']:.0f} resyncs, {kv['kvmesh_kv_event_text_blocks_evicted_total']:.0f} text blocks evicted, "
+              f"{kv['kvmesh_kv_event_rebases_total']:.0f} rebases; answers related {rel:.0f}, unrelated {unrel:.0f}")
     for router, replica, v in ratios:
         print(f"  bytes/token learnt by {router} for {replica}: {v:.2f}")
 
