@@ -56,8 +56,8 @@ func (w *evictionWatch) firstEviction() time.Time {
 // routers' views of the replica hold it; two other prompts make the
 // engine evict its blocks; a's summary drops them from the events alone
 // (no request of that prompt is sent again, so no usage could correct
-// it), and b's copy shows it within a second of the eviction. Without
-// the events both would go on claiming the whole prompt.
+// it), and b's copy shows it too. Without the events both would go on
+// claiming the whole prompt.
 func TestKVEventEvictionReachesThePeer(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 	ctx, cancel := context.WithCancel(context.Background())
@@ -147,13 +147,16 @@ func TestKVEventEvictionReachesThePeer(t *testing.T) {
 		t.Fatal("the engine evicted nothing")
 	}
 	eventually(t, "a's summary to drop the evicted blocks", func() bool { return match(a) < len(hashes) })
-	for match(b) == len(hashes) {
-		if time.Since(at) > time.Second {
+	// How soon is measured, not asserted (a shared machine's scheduling
+	// is no test of the code): internal/lab/e2e/kvevents/peer.sh runs this
+	// test repeatedly and reports the logged latency.
+	for i := 0; match(b) == len(hashes); i++ { // polled finely, so the latency logged is close
+		if i == 4000 {
 			t.Fatalf("router b still claims the whole evicted prompt %v after the eviction", time.Since(at))
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	t.Logf("peer saw the eviction %v after it was published; a matches %d of %d blocks, b %d",
+	t.Logf("peer eviction latency %v (from the engine publishing it to b's copy dropping it); a matches %d of %d blocks, b %d",
 		time.Since(at).Round(time.Millisecond), match(a), len(hashes), match(b))
 	d := a.kv.debug()[sim.srv.URL]
 	if d.Tracker.Evicted == 0 || d.Events.Gaps != 0 || !d.Events.Connected {

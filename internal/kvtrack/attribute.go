@@ -11,13 +11,20 @@ import (
 // the depth the usage names is taken; late, the deepest chain from the
 // prompt's last block on is.
 //
-// The chain is told from others by three things the router knows: its
+// The chain is told from others by four things the router knows: its
 // blocks were stored after the request was sent; its depth is where the
 // usage says the engine's computed tokens end (prompt_tokens +
 // completion_tokens - 1, in full blocks); its first new block is at the
-// depth of cached_tokens. Among several such chains (concurrent requests
-// of the same length), the earliest stored is taken: an engine schedules
-// first come, first served.
+// depth of cached_tokens; and it descends from the engine block that the
+// deepest of the request's cached text blocks is already mapped to (its
+// anchor: an earlier turn of the same conversation put it there). The
+// anchor is what tells apart the same turn of two conversations, whose
+// depths are equal: without it one conversation's text blocks would be
+// mapped onto the other's engine blocks, and an eviction of those would
+// forget blocks the engine still holds. An answer with an anchor waits
+// for a chain under it (until late). Among several chains still equal
+// (concurrent first turns of one length), the earliest stored is taken:
+// an engine schedules first come, first served.
 func (t *Tracker) attributeLocked(a Answer, late bool) bool {
 	bs := int64(t.st.BlockSize)
 	if bs <= 0 {
@@ -30,8 +37,9 @@ func (t *Tracker) attributeLocked(a Answer, late bool) bool {
 		return true // not one full block: the engine cached nothing of it
 	}
 	since := a.Sent.Add(-sentSlack)
+	anchor := t.anchorLocked(a, first)
 	var best uint64
-	bestD, bestMiss := -1, 1<<30
+	bestD, bestMiss, bestAnchored := -1, 1<<30, false
 	for i, scanned := t.n-1, 0; i >= 0 && scanned < maxScan; i, scanned = i-1, scanned+1 {
 		st := t.order[(t.head+i)%len(t.order)]
 		nd := t.nodes[st.h]
@@ -55,11 +63,15 @@ func (t *Tracker) attributeLocked(a Answer, late bool) bool {
 			}
 			miss = 2 + want - d // late: the deepest
 		}
-		if miss <= bestMiss && t.startsAtLocked(st.h, d, first, since) { // scanning back: ties go to the earlier
-			best, bestD, bestMiss = st.h, d, miss
+		if bestAnchored && miss > bestMiss || !t.startsAtLocked(st.h, d, first, since) {
+			continue
+		}
+		anchored := anchor != 0 && t.descendsLocked(st.h, d, anchor)
+		if anchored && !bestAnchored || anchored == bestAnchored && miss <= bestMiss { // scanning back: ties go to the earlier
+			best, bestD, bestMiss, bestAnchored = st.h, d, miss, anchored
 		}
 	}
-	if bestD < 0 {
+	if bestD < 0 || anchor != 0 && !bestAnchored && !late {
 		return false
 	}
 	t.mapLocked(a, best, bestD, since)
@@ -88,6 +100,41 @@ func (t *Tracker) depthLocked(nd *node, first int, since time.Time) (int, bool) 
 		return 0, false
 	}
 	return nd.depth + k, true
+}
+
+// anchorLocked is the engine block that the deepest of a's text blocks
+// lying wholly in the engine's cached prefix is mapped to; 0 when none
+// is. The prefix ends a block above depth first: text blocks are placed
+// by proportion, so one near the boundary may have been mapped a block
+// deeper than where this answer's ratios put it.
+func (t *Tracker) anchorLocked(a Answer, first int) uint64 {
+	bs := float64(t.st.BlockSize)
+	for i := len(a.Hashes) - 1; i >= 0; i-- {
+		if (i+1)*a.BlockBytes > a.PromptBytes || textDepth(a, i, bs) >= first-1 {
+			continue
+		}
+		if eh, ok := t.texts[a.Hashes[i]]; ok && t.nodes[eh] != nil {
+			return eh
+		}
+	}
+	return 0
+}
+
+// descendsLocked reports whether the chain ending at leaf (depth d)
+// passes through engine block anchor.
+func (t *Tracker) descendsLocked(leaf uint64, d int, anchor uint64) bool {
+	h := leaf
+	for range min(d+1, t.cfg.MaxBlocks) {
+		if h == anchor {
+			return true
+		}
+		nd := t.nodes[h]
+		if nd == nil || !nd.hasParent {
+			return false
+		}
+		h = nd.parent
+	}
+	return false
 }
 
 // startsAtLocked checks that the chain ending at leaf (depth d) has its
@@ -134,21 +181,13 @@ func (t *Tracker) mapLocked(a Answer, leaf uint64, d int, since time.Time) {
 		h, ok = nd.parent, nd.hasParent
 	}
 	bs := float64(t.st.BlockSize)
-	p, g := float64(a.PromptTokens), float64(max(a.CompletionTokens, 0))
 	for i, th := range a.Hashes {
-		end := float64((i + 1) * a.BlockBytes)
-		tok := end * p / float64(a.PromptBytes)
-		if end > float64(a.PromptBytes) {
-			tok = p
-			if ab := float64(a.TextBytes - a.PromptBytes); ab > 0 {
-				tok += (end - float64(a.PromptBytes)) * g / ab
-			}
-		}
-		depth := min(int(math.Ceil(tok/bs))-1, d)
+		depth := min(textDepth(a, i, bs), d)
 		if depth < 0 || path[depth] == 0 {
 			continue
 		}
 		eh := path[depth]
+		t.held = append(t.held, th)
 		if t.texts[th] == eh {
 			continue
 		}
@@ -172,6 +211,22 @@ func (t *Tracker) compactLocked(h uint64, texts []uint64) []uint64 {
 		}
 	}
 	return keep
+}
+
+// textDepth is the depth of the engine block holding text block i's last
+// byte, read as a token position in proportion (the prompt's bytes to
+// its tokens, the answer's to its own); bs is the engine's block size.
+func textDepth(a Answer, i int, bs float64) int {
+	p, g := float64(a.PromptTokens), float64(max(a.CompletionTokens, 0))
+	end := float64((i + 1) * a.BlockBytes)
+	tok := end * p / float64(a.PromptBytes)
+	if end > float64(a.PromptBytes) {
+		tok = p
+		if ab := float64(a.TextBytes - a.PromptBytes); ab > 0 {
+			tok += (end - float64(a.PromptBytes)) * g / ab
+		}
+	}
+	return int(math.Ceil(tok/bs)) - 1
 }
 
 func abs(x int) int {

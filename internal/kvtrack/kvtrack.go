@@ -41,6 +41,9 @@ type Summaries interface {
 	Evicted(replicaID string, hashes []uint64) bool
 	// Rebase makes the summary hold exactly these text blocks.
 	Rebase(replicaID string, held []uint64)
+	// Record says the engine holds these text blocks (an answer was
+	// related to engine blocks it has not removed).
+	Record(replicaID string, hashes []uint64)
 }
 
 // Answer is what the router learnt of one request an owned replica
@@ -117,7 +120,12 @@ type Tracker struct {
 	sums Summaries
 	cfg  Config
 
+	// sumMu orders what the tracker tells the summary as its state
+	// changed: a relation and an eviction computed one after the other
+	// reach the summary in that order (taken before mu).
+	sumMu   sync.Mutex
 	mu      sync.Mutex
+	held    []uint64 // text blocks related since the summary was last told
 	nodes   map[uint64]*node
 	order   []stamp // engine blocks in the order stored (a ring)
 	head, n int
@@ -153,6 +161,8 @@ func (t *Tracker) Stats() Stats {
 func (t *Tracker) Batch(b kvevents.Batch) {
 	var gone []uint64
 	clear := false
+	t.sumMu.Lock()
+	defer t.sumMu.Unlock()
 	t.mu.Lock()
 	now := t.cfg.Now()
 	for _, e := range b.Events {
@@ -170,11 +180,30 @@ func (t *Tracker) Batch(b kvevents.Batch) {
 		}
 	}
 	t.retryLocked(now)
+	held := t.takeHeldLocked()
 	t.mu.Unlock()
 	if clear {
 		t.sums.Rebase(t.id, nil)
 	}
 	t.evict(gone)
+	t.record(held)
+}
+
+// takeHeldLocked returns the text blocks related since the last call.
+func (t *Tracker) takeHeldLocked() []uint64 {
+	h := t.held
+	t.held = nil
+	return h
+}
+
+// record tells the summary that the engine holds the text blocks of
+// answers just related. The router recorded them when the answer came;
+// an eviction of an earlier copy of the same blocks, seen after that,
+// may have forgotten them since.
+func (t *Tracker) record(held []uint64) {
+	if len(held) > 0 {
+		t.sums.Record(t.id, held)
+	}
 }
 
 // Lost forgets every engine block: what follows cannot be related to
@@ -305,11 +334,16 @@ func (t *Tracker) Answered(a Answer) {
 		return
 	}
 	a.Hashes = append([]uint64(nil), a.Hashes...)
+	t.sumMu.Lock()
+	defer t.sumMu.Unlock()
 	t.mu.Lock()
-	defer t.mu.Unlock()
 	if t.attributeLocked(a, false) {
+		held := t.takeHeldLocked()
+		t.mu.Unlock()
+		t.record(held)
 		return
 	}
+	defer t.mu.Unlock()
 	if len(t.pending) >= maxPending {
 		t.pending = t.pending[1:]
 		t.st.Unattributed++

@@ -12,10 +12,11 @@ import (
 
 // fakeSums records what the tracker tells the summary.
 type fakeSums struct {
-	mu      sync.Mutex
-	evicted []uint64
-	rebases [][]uint64
-	refuse  bool
+	mu       sync.Mutex
+	evicted  []uint64
+	rebases  [][]uint64
+	recorded []uint64
+	refuse   bool
 }
 
 func (f *fakeSums) Evicted(_ string, h []uint64) bool {
@@ -29,6 +30,12 @@ func (f *fakeSums) Rebase(_ string, held []uint64) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.rebases = append(f.rebases, slices.Sorted(slices.Values(held)))
+}
+
+func (f *fakeSums) Record(_ string, h []uint64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.recorded = append(f.recorded, h...)
 }
 
 func (f *fakeSums) take() []uint64 {
@@ -72,6 +79,9 @@ func TestEvictionForgetsExactlyTheTextBlocksBelow(t *testing.T) {
 	tr.Answered(answer(sent, 0, 100, 101, 102, 103))
 	if st := tr.Stats(); st.Attributed != 1 || st.TextBlocks != 4 {
 		t.Fatalf("after one answer: %+v", st)
+	}
+	if !reflect.DeepEqual(sums.recorded, []uint64{100, 101, 102, 103}) {
+		t.Fatalf("related text blocks recorded as held: %v", sums.recorded)
 	}
 	// A second request shares the first two blocks and adds two.
 	c.tick()
@@ -191,5 +201,68 @@ func TestBoundsAndRebase(t *testing.T) {
 	tr.Lost("gap")
 	if st := tr.Stats(); st.Blocks != 0 || st.Losses != 1 {
 		t.Fatalf("after a loss: %+v", st)
+	}
+}
+
+// TestSameTurnOfTwoConversations: the second turns of two conversations
+// have equal depths and are stored in one order but answered in the
+// other; each is related to the chain under its own first turn, so an
+// eviction of one conversation's blocks forgets only its text blocks.
+func TestSameTurnOfTwoConversations(t *testing.T) {
+	var sums fakeSums
+	c := &clock{t: time.Unix(1000, 0)}
+	tr := New("r", &sums, Config{Now: c.now})
+	sent := c.now()
+	c.tick()
+	tr.Batch(stored(0, false, 10, 11, 12))
+	tr.Batch(stored(0, false, 20, 21, 22))
+	tr.Answered(answer(sent, 0, 100, 101, 102))
+	tr.Answered(answer(sent, 0, 200, 201, 202))
+	c.tick()
+	sent = c.now()
+	c.tick()
+	tr.Batch(stored(12, true, 13, 14))
+	tr.Batch(stored(22, true, 23, 24))
+	tr.Answered(answer(sent, 12, 200, 201, 202, 203, 204)) // answered first, stored second
+	tr.Answered(answer(sent, 12, 100, 101, 102, 103, 104))
+	if st := tr.Stats(); st.Attributed != 4 || st.Pending != 0 {
+		t.Fatalf("%+v", st)
+	}
+	tr.Batch(removed(14))
+	if got := sums.take(); !reflect.DeepEqual(got, []uint64{104}) {
+		t.Fatalf("evicting the first conversation's tail forgot %v, want [104]", got)
+	}
+	tr.Batch(removed(23))
+	if got := sums.take(); !reflect.DeepEqual(got, []uint64{203, 204}) {
+		t.Fatalf("evicting the second conversation's second turn forgot %v, want [203 204]", got)
+	}
+}
+
+// TestAnchoredAnswerWaitsForItsChain: an answer whose cached prefix is
+// mapped does not take another conversation's chain of its depth while
+// its own has not arrived; it takes its own when it comes.
+func TestAnchoredAnswerWaitsForItsChain(t *testing.T) {
+	var sums fakeSums
+	c := &clock{t: time.Unix(1000, 0)}
+	tr := New("r", &sums, Config{Now: c.now})
+	sent := c.now()
+	c.tick()
+	tr.Batch(stored(0, false, 10, 11, 12))
+	tr.Answered(answer(sent, 0, 100, 101, 102))
+	c.tick()
+	sent = c.now()
+	c.tick()
+	tr.Batch(stored(0, false, 30, 31, 32, 33, 34)) // another conversation's, unanswered yet
+	tr.Answered(answer(sent, 12, 100, 101, 102, 103, 104))
+	if st := tr.Stats(); st.Pending != 1 {
+		t.Fatalf("the anchored answer did not wait: %+v", st)
+	}
+	tr.Batch(stored(12, true, 13, 14))
+	if st := tr.Stats(); st.Pending != 0 || st.Attributed != 2 {
+		t.Fatalf("%+v", st)
+	}
+	tr.Batch(removed(33))
+	if got := sums.take(); len(got) != 0 {
+		t.Fatalf("evicting the other conversation's blocks forgot %v", got)
 	}
 }

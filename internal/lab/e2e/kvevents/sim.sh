@@ -8,7 +8,8 @@
 # minus engine-reported cached blocks per answer) as shares of answers
 # within 1 block, over 1 block, and the mean, with the event counters.
 # Env: KV_BLOCKS [250] (16-token blocks per replica), CONV [24], TURNS [6],
-# CLIENTS [8], TIME_SCALE [20], PORT_BASE [23100], KVMESH_BIN.
+# CLIENTS [8], TIME_SCALE [20], PORT_BASE [23100], KVMESH_BIN, MODES
+# ["off on"], KEEP (a directory to copy the logs and metrics to).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../../../.." && pwd)
@@ -18,7 +19,7 @@ pids=()
 cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
   for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-  rm -rf "$work"
+  [ -n "${KEEP:-}" ] && cp -r "$work" "$KEEP"; rm -rf "$work"
 }
 trap cleanup EXIT
 B=$work/kvmesh
@@ -44,5 +45,4 @@ run() { # run MODE
   for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
   python3 "$here/../vllm/check.py" report "$work/metrics-$mode.txt" | sed "s/^/$mode: /"
 }
-run off
-run on
+for m in ${MODES:-off on}; do run "$m"; done
