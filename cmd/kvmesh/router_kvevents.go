@@ -216,9 +216,8 @@ func (k *kvEvents) answered(id string, a proxy.Answered) {
 }
 
 // discover reads a replica's KV-event publisher from GET
-// /kv_event_sources: a JSON object (or one nested a level down) with
-// "endpoint" and optionally "replay_endpoint" and "topic"; a wildcard or
-// empty host is the replica's.
+// /kv_event_sources (vLLM serves it: a JSON array with one source per
+// data-parallel rank; see parseSources).
 func (k *kvEvents) discover(ctx context.Context, id string) (kvevents.Config, error) {
 	var c kvevents.Config
 	u, err := url.Parse(id)
@@ -246,29 +245,38 @@ func (k *kvEvents) discover(ctx context.Context, id string) (kvevents.Config, er
 	return parseSources(body, u.Hostname())
 }
 
-// parseSources reads a /kv_event_sources body (see discover).
+// kvSource is one publisher as /kv_event_sources names it.
+type kvSource struct {
+	Rank     *int   `json:"data_parallel_rank"`
+	Endpoint string `json:"endpoint"`
+	Replay   string `json:"replay_endpoint"`
+	Topic    string `json:"topic"`
+}
+
+// parseSources reads a /kv_event_sources body: vLLM's JSON array of
+// sources (data_parallel_rank, endpoint, replay_endpoint, topic), or one
+// such object. A replica is one stream to the tracker, so an engine with
+// several data-parallel ranks (several publishers, each its own sequence
+// and blocks) is refused: give --kv-events per replica for it. An
+// endpoint vLLM binds on a wildcard ("tcp://*:PORT") is reached at the
+// replica's host.
 func parseSources(body []byte, host string) (kvevents.Config, error) {
 	var c kvevents.Config
-	var top map[string]json.RawMessage
-	if err := json.Unmarshal(body, &top); err != nil {
-		return c, fmt.Errorf("/kv_event_sources: %w", err)
-	}
-	type src struct {
-		Endpoint string `json:"endpoint"`
-		Replay   string `json:"replay_endpoint"`
-		Topic    string `json:"topic"`
-	}
-	var s src
-	_ = json.Unmarshal(body, &s)
-	if s.Endpoint == "" {
-		for _, v := range top { // one level down: {"kv_events_config": {...}} and the like
-			var inner src
-			if json.Unmarshal(v, &inner) == nil && inner.Endpoint != "" {
-				s = inner
-				break
-			}
+	var list []kvSource
+	if err := json.Unmarshal(body, &list); err != nil {
+		var one kvSource
+		if err := json.Unmarshal(body, &one); err != nil {
+			return c, fmt.Errorf("/kv_event_sources: want a JSON array of sources or one source: %w", err)
 		}
+		list = []kvSource{one}
 	}
+	switch {
+	case len(list) == 0:
+		return c, fmt.Errorf("/kv_event_sources lists no publisher (KV-cache events off)")
+	case len(list) > 1:
+		return c, fmt.Errorf("/kv_event_sources lists %d publishers (data-parallel ranks); the router follows one per replica", len(list))
+	}
+	s := list[0]
 	if s.Endpoint == "" {
 		return c, fmt.Errorf("/kv_event_sources names no endpoint")
 	}

@@ -209,11 +209,13 @@ func TestParseSources(t *testing.T) {
 	if err != nil || c.Endpoint != "tcp://10.0.0.5:5557" || c.Replay != "tcp://10.0.0.5:5558" || c.Topic != "kv-events" {
 		t.Fatalf("%+v %v", c, err)
 	}
-	c, err = parseSources([]byte(`{"kv_events_config":{"endpoint":"tcp://192.0.2.1:5557"}}`), "10.0.0.5")
-	if err != nil || c.Endpoint != "tcp://192.0.2.1:5557" || c.Replay != "" {
-		t.Fatalf("nested: %+v %v", c, err)
+	// vLLM's own answer: an array, one source per data-parallel rank.
+	c, err = parseSources([]byte(`[{"data_parallel_rank":0,"endpoint":"tcp://192.0.2.1:5557","replay_endpoint":null,"topic":""}]`), "10.0.0.5")
+	if err != nil || c.Endpoint != "tcp://192.0.2.1:5557" || c.Replay != "" || c.Topic != "" {
+		t.Fatalf("array: %+v %v", c, err)
 	}
-	for _, bad := range []string{`[]`, `{}`, `{"endpoint":"ipc:///tmp/x"}`, `not json`} {
+	for _, bad := range []string{`[]`, `{}`, `[{"data_parallel_rank":0,"endpoint":"tcp://h:1"},{"data_parallel_rank":1,"endpoint":"tcp://h:2"}]`,
+		`{"endpoint":"ipc:///tmp/x"}`, `not json`, `[1]`} {
 		if _, err := parseSources([]byte(bad), "h"); err == nil {
 			t.Errorf("%s accepted", bad)
 		}

@@ -22,9 +22,11 @@ import (
 // depths are equal: without it one conversation's text blocks would be
 // mapped onto the other's engine blocks, and an eviction of those would
 // forget blocks the engine still holds. An answer with an anchor waits
-// for a chain under it (until late). Among several chains still equal
-// (concurrent first turns of one length), the earliest stored is taken:
-// an engine schedules first come, first served.
+// for a chain under it (until late). A chain ending at a leaf is taken
+// before a block inside a longer chain (another request's, its blocks
+// still being stored). Among several chains still equal (concurrent
+// first turns of one length), the earliest stored is taken: an engine
+// schedules first come, first served.
 func (t *Tracker) attributeLocked(a Answer, late bool) bool {
 	bs := int64(t.st.BlockSize)
 	if bs <= 0 {
@@ -39,7 +41,7 @@ func (t *Tracker) attributeLocked(a Answer, late bool) bool {
 	since := a.Sent.Add(-sentSlack)
 	anchor := t.anchorLocked(a, first)
 	var best uint64
-	bestD, bestMiss, bestAnchored := -1, 1<<30, false
+	bestD, bestR := -1, rank{miss: 1 << 30}
 	for i, scanned := t.n-1, 0; i >= 0 && scanned < maxScan; i, scanned = i-1, scanned+1 {
 		st := t.order[(t.head+i)%len(t.order)]
 		nd := t.nodes[st.h]
@@ -63,15 +65,15 @@ func (t *Tracker) attributeLocked(a Answer, late bool) bool {
 			}
 			miss = 2 + want - d // late: the deepest
 		}
-		if bestAnchored && miss > bestMiss || !t.startsAtLocked(st.h, d, first, since) {
+		if !t.startsAtLocked(st.h, d, first, since) {
 			continue
 		}
-		anchored := anchor != 0 && t.descendsLocked(st.h, d, anchor)
-		if anchored && !bestAnchored || anchored == bestAnchored && miss <= bestMiss { // scanning back: ties go to the earlier
-			best, bestD, bestMiss, bestAnchored = st.h, d, miss, anchored
+		r := rank{anchored: anchor != 0 && t.descendsLocked(st.h, d, anchor), leaf: t.leafLocked(st.h, nd), miss: miss}
+		if !bestR.before(r) { // scanning back: ties go to the earlier
+			best, bestD, bestR = st.h, d, r
 		}
 	}
-	if bestD < 0 || anchor != 0 && !bestAnchored && !late {
+	if bestD < 0 || anchor != 0 && !bestR.anchored && !late {
 		return false
 	}
 	t.mapLocked(a, best, bestD, since)
@@ -100,6 +102,37 @@ func (t *Tracker) depthLocked(nd *node, first int, since time.Time) (int, bool) 
 		return 0, false
 	}
 	return nd.depth + k, true
+}
+
+// rank orders the chains that may be an answer's: under its anchor
+// first, then ending at a leaf (a block nothing was stored under: the
+// request's own chain has no continuation until its next turn is sent,
+// while a block inside another request's longer chain has one), then
+// nearest the depth the usage names.
+type rank struct {
+	anchored, leaf bool
+	miss           int
+}
+
+// before reports whether r ranks strictly before o.
+func (r rank) before(o rank) bool {
+	if r.anchored != o.anchored {
+		return r.anchored
+	}
+	if r.leaf != o.leaf {
+		return r.leaf
+	}
+	return r.miss < o.miss
+}
+
+// leafLocked reports whether no block known is stored under h.
+func (t *Tracker) leafLocked(h uint64, nd *node) bool {
+	for _, k := range nd.kids {
+		if kd := t.nodes[k]; kd != nil && kd.parent == h {
+			return false
+		}
+	}
+	return true
 }
 
 // anchorLocked is the engine block that the deepest of a's text blocks

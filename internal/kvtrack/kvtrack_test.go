@@ -266,3 +266,23 @@ func TestAnchoredAnswerWaitsForItsChain(t *testing.T) {
 		t.Fatalf("evicting the other conversation's blocks forgot %v", got)
 	}
 }
+
+// TestLeafBeforeABlockInsideALongerChain: a block inside another
+// request's longer chain may sit at the depth the usage names; the
+// answer's own chain ends at a leaf one block off, and is taken.
+func TestLeafBeforeABlockInsideALongerChain(t *testing.T) {
+	var sums fakeSums
+	c := &clock{t: time.Unix(1000, 0)}
+	tr := New("r", &sums, Config{Now: c.now})
+	sent := c.now()
+	c.tick()
+	tr.Batch(stored(0, false, 10, 11, 12))         // this answer's: one block short of the usage
+	tr.Batch(stored(0, false, 20, 21, 22, 23, 24)) // another request's, unanswered: 23 is at the depth named
+	a := answer(sent, 0, 100, 101, 102)
+	a.CompletionTokens = 5 // the usage names depth 3
+	tr.Answered(a)
+	tr.Batch(removed(12))
+	if got := sums.take(); !reflect.DeepEqual(got, []uint64{102}) {
+		t.Fatalf("evicting the answer's own tail forgot %v, want [102]", got)
+	}
+}

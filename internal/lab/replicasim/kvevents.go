@@ -18,8 +18,9 @@ type KVEventSink interface {
 // as vLLM does with --kv-events-config: BlockStored for each run of blocks
 // it caches (chained by parent), BlockRemoved for each eviction,
 // AllBlocksCleared on /reset_prefix_cache. GET /kv_event_sources then
-// names endpoint, replay and topic, as a router's --kv-events auto reads
-// them. Call it before serving requests.
+// lists the publisher as vLLM does (an array, one source per
+// data-parallel rank), as a router's --kv-events auto reads it. Call it
+// before serving requests.
 func (s *Server) PublishKVEvents(sink KVEventSink, endpoint, replay, topic string) {
 	s.cache.mu.Lock()
 	s.cache.publish = func(evs []kvevents.Event) {
@@ -28,8 +29,7 @@ func (s *Server) PublishKVEvents(sink KVEventSink, endpoint, replay, topic strin
 		}
 	}
 	s.cache.mu.Unlock()
-	src, _ := json.Marshal(map[string]any{"enable_kv_cache_events": true, "publisher": "zmq",
-		"endpoint": endpoint, "replay_endpoint": replay, "topic": topic})
+	src, _ := json.Marshal([]map[string]any{{"data_parallel_rank": 0, "endpoint": endpoint, "replay_endpoint": replay, "topic": topic}})
 	s.sources.Store(&src)
 }
 

@@ -4,9 +4,10 @@
 # (kvmesh replica-sim --kv-events), under the conversation benchmark.
 # For each mode (off, on) it starts fresh replicas and one router (with
 # --kv-events auto for "on"), runs kvmesh bench --conversations, and
-# prints the router's kvmesh_cache_prediction_error_blocks (predicted
-# minus engine-reported cached blocks per answer) as shares of answers
-# within 1 block, over 1 block, and the mean, with the event counters.
+# prints each mode's check.py report (cached tokens, the router's
+# kvmesh_cache_prediction_error_blocks: predicted minus engine-reported
+# cached blocks per answer, the event counters), then both side by side
+# (check.py events: error p50/p95, engine-reported cached share).
 # Env: KV_BLOCKS [250] (16-token blocks per replica), CONV [24], TURNS [6],
 # CLIENTS [8], TIME_SCALE [20], PORT_BASE [23100], KVMESH_BIN, MODES
 # ["off on"], KEEP (a directory to copy the logs and metrics to).
@@ -46,3 +47,6 @@ run() { # run MODE
   python3 "$here/../vllm/check.py" report "$work/metrics-$mode.txt" | sed "s/^/$mode: /"
 }
 for m in ${MODES:-off on}; do run "$m"; done
+if [ -e "$work/metrics-off.txt" ] && [ -e "$work/metrics-on.txt" ]; then
+  python3 "$here/../vllm/check.py" events "$work/metrics-off.txt" "$work/metrics-on.txt"
+fi
