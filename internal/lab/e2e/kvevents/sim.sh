@@ -38,7 +38,17 @@ run() { # run MODE
     --admin-listen "127.0.0.1:$((P + 32))" --replica "http://127.0.0.1:$P" --replica "http://127.0.0.1:$((P + 1))" \
     --health-interval 200ms --gossip-profile test --log-level warn "${kv[@]}" >"$work/router.log" 2>&1 &
   pids+=($!)
-  for i in $(seq 200); do curl -fsS -o /dev/null "http://127.0.0.1:$((P + 30))/readyz" 2>/dev/null && break; sleep 0.1; done
+  # Both replicas healthy before the first request: a conversation's first
+  # turn sent while only one is admitted caches the shared system prompt
+  # there alone, and every later conversation follows it (one replica
+  # serves all, whatever the mode).
+  for i in $(seq 300); do
+    n=$(curl -fsS "http://127.0.0.1:$((P + 32))/debug/mesh" 2>/dev/null |
+      python3 -c 'import json, sys; print(sum(1 for r in json.load(sys.stdin).get("replicas") or [] if r.get("healthy")))' 2>/dev/null) || n=0
+    [ "$n" = 2 ] && break
+    sleep 0.1
+  done
+  [ "$n" = 2 ] || { echo "sim.sh: the router did not see both replicas healthy" >&2; exit 1; }
   "$B" bench --conversations "${CONV:-24}" --turns "${TURNS:-6}" --clients "${CLIENTS:-8}" --answer-tokens 48 --think 50ms \
     --model kvmesh-sim --group "$mode=http://127.0.0.1:$((P + 30))" --json >"$work/bench-$mode.json" 2>"$work/bench-$mode.log"
   curl -fsS "http://127.0.0.1:$((P + 32))/metrics" >"$work/metrics-$mode.txt"
