@@ -216,8 +216,7 @@ func (k *kvEvents) answered(id string, a proxy.Answered) {
 }
 
 // discover reads a replica's KV-event publisher from GET
-// /kv_event_sources (vLLM serves it: a JSON array with one source per
-// data-parallel rank; see parseSources).
+// /kv_event_sources, which vLLM serves (see parseSources).
 func (k *kvEvents) discover(ctx context.Context, id string) (kvevents.Config, error) {
 	var c kvevents.Config
 	u, err := url.Parse(id)
@@ -245,31 +244,56 @@ func (k *kvEvents) discover(ctx context.Context, id string) (kvevents.Config, er
 	return parseSources(body, u.Hostname())
 }
 
-// kvSource is one publisher as /kv_event_sources names it.
+// kvSource is one publisher as /kv_event_sources names it (vLLM's
+// KVEventsConfig, or its discovery entry).
 type kvSource struct {
-	Rank     *int   `json:"data_parallel_rank"`
+	Enabled  *bool  `json:"enable_kv_cache_events"`
 	Endpoint string `json:"endpoint"`
 	Replay   string `json:"replay_endpoint"`
 	Topic    string `json:"topic"`
 }
 
-// parseSources reads a /kv_event_sources body: vLLM's JSON array of
-// sources (data_parallel_rank, endpoint, replay_endpoint, topic), or one
-// such object. A replica is one stream to the tracker, so an engine with
-// several data-parallel ranks (several publishers, each its own sequence
-// and blocks) is refused: give --kv-events per replica for it. An
-// endpoint vLLM binds on a wildcard ("tcp://*:PORT") is reached at the
-// replica's host.
+// parseSources reads a /kv_event_sources body. vLLM 0.32 answers an
+// object keyed by data-parallel rank, each value its KVEventsConfig
+// ({"0": {"enable_kv_cache_events": true, "endpoint": "tcp://*:5557",
+// "replay_endpoint": ..., "topic": ...}}; {} when events are off); later
+// releases a JSON array of {data_parallel_rank, endpoint,
+// replay_endpoint, topic}. One bare source object is read too. A replica
+// is one stream to the tracker, so an engine with several data-parallel
+// ranks (several publishers, each its own sequence and blocks) is
+// refused: give --kv-events per replica for it. An endpoint vLLM binds on
+// a wildcard ("tcp://*:PORT") is reached at the replica's host.
 func parseSources(body []byte, host string) (kvevents.Config, error) {
 	var c kvevents.Config
 	var list []kvSource
 	if err := json.Unmarshal(body, &list); err != nil {
-		var one kvSource
-		if err := json.Unmarshal(body, &one); err != nil {
-			return c, fmt.Errorf("/kv_event_sources: want a JSON array of sources or one source: %w", err)
+		var byRank map[string]json.RawMessage
+		if err := json.Unmarshal(body, &byRank); err != nil {
+			return c, fmt.Errorf("/kv_event_sources: want a JSON object or array of sources: %w", err)
 		}
-		list = []kvSource{one}
+		var one kvSource
+		if _, ok := byRank["endpoint"]; ok {
+			if err := json.Unmarshal(body, &one); err != nil {
+				return c, fmt.Errorf("/kv_event_sources: %w", err)
+			}
+			list = append(list, one)
+		} else {
+			for rank, v := range byRank {
+				var src kvSource
+				if err := json.Unmarshal(v, &src); err != nil {
+					return c, fmt.Errorf("/kv_event_sources: rank %q: %w", rank, err)
+				}
+				list = append(list, src)
+			}
+		}
 	}
+	on := list[:0]
+	for _, src := range list {
+		if src.Enabled == nil || *src.Enabled {
+			on = append(on, src)
+		}
+	}
+	list = on
 	switch {
 	case len(list) == 0:
 		return c, fmt.Errorf("/kv_event_sources lists no publisher (KV-cache events off)")

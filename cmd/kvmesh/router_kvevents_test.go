@@ -209,12 +209,18 @@ func TestParseSources(t *testing.T) {
 	if err != nil || c.Endpoint != "tcp://10.0.0.5:5557" || c.Replay != "tcp://10.0.0.5:5558" || c.Topic != "kv-events" {
 		t.Fatalf("%+v %v", c, err)
 	}
-	// vLLM's own answer: an array, one source per data-parallel rank.
+	// vLLM 0.32's answer: the KVEventsConfig by data-parallel rank.
+	c, err = parseSources([]byte(`{"0":{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:5557","replay_endpoint":"tcp://*:5558","buffer_steps":10000,"hwm":100000,"max_queue_size":100000,"topic":"kv-events"}}`), "127.0.0.1")
+	if err != nil || c.Endpoint != "tcp://127.0.0.1:5557" || c.Replay != "tcp://127.0.0.1:5558" || c.Topic != "kv-events" {
+		t.Fatalf("by rank: %+v %v", c, err)
+	}
+	// Later releases: an array, one source per data-parallel rank.
 	c, err = parseSources([]byte(`[{"data_parallel_rank":0,"endpoint":"tcp://192.0.2.1:5557","replay_endpoint":null,"topic":""}]`), "10.0.0.5")
 	if err != nil || c.Endpoint != "tcp://192.0.2.1:5557" || c.Replay != "" || c.Topic != "" {
 		t.Fatalf("array: %+v %v", c, err)
 	}
 	for _, bad := range []string{`[]`, `{}`, `[{"data_parallel_rank":0,"endpoint":"tcp://h:1"},{"data_parallel_rank":1,"endpoint":"tcp://h:2"}]`,
+		`{"0":{"endpoint":"tcp://h:1"},"1":{"endpoint":"tcp://h:2"}}`, `{"0":{"enable_kv_cache_events":false,"endpoint":"tcp://*:5557"}}`, `{"0":[]}`,
 		`{"endpoint":"ipc:///tmp/x"}`, `not json`, `[1]`} {
 		if _, err := parseSources([]byte(bad), "h"); err == nil {
 			t.Errorf("%s accepted", bad)

@@ -18,7 +18,7 @@ type KVEventSink interface {
 // as vLLM does with --kv-events-config: BlockStored for each run of blocks
 // it caches (chained by parent), BlockRemoved for each eviction,
 // AllBlocksCleared on /reset_prefix_cache. GET /kv_event_sources then
-// lists the publisher as vLLM does (an array, one source per
+// lists the publisher as vLLM 0.32 does (its KVEventsConfig by
 // data-parallel rank), as a router's --kv-events auto reads it. Call it
 // before serving requests.
 func (s *Server) PublishKVEvents(sink KVEventSink, endpoint, replay, topic string) {
@@ -29,18 +29,19 @@ func (s *Server) PublishKVEvents(sink KVEventSink, endpoint, replay, topic strin
 		}
 	}
 	s.cache.mu.Unlock()
-	src, _ := json.Marshal([]map[string]any{{"data_parallel_rank": 0, "endpoint": endpoint, "replay_endpoint": replay, "topic": topic}})
+	src, _ := json.Marshal(map[string]any{"0": map[string]any{"enable_kv_cache_events": true, "publisher": "zmq",
+		"endpoint": endpoint, "replay_endpoint": replay, "topic": topic}})
 	s.sources.Store(&src)
 }
 
-// serveKVEventSources answers GET /kv_event_sources (404 while the
-// replica publishes none).
+// serveKVEventSources answers GET /kv_event_sources ({} while the
+// replica publishes none, as vLLM answers).
 func (s *Server) serveKVEventSources(w http.ResponseWriter, _ *http.Request) {
 	src := s.sources.Load()
+	w.Header().Set("Content-Type", "application/json")
 	if src == nil {
-		writeError(w, http.StatusNotFound, "KV cache events are not enabled")
+		_, _ = w.Write([]byte("{}"))
 		return
 	}
-	w.Header().Set("Content-Type", "application/json")
 	_, _ = w.Write(*src)
 }
