@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -85,6 +86,9 @@ func TestKVEventEvictionReachesThePeer(t *testing.T) {
 		timing: mesh.TestTiming(), healthInterval: 50 * time.Millisecond, contract: summary.DefaultContract(), gossipKey: testGossipKey,
 	}
 	base.kvEvents.auto = true
+	if os.Getenv("KVMESH_TEST_GOSSIP") == "lan" { // peer.sh measures the latency with the default timings too
+		base.timing = mesh.LANTiming()
+	}
 	a, b := startPair(ctx, t, base, []string{sim.srv.URL})
 	defer func() {
 		for _, r := range []*router{a, b} {
