@@ -158,6 +158,10 @@ type Config struct {
 	// decode leg by this protocol (pd.go); disagg.None (the zero): no
 	// request is split, and only whole replicas (route.RoleBoth) serve.
 	PD disagg.Protocol
+	// Answers, when set, is told of every complete answer of an owned
+	// replica that reported usage (relay.go's learn), from the request's
+	// goroutine; it must not block. Nil: none.
+	Answers func(replicaID string, a Answered)
 }
 
 // Proxy is the HTTP handler of one router. It is safe for concurrent use.

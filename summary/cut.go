@@ -260,23 +260,7 @@ func (s *Summary) Correct(hashes []uint64) Correction {
 	if s.cutLocked(c.Cut) > 0 {
 		s.cut.missed = false // the miss was in the generation now older
 	}
-	c.Forgot = s.forgetLocked(hashes)
+	c.Forgot, _ = s.forgetLocked(hashes)
 	c.RotateAt = s.cut.rotateAt(s.geo)
 	return c
-}
-
-// forgetLocked is Forget's body, under the caller's lock.
-func (s *Summary) forgetLocked(hashes []uint64) int {
-	n := 0
-	for _, h := range hashes {
-		key := s.geo.key(probeOf(h))
-		if !s.hasKey(key) || len(s.neg) >= maxNegOf(s.geo) {
-			continue
-		}
-		s.applyForget(key)
-		s.version++
-		s.record(key | opForget)
-		n++
-	}
-	return n
 }

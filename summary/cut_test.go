@@ -200,3 +200,58 @@ func TestCutLogsRotationsCopiesReplay(t *testing.T) {
 		t.Fatal("cut none logged entries")
 	}
 }
+
+// TestForgetToTheLimitThenRebase: what the owner of a replica with KV
+// events does (mesh.Evicted, mesh.Rebase): forgets evicted blocks until
+// the negative record nears ForgetLimit, then cuts both generations and
+// adds what the engine holds; a copy follows through one delta.
+func TestForgetToTheLimitThenRebase(t *testing.T) {
+	s, err := New(Params{CapacityBlocks: 1024, FalsePositiveRate: 0.01}, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cp, _ := New(s.Params(), 1)
+	hashes := make([]uint64, 600)
+	for i := range hashes {
+		hashes[i] = uint64(i)*0x9e3779b97f4a7c15 + 1
+	}
+	s.Add(hashes)
+	limit := s.Stats().ForgetLimit
+	if limit != maxNegOf(s.geo) || limit >= 500 {
+		t.Fatalf("limit %d", limit)
+	}
+	if n := s.Forget(hashes[:500]); n != limit || s.Stats().Forgotten != limit {
+		t.Fatalf("forgot %d of 500, record %d, limit %d", n, s.Stats().Forgotten, limit)
+	}
+	held := hashes[300:400]
+	s.Cut(CutBoth)
+	s.Add(held)
+	d, _, ok := s.AppendDelta(nil, 0)
+	if !ok {
+		t.Fatal("no delta")
+	}
+	dd, err := DecodeDelta(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cp.ApplyDelta(dd); err != nil {
+		t.Fatal(err)
+	}
+	for _, sum := range []*Summary{s, cp} {
+		if st := sum.Stats(); st.Forgotten != 0 {
+			t.Fatalf("record of %d after a rebase", st.Forgotten)
+		}
+		n := 0
+		for i, h := range hashes {
+			if sum.Has(h) != (i >= 300 && i < 400) {
+				n++
+			}
+		}
+		if n > 6 { // false positives among 500 absent blocks, at 1%
+			t.Fatalf("%d blocks disagree with the rebase", n)
+		}
+	}
+	if dc, _ := cp.Digest(0); func() uint64 { d, _ := s.Digest(0); return d }() != dc {
+		t.Fatal("the copy diverged")
+	}
+}

@@ -364,10 +364,20 @@ func (s *Summary) Add(hashes []uint64) int {
 func (s *Summary) Forget(hashes []uint64) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	n := 0
+	n, _ := s.forgetLocked(hashes)
+	return n
+}
+
+// forgetLocked forgets the keys of hashes the summary claims and returns
+// how many it logged and how many the full record refused.
+func (s *Summary) forgetLocked(hashes []uint64) (n, refused int) {
 	for _, h := range hashes {
 		key := s.geo.key(probeOf(h))
-		if !s.hasKey(key) || len(s.neg) >= maxNegOf(s.geo) {
+		if !s.hasKey(key) {
+			continue
+		}
+		if len(s.neg) >= maxNegOf(s.geo) {
+			refused++
 			continue
 		}
 		s.applyForget(key)
@@ -375,7 +385,7 @@ func (s *Summary) Forget(hashes []uint64) int {
 		s.record(key | opForget)
 		n++
 	}
-	return n
+	return n, refused
 }
 
 func (s *Summary) applyAdd(key uint64) {
@@ -523,8 +533,10 @@ type Stats struct {
 	CapacityBlocks int    `json:"capacity_blocks"`
 	NewerInserts   int    `json:"newer_generation_inserts"`
 	Bytes          int    `json:"bytes"`
-	// Forgotten is the size of the negative record.
-	Forgotten int `json:"forgotten"`
+	// Forgotten is the size of the negative record, ForgetLimit its
+	// bound (forgets past it are refused).
+	Forgotten   int `json:"forgotten"`
+	ForgetLimit int `json:"forget_limit"`
 	// PatternBits is the width of a key's pattern (see geometry).
 	PatternBits int `json:"pattern_bits"`
 }
@@ -536,7 +548,7 @@ func (s *Summary) Stats() Stats {
 	return Stats{
 		MaxBlocks: 2 * s.geo.perGen,
 		Epoch:     s.epoch, Version: s.version, CapacityBlocks: s.params.CapacityBlocks,
-		NewerInserts: s.curCount, Bytes: encodedSize(s.geo, len(s.neg)), Forgotten: len(s.neg),
+		NewerInserts: s.curCount, Bytes: encodedSize(s.geo, len(s.neg)), Forgotten: len(s.neg), ForgetLimit: maxNegOf(s.geo),
 		PatternBits: int(s.geo.pat),
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/kvmesh/kvmesh/internal/kvevents"
 	"github.com/kvmesh/kvmesh/mesh"
 	"github.com/kvmesh/kvmesh/proxy"
 	"github.com/kvmesh/kvmesh/proxy/admit"
@@ -73,6 +74,15 @@ func TestRouterStatusAndExampleMetrics(t *testing.T) {
 	}
 	ca := base
 	ca.name, ca.replicas = "a", []string{reps[0].URL, loraSrv.URL}
+	// Router a follows a KV-event publisher for its replica, so that the
+	// kvmesh_kv_event* families the README names have series.
+	kvln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub := kvevents.NewPublisher(kvln, nil, "kv-events", kvevents.FormMap, 16)
+	defer pub.Close()
+	ca.kvEvents.given = map[string]kvevents.Config{reps[0].URL: {Endpoint: "tcp://" + kvln.Addr().String(), Topic: "kv-events"}}
 	a, err := startRouter(ctx, ca)
 	if err != nil {
 		t.Fatal(err)

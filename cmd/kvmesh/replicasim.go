@@ -9,11 +9,13 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvmesh/kvmesh/internal/kvevents"
 	"github.com/kvmesh/kvmesh/internal/lab/replicasim"
 )
 
@@ -31,6 +33,10 @@ func runReplicaSim(ctx context.Context, args []string, stdout, stderr io.Writer)
 		listen   = fs.String("listen", "127.0.0.1:8000", "`address` to serve the OpenAI API, /health, /reset_prefix_cache and /metrics on")
 		logLevel = fs.String("log-level", "info", "log `level`: trace, debug, info, warn, error or off")
 		logJSON  = fs.Bool("log-json", false, "write logs as JSON lines")
+		kvEP     = fs.String("kv-events", "", "publish KV-cache events as vLLM does (ZMQ PUB of [topic, seq, msgpack batch]) on `tcp://HOST:PORT` (bound here; a router connects)")
+		kvReplay = fs.String("kv-events-replay", "", "answer replay requests (vLLM's replay_endpoint, a ZMQ ROUTER) on `tcp://HOST:PORT`")
+		kvTopic  = fs.String("kv-events-topic", "kv-events", "`topic` of the published events")
+		kvForm   = fs.String("kv-events-form", "map", "event encoding: map (vLLM 0.32) or array (older releases)")
 	)
 	fs.StringVar(&cfg.Model, "model", "kvmesh-sim", "served model `name`; requests for another model get 404")
 	fs.IntVar(&cfg.BlockSize, "block-size", 16, "`tokens` per KV block (vLLM's default is 16)")
@@ -102,6 +108,15 @@ flags:
 	if err != nil {
 		return fmt.Errorf("replica-sim: %w", err)
 	}
+	pub, err := startKVPublisher(sim, *kvEP, *kvReplay, *kvTopic, *kvForm)
+	if err != nil {
+		_ = sim.Close()
+		return fmt.Errorf("replica-sim: %w", err)
+	}
+	if pub != nil {
+		defer pub.Close()
+		logger.Info("publishing KV events", "endpoint", *kvEP, "replay", *kvReplay)
+	}
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {
 		_ = sim.Close()
@@ -142,4 +157,48 @@ flags:
 		return fmt.Errorf("replica-sim: serve: %w", err)
 	}
 	return nil
+}
+
+// startKVPublisher publishes sim's KV events on endpoint (and answers
+// replays on replay), or does nothing without an endpoint.
+func startKVPublisher(sim *replicasim.Server, endpoint, replay, topic, form string) (*kvevents.Publisher, error) {
+	if endpoint == "" {
+		return nil, nil
+	}
+	f := kvevents.FormMap
+	switch form {
+	case "map":
+	case "array":
+		f = kvevents.FormArray
+	default:
+		return nil, fmt.Errorf("--kv-events-form %q: want map or array", form)
+	}
+	listen := func(ep string) (net.Listener, error) {
+		addr, ok := strings.CutPrefix(ep, "tcp://")
+		if !ok {
+			return nil, fmt.Errorf("KV-event endpoint %q: want tcp://HOST:PORT", ep)
+		}
+		return net.Listen("tcp", addr)
+	}
+	ln, err := listen(endpoint)
+	if err != nil {
+		return nil, err
+	}
+	var rl net.Listener
+	if replay != "" {
+		if rl, err = listen(replay); err != nil {
+			ln.Close()
+			return nil, err
+		}
+	}
+	pub := kvevents.NewPublisher(ln, rl, topic, f, 1000)
+	// What the router's auto mode reads: the bound addresses, as vLLM
+	// names its own (":0" resolved).
+	ep := "tcp://" + ln.Addr().String()
+	rep := ""
+	if rl != nil {
+		rep = "tcp://" + rl.Addr().String()
+	}
+	sim.PublishKVEvents(pub, ep, rep, topic)
+	return pub, nil
 }

@@ -67,6 +67,7 @@ type routerConfig struct {
 	logOutput         io.Writer
 	registerProcessGo bool // Go and process collectors (off in in-process tests: they are per process)
 	sources           replicaSources
+	kvEvents          kvEventsFlag // --kv-events (router_kvevents.go)
 
 	// Edges (router_edges.go); zero values mean no cap or the default.
 	adminListen          string // "" : no admin server
@@ -138,6 +139,7 @@ flags:
 	fs.StringVar(&cfg.gossipBind, "gossip-bind", "0.0.0.0:7946", "HOST:PORT to bind gossip to (UDP and TCP)")
 	fs.StringVar(&cfg.advertise, "advertise", "", "HOST:PORT peers use to reach this router's gossip (default: the bound address)")
 	fs.Var(&join, "join", "seed router's gossip HOST:PORT, or a DNS name resolving to routers (repeatable)")
+	fs.Var(&cfg.kvEvents, "kv-events", "subscribe to replicas' KV-cache events (vLLM's ZMQ publisher, bound with endpoint tcp://*:PORT) so that their summaries drop what the engines evict: auto (each declared replica's GET /kv_event_sources), or REPLICA_URL=tcp://HOST:PORT[,replay=tcp://HOST:PORT][,topic=TOPIC] (repeatable)")
 	fs.Var(&replicas, "replica", "base URL of an OpenAI-compatible replica this router fronts, e.g. http://10.0.0.5:8000, with #prefill, #decode or #both after it for its role in disaggregated serving (#prefill:8998 with SGLang's KV bootstrap port) (repeatable)")
 	pd := fs.String("pd-protocol", "off", "split chat and completions requests into a prefill leg (a prefill replica chosen by cache) and a decode leg (a decode replica chosen by load): off, vllm (kv_transfer_params, NIXL connector) or sglang (bootstrap_host/port/room)")
 	keyFile := fs.String("gossip-key-file", "", "file holding the gossip encryption key: 16, 24 or 32 bytes, base64-encoded or raw; all routers must share it. It also authenticates the requests routers forward to each other; a router with --join needs it (or peer mutual TLS, or --insecure-mesh)")
@@ -326,6 +328,7 @@ type router struct {
 	reg    *prometheus.Registry
 	mesh   *mesh.Mesh
 	health *health.Checker
+	kv     *kvEvents // --kv-events' subscriptions (router_kvevents.go)
 	proxy  *proxy.Proxy
 	srv    *http.Server
 	ln     net.Listener
@@ -417,6 +420,12 @@ func startRouter(ctx context.Context, cfg routerConfig) (*router, error) {
 		BytesPerToken: ratios.Of},
 		nil, client, set.onStatus, cfg.contract.BlockBytes, log.Named("health"), reg)
 	set.health = hc
+	kv := newKVEvents(cfg.kvEvents, m, client, log.Named("kvevents"))
+	var answers func(string, proxy.Answered)
+	if cfg.kvEvents.on() {
+		reg.MustRegister(kv)
+		set.onDeclare, set.onWithdraw, answers = kv.declared, kv.withdrawn, kv.answered
+	}
 	set.update("static", cfg.replicas)
 	policy := cfg.policy
 	if policy == (route.Policy{}) {
@@ -425,11 +434,11 @@ func startRouter(ctx context.Context, cfg routerConfig) (*router, error) {
 	if cfg.loadFactor > 0 {
 		policy.LoadFactor = cfg.loadFactor
 	}
-	r := &router{name: cfg.name, log: log, reg: reg, mesh: m, health: hc, api: api, edges: edges, serveErr: make(chan error, 2)}
+	r := &router{name: cfg.name, log: log, reg: reg, mesh: m, health: hc, kv: kv, api: api, edges: edges, serveErr: make(chan error, 2)}
 	p, err := proxy.New(proxy.Config{
 		RouterName: cfg.name, View: m, Policy: policy, Contract: cfg.contract,
 		MaxBodyBytes: cfg.maxBodyBytes, Client: client, Logger: log.Named("proxy"),
-		Registerer: reg, Gatherer: reg, Panics: rec, Debug: func() any { return m.Debug() }, Ready: r.ready, ModelsKnown: r.modelsKnown, ReportFailure: hc.ReportFailure,
+		Registerer: reg, Gatherer: reg, Panics: rec, Debug: r.debug, Ready: r.ready, ModelsKnown: r.modelsKnown, ReportFailure: hc.ReportFailure,
 		MaxAttempts: cfg.maxAttempts, RetryBudget: cfg.retryBudget, BodyTimeout: cfg.bodyTimeout, WriteTimeout: cfg.writeTimeout,
 		UpstreamIdleTimeout: offTimeout(cfg.upstreamIdleTimeout),
 		StallWindow:         offTimeout(cfg.stallWindow), Stalled: hc.Stall,
@@ -438,9 +447,10 @@ func startRouter(ctx context.Context, cfg routerConfig) (*router, error) {
 		TrustPeerCerts: edges.serverTLS != nil && edges.peerCA != nil, RequirePeerTLS: edges.peerCA != nil, APIKeys: edges.keys,
 		InsecureHops:  cfg.insecureMesh && !meshAuthenticated(&cfg),
 		SessionHeader: cfg.sessionHeader, Peers: m.PeerAPIs, NoStreamLoop: cfg.noStreamLoop, TokenRatios: ratios,
-		Admission: cfg.admissionConfig(), Quota: budgets, PD: cfg.pd,
+		Admission: cfg.admissionConfig(), Quota: budgets, PD: cfg.pd, Answers: answers,
 	})
 	if err != nil {
+		kv.close()
 		closeLns()
 		_ = m.Close(context.Background())
 		return nil, fmt.Errorf("router: %w", err)
@@ -521,6 +531,7 @@ func (r *router) shutdown() error {
 	}
 	r.stopHealth()
 	r.wg.Wait()
+	r.kv.close()
 	for done := false; !done; {
 		select {
 		case err := <-r.serveErr:

@@ -82,6 +82,11 @@ type replicaSet struct {
 	mesh   *mesh.Mesh
 	health *health.Checker
 
+	// onDeclare and onWithdraw, when set, hear of each replica declared
+	// and withdrawn (KV-event subscriptions follow them); called under
+	// mu, they must not block.
+	onDeclare, onWithdraw func(id string)
+
 	updateMu sync.Mutex // serialises update; never held by onStatus
 
 	mu       sync.Mutex
@@ -120,6 +125,9 @@ func (s *replicaSet) onStatus(id string, st health.ReplicaStatus) {
 		}
 		s.mesh.DeclareReplica(id)
 		s.log.Info("replica declared", "replica", id, "engine", st.Engine, "role", st.Role)
+		if s.onDeclare != nil {
+			s.onDeclare(id)
+		}
 	}
 	if (!ok || last.Role != st.Role) && st.Role != route.RoleBoth && !s.splits {
 		s.log.Warn("a prefill or decode replica serves nothing while requests are not split (--pd-protocol off)", "replica", id, "role", st.Role)
@@ -179,6 +187,9 @@ func (s *replicaSet) update(source string, entries []string) {
 		delete(s.specs, id)
 		s.roles.drop(id)
 		s.log.Info("replica drained and withdrawn", "replica", id)
+		if s.onWithdraw != nil {
+			s.onWithdraw(id)
+		}
 	}
 }
 

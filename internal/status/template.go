@@ -112,6 +112,20 @@ dl{display:grid;grid-template-columns:max-content auto;gap:2px 12px;margin:0}dt{
 <p class="muted">Engine figures are the replicas' own metrics, read by this router's health checks; for other routers' replicas (marked ↻), as their owners gossip them (— when no one reported them).</p>
 {{- end}}
 </section>
+{{- if .KVEvents}}
+<section id="kv-events">
+<h2>KV-cache events</h2>
+<table>
+<thead><tr><th>replica</th><th>subscription</th><th class="num">events</th><th class="num">gaps</th><th class="num">replayed</th><th class="num">resyncs</th><th class="num">text blocks evicted</th><th class="num">lag</th></tr></thead>
+<tbody>
+{{- range .KVEvents}}
+<tr class="{{.Class}}"><td>{{.ID}}</td><td>{{.Connected}}</td><td class="num">{{.Events}}</td><td class="num">{{.Gaps}}</td><td class="num">{{.Replayed}}</td><td class="num">{{.Resyncs}}</td><td class="num">{{.Evicted}}</td><td class="num">{{.Lag}}</td></tr>
+{{- end}}
+</tbody>
+</table>
+<p class="muted">The engines' own record of what they stored and evicted (router --kv-events). A gap is batches lost on the way (replayed when the engine keeps a replay buffer); a resync is events lost for good, after which what the replica held before falls back to prediction. Lag: the last batch's age on arrival.</p>
+</section>
+{{- end}}
 
 {{- if .HasMetrics}}
 <div class="grid">

@@ -60,7 +60,8 @@ type view struct {
 	// HasEngines says some replica's engine reported its load here.
 	HasEngines bool
 	Admission  admissionView
-	Tenants    tenantsView // tenants.go
+	Tenants    tenantsView  // tenants.go
+	KVEvents   []kvEventRow // kvevents.go
 }
 
 type memberRow struct {
@@ -427,6 +428,7 @@ func (v *view) addMetrics(cur sample, older []sample, fams []*dto.MetricFamily) 
 	}
 
 	v.addEngines(fams)
+	v.addKVEvents(fams)
 	v.addAdmission(fams)
 }
 

@@ -14,7 +14,8 @@ type Usage struct {
 	// PromptTokens is usage.prompt_tokens (0 when absent or not an integer).
 	PromptTokens int64
 	// CompletionTokens is usage.completion_tokens (0 when absent or not an
-	// integer): what a tenant's output budget is charged.
+	// integer): what a tenant's output budget is charged, and where the
+	// answer's blocks end in the engine's cache.
 	CompletionTokens int64
 	// HasCached reports that usage.prompt_tokens_details.cached_tokens is
 	// an integer, CachedTokens.

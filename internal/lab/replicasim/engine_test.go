@@ -56,7 +56,7 @@ func TestFillerTokensAreOneToken(t *testing.T) {
 }
 
 func TestPrefixCacheLRUAndPins(t *testing.T) {
-	c := newPrefixCache(3)
+	c := newPrefixCache(3, 16)
 	c.release(c.acquire([]uint64{1, 2, 3}))
 	// Released last-first: 3 is the least recently used, then 2, then 1.
 	pinned := c.acquire([]uint64{1})

@@ -32,9 +32,10 @@ type Server struct {
 	stored  *responseStore
 	// kv holds prompts prefilled for remote decodes; client pulls them
 	// from prefill replicas; ledger remembers the requests (pd.go).
-	kv     *kvStore
-	client *http.Client
-	ledger ledger
+	kv      *kvStore
+	client  *http.Client
+	ledger  ledger
+	sources atomic.Pointer[[]byte] // GET /kv_event_sources, when publishing (kvevents.go)
 
 	// ctx ends when Close is called; every sequence watches it.
 	ctx      context.Context
@@ -59,7 +60,7 @@ func New(cfg Config, logger hclog.Logger, reg prometheus.Registerer) (*Server, e
 	s := &Server{
 		cfg:     cfg,
 		logger:  logger,
-		cache:   newPrefixCache(cfg.KVBlocks),
+		cache:   newPrefixCache(cfg.KVBlocks, cfg.BlockSize),
 		prefill: make(lane, 1),
 		created: time.Now().Unix(),
 		maxBody: defaultMaxBody,
@@ -105,6 +106,7 @@ func New(cfg Config, logger hclog.Logger, reg prometheus.Registerer) (*Server, e
 	mux.HandleFunc("GET /v1/models", s.serveModels)
 	mux.HandleFunc("POST /kvsim/pull", s.servePull)
 	mux.HandleFunc("GET /kvsim/requests", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, http.StatusOK, s.Ledger()) })
+	mux.HandleFunc("GET /kv_event_sources", s.serveKVEventSources)
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusOK) })
 	mux.HandleFunc("POST /reset_prefix_cache", func(w http.ResponseWriter, r *http.Request) {
 		s.cache.reset()
