@@ -40,6 +40,7 @@ func runReplicaSim(ctx context.Context, args []string, stdout, stderr io.Writer)
 	fs.IntVar(&cfg.MaxNumSeqs, "max-num-seqs", 64, "running sequences cap (`n`); more requests wait in FIFO order")
 	fs.IntVar(&cfg.MaxModelLen, "max-model-len", 131072, "prompt + max_tokens limit in `tokens`; longer requests get 400")
 	fs.IntVar(&cfg.DefaultMaxTokens, "default-max-tokens", 128, "output `tokens` when a request sets no max_tokens")
+	fs.IntVar(&cfg.StallAfter, "stall-after", 0, "freeze the engine once this many generation `requests` were admitted, as POST /debug/stall does: /health, /v1/models and /metrics still answer, but no prefill completes, no token is generated and no counter moves until POST /debug/resume (0: never by itself; for tests of a router's stall detection)")
 	fs.Float64Var(&cfg.TimeScale, "time-scale", 1, "speed-up `factor`: every modelled duration is divided by it (>1 runs faster than real time)")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), `usage: kvmesh replica-sim [flags]
@@ -51,7 +52,8 @@ usage.prompt_tokens_details.cached_tokens respond to routing. Endpoints:
 POST /v1/chat/completions, POST /v1/completions, POST /v1/responses (and
 GET /v1/responses/{id}), POST /v1/messages (Anthropic), POST /v1/embeddings,
 GET /v1/models, GET /health, POST /reset_prefix_cache, GET /metrics (vLLM
-metric names).
+metric names), and POST /debug/stall and /debug/resume, which freeze the
+engine (no progress, while it still answers its health checks) and thaw it.
 
 Every flag can also be set by the environment variable KVMESH_<FLAG>
 (upper case, dashes to underscores, e.g. KVMESH_KV_BLOCKS); the command line wins.

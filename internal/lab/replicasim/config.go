@@ -32,6 +32,9 @@ type Config struct {
 	MaxModelLen       int     // prompt+max_tokens limit in tokens (default 131072); over it is a 400
 	DefaultMaxTokens  int     // output tokens when the request gives none (default 128)
 	TimeScale         float64 // >1 runs faster than real time: every modelled duration is divided by it (default 1)
+	// StallAfter freezes the engine once this many generation requests
+	// were admitted, as POST /debug/stall does (0: never by itself).
+	StallAfter int
 }
 
 // withDefaults fills zero fields and rejects negative ones.
@@ -49,6 +52,7 @@ func (c Config) withDefaults() (Config, error) {
 		{"max num seqs", &c.MaxNumSeqs, 64},
 		{"max model len", &c.MaxModelLen, 131072},
 		{"default max tokens", &c.DefaultMaxTokens, 128},
+		{"stall after", &c.StallAfter, 0},
 	}
 	for _, f := range ints {
 		if *f.v < 0 {
