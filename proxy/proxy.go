@@ -121,9 +121,10 @@ type Config struct {
 	// the request path (health.Checker.ReportFailure); nil ignores them.
 	ReportFailure func(replicaID string)
 	// Stalled judges an owned replica whose requests in flight got no
-	// response byte, and none ended, since quiet for StallWindow
-	// (health.Checker.Stall, which ejects it); when it says stalled,
-	// those requests are ended (stall.go). Nil: no stall detection.
+	// response byte, and none ended, since quiet for StallWindow past
+	// the prefill the router expects of them (stall.go;
+	// health.Checker.Stall, which ejects it); when it says stalled,
+	// those requests are ended. Nil: no stall detection.
 	Stalled func(replicaID string, quiet time.Time, streamed bool) bool
 	// StallWindow is that silence (default DefaultStallWindow; negative:
 	// no stall detection).
@@ -275,7 +276,10 @@ func New(cfg Config) (*Proxy, error) {
 	p.stalls = newStallBook(cfg.StallWindow, cfg.Stalled, func() time.Time { return p.now() }, func(id string, n int) {
 		p.log.Warn("replica stalled: its requests in flight ended", "replica", id, "reason", "stalled", "requests", n)
 		p.m.stallCuts.Add(float64(n))
-	})
+	}, func(outcome string) { p.m.stallChecks.WithLabelValues(outcome).Inc() })
+	for _, o := range [...]string{stallPrefilling, stallProgressing, stallStalled} {
+		p.m.stallChecks.WithLabelValues(o) // every series from the start, at 0
+	}
 	if cfg.Admission != nil {
 		p.admit = newAdmission(p, *cfg.Admission)
 	}

@@ -154,13 +154,13 @@ type replicaHealth struct {
 	lastLoad                  time.Time
 	last                      ReplicaStatus // what onChange was last told
 	shownEngine               string        // the engine label of kvmesh_replica_engine_info
-	// The engine's generated-token counter (stall.go): its last value,
-	// whether it publishes one, when it last moved; stalled: ejected by
-	// Stall at stalledAt, and not re-admitted since.
-	tokens                 float64
-	tokensKnown, stalled   bool
-	tokensMoved, stalledAt time.Time
-	stop                   context.CancelFunc
+	// The sum of the engine's progress counters (stall.go): its last
+	// value, whether it publishes any, when it last moved; stalled:
+	// ejected by Stall at stalledAt, and not re-admitted since.
+	progress                 float64
+	progressKnown, stalled   bool
+	progressMoved, stalledAt time.Time
+	stop                     context.CancelFunc
 }
 
 // New returns a checker of replicas (their base URLs). onChange
@@ -205,7 +205,7 @@ func New(cfg Config, replicas []string, client *http.Client, onChange func(id st
 		}, []string{"replica", "engine"}),
 		ejections: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvmesh_replica_ejections_total",
-			Help: "Replicas declared at this router ejected, by reason: failed_checks (health checks or requests failing) or stalled (requests in flight got no byte for the stall window and the engine generated nothing).",
+			Help: "Replicas declared at this router ejected, by reason: failed_checks (health checks or requests failing) or stalled (requests in flight got no byte for the stall window past the prefill expected of them, and the engine's progress counters stood still).",
 		}, []string{"reason"}),
 	}
 	for _, r := range []string{ReasonFailedChecks, ReasonStalled} {
@@ -462,7 +462,7 @@ func (h *Checker) apply(id string, s *replicaHealth, r pollResult) {
 		s.metrics.EngineLoad = s.metrics.EngineLoad.Forget()
 	}
 	h.noteUptimeLocked(id, s, r.uptime)
-	h.noteTokensLocked(s, r)
+	h.noteProgressLocked(s, r)
 	if r.scraped {
 		s.metrics, s.lastLoad = r.metrics, r.now
 		if m := r.metrics; m.HasLoad && (m.Waiting > 0 || s.learnedSlots > 0) && m.Running > s.learnedSlots {

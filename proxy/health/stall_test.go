@@ -111,3 +111,32 @@ func TestStallWithoutTokenCounter(t *testing.T) {
 		t.Error("an unknown replica judged stalled")
 	}
 }
+
+// TestStallByPromptCounter: a prefill that completes moves the engine's
+// prompt-token counter with no token generated yet (a queue of long
+// prompts): that is progress, not a stall.
+func TestStallByPromptCounter(t *testing.T) {
+	page := func(prompt float64) string {
+		return vllmPage(4, 0, 100) + fmt.Sprintf("# TYPE vllm:prompt_tokens_total counter\nvllm:prompt_tokens_total{engine=\"0\",model_name=\"m\"} %v\n", prompt)
+	}
+	e := &engineReplica{metrics: page(1000)}
+	rep := newReplica(t, e.serve)
+	var got reports
+	h := New(Config{Timeout: 5 * time.Second}, []string{rep.URL}, nil, got.add, 1024, nil, prometheus.NewPedanticRegistry())
+	ctx := t.Context()
+	h.round(ctx)
+	h.round(ctx)
+	quiet := time.Now()
+	e.mu.Lock()
+	e.metrics = page(5096)
+	e.mu.Unlock()
+	h.round(ctx)
+	if h.Stall(rep.URL, quiet, true) {
+		t.Fatal("judged stalled while its engine completed a prefill")
+	}
+	quiet = time.Now()
+	h.round(ctx)
+	if !h.Stall(rep.URL, quiet, true) {
+		t.Fatal("not judged stalled with every counter still")
+	}
+}
