@@ -73,12 +73,17 @@ const (
 // allowed the window plus the prefill the router expects of the
 // requests that were waiting for their first byte when it began: their
 // uncached blocks at the replica's learned prefill rate, times
-// prefillSlack. Requests sent during the silence add nothing: the
+// prefillSlack (the blocks are the decision's prediction: a request
+// whose cached prefix the engine evicted since brings more, which the
+// engine's progress counters, the judge's word, have to cover). Requests sent during the silence add nothing: the
 // engine owes a first byte to those it already had, and a stall must not
 // be hidden by the requests that keep arriving at it. The rate is
-// learned from the same silences: each first byte ends one, which took
-// its request's blocks at most (others may have been prefilled in the
-// same stretch, so the rate errs long, the safe side).
+// learned from the same silences: each first byte of a request of at
+// least a block ends one, which took that request's blocks at most
+// (others may have been prefilled in the same stretch, so the rate errs
+// long, the safe side). Until a replica's first such answer it borrows
+// the slowest rate of the router's other replicas, and with none allows
+// unmeasuredPrefill.
 type stallBook struct {
 	window time.Duration
 	judge  func(id string, quiet time.Time, streamed bool) bool
@@ -111,10 +116,8 @@ type notedSilence struct {
 type stallMark struct {
 	id       string
 	streamed bool
-	// work is the prefill the request brings, in blocks: the blocks the
-	// decision expected the replica to lack, at least one (the prompt's
-	// last partial block, the template and the first token cost a block's
-	// time on any engine).
+	// work is the prefill the request brings, in blocks: the full blocks
+	// the decision expected the replica to lack.
 	work     float64
 	sent     time.Time
 	answered bool                               // its first body byte came; under the book's mu
@@ -168,7 +171,7 @@ func (b *stallBook) add(id string, streamed bool, blocks float64, cancel func())
 		return nil
 	}
 	now := b.now()
-	m := &stallMark{id: id, streamed: streamed, work: max(blocks, 1), sent: now, cancel: cancel}
+	m := &stallMark{id: id, streamed: streamed, work: max(blocks, 0), sent: now, cancel: cancel}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	set := b.runs[id]
@@ -218,6 +221,12 @@ func (b *stallBook) answer(m *stallMark) {
 		return
 	}
 	m.answered = true
+	if m.work < 1 {
+		// Less than a block to prefill: the time is the engine's fixed
+		// cost per request (template, scheduling, the first token),
+		// which says nothing of its time per block.
+		return
+	}
 	since, _, judged := b.quietLocked(m.id, set, m)
 	if !judged {
 		return // a relay was writing: the replica was not silent
@@ -288,13 +297,14 @@ func (b *stallBook) quietLocked(id string, set map[*stallMark]struct{}, except *
 }
 
 // expectedLocked is the prefill replica id owes the requests of set that
-// were waiting for their first byte at since, with prefillSlack. b.mu is
+// were waiting for their first byte at since, with prefillSlack: a
+// request of less than a block counts one (its fixed cost). b.mu is
 // held.
 func (b *stallBook) expectedLocked(id string, set map[*stallMark]struct{}, since time.Time) time.Duration {
 	var work float64
 	for m := range set {
 		if !m.answered && !m.sent.After(since) {
-			work += m.work
+			work += max(m.work, 1)
 		}
 	}
 	if work == 0 {

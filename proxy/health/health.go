@@ -155,12 +155,13 @@ type replicaHealth struct {
 	last                      ReplicaStatus // what onChange was last told
 	shownEngine               string        // the engine label of kvmesh_replica_engine_info
 	// The sum of the engine's progress counters (stall.go): its last
-	// value, whether it publishes any, when it last moved; stalled:
-	// ejected by Stall at stalledAt, and not re-admitted since.
-	progress                 float64
-	progressKnown, stalled   bool
-	progressMoved, stalledAt time.Time
-	stop                     context.CancelFunc
+	// value, whether it publishes any, when it was scraped, and the
+	// earliest it can have last moved; stalled: ejected by Stall at
+	// stalledAt, and not re-admitted since.
+	progress                             float64
+	progressKnown, stalled               bool
+	progressAt, progressMoved, stalledAt time.Time
+	stop                                 context.CancelFunc
 }
 
 // New returns a checker of replicas (their base URLs). onChange

@@ -58,7 +58,10 @@ func (h *Checker) Stall(id string, quiet time.Time, streamed bool) bool {
 }
 
 // noteProgressLocked follows the engine's progress counters, scraped at
-// now; h.mu is held.
+// r.now. A change is dated at the scrape before it, the earliest the
+// engine can have done that work: dated at the scrape that saw it, work
+// done before a freeze and seen by the scrape after it would read as
+// progress after the freeze, for good. h.mu is held.
 func (h *Checker) noteProgressLocked(s *replicaHealth, r pollResult) {
 	if !r.scraped {
 		return
@@ -68,9 +71,9 @@ func (h *Checker) noteProgressLocked(s *replicaHealth, r pollResult) {
 		return
 	}
 	if s.progressKnown && v != s.progress {
-		s.progressMoved = r.now
+		s.progressMoved = s.progressAt
 	}
-	s.progress, s.progressKnown = v, true
+	s.progress, s.progressKnown, s.progressAt = v, true, r.now
 }
 
 // progressedLocked reports whether a replica ejected as stalled may count

@@ -21,7 +21,8 @@ func vllmPage(running, waiting int, tokens float64) string {
 
 // TestStallByTokenCounter: with a generated-token counter, Stall agrees
 // only when the counter stood still since the requests went quiet (a
-// long non-streamed answer generates without a byte), ejects the replica
+// long non-streamed answer generates without a byte; a change is dated
+// at the scrape before the one that saw it), ejects the replica
 // with reason "stalled", and re-admission counts only passes once the
 // engine generates again.
 func TestStallByTokenCounter(t *testing.T) {
@@ -40,15 +41,20 @@ func TestStallByTokenCounter(t *testing.T) {
 	setPage := func(s string) { e.mu.Lock(); e.metrics = s; e.mu.Unlock() }
 
 	quiet := time.Now()
+	h.round(ctx) // a scrape after the silence began
 	setPage(vllmPage(2, 0, 150))
 	h.round(ctx)
 	if h.Stall(rep.URL, quiet, false) || !healthy() {
 		t.Fatal("judged stalled while its engine generated")
 	}
+	// Tokens generated before the silence began and first seen by a
+	// scrape after it (a frozen engine's last ones) are no progress in it.
+	setPage(vllmPage(2, 0, 160))
 	quiet = time.Now()
+	h.round(ctx)
 	h.round(ctx) // the counter stands still
 	if !h.Stall(rep.URL, quiet, false) || healthy() {
-		t.Fatal("not judged stalled with its counter still")
+		t.Fatal("not judged stalled with its counter still since the silence began")
 	}
 	if n := testutil.ToFloat64(h.ejections.WithLabelValues(ReasonStalled)); n != 1 {
 		t.Errorf("ejections{stalled} = %v, want 1", n)
@@ -127,6 +133,7 @@ func TestStallByPromptCounter(t *testing.T) {
 	h.round(ctx)
 	h.round(ctx)
 	quiet := time.Now()
+	h.round(ctx)
 	e.mu.Lock()
 	e.metrics = page(5096)
 	e.mu.Unlock()
