@@ -89,7 +89,10 @@ type viewEntry struct {
 	networkMs float64
 	// The count as route.Candidate keeps it (route.Count32).
 	inFlight int32
-	tier     int8
+	// held is a copy's blocks remembered (route.Detail.Held), read when
+	// the entry is computed, at each delta; an owner's is read live.
+	held int32
+	tier int8
 	// engine is the engine's load, the owner's own or as it gossips it.
 	engine route.EngineLoad
 	// ok: healthy, with an owner whose word this router has (else the
@@ -127,6 +130,7 @@ func (v *published) entryLocked(r *replica) (viewEntry, []string) {
 	e.engine = r.st.Engine
 	if r.sum != nil && !r.wantFull && r.sum.Epoch() == r.st.Epoch && !r.heard.IsZero() {
 		e.counts, e.sum, e.heard = true, r.sum, int64(r.heard.Sub(v.t0))
+		e.held = route.Count32(r.sum.Held())
 	}
 	if mb := r.ownerMb; mb != nil {
 		e.networkMs = float64(mb.rtt.Microseconds()) / 1000

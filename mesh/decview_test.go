@@ -391,11 +391,11 @@ func TestFillCandidateWritesEveryField(t *testing.T) {
 	}
 	setAll(reflect.ValueOf(&c).Elem())
 	setAll(reflect.ValueOf(c.Detail).Elem())
-	e := viewEntry{id: "x", hash: 1, inFlight: 2, pending: 3.5, networkMs: 4.5, tier: 1, engine: route.EngineLoad{Running: 5, Waiting: 6, Slots: 7}}
+	e := viewEntry{id: "x", hash: 1, inFlight: 2, pending: 3.5, networkMs: 4.5, tier: 1, engine: route.EngineLoad{Running: 5, Waiting: 6, Slots: 7}, held: 10}
 	var x route.Detail
 	x.SeqMs, x.SlotAgeMs = 8, 9 // the proxy's, from the buffer's last use
 	fillCandidate(&c, &e, &x)
-	want := route.Candidate{Detail: &route.Detail{ID: "x"}, Hash: 1, InFlight: 2, PendingPrefillBlocks: 3.5, NetworkMs: 4.5, EngineLoad: route.EngineLoad{Running: 5, Waiting: 6, Slots: 7}, Tier: 1}
+	want := route.Candidate{Detail: &route.Detail{ID: "x", Held: 10}, Hash: 1, InFlight: 2, PendingPrefillBlocks: 3.5, NetworkMs: 4.5, EngineLoad: route.EngineLoad{Running: 5, Waiting: 6, Slots: 7}, Tier: 1}
 	if c.Detail != &x || !reflect.DeepEqual(c, want) {
 		t.Fatalf("fillCandidate wrote\n%+v (%+v)\nwant\n%+v (%+v)", c, *c.Detail, want, *want.Detail)
 	}

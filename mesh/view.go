@@ -275,6 +275,9 @@ func (v *published) candidates(model string, dst []route.Candidate, b *matchBatc
 			c.PendingPrefillBlocks = float64(max(l.pendingK.Load(), 0)) / 1000
 			if e.sum != nil {
 				sum = bf.add(e.sum, c.Hash)
+				// Live, as the loads: the owner's summary grows with
+				// every request it records, which touches no entry.
+				c.Detail.Held = route.Count32(e.sum.Held())
 			}
 		} else {
 			if e.counts && now-e.heard <= stale {
@@ -383,7 +386,7 @@ func fillCandidate(c *route.Candidate, e *viewEntry, x *route.Detail) {
 	if unsafe.StringData(x.ID) != unsafe.StringData(e.id) || len(x.ID) != len(e.id) {
 		x.ID = e.id
 	}
-	x.SeqMs, x.SlotAgeMs, x.Own, x.Local, x.Written = 0, 0, 0, false, 0
+	x.SeqMs, x.SlotAgeMs, x.Own, x.Local, x.Written, x.Held = 0, 0, 0, false, 0, e.held
 	c.Hash, c.InFlight, c.PendingPrefillBlocks, c.NetworkMs, c.BlockMs = e.hash, e.inFlight, e.pending, e.networkMs, 0
 	c.Tier, c.EngineLoad = e.tier, e.engine
 	c.Stale = false

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/bits"
 	"sync"
 	"sync/atomic"
 
@@ -274,6 +275,14 @@ type Summary struct {
 	words    [2][]uint64       // the generations' bit words, gens[i].BitSet().Words()
 	cur      int               // index of the newer generation
 	curCount int               // adds applied to gens[cur] since it was cleared
+	// oldCount is the older generation's adds, curCount when it rotated
+	// (estimated from its bits in a decoded copy: the encoding does not
+	// carry it).
+	oldCount int
+	// held is curCount + oldCount, stored by whatever changes either
+	// (storeHeld), so that Held takes no lock: a decision reads it of
+	// every candidate this router owns.
+	held atomic.Int64
 	version  uint64            // log entries applied since the epoch began
 	rot      uint64            // rotations since the epoch began (ages the negative record)
 	neg      map[uint64]uint64 // forgotten key -> rot when forgotten
@@ -353,6 +362,7 @@ func (s *Summary) Add(hashes []uint64) int {
 			s.cut.filled(s.geo)
 		}
 	}
+	s.storeHeld()
 	return n
 }
 
@@ -417,7 +427,8 @@ func (s *Summary) rotate() {
 	}
 	s.gens[old].ClearAll()
 	s.cur = old
-	s.curCount = 0
+	s.oldCount, s.curCount = s.curCount, 0
+	s.storeHeld()
 	s.rot++
 	for k, r := range s.neg {
 		if s.rot-r >= 2 {
@@ -434,6 +445,34 @@ func (s *Summary) record(e uint64) {
 		s.log = append(s.log[:0], s.log[drop:]...)
 	}
 	s.log = append(s.log, e)
+}
+
+// Held is how many blocks the summary remembers: the adds in its two
+// generations (a block refreshed into the newer one counts in both,
+// and a generation of a decoded copy older than its last rotation is
+// estimated from its bits). An owner and its copies agree on it up to
+// that estimate, so every router reads a replica's fill alike: a new
+// or emptied replica (a restart cuts both generations) holds few.
+func (s *Summary) Held() int { return int(s.held.Load()) }
+
+// storeHeld publishes curCount + oldCount for Held; s.mu is held for
+// writing.
+func (s *Summary) storeHeld() { s.held.Store(int64(s.curCount + s.oldCount)) }
+
+// estimateAdds is the number of keys that set the bits of a generation's
+// words, from the share of its bits set: k bits per key over m bits set
+// a share 1 - exp(-k·n/m) of them (the blocked filter's spread differs
+// little at the fill a generation rotates at).
+func estimateAdds(words []uint64, g geometry) int {
+	set := 0
+	for _, w := range words {
+		set += bits.OnesCount64(w)
+	}
+	if set == 0 {
+		return 0
+	}
+	frac := min(float64(set)/float64(g.m), 1-1.0/float64(g.m))
+	return int(math.Round(-float64(g.m) / float64(g.k) * math.Log1p(-frac)))
 }
 
 // Has reports whether the summary (probably) holds the block.

@@ -6,7 +6,9 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -252,4 +254,128 @@ func TestEndToEndSlowPrefillNotEjected(t *testing.T) {
 	if got := counterOf(t, r, "kvmesh_stall_checks_total", "prefilling"); got < 1 {
 		t.Errorf("stall checks{prefilling} = %v: the prefill never outlasted the window, the test tests nothing", got)
 	}
+}
+
+// TestEndToEndAddedReplicaWarms is issue 24's warm-up acceptance on
+// replica-sims: three replicas serve conversations until they hold them;
+// a fourth is added to the router's replica file; new conversations (cold
+// requests) then go to it, by the warm-up share among others (the
+// decision reason warm-up), its summary holds blocks, and the next turn
+// of a conversation it took finds them cached in its engine.
+func TestEndToEndAddedReplicaWarms(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	cfg := replicasim.Config{DecodeMsPerToken: 1, DefaultMaxTokens: 8}
+	var sims []*countingSim
+	for _, n := range []string{"a", "b", "c", "new"} {
+		s := startCountingSim(t, n, cfg)
+		defer s.close()
+		sims = append(sims, s)
+	}
+	file := t.TempDir() + "/replicas"
+	write := func(n int, mod time.Time) {
+		var b strings.Builder
+		for _, s := range sims[:n] {
+			b.WriteString(s.srv.URL + "\n")
+		}
+		if err := os.WriteFile(file, []byte(b.String()), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chtimes(file, mod, mod); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t0 := time.Now().Add(-time.Hour)
+	write(3, t0)
+	logs := &lockedWriter{}
+	r, err := startRouter(ctx, routerConfig{
+		name: "a", region: "local", listen: "127.0.0.1:0", gossipBind: "127.0.0.1:0", logLevel: hclog.Info, logOutput: logs,
+		maxBodyBytes: proxy.DefaultMaxBodyBytes, capacityBlocks: 4096, loadFactor: 1.25,
+		timing: mesh.TestTiming(), healthInterval: 50 * time.Millisecond, contract: summary.DefaultContract(), gossipKey: testGossipKey,
+		sources: replicaSources{file: file, filePoll: 20 * time.Millisecond},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := r.shutdown(); err != nil {
+			t.Error(err)
+		}
+		if t.Failed() {
+			t.Log(logs.String())
+		}
+	}()
+	for _, s := range sims[:3] {
+		eventually(t, "the first three replicas", func() bool { return hasCandidate(r, simModel, s.srv.URL) })
+	}
+	client := &http.Client{Transport: &http.Transport{}, Timeout: 30 * time.Second}
+	defer client.CloseIdleConnections()
+	type turn struct {
+		replica string
+		cached  int
+		answer  string
+	}
+	ask := func(msgs []map[string]string) turn {
+		t.Helper()
+		b, _ := json.Marshal(map[string]any{"model": simModel, "messages": msgs, "max_tokens": 8})
+		resp, err := client.Post(r.api+"/v1/chat/completions", "application/json", strings.NewReader(string(b)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var u chatUsage
+		if err := json.NewDecoder(resp.Body).Decode(&u); err != nil || resp.StatusCode != http.StatusOK {
+			t.Fatalf("status %d: %v", resp.StatusCode, err)
+		}
+		tr := turn{replica: resp.Header.Get("X-Test-Replica")}
+		if len(u.Choices) > 0 {
+			tr.answer = u.Choices[0].Message.Content
+		}
+		if d := u.Usage.PromptTokensDetails; d != nil {
+			tr.cached = d.CachedTokens
+		}
+		return tr
+	}
+	first := func(i int) []map[string]string {
+		return []map[string]string{{"role": "user", "content": strings.Repeat("conversation "+strconv.Itoa(i)+" asks at length. ", 80)}}
+	}
+	// A warm cluster: 24 conversations of two turns.
+	for i := range 24 {
+		msgs := first(i)
+		tr := ask(msgs)
+		ask(append(msgs, map[string]string{"role": "assistant", "content": tr.answer}, map[string]string{"role": "user", "content": "and then?"}))
+	}
+	warmBefore := counterOf(t, r, "kvmesh_route_decisions_total", "warm-up")
+
+	write(4, t0.Add(time.Minute))
+	eventually(t, "the added replica", func() bool { return hasCandidate(r, simModel, sims[3].srv.URL) })
+	hits := sims[3].hits.Load()
+	took := -1
+	for i := 100; i < 112; i++ {
+		if tr := ask(first(i)); tr.replica == "new" && took < 0 {
+			took = i
+		}
+	}
+	if sims[3].hits.Load() == hits || took < 0 {
+		t.Fatal("the added replica took none of 12 new conversations")
+	}
+	if got := counterOf(t, r, "kvmesh_route_decisions_total", "warm-up") - warmBefore; got < 1 {
+		t.Errorf("warm-up decisions: %v, want at least one", got)
+	}
+	held := int32(0)
+	for _, c := range r.mesh.Candidates(simModel, nil) {
+		if c.ID() == sims[3].srv.URL {
+			held = c.Detail.Held
+		}
+	}
+	if held == 0 {
+		t.Error("the added replica's summary holds nothing")
+	}
+	msgs := first(took)
+	tr := ask(msgs)
+	next := ask(append(msgs, map[string]string{"role": "assistant", "content": tr.answer}, map[string]string{"role": "user", "content": "and then?"}))
+	if next.replica != "new" || next.cached == 0 {
+		t.Errorf("the next turn of a conversation the added replica took: %+v, want it there and cached", next)
+	}
+	t.Logf("the added replica took %d of 12 new conversations and holds %d blocks", sims[3].hits.Load()-hits, held)
 }

@@ -60,6 +60,7 @@ type view struct {
 	// HasEngines says some replica's engine reported its load here.
 	HasEngines bool
 	Admission  admissionView
+	Lifecycle  lifecycleView
 }
 
 type memberRow struct {
@@ -74,7 +75,7 @@ type replicaRow struct {
 	InFlight, Pending             string
 	LoadBar                       string // px
 	Summary, Age, AgeClass        string
-	Owned                         bool
+	Owned, Warming                bool
 	// Engine is the replica's engine as this router's health checks
 	// last read it (HasEngine false: not checked here).
 	Engine engineCell
@@ -188,9 +189,10 @@ func (v *view) addReplicas(d mesh.DebugInfo, now time.Time) {
 	for _, r := range d.Replicas {
 		maxLoad = max(maxLoad, r.InFlight)
 	}
+	warm := warming(d.Replicas)
 	for _, r := range d.Replicas {
 		row := replicaRow{ID: r.ID, Owner: r.Owner, DeclaredBy: strings.Join(r.DeclaredBy, ", "),
-			Models: strings.Join(r.Models, ", "), Owned: r.Owned,
+			Models: strings.Join(r.Models, ", "), Owned: r.Owned, Warming: warm[r.ID],
 			InFlight: fmt.Sprint(r.InFlight), Pending: trimFloat(r.PendingPref), LoadBar: px(float64(r.InFlight) / float64(maxLoad))}
 		switch {
 		case r.Owner == "":
@@ -206,7 +208,7 @@ func (v *view) addReplicas(d mesh.DebugInfo, now time.Time) {
 		}
 		row.Summary = "—"
 		if r.Bytes > 0 {
-			row.Summary = fmt.Sprintf("%s · v%d", humanBytes(float64(r.Bytes)), r.Version)
+			row.Summary = fmt.Sprintf("%s blocks · %s · v%d", humanCount(float64(r.Held)), humanBytes(float64(r.Bytes)), r.Version)
 		}
 		switch {
 		case r.Owned:
@@ -424,6 +426,7 @@ func (v *view) addMetrics(cur sample, older []sample, fams []*dto.MetricFamily) 
 
 	v.addEngines(fams)
 	v.addAdmission(fams)
+	v.addLifecycle(fams)
 }
 
 // nonzero lists the nonzero counts by label value, sorted by value: zeros
