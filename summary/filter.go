@@ -272,9 +272,9 @@ type Summary struct {
 
 	mu       sync.RWMutex
 	gens     [2]*bloom.BloomFilter
-	words    [2][]uint64       // the generations' bit words, gens[i].BitSet().Words()
-	cur      int               // index of the newer generation
-	curCount int               // adds applied to gens[cur] since it was cleared
+	words    [2][]uint64 // the generations' bit words, gens[i].BitSet().Words()
+	cur      int         // index of the newer generation
+	curCount int         // adds applied to gens[cur] since it was cleared
 	// oldCount is the older generation's adds, curCount when it rotated
 	// (estimated from its bits in a decoded copy: the encoding does not
 	// carry it).
@@ -282,7 +282,7 @@ type Summary struct {
 	// held is curCount + oldCount, stored by whatever changes either
 	// (storeHeld), so that Held takes no lock: a decision reads it of
 	// every candidate this router owns.
-	held atomic.Int64
+	held     atomic.Int64
 	version  uint64            // log entries applied since the epoch began
 	rot      uint64            // rotations since the epoch began (ages the negative record)
 	neg      map[uint64]uint64 // forgotten key -> rot when forgotten
