@@ -272,17 +272,9 @@ type Summary struct {
 
 	mu       sync.RWMutex
 	gens     [2]*bloom.BloomFilter
-	words    [2][]uint64 // the generations' bit words, gens[i].BitSet().Words()
-	cur      int         // index of the newer generation
-	curCount int         // adds applied to gens[cur] since it was cleared
-	// oldCount is the older generation's adds, curCount when it rotated
-	// (estimated from its bits in a decoded copy: the encoding does not
-	// carry it).
-	oldCount int
-	// held is curCount + oldCount, stored by whatever changes either
-	// (storeHeld), so that Held takes no lock: a decision reads it of
-	// every candidate this router owns.
-	held     atomic.Int64
+	words    [2][]uint64       // the generations' bit words, gens[i].BitSet().Words()
+	cur      int               // index of the newer generation
+	curCount int               // adds applied to gens[cur] since it was cleared
 	version  uint64            // log entries applied since the epoch began
 	rot      uint64            // rotations since the epoch began (ages the negative record)
 	neg      map[uint64]uint64 // forgotten key -> rot when forgotten
@@ -290,7 +282,14 @@ type Summary struct {
 	logStart uint64            // version before log[0]
 	logLimit int
 	cut      cutState // the owner's correction state (cut.go)
-
+	// oldCount is the older generation's adds, curCount when it rotated
+	// (estimated from its bits in a decoded copy: the encoding does not
+	// carry it).
+	oldCount int
+	// held is curCount + oldCount, stored by whatever changes either
+	// (storeHeld), so that Held takes no lock: a decision reads it of
+	// every candidate this router owns.
+	held atomic.Int64
 }
 
 // New returns an empty summary. epoch names its history: copies of it carry
