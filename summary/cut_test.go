@@ -155,7 +155,7 @@ func TestLearnedThresholdRotatesEarlierAndGrowsBack(t *testing.T) {
 	if c.Cut != CutOlder {
 		t.Fatalf("cut %v", c.Cut)
 	}
-	limit := f.owner.RotateAt()
+	limit := f.owner.cut.rotateAt(f.owner.geo)
 	if limit >= cutCapacity*3/4 || limit < minRotateAtOf(f.owner.geo) {
 		t.Fatalf("rotate at %d", limit)
 	}
@@ -171,15 +171,15 @@ func TestLearnedThresholdRotatesEarlierAndGrowsBack(t *testing.T) {
 		return int(f.owner.Version() - v - 1) // adds before the rotation
 	}
 	grown := limit + f.owner.geo.perGen/16
-	if n := fill(9000); n != limit || f.owner.RotateAt() != grown {
-		t.Fatalf("after a generation without misses: rotated after %d, rotate at %d, want %d then %d", n, f.owner.RotateAt(), limit, grown)
+	if n := fill(9000); n != limit || f.owner.cut.rotateAt(f.owner.geo) != grown {
+		t.Fatalf("after a generation without misses: rotated after %d, rotate at %d, want %d then %d", n, f.owner.cut.rotateAt(f.owner.geo), limit, grown)
 	}
 	// Bounded below, whatever the misses.
 	for i := range 50 {
 		f.owner.Add(chain(5, uint64(30000+i)))
 		f.owner.Correct(chain(5, uint64(30000+i)))
 	}
-	if got := f.owner.RotateAt(); got < minRotateAtOf(f.owner.geo) {
+	if got := f.owner.cut.rotateAt(f.owner.geo); got < minRotateAtOf(f.owner.geo) {
 		t.Fatalf("rotate at %d, below the floor %d", got, minRotateAtOf(f.owner.geo))
 	}
 }

@@ -348,7 +348,7 @@ func (s *Summary) Add(hashes []uint64) int {
 		if !forgotten && test(s.words[s.cur], s.geo, base, bits) {
 			continue
 		}
-		s.noteAdd(key, base, bits, forgotten)
+		s.cut.noteAdd(s.words[s.cur], s.words[1-s.cur], s.geo, key, base, bits, forgotten)
 		s.applyAdd(key)
 		s.version++
 		s.curCount++
