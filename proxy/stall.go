@@ -70,14 +70,14 @@ const (
 // (steady arrivals would hide a stall), and neither are response headers
 // without a body byte (vLLM's server sends a stream's headers when it
 // accepts the request, before the engine schedules it). A silence is
-// allowed the window plus the prefill the router expects of the
-// requests that were waiting for their first byte when it began: their
-// uncached blocks at the replica's learned prefill rate, times
-// prefillSlack (the blocks are the decision's prediction: a request
-// whose cached prefix the engine evicted since brings more, which the
-// engine's progress counters, the judge's word, have to cover). Requests sent during the silence add nothing: the
-// engine owes a first byte to those it already had, and a stall must not
-// be hidden by the requests that keep arriving at it. The rate is
+// allowed the window plus, at the replica's learned prefill rate and
+// times prefillSlack, the prefill of the requests waiting for their
+// first byte (their uncached blocks; those sent after the silence had
+// lasted a window add nothing, expectedLocked) and one block for the
+// engine step under way. The blocks are the decision's prediction: a
+// request whose cached prefix the engine evicted since brings more,
+// which the engine's progress counters, the judge's word, have to cover.
+// The rate is
 // learned from the same silences: each first byte of a request of at
 // least a block ends one, which took that request's blocks at most
 // (others may have been prefilled in the same stretch, so the rate errs
@@ -296,19 +296,25 @@ func (b *stallBook) quietLocked(id string, set map[*stallMark]struct{}, except *
 	return since, streamed, true
 }
 
-// expectedLocked is the prefill replica id owes the requests of set that
-// were waiting for their first byte at since, with prefillSlack: a
-// request of less than a block counts one (its fixed cost). b.mu is
-// held.
+// expectedLocked is the silence replica id may keep past the window
+// when it has been quiet since since, with prefillSlack: the prefill it
+// owes the requests of set waiting for their first byte that were sent
+// before the silence had lasted a window (a request of less than a block
+// counts one, its fixed cost), and one block more for the engine step
+// under way, whatever it is (a decode step, which reads the model once
+// for every running sequence, costs less than prefilling a block, which
+// computes it for each of its tokens: on an engine slowed tenfold by a
+// loaded machine the steps slow alike). A request sent later is queued
+// behind the step that keeps the engine silent: it does not delay the
+// next progress, and a stall that keeps receiving requests must not be
+// allowed more with each. b.mu is held.
 func (b *stallBook) expectedLocked(id string, set map[*stallMark]struct{}, since time.Time) time.Duration {
 	var work float64
+	horizon := since.Add(b.window)
 	for m := range set {
-		if !m.answered && !m.sent.After(since) {
+		if !m.answered && !m.sent.After(horizon) {
 			work += max(m.work, 1)
 		}
-	}
-	if work == 0 {
-		return 0
 	}
 	rate, ok := b.rates[id]
 	if !ok {
@@ -318,10 +324,13 @@ func (b *stallBook) expectedLocked(id string, set map[*stallMark]struct{}, since
 			rate, ok = max(rate, r), true
 		}
 	}
-	if !ok {
+	switch {
+	case !ok && work == 0:
+		return 0
+	case !ok:
 		return b.unmeasured
 	}
-	return time.Duration(prefillSlack * rate * work * float64(time.Millisecond))
+	return time.Duration(prefillSlack * rate * (work + 1) * float64(time.Millisecond))
 }
 
 // rate is replica id's learned prefill time per block in ms (ok false:

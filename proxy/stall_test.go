@@ -290,11 +290,11 @@ func newTestBook(window time.Duration) *testBook {
 func (tb *testBook) advance(d time.Duration) { tb.now = tb.now.Add(d); tb.check() }
 
 // TestStallBookExpectsPrefill: a replica whose requests wait for their
-// first byte is allowed the window plus the prefill it owes them, at the
-// rate learned from its earlier first bytes (twice it); requests sent
-// during the silence add nothing; a replica never timed borrows the
-// router's other replicas' rate, and with none at all is allowed
-// unmeasuredPrefill.
+// first byte is allowed the window plus twice, at the rate learned from
+// its earlier first bytes, the prefill it owes them and one block for
+// the step under way; requests sent once the silence has lasted a window
+// add nothing; a replica never timed borrows the router's other
+// replicas' rate, and with none at all is allowed unmeasuredPrefill.
 func TestStallBookExpectsPrefill(t *testing.T) {
 	tb := newTestBook(8 * time.Second)
 	// Learn r's rate: a 10-block request answered after 5 s of silence.
@@ -306,14 +306,20 @@ func TestStallBookExpectsPrefill(t *testing.T) {
 	}
 	tb.remove(m)
 
-	// 40 blocks waiting: 8 s + 2 × 40 × 0.5 s = 48 s.
-	tb.add("r", true, 40, nil)
-	for range 46 {
+	// 30 blocks waiting, and 9 more sent within the window: 8 s + 2 × (39
+	// + 1) × 0.5 s = 48 s.
+	tb.add("r", true, 30, nil)
+	for i := range 46 {
 		tb.advance(time.Second)
-		tb.add("r", false, 100, nil) // arrivals during the silence owe nothing
+		switch {
+		case i < 3:
+			tb.add("r", false, 3, nil) // within the window: owed
+		case i > 8:
+			tb.add("r", false, 100, nil) // later: queued behind the silence
+		}
 	}
 	if len(tb.judged) != 0 {
-		t.Fatalf("judged after 46 s; it owes 40 s of prefill and the 8 s window")
+		t.Fatalf("judged after 46 s; it owes 40 blocks of 0.5 s twice and the 8 s window")
 	}
 	if len(tb.outcome) != 1 || tb.outcome[0] != stallPrefilling {
 		t.Errorf("outcomes %v, want one prefilling for the silence", tb.outcome)
@@ -328,8 +334,8 @@ func TestStallBookExpectsPrefill(t *testing.T) {
 
 	// A replica never timed here borrows r's rate.
 	tb.judged = nil
-	tb.add("s", true, 4, nil) // 8 s + 2 × 4 × 0.5 s = 12 s
-	tb.advance(11 * time.Second)
+	tb.add("s", true, 4, nil) // 8 s + 2 × (4 + 1) × 0.5 s = 13 s
+	tb.advance(12 * time.Second)
 	if slices.Contains(tb.judged, "s") {
 		t.Fatal("s judged within the prefill borrowed from r")
 	}
@@ -351,22 +357,36 @@ func TestStallBookExpectsPrefill(t *testing.T) {
 	}
 }
 
-// TestStallBookMidStreamNoPrefill: a replica whose requests all had
-// their first byte owes no prefill: it is judged after the window alone,
-// and a judge that finds the engine progressing is counted as such.
-func TestStallBookMidStreamNoPrefill(t *testing.T) {
+// TestStallBookMidStream: a replica whose requests all had their first
+// byte owes no prefill, only the step under way: it is judged after the
+// window and one block's time twice (on a fast engine, the window), and
+// a judge that finds the engine progressing is counted as such, once a
+// silence.
+func TestStallBookMidStream(t *testing.T) {
 	tb := newTestBook(8 * time.Second)
-	tb.rates["r"] = 10_000 // a slow prefill rate must not matter here
+	tb.rates["r"] = 3000 // a slow engine: 3 s a block
 	m := tb.add("r", true, 50, nil)
 	tb.answer(m)
 	tb.stalled = false
-	tb.advance(8 * time.Second)
+	tb.advance(13 * time.Second)
+	if len(tb.judged) != 0 {
+		t.Fatalf("judged %v within the window and a step of 6 s", tb.judged)
+	}
+	tb.advance(time.Second)
 	if len(tb.judged) != 1 {
-		t.Fatalf("judged %v after the window with every request answered", tb.judged)
+		t.Fatalf("judged %v past the window and a step", tb.judged)
 	}
 	tb.advance(time.Second) // asked again, the same silence: counted once
-	if len(tb.outcome) != 1 || tb.outcome[0] != stallProgressing {
-		t.Errorf("outcomes %v, want one progressing", tb.outcome)
+	if len(tb.outcome) != 2 || tb.outcome[0] != stallPrefilling || tb.outcome[1] != stallProgressing {
+		t.Errorf("outcomes %v, want prefilling (the step) then progressing", tb.outcome)
+	}
+	fast := newTestBook(8 * time.Second)
+	fast.rates["r"] = 20
+	f := fast.add("r", true, 50, nil)
+	fast.answer(f)
+	fast.advance(8*time.Second + 40*time.Millisecond)
+	if len(fast.judged) != 1 {
+		t.Fatalf("a fast engine judged %v after the window", fast.judged)
 	}
 }
 
