@@ -86,8 +86,8 @@ func chatBody(prompt string, maxTokens int, stream bool) string {
 // counters stand still); the router ejects it as stalled, its streams
 // end with an error event, the other replica's complete, requests sent
 // meanwhile are all answered 200 (those that reached the frozen replica
-// retried), and once the engine resumes it is admitted again. The test
-// orders events; it times nothing.
+// retried), it is not re-admitted while frozen, and once the engine
+// resumes it is admitted again. The test orders events; it times nothing.
 func TestEndToEndStalledReplicaEjected(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -203,6 +203,13 @@ func TestEndToEndStalledReplicaEjected(t *testing.T) {
 		t.Error("the frozen replica is still a candidate")
 	}
 	t.Logf("the frozen replica took %d requests after the freeze", a.hits.Load()-hitsAtFreeze)
+	// Frozen, it runs nothing now (its requests were ended), answers its
+	// health checks, and is not re-admitted: it does not answer the
+	// checker's one-token probe.
+	time.Sleep(300 * time.Millisecond) // six health intervals
+	if hasCandidate(r, simModel, a.srv.URL) {
+		t.Error("the frozen replica was re-admitted")
+	}
 
 	resp, err = client.Post(a.srv.URL+"/debug/resume", "", nil)
 	if err != nil {

@@ -161,6 +161,7 @@ type replicaHealth struct {
 	progress                             float64
 	progressKnown, stalled               bool
 	progressAt, progressMoved, stalledAt time.Time
+	answeredAt                           time.Time // a probe's token, while stalled
 	stop                                 context.CancelFunc
 }
 
@@ -375,6 +376,7 @@ type pollResult struct {
 	infoRead                bool
 	info                    engine.Stats
 	uptime                  engine.Uptime
+	answered                bool // a stalled replica's probe got its token (stall.go)
 }
 
 // poll does what is due for replica id (everything when force): its
@@ -391,6 +393,10 @@ func (h *Checker) poll(ctx context.Context, id string, s *replicaHealth, force b
 	infoDue := force || now.Sub(s.lastInfo) >= h.cfg.InfoInterval
 	r := pollResult{now: now, adapter: s.adapter}
 	healthy := s.healthy
+	probe := "" // the model a replica ejected as stalled is asked a token of
+	if s.stalled && len(s.models) > 0 {
+		probe = s.models[0]
+	}
 	h.mu.Unlock()
 
 	base := strings.TrimRight(id, "/")
@@ -424,6 +430,9 @@ func (h *Checker) poll(ctx context.Context, id string, s *replicaHealth, force b
 		r.healthChecked = true
 		r.models, r.healthErr = h.checkHealth(ctx, base, a)
 		r.healthOK = r.healthErr == nil
+		if r.healthOK && probe != "" {
+			r.answered = h.probe(ctx, id, base, probe)
+		}
 		if ctx.Err() != nil {
 			return
 		}
@@ -464,6 +473,9 @@ func (h *Checker) apply(id string, s *replicaHealth, r pollResult) {
 	}
 	h.noteUptimeLocked(id, s, r.uptime)
 	h.noteProgressLocked(s, r)
+	if r.answered {
+		s.answeredAt = r.now
+	}
 	if r.scraped {
 		s.metrics, s.lastLoad = r.metrics, r.now
 		if m := r.metrics; m.HasLoad && (m.Waiting > 0 || s.learnedSlots > 0) && m.Running > s.learnedSlots {

@@ -1,6 +1,13 @@
 package health
 
-import "time"
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"time"
+)
 
 // Ejection reasons (the reason label of kvmesh_replica_ejections_total).
 const (
@@ -77,22 +84,41 @@ func (h *Checker) noteProgressLocked(s *replicaHealth, r pollResult) {
 }
 
 // progressedLocked reports whether a replica ejected as stalled may count
-// a passed check towards its re-admission: its engine's progress counters
-// moved since the ejection, or it runs nothing (the requests it was stuck
-// on are gone, and a new one will tell), or it publishes neither counters
-// nor load (the passes alone decide, and a replica still stuck is ejected
-// again after one window, its requests retried). h.mu is held.
+// a passed check towards its re-admission: it progresses again, its
+// engine's progress counters having moved since the ejection, or its
+// engine having answered the checker's probe, a one-token completion
+// (probe), since. Not its running nothing: the requests it was stuck on
+// were ended, and an engine whose scheduler is wedged may let them go
+// all the same; re-admitted, it would hold the next requests for a
+// window more. h.mu is held.
 func (h *Checker) progressedLocked(s *replicaHealth) bool {
-	if !s.stalled {
-		return true
-	}
-	l := s.metrics.EngineLoad
-	switch {
-	case s.progressKnown && s.progressMoved.After(s.stalledAt):
-	case l.HasLoad && l.Running == 0 && l.Waiting == 0:
-	case !s.progressKnown && !l.HasLoad:
-	default:
+	return !s.stalled || (s.progressKnown && s.progressMoved.After(s.stalledAt)) || s.answeredAt.After(s.stalledAt)
+}
+
+// probeTimeout bounds a stalled replica's probe: a one-token completion
+// of a one-word prompt, which an engine that progresses at all answers
+// within seconds even behind a queue of short requests. The poll of that
+// replica waits for it; the replica is ejected meanwhile.
+const probeTimeout = 10 * time.Second
+
+// probe asks replica id (at base) for one token of model and reports
+// whether it answered 200: while its requests were stuck the replica
+// was ejected, and an idle engine moves no counter, so it is asked to.
+func (h *Checker) probe(ctx context.Context, id, base, model string) bool {
+	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
+	defer cancel()
+	body, _ := json.Marshal(map[string]any{"model": model, "prompt": "ping", "max_tokens": 1})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/completions", bytes.NewReader(body))
+	if err != nil {
 		return false
 	}
-	return true
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := h.client.Do(req)
+	if err != nil {
+		h.log.Debug("stalled replica's probe", "replica", id, "error", err)
+		return false
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxHealthBytes))
+	return resp.StatusCode == http.StatusOK
 }

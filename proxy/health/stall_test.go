@@ -27,6 +27,7 @@ func vllmPage(running, waiting int, tokens float64) string {
 // engine generates again.
 func TestStallByTokenCounter(t *testing.T) {
 	e := &engineReplica{metrics: vllmPage(2, 0, 100)}
+	e.stuck.Store(true) // nor does it answer the probe
 	rep := newReplica(t, e.serve)
 	var got reports
 	reg := prometheus.NewPedanticRegistry()
@@ -84,9 +85,11 @@ func TestStallByTokenCounter(t *testing.T) {
 
 // TestStallWithoutTokenCounter: without a counter only a stream's
 // silence is evidence, and an ejected replica counts its passes once its
-// engine runs nothing.
+// engine answers the probe's one-token completion, not because it runs
+// nothing.
 func TestStallWithoutTokenCounter(t *testing.T) {
 	e := &engineReplica{metrics: vllmPage(2, 0, -1)}
+	e.stuck.Store(true)
 	rep := newReplica(t, e.serve)
 	var got reports
 	h := New(Config{Timeout: 5 * time.Second, PassThreshold: 2}, []string{rep.URL}, nil, got.add, 1024, nil, prometheus.NewPedanticRegistry())
@@ -110,8 +113,22 @@ func TestStallWithoutTokenCounter(t *testing.T) {
 	e.mu.Unlock()
 	h.round(ctx)
 	h.round(ctx)
+	if healthy() {
+		t.Fatal("re-admitted as it runs nothing, its engine still stuck")
+	}
+	if e.probes.Load() == 0 {
+		t.Fatal("no probe asked of the stalled replica")
+	}
+	e.stuck.Store(false)
+	h.round(ctx)
+	h.round(ctx)
 	if !healthy() {
-		t.Fatal("not re-admitted after PassThreshold passes of an idle engine")
+		t.Fatal("not re-admitted after PassThreshold passes of an engine that answers the probe")
+	}
+	n := e.probes.Load()
+	h.round(ctx)
+	if e.probes.Load() != n {
+		t.Error("a re-admitted replica still probed")
 	}
 	if h.Stall("http://unknown", quiet, true) {
 		t.Error("an unknown replica judged stalled")

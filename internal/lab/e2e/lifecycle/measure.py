@@ -3,11 +3,15 @@
 
   measure.py stall KVMESH [--rounds N] [--router-flag F ...]
       Two replica-sims behind one router at its defaults (--stall-window
-      8s); clients keep streams running on both. Each round freezes one
-      replica's engine (POST /debug/stall: it still answers /health and
-      /metrics), and times the freeze to the router's stalled ejection
-      (kvmesh_replica_ejections_total{reason="stalled"}), then resumes it and
-      times its re-admission. Every request is checked: answered 200 with
+      8s); clients keep streams running. Each round freezes one replica's
+      engine (POST /debug/stall: it still answers /health and /metrics),
+      and times the freeze, and the first moment the frozen engine holds a
+      request (0 when it held some at the freeze), to the router's stalled
+      ejection
+      (kvmesh_replica_ejections_total{reason="stalled"}), keeps it frozen
+      --hold seconds (noting whether it was re-admitted meanwhile, as a
+      replica running nothing is, and ejected again), then resumes it and
+      times its return to health. Every request is checked: answered 200 with
       [DONE], or (a stream the frozen replica had begun) ended with an error
       event; anything else is a failure.
 
@@ -170,16 +174,32 @@ def stall(args, kvmesh, work, base):
             before = metric(admin, "kvmesh_replica_ejections_total", 'reason="stalled"')
             t0 = time.time()
             http("POST", target + "/debug/stall")
-            wait_until("the stalled ejection", lambda: metric(admin, "kvmesh_replica_ejections_total", 'reason="stalled"') > before,
-                       timeout=120, every=0.05)
+            work = [None]  # when the frozen engine first held a request (0: at the freeze)
+
+            def ejected_yet():
+                if work[0] is None and metric(target, "vllm:num_requests_running") + metric(target, "vllm:num_requests_waiting") > 0:
+                    work[0] = time.time() - t0
+                return metric(admin, "kvmesh_replica_ejections_total", 'reason="stalled"') > before
+
+            wait_until("the stalled ejection", ejected_yet, timeout=120, every=0.05)
             ejected = time.time() - t0
-            time.sleep(3)
+            # Held frozen for --hold seconds: with nothing left running it
+            # is re-admitted, and ejected again if requests reach it.
+            readmitted = None
+            while time.time() < t0 + ejected + args.hold:
+                if readmitted is None and mesh(admin)[target].get("healthy"):
+                    readmitted = round(time.time() - t0 - ejected, 2)
+                time.sleep(0.05)
+            again = metric(admin, "kvmesh_replica_ejections_total", 'reason="stalled"') - before - 1
             t1 = time.time()
             http("POST", target + "/debug/resume")
             wait_until("the re-admission", lambda: mesh(admin)[target].get("healthy"), timeout=120, every=0.05)
             back = time.time() - t1
             print(json.dumps({"round": rnd, "replica": target, "freeze_to_ejected_s": round(ejected, 2),
-                              "resume_to_admitted_s": round(back, 2)}), flush=True)
+                              "work_in_flight_after_s": None if work[0] is None else round(work[0], 2),
+                              "work_to_ejected_s": None if work[0] is None else round(ejected - work[0], 2),
+                              "readmitted_while_frozen_after_s": readmitted, "ejected_again_while_frozen": again,
+                              "resume_to_healthy_s": round(back, 2)}), flush=True)
             time.sleep(3)
         stop.set()
         for t in threads:
@@ -294,6 +314,7 @@ def main():
     ap.add_argument("what", choices=["stall", "warm"])
     ap.add_argument("kvmesh")
     ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--hold", type=float, default=15, help="stall: seconds a replica stays frozen after its ejection")
     ap.add_argument("--clients", type=int, default=6)
     ap.add_argument("--router-flag", action="append", default=[])
     ap.add_argument("--warm-share", type=float, default=0.5)
