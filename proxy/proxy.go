@@ -276,7 +276,15 @@ func New(cfg Config) (*Proxy, error) {
 	p.stalls = newStallBook(cfg.StallWindow, cfg.Stalled, func() time.Time { return p.now() }, func(id string, n int) {
 		p.log.Warn("replica stalled: its requests in flight ended", "replica", id, "reason", "stalled", "requests", n)
 		p.m.stallCuts.Add(float64(n))
-	}, func(outcome string) { p.m.stallChecks.WithLabelValues(outcome).Inc() })
+	}, func(id, outcome string, quiet time.Duration) {
+		p.m.stallChecks.WithLabelValues(outcome).Inc()
+		switch outcome {
+		case stallPrefilling:
+			p.log.Debug("replica quiet past its stall window, within the prefill it owes", "replica", id, "quiet", quiet.Round(time.Millisecond))
+		case stallProgressing:
+			p.log.Info("replica quiet past its stall window and the prefill it owes, but its engine progresses", "replica", id, "quiet", quiet.Round(time.Millisecond))
+		}
+	})
 	for _, o := range [...]string{stallPrefilling, stallProgressing, stallStalled} {
 		p.m.stallChecks.WithLabelValues(o) // every series from the start, at 0
 	}

@@ -88,8 +88,8 @@ type stallBook struct {
 	window time.Duration
 	judge  func(id string, quiet time.Time, streamed bool) bool
 	now    func() time.Time
-	cut    func(id string, n int) // told of each replica's requests cut
-	note   func(outcome string)   // told of each silence's outcome, once (nil: not counted)
+	cut    func(id string, n int)                        // told of each replica's requests cut
+	note   func(id, outcome string, quiet time.Duration) // told of each silence's outcome, once (nil: not counted)
 	mu     sync.Mutex
 	runs   map[string]map[*stallMark]struct{}
 	// progress: replica -> when a request there last ended, or its
@@ -129,7 +129,7 @@ type stallMark struct {
 
 // newStallBook starts the loop that checks every window/8; nil (a no-op
 // book) when window <= 0 or judge is nil.
-func newStallBook(window time.Duration, judge func(string, time.Time, bool) bool, now func() time.Time, cut func(string, int), note func(string)) *stallBook {
+func newStallBook(window time.Duration, judge func(string, time.Time, bool) bool, now func() time.Time, cut func(string, int), note func(string, string, time.Duration)) *stallBook {
 	if window <= 0 || judge == nil {
 		return nil
 	}
@@ -351,7 +351,7 @@ func (b *stallBook) noteLocked(id string, since time.Time, outcome string) {
 	}
 	b.noted[id] = n
 	if b.note != nil {
-		b.note(outcome)
+		b.note(id, outcome, b.now().Sub(since))
 	}
 }
 

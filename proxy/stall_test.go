@@ -281,7 +281,7 @@ func newTestBook(window time.Duration) *testBook {
 			tb.judged = append(tb.judged, id)
 			return tb.stalled
 		},
-		cut: func(string, int) {}, note: func(o string) { tb.outcome = append(tb.outcome, o) },
+		cut: func(string, int) {}, note: func(_, o string, _ time.Duration) { tb.outcome = append(tb.outcome, o) },
 		runs: map[string]map[*stallMark]struct{}{}, progress: map[string]time.Time{}, rates: map[string]float64{}, noted: map[string]notedSilence{},
 		unmeasured: unmeasuredPrefill}
 	return tb
