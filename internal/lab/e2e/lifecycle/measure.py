@@ -72,6 +72,10 @@ def metric(admin, name, label=""):
     return total
 
 
+def held_of(admin, replica):
+    return (mesh(admin).get(replica) or {}).get("summary_held_blocks", 0)
+
+
 def mesh(admin):
     _, b = http("GET", admin + "/debug/mesh")
     return {r["id"]: r for r in json.loads(b).get("replicas") or []}
@@ -251,12 +255,15 @@ def warm(args, kvmesh, work, base):
         time.sleep(args.warmup)
         first_prompt = lambda: metric(target, "vllm:prompt_tokens_total")
         start_hits = {r: metric(r, "vllm:prompt_tokens_total") for r in reps}
+        held_before = 0
         if args.mode == "add":
             base_prompt = first_prompt()
             marked[0] = time.time()
             with open(rfile, "a") as f:
                 f.write(target + "\n")
         else:
+            wait_until("the replica to hold blocks", lambda: held_of(admin, target) > 0)
+            held_before = held_of(admin, target)
             procs.stop("rep2")
             replica_sim(procs, kvmesh, "rep2", base + 2, sim)
             base_prompt, start_hits[target] = 0.0, 0.0
@@ -281,7 +288,7 @@ def warm(args, kvmesh, work, base):
                 if first_req is None and first_prompt() > base_prompt:
                     first_req = now
                 h, mean, ok = held()
-                if cut is None and h == 0:
+                if cut is None and h < held_before / 2:
                     cut = now  # the router saw the restart and cut the summary
                 if cut is not None and ok and holds is None and h > 0:
                     holds = now
