@@ -63,7 +63,7 @@ func (r *reports) last(id string) (ReplicaStatus, int) {
 type engineReplica struct {
 	failing          atomic.Bool
 	metricsFailing   atomic.Bool // /metrics alone answers 500
-	stuck            atomic.Bool // POST /v1/completions gets no answer (the probe times out... fast: 503)
+	stuck            atomic.Bool // POST /v1/completions answers 503 (the probe fails)
 	probes           atomic.Int64
 	mu               sync.Mutex
 	metrics          string
@@ -91,7 +91,7 @@ func (e *engineReplica) serve(w http.ResponseWriter, r *http.Request) {
 	case "/v1/completions":
 		e.probes.Add(1)
 		if e.stuck.Load() {
-			http.Error(w, "stuck", 503)
+			http.Error(w, "stuck", http.StatusServiceUnavailable)
 			return
 		}
 		fmt.Fprint(w, `{"choices":[{"text":" pong"}]}`)
