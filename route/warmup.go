@@ -38,10 +38,29 @@ func (p Policy) inWarmShare(key uint64) bool {
 // that f admits (the cold limits) holding the fewest blocks (ties in
 // rendezvous order), when it holds less than half the mean of those
 // candidates. With every replica near empty (a cluster starting) the
-// mean is near zero and none is warming.
+// mean is near zero and none is warming. The first pass reads only the
+// held counts, and ends the usual decision, in which no replica is
+// warming; the limits and the weights are asked of warming replicas
+// alone.
 func (p Policy) warmUp(cands []Candidate, f coldFilter, key uint64) int {
-	var sum float64
-	n, best := 0, -1
+	var sum, least float64
+	n := 0
+	for i := range cands {
+		c := &cands[i]
+		if int(c.Tier) != f.tier || c.Stale || c.Summary == nil || c.Detail == nil {
+			continue
+		}
+		h := float64(c.Detail.Held)
+		if n == 0 || h < least {
+			least = h
+		}
+		sum += h
+		n++
+	}
+	if n < 2 || 2*least*float64(n) >= sum {
+		return -1
+	}
+	best := -1
 	var bestHeld int32
 	var bestW uint64
 	for i := range cands {
@@ -50,17 +69,12 @@ func (p Policy) warmUp(cands []Candidate, f coldFilter, key uint64) int {
 			continue
 		}
 		h := c.Detail.Held
-		sum += float64(h)
-		n++
-		if !f.eligible(c) {
+		if 2*float64(h)*float64(n) >= sum || !f.eligible(c) {
 			continue
 		}
 		if w := weight(key, c.Hash); best < 0 || h < bestHeld || (h == bestHeld && w > bestW) {
 			best, bestHeld, bestW = i, h, w
 		}
-	}
-	if best < 0 || n < 2 || 2*float64(bestHeld) >= sum/float64(n) {
-		return -1
 	}
 	return best
 }
