@@ -32,6 +32,11 @@ import (
 type replicaLoad struct {
 	inFlight atomic.Int64
 	pendingK atomic.Int64 // pending prefill blocks × 1000
+	// held is the owned summary's Held (route.Candidate.Held), stored as the
+	// owner records a request and at every tick: a decision reads it
+	// here, beside the counts, not from the summary (a cache miss per
+	// owned replica in a decision over cold caches).
+	held atomic.Int64
 }
 
 // published is the decision's view: the per-model arrays Candidates
@@ -89,7 +94,7 @@ type viewEntry struct {
 	networkMs float64
 	// The count as route.Candidate keeps it (route.Count32).
 	inFlight int32
-	// held is a copy's blocks remembered (route.Detail.Held), read when
+	// held is a copy's blocks remembered (route.Candidate.Held), read when
 	// the entry is computed, at each delta; an owner's is read live.
 	held int32
 	tier int8

@@ -277,7 +277,7 @@ func (v *published) candidates(model string, dst []route.Candidate, b *matchBatc
 				sum = bf.add(e.sum, c.Hash)
 				// Live, as the loads: the owner's summary grows with
 				// every request it records, which touches no entry.
-				c.Detail.Held = route.Count32(e.sum.Held())
+				c.Held = route.Count32(int(l.held.Load()))
 			}
 		} else {
 			if e.counts && now-e.heard <= stale {
@@ -386,9 +386,9 @@ func fillCandidate(c *route.Candidate, e *viewEntry, x *route.Detail) {
 	if unsafe.StringData(x.ID) != unsafe.StringData(e.id) || len(x.ID) != len(e.id) {
 		x.ID = e.id
 	}
-	x.SeqMs, x.SlotAgeMs, x.Own, x.Local, x.Written, x.Held = 0, 0, 0, false, 0, e.held
+	x.SeqMs, x.SlotAgeMs, x.Own, x.Local, x.Written = 0, 0, 0, false, 0
 	c.Hash, c.InFlight, c.PendingPrefillBlocks, c.NetworkMs, c.BlockMs = e.hash, e.inFlight, e.pending, e.networkMs, 0
-	c.Tier, c.EngineLoad = e.tier, e.engine
+	c.Tier, c.EngineLoad, c.Held = e.tier, e.engine, e.held
 	c.Stale = false
 }
 
@@ -485,6 +485,7 @@ func (m *Mesh) Record(replicaID string, hashes []uint64) {
 	r := m.tab.replicas[replicaID]
 	if r != nil && r.owned && r.sum != nil {
 		r.sum.Add(hashes)
+		r.load.held.Store(int64(r.sum.Held()))
 		m.tab.mu.RUnlock()
 		return
 	}
@@ -501,6 +502,7 @@ func (m *Mesh) Record(replicaID string, hashes []uint64) {
 	m.dis.ensureSummaryLocked(r)
 	if r.sum != nil {
 		r.sum.Add(hashes)
+		r.load.held.Store(int64(r.sum.Held()))
 	}
 }
 

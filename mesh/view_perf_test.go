@@ -35,7 +35,7 @@ func (m *Mesh) candidatesRef(model string, dst []route.Candidate) []route.Candid
 				EngineLoad:           r.engine}
 			if r.sum != nil {
 				c.Summary = r.sum
-				c.Detail.Held = route.Count32(r.sum.Held())
+				c.Held = route.Count32(int(r.load.held.Load()))
 			}
 			dst = append(dst, c)
 		default:
@@ -46,7 +46,7 @@ func (m *Mesh) candidatesRef(model string, dst []route.Candidate) []route.Candid
 				EngineLoad: r.st.Engine}
 			if m.tab.countsLocked(r, now) {
 				c.Summary = r.sum
-				c.Detail.Held = route.Count32(r.sum.Held())
+				c.Held = route.Count32(r.sum.Held())
 			} else {
 				c.Stale = true
 			}

@@ -61,6 +61,14 @@ type Candidate struct {
 	// Stale reports that a summary exists but does not count: too old, or
 	// its owner is suspect or gone.
 	Stale bool
+	// Held is how many blocks the replica's summary remembers
+	// (summary.Summary.Held), alike on every router: a replica that
+	// holds far fewer than the others is new or was emptied, and takes
+	// a share of the cold requests until it holds more (warmup.go). 0
+	// when the view keeps no summary of it. It fills the struct's tail
+	// padding, so the warm-up's pass reads it beside the fields the
+	// decision's own passes just read, at no cost in size.
+	Held int32
 }
 
 // Detail is what a decision rarely reads of a candidate.
@@ -97,13 +105,7 @@ type Detail struct {
 	// plus this router's own requests since; Own is known alike for
 	// every replica. A cold request of a burst onto an idle cluster
 	// spreads by it (hashPick).
-	Own int32
-	// Held is how many blocks the replica's summary remembers
-	// (summary.Summary.Held), alike on every router: a replica that
-	// holds far fewer than the others is new or was emptied, and takes
-	// a share of the cold requests until it holds more (warmup.go). 0
-	// when the view keeps no summary of it.
-	Held  int32
+	Own   int32
 	Local bool
 	// Written is how many prefill blocks this router sent the replica
 	// over its recent placements (the blocks each placement predicted

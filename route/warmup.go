@@ -1,7 +1,7 @@
 package route
 
 // The warm-up share: a replica holding far fewer blocks than the others
-// of its tier (Detail.Held: new, or emptied by a restart, whose summary
+// of its tier (Candidate.Held: new, or emptied by a restart, whose summary
 // the owner cut) takes a share of the cold requests, those no replica
 // holds beyond the common prefix, until it holds more. Without it, a
 // replica added to a warm cluster gets cold requests only where its
@@ -47,10 +47,10 @@ func (p Policy) warmUp(cands []Candidate, f coldFilter, key uint64) int {
 	n := 0
 	for i := range cands {
 		c := &cands[i]
-		if int(c.Tier) != f.tier || c.Stale || c.Summary == nil || c.Detail == nil {
+		if int(c.Tier) != f.tier || c.Stale || c.Summary == nil {
 			continue
 		}
-		h := float64(c.Detail.Held)
+		h := float64(c.Held)
 		if n == 0 || h < least {
 			least = h
 		}
@@ -65,10 +65,10 @@ func (p Policy) warmUp(cands []Candidate, f coldFilter, key uint64) int {
 	var bestW uint64
 	for i := range cands {
 		c := &cands[i]
-		if int(c.Tier) != f.tier || c.Stale || c.Summary == nil || c.Detail == nil {
+		if int(c.Tier) != f.tier || c.Stale || c.Summary == nil {
 			continue
 		}
-		h := c.Detail.Held
+		h := c.Held
 		if 2*float64(h)*float64(n) >= sum || !f.eligible(c) {
 			continue
 		}

@@ -14,10 +14,10 @@ func TestWarmUpShare(t *testing.T) {
 	cs := candidates(4)
 	for i := range cs {
 		cs[i].Summary, cs[i].Slots = held(t), 8
-		cs[i].Detail.Held = 1000
+		cs[i].Held = 1000
 	}
 	const fresh = 3
-	cs[fresh].Detail.Held = 0
+	cs[fresh].Held = 0
 	pol := DefaultPolicy()
 	var inShare, outShare []Request
 	for seed := uint64(100); len(inShare) < 40 || len(outShare) < 40; seed++ {
@@ -53,18 +53,18 @@ func TestWarmUpShare(t *testing.T) {
 	cs[fresh].InFlight, cs[fresh].PendingPrefillBlocks = 0, 3 // prefill queued over the cold bound (mean 0.75 × 1.25)
 	check("the warming replica queues prefill", false)
 	cs[fresh].PendingPrefillBlocks = 0
-	cs[fresh].Detail.Held = 400 // mean 850: under half of it
+	cs[fresh].Held = 400 // mean 850: under half of it
 	check("holding under half the mean", true)
-	cs[fresh].Detail.Held = 450 // mean 862.5: over half of it
+	cs[fresh].Held = 450 // mean 862.5: over half of it
 	check("holding over half the mean", false)
 	for i := range cs {
-		cs[i].Detail.Held = 0
+		cs[i].Held = 0
 	}
 	check("every replica empty", false)
 	for i := range cs {
-		cs[i].Detail.Held = 1000
+		cs[i].Held = 1000
 	}
-	cs[fresh].Detail.Held, cs[fresh].Stale = 0, true
+	cs[fresh].Held, cs[fresh].Stale = 0, true
 	check("its summary stale", false)
 	cs[fresh].Stale = false
 	check("warming again", true)
@@ -72,7 +72,7 @@ func TestWarmUpShare(t *testing.T) {
 		t.Errorf("WarmShare 0: %+v", d)
 	}
 	// A second warming replica: the emptier takes it.
-	cs[0].Detail.Held = 10
+	cs[0].Held = 10
 	if d := pol.Pick(req, cs); d.Index != fresh {
 		t.Errorf("two warming replicas: %+v, want the emptier %d", d, fresh)
 	}
@@ -85,10 +85,10 @@ func TestWarmUpLeavesWarmRequests(t *testing.T) {
 	cs := candidates(3)
 	for i := range cs {
 		cs[i].Summary, cs[i].Slots = held(t), 8
-		cs[i].Detail.Held = 1000
+		cs[i].Held = 1000
 	}
 	cs[1].Summary = held(t, h)
-	cs[2].Detail.Held = 0
+	cs[2].Held = 0
 	for seed := uint64(0); seed < 50; seed++ {
 		req := request(append(append([]uint64(nil), h...), chainOf(nil, 1, 900+seed)...))
 		if d := DefaultPolicy().Pick(req, cs); d.Index != 1 {

@@ -372,7 +372,7 @@ func TestEndToEndAddedReplicaWarms(t *testing.T) {
 	held := int32(0)
 	for _, c := range r.mesh.Candidates(simModel, nil) {
 		if c.ID() == sims[3].srv.URL {
-			held = c.Detail.Held
+			held = c.Held
 		}
 	}
 	if held == 0 {
