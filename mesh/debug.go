@@ -13,20 +13,22 @@ func (m *Mesh) Members() []MemberInfo { return m.mem.list() }
 
 // ReplicaDebug describes one replica as this router sees it.
 type ReplicaDebug struct {
-	ID          string   `json:"id"`
-	Owner       string   `json:"owner"`
-	Owned       bool     `json:"owned"`
-	DeclaredBy  []string `json:"declared_by"`
-	Models      []string `json:"models"`
-	Healthy     bool     `json:"healthy"`
-	Counts      bool     `json:"summary_counts"`
-	Epoch       uint64   `json:"summary_epoch"`
-	Version     uint64   `json:"summary_version"`
-	OwnerVer    uint64   `json:"owner_version"`
-	AgeSeconds  float64  `json:"summary_age_seconds"`
-	Bytes       int      `json:"summary_bytes"`
-	InFlight    int      `json:"in_flight"`
-	PendingPref float64  `json:"pending_prefill_blocks"`
+	ID         string   `json:"id"`
+	Owner      string   `json:"owner"`
+	Owned      bool     `json:"owned"`
+	DeclaredBy []string `json:"declared_by"`
+	Models     []string `json:"models"`
+	Healthy    bool     `json:"healthy"`
+	Counts     bool     `json:"summary_counts"`
+	Epoch      uint64   `json:"summary_epoch"`
+	Version    uint64   `json:"summary_version"`
+	OwnerVer   uint64   `json:"owner_version"`
+	AgeSeconds float64  `json:"summary_age_seconds"`
+	Bytes      int      `json:"summary_bytes"`
+	// Held is the blocks the summary remembers (summary.Summary.Held).
+	Held        int     `json:"summary_held_blocks"`
+	InFlight    int     `json:"in_flight"`
+	PendingPref float64 `json:"pending_prefill_blocks"`
 	// The engine's own load: from this router's health checks for an
 	// owned replica, as its owner gossips it for another's. Slots 0 is
 	// unknown; running and waiting count only with EngineHasLoad (the
@@ -82,7 +84,7 @@ func (m *Mesh) Debug() DebugInfo {
 		}
 		if r.sum != nil {
 			s := r.sum.Stats()
-			d.Epoch, d.Version, d.Bytes = s.Epoch, s.Version, s.Bytes
+			d.Epoch, d.Version, d.Bytes, d.Held = s.Epoch, s.Version, s.Bytes, r.sum.Held()
 		}
 		info.Replicas = append(info.Replicas, d)
 	}

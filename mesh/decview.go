@@ -32,6 +32,11 @@ import (
 type replicaLoad struct {
 	inFlight atomic.Int64
 	pendingK atomic.Int64 // pending prefill blocks × 1000
+	// held is the owned summary's Held (route.Candidate.Held), stored as the
+	// owner records a request and at every tick: a decision reads it
+	// here, beside the counts, not from the summary (a cache miss per
+	// owned replica in a decision over cold caches).
+	held atomic.Int64
 }
 
 // published is the decision's view: the per-model arrays Candidates
@@ -95,7 +100,10 @@ type viewEntry struct {
 	networkMs float64
 	// The count as route.Candidate keeps it (route.Count32).
 	inFlight int32
-	tier     int8
+	// held is a copy's blocks remembered (route.Candidate.Held), read when
+	// the entry is computed, at each delta; an owner's is read live.
+	held int32
+	tier int8
 	// engine is the engine's load, the owner's own or as it gossips it.
 	engine route.EngineLoad
 	// role and bootstrap: the replica's role in disaggregated requests,
@@ -141,6 +149,7 @@ func (v *published) entryLocked(r *replica) (viewEntry, []string) {
 	e.engine, e.role, e.bootstrap = r.st.Engine, r.st.Role, r.st.Bootstrap
 	if r.sum != nil && !r.wantFull && r.sum.Epoch() == r.st.Epoch && !r.heard.IsZero() {
 		e.counts, e.sum, e.heard = true, r.sum, int64(r.heard.Sub(v.t0))
+		e.held = route.Count32(r.sum.Held())
 	}
 	if mb := r.ownerMb; mb != nil {
 		e.networkMs = float64(mb.rtt.Microseconds()) / 1000

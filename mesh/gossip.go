@@ -220,6 +220,9 @@ func (d *dissemination) tick(now time.Time) {
 			d.ensureSummaryLocked(r)
 			if r.sum != nil {
 				cuts = append(cuts, cut{r: r, sum: r.sum, from: r.lastSent})
+				// What else changes the summary (a forget, a cut, a new
+				// epoch) reaches the decisions' held count here.
+				r.load.held.Store(int64(r.sum.Held()))
 			}
 			continue
 		}

@@ -279,6 +279,9 @@ func (v *published) candidates(model string, dst []route.Candidate, b *matchBatc
 			c.PendingPrefillBlocks = float64(max(l.pendingK.Load(), 0)) / 1000
 			if e.sum != nil {
 				sum = bf.add(e.sum, c.Hash)
+				// Live, as the loads: the owner's summary grows with
+				// every request it records, which touches no entry.
+				c.Held = route.Count32(int(l.held.Load()))
 			}
 		} else {
 			if e.counts && now-e.heard <= stale {
@@ -389,7 +392,7 @@ func fillCandidate(c *route.Candidate, e *viewEntry, x *route.Detail) {
 	}
 	x.SeqMs, x.SlotAgeMs, x.Own, x.Local, x.Written = 0, 0, 0, false, 0
 	c.Hash, c.InFlight, c.PendingPrefillBlocks, c.NetworkMs, c.BlockMs = e.hash, e.inFlight, e.pending, e.networkMs, 0
-	c.Tier, c.EngineLoad, c.Role = e.tier, e.engine, e.role
+	c.Tier, c.EngineLoad, c.Role, c.Held = e.tier, e.engine, e.role, e.held
 	x.Bootstrap = e.bootstrap
 	c.Stale = false
 	c.LoRA = e.lora
@@ -488,6 +491,7 @@ func (m *Mesh) Record(replicaID string, hashes []uint64) {
 	r := m.tab.replicas[replicaID]
 	if r != nil && r.owned && r.sum != nil {
 		r.sum.Add(hashes)
+		r.load.held.Store(int64(r.sum.Held()))
 		m.tab.mu.RUnlock()
 		return
 	}
@@ -504,6 +508,7 @@ func (m *Mesh) Record(replicaID string, hashes []uint64) {
 	m.dis.ensureSummaryLocked(r)
 	if r.sum != nil {
 		r.sum.Add(hashes)
+		r.load.held.Store(int64(r.sum.Held()))
 	}
 }
 

@@ -38,6 +38,7 @@ type metrics struct {
 	inflight        *prometheus.GaugeVec
 	retries         prometheus.Counter
 	stallCuts       prometheus.Counter
+	stallChecks     *prometheus.CounterVec
 	loopStreams     prometheus.Counter
 	loopClientWaits prometheus.Counter
 	// midstream counts streams failed after their head, by cause and by
@@ -205,6 +206,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "kvmesh_stalled_requests_total",
 			Help: "Requests in flight at an owned replica judged stalled, ended there (retried elsewhere when nothing reached the client yet, else ended with an error event).",
 		}),
+		stallChecks: f.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvmesh_stall_checks_total",
+			Help: "Silences of owned replicas with requests in flight that lasted the stall window, by outcome, each counted once: prefilling (within the prefill the router expects of the requests waiting for their first byte; not judged), progressing (judged: the engine's progress counters moved) or stalled (ejected, its requests ended).",
+		}, []string{"outcome"}),
 		retries: f.NewCounter(prometheus.CounterOpts{
 			Name: "kvmesh_upstream_retries_total",
 			Help: "Upstream attempts retried on another candidate before the first response byte.",

@@ -123,9 +123,10 @@ type Config struct {
 	// the request path (health.Checker.ReportFailure); nil ignores them.
 	ReportFailure func(replicaID string)
 	// Stalled judges an owned replica whose requests in flight got no
-	// response byte, and none ended, since quiet for StallWindow
-	// (health.Checker.Stall, which ejects it); when it says stalled,
-	// those requests are ended (stall.go). Nil: no stall detection.
+	// response byte, and none ended, since quiet for StallWindow past
+	// the prefill the router expects of them (stall.go;
+	// health.Checker.Stall, which ejects it); when it says stalled,
+	// those requests are ended. Nil: no stall detection.
 	Stalled func(replicaID string, quiet time.Time, streamed bool) bool
 	// StallWindow is that silence (default DefaultStallWindow; negative:
 	// no stall detection).
@@ -292,7 +293,18 @@ func New(cfg Config) (*Proxy, error) {
 	p.stalls = newStallBook(cfg.StallWindow, cfg.Stalled, func() time.Time { return p.now() }, func(id string, n int) {
 		p.log.Warn("replica stalled: its requests in flight ended", "replica", id, "reason", "stalled", "requests", n)
 		p.m.stallCuts.Add(float64(n))
+	}, func(id, outcome string, quiet time.Duration) {
+		p.m.stallChecks.WithLabelValues(outcome).Inc()
+		switch outcome {
+		case stallPrefilling:
+			p.log.Debug("replica quiet past its stall window, within the prefill it owes", "replica", id, "quiet", quiet.Round(time.Millisecond))
+		case stallProgressing:
+			p.log.Info("replica quiet past its stall window and the prefill it owes, but its engine progresses", "replica", id, "quiet", quiet.Round(time.Millisecond))
+		}
 	})
+	for _, o := range [...]string{stallPrefilling, stallProgressing, stallStalled} {
+		p.m.stallChecks.WithLabelValues(o) // every series from the start, at 0
+	}
 	if cfg.Admission != nil {
 		p.admit = newAdmission(p, *cfg.Admission)
 	}

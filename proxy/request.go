@@ -424,10 +424,14 @@ func (st *reqState) attemptAll() {
 }
 
 // more reports whether another attempt may follow this one: another
-// candidate, under the attempt cap and within the retry budget.
+// candidate, under the attempt cap and within the retry budget. An
+// attempt cut because its replica stalled is retried past the budget:
+// its replica got nothing out for it (stall.go), and its client, who
+// waited the stall window and the prefill expected of it, would
+// otherwise get an error for that wait.
 func (st *reqState) more() bool {
 	p := st.p
-	return st.attempts < p.cfg.MaxAttempts && len(st.cands) > 1 && p.now().Sub(st.began) < p.cfg.RetryBudget
+	return st.attempts < p.cfg.MaxAttempts && len(st.cands) > 1 && (p.now().Sub(st.began) < p.cfg.RetryBudget || st.stall.wasStalled())
 }
 
 // answerFailed answers a request whose attempt may have reached a
@@ -545,7 +549,7 @@ func (st *reqState) attempt(id string, d route.Decision, bk *booking) attemptRes
 	defer g.Dec()
 	st.stall = nil
 	if t.local {
-		st.stall = p.stalls.add(id, st.prompt.Stream, cancel)
+		st.stall = p.stalls.add(id, st.prompt.Stream, float64(len(st.hashes)-d.Match), cancel)
 		defer p.stalls.remove(st.stall)
 	}
 
@@ -583,7 +587,7 @@ func (st *reqState) attempt(id string, d route.Decision, bk *booking) attemptRes
 	st.code = resp.StatusCode
 	var first time.Time
 	st.relay(resp, upstreamAnswer{id: id, d: d, local: t.local, start: start, cancel: cancel,
-		firstByte: func() { first = p.now(); firstByte() }})
+		firstByte: func() { first = p.now(); firstByte(); p.stalls.answer(st.stall) }})
 	if !st.cut {
 		st.observeSlot(id, d, first)
 	}

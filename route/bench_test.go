@@ -59,17 +59,22 @@ func BenchmarkDecision(b *testing.B) {
 // cold path, the first pass and hashPick's over every candidate. The
 // summaries are plain matchers (fixed: the simulator's kind, a call
 // each) or cells of one Batch (batch: the mesh's).
+//
+// batch-nowarm is batch with the warm-up share off: the difference is
+// the warm-up's pass over the candidates, made for the half of the cold
+// requests in its share (here no replica is warming, the pass finds none).
 func BenchmarkPickCold(b *testing.B) {
 	for _, batched := range []bool{false, true} {
 		name := "fixed"
 		if batched {
 			name = "batch"
 		}
-		b.Run(name, func(b *testing.B) { pickCold(b, batched) })
+		b.Run(name, func(b *testing.B) { pickCold(b, batched, DefaultPolicy().WarmShare) })
 	}
+	b.Run("batch-nowarm", func(b *testing.B) { pickCold(b, true, 0) })
 }
 
-func pickCold(b *testing.B, batched bool) {
+func pickCold(b *testing.B, batched bool, warmShare float64) {
 	cs := make([]Candidate, 1024)
 	var batch Batch
 	src := &tableMatcher{ms: make([]int, len(cs))}
@@ -83,6 +88,7 @@ func pickCold(b *testing.B, batched bool) {
 		}
 	}
 	p := DefaultPolicy()
+	p.WarmShare = warmShare
 	hashes := make([]uint64, 32)
 	var probes []summary.Probe
 	n := uint64(0)

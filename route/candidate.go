@@ -71,6 +71,14 @@ type Candidate struct {
 	// of it); a disaggregated request's legs each read it of every
 	// candidate, so it sits in the padding too, not in Detail.
 	Role Role
+	// Held is how many blocks the replica's summary remembers
+	// (summary.Summary.Held), alike on every router: a replica that
+	// holds far fewer than the others is new or was emptied, and takes
+	// a share of the cold requests until it holds more (warmup.go). 0
+	// when the view keeps no summary of it. It fills the struct's tail
+	// padding, so the warm-up's pass reads it beside the fields the
+	// decision's own passes just read, at no cost in size.
+	Held int32
 }
 
 // Detail is what a decision rarely reads of a candidate.

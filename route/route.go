@@ -101,11 +101,12 @@ const (
 	ReasonSpill         Reason = "spill"          // the cheapest was over the load bound
 	ReasonFallbackCold  Reason = "fallback-cold"  // no replica holds more than the common prefix
 	ReasonFallbackStale Reason = "fallback-stale" // no summary counts (stale, suspect, missing)
+	ReasonWarmUp        Reason = "warm-up"        // cold, and a warming replica's share (warmup.go)
 	ReasonNone          Reason = "none"           // no candidate
 )
 
 // Reasons lists every reason, for metric initialisation.
-var Reasons = []Reason{ReasonPrefix, ReasonSpill, ReasonFallbackCold, ReasonFallbackStale, ReasonNone}
+var Reasons = []Reason{ReasonPrefix, ReasonSpill, ReasonFallbackCold, ReasonFallbackStale, ReasonWarmUp, ReasonNone}
 
 // Decision is the outcome of Pick.
 type Decision struct {
@@ -315,6 +316,12 @@ func (p Policy) pick(req Request, cands []Candidate, ms []int32) Decision {
 		minExcess++
 	}
 	isCold := fresh == 0 || best-common < minExcess
+	if isCold && p.inWarmShare(d.Key) {
+		if i := p.warmUp(cands, coldFilter{lim: cold, tier: int(tier), common: common, hot: common > 1}, d.Key); i >= 0 {
+			d.Index, d.Match, d.Reason = i, int(cands[i].match), ReasonWarmUp
+			return d
+		}
+	}
 	home := -1
 	if isCold || stale > 0 { // with no stale candidate the home cannot be stale
 		// A client key promises that every router places the client's

@@ -155,7 +155,7 @@ func TestLearnedThresholdRotatesEarlierAndGrowsBack(t *testing.T) {
 	if c.Cut != CutOlder {
 		t.Fatalf("cut %v", c.Cut)
 	}
-	limit := f.owner.RotateAt()
+	limit := f.owner.cut.rotateAt(f.owner.geo)
 	if limit >= cutCapacity*3/4 || limit < minRotateAtOf(f.owner.geo) {
 		t.Fatalf("rotate at %d", limit)
 	}
@@ -171,15 +171,15 @@ func TestLearnedThresholdRotatesEarlierAndGrowsBack(t *testing.T) {
 		return int(f.owner.Version() - v - 1) // adds before the rotation
 	}
 	grown := limit + f.owner.geo.perGen/16
-	if n := fill(9000); n != limit || f.owner.RotateAt() != grown {
-		t.Fatalf("after a generation without misses: rotated after %d, rotate at %d, want %d then %d", n, f.owner.RotateAt(), limit, grown)
+	if n := fill(9000); n != limit || f.owner.cut.rotateAt(f.owner.geo) != grown {
+		t.Fatalf("after a generation without misses: rotated after %d, rotate at %d, want %d then %d", n, f.owner.cut.rotateAt(f.owner.geo), limit, grown)
 	}
 	// Bounded below, whatever the misses.
 	for i := range 50 {
 		f.owner.Add(chain(5, uint64(30000+i)))
 		f.owner.Correct(chain(5, uint64(30000+i)))
 	}
-	if got := f.owner.RotateAt(); got < minRotateAtOf(f.owner.geo) {
+	if got := f.owner.cut.rotateAt(f.owner.geo); got < minRotateAtOf(f.owner.geo) {
 		t.Fatalf("rotate at %d, below the floor %d", got, minRotateAtOf(f.owner.geo))
 	}
 }
@@ -253,5 +253,38 @@ func TestForgetToTheLimitThenRebase(t *testing.T) {
 	}
 	if dc, _ := cp.Digest(0); func() uint64 { d, _ := s.Digest(0); return d }() != dc {
 		t.Fatal("the copy diverged")
+	}
+}
+
+// TestHeld: the owner counts the adds of its two generations; a copy
+// decoded mid-generation estimates the older one from its bits (within
+// a few percent), follows the newer one exactly through deltas, and
+// agrees exactly once a rotation made the newer one older; a cut of
+// both generations leaves both at zero.
+func TestHeld(t *testing.T) {
+	f := newCutFixture(t)
+	own, cp := f.owner.Held(), f.cp.Held()
+	if own <= f.owner.Stats().NewerInserts {
+		t.Fatalf("owner holds %d, no more than its newer generation's %d adds after a rotation", own, f.owner.Stats().NewerInserts)
+	}
+	if d := float64(cp-own) / float64(own); d > 0.05 || d < -0.05 {
+		t.Errorf("decoded copy holds %d, owner %d: off by %.1f%%", cp, own, 100*d)
+	}
+	before := f.owner.Stats().NewerInserts
+	for i := uint64(0); f.owner.Stats().NewerInserts >= before; i++ {
+		before = f.owner.Stats().NewerInserts
+		f.owner.Add(chain(10, 9000+i))
+		if i%20 == 0 {
+			f.sync(t) // within the owner's log
+		}
+	}
+	f.sync(t)
+	if own, cp := f.owner.Held(), f.cp.Held(); own != cp {
+		t.Errorf("after a rotation the copy holds %d, the owner %d", cp, own)
+	}
+	f.owner.Cut(CutBoth)
+	f.sync(t)
+	if own, cp := f.owner.Held(), f.cp.Held(); own != 0 || cp != 0 {
+		t.Errorf("after cutting both generations: owner %d, copy %d", own, cp)
 	}
 }

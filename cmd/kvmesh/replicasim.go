@@ -46,6 +46,7 @@ func runReplicaSim(ctx context.Context, args []string, stdout, stderr io.Writer)
 	fs.IntVar(&cfg.MaxNumSeqs, "max-num-seqs", 64, "running sequences cap (`n`); more requests wait in FIFO order")
 	fs.IntVar(&cfg.MaxModelLen, "max-model-len", 131072, "prompt + max_tokens limit in `tokens`; longer requests get 400")
 	fs.IntVar(&cfg.DefaultMaxTokens, "default-max-tokens", 128, "output `tokens` when a request sets no max_tokens")
+	fs.IntVar(&cfg.StallAfter, "stall-after", 0, "freeze the engine once this many generation `requests` were admitted, as POST /debug/stall does: /health, /v1/models and /metrics still answer, but no prefill completes, no token is generated and no counter moves until POST /debug/resume (0: never by itself; for tests of a router's stall detection)")
 	fs.Float64Var(&cfg.TimeScale, "time-scale", 1, "speed-up `factor`: every modelled duration is divided by it (>1 runs faster than real time)")
 	role := fs.String("role", "both", "`role` in disaggregated serving: both (whole requests; either vLLM leg), prefill or decode (only that leg, vLLM's kv_transfer_params or SGLang's bootstrap fields)")
 	fs.Float64Var(&cfg.TransferTokensPerS, "kv-transfer-tokens-per-s", 200000, "how fast a decode pulls a prompt's KV from its prefill replica, in `tokens/s`")
@@ -64,8 +65,9 @@ usage.prompt_tokens_details.cached_tokens respond to routing. Endpoints:
 POST /v1/chat/completions, POST /v1/completions, POST /v1/responses (and
 GET /v1/responses/{id}), POST /v1/messages (Anthropic), POST /v1/embeddings,
 GET /v1/models, GET /health, POST /reset_prefix_cache, GET /metrics (vLLM
-metric names). With --lora-adapters it serves LoRA adapters as vLLM does
-with --enable-lora: at most --max-loras resident, loaded on demand, listed in
+metric names), and POST /debug/stall and /debug/resume, which freeze the
+engine (no progress, while it still answers its health checks) and thaw it.
+With --lora-adapters it serves LoRA adapters as vLLM does with --enable-lora: at most --max-loras resident, loaded on demand, listed in
 /v1/models with their parent and in vllm:lora_requests_info. With --role
 prefill or decode it serves one leg of disaggregated requests, by vLLM's
 protocol (kv_transfer_params) or SGLang's (bootstrap_host, bootstrap_port,

@@ -100,7 +100,7 @@ dl{display:grid;grid-template-columns:max-content auto;gap:2px 12px;margin:0}dt{
 <td class="muted">—</td>
 {{- end}}
 {{- end}}
-<td>{{.Summary}}</td>
+<td>{{.Summary}}{{if .Warming}} <span class="badge warn" data-warming title="holds under half the mean of cached blocks: takes a share of the cold requests">warming</span>{{end}}</td>
 <td><span class="badge {{.AgeClass}}">{{.Age}}</span></td>
 </tr>
 {{- else}}
@@ -261,6 +261,22 @@ dl{display:grid;grid-template-columns:max-content auto;gap:2px 12px;margin:0}dt{
 {{- else}}
 <dt>tenants</dt><dd data-tenant="none">none counted</dd>
 {{- end}}
+</dl>
+</section>
+{{- end}}
+{{- if .Lifecycle.On}}
+<section id="lifecycle">
+<h2>Replica lifecycle (since start)</h2>
+<dl>
+{{- range .Lifecycle.Ejections}}
+<dt>ejected: {{.Reason}}</dt><dd data-ejected="{{.Reason}}"><span class="badge warn">{{.Count}}</span></dd>
+{{- else}}
+<dt>ejected</dt><dd data-ejected="none">none</dd>
+{{- end}}
+{{- range .Lifecycle.Silences}}
+<dt>silences past the stall window: {{.Reason}}</dt><dd data-silence="{{.Reason}}">{{if .Warn}}<span class="badge warn">{{.Count}}</span>{{else}}{{.Count}}{{end}}</dd>
+{{- end}}
+<dt>requests ended by a stall</dt><dd data-stalled-requests="{{.Lifecycle.StalledRequests}}">{{.Lifecycle.StalledRequests}}</dd>
 </dl>
 </section>
 {{- end}}

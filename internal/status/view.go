@@ -61,6 +61,7 @@ type view struct {
 	Admission  admissionView
 	Tenants    tenantsView  // tenants.go
 	KVEvents   []kvEventRow // kvevents.go
+	Lifecycle  lifecycleView
 }
 
 type memberRow struct {
@@ -76,7 +77,7 @@ type replicaRow struct {
 	InFlight, Pending             string
 	LoadBar                       string // px
 	Summary, Age, AgeClass        string
-	Owned                         bool
+	Owned, Warming                bool
 	// Engine is the replica's engine as this router's health checks
 	// last read it (HasEngine false: not checked here).
 	Engine engineCell
@@ -170,9 +171,10 @@ func (v *view) addReplicas(d mesh.DebugInfo, now time.Time) {
 	for _, r := range d.Replicas {
 		maxLoad = max(maxLoad, r.InFlight)
 	}
+	warm := warming(d.Replicas)
 	for _, r := range d.Replicas {
 		row := replicaRow{ID: r.ID, Owner: r.Owner, DeclaredBy: strings.Join(r.DeclaredBy, ", "),
-			Models: strings.Join(r.Models, ", "), Owned: r.Owned, Role: strings.TrimPrefix(r.Role, "both"),
+			Models: strings.Join(r.Models, ", "), Owned: r.Owned, Role: strings.TrimPrefix(r.Role, "both"), Warming: warm[r.ID],
 			InFlight: fmt.Sprint(r.InFlight), Pending: trimFloat(r.PendingPref), LoadBar: px(float64(r.InFlight) / float64(maxLoad))}
 		switch {
 		case r.Owner == "":
@@ -188,7 +190,7 @@ func (v *view) addReplicas(d mesh.DebugInfo, now time.Time) {
 		}
 		row.Summary = "—"
 		if r.Bytes > 0 {
-			row.Summary = fmt.Sprintf("%s · v%d", humanBytes(float64(r.Bytes)), r.Version)
+			row.Summary = fmt.Sprintf("%s blocks · %s · v%d", humanCount(float64(r.Held)), humanBytes(float64(r.Bytes)), r.Version)
 		}
 		switch {
 		case r.Owned:
@@ -408,6 +410,7 @@ func (v *view) addMetrics(cur sample, older []sample, fams []*dto.MetricFamily) 
 	v.addEngines(fams)
 	v.addKVEvents(fams)
 	v.addAdmission(fams)
+	v.addLifecycle(fams)
 }
 
 // nonzero lists the nonzero counts by label value, sorted by value: zeros

@@ -162,13 +162,15 @@ type replicaHealth struct {
 	last                      ReplicaStatus // what onChange was last told
 	shownEngine               string        // the engine label of kvmesh_replica_engine_info
 	shownLoRA                 route.LoRAs   // what the LoRA series show (lora.go)
-	// The engine's generated-token counter (stall.go): its last value,
-	// whether it publishes one, when it last moved; stalled: ejected by
-	// Stall at stalledAt, and not re-admitted since.
-	tokens                 float64
-	tokensKnown, stalled   bool
-	tokensMoved, stalledAt time.Time
-	stop                   context.CancelFunc
+	// The sum of the engine's progress counters (stall.go): its last
+	// value, whether it publishes any, when it was scraped, and the
+	// earliest it can have last moved; stalled: ejected by Stall at
+	// stalledAt, and not re-admitted since.
+	progress                             float64
+	progressKnown, stalled               bool
+	progressAt, progressMoved, stalledAt time.Time
+	answeredAt                           time.Time // a probe's token, while stalled
+	stop                                 context.CancelFunc
 }
 
 // New returns a checker of replicas (their base URLs). onChange
@@ -214,7 +216,7 @@ func New(cfg Config, replicas []string, client *http.Client, onChange func(id st
 		lora: newLoRAGauges(f),
 		ejections: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvmesh_replica_ejections_total",
-			Help: "Replicas declared at this router ejected, by reason: failed_checks (health checks or requests failing) or stalled (requests in flight got no byte for the stall window and the engine generated nothing).",
+			Help: "Replicas declared at this router ejected, by reason: failed_checks (health checks or requests failing) or stalled (requests in flight got no byte for the stall window past the prefill expected of them, and the engine's progress counters stood still).",
 		}, []string{"reason"}),
 	}
 	for _, r := range []string{ReasonFailedChecks, ReasonStalled} {
@@ -384,6 +386,7 @@ type pollResult struct {
 	infoRead                bool
 	info                    engine.Stats
 	uptime                  engine.Uptime
+	answered                bool // a stalled replica's probe got its token (stall.go)
 }
 
 // poll does what is due for replica id (everything when force): its
@@ -400,6 +403,12 @@ func (h *Checker) poll(ctx context.Context, id string, s *replicaHealth, force b
 	infoDue := force || now.Sub(s.lastInfo) >= h.cfg.InfoInterval
 	r := pollResult{now: now, adapter: s.adapter}
 	healthy := s.healthy
+	probe := "" // the model a replica ejected as stalled is asked a token of
+	if s.stalled {
+		if bases := s.models.Bases(); len(bases) > 0 {
+			probe = bases[0]
+		}
+	}
 	h.mu.Unlock()
 
 	base := strings.TrimRight(id, "/")
@@ -433,6 +442,9 @@ func (h *Checker) poll(ctx context.Context, id string, s *replicaHealth, force b
 		r.healthChecked = true
 		r.models, r.healthErr = h.checkHealth(ctx, base, a)
 		r.healthOK = r.healthErr == nil
+		if r.healthOK && probe != "" {
+			r.answered = h.probe(ctx, id, base, probe)
+		}
 		if ctx.Err() != nil {
 			return
 		}
@@ -472,7 +484,10 @@ func (h *Checker) apply(id string, s *replicaHealth, r pollResult) {
 		s.metrics = s.metrics.Forget()
 	}
 	h.noteUptimeLocked(id, s, r.uptime)
-	h.noteTokensLocked(s, r)
+	h.noteProgressLocked(s, r)
+	if r.answered {
+		s.answeredAt = r.now
+	}
 	if r.scraped {
 		s.metrics, s.lastLoad = r.metrics, r.now
 		if m := r.metrics; m.HasLoad && (m.Waiting > 0 || s.learnedSlots > 0) && m.Running > s.learnedSlots {

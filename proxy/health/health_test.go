@@ -63,6 +63,8 @@ func (r *reports) last(id string) (ReplicaStatus, int) {
 type engineReplica struct {
 	failing          atomic.Bool
 	metricsFailing   atomic.Bool // /metrics alone answers 500
+	stuck            atomic.Bool // POST /v1/completions answers 503 (the probe fails)
+	probes           atomic.Int64
 	mu               sync.Mutex
 	metrics          string
 	running, waiting int
@@ -86,6 +88,13 @@ func (e *engineReplica) serve(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(200)
 	case "/v1/models":
 		fmt.Fprint(w, `{"object":"list","data":[{"id":"m2"},{"id":"m1"}]}`)
+	case "/v1/completions":
+		e.probes.Add(1)
+		if e.stuck.Load() {
+			http.Error(w, "stuck", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprint(w, `{"choices":[{"text":" pong"}]}`)
 	case "/metrics":
 		if e.metricsFailing.Load() {
 			http.Error(w, "metrics down", 500)

@@ -51,6 +51,9 @@ type Config struct {
 	LoRAAdapters []string
 	MaxLoRAs     int     // adapters resident at once (vLLM's --max-loras; default 1)
 	LoRALoadMs   float64 // time to load an adapter that is not resident (default 50)
+	// StallAfter freezes the engine once this many generation requests
+	// were admitted, as POST /debug/stall does (0: never by itself).
+	StallAfter int
 }
 
 // maxLoRAAdapters bounds the adapters a replica serves.
@@ -72,6 +75,7 @@ func (c Config) withDefaults() (Config, error) {
 		{"max model len", &c.MaxModelLen, 131072},
 		{"default max tokens", &c.DefaultMaxTokens, 128},
 		{"max loras", &c.MaxLoRAs, 1},
+		{"stall after", &c.StallAfter, 0},
 	}
 	for _, f := range ints {
 		if *f.v < 0 {

@@ -36,6 +36,7 @@ type Server struct {
 	client  *http.Client
 	ledger  ledger
 	sources atomic.Pointer[[]byte] // GET /kv_event_sources, when publishing (kvevents.go)
+	freeze  freezer                // the stall switch (freeze.go)
 
 	// ctx ends when Close is called; every sequence watches it.
 	ctx      context.Context
@@ -67,6 +68,7 @@ func New(cfg Config, logger hclog.Logger, reg prometheus.Registerer) (*Server, e
 		stored:  newResponseStore(maxStoredResponses),
 		kv:      newKVStore(cfg.KVHold),
 		client:  &http.Client{Timeout: cfg.KVHold + 10*time.Second},
+		freeze:  freezer{after: cfg.StallAfter},
 	}
 	s.m = newMetrics(cfg, func() float64 { return float64(s.cache.len()) / float64(cfg.KVBlocks) })
 	s.sched = &scheduler{max: cfg.MaxNumSeqs, onChange: func(r, w int) {
@@ -114,6 +116,8 @@ func New(cfg Config, logger hclog.Logger, reg prometheus.Registerer) (*Server, e
 		w.WriteHeader(http.StatusOK)
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{}))
+	mux.HandleFunc("POST /debug/stall", s.serveFreeze(true))
+	mux.HandleFunc("POST /debug/resume", s.serveFreeze(false))
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "Not Found")
 	})
@@ -279,6 +283,7 @@ func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request, ep endpoi
 		prefix = "msg_"
 	}
 	seq.id = fmt.Sprintf("%s%016x%08x", prefix, seq.seed, s.seq.Add(1))
+	s.freeze.admit()
 
 	// The sequence ends when the client goes away or the server closes.
 	ctx, cancel := context.WithCancel(r.Context())
@@ -369,6 +374,9 @@ func (s *Server) run(ctx context.Context, w http.ResponseWriter, seq *sequence) 
 	uncached := seq.promptTokens - cached
 	led.CachedTokens, led.ComputedTokens = local, uncached
 	err = sleepUntil(ctx, time.Now().Add(s.scaled(float64(uncached)/s.cfg.PrefillTokensPerS)))
+	if err == nil {
+		err = s.freeze.wait(ctx) // a frozen engine completes no prefill
+	}
 	s.prefill.unlock()
 	if err != nil {
 		s.cache.release(held)
@@ -402,6 +410,15 @@ func (s *Server) run(ctx context.Context, w http.ResponseWriter, seq *sequence) 
 				led.Outcome = "cut"
 				return
 			}
+		}
+		if s.freeze.frozen() {
+			// Frozen mid-answer: nothing more until it thaws, then the
+			// answer goes on from here (its schedule moved by the pause).
+			if err := s.freeze.wait(ctx); err != nil {
+				s.abort(w, out, seq, err)
+				return
+			}
+			firstAt = time.Now().Add(-time.Duration(i) * perToken)
 		}
 		if i == 0 {
 			s.m.ttft.Observe(time.Since(start).Seconds())
