@@ -48,6 +48,18 @@ def replica_requests(path, answer_tokens):
     return 0
 
 
+def prompt_and_cached(usage):
+    """The prompt tokens and the cached ones of an OpenAI usage object, or
+    of an Anthropic one (/v1/messages: input_tokens counts only what was
+    neither read from nor written to the cache)."""
+    if "prompt_tokens" in usage:
+        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+        return int(usage.get("prompt_tokens") or 0), int(cached)
+    read = int(usage.get("cache_read_input_tokens") or 0)
+    prompt = int(usage.get("input_tokens") or 0) + read + int(usage.get("cache_creation_input_tokens") or 0)
+    return prompt, read
+
+
 def main():
     label, per_request, metrics = sys.argv[1], sys.argv[2], sys.argv[3:]
     answer_tokens = int(os.environ.get("ANSWER_TOKENS") or 0)
@@ -61,8 +73,7 @@ def main():
         if r.get("error") or not usage:
             failed += 1
             continue
-        prompt = int(usage.get("prompt_tokens") or 0)
-        cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+        prompt, cached = prompt_and_cached(usage)
         rnd = int((info.get("extra_info") or {}).get("chat_round") or 1)
         rounds[rnd] = rounds.get(rnd, 0) + 1
         for k in ("all", "follow" if rnd >= 2 else "first"):

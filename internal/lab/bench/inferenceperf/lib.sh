@@ -27,6 +27,7 @@ IPERF_HOME=${IPERF_HOME:-$HOME/.cache/kvmesh-iperf}
 PY=${PY:-/root/.pyenv/versions/3.12.1/bin/python}
 TRAIN_TEXT=${TRAIN_TEXT:-/work/shared/traces/mtbench_questions.jsonl}
 ROUTER_LOG=${ROUTER_LOG:-warn}
+read -r -a router_flags <<<"${ROUTER_FLAGS:-}"
 REPLICAS=${REPLICAS:-sim}
 NREP=${NREP:-8}
 SLOTS=${SLOTS:-4}
@@ -199,6 +200,7 @@ start_kvmesh() {
 			--gossip-bind "$HOST:$((mesh_port + i))" --admin-listen "$HOST:$((admin_port + i))"
 			--log-level "$ROUTER_LOG" --gossip-key-file "$OUT/gossip.key")
 		((i > 0)) && args+=(--join "$HOST:$mesh_port")
+		args+=("${router_flags[@]}")
 		for ((k = i; k < NREP; k += n)); do args+=(--replica "${rep_urls[k]}"); done
 		start "router-$i" "$bin" "${args[@]}"
 		routers+=("http://$HOST:$((fe_port + i))")

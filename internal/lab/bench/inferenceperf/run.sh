@@ -35,6 +35,9 @@
 #   SYSTEM_LEN [1500]  QUESTION_LEN [200]  OUTPUT_LEN [50]
 #   REPLICAS [sim]  NREP [8]  SLOTS [4]  CTX [16384] (llamacpp: per replica)
 #   ROUTER_LOG [warn]  kvmesh routers' log level (debug logs each decision)
+#   ROUTER_FLAGS []  more flags for every kvmesh router (llama.cpp on a
+#              loaded machine: --upstream-idle-timeout 10m, HAProxy's
+#              timeout here, as a queued prefill sends nothing for a minute)
 #   KVMESH_BIN [built from this tree]  the kvmesh binary under test
 #   IPERF_HOME [$HOME/.cache/kvmesh-iperf]  venvs and the tokenizer
 #   TRAIN_TEXT [/work/shared/traces/mtbench_questions.jsonl]  tokenizer text
