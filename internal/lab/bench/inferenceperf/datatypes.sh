@@ -25,8 +25,9 @@
 #   agentic        [chat]  synthetic_agentic (tool calls, sub-agents)
 #   weka           [chat]  weka_trace_replay (local traces)
 #   otel           [chat]  otel_trace_replay (local traces)
-# Each runs RATE [2] req/s for DURATION [20] s (the replays and agentic
-# sessions at their own pace, stopped at DURATION). Per type: requests,
+# Each runs RATE [2] req/s for DURATION [20] s (the session replays,
+# agentic, weka and otel, 8 sessions 4 at a time at their own pace,
+# stopped at 3 x DURATION). Per type: requests,
 # failures (inference-perf's error count), the share of prompt tokens the
 # replicas reported cached, TTFT; one table at the end.
 #
@@ -106,16 +107,26 @@ datacfg() {
 	esac
 }
 
+# loadcfg TYPE: the load section: a constant rate, or for the session
+# replays (which inference-perf runs only so) their sessions, 4 at a time,
+# within DURATION.
+loadcfg() {
+	case $1 in
+	agentic | weka | otel)
+		printf 'load:\n  type: trace_session_replay\n  stages:\n  - concurrent_sessions: 4\n    session_rate: 1\n'
+		printf '    num_sessions: 8\n    timeout: %d\n  num_workers: %d\n' $((DURATION * 3)) "$NUM_WORKERS"
+		;;
+	*)
+		printf 'load:\n  type: constant\n  stages:\n  - rate: %s\n    duration: %d\n  num_workers: %d\n' "$RATE" "$DURATION" "$NUM_WORKERS"
+		;;
+	esac
+}
+
 # config TYPE DIR: the inference-perf configuration of one run.
 config() {
 	datacfg "$1"
+	loadcfg "$1"
 	cat <<-YAML
-		load:
-		  type: constant
-		  stages:
-		  - rate: $RATE
-		    duration: $DURATION
-		  num_workers: $NUM_WORKERS
 		server:
 		  type: vllm
 		  model_name: $MODEL_NAME
