@@ -11,7 +11,11 @@
 #              (4 running sequences, 32,768 cached tokens each)
 #   llamacpp   NREP llama-server replicas (internal/lab/e2e/llamacpp:
 #              Gemma 3 270M on CPU, its install.sh builds them), SLOTS
-#              slots of CTX/SLOTS tokens each, one thread each
+#              slots of CTX/SLOTS tokens each, one thread each, with
+#              LLAMA_ARGS [--swa-full]: Gemma 3's sliding-window KV cache
+#              otherwise reuses no prefix that a new prompt shares with a
+#              different continuation (a group prompt: 0 tokens cached),
+#              only a cached sequence the new prompt extends
 # Front ends (start_front NAME):
 #   kvmesh-N     N kvmesh routers joined by seed with a generated gossip
 #                key; router i owns replicas k with k mod N == i; with N > 1
@@ -32,6 +36,7 @@ REPLICAS=${REPLICAS:-sim}
 NREP=${NREP:-8}
 SLOTS=${SLOTS:-4}
 CTX=${CTX:-16384}
+LLAMA_ARGS=${LLAMA_ARGS---swa-full}
 case $REPLICAS in
 sim) MODEL_NAME=kvmesh-sim ;;
 llamacpp) MODEL_NAME=gemma3-270m ;;
@@ -161,7 +166,9 @@ start_replicas() {
 	done
 	if [[ $REPLICAS == llamacpp ]]; then
 		llama_pidfile=$OUT/llama-$run.pids
-		PIDFILE=$llama_pidfile LOGDIR=$OUT/logs SLOTS=$SLOTS CTX=$CTX nice "$llama/start.sh" "$NREP" "$BASE_PORT" >/dev/null
+		mkdir -p "$OUT/logs/$run"
+		PIDFILE=$llama_pidfile LOGDIR=$OUT/logs/$run SLOTS=$SLOTS CTX=$CTX EXTRA_ARGS=$LLAMA_ARGS \
+			nice "$llama/start.sh" "$NREP" "$BASE_PORT" >/dev/null
 		return
 	fi
 	for ((k = 0; k < NREP; k++)); do

@@ -34,6 +34,7 @@
 #   RATE [4]  DURATION [90]  SEED [42]  NUM_WORKERS [2]
 #   SYSTEM_LEN [1500]  QUESTION_LEN [200]  OUTPUT_LEN [50]
 #   REPLICAS [sim]  NREP [8]  SLOTS [4]  CTX [16384] (llamacpp: per replica)
+#   LLAMA_ARGS [--swa-full]  more llama-server flags (lib.sh)
 #   ROUTER_LOG [warn]  kvmesh routers' log level (debug logs each decision)
 #   ROUTER_FLAGS []  more flags for every kvmesh router (llama.cpp on a
 #              loaded machine: --upstream-idle-timeout 10m, HAProxy's
