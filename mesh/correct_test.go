@@ -97,3 +97,35 @@ func TestRestartCutsTheSummaryEverywhere(t *testing.T) {
 		t.Errorf("cuts of both generations: %v, want 1", got)
 	}
 }
+
+// A new capacity (the engine's cache counted in blocks at a newly learnt
+// bytes per token) resizes the owner's summary into a new epoch that
+// still holds what the replica held, and the copy at the other router
+// takes it (a full copy) and matches it too.
+func TestResizeKeepsWhatTheReplicaHolds(t *testing.T) {
+	a := newRouter(t, "a", nil)
+	id := "http://a-rep"
+	declare(a, id)
+	b := newRouter(t, "b", joining(a))
+	held := chain(6, 41)
+	a.Record(id, held)
+	eventually(t, wait, "b matches", func() error { return matches(b.Mesh, id, held) })
+	epoch := a.sumOf(id).Epoch()
+	for _, capacity := range []int{2600, 1500} {
+		a.UpdateReplica(id, ReplicaStatus{Models: []string{"m"}, Healthy: true, CapacityBlocks: capacity})
+		s := a.sumOf(id)
+		if s.Epoch() == epoch || s.Params().CapacityBlocks != capacity {
+			t.Fatalf("capacity %d: summary of epoch %d (was %d), capacity %d", capacity, s.Epoch(), epoch, s.Params().CapacityBlocks)
+		}
+		epoch = s.Epoch()
+		if err := matches(a.Mesh, id, held); err != nil {
+			t.Fatalf("capacity %d: the owner forgot what the replica held: %v", capacity, err)
+		}
+		eventually(t, wait, "b matches in the new epoch", func() error {
+			if s := b.sumOf(id); s == nil || s.Epoch() != epoch {
+				return fmt.Errorf("b's copy is not of epoch %d", epoch)
+			}
+			return matches(b.Mesh, id, held)
+		})
+	}
+}

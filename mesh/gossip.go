@@ -108,13 +108,26 @@ func (d *dissemination) ensureSummaryLocked(r *replica) {
 		return
 	}
 	epoch := uint64(time.Now().UnixNano()) ^ xxh3.HashString(d.cfg.Name)
-	s, err := summary.New(summary.Params{CapacityBlocks: want, FalsePositiveRate: d.cfg.FalsePositiveRate}, epoch)
+	p := summary.Params{CapacityBlocks: want, FalsePositiveRate: d.cfg.FalsePositiveRate}
+	var s *summary.Summary
+	var err error
+	if r.sum == nil {
+		s, err = summary.New(p, epoch)
+	} else {
+		// Another size is another geometry, so another epoch (copies
+		// take a full copy), holding what the old summary held: the
+		// prefixes the replica has do not change with the size it is
+		// counted in.
+		var kept int
+		s, kept, err = summary.Resized(r.sum, p, epoch)
+		if err == nil {
+			d.log.Info("replica capacity changed; summary resized into a new epoch", "replica", r.id,
+				"from", r.sum.Params().CapacityBlocks, "to", want, "kept_blocks", kept)
+		}
+	}
 	if err != nil {
 		d.log.Error("cannot size summary", "replica", r.id, "capacity", want, "error", err)
 		return
-	}
-	if r.sum != nil {
-		d.log.Info("replica capacity changed; new summary epoch", "replica", r.id, "from", r.sum.Params().CapacityBlocks, "to", want)
 	}
 	r.sum, r.lastSent, r.digestVer, r.digest = s, 0, 0, 0
 	d.tab.touchLocked(r)

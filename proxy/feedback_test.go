@@ -3,6 +3,7 @@ package proxy
 import (
 	"bufio"
 	"fmt"
+	"math"
 	"net/http"
 	"slices"
 	"testing"
@@ -106,7 +107,9 @@ func TestForgetBeyondReported(t *testing.T) {
 				t.Fatal(err)
 			}
 			h := m.GetHistogram()
-			want := match - float64(tc.cached)*bpt/16
+			// The match and, as nothing was learnt yet, half the block
+			// after it.
+			want := match + tailPrior - float64(tc.cached)*bpt/16
 			if h.GetSampleCount() != 1 || h.GetSampleSum() < want-1e-9 || h.GetSampleSum() > want+1e-9 {
 				t.Errorf("prediction error count %d sum %v, want 1 and %v", h.GetSampleCount(), h.GetSampleSum(), want)
 			}
@@ -155,5 +158,34 @@ func TestLearnAfterClientLeft(t *testing.T) {
 				t.Errorf("prompt tokens %v, want the replica's 100", got)
 			}
 		})
+	}
+}
+
+// TestHopCountsTheOwnersMatch: a forwarded request's predicted cached
+// tokens (and its correction) count the owner's summary of the replica,
+// not the entry router's copy, which lags it: here the copy knew nothing
+// of a prefix the owner's summary holds and the engine reported cached.
+func TestHopCountsTheOwnersMatch(t *testing.T) {
+	body := chatBody("m", false, longPrompt)
+	pr, err := prompt.RenderChat([]byte(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const match = 6
+	// jsonChat reports 100 prompt tokens: this many text bytes per token.
+	bpt := float64(len(pr.Text)) / 100
+	cached := int(match * 16 / bpt)
+	rep := newReplica(t, func(w http.ResponseWriter, r *http.Request) { jsonChat(w, "ok", cached) })
+	owner, ownerSrv, _ := newTestProxy(t, newFakeView([]string{"m"}, fakeReplica{id: rep.URL, match: match}), func(c *Config) { c.HopKey = testHopKey })
+	_, srv, _ := newTestProxy(t, newFakeView([]string{"m"}, fakeReplica{id: rep.URL, owner: ownerSrv.URL, match: 0}), func(c *Config) { c.HopKey = testHopKey })
+	resp := post(t, t.Context(), srv.URL+"/v1/chat/completions", body)
+	if readAll(t, resp); resp.StatusCode != http.StatusOK {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	waitCounted(t, owner, epChat, 1)
+	// The match and half the block after it (nothing learnt yet).
+	want := (match + tailPrior) * 16 / bpt
+	if got := testutil.ToFloat64(owner.m.predictedCached); math.Abs(got-want) > 1e-6 {
+		t.Errorf("the owner predicted %v cached tokens, want %v (its own match of %d blocks)", got, want, match)
 	}
 }

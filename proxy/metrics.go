@@ -32,6 +32,7 @@ type metrics struct {
 	reportedCached  prometheus.Counter
 	promptTokens    prometheus.Counter
 	predictionError prometheus.Histogram
+	predictionMiss  prometheus.Histogram
 	forgotten       prometheus.Counter
 	ttft            *prometheus.HistogramVec
 	duration        *prometheus.HistogramVec
@@ -174,6 +175,15 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Predicted minus engine-reported cached prompt blocks per response that reported cached tokens (positive: the summary claimed blocks the replica no longer held).",
 			// Symmetric around 0: both over- and under-prediction show.
 			Buckets:                         []float64{-64, -16, -4, -1, -0.5, 0.5, 1, 4, 16, 64},
+			NativeHistogramBucketFactor:     1.1,
+			NativeHistogramMaxBucketNumber:  100,
+			NativeHistogramMinResetDuration: 3600e9,
+		}),
+		predictionMiss: f.NewHistogram(prometheus.HistogramOpts{
+			Name: "kvmesh_cache_prediction_abs_error_blocks",
+			Help: "How far, in blocks either way, the predicted cached prompt blocks were from the engine-reported ones, per response that reported cached tokens: its quantiles are the prediction's accuracy (kvmesh_cache_prediction_error_blocks has the sign).",
+			// Fine below a block, where a well-kept summary's errors are.
+			Buckets:                         []float64{0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 4, 8, 16, 64},
 			NativeHistogramBucketFactor:     1.1,
 			NativeHistogramMaxBucketNumber:  100,
 			NativeHistogramMinResetDuration: 3600e9,

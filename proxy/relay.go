@@ -4,13 +4,14 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"github.com/kvmesh/kvmesh/proxy/reply"
 	"io"
+	"math"
 	"net/http"
 	"sync"
 	"time"
 
 	"github.com/kvmesh/kvmesh/proxy/hop"
+	"github.com/kvmesh/kvmesh/proxy/reply"
 	"github.com/kvmesh/kvmesh/proxy/upstream"
 	"github.com/kvmesh/kvmesh/route"
 	"github.com/prometheus/client_golang/prometheus"
@@ -405,8 +406,22 @@ func (st *reqState) learn(id string, d route.Decision, sink *reply.Sink, sent ti
 			if c > 0 {
 				p.m.reportedCached.Add(float64(c))
 			}
-			p.m.predictedCached.Add(float64(d.Match*p.cfg.Contract.BlockBytes) / bpt)
+			bb, n := p.cfg.Contract.BlockBytes, len(st.prompt.Text)
+			predicted := p.ratios.Predict(id, d.Match, n, bb, bpt)
+			p.ratios.ObserveCached(id, d.Match, n, bb, bpt, c)
+			p.m.predictedCached.Add(predicted)
+			// The error in blocks of canonical text, at this prompt's
+			// ratio.
+			miss := (predicted - float64(max(c, 0))) * bpt / float64(bb)
+			p.m.predictionError.Observe(miss)
+			p.m.predictionMiss.Observe(math.Abs(miss))
 			forgot = st.correct(id, d.Match, c, bpt)
+			if p.log.IsDebug() {
+				p.log.Debug("cached tokens", "replica", id, "match", d.Match, "blocks", len(st.hashes),
+					"prompt_bytes", len(st.prompt.Text), "prompt_tokens", u.PromptTokens, "cached", c,
+					"predicted", math.Round(predicted), "error_blocks", math.Round(miss*1000)/1000,
+					"bytes_per_token", math.Round(bpt*1000)/1000, "hop", st.hop, "forgot", forgot)
+			}
 		}
 	}
 	if st.leg == hop.LegPrefill || st.leg == hop.LegPinned {
@@ -491,13 +506,12 @@ const forgetSlackBlocks = 1
 
 // correct compares the predicted match (blocks) with the engine's
 // reported cached tokens, read as bytes of canonical text at bpt bytes
-// per token, observes the error, and forgets the blocks the summary
-// claimed beyond the report. It reports whether it forgot any.
+// per token, and forgets the blocks the summary claimed beyond the
+// report. It reports whether it forgot any.
 func (st *reqState) correct(id string, match int, cached int64, bpt float64) bool {
 	p := st.p
 	bb := float64(p.cfg.Contract.BlockBytes)
 	reported := float64(max(cached, 0)) * bpt / bb
-	p.m.predictionError.Observe(float64(match) - reported)
 	// Less than a block reported is a full miss: an engine that holds
 	// nothing of the prompt may still count a token or two cached (the
 	// start token llama.cpp keeps), which no block of the prefix is.

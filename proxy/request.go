@@ -380,6 +380,16 @@ func (st *reqState) readLoads() {
 		if m, err := strconv.Atoi(r.Header.Get(hop.HeaderMatch)); err == nil {
 			st.hintMatch = min(max(m, 0), len(st.hashes))
 		}
+		// The hint is the entry router's copy of the summary, which lags
+		// the owner's by a gossip round or more (a conversation's next
+		// turn may arrive before its last answer reached the copy): the
+		// owner's own summary says what the replica holds, which the
+		// request's prefill, prediction and correction count.
+		if st.hinted >= 0 {
+			if sum := st.cands[st.hinted].Summary; sum != nil {
+				st.hintMatch = sum.Match(st.req.Probes)
+			}
+		}
 	}
 }
 

@@ -82,9 +82,16 @@ func TestPredictedCachedAtThePromptsRatio(t *testing.T) {
 		view.waitDone(t)
 	}
 	bpt := float64(len(pr.Text)) / float64(tokens)
-	want := float64(n) * match * float64(testContract.BlockBytes) / bpt
+	// Each prediction counts the tail share learnt before it: the prior,
+	// then every report of the whole prompt cached held the next block
+	// whole.
+	want, held, room := 0.0, tailPrior, 1.0
+	for range n {
+		want += (match + held/room) * float64(testContract.BlockBytes) / bpt
+		held, room = held*(1-ratioDecay)+1, room*(1-ratioDecay)+1
+	}
 	if got := testutil.ToFloat64(p.m.predictedCached); math.Abs(got-want) > 1e-6 {
-		t.Errorf("predicted cached tokens %v, want %v (%d blocks of %d bytes at %.3f bytes per token, %d times)", got, want, match, testContract.BlockBytes, bpt, n)
+		t.Errorf("predicted cached tokens %v, want %v (%d blocks of %d bytes and the tail at %.3f bytes per token, %d times)", got, want, match, testContract.BlockBytes, bpt, n)
 	}
 	if got := p.ratios.Of(rep.URL); math.Abs(got-bpt) > 1e-9 {
 		t.Errorf("learned %v bytes per token, want %v", got, bpt)
@@ -92,5 +99,54 @@ func TestPredictedCachedAtThePromptsRatio(t *testing.T) {
 	exp := fmt.Sprintf("# HELP kvmesh_replica_bytes_per_token Bytes of the router's canonical prompt text per engine prompt token in use for each replica this router checks or had answers from: learned from its usage.prompt_tokens, 4 until it has reported 1000 prompt tokens.\n# TYPE kvmesh_replica_bytes_per_token gauge\nkvmesh_replica_bytes_per_token{replica=%q} %v\n", rep.URL, bpt)
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(exp), "kvmesh_replica_bytes_per_token"); err != nil {
 		t.Error(err)
+	}
+}
+
+// TestCachedTailLearn: the predicted cached tokens are the matched blocks
+// and the learnt share of the block after them (half until reported);
+// the share follows the engine's reports of prompts it held the match of,
+// not its misses; a prompt that matched nothing predicts nothing, and one
+// whose every whole block matched counts the share of its partial last
+// block.
+func TestCachedTailLearn(t *testing.T) {
+	const bb = 1000
+	r := NewTokenRatios()
+	if got := r.Predict("a", 3, 10*bb, bb, 5); got != (3*bb+bb/2)/5 {
+		t.Fatalf("before any report: %v, want 3.5 blocks at 5 bytes per token", got)
+	}
+	if got := r.Predict("a", 0, 10*bb, bb, 5); got != 0 {
+		t.Fatalf("no match: %v, want 0", got)
+	}
+	// The prompt ends 400 bytes into its fourth block; all three match.
+	if got := r.Predict("a", 3, 3*bb+400, bb, 5); got != (3*bb+200)/5 {
+		t.Fatalf("whole blocks all matched: %v, want half the 400 bytes after them", got)
+	}
+	// An engine holding 3/4 of the block after the match, every time
+	// (the prior fades to within a tenth of a token).
+	for range 200 {
+		r.ObserveCached("a", 3, 10*bb, bb, 5, (3*bb+3*bb/4)/5)
+	}
+	if got, want := r.Predict("a", 3, 10*bb, bb, 5), (3*bb+3.0*bb/4)/5; math.Abs(got-want) > 0.1 {
+		t.Fatalf("learnt: %v, want %v", got, want)
+	}
+	// Misses (the engine held 1 block of the 3 matched) and cold prompts
+	// tell nothing of the tail.
+	for range 50 {
+		r.ObserveCached("a", 3, 10*bb, bb, 5, bb/5)
+		r.ObserveCached("a", 0, 10*bb, bb, 5, 0)
+	}
+	if got, want := r.Predict("a", 3, 10*bb, bb, 5), (3*bb+3.0*bb/4)/5; math.Abs(got-want) > 0.1 {
+		t.Fatalf("after misses: %v, want %v", got, want)
+	}
+	// An engine counting in blocks of its own ends a little short of the
+	// match: the share goes to 0, not below.
+	for range 200 {
+		r.ObserveCached("b", 3, 10*bb, bb, 5, (3*bb-100)/5)
+	}
+	if got, want := r.Predict("b", 3, 10*bb, bb, 5), 3.0*bb/5; math.Abs(got-want) > 0.1 {
+		t.Fatalf("short of the match: %v, want %v", got, want)
+	}
+	if got := r.Predict("c", 3, 10*bb, bb, 5); got != (3*bb+bb/2)/5 {
+		t.Fatalf("another replica: %v, want the prior", got)
 	}
 }

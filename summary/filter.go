@@ -290,6 +290,9 @@ type Summary struct {
 	// (storeHeld), so that Held takes no lock: a decision reads it of
 	// every candidate this router owns.
 	held atomic.Int64
+	// kept is the owner's hashes of each generation's adds, indexed as
+	// gens, for Resized (resize.go); copies keep none.
+	kept [2]keptHashes
 }
 
 // New returns an empty summary. epoch names its history: copies of it carry
@@ -350,6 +353,7 @@ func (s *Summary) Add(hashes []uint64) int {
 		}
 		s.cut.noteAdd(s.words[s.cur], s.words[1-s.cur], s.geo, key, base, bits, forgotten)
 		s.applyAdd(key)
+		s.kept[s.cur].add(h, keptLimit(s.geo))
 		s.version++
 		s.curCount++
 		s.record(key | opAdd)
@@ -435,6 +439,7 @@ func (s *Summary) rotate() {
 		c.clear(s.words[old], old)
 	}
 	s.gens[old].ClearAll()
+	s.kept[old].clear()
 	s.cur = old
 	s.oldCount, s.curCount = s.curCount, 0
 	s.storeHeld()

@@ -6,18 +6,16 @@ const DefaultBytesPerToken = 4.0
 
 // ratioFactor is how far (a factor, either way) a replica's learned bytes
 // per token may move from the ratio its reported capacity is in before the
-// capacity follows. A capacity the mesh is told starts the replica's
-// summary anew (another size, another epoch): every prefix the router
-// knew the replica holds is forgotten, and the next turns of every
-// conversation there are placed as if cold. A summary sized within 1.5x
-// of the cache it describes costs little (a somewhat higher or lower
-// false-positive rate, an earlier or later rotation, both corrected by the
-// engine's cached-token reports), so the capacity follows a ratio that is
-// another tokenizer's (vLLM's 2-2.5 against the default 4), not one that
-// differs by a chat template's share of a short prompt (llama.cpp's 4.5-4.8
-// measured on Gemma 3, where a 20% band wiped a replica's summary
-// mid-run and cost a fifth of the follow-ups' cache).
-const ratioFactor = 1.5
+// capacity follows. A new capacity resizes the replica's summary with what
+// it holds (summary.Resized), but into a new epoch, which every other
+// router takes as a full copy: following the drift of an average (the
+// ratio is one over the last few dozen prompts) would send one every few
+// requests. Within an eighth, the summary's window (it remembers 0.75 to
+// 1.5 capacities, erring long on purpose) moves by less than its own
+// width's slack, and the engine's cached-token reports correct it; a
+// first learned ratio (llama.cpp's 4.5-4.8 on Gemma 3 against the default
+// 4) or another tokenizer (vLLM's 2-2.5) is followed.
+const ratioFactor = 1.125
 
 // ratioLocked updates the ratio s's capacity is in; h.mu is held.
 func (h *Checker) ratioLocked(id string, s *replicaHealth) {

@@ -21,6 +21,18 @@
       share at least theirs to 3 decimals, TTFT p50 and p99 at most 1.05x
       theirs). A
       report: it fails only when a run is missing or has errors.
+  check.py predict [--gate LO,HI] NAME=LOG[,LOG...]...
+      per front end, from its routers' logs (at --log-level debug, a
+      "cached tokens" line per response that reported cached tokens): the
+      cached tokens predicted against those the engines reported, and the
+      prediction error in blocks (|predicted - reported| at the prompt's
+      bytes per token) p50/p95/max, its sum (negative: under-predicted),
+      the answers with a match (hits), a block or more over-predicted
+      (misses) and corrected (forgot), and the cached tokens reported on
+      answers that matched nothing (cold cached: a prefix the engine
+      shared between requests in flight together, which no summary held
+      yet); with --gate, fails unless each front end's predicted/reported
+      is within [LO, HI].
 
 Exits non-zero with the failed check on stderr.
 """
@@ -327,6 +339,74 @@ def peers(dirs):
         print(f"kvmesh-x2 vs {name} (medians of {n} runs): {verdict}")
 
 
+def percentile(xs, q):
+    """The q-quantile of xs by linear interpolation (numpy's default)."""
+    xs = sorted(xs)
+    if not xs:
+        return float("nan")
+    k = (len(xs) - 1) * q
+    lo = int(k)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def prediction_records(path):
+    """The router's per-response "cached tokens" debug lines in the log at
+    path (hclog text, key=value), as dicts of numbers."""
+    out = []
+    with open(path, errors="replace") as f:
+        for line in f:
+            if "cached tokens:" not in line:
+                continue
+            kv = dict(re.findall(r'(\w+)=(\S+)', line.split("cached tokens:", 1)[1]))
+            try:
+                r = {k: float(kv[k]) for k in ("match", "blocks", "prompt_bytes", "prompt_tokens",
+                                               "cached", "predicted", "bytes_per_token", "error_blocks")}
+                r["forgot"] = kv["forgot"] == "true"
+                out.append(r)
+            except (KeyError, ValueError):
+                fail(f"predict: {path}: cannot read {line.strip()!r}")
+    return out
+
+
+def predict(args):
+    """check.py predict [--gate LO,HI] NAME=LOG[,LOG...]...: per front end,
+    the routers' predicted against engine-reported cached tokens over every
+    response that reported them (the routers log one debug line each):
+    predicted/reported, and the prediction error in blocks (|predicted -
+    reported| at the prompt's bytes per token) p50/p95. With --gate, fails
+    unless every front end's predicted/reported is within [LO, HI]."""
+    gate = None
+    if args and args[0] == "--gate":
+        lo, hi = (float(x) for x in args[1].split(","))
+        gate, args = (lo, hi), args[2:]
+    rows = []
+    print(f"  {'front end':<14} {'answers':>7} {'predicted':>9} {'reported':>9} {'pred/rep':>8} "
+          f"{'|err| p50':>9} {'p95':>6} {'max':>6} {'err sum':>8} {'hits':>5} {'misses':>6} {'forgot':>6} "
+          f"{'cold cached':>11}")
+    for arg in args:
+        name, _, paths = arg.partition("=")
+        recs = [r for p in paths.split(",") for r in prediction_records(p)]
+        if not recs:
+            fail(f"predict: {name}: no 'cached tokens' lines in {paths} (routers at --log-level debug?)")
+        pred = sum(r["predicted"] for r in recs)
+        rep = sum(r["cached"] for r in recs)
+        errs = [abs(r["error_blocks"]) for r in recs]
+        ratio = pred / rep if rep else float("nan")
+        hits = sum(1 for r in recs if r["match"] > 0)
+        misses = sum(1 for r in recs if r["error_blocks"] >= 1)
+        print(f"  {name:<14} {len(recs):>7} {pred:>9.0f} {rep:>9.0f} {ratio:>8.3f} {percentile(errs, 0.5):>9.2f} "
+              f"{percentile(errs, 0.95):>6.2f} {max(errs):>6.2f} {sum(r['error_blocks'] for r in recs):>8.1f} "
+              f"{hits:>5} {misses:>6} {sum(1 for r in recs if r['forgot']):>6} "
+              f"{sum(r['cached'] for r in recs if r['match'] == 0):>11.0f}")
+        rows.append((name, ratio))
+    if gate:
+        for name, ratio in rows:
+            if not gate[0] <= ratio <= gate[1]:
+                fail(f"predict: {name}: predicted/reported cached tokens {ratio:.3f} outside [{gate[0]}, {gate[1]}]")
+        print(f"check.py predict: passed (predicted/reported within [{gate[0]}, {gate[1]}])")
+
+
 if __name__ == "__main__":
     if len(sys.argv) == 7 and sys.argv[1] == "features":
         features(sys.argv[2].rstrip("/"), sys.argv[3].rstrip("/"), sys.argv[4], int(sys.argv[5]), int(sys.argv[6]))
@@ -334,6 +414,8 @@ if __name__ == "__main__":
         compare(sys.argv[2:])
     elif len(sys.argv) >= 3 and sys.argv[1] == "peers":
         peers(sys.argv[2:])
+    elif len(sys.argv) >= 3 and sys.argv[1] == "predict":
+        predict(sys.argv[2:])
     else:
         print(__doc__, file=sys.stderr)
         sys.exit(2)

@@ -11,10 +11,13 @@
   check.py report METRICS.txt...
       the routers' /metrics after a benchmark (one file per router of one
       front end): cached tokens the routers predicted against those the
-      engines reported, and the bytes of prompt text per engine token each
-      router learnt for its replicas (kvmesh_replica_bytes_per_token), and
+      engines reported, the bytes of prompt text per engine token and the
+      share of the block after a match held (kvmesh_replica_bytes_per_token,
+      kvmesh_replica_cached_tail_share) each router learnt for its replicas,
       how many predictions were within half a block and within 4 blocks of
-      what the engine reported (kvmesh_cache_prediction_error_blocks).
+      what the engine reported (kvmesh_cache_prediction_error_blocks), and
+      the buckets of the error's p50 and p95
+      (kvmesh_cache_prediction_abs_error_blocks).
   check.py events OFF_METRICS.txt ON_METRICS.txt
       one router's /metrics after the same benchmark without and with
       --kv-events, side by side: the prediction error's p50 and p95 (by the
@@ -22,8 +25,9 @@
       the engine-reported cached share of prompt tokens, predicted/reported,
       and the text blocks KV events dropped.
 
-The HTTP, stream and metrics helpers, and the benchmark comparison
-(check.py compare), are ../llamacpp/check.py's. Exits non-zero with the
+The HTTP, stream and metrics helpers, the benchmark comparison (check.py
+compare) and the per-response prediction report (check.py predict) are
+../llamacpp/check.py's. Exits non-zero with the
 failed check on stderr.
 """
 import importlib.util
@@ -171,7 +175,8 @@ def total_all(paths, name):
 
 def report(paths):
     pred = rep = prompt = 0.0
-    ratios = []
+    ratios, tails = [], []
+    absb = {}  # kvmesh_cache_prediction_abs_error_blocks' cumulative buckets
     buckets, count, err_sum = {}, 0.0, 0.0
     for p in paths:
         ms = parse(p)
@@ -180,6 +185,10 @@ def report(paths):
         prompt += total(ms, "kvmesh_prompt_tokens_total")
         ratios += [(os.path.basename(p).removesuffix(".metrics.txt"), l.get("replica"), v)
                    for l, v in ms.get("kvmesh_replica_bytes_per_token", [])]
+        tails += [(os.path.basename(p).removesuffix(".metrics.txt"), l.get("replica"), v)
+                  for l, v in ms.get("kvmesh_replica_cached_tail_share", [])]
+        for l, v in ms.get("kvmesh_cache_prediction_abs_error_blocks_bucket", []):
+            absb[float(l["le"])] = absb.get(float(l["le"]), 0) + v
         for l, v in ms.get("kvmesh_cache_prediction_error_blocks_bucket", []):
             buckets[float(l["le"])] = buckets.get(float(l["le"]), 0) + v
         count += total(ms, "kvmesh_cache_prediction_error_blocks_count")
@@ -208,8 +217,15 @@ def report(paths):
         print(f"  KV events: {kv['kvmesh_kv_events_total']:.0f} events, {kv['kvmesh_kv_event_gaps_total']:.0f} gaps, "
               f"{kv['kvmesh_kv_event_resyncs_total']:.0f} resyncs, {kv['kvmesh_kv_event_text_blocks_evicted_total']:.0f} text blocks evicted, "
               f"{kv['kvmesh_kv_event_rebases_total']:.0f} rebases; answers related {rel:.0f}, unrelated {unrel:.0f}")
+    if count and absb:
+        def quantile(q):  # the bucket's upper bound the q-quantile falls in
+            return min((le for le, n in absb.items() if n >= q * count), default=float("inf"))
+        print(f"  |prediction error| p50 at most {quantile(0.5)} blocks, p95 at most {quantile(0.95)} "
+              f"(kvmesh_cache_prediction_abs_error_blocks' buckets)")
     for router, replica, v in ratios:
         print(f"  bytes/token learnt by {router} for {replica}: {v:.2f}")
+    for router, replica, v in tails:
+        print(f"  cached tail share learnt by {router} for {replica}: {v:.2f}")
 
 
 def events(off, on):

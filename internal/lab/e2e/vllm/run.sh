@@ -15,8 +15,10 @@
 #     ../llamacpp/check.py compare: every turn answered with usage, kvmesh's
 #     follow-up turns more cached (as the engine reports) than round-robin's,
 #     kvmesh x2's at least 0.97x kvmesh x1's; check.py report: the routers'
-#     predicted against engine-reported cached tokens and the bytes per
-#     token they learnt from vLLM's usage.
+#     predicted against engine-reported cached tokens, the bytes per token
+#     and cached tail share they learnt from vLLM's usage;
+#     ../llamacpp/check.py predict: predicted/reported and the prediction
+#     error p50/p95 in blocks, from the routers' per-response debug lines.
 #  3. events (opt-in: PHASES=events): the router with and without
 #     --kv-events auto (read from vLLM's GET /kv_event_sources) over 2 fresh
 #     replicas each time, whose KV caches are too small for the
@@ -30,7 +32,7 @@
 # Env: CONVERSATIONS [8] TURNS [4] ANSWER_TOKENS [48], PORT_BASE [26000]
 # (ports are taken free from there up), KV_EVENTS [0] (the router reads no
 # KV events; 1 has vLLM publish them on all interfaces), KVMESH_ARTIFACTS,
-# PHASES ["features x1 x2 rr"; also "events"], KVMESH_BIN as
+# PHASES ["features x1 x2 rr"; also "events"], KVMESH_BIN and KVMESH_ROUTER_FLAGS as
 # ../llamacpp/run.sh's; for events: EVENTS_BLOCKS [96] (32-token blocks per
 # replica), EVENTS_SEQS [2], EVENTS_CONVERSATIONS [12], EVENTS_TURNS [5],
 # EVENTS_MAX_MODEL_LEN [2048].
@@ -62,8 +64,8 @@ cleanup() {
     echo "--- e2e-vllm FAILED (exit $rc); process logs:" >&2
     for f in "$work"/*.log; do
       [ -e "$f" ] || continue
-      echo "--- $(basename "$f") (last 30 lines)" >&2
-      tail -n 30 "$f" >&2
+      echo "--- $(basename "$f") (last 30 lines but memberlist's connections)" >&2
+      grep -v 'memberlist: Stream connection\|memberlist: Initiating push/pull' "$f" | tail -n 30 >&2
     done
   fi
   rm -rf "$work"
@@ -167,7 +169,11 @@ except ValueError:
   die "the router with admin port $1 did not see $2 replicas healthy"
 }
 
-router_flags=(--region local --gossip-profile test --health-interval 200ms --log-level info)
+# KVMESH_ROUTER_FLAGS (split on spaces) are added to every router's flags.
+# Routers log at debug: a line per response with its predicted and
+# reported cached tokens, for check.py predict.
+read -r -a extra_router_flags <<<"${KVMESH_ROUTER_FLAGS:-}"
+router_flags=(--region local --gossip-profile test --health-interval 200ms --log-level debug ${extra_router_flags[@]+"${extra_router_flags[@]}"})
 url() { echo "http://127.0.0.1:$1"; }
 bench() { # bench NAME FRONTEND_URLS: the conversation benchmark, JSON to NAME.json
   local t=$SECONDS
@@ -276,14 +282,20 @@ done
 python3 "$here/check.py" events "$work/events-off-r0.metrics.txt" "$work/events-on-r0.metrics.txt"
 fi
 
-if phase x1; then echo "e2e-vllm: kvmesh x1 router"; python3 "$here/check.py" report "$work/kvmesh-x1-r0.metrics.txt"; fi
-if phase x2; then echo "e2e-vllm: kvmesh x2 routers"; python3 "$here/check.py" report "$work/kvmesh-x2-r1.metrics.txt" "$work/kvmesh-x2-r2.metrics.txt"; fi
-if [ "$PHASES" = "features x1 x2 rr" ]; then
-  python3 "$here/../llamacpp/check.py" compare "$work/kvmesh-x1.json" "$work/kvmesh-x2.json" "$work/round-robin.json"
-fi
+# Kept before the gates run, so that a failed run's are too.
 if [ -n "${KVMESH_ARTIFACTS:-}" ]; then
   mkdir -p "$KVMESH_ARTIFACTS"
   for f in kvmesh-x1 kvmesh-x2 round-robin events-off events-on; do if [ -e "$work/$f.json" ]; then cp "$work/$f.json" "$KVMESH_ARTIFACTS/vllm-$f.json"; fi; done
-  for f in "$work"/*.metrics.txt "$work"/*.mesh.json "$work"/router-*.log; do if [ -e "$f" ]; then cp "$f" "$KVMESH_ARTIFACTS/vllm-${f##*/}"; fi; done
+  for f in "$work"/*.metrics.txt "$work"/*.mesh.json "$work"/router-*.log "$work"/vllmcpu-*.log; do if [ -e "$f" ]; then cp "$f" "$KVMESH_ARTIFACTS/vllm-${f##*/}"; fi; done
+fi
+if phase x1; then echo "e2e-vllm: kvmesh x1 router"; python3 "$here/check.py" report "$work/kvmesh-x1-r0.metrics.txt"; fi
+if phase x2; then echo "e2e-vllm: kvmesh x2 routers"; python3 "$here/check.py" report "$work/kvmesh-x2-r1.metrics.txt" "$work/kvmesh-x2-r2.metrics.txt"; fi
+# The routers' predicted against reported cached tokens, per response.
+predicted=()
+if phase x1; then predicted+=("kvmesh-x1=$work/router-x1.log"); fi
+if phase x2; then predicted+=("kvmesh-x2=$work/router-x2-1.log,$work/router-x2-2.log"); fi
+if [ ${#predicted[@]} -gt 0 ]; then python3 "$here/../llamacpp/check.py" predict "${predicted[@]}"; fi
+if [ "$PHASES" = "features x1 x2 rr" ]; then
+  python3 "$here/../llamacpp/check.py" compare "$work/kvmesh-x1.json" "$work/kvmesh-x2.json" "$work/round-robin.json"
 fi
 echo "e2e-vllm: passed in $((SECONDS - t0)) s"
