@@ -8,9 +8,7 @@ import (
 	"net/textproto"
 	"strings"
 
-	"github.com/kvmesh/kvmesh/proxy/prompt"
 	"github.com/kvmesh/kvmesh/proxy/upstream"
-	"github.com/zeebo/xxh3"
 )
 
 func isEventStream(ct string) bool {
@@ -50,28 +48,4 @@ func newUpstreamRequest(ctx context.Context, url string, hdr http.Header, body [
 	copyRequestHeader(out.Header, hdr)
 	out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
 	return out, nil
-}
-
-// clientKey hashes the routing key a client sent, in order of precedence:
-// the body's prompt_cache_key, then the session header, then SGLang's
-// bootstrap_room. 0 means none. The kind is hashed in, so one value sent
-// as two kinds of key does not collide.
-func (p *Proxy) clientKey(r *http.Request, pr *prompt.Prompt) uint64 {
-	var kind uint64
-	var v string
-	switch {
-	case pr.CacheKey != "":
-		kind, v = 1, pr.CacheKey
-	case p.sessionHeader != "" && r.Header.Get(p.sessionHeader) != "":
-		kind, v = 2, r.Header.Get(p.sessionHeader)
-	case pr.BootstrapRoom != "":
-		kind, v = 3, pr.BootstrapRoom
-	default:
-		return 0
-	}
-	h := xxh3.HashStringSeed(v, 0x6b65790000000000|kind)
-	if h == 0 {
-		h = 1
-	}
-	return h
 }

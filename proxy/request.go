@@ -16,6 +16,7 @@ import (
 	"github.com/kvmesh/kvmesh/proxy/upstream"
 	"github.com/kvmesh/kvmesh/route"
 	"github.com/kvmesh/kvmesh/summary"
+	"github.com/zeebo/xxh3"
 )
 
 // The request path of an inference request, top to bottom:
@@ -329,6 +330,30 @@ func (st *reqState) route() {
 	if id := st.prompt.PreviousResponseID; id != "" {
 		p.lookups.replicaOf(r.Context(), r, id, st.hop) // decide finds it
 	}
+}
+
+// clientKey hashes the routing key a client sent, in order of precedence:
+// the body's prompt_cache_key, then the session header, then SGLang's
+// bootstrap_room. 0 means none. The kind is hashed in, so one value sent
+// as two kinds of key does not collide.
+func (p *Proxy) clientKey(r *http.Request, pr *prompt.Prompt) uint64 {
+	var kind uint64
+	var v string
+	switch {
+	case pr.CacheKey != "":
+		kind, v = 1, pr.CacheKey
+	case p.sessionHeader != "" && r.Header.Get(p.sessionHeader) != "":
+		kind, v = 2, r.Header.Get(p.sessionHeader)
+	case pr.BootstrapRoom != "":
+		kind, v = 3, pr.BootstrapRoom
+	default:
+		return 0
+	}
+	h := xxh3.HashStringSeed(v, 0x6b65790000000000|kind)
+	if h == 0 {
+		h = 1
+	}
+	return h
 }
 
 // readLoads reads the candidates with their loads, and the placement
