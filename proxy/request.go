@@ -62,8 +62,7 @@ type reqState struct {
 	// abandoned: it did not, and nothing of the attempt was sent.
 	gate      func() bool
 	abandoned bool
-	// lastID is the replica of the latest attempt.
-	lastID string
+	lastID    string // the replica of the latest attempt
 
 	// The decision's inputs: the routing request, the candidates with
 	// their loads, the placement sequence those reflect (placeBook), and
@@ -77,9 +76,7 @@ type reqState struct {
 	attempts int
 	began    time.Time
 
-	// blockMs is the chosen candidate's prefill time per block, for the
-	// slot time the attempt measures (load.go).
-	blockMs float64
+	blockMs float64 // the chosen candidate's prefill time per block (load.go's slot time)
 	// The dispatch protocol (hop.go). announce: an authenticated hop,
 	// whose entry is told of the dispatch (announced: it was);
 	// dispatchBy: the entry's deadline for it. downOwner: the owner API

@@ -61,8 +61,8 @@ type TokenRatios struct {
 	by map[string]*tokenRatio
 	// all is every replica's answers together: a request's estimate
 	// before its replica is chosen (a tenant's token budget, tenants.go).
-	all  tokenRatio
-	desc *prometheus.Desc
+	all      tokenRatio
+	desc     *prometheus.Desc
 	tailDesc *prometheus.Desc
 }
 
