@@ -101,6 +101,13 @@ type Config struct {
 	Logger hclog.Logger
 	// Registerer receives the mesh's metrics; nil registers nowhere.
 	Registerer prometheus.Registerer
+	// Usage, when set, is the tenants' token usage the mesh carries
+	// (usage.go): this router's, sent to every peer that reads it each
+	// UsageInterval, and the peers', merged as they arrive.
+	Usage Usage
+	// UsageInterval is how often Usage is gossiped (default
+	// DefaultUsageInterval).
+	UsageInterval time.Duration
 
 	// wire, when set (tests), is the wire version this router advertises,
 	// decodes and encodes at most, as a router of that version would: a
@@ -151,6 +158,9 @@ func (c *Config) validate() error {
 	}
 	if c.Logger == nil {
 		c.Logger = hclog.NewNullLogger()
+	}
+	if c.UsageInterval <= 0 {
+		c.UsageInterval = DefaultUsageInterval
 	}
 	return nil
 }

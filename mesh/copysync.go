@@ -47,8 +47,12 @@ func (c *replication) handleMsg(b []byte) {
 		return
 	}
 	c.met.in(b[0], len(b))
-	if v, ok := msg.(batchMsg); ok {
+	switch v := msg.(type) {
+	case batchMsg:
 		c.handleBatch(&v)
+		return
+	case usageMsg:
+		c.handleUsage(v)
 		return
 	}
 	now := time.Now()

@@ -29,3 +29,39 @@ func (m *Mesh) restartedLocked(r *replica) {
 	m.met.cuts.WithLabelValues(summary.CutBoth.String()).Inc()
 	m.log.Info("replica's engine restarted: its summary is cut", "replica", r.id, "epoch", r.sum.Epoch(), "version", r.sum.Version())
 }
+
+// Evicted forgets text blocks an owned replica's engine evicted, as its
+// KV events tell (internal/kvtrack relates them): exact, so no cut
+// (summary.Correct would cut on a usage miss). It reports false when the
+// summary's negative record refused some or is three quarters full: the
+// caller then rebases, before evicted blocks stay claimed until their
+// generation ages out. Elsewhere it is a no-op and reports true.
+func (m *Mesh) Evicted(replicaID string, hashes []uint64) bool {
+	m.tab.mu.RLock()
+	defer m.tab.mu.RUnlock()
+	r := m.tab.replicas[replicaID]
+	if r == nil || !r.owned || r.sum == nil {
+		return true
+	}
+	r.sum.Forget(hashes)
+	st := r.sum.Stats()
+	return 4*st.Forgotten < 3*st.ForgetLimit
+}
+
+// Rebase makes an owned replica's summary claim exactly held (what its
+// engine's events say it holds): both generations are cut (two rotation
+// entries, which also empty the negative record) and held added. Under
+// the table's write lock, so the owner's tick cuts no delta in between and
+// copies go from the old content to the new in one step; a decision here
+// may see the summary empty for the time of the adds.
+func (m *Mesh) Rebase(replicaID string, held []uint64) {
+	m.tab.mu.Lock()
+	defer m.tab.unlock()
+	r := m.tab.replicas[replicaID]
+	if r == nil || !r.owned || r.sum == nil {
+		return
+	}
+	r.sum.Cut(summary.CutBoth)
+	r.sum.Add(held)
+	m.met.cuts.WithLabelValues("rebase").Inc()
+}

@@ -32,6 +32,11 @@ import (
 type replicaLoad struct {
 	inFlight atomic.Int64
 	pendingK atomic.Int64 // pending prefill blocks × 1000
+	// held is the owned summary's Held (route.Candidate.Held), stored as the
+	// owner records a request and at every tick: a decision reads it
+	// here, beside the counts, not from the summary (a cache miss per
+	// owned replica in a decision over cold caches).
+	held atomic.Int64
 }
 
 // published is the decision's view: the per-model arrays Candidates
@@ -65,12 +70,18 @@ type viewOp struct {
 	views map[string]*modelView
 	at    []viewSlot
 	e     viewEntry
+	// lora is the replica's LoRA adapters, which each slot's entry
+	// reduces to its model's fit.
+	lora route.LoRAs
 }
 
 // modelView is the replicas serving one model, in ID order (Candidates'
 // order). Its entries are written in place under decisionView.mu.
 type modelView struct {
 	entries []viewEntry
+	// lora is the model's route.LoRAID, which its candidates' LoRA
+	// is of.
+	lora uint32
 }
 
 // viewEntry is one replica as a decision reads it: what candidatesRef
@@ -89,9 +100,16 @@ type viewEntry struct {
 	networkMs float64
 	// The count as route.Candidate keeps it (route.Count32).
 	inFlight int32
-	tier     int8
+	// held is a copy's blocks remembered (route.Candidate.Held), read when
+	// the entry is computed, at each delta; an owner's is read live.
+	held int32
+	tier int8
 	// engine is the engine's load, the owner's own or as it gossips it.
 	engine route.EngineLoad
+	// role and bootstrap: the replica's role in disaggregated requests,
+	// and a prefill replica's bootstrap port.
+	role      route.Role
+	bootstrap uint16
 	// ok: healthy, with an owner whose word this router has (else the
 	// replica is no candidate, but keeps its place in the arrays so that
 	// health flapping does not rebuild them).
@@ -99,6 +117,10 @@ type viewEntry struct {
 	// counts: a copy whose summary counts for routing as long as its
 	// owner's last word is recent (table.countsLocked without the age).
 	counts bool
+	// lora is the replica's word on the model of the array the entry is
+	// in, as a LoRA adapter (its LoRAs' Fit, computed when the entry is
+	// written, not per decision).
+	lora route.LoRAFit
 }
 
 // viewSlot is where a replica's entry sits in one model's array.
@@ -117,16 +139,17 @@ func (v *published) entryLocked(r *replica) (viewEntry, []string) {
 		return e, nil
 	case owner == v.cfg.Name:
 		e.ok, e.sum, e.load = r.healthy, r.sum, r.load
-		e.engine = r.engine
+		e.engine, e.role, e.bootstrap = r.engine, r.role, r.bootstrap
 		return e, r.models
 	case !r.hasState || r.st.Origin != owner:
 		return e, nil
 	}
 	e.ok = r.st.Healthy
 	e.inFlight, e.pending = route.Count32(int(r.st.InFlight)), r.st.Pending
-	e.engine = r.st.Engine
+	e.engine, e.role, e.bootstrap = r.st.Engine, r.st.Role, r.st.Bootstrap
 	if r.sum != nil && !r.wantFull && r.sum.Epoch() == r.st.Epoch && !r.heard.IsZero() {
 		e.counts, e.sum, e.heard = true, r.sum, int64(r.heard.Sub(v.t0))
+		e.held = route.Count32(r.sum.Held())
 	}
 	if mb := r.ownerMb; mb != nil {
 		e.networkMs = float64(mb.rtt.Microseconds()) / 1000
@@ -135,6 +158,19 @@ func (v *published) entryLocked(r *replica) (viewEntry, []string) {
 		}
 	}
 	return e, r.st.Models
+}
+
+// loraLocked is r's LoRA adapters as its entry's owner tells them: this
+// router's health checks for a replica it owns, the owner's last state
+// for another's (entryLocked's owners).
+func (v *published) loraLocked(r *replica) route.LoRAs {
+	switch {
+	case r.owner == v.cfg.Name:
+		return r.lora
+	case r.owner != "" && r.hasState && r.st.Origin == r.owner:
+		return r.st.LoRA
+	}
+	return route.LoRAs{}
 }
 
 // publishLocked queues the entries of the replicas t's write section
@@ -158,7 +194,7 @@ func (v *published) publishLocked(t *table) bool {
 			rebuild = true
 			continue
 		}
-		upd = append(upd, viewOp{at: r.viewAt, e: e})
+		upd = append(upd, viewOp{at: r.viewAt, e: e, lora: v.loraLocked(r)})
 	}
 	clear(t.viewDirty)
 	t.viewDirty, t.viewRebuild = t.viewDirty[:0], false
@@ -198,6 +234,7 @@ func (v *published) drain() {
 		}
 		for _, s := range op.at {
 			s.mv.entries[s.i] = op.e
+			s.mv.entries[s.i].lora = op.lora.Fit(s.mv.lora)
 		}
 	}
 	v.mu.Unlock()
@@ -214,6 +251,7 @@ func (v *published) buildLocked(t *table) map[string]*modelView {
 	views := map[string]*modelView{}
 	for _, r := range t.order {
 		e, models := v.entryLocked(r)
+		lora := v.loraLocked(r)
 		// A new slots slice: queued changes hold the old one.
 		r.viewModels, r.viewAt = slices.Clone(models), nil
 		for j, model := range models {
@@ -222,10 +260,11 @@ func (v *published) buildLocked(t *table) map[string]*modelView {
 			}
 			mv := views[model]
 			if mv == nil {
-				mv = &modelView{}
+				mv = &modelView{lora: route.LoRAID(model)}
 				views[model] = mv
 			}
 			r.viewAt = append(r.viewAt, viewSlot{mv, len(mv.entries)})
+			e.lora = lora.Fit(mv.lora)
 			mv.entries = append(mv.entries, e)
 		}
 	}

@@ -391,11 +391,13 @@ func TestFillCandidateWritesEveryField(t *testing.T) {
 	}
 	setAll(reflect.ValueOf(&c).Elem())
 	setAll(reflect.ValueOf(c.Detail).Elem())
-	e := viewEntry{id: "x", hash: 1, inFlight: 2, pending: 3.5, networkMs: 4.5, tier: 1, engine: route.EngineLoad{Running: 5, Waiting: 6, Slots: 7}}
+	e := viewEntry{id: "x", hash: 1, inFlight: 2, pending: 3.5, networkMs: 4.5, tier: 1, engine: route.EngineLoad{Running: 5, Waiting: 6, Slots: 7},
+		lora: route.LoRAAdapter | route.LoRAResident, role: route.RolePrefill, bootstrap: 8998, held: 10}
 	var x route.Detail
 	x.SeqMs, x.SlotAgeMs = 8, 9 // the proxy's, from the buffer's last use
 	fillCandidate(&c, &e, &x)
-	want := route.Candidate{Detail: &route.Detail{ID: "x"}, Hash: 1, InFlight: 2, PendingPrefillBlocks: 3.5, NetworkMs: 4.5, EngineLoad: route.EngineLoad{Running: 5, Waiting: 6, Slots: 7}, Tier: 1}
+	want := route.Candidate{Detail: &route.Detail{ID: "x", Bootstrap: 8998}, Held: 10, Hash: 1, InFlight: 2, PendingPrefillBlocks: 3.5, NetworkMs: 4.5,
+		EngineLoad: route.EngineLoad{Running: 5, Waiting: 6, Slots: 7}, Tier: 1, LoRA: route.LoRAAdapter | route.LoRAResident, Role: route.RolePrefill}
 	if c.Detail != &x || !reflect.DeepEqual(c, want) {
 		t.Fatalf("fillCandidate wrote\n%+v (%+v)\nwant\n%+v (%+v)", c, *c.Detail, want, *want.Detail)
 	}
@@ -470,5 +472,37 @@ func TestCandidateBufferHintSetsBounded(t *testing.T) {
 	}
 	if !kept || !last {
 		t.Fatalf("recently used sets dropped (kept %v, last %v)", kept, last)
+	}
+}
+
+// TestCandidatesHeldFollowsOwnedSummary: the held count a decision reads
+// of an owned replica (route.Candidate.Held) is its summary's as soon as the
+// owner records a request, without a tick.
+func TestCandidatesHeldFollowsOwnedSummary(t *testing.T) {
+	a := newRouter(t, "a", nil)
+	id := "http://x:8000"
+	declare(a, id)
+	held := func() (fromView, fromSummary int) {
+		for _, c := range a.Candidates("m", nil) {
+			if c.ID() == id {
+				fromView = int(c.Held)
+			}
+		}
+		for _, r := range a.Debug().Replicas {
+			if r.ID == id {
+				fromSummary = r.Held
+			}
+		}
+		return fromView, fromSummary
+	}
+	eventually(t, wait, "owned", func() error {
+		if len(a.Candidates("m", nil)) != 1 {
+			return fmt.Errorf("not a candidate yet")
+		}
+		return nil
+	})
+	a.Record(id, chain(3, 40))
+	if v, s := held(); v != s || s < 40 {
+		t.Fatalf("after a record: the view's held %d, the summary's %d (want at least 40)", v, s)
 	}
 }

@@ -155,6 +155,7 @@ func (c *replication) mergeRemoteState(buf []byte, join bool) {
 		if join {
 			c.keepEngineLocked(st)
 		}
+		c.keepRoleLocked(st)
 		c.handleStateLocked(st, now)
 	}
 }
@@ -163,7 +164,8 @@ func (c *replication) mergeRemoteState(buf []byte, join bool) {
 // of the engine's load the copy's last state from the same owner knew
 // and the state cannot say. Those are encoded at wireBase
 // (pushPullWire), which has neither flagNoLoad nor the engine section:
-// their silence says nothing. Taken as "the engine publishes load" it
+// their silence says nothing (of the LoRA adapters, gossiped in the
+// section, too). Taken as "the engine publishes load" it
 // turned a no-load replica's zero counts into known ones at every router
 // a seed re-join reached (routers re-join their seeds after a failure),
 // and taken as "unknown" it would drop the section's other fields, until
@@ -180,9 +182,30 @@ func (c *replication) keepEngineLocked(st *stateMsg) {
 	}
 	noLoad := !st.Engine.HasLoad || !r.st.Engine.HasLoad
 	st.Engine = legacyLoad(st.Engine, r.st.Engine)
+	st.LoRA = r.st.LoRA
 	if noLoad {
 		st.Engine.HasLoad = false
 	}
+}
+
+// keepRoleLocked carries over to an owner's full state from a push/pull
+// the role its owner's last state gave the replica, when the state has
+// none. A push/pull is encoded at the least version of the live routers
+// (pushPullWire, wireBase in a join), below wireRole whenever one of
+// them is older, and so says nothing of roles: taken as "a whole
+// replica" it would offer a prefill-only replica whole requests until
+// the owner's next full state. A batch is encoded at the receiver's own
+// version and says: a replica whose owner makes it whole again is
+// whole from the next batch.
+func (c *replication) keepRoleLocked(st *stateMsg) {
+	if !st.Owned || st.Slim || st.Withdrawn || st.hasRole() {
+		return
+	}
+	r := c.tab.replicas[st.Replica]
+	if r == nil || !r.hasState || r.st.Origin != st.Origin {
+		return
+	}
+	st.Role, st.Bootstrap = r.st.Role, r.st.Bootstrap
 }
 
 // checkPeer refuses a peer whose metadata is not ours to understand or

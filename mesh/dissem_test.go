@@ -6,6 +6,7 @@ import (
 	"log"
 	"net"
 	"reflect"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -251,3 +252,49 @@ func TestSlowPeerGetsFullCopiesNeverGaps(t *testing.T) {
 }
 
 func probes(h []uint64) []summary.Probe { return summary.MakeProbes(nil, h) }
+
+// TestLoRAReachesEveryRouter: a replica's LoRA adapters (limit, in use,
+// base models) reach the owner's and a peer's candidates, reduced per
+// model, and their debug views by name; a change follows.
+func TestLoRAReachesEveryRouter(t *testing.T) {
+	a := newRouter(t, "a", nil)
+	id := "http://a-rep"
+	declare(a, id)
+	b := newRouter(t, "b", joining(a))
+	models := []string{"base", "chat", "legal", "sql"}
+	status := func(l route.LoRAs) ReplicaStatus {
+		return ReplicaStatus{Models: models, Healthy: true, CapacityBlocks: 2048, Load: route.EngineLoad{Slots: 8}, LoRA: l}
+	}
+	for _, step := range []struct {
+		lora   route.LoRAs
+		fits   map[string]route.LoRAFit
+		loaded []string
+	}{
+		{route.MakeLoRAs(2, []string{"base"}, nil, []string{"sql"}, []string{"chat"}),
+			map[string]route.LoRAFit{"base": 0, "sql": route.LoRAAdapter | route.LoRAResident | route.LoRAFree, "chat": route.LoRAAdapter | route.LoRAWaiting | route.LoRAFree,
+				"legal": route.LoRAAdapter | route.LoRAFree},
+			[]string{"sql"}},
+		{route.MakeLoRAs(2, []string{"base"}, []string{"sql"}, []string{"legal"}, nil),
+			map[string]route.LoRAFit{"base": 0, "sql": route.LoRAAdapter | route.LoRAResident | route.LoRARoom, "legal": route.LoRAAdapter | route.LoRAResident | route.LoRARoom,
+				"chat": route.LoRAAdapter | route.LoRARoom},
+			[]string{"legal", "sql"}},
+	} {
+		a.UpdateReplica(id, status(step.lora))
+		for _, r := range []*testRouter{a, b} {
+			eventually(t, wait, r.cfg.Name+" sees the replica's adapters", func() error {
+				for m, want := range step.fits {
+					c, ok := candidate(r.Mesh, m, id)
+					if !ok || c.LoRA != want {
+						return fmt.Errorf("%s: ok=%v fit %04b, want %04b", m, ok, c.LoRA, want)
+					}
+				}
+				for _, d := range r.Debug().Replicas {
+					if d.ID == id && (d.LoRAMax != 2 || !slices.Equal(d.LoRALoaded, step.loaded)) {
+						return fmt.Errorf("debug view: max %d loaded %v", d.LoRAMax, d.LoRALoaded)
+					}
+				}
+				return nil
+			})
+		}
+	}
+}

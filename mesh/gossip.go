@@ -150,7 +150,8 @@ func (d *dissemination) ownedStateLocked(r *replica) stateMsg {
 		st.Epoch, st.Version = r.sum.Epoch(), r.lastSent
 		st.InFlight = uint32(max(r.load.inFlight.Load(), 0))
 		st.Pending = float64(max(r.load.pendingK.Load(), 0)) / 1000
-		st.Engine, st.EngineWire = r.engine, true
+		st.Engine, st.EngineWire, st.LoRA = r.engine, true, r.lora
+		st.Role, st.Bootstrap = r.role, r.bootstrap
 		if r.digestVer == r.lastSent+1 {
 			st.Digest = r.digest
 		}
@@ -232,6 +233,9 @@ func (d *dissemination) tick(now time.Time) {
 			d.ensureSummaryLocked(r)
 			if r.sum != nil {
 				cuts = append(cuts, cut{r: r, sum: r.sum, from: r.lastSent})
+				// What else changes the summary (a forget, a cut, a new
+				// epoch) reaches the decisions' held count here.
+				r.load.held.Store(int64(r.sum.Held()))
 			}
 			continue
 		}

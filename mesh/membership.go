@@ -95,7 +95,7 @@ func (b *membership) memberlistConfig() (*memberlist.Config, error) {
 	// does not shrink; compressing every stream cost more CPU than the
 	// batches themselves.
 	mc.EnableCompression = false
-	// The wire version (wire.go's wireVersion): the maximum says what
+	// The wire version (wireversion.go's wireVersion): the maximum says what
 	// this router decodes; the minimum and current stay wireBase, which
 	// every router speaks, or memberlist would refuse the routers from
 	// before versioning, which advertise 0, 0, 0.

@@ -79,7 +79,7 @@ type MemberInfo struct {
 	RTTMs  float64 `json:"rtt_ms"`
 	Self   bool    `json:"self"`
 	// Wire is the highest gossip wire version the router decodes, as it
-	// advertises it (wire.go): during a rolling upgrade, the routers
+	// advertises it (wireversion.go): during a rolling upgrade, the routers
 	// still on an older build show a lower one.
 	Wire int `json:"wire_version"`
 }
@@ -164,6 +164,10 @@ func New(ctx context.Context, cfg Config) (*Mesh, error) {
 	go m.dis.repairLoop()
 	go m.dis.tickLoop()
 	go m.mem.joinLoop()
+	if cfg.Usage != nil {
+		m.wg.Add(1)
+		go m.dis.usageLoop()
+	}
 	return m, nil
 }
 

@@ -65,7 +65,7 @@ func newMetrics(reg prometheus.Registerer, members, queue func() float64) *metri
 		refusals: f.NewCounter(prometheus.CounterOpts{Name: "kvmesh_mesh_contract_refusals_total",
 			Help: "Peers refused because their hashing contract or metadata differs."}),
 		cuts: f.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_summary_cuts_total",
-			Help: "Generation cuts of owned summaries after engine misses (older) or engine restarts (both), by the generations dropped."}, []string{"dropped"}),
+			Help: "Generation cuts of owned summaries after engine misses (older), engine restarts (both) or rebases on what an engine's KV events say it holds (rebase), by the generations dropped."}, []string{"dropped"}),
 		fullsIn: f.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_summary_full_copies_received_total",
 			Help: "Full summary copies received from owners, by outcome (installed; equal: the copy held the same summary, kept)."}, []string{"outcome"}),
 	}
@@ -94,6 +94,8 @@ func kindName(k byte) string {
 		return "full_request"
 	case kindPushPull:
 		return "push_pull"
+	case kindUsage:
+		return "usage"
 	}
 	return "unknown"
 }

@@ -57,6 +57,9 @@ type peer struct {
 	fullSome map[string]bool // replicas whose copies asked for a full one
 	lastFull time.Time
 	fresh    bool // no batch queued yet: send full states
+	// usage is the latest tenant usage not yet sent (usage.go), sent
+	// ahead of the batches; a newer one replaces it.
+	usage []byte
 }
 
 // fullEvery is the least time between two rounds of full copies to one
@@ -341,7 +344,10 @@ func (d *dissemination) sendLoop(ctx context.Context, p *peer) {
 		for ctx.Err() == nil {
 			p.mu.Lock()
 			var msg []byte
+			queued := true
 			switch {
+			case p.usage != nil:
+				msg, p.usage, queued = p.usage, nil, false
 			case len(p.handBack) > 0:
 				msg = p.handBack[0]
 				p.handBack[0] = nil
@@ -358,7 +364,9 @@ func (d *dissemination) sendLoop(ctx context.Context, p *peer) {
 				break
 			}
 			node := p.node
-			d.queued.Add(-1)
+			if queued {
+				d.queued.Add(-1)
+			}
 			p.mu.Unlock()
 			if err := d.mem.ml.SendReliable(&node, msg); err != nil {
 				d.log.Debug("batch send failed; the peer will get full copies", "peer", p.name, "error", err)
@@ -369,7 +377,7 @@ func (d *dissemination) sendLoop(ctx context.Context, p *peer) {
 				p.mu.Unlock()
 				break
 			}
-			d.met.out(kindBatch, len(msg))
+			d.met.out(msg[0], len(msg))
 		}
 	}
 }

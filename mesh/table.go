@@ -31,8 +31,13 @@ type replica struct {
 	capacity int
 	// The engine's load from the last health check (see ReplicaStatus).
 	engine   route.EngineLoad
-	restarts int          // the engine restarts its health checks found (ReplicaStatus)
-	load     *replicaLoad // the requests in flight here (Begin)
+	lora     route.LoRAs // the engine's LoRA adapters (ReplicaStatus.LoRA)
+	restarts int         // the engine restarts its health checks found (ReplicaStatus)
+	// role and bootstrap are the replica's part of disaggregated
+	// requests and a prefill replica's bootstrap port (ReplicaStatus).
+	role      route.Role
+	bootstrap uint16
+	load      *replicaLoad // the requests in flight here (Begin)
 
 	declarers map[string]bool // routers known to declare it
 	// Soft state of the peers' declarations (softstate.go): when each

@@ -117,7 +117,8 @@ func TestEntryStateForOldPeer(t *testing.T) {
 // (wireNoLoad), in a mesh with newer ones keeps a fresh copy of a newer
 // owner's replica whose engine publishes no load counts, across batches
 // and push/pulls, and refuses nothing; a newer router (c) still learns
-// that the engine publishes none, and the section's other fields. Without
+// that the engine publishes none, and the section's other fields (its
+// LoRA adapters among them). Without
 // the version, the owner's batches and push/pull states carry the flag, b
 // refuses them all, and its copy never counts.
 func TestRollingUpgradeNoLoad(t *testing.T) {
@@ -145,10 +146,14 @@ func rollingUpgradeNoLoad(t *testing.T, old wireVersion) {
 	}
 	id := "http://a-rep"
 	a.DeclareReplica(id)
-	a.UpdateReplica(id, ReplicaStatus{Models: []string{"m"}, Healthy: true, CapacityBlocks: 2048, Load: route.EngineLoad{Slots: 8, KVUsage: 5000}}) // no HasLoad
-	eventually(t, wait, "c learns the engine publishes no counts", func() error {
+	a.UpdateReplica(id, ReplicaStatus{Models: []string{"m", "sql"}, Healthy: true, CapacityBlocks: 2048, Load: route.EngineLoad{Slots: 8, KVUsage: 5000}, // no HasLoad
+		LoRA: route.MakeLoRAs(2, []string{"m"}, nil, []string{"sql"}, nil)})
+	eventually(t, wait, "c learns the engine publishes no counts, and its adapters", func() error {
 		if c, ok := candidate(c.Mesh, "m", id); !ok || c.Summary == nil || c.HasLoad || c.KVUsage != 5000 {
 			return fmt.Errorf("ok=%v summary %v has load %v, KV usage %d", ok, c.Summary != nil, c.HasLoad, c.KVUsage)
+		}
+		if c, ok := candidate(c.Mesh, "sql", id); !ok || c.LoRA&route.LoRAResident == 0 {
+			return fmt.Errorf("ok=%v sql's fit %05b", ok, c.LoRA)
 		}
 		return nil
 	})
@@ -168,6 +173,9 @@ func rollingUpgradeNoLoad(t *testing.T, old wireVersion) {
 	// load known, and without the section's other fields.
 	if c, _ := candidate(b.Mesh, "m", id); c.HasLoad != (old < wireNoLoad) || c.Slots != 8 || c.KVUsage != 0 {
 		t.Fatalf("b at wire %d reads %+v", old, c.EngineLoad)
+	}
+	if c, _ := candidate(b.Mesh, "sql", id); c.LoRA != 0 {
+		t.Fatalf("b at wire %d reads the adapters the engine section carries: %05b", old, c.LoRA)
 	}
 	if n := testutil.ToFloat64(b.met.dropped.WithLabelValues(dropDecode)); n != 0 {
 		t.Fatalf("b refused %v messages", n)
@@ -261,6 +269,95 @@ func TestJoinPushPullKeepsNoLoad(t *testing.T) {
 		da.MergeRemoteState(db.LocalState(join), join)
 		if c, ok := candidate(a.Mesh, "m", id); !ok || c.HasLoad {
 			t.Fatalf("after b's push/pull (join %v): candidate ok=%v, has load %v, want no load", join, ok, c.HasLoad)
+		}
+	}
+}
+
+// TestRollingUpgradeRole: a router from before roles (b, wireUsage) in
+// a mesh with newer ones reads a newer owner's prefill replica as a
+// whole one, keeps a fresh copy of it across batches and push/pulls, and
+// refuses nothing; a newer router (c) learns the role and the bootstrap
+// port, and keeps them across the push/pulls, which are encoded at b's
+// version while b is alive and so say nothing of roles.
+func TestRollingUpgradeRole(t *testing.T) {
+	old := wireUsage
+	a := newRouter(t, "a", nil)
+	b := newRouter(t, "b", func(c *Config) { joining(a)(c); c.wire = &old })
+	c := newRouter(t, "c", joining(a))
+	for _, r := range []*testRouter{a, b, c} {
+		eventually(t, wait, "three members at "+r.cfg.Name, func() error {
+			if n := members(r.Mesh); n != 3 {
+				return fmt.Errorf("%d members", n)
+			}
+			return nil
+		})
+	}
+	id := "http://a-prefill"
+	a.DeclareReplica(id)
+	a.UpdateReplica(id, ReplicaStatus{Models: []string{"m"}, Healthy: true, CapacityBlocks: 2048,
+		Load: route.EngineLoad{Slots: 8, HasLoad: true}, Role: route.RolePrefill, Bootstrap: 8998})
+	roleAt := func(m *Mesh) (route.Role, uint16, bool) {
+		cand, ok := candidate(m, "m", id)
+		if !ok || cand.Detail == nil {
+			return 0, 0, false
+		}
+		return cand.Role, cand.Detail.Bootstrap, cand.Summary != nil
+	}
+	eventually(t, wait, "c learns the role", func() error {
+		if r, port, ok := roleAt(c.Mesh); !ok || r != route.RolePrefill || port != 8998 {
+			return fmt.Errorf("role %v port %d summary %v", r, port, ok)
+		}
+		return nil
+	})
+	pushPulls := func(r *testRouter) float64 {
+		return testutil.ToFloat64(r.met.messages.WithLabelValues(kindName(kindPushPull), "in"))
+	}
+	startB, startC := pushPulls(b), pushPulls(c)
+	for i := uint64(0); pushPulls(b) < startB+3 || pushPulls(c) < startC+3; i++ {
+		hashes := chain(200+i, 20)
+		a.Record(id, hashes)
+		eventually(t, wait, fmt.Sprintf("round %d: b's copy matches", i), func() error { return matches(b.Mesh, id, hashes) })
+		if r, port, ok := roleAt(c.Mesh); !ok || r != route.RolePrefill || port != 8998 {
+			t.Fatalf("round %d: c reads role %v port %d (summary %v)", i, r, port, ok)
+		}
+	}
+	if r, port, ok := roleAt(b.Mesh); !ok || r != route.RoleBoth || port != 0 {
+		t.Fatalf("b at wire %d reads role %v port %d (summary %v)", old, r, port, ok)
+	}
+	if n := testutil.ToFloat64(b.met.dropped.WithLabelValues(dropDecode)); n != 0 {
+		t.Fatalf("b refused %v messages", n)
+	}
+	// Made whole again, the replica is whole at c from the next batch.
+	a.UpdateReplica(id, ReplicaStatus{Models: []string{"m"}, Healthy: true, CapacityBlocks: 2048, Load: route.EngineLoad{Slots: 8, HasLoad: true}})
+	eventually(t, wait, "c learns the replica is whole", func() error {
+		if r, port, _ := roleAt(c.Mesh); r != route.RoleBoth || port != 0 {
+			return fmt.Errorf("role %v port %d", r, port)
+		}
+		return nil
+	})
+}
+
+// TestPushPullKeepsRole: a join's push/pull is encoded at wireBase, which
+// cannot carry a role; merging one must not make a prefill replica read
+// as a whole one.
+func TestPushPullKeepsRole(t *testing.T) {
+	a := newRouter(t, "a", nil)
+	b := newRouter(t, "b", joining(a))
+	id := "http://b-decode"
+	b.DeclareReplica(id)
+	b.UpdateReplica(id, ReplicaStatus{Models: []string{"m"}, Healthy: true, CapacityBlocks: 2048, Role: route.RoleDecode})
+	b.Record(id, chain(1, 20))
+	eventually(t, wait, "a learns the role", func() error {
+		if c, ok := candidate(a.Mesh, "m", id); !ok || c.Role != route.RoleDecode {
+			return fmt.Errorf("ok=%v role %v", ok, c.Role)
+		}
+		return nil
+	})
+	da, db := &delegate{mem: a.mem, rep: a.rep}, &delegate{mem: b.mem, rep: b.rep}
+	for _, join := range []bool{true, false} {
+		da.MergeRemoteState(db.LocalState(join), join)
+		if c, ok := candidate(a.Mesh, "m", id); !ok || c.Role != route.RoleDecode {
+			t.Fatalf("after b's push/pull (join %v): candidate ok=%v, role %v", join, ok, c.Role)
 		}
 	}
 }

@@ -70,7 +70,11 @@ func (m *Mesh) UpdateReplica(id string, s ReplicaStatus) {
 		return
 	}
 	r.models, r.healthy, r.capacity = models, healthy, capacityBlocks
-	r.engine = s.Load
+	r.engine, r.lora = s.Load, s.LoRA
+	r.role, r.bootstrap = s.Role, 0
+	if s.Role == route.RolePrefill {
+		r.bootstrap = s.Bootstrap // the wire carries a port only for a prefill replica
+	}
 	restarted := s.Restarts > r.restarts
 	r.restarts = s.Restarts
 	m.tab.touchLocked(r)
@@ -275,6 +279,9 @@ func (v *published) candidates(model string, dst []route.Candidate, b *matchBatc
 			c.PendingPrefillBlocks = float64(max(l.pendingK.Load(), 0)) / 1000
 			if e.sum != nil {
 				sum = bf.add(e.sum, c.Hash)
+				// Live, as the loads: the owner's summary grows with
+				// every request it records, which touches no entry.
+				c.Held = route.Count32(int(l.held.Load()))
 			}
 		} else {
 			if e.counts && now-e.heard <= stale {
@@ -385,8 +392,10 @@ func fillCandidate(c *route.Candidate, e *viewEntry, x *route.Detail) {
 	}
 	x.SeqMs, x.SlotAgeMs, x.Own, x.Local, x.Written = 0, 0, 0, false, 0
 	c.Hash, c.InFlight, c.PendingPrefillBlocks, c.NetworkMs, c.BlockMs = e.hash, e.inFlight, e.pending, e.networkMs, 0
-	c.Tier, c.EngineLoad = e.tier, e.engine
+	c.Tier, c.EngineLoad, c.Role, c.Held = e.tier, e.engine, e.role, e.held
+	x.Bootstrap = e.bootstrap
 	c.Stale = false
+	c.LoRA = e.lora
 }
 
 // matchBatch is the summaries of one Candidates call, matched together
@@ -482,6 +491,7 @@ func (m *Mesh) Record(replicaID string, hashes []uint64) {
 	r := m.tab.replicas[replicaID]
 	if r != nil && r.owned && r.sum != nil {
 		r.sum.Add(hashes)
+		r.load.held.Store(int64(r.sum.Held()))
 		m.tab.mu.RUnlock()
 		return
 	}
@@ -498,6 +508,7 @@ func (m *Mesh) Record(replicaID string, hashes []uint64) {
 	m.dis.ensureSummaryLocked(r)
 	if r.sum != nil {
 		r.sum.Add(hashes)
+		r.load.held.Store(int64(r.sum.Held()))
 	}
 }
 

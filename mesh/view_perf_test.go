@@ -35,6 +35,7 @@ func (m *Mesh) candidatesRef(model string, dst []route.Candidate) []route.Candid
 				EngineLoad:           r.engine}
 			if r.sum != nil {
 				c.Summary = r.sum
+				c.Held = route.Count32(int(r.load.held.Load()))
 			}
 			dst = append(dst, c)
 		default:
@@ -45,6 +46,7 @@ func (m *Mesh) candidatesRef(model string, dst []route.Candidate) []route.Candid
 				EngineLoad: r.st.Engine}
 			if m.tab.countsLocked(r, now) {
 				c.Summary = r.sum
+				c.Held = route.Count32(r.sum.Held())
 			} else {
 				c.Stale = true
 			}

@@ -19,6 +19,7 @@ import (
 //	           | epoch u64 | version u64 (a slim state ends here)
 //	           | capacity u32 | digest u64
 //	           | in-flight u32 | pending f64 | engine
+//	           | role u8 | bootstrap u16 (with flagRole)
 //	           | models u8 × s8 | declared-by u8 × s8
 //	engine   : running u32 | waiting u32 | slots u32 (without flagEngine)
 //	           | route.EngineLoad's wire section (with flagEngine)
@@ -27,6 +28,7 @@ import (
 //	entry    : state u16-prefixed | payload kind u8 (0 none, 1 delta, 2 full summary)
 //	           | payload u32-prefixed (summary.DecodeDelta or summary.Decode)
 //	push/pull: kindPushPull | origin s8 | boot u64 | n u32 × (state u16-prefixed | summary u32-prefixed, 0 = none)
+//	usage    : kindUsage | origin s8 | boot u64 | payload u32-prefixed (the tenants' token usage, Config.Usage's)
 //
 // Kinds 2 (a delta of raw 64-bit hashes on the UDP broadcast queue) and 4
 // (a full reply) belonged to protocol 1 and are refused.
@@ -45,11 +47,17 @@ import (
 // load as route.EngineLoad encodes it (AppendWire), a section that grows
 // by fields without a new wire version: a field the engine adapter adds
 // reaches every router of wireEngine or later with no change here.
+// flagRole (routers of wireRole or later) adds the replica's role in a
+// disaggregated deployment (route.Role) and a prefill replica's
+// bootstrap port; a state without it is a whole replica's.
 const (
 	kindState    byte = 1
 	kindFullReq  byte = 3
 	kindPushPull byte = 5
 	kindBatch    byte = 6
+	// kindUsage carries the tenants' token usage (usage.go); only to
+	// routers of wireUsage or later.
+	kindUsage byte = 7
 
 	payloadNone  byte = 0
 	payloadDelta byte = 1
@@ -68,6 +76,10 @@ const (
 	// carries HasLoad itself, so never with flagNoLoad); only in an
 	// owner's full state.
 	flagEngine byte = 32
+	// flagRole: the replica's role and bootstrap port follow the
+	// engine's load (only in an owner's full state, and only when they
+	// are not a whole replica's: route.RoleBoth and no port).
+	flagRole byte = 64
 
 	// maxFullBytes is memberlist's limit on one SendReliable message and on
 	// push/pull user state (20 MiB); above it delivery silently fails.
@@ -78,108 +90,6 @@ const (
 	maxReplicaIDLen = 512
 	maxNameLen      = 128
 )
-
-// wireVersion names what a router's decoders understand. A router
-// advertises its own as memberlist's DelegateProtocolMax (membership.go),
-// and encodes for a peer at the lesser of the two (peerWire, and
-// pushPullWire for push/pull, where memberlist does not say who the peer
-// is). The next addition to the wire (a flag, a field, a message kind)
-// takes the next number: it gets a constant here, a case in
-// stateFlags, needs and at (or their like for what it adds), and older
-// routers keep reading what they always read.
-//
-// memberlist refuses a push/pull in which an alive router's current
-// delegate version lies outside some router's [min, max], and routers
-// before versioning advertise 0, 0, 0: so every router advertises
-// wireBase as its current version and its minimum, and only its maximum
-// grows. Raising the minimum is how a future version would refuse
-// routers older than it (memberlist then refuses them at join).
-type wireVersion uint8
-
-const (
-	// wireBase is every router before versioning (memberlist's default
-	// delegate versions, 0, 0, 0).
-	wireBase wireVersion = 0
-	// wireNoLoad decodes the state flag flagNoLoad.
-	wireNoLoad wireVersion = 1
-	// wireEngine decodes the state flag flagEngine and the engine
-	// section it announces.
-	wireEngine wireVersion = 2
-	// wireLatest is this build's version.
-	wireLatest = wireEngine
-)
-
-// peerWire is the version a router of version self encodes at for a
-// peer that advertises peer.
-func peerWire(self, peer wireVersion) wireVersion { return min(self, peer) }
-
-// pushPullWire is the version of a router's push/pull state. memberlist
-// asks for it (Delegate.LocalState) without saying which router it goes
-// to, so it is the least version of the live peers; in a join the peer
-// may be one this router does not know yet (it answers before it merges
-// the joiner's state), so it is wireBase. The batches that follow a join
-// carry every state at the peer's own version.
-func pushPullWire(self wireVersion, join bool, live []wireVersion) wireVersion {
-	if join {
-		return wireBase
-	}
-	v := self
-	for _, p := range live {
-		v = peerWire(v, p)
-	}
-	return v
-}
-
-// stateFlags is the state flags a router of version v decodes.
-func (v wireVersion) stateFlags() byte {
-	f := flagOwned | flagHealthy | flagWithdrawn | flagSlim
-	if v >= wireNoLoad {
-		f |= flagNoLoad
-	}
-	if v >= wireEngine {
-		f |= flagEngine
-	}
-	return f
-}
-
-// noLoad reports that s is encoded without its section with flagNoLoad:
-// an owner's full state whose engine publishes no counts.
-func (s *stateMsg) noLoad() bool { return s.Owned && !s.Slim && !s.EngineWire && !s.Engine.HasLoad }
-
-// needs is the least version that carries s whole.
-func (s *stateMsg) needs() wireVersion {
-	switch {
-	case s.EngineWire:
-		return wireEngine
-	case s.noLoad():
-		return wireNoLoad
-	}
-	return wireBase
-}
-
-// at is s as a router of version v is to read it: what v does not know
-// is left out. Below wireEngine the load is the three counts and
-// NoLoad, the section's other fields unknown; without flagNoLoad an
-// engine's 0 running and 0 waiting read as known counts, as every router
-// before the flag read them.
-func (s stateMsg) at(v wireVersion) stateMsg {
-	if v < wireEngine && s.EngineWire {
-		s.EngineWire = false
-		s.Engine = legacyLoad(s.Engine, route.EngineLoad{})
-	}
-	if v < wireNoLoad && s.noLoad() {
-		s.Engine.HasLoad = true
-	}
-	return s
-}
-
-// legacyLoad is l's fields that a state without flagEngine carries
-// (running, waiting, slots, and HasLoad through flagNoLoad) over rest's
-// others.
-func legacyLoad(l, rest route.EngineLoad) route.EngineLoad {
-	rest.Running, rest.Waiting, rest.Slots, rest.HasLoad = l.Running, l.Waiting, l.Slots, l.HasLoad
-	return rest
-}
 
 var errShort = errors.New("truncated")
 
@@ -341,6 +251,13 @@ type stateMsg struct {
 	// version 0 lacks, and reads there as it always did (wireNoLoad).
 	Engine     route.EngineLoad
 	EngineWire bool
+	// Role is the replica's role and Bootstrap a prefill replica's
+	// bootstrap port (flagRole; zero: a whole replica).
+	Role      route.Role
+	Bootstrap uint16
+	// LoRA is the engine's LoRA adapters, in Engine's section (so only
+	// with EngineWire), as tags a router that does not know them skips.
+	LoRA       route.LoRAs
 	Models     []string
 	DeclaredBy []string
 }
@@ -366,6 +283,9 @@ func (s *stateMsg) append(dst []byte) []byte {
 	} else if s.noLoad() {
 		f |= flagNoLoad
 	}
+	if s.hasRole() {
+		f |= flagRole
+	}
 	dst = append(dst, f)
 	dst = binary.BigEndian.AppendUint64(dst, s.Epoch)
 	dst = binary.BigEndian.AppendUint64(dst, s.Version)
@@ -377,11 +297,14 @@ func (s *stateMsg) append(dst []byte) []byte {
 	dst = binary.BigEndian.AppendUint32(dst, s.InFlight)
 	dst = binary.BigEndian.AppendUint64(dst, math.Float64bits(s.Pending))
 	if s.EngineWire {
-		dst = s.Engine.AppendWire(dst)
+		dst = route.AppendEngineWire(dst, s.Engine, s.LoRA)
 	} else {
 		dst = binary.BigEndian.AppendUint32(dst, uint32(max(s.Engine.Running, 0)))
 		dst = binary.BigEndian.AppendUint32(dst, uint32(max(s.Engine.Waiting, 0)))
 		dst = binary.BigEndian.AppendUint32(dst, uint32(max(s.Engine.Slots, 0)))
+	}
+	if s.hasRole() {
+		dst = binary.BigEndian.AppendUint16(append(dst, byte(s.Role)), s.Bootstrap)
 	}
 	dst = append(dst, byte(min(len(s.Models), math.MaxUint8)))
 	for _, m := range s.Models[:min(len(s.Models), math.MaxUint8)] {
@@ -402,6 +325,7 @@ func (r *reader) state() stateMsg {
 	s.Owned, s.Healthy, s.Withdrawn, s.Slim = f&flagOwned != 0, f&flagHealthy != 0, f&flagWithdrawn != 0, f&flagSlim != 0
 	noLoad := f&flagNoLoad != 0
 	s.EngineWire = f&flagEngine != 0
+	role := f&flagRole != 0
 	if f&^r.v.stateFlags() != 0 {
 		r.fail(fmt.Errorf("unknown flags %#x", f))
 	}
@@ -411,6 +335,9 @@ func (r *reader) state() stateMsg {
 	}
 	if noLoad && s.EngineWire {
 		r.fail(fmt.Errorf("flags %#x: no load with an engine section", f))
+	}
+	if role && (!s.Owned || s.Slim) {
+		r.fail(fmt.Errorf("flags %#x: a role without an owner's full state", f))
 	}
 	s.Epoch, s.Version = r.u64(), r.u64()
 	if s.Slim {
@@ -427,9 +354,17 @@ func (r *reader) state() stateMsg {
 		r.fail(fmt.Errorf("pending prefill %v out of range", s.Pending))
 	}
 	if s.EngineWire {
-		s.Engine = r.engine()
+		s.Engine, s.LoRA = r.engine()
 	} else {
 		s.Engine = route.EngineLoad{Running: r.count(), Waiting: r.count(), Slots: r.count(), HasLoad: !noLoad}
+	}
+	if role {
+		s.Role, s.Bootstrap = route.Role(r.u8()), uint16(r.u16())
+		// One encoding per state: flagRole only for what a state
+		// without it cannot say, a port only for a prefill replica.
+		if r.err == nil && (!s.Role.Valid() || !s.hasRole() || (s.Bootstrap != 0 && s.Role != route.RolePrefill)) {
+			r.fail(fmt.Errorf("role %d with bootstrap port %d", s.Role, s.Bootstrap))
+		}
 	}
 	if n := int(r.u8()); n > 0 {
 		s.Models = make([]string, 0, n)
@@ -464,18 +399,17 @@ func (r *reader) count() int32 {
 // state with room for bytes this router does not read: the section's
 // tags a newer router added, which route.EngineLoad.DecodeWire skips so
 // that a field reaches the routers that know it without a wire version.
-func (r *reader) engine() route.EngineLoad {
-	var l route.EngineLoad
+func (r *reader) engine() (route.EngineLoad, route.LoRAs) {
 	if r.err != nil {
-		return l
+		return route.EngineLoad{}, route.LoRAs{}
 	}
-	n, err := l.DecodeWire(r.b)
+	l, a, n, err := route.DecodeEngineWire(r.b)
 	if err != nil {
 		r.fail(err)
-		return l
+		return l, a
 	}
 	r.b = r.b[n:]
-	return l
+	return l, a
 }
 
 // fullReq asks the owner of Replica for a full copy of its summary.
@@ -624,6 +558,11 @@ func decodeMsg(b []byte, v wireVersion) (any, error) {
 		out = r.state()
 	case kindBatch:
 		out = r.batch()
+	case kindUsage:
+		if v < wireUsage {
+			return nil, fmt.Errorf("unknown message kind %d", kind)
+		}
+		out = r.usage()
 	case kindFullReq:
 		f := fullReq{Origin: r.s8(), Replica: r.s16()}
 		if r.err == nil && (f.Origin == "" || f.Replica == "") {

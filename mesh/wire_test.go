@@ -35,6 +35,11 @@ func sampleMessages(t testing.TB) [][]byte {
 	noLoad.Engine = route.EngineLoad{Slots: 8}
 	withEngine := st
 	withEngine.EngineWire = true
+	prefill, decode := withEngine, st
+	prefill.Role, prefill.Bootstrap = route.RolePrefill, 8998
+	decode.Role = route.RoleDecode
+	withLoRA := withEngine
+	withLoRA.LoRA = route.MakeLoRAs(2, []string{"m1"}, []string{"m4"}, []string{"m2"}, []string{"m3"})
 	nb := batchMsg{header: header{Origin: "a", Boot: 7, Seq: 12}, Entries: []batchEntry{{State: noLoad, Kind: payloadDelta, Payload: delta}}}
 	npp := appendS8([]byte{kindPushPull}, "a")
 	npp = append(npp, 0, 0, 0, 0, 0, 0, 0, 7, 0, 0, 0, 2)
@@ -50,6 +55,10 @@ func sampleMessages(t testing.TB) [][]byte {
 		nb.append(nil),
 		npp,
 		withEngine.append(nil),
+		withLoRA.append(nil),
+		usageMsg{Origin: "a", Boot: 7, Payload: []byte{1, 2, 3}}.append(nil),
+		prefill.append(nil),
+		decode.append(nil),
 	}
 }
 
@@ -249,6 +258,94 @@ func TestWireEngine(t *testing.T) {
 	}
 }
 
+// TestWireRole: a replica's role (flagRole) round-trips at wireRole, a
+// decoder before it refuses it, and the state for such a router is the
+// state without it, byte for byte what it always read; a whole replica's
+// state carries no flag and no section (its bytes are those of every
+// version before), and a section that says nothing or what no version
+// knows is refused.
+func TestWireRole(t *testing.T) {
+	for _, tc := range []struct {
+		role      route.Role
+		bootstrap uint16
+		engine    bool
+	}{
+		{route.RolePrefill, 8998, true},
+		{route.RolePrefill, 0, false},
+		{route.RoleDecode, 0, true},
+	} {
+		st := sampleState()
+		st.EngineWire, st.Role, st.Bootstrap = tc.engine, tc.role, tc.bootstrap
+		b := st.append(nil)
+		v, err := decodeMsg(b, wireLatest)
+		if err != nil || !reflect.DeepEqual(v, st) {
+			t.Fatalf("%v: got %+v %v\nwant %+v", tc, v, err, st)
+		}
+		if st.needs() != wireRole {
+			t.Fatalf("%v needs version %d", tc, st.needs())
+		}
+		for _, old := range []wireVersion{wireBase, wireNoLoad, wireEngine, wireUsage} {
+			if _, err := decodeMsg(b, old); err == nil {
+				t.Fatalf("a decoder of version %d reads flagRole", old)
+			}
+			ob := st.at(old)
+			got, err := decodeMsg(ob.append(nil), old)
+			if err != nil || got.(stateMsg).Role != route.RoleBoth || got.(stateMsg).Bootstrap != 0 {
+				t.Fatalf("the state for version %d reads %+v %v", old, got, err)
+			}
+		}
+		withoutRole := st
+		withoutRole.Role, withoutRole.Bootstrap = route.RoleBoth, 0
+		got, want := st.at(wireUsage), withoutRole.at(wireUsage)
+		if string(got.append(nil)) != string(want.append(nil)) {
+			t.Fatalf("%v at wireUsage:\n%x\nwant the state without a role\n%x", tc, got.append(nil), want.append(nil))
+		}
+	}
+	whole := sampleState()
+	if whole.hasRole() || whole.needs() != wireBase {
+		t.Fatal("a whole replica's state carries a role")
+	}
+	if got := hex.EncodeToString(whole.append(nil)); got != goldenState {
+		t.Fatalf("a whole replica's state changed:\n%s\nwant\n%s", got, goldenState)
+	}
+	// A section with nothing to say, a role no version knows, a port
+	// of a replica that is no prefill one, a slim state's: refused.
+	sample := sampleState()
+	base := sample.append(nil)
+	const flagAt = 1 + 2 + 8 + 8 + 2 + 10 // kind, origin "a", boot, seq, replica "http://r:1"
+	for _, sec := range [][]byte{{0, 0, 0}, {3, 0, 0}, {byte(route.RoleDecode), 0x23, 0x26}, {byte(route.RoleBoth), 0x23, 0x26}} {
+		b := withRoleSection(t, base, flagAt, sec)
+		if _, err := decodeMsg(b, wireLatest); err == nil {
+			t.Fatalf("role section %x decodes", sec)
+		}
+	}
+	b := withRoleSection(t, base, flagAt, []byte{byte(route.RoleDecode), 0, 0})
+	if v, err := decodeMsg(b, wireLatest); err != nil || v.(stateMsg).Role != route.RoleDecode {
+		t.Fatalf("the hand-made decode section: %+v %v (the test's offsets are wrong)", v, err)
+	}
+	slim := sampleState()
+	slim.Slim = true
+	sb := slim.append(nil)
+	sb[flagAt] |= flagRole
+	if _, err := decodeMsg(sb, wireLatest); err == nil {
+		t.Fatal("a slim state with flagRole decodes")
+	}
+}
+
+// withRoleSection is the encoded sample state b with flagRole set (its
+// flags at flagAt) and sec inserted after the engine's counts.
+func withRoleSection(t *testing.T, b []byte, flagAt int, sec []byte) []byte {
+	t.Helper()
+	out := append([]byte(nil), b...)
+	if out[flagAt] != flagOwned|flagHealthy {
+		t.Fatalf("flags at %d are %#x: the test's offsets are wrong", flagAt, out[flagAt])
+	}
+	out[flagAt] |= flagRole
+	// The sample's models and declarers (1+3+3, 1+2+2 bytes) end it.
+	at := len(out) - (1 + 3 + 3 + 1 + 2 + 2)
+	return append(append(append([]byte(nil), out[:at]...), sec...), out[at:]...)
+}
+
 // Every strict prefix of a valid message is an error, never a panic.
 func TestWireTruncated(t *testing.T) {
 	for i, b := range sampleMessages(t) {
@@ -391,6 +488,8 @@ func FuzzDecodeMsg(f *testing.F) {
 			out = m.append(nil)
 		case fullReq:
 			out = m.append(nil)
+		case usageMsg:
+			out = m.append(nil)
 		}
 		if string(out) != string(b) {
 			// The engine section's tags this router does not know are
@@ -499,5 +598,39 @@ func TestWireEngineSkipsNewerFields(t *testing.T) {
 	v, err := decodeMsg(newer, wireLatest)
 	if err != nil || !reflect.DeepEqual(v, st) {
 		t.Fatalf("a newer router's state: %+v %v\nwant %+v", v, err, st)
+	}
+}
+
+// TestWireLoRA: a replica's LoRA adapters ride in the engine section: a
+// router of this version reads them back, a router before flagEngine
+// gets the state it always got (without them), and a router of
+// wireEngine that does not know their tags (EngineLoad.DecodeWire)
+// reads the section's load and ends it where it ends, so the models
+// after it decode as before.
+func TestWireLoRA(t *testing.T) {
+	st := sampleState()
+	st.EngineWire = true
+	st.LoRA = route.MakeLoRAs(2, []string{"m1"}, nil, []string{"m2"}, nil)
+	b := st.append(nil)
+	v, err := decodeMsg(b, wireLatest)
+	if err != nil || !reflect.DeepEqual(v, st) {
+		t.Fatalf("got %+v %v\nwant %+v", v, err, st)
+	}
+	for _, old := range []wireVersion{wireBase, wireNoLoad} {
+		if ob := st.at(old); ob.LoRA != (route.LoRAs{}) || hex.EncodeToString(ob.append(nil)) != goldenState {
+			t.Fatalf("the state for version %d carries LoRA: %+v", old, ob)
+		}
+	}
+	at := 1 + 1 + len(st.Origin) + 16 + 2 + len(st.Replica) + 1 + 16 + 4 + 8 + 4 + 8 // the section's length byte
+	var l route.EngineLoad
+	n, err := l.DecodeWire(b[at:])
+	if err != nil || l != st.Engine || n != 1+int(b[at]) {
+		t.Fatalf("an older router reads the section as %+v (%d bytes), %v", l, n, err)
+	}
+	without := st
+	without.LoRA = route.LoRAs{}
+	wb := without.append(nil)
+	if string(b[at+n:]) != string(wb[at+1+int(wb[at]):]) {
+		t.Fatalf("what follows the section differs with LoRA")
 	}
 }

@@ -7,7 +7,6 @@ import (
 
 	"github.com/kvmesh/kvmesh/proxy/admit"
 	"github.com/kvmesh/kvmesh/proxy/prompt"
-	"github.com/zeebo/xxh3"
 )
 
 // admission is the proxy's side of package admit: what it reads of a
@@ -50,14 +49,6 @@ func (ad *admission) depth() [admit.NumClasses]int {
 	return ad.a.Depth()
 }
 
-// Seeds of the tenant hashes, one per source of the identity, so one
-// value from two sources does not name one tenant.
-const (
-	tenantByKey    = 0x74656e616e740001
-	tenantByHeader = 0x74656e616e740002
-	tenantByAddr   = 0x74656e616e740003
-)
-
 // request is what admission reads of a request: its model, its
 // class from the priority header (high, normal, low, or vLLM's integer),
 // else from the body's priority (vLLM's integer, which the engine reads
@@ -68,7 +59,7 @@ const (
 // name itself another tenant); otherwise the tenant header, then the
 // bearer key, then the client's address.
 func (ad *admission) request(h http.Header, addr string, pr *prompt.Prompt) admit.Request {
-	req := admit.Request{Model: pr.Model, Tenant: ad.tenantOf(h, addr), Cost: float64(len(pr.Text)/4 + 1)}
+	req := admit.Request{Model: pr.Model, Tenant: tenantOf(h, addr, ad.p.cfg.APIKeys != nil), Cost: float64(len(pr.Text)/4 + 1)}
 	if c, ok := admit.ParseClass(h.Get(admit.HeaderPriority)); ok {
 		req.Class = c
 	} else if n, err := strconv.Atoi(pr.Priority); err == nil {
@@ -79,21 +70,6 @@ func (ad *admission) request(h http.Header, addr string, pr *prompt.Prompt) admi
 		req.Timeout = max(d, 1)
 	}
 	return req
-}
-
-// tenantOf identifies the tenant of a request with headers h from addr
-// (request).
-func (ad *admission) tenantOf(h http.Header, addr string) uint64 {
-	key := bearerKey(h)
-	switch {
-	case ad.p.cfg.APIKeys != nil && key != "":
-		return xxh3.HashStringSeed(key, tenantByKey)
-	case h.Get(admit.HeaderTenant) != "":
-		return xxh3.HashStringSeed(h.Get(admit.HeaderTenant), tenantByHeader)
-	case key != "":
-		return xxh3.HashStringSeed(key, tenantByKey)
-	}
-	return xxh3.HashStringSeed(addr, tenantByAddr)
 }
 
 // bearerKey is the bearer key in h, "" when none.

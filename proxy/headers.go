@@ -1,6 +1,9 @@
 package proxy
 
 import (
+	"bytes"
+	"context"
+	"io"
 	"net/http"
 	"net/textproto"
 	"strings"
@@ -32,4 +35,17 @@ func copyRequestHeader(dst, src http.Header) {
 			dst[k] = vv
 		}
 	}
+}
+
+// newUpstreamRequest is the net/http request of an attempt: the client's
+// headers that go upstream, and a body net/http can replay (it does only
+// when nothing was written, see retry.go).
+func newUpstreamRequest(ctx context.Context, url string, hdr http.Header, body []byte) (*http.Request, error) {
+	out, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	copyRequestHeader(out.Header, hdr)
+	out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+	return out, nil
 }

@@ -72,6 +72,8 @@ type fakeReplica struct {
 	pending  float64 // queued prefill blocks
 	slots    int     // the engine's sequence slots (0: unknown)
 	seqMs    float64 // a sequence's mean time in a slot (0: unknown)
+	role     route.Role
+	boot     uint16 // a prefill replica's bootstrap port
 }
 
 // fakeView is a View over a fixed set of replicas that records what the
@@ -98,7 +100,7 @@ func (v *fakeView) Candidates(model string, dst []route.Candidate) []route.Candi
 		// replicas this router owns.
 		c := route.Candidate{Detail: &route.Detail{ID: r.id, Local: r.owner == ""}, Hash: route.HashID(r.id),
 			InFlight: route.Count32(r.inFlight), PendingPrefillBlocks: r.pending, EngineLoad: route.EngineLoad{Slots: route.Count32(r.slots)}}
-		c.Detail.SeqMs = r.seqMs
+		c.Detail.SeqMs, c.Detail.Bootstrap, c.Role = r.seqMs, r.boot, r.role
 		c.Summary = fixedMatch(r.match)
 		dst = append(dst, c)
 	}

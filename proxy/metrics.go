@@ -27,6 +27,7 @@ type metrics struct {
 	requests        *prometheus.CounterVec
 	hopRequests     *prometheus.CounterVec
 	decisions       *prometheus.CounterVec
+	loraPlacements  *prometheus.CounterVec
 	predictedCached prometheus.Counter
 	reportedCached  prometheus.Counter
 	promptTokens    prometheus.Counter
@@ -38,6 +39,7 @@ type metrics struct {
 	inflight        *prometheus.GaugeVec
 	retries         prometheus.Counter
 	stallCuts       prometheus.Counter
+	stallChecks     *prometheus.CounterVec
 	loopStreams     prometheus.Counter
 	loopClientWaits prometheus.Counter
 	// midstream counts streams failed after their head, by cause and by
@@ -57,6 +59,8 @@ type metrics struct {
 	// byReason holds the decision counters of every known reason; it is
 	// filled in newMetrics and only read afterwards.
 	byReason map[route.Reason]prometheus.Counter
+	// byLoRA holds the LoRA placement counters, filled in newMetrics.
+	byLoRA map[route.LoRAPlacement]prometheus.Counter
 }
 
 // countDecision counts one routing decision by its reason.
@@ -66,6 +70,14 @@ func (m *metrics) countDecision(r route.Reason) {
 		return
 	}
 	m.decisions.WithLabelValues(string(r)).Inc()
+}
+
+// countLoRA counts one decision for a LoRA adapter's request by where it
+// went (none for a base model's).
+func (m *metrics) countLoRA(pl route.LoRAPlacement) {
+	if c, ok := m.byLoRA[pl]; ok {
+		c.Inc()
+	}
 }
 
 // upstreamObservers are the upstream histograms of one target.
@@ -142,6 +154,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "kvmesh_route_decisions_total",
 			Help: "Routing decisions made by this router, by reason.",
 		}, []string{"reason"}),
+		loraPlacements: f.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvmesh_route_lora_placements_total",
+			Help: "Routing decisions of this router for LoRA adapters' requests, by where they went: loaded (a replica running the adapter), load (one with room to load it), waiting (one where its requests wait), evict (a full one: it evicts or waits), unknown (no replica told: placed as a base model's).",
+		}, []string{"placement"}),
 		predictedCached: f.NewCounter(prometheus.CounterOpts{
 			Name: "kvmesh_predicted_cached_tokens_total",
 			Help: "Prompt tokens this router predicted the replica had cached, over responses that reported cached tokens.",
@@ -200,6 +216,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "kvmesh_stalled_requests_total",
 			Help: "Requests in flight at an owned replica judged stalled, ended there (retried elsewhere when nothing reached the client yet, else ended with an error event).",
 		}),
+		stallChecks: f.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvmesh_stall_checks_total",
+			Help: "Silences of owned replicas with requests in flight that lasted the stall window, by outcome, each counted once: prefilling (within the prefill the router expects of the requests waiting for their first byte; not judged), progressing (judged: the engine's progress counters moved) or stalled (ejected, its requests ended).",
+		}, []string{"outcome"}),
 		retries: f.NewCounter(prometheus.CounterOpts{
 			Name: "kvmesh_upstream_retries_total",
 			Help: "Upstream attempts retried on another candidate before the first response byte.",
@@ -225,6 +245,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	m.byReason = map[route.Reason]prometheus.Counter{}
 	for _, r := range append(slices.Clone(route.Reasons), ReasonRehint, ReasonPreviousResponse, ReasonLoad, ReasonPolicyFault) {
 		m.byReason[r] = m.decisions.WithLabelValues(string(r))
+	}
+	m.byLoRA = map[route.LoRAPlacement]prometheus.Counter{}
+	for _, pl := range route.LoRAPlacements {
+		m.byLoRA[pl] = m.loraPlacements.WithLabelValues(string(pl))
 	}
 	for i, t := range []string{targetLocal, targetPeer} {
 		m.upstream[i] = upstreamObservers{ttft: m.ttft.WithLabelValues(t), duration: m.duration.WithLabelValues(t)}

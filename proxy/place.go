@@ -36,6 +36,7 @@ func (st *reqState) decideAndBook(counted *bool) (route.Decision, booking) {
 			reason = ReasonRehint
 		}
 		p.m.countDecision(reason)
+		p.m.countLoRA(d.LoRA)
 		*counted = true
 		if p.log.IsDebug() {
 			c := &st.cands[d.Index]
@@ -50,6 +51,9 @@ func (st *reqState) decideAndBook(counted *bool) (route.Decision, booking) {
 // decide picks the candidate for a request this router decides.
 func (st *reqState) decide() route.Decision {
 	p, req, cands := st.p, st.req, st.cands
+	if st.leg == hop.LegDecode {
+		return decodePick(cands, req.ClientKey^xxh3.Hash(st.body)) // pd.go
+	}
 	if st.ep.byLoad {
 		return leastLoaded(cands, req.ClientKey, st.body)
 	}
@@ -236,8 +240,12 @@ func (st *reqState) commit(d route.Decision, redecide bool) (route.Decision, boo
 		d = st.decide()
 	}
 	c := &cands[d.Index]
+	blocks := float64(len(st.hashes) - d.Match)
+	if st.leg == hop.LegDecode {
+		blocks = 0 // its prompt arrives as KV (pd.go)
+	}
 	var bk booking
-	bk, st.snap = p.bookLocked(c.ID(), c.Detail != nil && c.Detail.Local, float64(len(st.hashes)-d.Match), !st.hop)
+	bk, st.snap = p.bookLocked(c.ID(), c.Detail != nil && c.Detail.Local, blocks, !st.hop)
 	return d, bk
 }
 
@@ -361,4 +369,37 @@ func (p *Proxy) book(id string, local bool, blocks float64, mine bool) booking {
 	}
 	mark, firstByte, done := p.hops.SendMark(id, blocks)
 	return booking{firstByte: firstByte, done: done, mark: mark}
+}
+
+// ownCandidates keeps the candidates this router owns (a forwarded request
+// never travels further) and finds the hinted replica among them. The
+// deciding router saw this router's replicas as they were up to a gossip
+// interval ago, and not the other routers' dispatches since; this router
+// counts them exactly, so it keeps the hint only while route's rule says
+// the replica can still start the request (route.Policy.KeepHint), and
+// otherwise decides again among its own replicas. A pinned request (an
+// SGLang prefill leg, whose decode leg names its replica) keeps the
+// hinted replica alone, or none.
+func ownCandidates(pol route.Policy, cands []route.Candidate, hint string, pinned bool) ([]route.Candidate, int) {
+	keep := false
+	for i := range cands {
+		if cands[i].ID() == hint {
+			keep = pinned || pol.KeepHint(cands, i)
+			break
+		}
+	}
+	if pinned {
+		cands = slices.DeleteFunc(cands, func(c route.Candidate) bool { return c.ID() != hint })
+	}
+	own, hinted := cands[:0], -1
+	for _, c := range cands {
+		if c.Detail == nil || !c.Detail.Local { // the view's word, as commit books by it: no Locate per candidate
+			continue
+		}
+		if c.ID() == hint && keep {
+			hinted = len(own)
+		}
+		own = append(own, c)
+	}
+	return own, hinted
 }

@@ -24,7 +24,9 @@ import (
 	"github.com/kvmesh/kvmesh/internal/panics"
 	"github.com/kvmesh/kvmesh/internal/ratelog"
 	"github.com/kvmesh/kvmesh/proxy/admit"
+	"github.com/kvmesh/kvmesh/proxy/disagg"
 	"github.com/kvmesh/kvmesh/proxy/hop"
+	"github.com/kvmesh/kvmesh/proxy/quota"
 	"github.com/kvmesh/kvmesh/proxy/reply"
 	"github.com/kvmesh/kvmesh/proxy/upstream"
 	"github.com/kvmesh/kvmesh/route"
@@ -121,9 +123,10 @@ type Config struct {
 	// the request path (health.Checker.ReportFailure); nil ignores them.
 	ReportFailure func(replicaID string)
 	// Stalled judges an owned replica whose requests in flight got no
-	// response byte, and none ended, since quiet for StallWindow
-	// (health.Checker.Stall, which ejects it); when it says stalled,
-	// those requests are ended (stall.go). Nil: no stall detection.
+	// response byte, and none ended, since quiet for StallWindow past
+	// the prefill the router expects of them (stall.go;
+	// health.Checker.Stall, which ejects it); when it says stalled,
+	// those requests are ended. Nil: no stall detection.
 	Stalled func(replicaID string, quiet time.Time, streamed bool) bool
 	// StallWindow is that silence (default DefaultStallWindow; negative:
 	// no stall detection).
@@ -144,10 +147,22 @@ type Config struct {
 	// replicas are saturated (package admit; the proxy sets its Room and
 	// Registerer). Nil: every request goes straight to its decision.
 	Admission *admit.Config
+	// Quota, when set, holds each tenant to its token budget across the
+	// mesh (package quota; tenants.go): over it, a request is answered
+	// 429 before it queues. Nil: no budgets.
+	Quota *quota.Ledger
 	// TokenRatios learns each owned replica's bytes per token from its
 	// answers (tokens.go); the router shares it with its health checks.
 	// Nil: the proxy's own. The proxy registers it with Registerer.
 	TokenRatios *TokenRatios
+	// PD splits chat and completions requests into a prefill leg and a
+	// decode leg by this protocol (pd.go); disagg.None (the zero): no
+	// request is split, and only whole replicas (route.RoleBoth) serve.
+	PD disagg.Protocol
+	// Answers, when set, is told of every complete answer of an owned
+	// replica that reported usage (relay.go's learn), from the request's
+	// goroutine; it must not block. Nil: none.
+	Answers func(replicaID string, a Answered)
 }
 
 // Proxy is the HTTP handler of one router. It is safe for concurrent use.
@@ -204,6 +219,8 @@ type Proxy struct {
 	// stalls: the requests in flight at owned replicas, for the stall
 	// detection (nil: off).
 	stalls *stallBook
+	// pdm counts the requests split into legs (pd.go).
+	pdm *pdMetrics
 }
 
 // New returns a Proxy.
@@ -261,6 +278,7 @@ func New(cfg Config) (*Proxy, error) {
 
 		ratios: cfg.TokenRatios, load: newLoadBook(), hops: hop.NewBook(), up: upstream.New(cfg.Client), answers: reply.NewBudget(reply.BudgetBytes)}
 	p.lookups = newLookups(p, cfg.Registerer)
+	p.pdm = newPDMetrics(cfg.Registerer, cfg.PD)
 	p.signer = &hop.Signer{Key: cfg.HopKey, Now: func() time.Time { return p.now() }}
 	p.probeOwner = hop.ProbeHealthz(p.client)
 	p.owners = hop.NewOwners(func(ctx context.Context, api string) (hop.Check, error) { return p.probeOwner(ctx, api) },
@@ -275,7 +293,18 @@ func New(cfg Config) (*Proxy, error) {
 	p.stalls = newStallBook(cfg.StallWindow, cfg.Stalled, func() time.Time { return p.now() }, func(id string, n int) {
 		p.log.Warn("replica stalled: its requests in flight ended", "replica", id, "reason", "stalled", "requests", n)
 		p.m.stallCuts.Add(float64(n))
+	}, func(id, outcome string, quiet time.Duration) {
+		p.m.stallChecks.WithLabelValues(outcome).Inc()
+		switch outcome {
+		case stallPrefilling:
+			p.log.Debug("replica quiet past its stall window, within the prefill it owes", "replica", id, "quiet", quiet.Round(time.Millisecond))
+		case stallProgressing:
+			p.log.Info("replica quiet past its stall window and the prefill it owes, but its engine progresses", "replica", id, "quiet", quiet.Round(time.Millisecond))
+		}
 	})
+	for _, o := range [...]string{stallPrefilling, stallProgressing, stallStalled} {
+		p.m.stallChecks.WithLabelValues(o) // every series from the start, at 0
+	}
 	if cfg.Admission != nil {
 		p.admit = newAdmission(p, *cfg.Admission)
 	}

@@ -92,10 +92,15 @@ func (st *reqState) relay(resp *http.Response, a upstreamAnswer) {
 		// prompt now. A refused or failed request records nothing, and
 		// embeddings leave no cache.
 		p.cfg.View.Record(a.id, st.hashes)
-		if resp.StatusCode == http.StatusOK {
-			sink = reply.NewSink(sse, p.answers)
-			defer sink.Release()
-		}
+	}
+	// An owned replica's answer is learnt; a hop's, and a decode leg's
+	// (pd.go: placed by load, its cache steers nothing), are read for
+	// the tenant's token usage only (tenants.go).
+	learnt := a.local && !st.byLoad
+	if resp.StatusCode == http.StatusOK && (learnt || st.quota.Held() && (!st.byLoad || st.leg == hop.LegDecode)) {
+		sink = reply.NewSink(sse, p.answers)
+		defer sink.Release()
+		defer func() { st.spent = spentOf(sink) }() // before the release
 	}
 	a.tap = streamTap{sink: sink, firstByte: a.firstByte, ttft: a.obs.ttft, start: a.start, idle: a.idle}
 	a.fr = upstream.NewFraming(sse && len(st.w.Header()["Content-Length"]) == 0)
@@ -109,7 +114,9 @@ func (st *reqState) relay(resp *http.Response, a upstreamAnswer) {
 			// replica computed (it holds that prompt and that much of
 			// the answer), so it is learnt though the request is a 499.
 			sink.Finish()
-			st.learn(a.id, a.d, sink)
+			if learnt {
+				st.learn(a.id, a.d, sink, a.start)
+			}
 		}
 		return
 	}
@@ -120,7 +127,9 @@ func (st *reqState) relay(resp *http.Response, a upstreamAnswer) {
 	a.obs.duration.Observe(time.Since(a.start).Seconds())
 	if sink != nil {
 		sink.Finish()
-		st.learn(a.id, a.d, sink)
+		if learnt {
+			st.learn(a.id, a.d, sink, a.start)
+		}
 	}
 }
 
@@ -377,7 +386,7 @@ func (t *streamTap) sawDone() bool {
 // summary claimed beyond them are forgotten (the replica evicted them),
 // and the prompt is recorded again after that, since the engine has just
 // computed it.
-func (st *reqState) learn(id string, d route.Decision, sink *reply.Sink) {
+func (st *reqState) learn(id string, d route.Decision, sink *reply.Sink, sent time.Time) {
 	p := st.p
 	forgot := false
 	if u := sink.Usage(); u.Present {
@@ -415,7 +424,17 @@ func (st *reqState) learn(id string, d route.Decision, sink *reply.Sink) {
 			}
 		}
 	}
+	if st.leg == hop.LegPrefill || st.leg == hop.LegPinned {
+		// A prefill leg's replica holds the prompt, not the answer,
+		// which its decode leg generates elsewhere (pd.go).
+		if forgot {
+			p.cfg.View.Record(id, st.hashes)
+		}
+		answered(&p.cfg, id, st, sink, st.hashes, len(st.prompt.Text), sent)
+		return
+	}
 	if len(sink.Answer()) == 0 && !forgot {
+		answered(&p.cfg, id, st, sink, st.hashes, len(st.prompt.Text), sent)
 		return
 	}
 	// The text (prompt + answer) starts with the prompt, so the chain
@@ -428,10 +447,32 @@ func (st *reqState) learn(id string, d route.Decision, sink *reply.Sink) {
 	}
 	tail := st.prompt
 	tail.Text = st.prompt.Text[n*bb:]
-	all := p.cfg.Contract.AppendHashes(st.hashes[:n:n], from, tail.AppendAnswer(string(sink.Answer())))
+	text := tail.AppendAnswer(string(sink.Answer()))
+	all := p.cfg.Contract.AppendHashes(st.hashes[:n:n], from, text)
 	if len(all) > n || forgot {
 		p.cfg.View.Record(id, all)
 	}
+	answered(&p.cfg, id, st, sink, all, n*bb+len(text), sent)
+}
+
+// answered tells cfg.Answers of an answer of st that reported usage.
+func answered(cfg *Config, id string, st *reqState, sink *reply.Sink, hashes []uint64, textBytes int, sent time.Time) {
+	if u := sink.Usage(); cfg.Answers != nil && u.PromptTokens > 0 {
+		cfg.Answers(id, Answered{Hashes: hashes, PromptBytes: len(st.prompt.Text), TextBytes: textBytes,
+			BlockBytes: cfg.Contract.BlockBytes, PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens,
+			CachedTokens: u.CachedTokens, Sent: sent})
+	}
+}
+
+// Answered is what an owned replica's complete answer taught: the text
+// blocks it holds now (prompt, then answer as the next turn renders it),
+// their bytes, the engine's usage and when the request was sent. The
+// router's KV-event trackers relate it to the engine's blocks.
+type Answered struct {
+	Hashes                                       []uint64
+	PromptBytes, TextBytes, BlockBytes           int
+	PromptTokens, CompletionTokens, CachedTokens int64
+	Sent                                         time.Time
 }
 
 // observeSlot folds a finished attempt's slot time at replica id into

@@ -1,11 +1,9 @@
 package proxy
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"github.com/kvmesh/kvmesh/proxy/prompt"
-	"io"
 	"net/http"
 	"slices"
 	"strconv"
@@ -14,6 +12,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/proxy/admit"
 	"github.com/kvmesh/kvmesh/proxy/hop"
+	"github.com/kvmesh/kvmesh/proxy/quota"
 	"github.com/kvmesh/kvmesh/proxy/upstream"
 	"github.com/kvmesh/kvmesh/route"
 	"github.com/kvmesh/kvmesh/summary"
@@ -53,6 +52,17 @@ type reqState struct {
 	hashes           []uint64
 	hop              bool
 	byLoad           bool // placed by load; the response is not read
+	// split: this router splits the request into a prefill and a decode
+	// leg (pd.go); leg: the request is one of them (hop.Leg), from this
+	// router (a leg it answers itself, or its decode leg) or another.
+	split bool
+	leg   hop.Leg
+	// gate, when set, lets the response of an attempt through to the
+	// client (an SGLang decode leg waits for its prefill leg, pdleg.go);
+	// abandoned: it did not, and nothing of the attempt was sent.
+	gate      func() bool
+	abandoned bool
+	lastID    string // the replica of the latest attempt
 
 	// The decision's inputs: the routing request, the candidates with
 	// their loads, the placement sequence those reflect (placeBook), and
@@ -66,9 +76,7 @@ type reqState struct {
 	attempts int
 	began    time.Time
 
-	// blockMs is the chosen candidate's prefill time per block, for the
-	// slot time the attempt measures (load.go).
-	blockMs float64
+	blockMs float64 // the chosen candidate's prefill time per block (load.go's slot time)
 	// The dispatch protocol (hop.go). announce: an authenticated hop,
 	// whose entry is told of the dispatch (announced: it was);
 	// dispatchBy: the entry's deadline for it. downOwner: the owner API
@@ -93,6 +101,10 @@ type reqState struct {
 	// stall: the attempt in flight at an owned replica, as the stall
 	// detection follows it (stall.go; nil: none).
 	stall *stallMark
+	// quota: the tenant's token charge, settled by finish to what the
+	// engine reported (spent; tenants.go).
+	quota quota.Ticket
+	spent spent
 
 	// What the request holds until it ends (finish releases it).
 	releaseClient, releaseCands, endHeat, releaseAdmit func()
@@ -108,13 +120,18 @@ func (p *Proxy) inference(w http.ResponseWriter, r *http.Request, ep *endpoint) 
 	if !st.admit() || !st.read() {
 		return
 	}
+	st.split = splits(st)
 	st.route()
 	st.readLoads()
 	if len(st.cands) == 0 {
 		st.code = st.noCandidate()
 		return
 	}
-	if !p.admit.queue(st) {
+	if !reserveTokens(st) || !p.admit.queue(st) {
+		return
+	}
+	if st.split {
+		serveSplit(st)
 		return
 	}
 	st.attemptAll()
@@ -156,6 +173,23 @@ func (ad *admission) queue(st *reqState) bool {
 	return true
 }
 
+// reserveTokens charges st to its tenant's token budget before it may
+// queue (a step of the request path; tenants.go has the rest): input tokens
+// estimated from the prompt's bytes at the replicas' learned bytes per
+// token, output reserved at its max_tokens (else the tenant's mean). A
+// hop was charged by the router it entered. When the budget is spent it
+// answers 429 and reports false.
+func reserveTokens(st *reqState) bool {
+	p := st.p
+	if p.cfg.Quota == nil || st.hop {
+		return true
+	}
+	var ok bool
+	tenant := tenantOf(st.r.Header, clientAddr(st.r), p.cfg.APIKeys != nil)
+	st.quota, st.code, ok = chargeTenant(st.w, p.cfg.Quota, p.ratios.Overall(), tenant, &st.prompt)
+	return ok
+}
+
 // letGo gives back st's candidates' storage and heat count before a wait
 // in the queue.
 func letGo(st *reqState) {
@@ -171,6 +205,9 @@ func letGo(st *reqState) {
 
 // finish releases what the request held, newest first, and counts it.
 func (st *reqState) finish() {
+	if st.quota.Held() {
+		settleTokens(st.p.cfg.Quota, st.quota, st.code, st.spent, st.p.ratios.Overall())
+	}
 	if st.releaseAdmit != nil {
 		st.releaseAdmit()
 	}
@@ -276,13 +313,15 @@ func (st *reqState) route() {
 	st.root = c.Root(st.prompt.Model, st.prompt.CacheSalt)
 	st.hashes = c.AppendHashes(nil, st.root, st.prompt.Text)
 	st.req = route.Request{Hashes: st.hashes, Probes: summary.MakeProbes(nil, st.hashes), Root: st.root,
-		ClientKey: p.clientKey(r, &st.prompt)}
+		Model: route.ModelKey(st.prompt.Model), ClientKey: p.clientKey(r, &st.prompt)}
 	st.endHeat = st.countHeat()
 	if st.hop {
 		// The deciding router's counts, for a re-pick among this
 		// router's own replicas.
 		st.req.Concurrent, st.req.ForkBlocks = hop.Parse(r.Header.Get(hop.HeaderHop))
 		st.req.ForkBlocks = min(st.req.ForkBlocks, len(st.hashes))
+		st.leg = hop.ParseLeg(r.Header.Get(hop.HeaderHop))
+		st.byLoad = st.byLoad || st.leg == hop.LegDecode // placed by load, not learnt (pd.go)
 	}
 	st.concurrent, st.fork = st.req.Concurrent, st.req.ForkBlocks
 	if id := st.prompt.PreviousResponseID; id != "" {
@@ -324,6 +363,7 @@ func (st *reqState) readLoads() {
 			st.releaseCands()
 		}
 		st.cands, st.releaseCands = p.cfg.View.PooledCandidates(st.prompt.Model)
+		st.cands = fitRole(st.cands, st.leg, st.split, strictLegs(p))
 		p.load.fill(st.cands)
 		p.hops.Fill(st.cands, p.cfg.View)
 		p.places.fillWritten(st.cands)
@@ -333,7 +373,7 @@ func (st *reqState) readLoads() {
 	})
 	st.hinted = -1
 	if st.hop && len(st.cands) > 0 {
-		st.cands, st.hinted = ownCandidates(p.cfg.Policy, st.cands, r.Header.Get(hop.HeaderReplica))
+		st.cands, st.hinted = ownCandidates(p.cfg.Policy, st.cands, r.Header.Get(hop.HeaderReplica), st.leg == hop.LegPinned)
 		if m, err := strconv.Atoi(r.Header.Get(hop.HeaderMatch)); err == nil {
 			st.hintMatch = min(max(m, 0), len(st.hashes))
 		}
@@ -353,24 +393,28 @@ func (st *reqState) readLoads() {
 // attemptAll decides, books and attempts until an attempt settles the
 // request, or no other attempt may follow.
 func (st *reqState) attemptAll() {
-	p, w := st.p, st.w
+	p := st.p
 	counted := false
 	st.began = p.now()
 	for st.attempts = 1; ; st.attempts++ {
 		d, bk := st.decideAndBook(&counted)
 		st.blockMs = blockMsOf(p.cfg.Policy, &st.cands[d.Index])
-		switch st.attempt(st.cands[d.Index].ID(), d, &bk) {
+		st.lastID = st.cands[d.Index].ID()
+		switch st.attempt(st.lastID, d, &bk) {
 		case attemptDone:
 			if !st.cut {
-				st.served(st.cands[d.Index].ID())
+				st.served(st.lastID)
 			}
 			return
 		case attemptFailed:
 			st.answerFailed()
 			return
+		case attemptAbandoned:
+			st.abandoned = true
+			return
 		}
 		if !st.more() {
-			st.code = writeError(w, http.StatusBadGateway, fmt.Sprintf("all %d upstream attempts for the model '%s' failed", st.attempts, st.prompt.Model))
+			st.code = answerUnreached(st)
 			return
 		}
 		st.cands = slices.Delete(st.cands, d.Index, d.Index+1)
@@ -378,7 +422,7 @@ func (st *reqState) attemptAll() {
 			st.cands = p.avoidOwner(st.cands, st.downOwner, st.downSince)
 			st.downOwner = ""
 			if len(st.cands) == 0 {
-				st.code = writeError(w, http.StatusBadGateway, fmt.Sprintf("all %d upstream attempts for the model '%s' failed", st.attempts, st.prompt.Model))
+				st.code = answerUnreached(st)
 				return
 			}
 		}
@@ -387,10 +431,14 @@ func (st *reqState) attemptAll() {
 }
 
 // more reports whether another attempt may follow this one: another
-// candidate, under the attempt cap and within the retry budget.
+// candidate, under the attempt cap and within the retry budget. An
+// attempt cut because its replica stalled is retried past the budget:
+// its replica got nothing out for it (stall.go), and its client, who
+// waited the stall window and the prefill expected of it, would
+// otherwise get an error for that wait.
 func (st *reqState) more() bool {
 	p := st.p
-	return st.attempts < p.cfg.MaxAttempts && len(st.cands) > 1 && p.now().Sub(st.began) < p.cfg.RetryBudget
+	return st.attempts < p.cfg.MaxAttempts && len(st.cands) > 1 && (p.now().Sub(st.began) < p.cfg.RetryBudget || st.stall.wasStalled())
 }
 
 // answerFailed answers a request whose attempt may have reached a
@@ -429,34 +477,6 @@ func (st *reqState) noCandidate() int {
 	}
 }
 
-// ownCandidates keeps the candidates this router owns (a forwarded request
-// never travels further) and finds the hinted replica among them. The
-// deciding router saw this router's replicas as they were up to a gossip
-// interval ago, and not the other routers' dispatches since; this router
-// counts them exactly, so it keeps the hint only while route's rule says
-// the replica can still start the request (route.Policy.KeepHint), and
-// otherwise decides again among its own replicas.
-func ownCandidates(pol route.Policy, cands []route.Candidate, hint string) ([]route.Candidate, int) {
-	keep := false
-	for i := range cands {
-		if cands[i].ID() == hint {
-			keep = pol.KeepHint(cands, i)
-			break
-		}
-	}
-	own, hinted := cands[:0], -1
-	for _, c := range cands {
-		if c.Detail == nil || !c.Detail.Local { // the view's word, as commit books by it: no Locate per candidate
-			continue
-		}
-		if c.ID() == hint && keep {
-			hinted = len(own)
-		}
-		own = append(own, c)
-	}
-	return own, hinted
-}
-
 // Outcomes of one upstream attempt.
 type attemptResult int
 
@@ -470,6 +490,9 @@ const (
 	// attemptFailed: the request may have reached the replica and may be
 	// running; nothing reached the client, and it must not be retried.
 	attemptFailed
+	// attemptAbandoned: the request's gate kept its response from the
+	// client (st.gate); nothing reached the client.
+	attemptAbandoned
 )
 
 // attempt sends the request to candidate id, as decision d booked it
@@ -518,7 +541,7 @@ func (st *reqState) attempt(id string, d route.Decision, bk *booking) attemptRes
 			return attemptDone
 		}
 	} else {
-		p.signer.Sign(out, id, d.Match, st.concurrent, st.fork)
+		p.signer.SignLeg(out, id, d.Match, st.concurrent, st.fork, st.leg)
 		var end context.CancelCauseFunc
 		out, watch, live, end = startHop(p, ctx, out, t.ownerAPI, bk.mark)
 		defer end(nil)
@@ -533,7 +556,7 @@ func (st *reqState) attempt(id string, d route.Decision, bk *booking) attemptRes
 	defer g.Dec()
 	st.stall = nil
 	if t.local {
-		st.stall = p.stalls.add(id, st.prompt.Stream, cancel)
+		st.stall = p.stalls.add(id, st.prompt.Stream, float64(len(st.hashes)-d.Match), cancel)
 		defer p.stalls.remove(st.stall)
 	}
 
@@ -565,10 +588,13 @@ func (st *reqState) attempt(id string, d route.Decision, bk *booking) attemptRes
 		}
 		return attemptNotReached
 	}
+	if st.gate != nil && !st.gate() {
+		return attemptAbandoned // its pair's prefill leg failed first (pdleg.go)
+	}
 	st.code = resp.StatusCode
 	var first time.Time
 	st.relay(resp, upstreamAnswer{id: id, d: d, local: t.local, start: start, cancel: cancel,
-		firstByte: func() { first = p.now(); firstByte() }})
+		firstByte: func() { first = p.now(); firstByte(); p.stalls.answer(st.stall) }})
 	if !st.cut {
 		st.observeSlot(id, d, first)
 	}
@@ -605,19 +631,6 @@ func (st *reqState) targetOf(id string) (t target, ok bool) {
 		url += "?" + r.URL.RawQuery
 	}
 	return target{id: id, ownerAPI: ownerAPI, url: url, local: local, fast: local && p.up != nil && upstream.Plain(url)}, true
-}
-
-// newUpstreamRequest is the net/http request of an attempt: the client's
-// headers that go upstream, and a body net/http can replay (it does only
-// when nothing was written, see retry.go).
-func newUpstreamRequest(ctx context.Context, url string, hdr http.Header, body []byte) (*http.Request, error) {
-	out, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
-	if err != nil {
-		return nil, err
-	}
-	copyRequestHeader(out.Header, hdr)
-	out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
-	return out, nil
 }
 
 // startHop prepares a hop to ownerAPI: its own cancellation, with a cause

@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -107,4 +108,19 @@ func drainRefused(resp *http.Response, cancel func(), idle time.Duration) {
 		defer t.Stop()
 	}
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxRefusedDrain))
+}
+
+// answerUnreached answers a request none of whose attempts reached a
+// replica: 502 to a client. To a hop's entry router it is 503, which the
+// entry reads as a refusal (nothing was dispatched) and tries another
+// router's replica while it may: an owner whose one replica of the kind
+// died before its health checks noticed would otherwise cost that
+// request (a decode replica killed mid-stream: every decode leg sent
+// through its owner until then).
+func answerUnreached(st *reqState) int {
+	msg := fmt.Sprintf("all %d upstream attempts for the model '%s' failed", st.attempts, st.prompt.Model)
+	if st.hop {
+		return writeRetryLater(st.w, http.StatusServiceUnavailable, time.Second, msg+"; none reached a replica")
+	}
+	return writeError(st.w, http.StatusBadGateway, msg)
 }

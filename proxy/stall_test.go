@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/internal/engine"
 	"github.com/kvmesh/kvmesh/proxy/health"
+	"github.com/kvmesh/kvmesh/proxy/upstream"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"io"
@@ -106,11 +107,17 @@ func TestStalledReplicaEjected(t *testing.T) {
 	defer func() { cancel(); wg.Wait() }()
 	waitFor(t, "both replicas checked", hc.Ready)
 
-	_, srv, reg := newTestProxy(t, view, func(c *Config) {
+	p, srv, reg := newTestProxy(t, view, func(c *Config) {
 		c.StallWindow = 200 * time.Millisecond
 		c.Stalled = hc.Stall
 		c.ReportFailure = hc.ReportFailure
 	})
+	// The wedged replica never answers, so the router has no prefill
+	// rate to expect its first prefill by (unmeasuredPrefill, a minute):
+	// here the window alone stands for it.
+	p.stalls.mu.Lock()
+	p.stalls.unmeasured = 0
+	p.stalls.mu.Unlock()
 	const n = 4
 	codes := make(chan string, n)
 	var clients sync.WaitGroup
@@ -208,15 +215,15 @@ func TestStallBookQuiet(t *testing.T) {
 	b := &stallBook{window: 8 * time.Second, now: func() time.Time { return now },
 		judge: func(id string, quiet time.Time, streamed bool) bool { judged = append(judged, quiet); return true },
 		cut:   func(id string, n int) { cuts += n },
-		runs:  map[string]map[*stallMark]struct{}{}, progress: map[string]time.Time{}}
+		runs:  map[string]map[*stallMark]struct{}{}, progress: map[string]time.Time{}, rates: map[string]float64{"r": 0}, noted: map[string]notedSilence{}}
 	cancelled := 0
 	cancel := func() { cancelled++ }
 	start := now
-	first := b.add("r", true, cancel)
+	first := b.add("r", true, 0, cancel)
 	var marks []*stallMark
 	for range 7 { // one more request every second
 		now = now.Add(time.Second)
-		marks = append(marks, b.add("r", false, cancel))
+		marks = append(marks, b.add("r", false, 0, cancel))
 		b.check()
 	}
 	if len(judged) != 0 {
@@ -240,7 +247,7 @@ func TestStallBookQuiet(t *testing.T) {
 	// A request ending is progress; a relay writing to its client is not
 	// judged at all.
 	judged = nil
-	a, c := b.add("r", false, cancel), b.add("r", false, cancel)
+	a, c := b.add("r", false, 0, cancel), b.add("r", false, 0, cancel)
 	now = now.Add(6 * time.Second)
 	b.remove(c)
 	now = now.Add(6 * time.Second)
@@ -255,4 +262,168 @@ func TestStallBookQuiet(t *testing.T) {
 		t.Fatal("judged a request whose silence nothing measures")
 	}
 	b.remove(a)
+}
+
+// testBook is a stall book on a fake clock, with no loop: the test calls
+// check. It records what it judged and the outcomes it noted.
+type testBook struct {
+	*stallBook
+	now     time.Time
+	judged  []string
+	outcome []string
+	stalled bool // the judge's verdict
+}
+
+func newTestBook(window time.Duration) *testBook {
+	tb := &testBook{now: time.Unix(1000, 0), stalled: true}
+	tb.stallBook = &stallBook{window: window, now: func() time.Time { return tb.now },
+		judge: func(id string, quiet time.Time, streamed bool) bool {
+			tb.judged = append(tb.judged, id)
+			return tb.stalled
+		},
+		cut: func(string, int) {}, note: func(_, o string, _ time.Duration) { tb.outcome = append(tb.outcome, o) },
+		runs: map[string]map[*stallMark]struct{}{}, progress: map[string]time.Time{}, rates: map[string]float64{}, noted: map[string]notedSilence{},
+		unmeasured: unmeasuredPrefill}
+	return tb
+}
+
+func (tb *testBook) advance(d time.Duration) { tb.now = tb.now.Add(d); tb.check() }
+
+// TestStallBookExpectsPrefill: a replica whose requests wait for their
+// first byte is allowed the window plus twice, at the rate learned from
+// its earlier first bytes, the prefill it owes them and one block for
+// the step under way; requests sent once the silence has lasted a window
+// add nothing; a replica never timed borrows the router's other
+// replicas' rate, and with none at all is allowed unmeasuredPrefill.
+func TestStallBookExpectsPrefill(t *testing.T) {
+	tb := newTestBook(8 * time.Second)
+	// Learn r's rate: a 10-block request answered after 5 s of silence.
+	m := tb.add("r", true, 10, nil)
+	tb.now = tb.now.Add(5 * time.Second)
+	tb.answer(m)
+	if ms, ok := tb.rate("r"); !ok || ms != 500 {
+		t.Fatalf("rate %v %v, want 500 ms per block", ms, ok)
+	}
+	tb.remove(m)
+
+	// 30 blocks waiting, and 9 more sent within the window: 8 s + 2 × (39
+	// + 1) × 0.5 s = 48 s.
+	tb.add("r", true, 30, nil)
+	for i := range 46 {
+		tb.advance(time.Second)
+		switch {
+		case i < 3:
+			tb.add("r", false, 3, nil) // within the window: owed
+		case i > 8:
+			tb.add("r", false, 100, nil) // later: queued behind the silence
+		}
+	}
+	if len(tb.judged) != 0 {
+		t.Fatalf("judged after 46 s; it owes 40 blocks of 0.5 s twice and the 8 s window")
+	}
+	if len(tb.outcome) != 1 || tb.outcome[0] != stallPrefilling {
+		t.Errorf("outcomes %v, want one prefilling for the silence", tb.outcome)
+	}
+	tb.advance(2 * time.Second)
+	if len(tb.judged) != 1 || tb.judged[0] != "r" {
+		t.Fatalf("judged %v after 48 s, want r", tb.judged)
+	}
+	if len(tb.outcome) != 2 || tb.outcome[1] != stallStalled {
+		t.Errorf("outcomes %v, want prefilling then stalled", tb.outcome)
+	}
+
+	// A replica never timed here borrows r's rate.
+	tb.judged = nil
+	tb.add("s", true, 4, nil) // 8 s + 2 × (4 + 1) × 0.5 s = 13 s
+	tb.advance(12 * time.Second)
+	if slices.Contains(tb.judged, "s") {
+		t.Fatal("s judged within the prefill borrowed from r")
+	}
+	tb.advance(time.Second)
+	if !slices.Contains(tb.judged, "s") {
+		t.Fatal("s not judged past the prefill borrowed from r")
+	}
+
+	// With no rate at all: unmeasuredPrefill.
+	nb := newTestBook(8 * time.Second)
+	nb.add("x", true, 1, nil)
+	nb.advance(8*time.Second + unmeasuredPrefill - time.Second)
+	if len(nb.judged) != 0 {
+		t.Fatal("an unmeasured replica judged within unmeasuredPrefill")
+	}
+	nb.advance(time.Second)
+	if len(nb.judged) != 1 {
+		t.Fatal("an unmeasured replica not judged past unmeasuredPrefill")
+	}
+}
+
+// TestStallBookMidStream: a replica whose requests all had their first
+// byte owes no prefill, only the step under way: it is judged after the
+// window and one block's time twice (on a fast engine, the window), and
+// a judge that finds the engine progressing is counted as such, once a
+// silence.
+func TestStallBookMidStream(t *testing.T) {
+	tb := newTestBook(8 * time.Second)
+	tb.rates["r"] = 3000 // a slow engine: 3 s a block
+	m := tb.add("r", true, 50, nil)
+	tb.answer(m)
+	tb.stalled = false
+	tb.advance(13 * time.Second)
+	if len(tb.judged) != 0 {
+		t.Fatalf("judged %v within the window and a step of 6 s", tb.judged)
+	}
+	tb.advance(time.Second)
+	if len(tb.judged) != 1 {
+		t.Fatalf("judged %v past the window and a step", tb.judged)
+	}
+	tb.advance(time.Second) // asked again, the same silence: counted once
+	if len(tb.outcome) != 2 || tb.outcome[0] != stallPrefilling || tb.outcome[1] != stallProgressing {
+		t.Errorf("outcomes %v, want prefilling (the step) then progressing", tb.outcome)
+	}
+	fast := newTestBook(8 * time.Second)
+	fast.rates["r"] = 20
+	f := fast.add("r", true, 50, nil)
+	fast.answer(f)
+	fast.advance(8*time.Second + 40*time.Millisecond)
+	if len(fast.judged) != 1 {
+		t.Fatalf("a fast engine judged %v after the window", fast.judged)
+	}
+}
+
+// TestStallHeadersAreNoProgress: response headers without a body byte
+// (vLLM sends a stream's at once) do not move the replica's progress, so
+// a stream of arrivals whose headers come at once does not hide a
+// stall; a body byte does.
+func TestStallHeadersAreNoProgress(t *testing.T) {
+	tb := newTestBook(8 * time.Second)
+	tb.rates["r"] = 0
+	var watches []*upstream.IdleWatch
+	defer func() {
+		for _, w := range watches {
+			w.Stop()
+		}
+	}()
+	for range 9 {
+		m := tb.add("r", true, 1, nil)
+		w := upstream.WatchIdle(nil, func() {}, time.Hour)
+		watches = append(watches, w)
+		w.Saw() // the relay waits for the body from now
+		m.headers(w)
+		tb.advance(time.Second)
+	}
+	if !slices.Contains(tb.judged, "r") {
+		t.Fatalf("judged %v: headers hid the stall", tb.judged)
+	}
+	tb.judged = nil
+	m := tb.add("q", true, 1, nil)
+	w := upstream.WatchIdle(nil, func() {}, time.Hour)
+	watches = append(watches, w)
+	m.headers(w)
+	tb.advance(7 * time.Second)
+	w.Heard() // a body byte, stamped by the relay's clock (now)
+	w.Saw()
+	tb.advance(7 * time.Second)
+	if slices.Contains(tb.judged, "q") {
+		t.Fatal("judged 14 s after its first request, 7 s after a body byte")
+	}
 }

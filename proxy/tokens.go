@@ -57,8 +57,11 @@ func clampBytesPerToken(r float64) float64 {
 // prometheus.Collector of kvmesh_replica_bytes_per_token and
 // kvmesh_replica_cached_tail_share.
 type TokenRatios struct {
-	mu       sync.Mutex
-	by       map[string]*tokenRatio
+	mu sync.Mutex
+	by map[string]*tokenRatio
+	// all is every replica's answers together: a request's estimate
+	// before its replica is chosen (a tenant's token budget, tenants.go).
+	all      tokenRatio
 	desc     *prometheus.Desc
 	tailDesc *prometheus.Desc
 }
@@ -160,9 +163,22 @@ func (t *TokenRatios) Observe(replica string, bytes int, tokens int64) {
 		r = newTokenRatio()
 		t.by[replica] = r
 	}
+	r.add(bytes, tokens)
+	t.all.add(bytes, tokens)
+}
+
+func (r *tokenRatio) add(bytes int, tokens int64) {
 	r.bytes = r.bytes*(1-ratioDecay) + float64(bytes)
 	r.tokens = r.tokens*(1-ratioDecay) + float64(tokens)
 	r.seen += tokens
+}
+
+// Overall returns the ratio learned from every replica's answers, or
+// DefaultBytesPerToken until they reported learnTokens prompt tokens.
+func (t *TokenRatios) Overall() float64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.all.of()
 }
 
 // Of returns replica's learned ratio, or DefaultBytesPerToken until it

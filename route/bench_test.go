@@ -59,17 +59,22 @@ func BenchmarkDecision(b *testing.B) {
 // cold path, the first pass and hashPick's over every candidate. The
 // summaries are plain matchers (fixed: the simulator's kind, a call
 // each) or cells of one Batch (batch: the mesh's).
+//
+// batch-nowarm is batch with the warm-up share off: the difference is
+// the warm-up's pass over the candidates, made for the half of the cold
+// requests in its share (here no replica is warming, the pass finds none).
 func BenchmarkPickCold(b *testing.B) {
 	for _, batched := range []bool{false, true} {
 		name := "fixed"
 		if batched {
 			name = "batch"
 		}
-		b.Run(name, func(b *testing.B) { pickCold(b, batched) })
+		b.Run(name, func(b *testing.B) { pickCold(b, batched, DefaultPolicy().WarmShare) })
 	}
+	b.Run("batch-nowarm", func(b *testing.B) { pickCold(b, true, 0) })
 }
 
-func pickCold(b *testing.B, batched bool) {
+func pickCold(b *testing.B, batched bool, warmShare float64) {
 	cs := make([]Candidate, 1024)
 	var batch Batch
 	src := &tableMatcher{ms: make([]int, len(cs))}
@@ -83,6 +88,7 @@ func pickCold(b *testing.B, batched bool) {
 		}
 	}
 	p := DefaultPolicy()
+	p.WarmShare = warmShare
 	hashes := make([]uint64, 32)
 	var probes []summary.Probe
 	n := uint64(0)
@@ -103,4 +109,42 @@ func pickCold(b *testing.B, batched bool) {
 		}
 	}
 	reportQuantiles(b, "cpu-", cpu)
+}
+
+// BenchmarkPickLoRA is Pick for a LoRA adapter's request over 1,024
+// candidates (no summary holds it): loaded on 8 of them, one of which
+// can start it (the scorer keeps the 8), and loaded nowhere (it keeps the
+// one to load it on). The base model's Pick over the same candidates is
+// BenchmarkPickCold.
+func BenchmarkPickLoRA(b *testing.B) {
+	for _, loaded := range []int{8, 0} {
+		b.Run(fmt.Sprintf("loaded-on-%d", loaded), func(b *testing.B) {
+			cs := make([]Candidate, 1024)
+			for i := range cs {
+				id := fmt.Sprintf("http://replica-%04d:8000", i)
+				cs[i] = Candidate{Detail: &Detail{ID: id}, Hash: HashID(id), Summary: fixedMatch(0),
+					EngineLoad: EngineLoad{Slots: 4, HasLoad: true}, InFlight: 4, LoRA: LoRAAdapter | LoRARoom | LoRAFree}
+				if i%128 == 0 && i/128 < loaded {
+					cs[i].LoRA |= LoRAResident
+				}
+			}
+			cs[0].InFlight = 1
+			cs[5].InFlight = 1
+			hashes := chainOf(nil, 8, 9)
+			req := Request{Hashes: hashes, Probes: summary.MakeProbes(nil, hashes), Root: 1, Model: ModelKey("sql-lora")}
+			p := DefaultPolicy()
+			var cpu []time.Duration
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			for b.Loop() {
+				c0 := threadcpu.OrWall()
+				d := p.Pick(req, cs)
+				cpu = append(cpu, threadcpu.OrWall()-c0)
+				if d.Index < 0 || d.LoRA == "" {
+					b.Fatalf("%+v", d)
+				}
+			}
+			reportQuantiles(b, "cpu-", cpu)
+		})
+	}
 }

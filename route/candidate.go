@@ -61,6 +61,24 @@ type Candidate struct {
 	// Stale reports that a summary exists but does not count: too old, or
 	// its owner is suspect or gone.
 	Stale bool
+	// LoRA is the replica's word on the request's model as a LoRA
+	// adapter (loaded, waiting, room to load it), which the view
+	// computes per model from the engine's LoRAs; 0 for a base model.
+	// One byte, in what was padding: a decision over base-model
+	// candidates reads it once, in its first pass.
+	LoRA LoRAFit
+	// Role is the part of a request the replica serves (RoleBoth: all
+	// of it); a disaggregated request's legs each read it of every
+	// candidate, so it sits in the padding too, not in Detail.
+	Role Role
+	// Held is how many blocks the replica's summary remembers
+	// (summary.Summary.Held), alike on every router: a replica that
+	// holds far fewer than the others is new or was emptied, and takes
+	// a share of the cold requests until it holds more (warmup.go). 0
+	// when the view keeps no summary of it. It fills the struct's tail
+	// padding, so the warm-up's pass reads it beside the fields the
+	// decision's own passes just read, at no cost in size.
+	Held int32
 }
 
 // Detail is what a decision rarely reads of a candidate.
@@ -99,6 +117,10 @@ type Detail struct {
 	// spreads by it (hashPick).
 	Own   int32
 	Local bool
+	// Bootstrap is a prefill replica's KV bootstrap port (SGLang's
+	// disaggregation_bootstrap_port), which a disaggregated request's
+	// legs name; 0 when unknown or not a prefill replica.
+	Bootstrap uint16
 	// Written is how many prefill blocks this router sent the replica
 	// over its recent placements (the blocks each placement predicted
 	// the replica lacked): what this router added to the replica's cache

@@ -225,7 +225,7 @@ func scanCold(cands []Candidate, tier int, key uint64, work float64, inFlight in
 	var shortestWait, shortestWr float64
 	for i := range cands {
 		c := &cands[i]
-		if int(c.Tier) != tier || c.PendingPrefillBlocks > work || !canStart(c) || (c.Slots <= 0 && int(c.InFlight)+1 > inFlight) {
+		if int(c.Tier) != tier || c.PendingPrefillBlocks > work || !canStart(c) || (c.Slots <= 0 && int(c.InFlight) >= int(c.MinSlots) && int(c.InFlight)+1 > inFlight) {
 			continue
 		}
 		w := weight(key, c.Hash)

@@ -35,6 +35,15 @@ type EngineLoad struct {
 	// Blocks cached for reuse but held by no sequence do not count: the
 	// engine evicts them to admit a request.
 	KVUsage uint16
+	// MinSlots is a lower bound on the engine's sequence slots while
+	// Slots is unknown: the most sequences it has been seen running with
+	// nothing waiting (the health checker's scrapes), saturated at 255,
+	// which is a bound all the same. An engine running fewer than that
+	// can start a request at once as far as its slots go, so the
+	// hot-spot guard does not hold it to the in-flight bound it keeps for
+	// engines of unknown capacity (route/load.go). 0 is unknown: not seen
+	// running yet, or Slots known.
+	MinSlots uint8
 	// HasLoad reports that Running and Waiting are the engine's counts:
 	// its last scrape published them. An engine that publishes none
 	// (no such gauges on its /metrics, a generic OpenAI server) or whose
@@ -55,23 +64,28 @@ func (l EngineLoad) Merge(o EngineLoad) EngineLoad {
 	if l.KVUsage == 0 {
 		l.KVUsage = o.KVUsage
 	}
+	if l.MinSlots == 0 {
+		l.MinSlots = o.MinSlots
+	}
 	return l
 }
 
 // Forget returns l as known once the engine's /metrics stops answering:
 // what the engine is configured with (Slots) stays, its gauges become
-// unknown. A field not named here is a gauge and is forgotten.
+// unknown. A field not named here is a gauge and is forgotten. MinSlots
+// is what the engine was seen to run, not a gauge, and stays too.
 func (l EngineLoad) Forget() EngineLoad {
-	return EngineLoad{Slots: l.Slots}
+	return EngineLoad{Slots: l.Slots, MinSlots: l.MinSlots}
 }
 
 // The wire tags of EngineLoad's fields. A tag's number never changes
 // meaning; a new field takes the next one.
 const (
-	wireRunning = 1 // Running, present iff HasLoad
-	wireWaiting = 2 // Waiting, present iff HasLoad
-	wireSlots   = 3 // Slots, present when known
-	wireKVUsage = 4 // KVUsage, present when known
+	wireRunning  = 1 // Running, present iff HasLoad
+	wireWaiting  = 2 // Waiting, present iff HasLoad
+	wireSlots    = 3 // Slots, present when known
+	wireKVUsage  = 4 // KVUsage, present when known
+	wireMinSlots = 5 // MinSlots, present when known
 )
 
 // KVFull is KVUsage's whole cache.
@@ -88,6 +102,13 @@ const KVFull = 10000
 // does not send a field leaves it unknown at the receiver. That is also
 // why every field's zero must mean unknown.
 func (l EngineLoad) AppendWire(dst []byte) []byte {
+	return AppendEngineWire(dst, l, LoRAs{})
+}
+
+// AppendEngineWire appends the section of l and a replica's LoRA
+// adapters (a): l's fields, then a's (LoRAs' tags follow EngineLoad's),
+// which a router that does not know them skips.
+func AppendEngineWire(dst []byte, l EngineLoad, a LoRAs) []byte {
 	n := len(dst)
 	dst = append(dst, 0)
 	if l.HasLoad {
@@ -100,8 +121,13 @@ func (l EngineLoad) AppendWire(dst []byte) []byte {
 	if l.KVUsage > 0 {
 		dst = appendWireField(dst, wireKVUsage, int32(l.KVUsage))
 	}
+	if l.MinSlots > 0 {
+		dst = appendWireField(dst, wireMinSlots, int32(l.MinSlots))
+	}
+	dst = a.appendWire(dst)
 	// A section is at most 255 bytes (its length is one byte): the
-	// fields, a tag and at most 5 bytes of varint each, stay far under.
+	// fields, a tag and at most 5 bytes of varint each, and LoRAs'
+	// bounded entries stay under it (TestEngineWireFits).
 	dst[n] = byte(len(dst) - n - 1)
 	return dst
 }
@@ -116,14 +142,50 @@ var errEngineWire = errors.New("engine load: truncated")
 // into l and returns its length. It refuses a value out of its field's
 // range, tags out of increasing order (so that a section has one
 // reading), and a varint that runs past the section; it skips a tag it
-// does not know. The bytes come from the network.
+// does not know (LoRAs' among them: DecodeEngineWire reads those). The
+// bytes come from the network.
 func (l *EngineLoad) DecodeWire(b []byte) (int, error) {
+	var out EngineLoad
+	n, err := decodeSection(b, func(tag byte, v uint64) error { return out.field(tag, v) })
+	if err != nil {
+		return 0, err
+	}
+	*l = out
+	return n, nil
+}
+
+// DecodeEngineWire reads one section that AppendEngineWire wrote at the
+// start of b: the engine's load, its LoRA adapters, and the section's
+// length. It checks LoRAs' tags as strictly as EngineLoad's.
+func DecodeEngineWire(b []byte) (EngineLoad, LoRAs, int, error) {
+	var l EngineLoad
+	var d loraDecoder
+	n, err := decodeSection(b, func(tag byte, v uint64) error {
+		if ok, err := d.field(tag, v); ok {
+			return err
+		}
+		return l.field(tag, v)
+	})
+	if err != nil {
+		return EngineLoad{}, LoRAs{}, 0, err
+	}
+	a, err := d.done()
+	if err != nil {
+		return EngineLoad{}, LoRAs{}, 0, err
+	}
+	return l, a, n, nil
+}
+
+// decodeSection walks the fields of the section at the start of b,
+// handing each tag and value to field, and returns the section's
+// length: the one reading of a section's framing, shared by every
+// decoder of it.
+func decodeSection(b []byte, field func(tag byte, v uint64) error) (int, error) {
 	if len(b) < 1 || int(b[0]) > len(b)-1 {
 		return 0, errEngineWire
 	}
 	n := 1 + int(b[0])
 	sec := b[1:n]
-	var out EngineLoad
 	last := byte(0)
 	for len(sec) > 0 {
 		tag := sec[0]
@@ -136,24 +198,37 @@ func (l *EngineLoad) DecodeWire(b []byte) (int, error) {
 			return 0, fmt.Errorf("engine load: tag %d: bad varint", tag)
 		}
 		sec = sec[1+k:]
-		var count bool // the tag is a count in [0, MaxInt32]
-		switch tag {
-		case wireRunning:
-			out.Running, out.HasLoad, count = int32(min(v, math.MaxInt32)), true, true
-		case wireWaiting:
-			out.Waiting, out.HasLoad, count = int32(min(v, math.MaxInt32)), true, true
-		case wireSlots:
-			out.Slots, count = int32(min(v, math.MaxInt32)), true
-		case wireKVUsage:
-			if v > KVFull {
-				return 0, fmt.Errorf("engine load: KV usage %d over %d", v, KVFull)
-			}
-			out.KVUsage = uint16(v)
-		}
-		if count && v > math.MaxInt32 {
-			return 0, fmt.Errorf("engine load: tag %d: count %d out of range", tag, v)
+		if err := field(tag, v); err != nil {
+			return 0, err
 		}
 	}
-	*l = out
 	return n, nil
+}
+
+// field reads one of EngineLoad's tags into l; a tag it does not know is
+// skipped.
+func (l *EngineLoad) field(tag byte, v uint64) error {
+	var count bool // the tag is a count in [0, MaxInt32]
+	switch tag {
+	case wireRunning:
+		l.Running, l.HasLoad, count = int32(min(v, math.MaxInt32)), true, true
+	case wireWaiting:
+		l.Waiting, l.HasLoad, count = int32(min(v, math.MaxInt32)), true, true
+	case wireSlots:
+		l.Slots, count = int32(min(v, math.MaxInt32)), true
+	case wireKVUsage:
+		if v > KVFull {
+			return fmt.Errorf("engine load: KV usage %d over %d", v, KVFull)
+		}
+		l.KVUsage = uint16(v)
+	case wireMinSlots:
+		if v > math.MaxUint8 {
+			return fmt.Errorf("engine load: min slots %d over %d", v, math.MaxUint8)
+		}
+		l.MinSlots = uint8(v)
+	}
+	if count && v > math.MaxInt32 {
+		return fmt.Errorf("engine load: tag %d: count %d out of range", tag, v)
+	}
+	return nil
 }

@@ -14,6 +14,8 @@ func engineLoads() []EngineLoad {
 		{KVUsage: 1},
 		{Running: 3, Waiting: 1, Slots: 8, KVUsage: 4127, HasLoad: true},
 		{Running: 1<<31 - 1, Waiting: 1<<31 - 1, Slots: 1<<31 - 1, KVUsage: KVFull, HasLoad: true},
+		{Running: 2, HasLoad: true, MinSlots: 3},
+		{MinSlots: 255, KVUsage: 9},
 	}
 }
 
@@ -55,14 +57,15 @@ func TestEngineLoadWireSkipsUnknownTags(t *testing.T) {
 		t.Fatalf("with unknown tags: %+v %v", l, err)
 	}
 	for name, b := range map[string][]byte{
-		"empty input":       nil,
-		"length past input": {5, wireSlots, 1},
-		"tags out of order": section(wireSlots, 1, wireRunning, 1),
-		"repeated tag":      section(wireSlots, 1, wireSlots, 2),
-		"tag zero":          section(0, 1),
-		"varint cut":        {2, wireSlots, 0x80},
-		"count over int32":  section(wireSlots, 1<<31),
-		"KV usage over 1":   section(wireKVUsage, KVFull+1),
+		"empty input":        nil,
+		"length past input":  {5, wireSlots, 1},
+		"tags out of order":  section(wireSlots, 1, wireRunning, 1),
+		"repeated tag":       section(wireSlots, 1, wireSlots, 2),
+		"tag zero":           section(0, 1),
+		"varint cut":         {2, wireSlots, 0x80},
+		"count over int32":   section(wireSlots, 1<<31),
+		"KV usage over 1":    section(wireKVUsage, KVFull+1),
+		"min slots over 255": section(wireMinSlots, 256),
 	} {
 		if _, err := l.DecodeWire(b); err == nil {
 			t.Errorf("%s: decoded %+v", name, l)
@@ -71,17 +74,18 @@ func TestEngineLoadWireSkipsUnknownTags(t *testing.T) {
 }
 
 // TestEngineLoadMergeForget: Merge takes what l does not know from o,
-// the counts together; Forget keeps the configuration only.
+// the counts together; Forget keeps the configuration and what the
+// engine was seen to run only.
 func TestEngineLoadMergeForget(t *testing.T) {
 	metrics := EngineLoad{Running: 2, HasLoad: true}
-	info := EngineLoad{Running: 9, Waiting: 9, HasLoad: true, Slots: 4, KVUsage: 7}
-	if got := metrics.Merge(info); got != (EngineLoad{Running: 2, HasLoad: true, Slots: 4, KVUsage: 7}) {
+	info := EngineLoad{Running: 9, Waiting: 9, HasLoad: true, Slots: 4, KVUsage: 7, MinSlots: 3}
+	if got := metrics.Merge(info); got != (EngineLoad{Running: 2, HasLoad: true, Slots: 4, KVUsage: 7, MinSlots: 3}) {
 		t.Fatalf("merge %+v", got)
 	}
 	if got := (EngineLoad{}).Merge(info); got != info {
 		t.Fatalf("merge into unknown %+v", got)
 	}
-	if got := info.Forget(); got != (EngineLoad{Slots: 4}) {
+	if got := info.Forget(); got != (EngineLoad{Slots: 4, MinSlots: 3}) {
 		t.Fatalf("forget %+v", got)
 	}
 }

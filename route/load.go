@@ -151,7 +151,8 @@ type limits struct {
 // (InFlightFactor times the mean queue, plus one per replica) — a hot
 // prefix whose holder queues far more than the others spills to the next
 // holder, which then holds it too — and, when its slots are unknown, while
-// its in-flight count stays within InFlightFactor times the mean.
+// its in-flight count stays within InFlightFactor times the mean or below
+// the most it has been seen running with nothing waiting (seenFree).
 func (l limits) admits(c *Candidate) bool {
 	if c.Stale {
 		return true
@@ -168,7 +169,21 @@ func (l limits) admits(c *Candidate) bool {
 	}
 	// With known slots the queue says all; otherwise the in-flight count
 	// stands in for it.
-	return c.Slots > 0 || int(c.InFlight)+1 <= l.inFlight
+	return c.Slots > 0 || seenFree(c) || int(c.InFlight)+1 <= l.inFlight
+}
+
+// seenFree reports that c's slots are unknown and it has fewer requests
+// in flight than it has been seen running with nothing waiting
+// (MinSlots): it has a slot for one more. The in-flight bound guesses a
+// replica's capacity from the cluster's mean (twice the mean, one more
+// request in all), which with fewer requests in flight than replicas is
+// a single request: it would move a conversation's next turn off its
+// holder whenever the previous turn is still finishing there. An engine
+// known to run more than that at once is not a hot spot; one that
+// queues (Waiting > 0) no longer has unknown slots once its owner has
+// seen it (SlotEstimate), and until then canStart refuses it.
+func seenFree(c *Candidate) bool {
+	return c.Slots <= 0 && int(c.InFlight) < int(c.MinSlots)
 }
 
 // admitsCold is admits for cold limits (l.cold: hashPick's), in few enough lines
@@ -176,7 +191,7 @@ func (l limits) admits(c *Candidate) bool {
 // for a slot (queuedAt is 0), so only the work and in-flight bounds are
 // left to check. TestAdmitsCold holds it to admits.
 func (l limits) admitsCold(c *Candidate) bool {
-	return c.Stale || !(c.PendingPrefillBlocks > l.work) && canStart(c) && (c.Slots > 0 || int(c.InFlight)+1 <= l.inFlight)
+	return c.Stale || !(c.PendingPrefillBlocks > l.work) && canStart(c) && (c.Slots > 0 || seenFree(c) || int(c.InFlight)+1 <= l.inFlight)
 }
 
 // idle reports that c can start a request at once: a sequence slot known

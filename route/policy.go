@@ -19,7 +19,8 @@ type Policy struct {
 	// with a handful of requests never trips it (the bound is
 	// ceil(f × (in-flight + replicas) / replicas), 4 with 3 requests on 4
 	// replicas). A replica known to have a free sequence slot is never
-	// held to it: it can start the request at once. It is a hot-spot guard
+	// held to it: it can start the request at once (with unknown slots:
+	// fewer in flight than it was seen running, EngineLoad.MinSlots). It is a hot-spot guard
 	// for engines whose slots are unknown, not a balancer.
 	InFlightFactor float64
 	// KeyBlocks is the minimum depth, in blocks, of a cold request's key;
@@ -49,12 +50,22 @@ type Policy struct {
 	// prices the wait at an engine whose slots are full before the first
 	// request there has finished.
 	DefaultSeqMs float64
+	// WarmShare is the share of cold requests (by their key) that a
+	// warming replica, one holding less than half the mean of its tier's
+	// blocks (new, or emptied by a restart), takes while it can start
+	// them at once (warmup.go); 0 turns the warm-up off. 1/2: a warming
+	// replica gets half the new prompts, at least N/2 times its share of
+	// N replicas, so it fills in a fraction of the time the others took,
+	// and the other half keeps spreading by the usual rule, so the new
+	// conversations that return to it for their next turns stay a
+	// bounded part of all.
+	WarmShare float64
 }
 
 // DefaultPolicy returns the documented defaults, the "default" profile.
 func DefaultPolicy() Policy {
 	return Policy{LoadFactor: 1.25, InFlightFactor: 2, KeyBlocks: 2, MinExcessBlocks: 1, DefaultBlockMs: 20,
-		RecomputeWeight: 16, DefaultSeqMs: 10000}
+		RecomputeWeight: 16, DefaultSeqMs: 10000, WarmShare: 0.5}
 }
 
 // PolicyError is a tunable of Policy out of its range: Field is the
@@ -90,6 +101,7 @@ func (p Policy) Validate() error {
 		{"DefaultBlockMs", p.DefaultBlockMs, p.DefaultBlockMs > 0, "> 0"},
 		{"RecomputeWeight", p.RecomputeWeight, p.RecomputeWeight >= 1, ">= 1"},
 		{"DefaultSeqMs", p.DefaultSeqMs, p.DefaultSeqMs > 0, "> 0"},
+		{"WarmShare", p.WarmShare, p.WarmShare >= 0 && p.WarmShare <= 1, "in [0, 1]"},
 	}
 	for _, c := range checks {
 		if !c.ok {

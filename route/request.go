@@ -13,6 +13,11 @@ type Request struct {
 	// Root is the chain root (model scope), the key of prompts shorter
 	// than one block.
 	Root uint64
+	// Model is ModelKey of the requested model's name: when the model is
+	// a LoRA adapter (Candidate.LoRA), the rendezvous key of its loads,
+	// so that every router loads an adapter loaded nowhere on the same
+	// replica. 0 means Root stands in for it.
+	Model uint64
 	// ClientKey is the hash of a routing key the client sent
 	// (prompt_cache_key, a session header, bootstrap_room); 0 when none.
 	// When set it is the cold-placement key, so every router places the
@@ -34,6 +39,10 @@ type Request struct {
 	// other requests, rather than a conversation's history, which only
 	// its next turn extends. 0 when none is known.
 	ForkBlocks int
+
+	// loraPlaced: the LoRA scorer chose the candidates (pickLoRA), and
+	// the decision among them is the usual one.
+	loraPlaced bool
 }
 
 // Stem is what a router remembers of the last request it decided under a

@@ -1241,3 +1241,40 @@ func TestBurst(t *testing.T) {
 		})
 	}
 }
+
+// In a lightly loaded cluster of engines whose slots the router does not
+// know (vLLM publishes no max-num-seqs), a conversation's next turn with
+// a long new question (the holder has less than half of it) stays on its
+// holder while the holder has fewer requests in flight than it has been
+// seen running with nothing waiting (MinSlots): the in-flight bound,
+// twice the mean with one more request in all, is one request here and
+// would move the turn whenever the previous one is still finishing. With
+// nothing learned the bound still applies, and a holder at what it was
+// seen running, far above the mean, still spills.
+func TestNextTurnStaysOnAHolderSeenRunningMore(t *testing.T) {
+	system := chainOf(nil, 3, 1)
+	conv := chainOf(system, 2, 2)
+	next := request(chainOf(conv, 6, 3)) // the holder has 5 of 11 blocks
+	pick := func(holderInFlight int32, minSlots uint8) Decision {
+		cs := candidates(8)
+		for i := range cs {
+			cs[i].Summary = held(t, system)
+			cs[i].HasLoad = true
+		}
+		cs[0].Summary = held(t, conv)
+		cs[0].InFlight, cs[0].Running, cs[0].MinSlots = holderInFlight, holderInFlight, minSlots
+		cs[5].InFlight, cs[5].Running = 1, 1
+		return DefaultPolicy().Pick(next, cs)
+	}
+	for _, inFlight := range []int32{1, 2} {
+		if d := pick(inFlight, 4); d.Index != 0 {
+			t.Errorf("holder with %d in flight, seen running 4: decision %+v, want the holder (0)", inFlight, d)
+		}
+		if d := pick(inFlight, 0); d.Index == 0 {
+			t.Errorf("holder with %d in flight, nothing learned: decision %+v, want the in-flight bound to move it", inFlight, d)
+		}
+	}
+	if d := pick(4, 4); d.Index == 0 {
+		t.Errorf("holder at the 4 it was seen running, 5 in flight in all: decision %+v, want a spill", d)
+	}
+}

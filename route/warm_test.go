@@ -38,6 +38,9 @@ func randomCandidates(rng *rand.Rand, n, blocks int) []Candidate {
 		c.Tier = []int8{0, 0, 0, 1}[rng.IntN(4)]
 		c.Running, c.Waiting = int32(rng.IntN(5)), []int32{0, 0, 0, 1, 3}[rng.IntN(5)]
 		c.Slots = []int32{0, 2, 4, 8}[rng.IntN(4)]
+		if c.Slots == 0 { // seen running up to this many with nothing waiting
+			c.MinSlots = []uint8{0, 0, 1, 3}[rng.IntN(4)]
+		}
 		c.Detail.SeqMs = []float64{0, 500, 4000}[rng.IntN(3)]
 		c.Detail.SlotAgeMs = []float64{0, 0, 100, 6000}[rng.IntN(4)]
 		c.Detail.Local = rng.IntN(3) == 0 // a third owned here: far candidates

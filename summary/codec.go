@@ -159,5 +159,7 @@ func Decode(data []byte, contract uint64) (*Summary, error) {
 		}
 		s.gens[i], s.words[i] = f, words
 	}
+	s.oldCount = estimateAdds(s.words[1-cur], g)
+	s.storeHeld()
 	return s, nil
 }

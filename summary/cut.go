@@ -92,17 +92,17 @@ func recentOf(g geometry) int { return min(max(g.perGen/4, 256), 1<<16) }
 // proxy records on acceptance), so by then its blocks are all in the
 // newer generation: where the summary held them when it predicted the
 // match is what tells how far back the engine's cache reaches.
-func (s *Summary) noteAdd(key, base, bits uint64, forgotten bool) {
-	if forgotten && test(s.words[s.cur], s.geo, base, bits) {
+// newer and older are the generations' words.
+func (c *cutState) noteAdd(newer, older []uint64, g geometry, key, base, bits uint64, forgotten bool) {
+	if forgotten && test(newer, g, base, bits) {
 		return // un-forgetting: it stays where it was
 	}
-	c := &s.cut
 	if c.recent == nil {
 		c.recent = make(map[uint64]uint32)
-		c.ring = make([]uint64, 0, recentOf(s.geo))
+		c.ring = make([]uint64, 0, recentOf(g))
 	}
 	v := uint32(c.next) << 1
-	if test(s.words[1-s.cur], s.geo, base, bits) {
+	if test(older, g, base, bits) {
 		v |= 1
 	}
 	if len(c.ring) < cap(c.ring) {
@@ -163,15 +163,6 @@ func (c *cutState) filled(g geometry) {
 			c.limit = 0
 		}
 	}
-}
-
-// RotateAt returns the newer generation's size at which the owner
-// rotates: 3/4 of the capacity, or less once misses showed the engine
-// holds less.
-func (s *Summary) RotateAt() int {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	return s.cut.rotateAt(s.geo)
 }
 
 // Where reports where the summary finds the blocks with these hashes
@@ -260,23 +251,7 @@ func (s *Summary) Correct(hashes []uint64) Correction {
 	if s.cutLocked(c.Cut) > 0 {
 		s.cut.missed = false // the miss was in the generation now older
 	}
-	c.Forgot = s.forgetLocked(hashes)
+	c.Forgot, _ = s.forgetLocked(hashes)
 	c.RotateAt = s.cut.rotateAt(s.geo)
 	return c
-}
-
-// forgetLocked is Forget's body, under the caller's lock.
-func (s *Summary) forgetLocked(hashes []uint64) int {
-	n := 0
-	for _, h := range hashes {
-		key := s.geo.key(probeOf(h))
-		if !s.hasKey(key) || len(s.neg) >= maxNegOf(s.geo) {
-			continue
-		}
-		s.applyForget(key)
-		s.version++
-		s.record(key | opForget)
-		n++
-	}
-	return n
 }

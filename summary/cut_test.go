@@ -155,7 +155,7 @@ func TestLearnedThresholdRotatesEarlierAndGrowsBack(t *testing.T) {
 	if c.Cut != CutOlder {
 		t.Fatalf("cut %v", c.Cut)
 	}
-	limit := f.owner.RotateAt()
+	limit := f.owner.cut.rotateAt(f.owner.geo)
 	if limit >= cutCapacity*3/4 || limit < minRotateAtOf(f.owner.geo) {
 		t.Fatalf("rotate at %d", limit)
 	}
@@ -171,15 +171,15 @@ func TestLearnedThresholdRotatesEarlierAndGrowsBack(t *testing.T) {
 		return int(f.owner.Version() - v - 1) // adds before the rotation
 	}
 	grown := limit + f.owner.geo.perGen/16
-	if n := fill(9000); n != limit || f.owner.RotateAt() != grown {
-		t.Fatalf("after a generation without misses: rotated after %d, rotate at %d, want %d then %d", n, f.owner.RotateAt(), limit, grown)
+	if n := fill(9000); n != limit || f.owner.cut.rotateAt(f.owner.geo) != grown {
+		t.Fatalf("after a generation without misses: rotated after %d, rotate at %d, want %d then %d", n, f.owner.cut.rotateAt(f.owner.geo), limit, grown)
 	}
 	// Bounded below, whatever the misses.
 	for i := range 50 {
 		f.owner.Add(chain(5, uint64(30000+i)))
 		f.owner.Correct(chain(5, uint64(30000+i)))
 	}
-	if got := f.owner.RotateAt(); got < minRotateAtOf(f.owner.geo) {
+	if got := f.owner.cut.rotateAt(f.owner.geo); got < minRotateAtOf(f.owner.geo) {
 		t.Fatalf("rotate at %d, below the floor %d", got, minRotateAtOf(f.owner.geo))
 	}
 }
@@ -198,5 +198,93 @@ func TestCutLogsRotationsCopiesReplay(t *testing.T) {
 	}
 	if f.owner.Cut(CutNone) != 0 {
 		t.Fatal("cut none logged entries")
+	}
+}
+
+// TestForgetToTheLimitThenRebase: what the owner of a replica with KV
+// events does (mesh.Evicted, mesh.Rebase): forgets evicted blocks until
+// the negative record nears ForgetLimit, then cuts both generations and
+// adds what the engine holds; a copy follows through one delta.
+func TestForgetToTheLimitThenRebase(t *testing.T) {
+	s, err := New(Params{CapacityBlocks: 1024, FalsePositiveRate: 0.01}, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cp, _ := New(s.Params(), 1)
+	hashes := make([]uint64, 600)
+	for i := range hashes {
+		hashes[i] = uint64(i)*0x9e3779b97f4a7c15 + 1
+	}
+	s.Add(hashes)
+	limit := s.Stats().ForgetLimit
+	if limit != maxNegOf(s.geo) || limit >= 500 {
+		t.Fatalf("limit %d", limit)
+	}
+	if n := s.Forget(hashes[:500]); n != limit || s.Stats().Forgotten != limit {
+		t.Fatalf("forgot %d of 500, record %d, limit %d", n, s.Stats().Forgotten, limit)
+	}
+	held := hashes[300:400]
+	s.Cut(CutBoth)
+	s.Add(held)
+	d, _, ok := s.AppendDelta(nil, 0)
+	if !ok {
+		t.Fatal("no delta")
+	}
+	dd, err := DecodeDelta(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cp.ApplyDelta(dd); err != nil {
+		t.Fatal(err)
+	}
+	for _, sum := range []*Summary{s, cp} {
+		if st := sum.Stats(); st.Forgotten != 0 {
+			t.Fatalf("record of %d after a rebase", st.Forgotten)
+		}
+		n := 0
+		for i, h := range hashes {
+			if sum.Has(h) != (i >= 300 && i < 400) {
+				n++
+			}
+		}
+		if n > 6 { // false positives among 500 absent blocks, at 1%
+			t.Fatalf("%d blocks disagree with the rebase", n)
+		}
+	}
+	if dc, _ := cp.Digest(0); func() uint64 { d, _ := s.Digest(0); return d }() != dc {
+		t.Fatal("the copy diverged")
+	}
+}
+
+// TestHeld: the owner counts the adds of its two generations; a copy
+// decoded mid-generation estimates the older one from its bits (within
+// a few percent), follows the newer one exactly through deltas, and
+// agrees exactly once a rotation made the newer one older; a cut of
+// both generations leaves both at zero.
+func TestHeld(t *testing.T) {
+	f := newCutFixture(t)
+	own, cp := f.owner.Held(), f.cp.Held()
+	if own <= f.owner.Stats().NewerInserts {
+		t.Fatalf("owner holds %d, no more than its newer generation's %d adds after a rotation", own, f.owner.Stats().NewerInserts)
+	}
+	if d := float64(cp-own) / float64(own); d > 0.05 || d < -0.05 {
+		t.Errorf("decoded copy holds %d, owner %d: off by %.1f%%", cp, own, 100*d)
+	}
+	before := f.owner.Stats().NewerInserts
+	for i := uint64(0); f.owner.Stats().NewerInserts >= before; i++ {
+		before = f.owner.Stats().NewerInserts
+		f.owner.Add(chain(10, 9000+i))
+		if i%20 == 0 {
+			f.sync(t) // within the owner's log
+		}
+	}
+	f.sync(t)
+	if own, cp := f.owner.Held(), f.cp.Held(); own != cp {
+		t.Errorf("after a rotation the copy holds %d, the owner %d", cp, own)
+	}
+	f.owner.Cut(CutBoth)
+	f.sync(t)
+	if own, cp := f.owner.Held(), f.cp.Held(); own != 0 || cp != 0 {
+		t.Errorf("after cutting both generations: owner %d, copy %d", own, cp)
 	}
 }

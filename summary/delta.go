@@ -426,5 +426,6 @@ func (s *Summary) ApplyDelta(d *Delta) error {
 	// A copy keeps no log of its own: should it become the owner, its log
 	// starts here.
 	s.log, s.logStart = s.log[:0], s.version
+	s.storeHeld()
 	return nil
 }

@@ -31,6 +31,7 @@ func (s *Summary) Since(v uint64) (entries []uint64, ok bool) {
 func (s *Summary) Apply(epoch, from uint64, entries []uint64) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	defer s.storeHeld()
 	if epoch != s.epoch || from > s.version {
 		return ErrGap
 	}

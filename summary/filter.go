@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/bits"
 	"sync"
 	"sync/atomic"
 
@@ -281,6 +282,14 @@ type Summary struct {
 	logStart uint64            // version before log[0]
 	logLimit int
 	cut      cutState // the owner's correction state (cut.go)
+	// oldCount is the older generation's adds, curCount when it rotated
+	// (estimated from its bits in a decoded copy: the encoding does not
+	// carry it).
+	oldCount int
+	// held is curCount + oldCount, stored by whatever changes either
+	// (storeHeld), so that Held takes no lock: a decision reads it of
+	// every candidate this router owns.
+	held atomic.Int64
 	// kept is the owner's hashes of each generation's adds, indexed as
 	// gens, for Resized (resize.go); copies keep none.
 	kept [2]keptHashes
@@ -342,7 +351,7 @@ func (s *Summary) Add(hashes []uint64) int {
 		if !forgotten && test(s.words[s.cur], s.geo, base, bits) {
 			continue
 		}
-		s.noteAdd(key, base, bits, forgotten)
+		s.cut.noteAdd(s.words[s.cur], s.words[1-s.cur], s.geo, key, base, bits, forgotten)
 		s.applyAdd(key)
 		s.kept[s.cur].add(h, keptLimit(s.geo))
 		s.version++
@@ -356,6 +365,7 @@ func (s *Summary) Add(hashes []uint64) int {
 			s.cut.filled(s.geo)
 		}
 	}
+	s.storeHeld()
 	return n
 }
 
@@ -367,10 +377,20 @@ func (s *Summary) Add(hashes []uint64) int {
 func (s *Summary) Forget(hashes []uint64) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	n := 0
+	n, _ := s.forgetLocked(hashes)
+	return n
+}
+
+// forgetLocked forgets the keys of hashes the summary claims and returns
+// how many it logged and how many the full record refused.
+func (s *Summary) forgetLocked(hashes []uint64) (n, refused int) {
 	for _, h := range hashes {
 		key := s.geo.key(probeOf(h))
-		if !s.hasKey(key) || len(s.neg) >= maxNegOf(s.geo) {
+		if !s.hasKey(key) {
+			continue
+		}
+		if len(s.neg) >= maxNegOf(s.geo) {
+			refused++
 			continue
 		}
 		s.applyForget(key)
@@ -378,7 +398,7 @@ func (s *Summary) Forget(hashes []uint64) int {
 		s.record(key | opForget)
 		n++
 	}
-	return n
+	return n, refused
 }
 
 func (s *Summary) applyAdd(key uint64) {
@@ -421,7 +441,8 @@ func (s *Summary) rotate() {
 	s.gens[old].ClearAll()
 	s.kept[old].clear()
 	s.cur = old
-	s.curCount = 0
+	s.oldCount, s.curCount = s.curCount, 0
+	s.storeHeld()
 	s.rot++
 	for k, r := range s.neg {
 		if s.rot-r >= 2 {
@@ -438,6 +459,34 @@ func (s *Summary) record(e uint64) {
 		s.log = append(s.log[:0], s.log[drop:]...)
 	}
 	s.log = append(s.log, e)
+}
+
+// Held is how many blocks the summary remembers: the adds in its two
+// generations (a block refreshed into the newer one counts in both,
+// and a generation of a decoded copy older than its last rotation is
+// estimated from its bits). An owner and its copies agree on it up to
+// that estimate, so every router reads a replica's fill alike: a new
+// or emptied replica (a restart cuts both generations) holds few.
+func (s *Summary) Held() int { return int(s.held.Load()) }
+
+// storeHeld publishes curCount + oldCount for Held; s.mu is held for
+// writing.
+func (s *Summary) storeHeld() { s.held.Store(int64(s.curCount + s.oldCount)) }
+
+// estimateAdds is the number of keys that set the bits of a generation's
+// words, from the share of its bits set: k bits per key over m bits set
+// a share 1 - exp(-k·n/m) of them (the blocked filter's spread differs
+// little at the fill a generation rotates at).
+func estimateAdds(words []uint64, g geometry) int {
+	set := 0
+	for _, w := range words {
+		set += bits.OnesCount64(w)
+	}
+	if set == 0 {
+		return 0
+	}
+	frac := min(float64(set)/float64(g.m), 1-1.0/float64(g.m))
+	return int(math.Round(-float64(g.m) / float64(g.k) * math.Log1p(-frac)))
 }
 
 // Has reports whether the summary (probably) holds the block.
@@ -527,8 +576,10 @@ type Stats struct {
 	CapacityBlocks int    `json:"capacity_blocks"`
 	NewerInserts   int    `json:"newer_generation_inserts"`
 	Bytes          int    `json:"bytes"`
-	// Forgotten is the size of the negative record.
-	Forgotten int `json:"forgotten"`
+	// Forgotten is the size of the negative record, ForgetLimit its
+	// bound (forgets past it are refused).
+	Forgotten   int `json:"forgotten"`
+	ForgetLimit int `json:"forget_limit"`
 	// PatternBits is the width of a key's pattern (see geometry).
 	PatternBits int `json:"pattern_bits"`
 }
@@ -540,7 +591,7 @@ func (s *Summary) Stats() Stats {
 	return Stats{
 		MaxBlocks: 2 * s.geo.perGen,
 		Epoch:     s.epoch, Version: s.version, CapacityBlocks: s.params.CapacityBlocks,
-		NewerInserts: s.curCount, Bytes: encodedSize(s.geo, len(s.neg)), Forgotten: len(s.neg),
+		NewerInserts: s.curCount, Bytes: encodedSize(s.geo, len(s.neg)), Forgotten: len(s.neg), ForgetLimit: maxNegOf(s.geo),
 		PatternBits: int(s.geo.pat),
 	}
 }

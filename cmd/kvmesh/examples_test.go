@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"github.com/kvmesh/kvmesh/internal/lab/replicasim"
+	"github.com/prometheus/client_golang/prometheus"
 	"io"
 	"net"
 	"net/http"
@@ -17,6 +19,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/kvmesh/kvmesh/internal/kvevents"
 	"github.com/kvmesh/kvmesh/mesh"
 	"github.com/kvmesh/kvmesh/proxy"
 	"github.com/kvmesh/kvmesh/proxy/admit"
@@ -50,15 +53,36 @@ func TestRouterStatusAndExampleMetrics(t *testing.T) {
 			s.Close()
 		}
 	}()
+	// A replica-sim serving a LoRA adapter beside them, for the LoRA
+	// series (kvmesh_replica_lora_*), which only an engine with LoRA has.
+	lora, err := replicasim.New(replicasim.Config{Model: "lora-base", LoRAAdapters: []string{"lora-x"}, TimeScale: 1000, DefaultMaxTokens: 4},
+		hclog.NewNullLogger(), prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	loraSrv := httptest.NewServer(lora.Handler())
+	defer func() {
+		_ = lora.Close()
+		loraSrv.Close()
+	}()
 	logs := &lockedWriter{}
 	base := routerConfig{
 		region: "local", listen: "127.0.0.1:0", gossipBind: "127.0.0.1:0", logLevel: hclog.Warn, logOutput: logs,
 		maxBodyBytes: proxy.DefaultMaxBodyBytes, capacityBlocks: 4096, loadFactor: 1.25,
 		timing: mesh.TestTiming(), healthInterval: 50 * time.Millisecond, contract: summary.DefaultContract(), gossipKey: testGossipKey,
-		adminListen: "127.0.0.1:0", admission: admit.Config{MaxWaiting: admit.DefaultMaxWaiting},
+		adminListen: "127.0.0.1:0", admission: admit.Config{MaxWaiting: admit.DefaultMaxWaiting}, tenants: tenantConfig{input: 1 << 40, window: time.Minute},
 	}
 	ca := base
-	ca.name, ca.replicas = "a", []string{reps[0].URL}
+	ca.name, ca.replicas = "a", []string{reps[0].URL, loraSrv.URL}
+	// Router a follows a KV-event publisher for its replica, so that the
+	// kvmesh_kv_event* families the README names have series.
+	kvln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub := kvevents.NewPublisher(kvln, nil, "kv-events", kvevents.FormMap, 16)
+	defer pub.Close()
+	ca.kvEvents.given = map[string]kvevents.Config{reps[0].URL: {Endpoint: "tcp://" + kvln.Addr().String(), Topic: "kv-events"}}
 	a, err := startRouter(ctx, ca)
 	if err != nil {
 		t.Fatal(err)
@@ -87,6 +111,17 @@ func TestRouterStatusAndExampleMetrics(t *testing.T) {
 		eventually(t, "both routers to see both replicas", func() bool {
 			return len(r.mesh.Candidates("m", nil)) == 2 && r.health.Ready()
 		})
+	}
+	eventually(t, "a to see the LoRA adapter", func() bool { return len(a.mesh.Candidates("lora-x", nil)) == 1 })
+	resp, err := client.Post(a.api+"/v1/chat/completions", "application/json",
+		strings.NewReader(`{"model":"lora-x","messages":[{"role":"user","content":"hi"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("the adapter's request: status %d", resp.StatusCode)
 	}
 	for _, r := range routers {
 		resp, err := client.Post(r.api+"/v1/chat/completions", "application/json", strings.NewReader(chatRequest("hello from "+r.name)))

@@ -93,6 +93,8 @@ func bindPolicyFlags(fs *flag.FlagSet) *policyFlags {
 		func(p route.Policy) float64 { return p.RecomputeWeight }, func(p *route.Policy, v float64) { p.RecomputeWeight = v })
 	add("default-seq-ms", "DefaultSeqMs", false, "time a request holds a sequence slot before the router has measured it",
 		func(p route.Policy) float64 { return p.DefaultSeqMs }, func(p *route.Policy, v float64) { p.DefaultSeqMs = v })
+	add("warm-share", "WarmShare", false, "share of cold requests (by key) a warming replica takes while it can start them: one holding under half its tier's mean of cached blocks, new or emptied by a restart (0: no warm-up)",
+		func(p route.Policy) float64 { return p.WarmShare }, func(p *route.Policy, v float64) { p.WarmShare = v })
 	return pf
 }
 

@@ -34,6 +34,7 @@ func (s *syncBuffer) String() string {
 func TestRunReplicaSimServesAndStops(t *testing.T) {
 	t.Setenv("KVMESH_MODEL", "env-model")
 	t.Setenv("KVMESH_TIME_SCALE", "1000")
+	t.Setenv("KVMESH_LORA_ADAPTERS", "sql-lora,chat-lora")
 	t.Setenv("KVMESH_LISTEN", "127.0.0.1:1") // the flag below wins
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -66,6 +67,9 @@ func TestRunReplicaSimServesAndStops(t *testing.T) {
 	if !strings.Contains(string(body), `"id":"env-model"`) {
 		t.Errorf("models = %s, want the model from KVMESH_MODEL", body)
 	}
+	if !strings.Contains(string(body), `"id":"chat-lora"`) || !strings.Contains(string(body), `"parent":"env-model"`) {
+		t.Errorf("models = %s, want the adapters of KVMESH_LORA_ADAPTERS with their parent", body)
+	}
 	resp, err = http.Post(base+"/v1/completions", "application/json",
 		strings.NewReader(`{"model":"env-model","prompt":"hello","max_tokens":4}`))
 	if err != nil {
@@ -93,6 +97,7 @@ func TestRunReplicaSimFlagErrors(t *testing.T) {
 		{"bad env", nil, map[string]string{"KVMESH_KV_BLOCKS": "many"}, "KVMESH_KV_BLOCKS"},
 		{"bad config", []string{"--time-scale", "-1"}, nil, "time scale"},
 		{"extra args", []string{"extra"}, nil, "unexpected arguments"},
+		{"adapter named as the model", []string{"--lora-adapters", "kvmesh-sim"}, nil, "LoRA adapter"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

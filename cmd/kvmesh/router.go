@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -25,6 +26,7 @@ import (
 	"github.com/kvmesh/kvmesh/mesh"
 	"github.com/kvmesh/kvmesh/proxy"
 	"github.com/kvmesh/kvmesh/proxy/admit"
+	"github.com/kvmesh/kvmesh/proxy/disagg"
 	"github.com/kvmesh/kvmesh/proxy/health"
 	"github.com/kvmesh/kvmesh/proxy/hop"
 	"github.com/kvmesh/kvmesh/proxy/upstream"
@@ -65,6 +67,7 @@ type routerConfig struct {
 	logOutput         io.Writer
 	registerProcessGo bool // Go and process collectors (off in in-process tests: they are per process)
 	sources           replicaSources
+	kvEvents          kvEventsFlag // --kv-events (router_kvevents.go)
 
 	// Edges (router_edges.go); zero values mean no cap or the default.
 	adminListen          string // "" : no admin server
@@ -95,6 +98,10 @@ type routerConfig struct {
 	// admission: the admission's limits (router_admit.go; MaxWaiting 0:
 	// off).
 	admission admit.Config
+	tenants   tenantConfig // router_tenants.go
+	// pd: how requests are split into prefill and decode legs
+	// (--pd-protocol; disagg.None: not split).
+	pd disagg.Protocol
 }
 
 // parseRouterFlags parses args, then fills every flag not given on the
@@ -132,7 +139,9 @@ flags:
 	fs.StringVar(&cfg.gossipBind, "gossip-bind", "0.0.0.0:7946", "HOST:PORT to bind gossip to (UDP and TCP)")
 	fs.StringVar(&cfg.advertise, "advertise", "", "HOST:PORT peers use to reach this router's gossip (default: the bound address)")
 	fs.Var(&join, "join", "seed router's gossip HOST:PORT, or a DNS name resolving to routers (repeatable)")
-	fs.Var(&replicas, "replica", "base URL of an OpenAI-compatible replica this router fronts, e.g. http://10.0.0.5:8000 (repeatable)")
+	fs.Var(&cfg.kvEvents, "kv-events", "subscribe to replicas' KV-cache events (vLLM's ZMQ publisher, bound with endpoint tcp://*:PORT) so that their summaries drop what the engines evict: auto (each declared replica's GET /kv_event_sources), or REPLICA_URL=tcp://HOST:PORT[,replay=tcp://HOST:PORT][,topic=TOPIC] (repeatable)")
+	fs.Var(&replicas, "replica", "base URL of an OpenAI-compatible replica this router fronts, e.g. http://10.0.0.5:8000, with #prefill, #decode or #both after it for its role in disaggregated serving (#prefill:8998 with SGLang's KV bootstrap port) (repeatable)")
+	pd := fs.String("pd-protocol", "off", "split chat and completions requests into a prefill leg (a prefill replica chosen by cache) and a decode leg (a decode replica chosen by load): off, vllm (kv_transfer_params, NIXL connector) or sglang (bootstrap_host/port/room)")
 	keyFile := fs.String("gossip-key-file", "", "file holding the gossip encryption key: 16, 24 or 32 bytes, base64-encoded or raw; all routers must share it. It also authenticates the requests routers forward to each other; a router with --join needs it (or peer mutual TLS, or --insecure-mesh)")
 	fs.BoolVar(&cfg.insecureMesh, "insecure-mesh", false, "let a router with --join run without --gossip-key-file or peer mutual TLS: gossip is then unauthenticated and the router believes the hop headers of anyone who reaches its API; only on a network you fully trust")
 	logLevel := fs.String("log-level", "info", "log level: trace, debug, info, warn, error or off")
@@ -149,6 +158,7 @@ flags:
 	finishReplicaFlags := replicaFlags(fs, &cfg.sources)
 	edgeFlags(fs, &cfg)
 	admitFlags(fs, &cfg)
+	tenantFlags(fs, &cfg)
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
 	}
@@ -183,11 +193,19 @@ flags:
 		return cfg, errors.New("router: --health-interval must be positive")
 	}
 	for i, r := range cfg.replicas {
-		u, err := url.Parse(r)
-		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return cfg, fmt.Errorf("router: --replica %q is not an http(s) URL", r)
+		sp, err := parseReplicaSpec(r)
+		if err != nil {
+			return cfg, fmt.Errorf("router: --replica: %w", err)
 		}
-		cfg.replicas[i] = strings.TrimRight(r, "/")
+		if cfg.replicas[i] = sp.id; sp.declared {
+			cfg.replicas[i] += "#" + sp.role.String()
+			if sp.bootstrap != 0 {
+				cfg.replicas[i] += ":" + strconv.Itoa(int(sp.bootstrap))
+			}
+		}
+	}
+	if cfg.pd, err = disagg.ParseProtocol(*pd); err != nil {
+		return cfg, fmt.Errorf("router: --pd-protocol: %w", err)
 	}
 	if err := finishReplicaFlags(); err != nil {
 		return cfg, err
@@ -219,6 +237,9 @@ flags:
 		cfg.gossipKey = key
 	}
 	if err := checkAdmitFlags(&cfg); err != nil {
+		return cfg, err
+	}
+	if err := checkTenantFlags(&cfg); err != nil {
 		return cfg, err
 	}
 	if err := checkEdgeFlags(&cfg); err != nil {
@@ -307,6 +328,7 @@ type router struct {
 	reg    *prometheus.Registry
 	mesh   *mesh.Mesh
 	health *health.Checker
+	kv     *kvEvents // --kv-events' subscriptions (router_kvevents.go)
 	proxy  *proxy.Proxy
 	srv    *http.Server
 	ln     net.Listener
@@ -366,11 +388,17 @@ func startRouter(ctx context.Context, cfg routerConfig) (*router, error) {
 			adminLn.Close()
 		}
 	}
+	budgets, err := tenantLedger(&cfg, reg)
+	if err != nil {
+		closeLns()
+		return nil, err
+	}
 	m, err := mesh.New(ctx, mesh.Config{
 		Name: cfg.name, Region: cfg.region, APIAddr: api,
 		BindAddr: cfg.gossipBind, AdvertiseAddr: cfg.advertise, Join: cfg.join, SecretKey: cfg.gossipKey,
 		Contract: cfg.contract, DefaultCapacityBlocks: cfg.capacityBlocks, Timing: cfg.timing,
 		Streams: cfg.gossipStreams, Logger: log, Registerer: reg,
+		Usage: meshUsage(&cfg, budgets), UsageInterval: cfg.tenants.interval,
 	})
 	if err != nil {
 		closeLns()
@@ -380,7 +408,7 @@ func startRouter(ctx context.Context, cfg routerConfig) (*router, error) {
 	// contains them (internal/panics): one metric, one log throttle.
 	rec := panics.New(reg, log)
 	// Replicas are declared once they pass a health check (replicaSet).
-	set := newReplicaSet(m, log.Named("replicas"))
+	set := newReplicaSet(m, log.Named("replicas"), reg, cfg.pd != disagg.None)
 	client := upstream.NewClientRecvBuffer(cfg.upstreamRecvBuffer)
 	if edges.peerTLS != nil {
 		client.Transport.(*http.Transport).TLSClientConfig = edges.peerTLS
@@ -392,6 +420,12 @@ func startRouter(ctx context.Context, cfg routerConfig) (*router, error) {
 		BytesPerToken: ratios.Of},
 		nil, client, set.onStatus, cfg.contract.BlockBytes, log.Named("health"), reg)
 	set.health = hc
+	kv := newKVEvents(cfg.kvEvents, m, client, log.Named("kvevents"))
+	var answers func(string, proxy.Answered)
+	if cfg.kvEvents.on() {
+		reg.MustRegister(kv)
+		set.onDeclare, set.onWithdraw, answers = kv.declared, kv.withdrawn, kv.answered
+	}
 	set.update("static", cfg.replicas)
 	policy := cfg.policy
 	if policy == (route.Policy{}) {
@@ -400,11 +434,11 @@ func startRouter(ctx context.Context, cfg routerConfig) (*router, error) {
 	if cfg.loadFactor > 0 {
 		policy.LoadFactor = cfg.loadFactor
 	}
-	r := &router{name: cfg.name, log: log, reg: reg, mesh: m, health: hc, api: api, edges: edges, serveErr: make(chan error, 2)}
+	r := &router{name: cfg.name, log: log, reg: reg, mesh: m, health: hc, kv: kv, api: api, edges: edges, serveErr: make(chan error, 2)}
 	p, err := proxy.New(proxy.Config{
 		RouterName: cfg.name, View: m, Policy: policy, Contract: cfg.contract,
 		MaxBodyBytes: cfg.maxBodyBytes, Client: client, Logger: log.Named("proxy"),
-		Registerer: reg, Gatherer: reg, Panics: rec, Debug: func() any { return m.Debug() }, Ready: r.ready, ModelsKnown: r.modelsKnown, ReportFailure: hc.ReportFailure,
+		Registerer: reg, Gatherer: reg, Panics: rec, Debug: r.debug, Ready: r.ready, ModelsKnown: r.modelsKnown, ReportFailure: hc.ReportFailure,
 		MaxAttempts: cfg.maxAttempts, RetryBudget: cfg.retryBudget, BodyTimeout: cfg.bodyTimeout, WriteTimeout: cfg.writeTimeout,
 		UpstreamIdleTimeout: offTimeout(cfg.upstreamIdleTimeout),
 		StallWindow:         offTimeout(cfg.stallWindow), Stalled: hc.Stall,
@@ -413,9 +447,10 @@ func startRouter(ctx context.Context, cfg routerConfig) (*router, error) {
 		TrustPeerCerts: edges.serverTLS != nil && edges.peerCA != nil, RequirePeerTLS: edges.peerCA != nil, APIKeys: edges.keys,
 		InsecureHops:  cfg.insecureMesh && !meshAuthenticated(&cfg),
 		SessionHeader: cfg.sessionHeader, Peers: m.PeerAPIs, NoStreamLoop: cfg.noStreamLoop, TokenRatios: ratios,
-		Admission: cfg.admissionConfig(),
+		Admission: cfg.admissionConfig(), Quota: budgets, PD: cfg.pd, Answers: answers,
 	})
 	if err != nil {
+		kv.close()
 		closeLns()
 		_ = m.Close(context.Background())
 		return nil, fmt.Errorf("router: %w", err)
@@ -424,7 +459,7 @@ func startRouter(ctx context.Context, cfg routerConfig) (*router, error) {
 	r.ln = r.edgeListener(ln, cfg.maxConns, cfg.clientSendBuffer)
 	r.srv = r.apiServer(cfg, p)
 	if adminLn != nil {
-		admin, err := withStatusPage(p.AdminHandler(), cfg.name, m, reg, log.Named("status"))
+		admin, err := withStatusPage(p.AdminHandler(), cfg.name, m, reg, budgets, log.Named("status"))
 		if err != nil {
 			closeLns()
 			_ = m.Close(context.Background())
@@ -496,6 +531,7 @@ func (r *router) shutdown() error {
 	}
 	r.stopHealth()
 	r.wg.Wait()
+	r.kv.close()
 	for done := false; !done; {
 		select {
 		case err := <-r.serveErr:

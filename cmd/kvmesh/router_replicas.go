@@ -19,6 +19,8 @@ import (
 	"github.com/kvmesh/kvmesh/internal/panics"
 	"github.com/kvmesh/kvmesh/mesh"
 	"github.com/kvmesh/kvmesh/proxy/health"
+	"github.com/kvmesh/kvmesh/route"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // replicaSources is where a router learns its replicas beyond the static
@@ -80,15 +82,26 @@ type replicaSet struct {
 	mesh   *mesh.Mesh
 	health *health.Checker
 
+	// onDeclare and onWithdraw, when set, hear of each replica declared
+	// and withdrawn (KV-event subscriptions follow them); called under
+	// mu, they must not block.
+	onDeclare, onWithdraw func(id string)
+
 	updateMu sync.Mutex // serialises update; never held by onStatus
 
 	mu       sync.Mutex
-	sources  map[string][]string           // by source name
+	sources  map[string][]string           // IDs by source name
+	specs    map[string]replicaSpec        // the latest declaration of each ID (router_roles.go)
 	declared map[string]mesh.ReplicaStatus // last status given to the mesh
+	roles    *roleGauge
+	// splits: the router splits requests (--pd-protocol); without it a
+	// prefill or decode replica serves nothing, which is logged.
+	splits bool
 }
 
-func newReplicaSet(m *mesh.Mesh, log hclog.Logger) *replicaSet {
-	return &replicaSet{log: log, mesh: m, sources: map[string][]string{}, declared: map[string]mesh.ReplicaStatus{}}
+func newReplicaSet(m *mesh.Mesh, log hclog.Logger, reg prometheus.Registerer, splits bool) *replicaSet {
+	return &replicaSet{log: log, mesh: m, sources: map[string][]string{}, specs: map[string]replicaSpec{},
+		declared: map[string]mesh.ReplicaStatus{}, roles: newRoleGauge(reg), splits: splits}
 }
 
 // onStatus is the health checker's callback: it declares a replica at
@@ -97,24 +110,55 @@ func newReplicaSet(m *mesh.Mesh, log hclog.Logger) *replicaSet {
 func (s *replicaSet) onStatus(id string, st health.ReplicaStatus) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if _, ok := s.declared[id]; !ok {
+	if sp, ok := s.specs[id]; ok && sp.declared {
+		// The declaration's role wins over the engine's; a prefill
+		// replica's port, when it gives one.
+		st.Role = sp.role
+		if sp.bootstrap != 0 || sp.role != route.RolePrefill {
+			st.Bootstrap = sp.bootstrap
+		}
+	}
+	last, ok := s.declared[id]
+	if !ok {
 		if !st.Healthy {
 			return
 		}
 		s.mesh.DeclareReplica(id)
-		s.log.Info("replica declared", "replica", id, "engine", st.Engine)
+		s.log.Info("replica declared", "replica", id, "engine", st.Engine, "role", st.Role)
+		if s.onDeclare != nil {
+			s.onDeclare(id)
+		}
 	}
+	if (!ok || last.Role != st.Role) && st.Role != route.RoleBoth && !s.splits {
+		s.log.Warn("a prefill or decode replica serves nothing while requests are not split (--pd-protocol off)", "replica", id, "role", st.Role)
+	}
+	s.roles.show(id, st.Role)
 	s.declared[id] = st
 	s.mesh.UpdateReplica(id, st)
 }
 
-// update replaces source's list, hands the union of all sources to the
-// health checker and withdraws the replicas no source lists any more.
-func (s *replicaSet) update(source string, ids []string) {
+// update replaces source's list of declarations (URLs, each with its
+// role if it says one: router_roles.go), hands the union of all sources'
+// replicas to the health checker and withdraws the replicas no source
+// lists any more.
+func (s *replicaSet) update(source string, entries []string) {
 	s.updateMu.Lock()
 	defer s.updateMu.Unlock()
+	ids := make([]string, 0, len(entries))
 	s.mu.Lock()
-	s.sources[source] = slices.Clone(ids)
+	for _, e := range entries {
+		sp, err := parseReplicaSpec(e)
+		if err != nil {
+			s.log.Warn("skipping a replica declaration", "source", source, "error", err)
+			continue
+		}
+		if old, ok := s.specs[sp.id]; ok && old != sp {
+			s.log.Info("replica declared anew", "replica", sp.id, "role", sp.role, "declared_role", sp.declared)
+		}
+		s.specs[sp.id] = sp
+		ids = append(ids, sp.id)
+	}
+	s.sources[source] = ids
 	union := map[string]bool{}
 	for _, l := range s.sources {
 		for _, id := range l {
@@ -140,7 +184,12 @@ func (s *replicaSet) update(source string, ids []string) {
 		s.mesh.UpdateReplica(id, last)
 		s.mesh.WithdrawReplica(id)
 		delete(s.declared, id)
+		delete(s.specs, id)
+		s.roles.drop(id)
 		s.log.Info("replica drained and withdrawn", "replica", id)
+		if s.onWithdraw != nil {
+			s.onWithdraw(id)
+		}
 	}
 }
 

@@ -14,7 +14,9 @@ import (
 // num_gpu_blocks, or kv_cache_size_tokens where newer versions add it).
 // vLLM publishes no max_num_seqs: the caller learns the slot count. The
 // KV cache in use is vllm:kv_cache_usage_perc (a share, not a percent),
-// vllm:gpu_cache_usage_perc before 0.10.
+// vllm:gpu_cache_usage_perc before 0.10. With --enable-lora, its LoRA
+// limit and the adapters in use are the labels of the latest series of
+// vllm:lora_requests_info (Families.loraInfo).
 type vllm struct{}
 
 func (vllm) Kind() Kind         { return VLLM }
@@ -37,6 +39,7 @@ func (vllm) FromMetrics(f Families) Stats {
 		}
 		s.CacheTokens = total
 	}
+	s.LoRA = f.loraInfo("vllm:lora_requests_info")
 	return s
 }
 
@@ -48,7 +51,9 @@ func (vllm) FromInfo([]byte) (Stats, error) { return Stats{}, nil }
 // {page_size, num_pages}, the sglang:page_size/sglang:num_pages gauges of
 // later versions, or sglang:max_total_num_tokens; and from GET
 // /get_server_info its max_running_requests (the slot count),
-// max_total_num_tokens and page_size. The KV cache in use is
+// max_total_num_tokens and page_size, and its disaggregation_mode
+// (prefill, decode, or "null" for a whole server) with
+// disaggregation_bootstrap_port. The KV cache in use is
 // sglang:token_usage.
 type sglang struct{}
 
@@ -105,6 +110,18 @@ func (sglang) FromInfo(b []byte) (Stats, error) {
 	s := ranks.Merge(read(info))
 	if v, ok := jsonCount(info["page_size"], maxBlockSize); ok && v > 0 {
 		s.BlockSize = int(v)
+	}
+	if mode, ok := info["disaggregation_mode"].(string); ok {
+		// "null" (SGLang's spelling of none) and anything unknown say
+		// nothing: a whole server.
+		if r, err := route.ParseRole(mode); err == nil {
+			s.Role = r
+		}
+	}
+	if s.Role == route.RolePrefill {
+		if v, ok := jsonCount(info["disaggregation_bootstrap_port"], math.MaxUint16); ok {
+			s.Bootstrap = uint16(v)
+		}
 	}
 	return s, nil
 }

@@ -12,6 +12,7 @@ package engine
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -63,6 +64,59 @@ type Stats struct {
 	BlockSize int
 	// CacheTokens is the engine's KV cache capacity in tokens.
 	CacheTokens int64
+	// Role is the part of disaggregated requests the engine says it
+	// serves (SGLang's disaggregation_mode); RoleBoth when it says
+	// nothing.
+	Role route.Role
+	// Bootstrap is a prefill engine's KV bootstrap port (SGLang's
+	// disaggregation_bootstrap_port); 0 when unknown.
+	Bootstrap uint16
+	// LoRA is what the engine tells of its LoRA adapters.
+	LoRA LoRAInfo
+}
+
+// LoRAInfo is what an engine's metrics tell of its LoRA adapters (vLLM's
+// vllm:lora_requests_info, read by Families.loraInfo): its limit on
+// adapters resident at once, the adapters it holds loaded, and those its
+// running and waiting requests name now, as comma-separated lists (the
+// form the engine labels them with). The zero value tells nothing (an
+// engine without LoRA).
+type LoRAInfo struct {
+	// Max is the engine's limit (vLLM's --max-loras); 0 is unknown.
+	Max int
+	// Loaded are the adapters the engine holds, most recently used
+	// first; Running and Waiting those of its running and waiting
+	// requests now. Each at most maxLoRAList bytes.
+	Loaded, Running, Waiting string
+}
+
+// maxLoRAList bounds a list of adapter names an engine reports (its
+// label value): 64 names of 128 bytes.
+const maxLoRAList = 8 << 10
+
+// names splits a comma-separated list of adapter names.
+func names(list string) []string {
+	if list == "" {
+		return nil
+	}
+	var out []string
+	for n := range strings.SplitSeq(list, ",") {
+		if n = strings.TrimSpace(n); n != "" {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// LoRAsOf is a replica's LoRA adapters as the decision reads them
+// (route.LoRAs), from what its metrics tell (info) and its model list
+// (models: which of its models are base models). A replica whose engine
+// reports no LoRA limit, runs no adapter and lists none has none.
+func LoRAsOf(info LoRAInfo, models ModelList) route.LoRAs {
+	if info == (LoRAInfo{}) && len(models.Adapters) == 0 {
+		return route.LoRAs{}
+	}
+	return route.MakeLoRAs(info.Max, models.Bases(), names(info.Loaded), names(info.Running), names(info.Waiting))
 }
 
 // Merge returns s with its unknown fields taken from o.
@@ -74,6 +128,25 @@ func (s Stats) Merge(o Stats) Stats {
 	if s.CacheTokens == 0 {
 		s.CacheTokens = o.CacheTokens
 	}
+	if s.Role == route.RoleBoth {
+		s.Role = o.Role
+	}
+	if s.Bootstrap == 0 {
+		s.Bootstrap = o.Bootstrap
+	}
+	if s.LoRA == (LoRAInfo{}) {
+		s.LoRA = o.LoRA
+	}
+	return s
+}
+
+// Forget returns s as known once the engine's /metrics stops answering:
+// what the engine is configured with stays, its gauges become unknown
+// (route.EngineLoad.Forget), and of its LoRA adapters the limit stays
+// (which are loaded becomes unknown too: the engine may have restarted).
+func (s Stats) Forget() Stats {
+	s.EngineLoad = s.EngineLoad.Forget()
+	s.LoRA = LoRAInfo{Max: s.LoRA.Max}
 	return s
 }
 
@@ -103,12 +176,27 @@ type ReplicaStatus struct {
 	// (proxy/health's restart.go); when it grows, the owner cuts the
 	// replica's summary (mesh's restartedLocked).
 	Restarts int
+	// Role is the part of a request the replica serves when prefill and
+	// decode are disaggregated: declared with the replica (the router's
+	// --replica URL#prefill) or read from the engine (SGLang's
+	// disaggregation_mode); RoleBoth, a whole replica, when neither says.
+	// The owner gossips it (the mesh's flagRole).
+	Role route.Role
+	// Bootstrap is a prefill replica's KV bootstrap port, which the
+	// legs of an SGLang-style disaggregated request name (0: unknown).
+	Bootstrap uint16
+	// LoRA is the engine's LoRA adapters (LoRAsOf): its limit, the
+	// adapters in use, which models are base models. The mesh gossips it
+	// beside Load and the view reduces it per model to
+	// route.Candidate.LoRA.
+	LoRA route.LoRAs
 }
 
 // Equal reports that s and o report the same.
 func (s ReplicaStatus) Equal(o ReplicaStatus) bool {
 	return s.Healthy == o.Healthy && slices.Equal(s.Models, o.Models) && s.CapacityBlocks == o.CapacityBlocks &&
-		s.Load == o.Load && s.Engine == o.Engine && s.Restarts == o.Restarts
+		s.Load == o.Load && s.Engine == o.Engine && s.Restarts == o.Restarts && s.LoRA == o.LoRA &&
+		s.Role == o.Role && s.Bootstrap == o.Bootstrap
 }
 
 // Adapter reads one kind of engine.
@@ -192,28 +280,59 @@ func Detect(fams Families) (k Kind, ok bool) {
 	return "", false
 }
 
-// modelsResponse is the OpenAI GET /v1/models response, as far as read.
+// modelsResponse is the OpenAI GET /v1/models response, as far as read:
+// vLLM lists a LoRA adapter with its base model as "parent" (null for a
+// base model).
 type modelsResponse struct {
 	Data []struct {
-		ID string `json:"id"`
+		ID     string  `json:"id"`
+		Parent *string `json:"parent"`
 	} `json:"data"`
 }
 
-// ParseModels reads the model IDs of an OpenAI GET /v1/models body
-// (every supported engine serves one), sorted and without duplicates.
-func ParseModels(b []byte) ([]string, error) {
-	var l modelsResponse
-	if err := json.Unmarshal(b, &l); err != nil {
-		return nil, fmt.Errorf("parse models: %w", err)
-	}
-	models := make([]string, 0, len(l.Data))
-	for _, m := range l.Data {
-		if m.ID != "" {
-			models = append(models, m.ID)
+// ModelList is what an engine's GET /v1/models lists: every model it
+// serves, and which of them are LoRA adapters.
+type ModelList struct {
+	// Models are the model IDs, sorted, without duplicates.
+	Models []string
+	// Adapters are the models listed with a parent (LoRA adapters on top
+	// of a base model), sorted, without duplicates.
+	Adapters []string
+}
+
+// Bases are the models that are not adapters.
+func (l ModelList) Bases() []string {
+	var out []string
+	for _, m := range l.Models {
+		if _, ok := slices.BinarySearch(l.Adapters, m); !ok {
+			out = append(out, m)
 		}
 	}
-	slices.Sort(models)
-	return slices.Compact(models), nil
+	return out
+}
+
+// ParseModels reads an OpenAI GET /v1/models body (every supported
+// engine serves one): the model IDs, and those listed with a parent.
+func ParseModels(b []byte) (ModelList, error) {
+	var l modelsResponse
+	if err := json.Unmarshal(b, &l); err != nil {
+		return ModelList{}, fmt.Errorf("parse models: %w", err)
+	}
+	var out ModelList
+	out.Models = make([]string, 0, len(l.Data))
+	for _, m := range l.Data {
+		if m.ID == "" {
+			continue
+		}
+		out.Models = append(out.Models, m.ID)
+		if m.Parent != nil && *m.Parent != "" && *m.Parent != m.ID {
+			out.Adapters = append(out.Adapters, m.ID)
+		}
+	}
+	slices.Sort(out.Models)
+	slices.Sort(out.Adapters)
+	out.Models, out.Adapters = slices.Compact(out.Models), slices.Compact(out.Adapters)
+	return out, nil
 }
 
 // Bounds on what an engine may claim; beyond them a value is junk.
@@ -276,6 +395,93 @@ func (f Families) load(running, waiting string) Stats {
 		s.Running, s.Waiting, s.HasLoad = route.Count32(r), route.Count32(w), true
 	}
 	return s
+}
+
+// loraInfo reads an info gauge of LoRA adapters (vLLM's
+// vllm:lora_requests_info{max_lora, running_lora_adapters,
+// waiting_lora_adapters}). vLLM sets the series of the lists it records
+// to the current time at every record and keeps the series of earlier
+// lists, so the page is a history: the latest series is the present
+// (Running and Waiting), and an adapter was last used at the latest time
+// of a series naming it running. vLLM keeps the adapters it used last
+// loaded, evicting the least recently used one only to load another, so
+// the Max most recently used are the ones it holds (Loaded): an idle
+// engine's present names none, while they stay loaded. With no limit
+// known, Loaded are those the latest series naming any adapter ran (what
+// llm-d's metrics extractor reads as active). A list over maxLoRAList
+// bytes is cut at its last name that fits.
+func (f Families) loraInfo(name string) LoRAInfo {
+	fam := f[name]
+	if fam == nil {
+		return LoRAInfo{}
+	}
+	type series struct {
+		at                    float64
+		max, running, waiting string
+	}
+	var latest, named *series
+	lastRun := map[string]float64{}
+	for _, m := range fam.GetMetric() {
+		v, ok := value(m)
+		if !ok {
+			continue
+		}
+		s := &series{at: v}
+		for _, p := range m.GetLabel() {
+			switch p.GetName() {
+			case "max_lora":
+				s.max = p.GetValue()
+			case "running_lora_adapters":
+				s.running = cutList(p.GetValue())
+			case "waiting_lora_adapters":
+				s.waiting = cutList(p.GetValue())
+			}
+		}
+		if latest == nil || v >= latest.at {
+			latest = s
+		}
+		if s.running != "" && (named == nil || v >= named.at) {
+			named = s
+		}
+		for _, n := range names(s.running) {
+			lastRun[n] = max(lastRun[n], v)
+		}
+	}
+	if latest == nil {
+		return LoRAInfo{}
+	}
+	info := LoRAInfo{Running: latest.running, Waiting: latest.waiting}
+	if v, ok := parseCount(latest.max, 1<<16-1); ok {
+		info.Max = int(v)
+	}
+	switch {
+	case info.Max > 0:
+		recent := make([]string, 0, len(lastRun))
+		for n := range lastRun {
+			recent = append(recent, n)
+		}
+		slices.SortFunc(recent, func(a, b string) int {
+			if c := cmp.Compare(lastRun[b], lastRun[a]); c != 0 {
+				return c
+			}
+			return strings.Compare(a, b)
+		})
+		info.Loaded = cutList(strings.Join(recent[:min(len(recent), info.Max)], ","))
+	case named != nil:
+		info.Loaded = named.running
+	}
+	return info
+}
+
+// cutList is list within maxLoRAList bytes, cut at a comma.
+func cutList(list string) string {
+	if len(list) <= maxLoRAList {
+		return list
+	}
+	if i := strings.LastIndexByte(list[:maxLoRAList], ','); i > 0 {
+		return list[:i]
+	}
+	return ""
 }
 
 // labels returns the label values of each series of family name.

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/hashicorp/go-hclog"
@@ -38,6 +39,9 @@ func TestRecordedPages(t *testing.T) {
 	}{
 		{"vllm.metrics.txt", "", VLLM,
 			Stats{EngineLoad: route.EngineLoad{Running: 3, Waiting: 2, KVUsage: 4127, HasLoad: true}, BlockSize: 16, CacheTokens: 27644 * 16}, Stats{}, "/health"},
+		{"vllm-lora.metrics.txt", "", VLLM,
+			Stats{EngineLoad: route.EngineLoad{Running: 3, Waiting: 2, KVUsage: 4127, HasLoad: true}, BlockSize: 16, CacheTokens: 27644 * 16,
+				LoRA: LoRAInfo{Max: 2, Loaded: "chat-lora,sql-lora", Running: "sql-lora,chat-lora", Waiting: "legal-lora"}}, Stats{}, "/health"},
 		{"sglang.metrics.txt", "sglang.server_info.json", SGLang,
 			Stats{EngineLoad: route.EngineLoad{Running: 12, Waiting: 5, KVUsage: 2500, HasLoad: true}, CacheTokens: 489602},
 			Stats{EngineLoad: route.EngineLoad{Slots: 48}, BlockSize: 1, CacheTokens: 489602}, "/health"},
@@ -213,6 +217,14 @@ func TestInfoVariants(t *testing.T) {
 			`{"max_running_requests":null,"max_total_num_tokens":900,"page_size":16,"internal_states":[{"max_running_requests":32,"max_total_num_tokens":400},{"max_running_requests":32,"max_total_num_tokens":400}]}`,
 			Stats{EngineLoad: route.EngineLoad{Slots: 64}, BlockSize: 16, CacheTokens: 800}},
 		{"sglang unset slots", SGLang, `{"max_running_requests":null,"max_total_num_tokens":900}`, Stats{CacheTokens: 900}},
+		{"sglang prefill server", SGLang, `{"disaggregation_mode":"prefill","disaggregation_bootstrap_port":8998}`,
+			Stats{Role: route.RolePrefill, Bootstrap: 8998}},
+		{"sglang decode server: no bootstrap port", SGLang, `{"disaggregation_mode":"decode","disaggregation_bootstrap_port":8998}`,
+			Stats{Role: route.RoleDecode}},
+		{"sglang whole server", SGLang, `{"disaggregation_mode":"null","disaggregation_bootstrap_port":8998}`, Stats{}},
+		{"sglang junk mode and port", SGLang, `{"disaggregation_mode":7,"disaggregation_bootstrap_port":70000}`, Stats{}},
+		{"sglang prefill, port out of range", SGLang, `{"disaggregation_mode":"PREFILL","disaggregation_bootstrap_port":65536}`,
+			Stats{Role: route.RolePrefill}},
 		{"tgi 3.x has no batch fields", TGI, `{"model_id":"m","max_concurrent_requests":128,"max_total_tokens":4096}`, Stats{}},
 		{"tgi batch size set", TGI, `{"max_batch_size":32,"max_batch_total_tokens":null}`, Stats{EngineLoad: route.EngineLoad{Slots: 32}}},
 		{"llamacpp slots without context", LlamaCpp, `{"total_slots":2}`, Stats{EngineLoad: route.EngineLoad{Slots: 2}}},
@@ -281,11 +293,108 @@ func TestParseKind(t *testing.T) {
 
 func TestParseModels(t *testing.T) {
 	got, err := ParseModels([]byte(`{"object":"list","data":[{"id":"b"},{"id":"a"},{"id":""},{"id":"b"}]}`))
-	if err != nil || !slices.Equal(got, []string{"a", "b"}) {
+	if err != nil || !slices.Equal(got.Models, []string{"a", "b"}) || got.Adapters != nil || !slices.Equal(got.Bases(), got.Models) {
 		t.Errorf("got %v %v", got, err)
 	}
 	if _, err := ParseModels([]byte("not json")); err == nil {
 		t.Error("junk parsed")
+	}
+	// vLLM with LoRA adapters: each lists its base model as parent.
+	got, err = ParseModels(readPage(t, "vllm-lora.models.json"))
+	base := "meta-llama/Llama-3.1-8B-Instruct"
+	if err != nil || !slices.Equal(got.Models, []string{"chat-lora", "legal-lora", base, "sql-lora"}) ||
+		!slices.Equal(got.Adapters, []string{"chat-lora", "legal-lora", "sql-lora"}) || !slices.Equal(got.Bases(), []string{base}) {
+		t.Errorf("lora models: %+v %v", got, err)
+	}
+}
+
+// TestLoRAsOf: vLLM's LoRA gauge (its latest series) and model list make
+// the LoRAs the mesh gossips: the base model told from the adapters, the
+// running and waiting ones, the limit; after a failed scrape the limit
+// and the base model stay.
+func TestLoRAsOf(t *testing.T) {
+	fams, err := ParseMetrics(readPage(t, "vllm-lora.metrics.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, _ := For(VLLM)
+	st := a.FromMetrics(fams)
+	if st.LoRA != (LoRAInfo{Max: 2, Loaded: "chat-lora,sql-lora", Running: "sql-lora,chat-lora", Waiting: "legal-lora"}) {
+		t.Fatalf("lora info %+v", st.LoRA)
+	}
+	models, err := ParseModels(readPage(t, "vllm-lora.models.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := LoRAsOf(st.LoRA, models)
+	want := map[string]route.LoRAFit{
+		"meta-llama/Llama-3.1-8B-Instruct": 0,
+		"sql-lora":                         route.LoRAAdapter | route.LoRAResident,
+		"chat-lora":                        route.LoRAAdapter | route.LoRAResident,
+		"legal-lora":                       route.LoRAAdapter | route.LoRAWaiting,
+	}
+	for m, f := range want {
+		if got := l.Fit(route.LoRAID(m)); got != f {
+			t.Errorf("%s: fit %04b, want %04b", m, got, f)
+		}
+	}
+	if l.Max != 2 || l.Active != 3 || l.Resident != 2 {
+		t.Errorf("%+v", l)
+	}
+	forgot := LoRAsOf(st.Forget().LoRA, models)
+	if forgot.Max != 2 || forgot.Fit(route.LoRAID("sql-lora")) != route.LoRAAdapter|route.LoRARoom|route.LoRAFree ||
+		forgot.Fit(route.LoRAID("meta-llama/Llama-3.1-8B-Instruct")) != 0 {
+		t.Errorf("after a failed scrape: %+v", forgot)
+	}
+	// No LoRA anywhere: nothing.
+	plain, _ := ParseModels([]byte(`{"data":[{"id":"m","parent":null}]}`))
+	if got := LoRAsOf(LoRAInfo{}, plain); got.Known() {
+		t.Errorf("an engine without LoRA: %+v", got)
+	}
+	// LoRA on, no adapter registered yet: the limit alone, the model a base.
+	if got := LoRAsOf(LoRAInfo{Max: 4}, plain); got.Fit(route.LoRAID("m")) != 0 || got.Fit(route.LoRAID("new")) != route.LoRAAdapter|route.LoRARoom|route.LoRAFree {
+		t.Errorf("limit alone: %+v", got)
+	}
+}
+
+// TestLoRAInfoLatestSeries: the latest series is the present; the
+// adapters loaded are the limit's most recently named running over every
+// series (an idle engine's present names none while they stay loaded);
+// with no limit known, those of the latest series naming any; an
+// oversized list is cut at a name.
+func TestLoRAInfoLatestSeries(t *testing.T) {
+	page := func(max string) []byte {
+		return []byte(`vllm:lora_requests_info{max_lora="` + max + `",running_lora_adapters="c",waiting_lora_adapters=""} 1.6e+09
+vllm:lora_requests_info{max_lora="` + max + `",running_lora_adapters="b,a",waiting_lora_adapters="c"} 1.7e+09
+vllm:lora_requests_info{max_lora="` + max + `",running_lora_adapters="",waiting_lora_adapters=""} 1.8e+09
+`)
+	}
+	for _, tc := range []struct {
+		max  string
+		want LoRAInfo
+	}{
+		{"4", LoRAInfo{Max: 4, Loaded: "a,b,c"}},
+		{"2", LoRAInfo{Max: 2, Loaded: "a,b"}},
+		{"", LoRAInfo{Loaded: "b,a"}},
+	} {
+		fams, _ := ParseMetrics(page(tc.max))
+		if got := fams.loraInfo("vllm:lora_requests_info"); got != tc.want {
+			t.Errorf("max %q: %+v, want %+v", tc.max, got, tc.want)
+		}
+	}
+	fams, _ := ParseMetrics([]byte(`vllm:lora_requests_info{max_lora="4",running_lora_adapters="a",waiting_lora_adapters="b"} 1.9e+09` + "\n"))
+	if got := fams.loraInfo("vllm:lora_requests_info"); got != (LoRAInfo{Max: 4, Loaded: "a", Running: "a", Waiting: "b"}) {
+		t.Errorf("busy engine: %+v", got)
+	}
+	fams, _ = ParseMetrics([]byte(`vllm:lora_requests_info{max_lora="4",running_lora_adapters="",waiting_lora_adapters=""} 1.8e+09` + "\n"))
+	if got := fams.loraInfo("vllm:lora_requests_info"); got != (LoRAInfo{Max: 4}) {
+		t.Errorf("no adapter ever ran: %+v", got)
+	}
+	long := strings.Repeat("adapter-with-a-long-name,", 1000)
+	fams, _ = ParseMetrics([]byte(`vllm:lora_requests_info{max_lora="x",running_lora_adapters="` + long + `"} 1` + "\n"))
+	got := fams.loraInfo("vllm:lora_requests_info")
+	if got.Max != 0 || len(got.Running) > maxLoRAList || !strings.HasSuffix(got.Running, "adapter-with-a-long-name") {
+		t.Errorf("long list: max %d, %d bytes", got.Max, len(got.Running))
 	}
 }
 
@@ -325,6 +434,42 @@ func TestReplicaSimReadsAsVLLM(t *testing.T) {
 	}
 	if got := (vllm{}).FromMetrics(fams); got != (Stats{EngineLoad: route.EngineLoad{HasLoad: true}, BlockSize: 16, CacheTokens: 16000}) {
 		t.Errorf("got %+v", got)
+	}
+}
+
+// TestReplicaSimLoRAReadsAsVLLM: replica-sim's LoRA adapters read as
+// vLLM's: the limit and the adapters in use from vllm:lora_requests_info,
+// the adapters from /v1/models' parents.
+func TestReplicaSimLoRAReadsAsVLLM(t *testing.T) {
+	sim, err := replicasim.New(replicasim.Config{TimeScale: 1e6, LoRAAdapters: []string{"sql", "chat"}, MaxLoRAs: 2},
+		hclog.NewNullLogger(), prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sim.Close()
+	srv := httptest.NewServer(sim.Handler())
+	defer srv.Close()
+	get := func(path string) []byte {
+		resp, err := srv.Client().Get(srv.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return b
+	}
+	fams, err := ParseMetrics(get("/metrics"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	info := (vllm{}).FromMetrics(fams).LoRA
+	models, err := ParseModels(get("/v1/models"))
+	if err != nil || info != (LoRAInfo{Max: 2}) || !slices.Equal(models.Adapters, []string{"chat", "sql"}) {
+		t.Fatalf("info %+v models %+v %v", info, models, err)
+	}
+	l := LoRAsOf(info, models)
+	if l.Fit(route.LoRAID("kvmesh-sim")) != 0 || l.Fit(route.LoRAID("sql")) != route.LoRAAdapter|route.LoRARoom|route.LoRAFree {
+		t.Fatalf("%+v", l)
 	}
 }
 

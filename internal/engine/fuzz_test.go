@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"github.com/kvmesh/kvmesh/route"
 	"os"
 	"path/filepath"
 	"testing"
@@ -21,13 +22,19 @@ func FuzzParse(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte) {
 		fams, _ := ParseMetrics(b)
 		Detect(fams)
-		_, _ = ParseModels(b)
+		models, _ := ParseModels(b)
+		if l := LoRAsOf(vllm{}.FromMetrics(fams).LoRA, models); l.Len() > route.MaxLoRAEntries {
+			t.Fatalf("%d LoRA entries", l.Len())
+		}
 		for _, k := range append(kinds, Generic) {
 			a, err := For(k)
 			if err != nil {
 				t.Fatal(err)
 			}
 			for _, s := range []Stats{a.FromMetrics(fams), infoStats(a, b)} {
+				if len(s.LoRA.Running) > maxLoRAList || len(s.LoRA.Waiting) > maxLoRAList || s.LoRA.Max < 0 {
+					t.Fatalf("%s: LoRA out of bounds: %+v", k, s.LoRA)
+				}
 				if s.Running < 0 || s.Waiting < 0 || s.Slots < 0 || s.Slots > maxCount || s.BlockSize < 0 ||
 					s.BlockSize > maxBlockSize || s.CacheTokens < 0 || s.CacheTokens > maxCacheTokens {
 					t.Fatalf("%s: out of bounds: %+v", k, s)

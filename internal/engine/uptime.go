@@ -69,22 +69,34 @@ func (u Uptime) RestartedSince(prev Uptime) bool {
 	return down > 0 && 2*down >= positive
 }
 
-// generatedTokenCounters are the counter families in which engines count
-// the tokens they generated: a stalled engine's stay still.
-var generatedTokenCounters = [...]string{
+// progressCounters are the counter families an engine moves as it
+// works: the tokens it generated, the prompt tokens it prefilled, the
+// forward passes it ran. A stalled engine's all stand still; a working
+// one moves at least one of them every step it completes (a step is
+// one forward pass, so a single long prefill step moves none until it
+// ends: the router's own estimate of the prefill it sent covers that,
+// proxy/stall.go). Engines count prompt tokens when a prompt's prefill
+// completes, generated tokens as they come, and llama.cpp its decode
+// calls, TGI its prefill and decode batches, as each pass ends.
+var progressCounters = [...]string{
 	"vllm:generation_tokens_total",
+	"vllm:prompt_tokens_total",
 	"sglang:generation_tokens_total",
+	"sglang:prompt_tokens_total",
 	"llamacpp:tokens_predicted_total",
+	"llamacpp:prompt_tokens_total",
+	"llamacpp:n_decode_total",
+	"tgi_batch_inference_count",
 }
 
-// GeneratedTokens is the engine's count of generated tokens, summed over
-// the families it publishes (ok is false when it publishes none: TGI
-// counts them in a histogram updated only as requests end, which says
-// nothing of a generation in progress).
-func (u Uptime) GeneratedTokens() (float64, bool) {
+// Progress is the sum of the engine's progress counters (ok is false
+// when it publishes none: a generic OpenAI-compatible server). Only its
+// movement means anything: a value that changed since an earlier scrape
+// of the same run is an engine that completed work in between.
+func (u Uptime) Progress() (float64, bool) {
 	var sum float64
 	ok := false
-	for _, name := range generatedTokenCounters {
+	for _, name := range progressCounters {
 		if v, has := u.Counters[name]; has {
 			sum, ok = sum+v, true
 		}

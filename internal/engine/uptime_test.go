@@ -47,3 +47,36 @@ llamacpp:n_busy_slots_per_decode %s
 		t.Error("a page without start time or counters tells restarts")
 	}
 }
+
+// TestProgress: every engine's recorded page publishes progress
+// counters (TGI's batches, not its token histogram), a page without any
+// does not, and each kind of work moves the sum alone: prompt tokens
+// counted when a prefill completes move it with no token generated.
+func TestProgress(t *testing.T) {
+	for _, name := range []string{"vllm.metrics.txt", "sglang.metrics.txt", "llamacpp.metrics.txt", "llamacpp-b11312.metrics.txt", "tgi.metrics.txt"} {
+		f, err := ParseMetrics(readPage(t, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v, ok := ReadUptime(f).Progress(); !ok || v <= 0 {
+			t.Errorf("%s: progress %v, %v; want a positive sum", name, v, ok)
+		}
+	}
+	page := func(s string) Uptime {
+		t.Helper()
+		f, err := ParseMetrics([]byte(s))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ReadUptime(f)
+	}
+	if _, ok := page("# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 1\n").Progress(); ok {
+		t.Error("progress from a page without progress counters")
+	}
+	const vllm = "# TYPE vllm:prompt_tokens_total counter\nvllm:prompt_tokens_total %d\n# TYPE vllm:generation_tokens_total counter\nvllm:generation_tokens_total %d\n"
+	a, _ := page(fmt.Sprintf(vllm, 100, 50)).Progress()
+	b, _ := page(fmt.Sprintf(vllm, 4196, 50)).Progress()
+	if a == b {
+		t.Error("a completed prefill (prompt tokens only) did not move progress")
+	}
+}

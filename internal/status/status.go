@@ -17,6 +17,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/kvmesh/kvmesh/mesh"
+	"github.com/kvmesh/kvmesh/proxy/quota"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -56,6 +57,9 @@ type Config struct {
 	Logger hclog.Logger
 	// Now is the clock (default time.Now); tests set it.
 	Now func() time.Time
+	// Tenants reports the tenants' token budgets (quota.Ledger.Status;
+	// nil: the router has none).
+	Tenants func(n int) quota.Status
 }
 
 // Page is the status page handler. Counter history (for recent rates and
@@ -131,6 +135,7 @@ func (p *Page) build(refresh time.Duration) *view {
 	v := &view{Router: p.cfg.Router, Generated: now.UTC().Format("2006-01-02 15:04:05 MST"), RefreshSeconds: int(refresh / time.Second)}
 
 	v.addMembers(p.cfg.Mesh.Members())
+	v.addTenants(p.cfg.Tenants)
 	v.addReplicas(p.cfg.Mesh.Debug(), now)
 
 	if p.cfg.Gatherer == nil {

@@ -95,7 +95,7 @@ func threeRouters() []mesh.MemberInfo {
 func replicas() mesh.DebugInfo {
 	return mesh.DebugInfo{Name: "r1", Replicas: []mesh.ReplicaDebug{
 		{ID: "http://vllm-0:8000", Owner: "r1", Owned: true, DeclaredBy: []string{"r1", "r2"}, Models: []string{"llama"}, Healthy: true, Counts: true, Bytes: 4096, Version: 7, InFlight: 3, PendingPref: 12.5},
-		{ID: "http://vllm-1:8000", Owner: "r2", DeclaredBy: []string{"r1", "r2"}, Models: []string{"llama"}, Healthy: true, Counts: true, Bytes: 2048, Version: 3, AgeSeconds: 0.4, InFlight: 1},
+		{ID: "http://vllm-1:8000", Owner: "r2", DeclaredBy: []string{"r1", "r2"}, Models: []string{"llama"}, Healthy: true, Counts: true, Bytes: 2048, Version: 3, AgeSeconds: 0.4, InFlight: 1, Role: "prefill"},
 		{ID: "http://vllm-2:8000", Owner: "r3", DeclaredBy: []string{"r3"}, Models: []string{"llama"}, Healthy: true, Counts: false, AgeSeconds: 42},
 		{ID: "http://vllm-3:8000", Owner: "r2", DeclaredBy: []string{"r2"}},
 		{ID: "http://vllm-4:8000", DeclaredBy: nil},
@@ -149,7 +149,9 @@ func TestRender(t *testing.T) {
 				`(this router)`, `0.8 ms`, `71.5 ms`,
 				`data-replica="http://vllm-0:8000" data-owner="r1"`, `(here)`, `4.0 KiB · v7`, `12.5 blocks`,
 				`>own<`, `400 ms<`, `42.0 s stale`, `never heard`, `NO OWNER`, `3 stale`,
+				`data-owner="r2" data-role="prefill">`, `<td>http://vllm-1:8000 <span class="badge info">prefill</span></td>`,
 			},
+			wantNot: []string{`data-role="both"`, `>both<`},
 		},
 		{
 			name: "decisions and cached tokens since start", mesh: &fakeMesh{threeRouters(), replicas()}, metrics: withMetrics(), target: "/",
@@ -208,6 +210,23 @@ func TestRender(t *testing.T) {
 			ordered: []string{`data-engine-gossiped`, `data-replica="http://vllm-3:8000"`, `<td class="muted">—</td>`},
 		},
 		{
+			name: "LoRA adapters per replica", target: "/",
+			mesh: &fakeMesh{threeRouters(), func() mesh.DebugInfo {
+				d := replicas()
+				d.Replicas[0].LoRAMax, d.Replicas[0].LoRAActive, d.Replicas[0].LoRALoaded = 2, 2, []string{"chat-lora", "sql-lora"}
+				d.Replicas[1].LoRAMax, d.Replicas[1].LoRAActive = 2, 0
+				d.Replicas[2].LoRAActive, d.Replicas[2].LoRALoaded, d.Replicas[2].LoRAWaiting = 2, []string{"sql-lora"}, []string{"legal-lora"}
+				return d
+			}()},
+			metrics: newFakeMetrics(),
+			want: []string{
+				`LoRA adapters`,
+				`data-lora-loaded="chat-lora, sql-lora" data-lora-waiting="" data-lora-max="2">chat-lora, sql-lora <span class="muted">(2 / 2)</span>`,
+				`data-lora-loaded="" data-lora-waiting="" data-lora-max="2"><span class="muted">none</span>`,
+				`data-lora-loaded="sql-lora" data-lora-waiting="legal-lora" data-lora-max="?">sql-lora · <span class="badge warn">legal-lora</span>`,
+			},
+		},
+		{
 			name: "prediction error histogram", mesh: &fakeMesh{threeRouters(), replicas()}, target: "/",
 			metrics: func() *fakeMetrics {
 				f := newFakeMetrics().withNewFamilies()
@@ -259,7 +278,7 @@ func TestRender(t *testing.T) {
 		{
 			name: "a router without the newer families", mesh: &fakeMesh{threeRouters(), replicas()}, target: "/", metrics: newFakeMetrics(),
 			want:    []string{`id="decisions"`, `data-reason="prefix"`},
-			wantNot: []string{`id="prediction"`, `id="rejected"`, `data-engine-running`, `Engine figures`},
+			wantNot: []string{`id="prediction"`, `id="rejected"`, `data-engine-running`, `Engine figures`, `LoRA adapters`},
 		},
 		{
 			name: "names are escaped", target: "/",

@@ -76,11 +76,11 @@ dl{display:grid;grid-template-columns:max-content auto;gap:2px 12px;margin:0}dt{
 <section id="replicas">
 <h2>Replicas{{if .ReplicasStale}} <span class="badge warn">{{.ReplicasStale}} stale</span>{{end}}</h2>
 <table>
-<thead><tr><th>replica</th><th>health</th><th>owner</th><th>declared by</th><th>models</th><th class="num">in flight</th><th></th><th class="num">pending prefill</th><th>engine <span class="muted">running · waiting / slots</span></th><th>summary</th><th>summary age</th></tr></thead>
+<thead><tr><th>replica</th><th>health</th><th>owner</th><th>declared by</th><th>models</th><th class="num">in flight</th><th></th><th class="num">pending prefill</th><th>engine <span class="muted">running · waiting / slots</span></th>{{if .HasLoRA}}<th>LoRA adapters <span class="muted">loaded · waiting (in use / max)</span></th>{{end}}<th>summary</th><th>summary age</th></tr></thead>
 <tbody>
 {{- range .Replicas}}
-<tr class="replica {{.HealthClass}}" data-replica="{{.ID}}" data-owner="{{.Owner}}">
-<td>{{.ID}}</td>
+<tr class="replica {{.HealthClass}}" data-replica="{{.ID}}" data-owner="{{.Owner}}"{{if .Role}} data-role="{{.Role}}"{{end}}>
+<td>{{.ID}}{{if .Role}} <span class="badge info">{{.Role}}</span>{{end}}</td>
 <td><span class="badge">{{.Health}}</span></td>
 <td>{{.Owner}}{{if .Owned}} <span class="muted">(here)</span>{{end}}</td>
 <td>{{.DeclaredBy}}</td>
@@ -93,11 +93,18 @@ dl{display:grid;grid-template-columns:max-content auto;gap:2px 12px;margin:0}dt{
 {{- else}}
 <td class="muted">—</td>
 {{- end}}
-<td>{{.Summary}}</td>
+{{- if $.HasLoRA}}
+{{- if .LoRA.Has}}
+<td class="lora" data-lora-loaded="{{.LoRA.Loaded}}" data-lora-waiting="{{.LoRA.Waiting}}" data-lora-max="{{.LoRA.Max}}">{{if .LoRA.Loaded}}{{.LoRA.Loaded}}{{else}}<span class="muted">none</span>{{end}}{{if .LoRA.Waiting}} · <span class="badge warn">{{.LoRA.Waiting}}</span>{{end}} <span class="muted">({{.LoRA.Active}} / {{.LoRA.Max}})</span></td>
+{{- else}}
+<td class="muted">—</td>
+{{- end}}
+{{- end}}
+<td>{{.Summary}}{{if .Warming}} <span class="badge warn" data-warming title="holds under half the mean of cached blocks: takes a share of the cold requests">warming</span>{{end}}</td>
 <td><span class="badge {{.AgeClass}}">{{.Age}}</span></td>
 </tr>
 {{- else}}
-<tr><td colspan="11" class="muted">no replicas known</td></tr>
+<tr><td colspan="12" class="muted">no replicas known</td></tr>
 {{- end}}
 </tbody>
 </table>
@@ -105,6 +112,20 @@ dl{display:grid;grid-template-columns:max-content auto;gap:2px 12px;margin:0}dt{
 <p class="muted">Engine figures are the replicas' own metrics, read by this router's health checks; for other routers' replicas (marked ↻), as their owners gossip them (— when no one reported them).</p>
 {{- end}}
 </section>
+{{- if .KVEvents}}
+<section id="kv-events">
+<h2>KV-cache events</h2>
+<table>
+<thead><tr><th>replica</th><th>subscription</th><th class="num">events</th><th class="num">gaps</th><th class="num">replayed</th><th class="num">resyncs</th><th class="num">text blocks evicted</th><th class="num">lag</th></tr></thead>
+<tbody>
+{{- range .KVEvents}}
+<tr class="{{.Class}}"><td>{{.ID}}</td><td>{{.Connected}}</td><td class="num">{{.Events}}</td><td class="num">{{.Gaps}}</td><td class="num">{{.Replayed}}</td><td class="num">{{.Resyncs}}</td><td class="num">{{.Evicted}}</td><td class="num">{{.Lag}}</td></tr>
+{{- end}}
+</tbody>
+</table>
+<p class="muted">The engines' own record of what they stored and evicted (router --kv-events). A gap is batches lost on the way (replayed when the engine keeps a replay buffer); a resync is events lost for good, after which what the replica held before falls back to prediction. Lag: the last batch's age on arrival.</p>
+</section>
+{{- end}}
 
 {{- if .HasMetrics}}
 <div class="grid">
@@ -226,6 +247,36 @@ dl{display:grid;grid-template-columns:max-content auto;gap:2px 12px;margin:0}dt{
 {{- else}}
 <dt>shed</dt><dd data-admission-shed="none">none</dd>
 {{- end}}
+</dl>
+</section>
+{{- end}}
+{{- if .Tenants.On}}
+<section id="tenants">
+<h2>Tenant token budgets (mesh-wide, last {{.Tenants.Window}})</h2>
+<dl>
+<dt>default budget</dt><dd data-tenants-default="{{.Tenants.Default}}">{{.Tenants.Default}}</dd>
+<dt>peers counted</dt><dd data-tenants-peers="{{.Tenants.Peers}}">{{.Tenants.Peers}}</dd>
+{{- range .Tenants.Rows}}
+<dt>{{.Name}}</dt><dd data-tenant="{{.Name}}">{{if .Warn}}<span class="badge warn">{{end}}input {{.Input}} · output {{.Output}}{{if .Warn}}</span>{{end}} (this router: {{.Own}})</dd>
+{{- else}}
+<dt>tenants</dt><dd data-tenant="none">none counted</dd>
+{{- end}}
+</dl>
+</section>
+{{- end}}
+{{- if .Lifecycle.On}}
+<section id="lifecycle">
+<h2>Replica lifecycle (since start)</h2>
+<dl>
+{{- range .Lifecycle.Ejections}}
+<dt>ejected: {{.Reason}}</dt><dd data-ejected="{{.Reason}}"><span class="badge warn">{{.Count}}</span></dd>
+{{- else}}
+<dt>ejected</dt><dd data-ejected="none">none</dd>
+{{- end}}
+{{- range .Lifecycle.Silences}}
+<dt>silences past the stall window: {{.Reason}}</dt><dd data-silence="{{.Reason}}">{{if .Warn}}<span class="badge warn">{{.Count}}</span>{{else}}{{.Count}}{{end}}</dd>
+{{- end}}
+<dt>requests ended by a stall</dt><dd data-stalled-requests="{{.Lifecycle.StalledRequests}}">{{.Lifecycle.StalledRequests}}</dd>
 </dl>
 </section>
 {{- end}}

@@ -5,7 +5,6 @@ import (
 	"math"
 	"slices"
 	"sort"
-	"strconv"
 	"strings"
 	"time"
 
@@ -60,6 +59,9 @@ type view struct {
 	// HasEngines says some replica's engine reported its load here.
 	HasEngines bool
 	Admission  admissionView
+	Tenants    tenantsView  // tenants.go
+	KVEvents   []kvEventRow // kvevents.go
+	Lifecycle  lifecycleView
 }
 
 type memberRow struct {
@@ -70,14 +72,16 @@ type memberRow struct {
 
 type replicaRow struct {
 	ID, Owner, DeclaredBy, Models string
+	Role                          string // prefill or decode ("": a whole replica, "both")
 	Health, HealthClass           string
 	InFlight, Pending             string
 	LoadBar                       string // px
 	Summary, Age, AgeClass        string
-	Owned                         bool
+	Owned, Warming                bool
 	// Engine is the replica's engine as this router's health checks
 	// last read it (HasEngine false: not checked here).
 	Engine engineCell
+	LoRA   loraCell // its LoRA adapters (lora.go)
 }
 
 // engineCell is one replica's engine load: requests running and waiting
@@ -113,27 +117,6 @@ type cacheView struct {
 	RecentHit, RecentError       string // over the window
 	RecentPredicted, RecentRepor string
 	HitSpark                     spark
-}
-
-// predErrView is the distribution of predicted minus reported cached
-// blocks per response, drawn as an inline SVG histogram.
-type predErrView struct {
-	Has                        bool
-	Count, Mean, P50, P90, P99 string
-	Forgotten                  string // blocks forgotten since start
-	RecentForgotten            string // over the window, "" without one
-	Bars                       []histBar
-	Width                      int // px of the SVG
-	Mid                        int // px, the middle
-}
-
-// histBar is one bucket of an SVG histogram.
-type histBar struct {
-	X, Y, W, H, LabelX string // px
-	Label, Range       string // the axis label; the bucket's range (tooltip)
-	Count              string
-	Le                 string // the bucket's upper bound as Prometheus names it
-	Class              string
 }
 
 // countRow is a counter's value for one label value.
@@ -188,9 +171,10 @@ func (v *view) addReplicas(d mesh.DebugInfo, now time.Time) {
 	for _, r := range d.Replicas {
 		maxLoad = max(maxLoad, r.InFlight)
 	}
+	warm := warming(d.Replicas)
 	for _, r := range d.Replicas {
 		row := replicaRow{ID: r.ID, Owner: r.Owner, DeclaredBy: strings.Join(r.DeclaredBy, ", "),
-			Models: strings.Join(r.Models, ", "), Owned: r.Owned,
+			Models: strings.Join(r.Models, ", "), Owned: r.Owned, Role: strings.TrimPrefix(r.Role, "both"), Warming: warm[r.ID],
 			InFlight: fmt.Sprint(r.InFlight), Pending: trimFloat(r.PendingPref), LoadBar: px(float64(r.InFlight) / float64(maxLoad))}
 		switch {
 		case r.Owner == "":
@@ -206,7 +190,7 @@ func (v *view) addReplicas(d mesh.DebugInfo, now time.Time) {
 		}
 		row.Summary = "—"
 		if r.Bytes > 0 {
-			row.Summary = fmt.Sprintf("%s · v%d", humanBytes(float64(r.Bytes)), r.Version)
+			row.Summary = fmt.Sprintf("%s blocks · %s · v%d", humanCount(float64(r.Held)), humanBytes(float64(r.Bytes)), r.Version)
 		}
 		switch {
 		case r.Owned:
@@ -220,6 +204,7 @@ func (v *view) addReplicas(d mesh.DebugInfo, now time.Time) {
 			row.Age, row.AgeClass = "never heard", "warn"
 			v.ReplicasStale++
 		}
+		row.LoRA = loraCellOf(r)
 		v.Replicas = append(v.Replicas, row)
 		if !r.Owned && r.EngineRunning+r.EngineWaiting+r.EngineSlots > 0 {
 			if v.gossiped == nil {
@@ -232,7 +217,7 @@ func (v *view) addReplicas(d mesh.DebugInfo, now time.Time) {
 
 // reasonOrder puts the decision reasons in the order an operator reads
 // them: good, tolerable, bad.
-var reasonOrder = []string{"prefix", "previous-response", "load", "spill", "rehint", "fallback-cold", "fallback-stale", "none"}
+var reasonOrder = []string{"prefix", "previous-response", "load", "pd-decode", "spill", "rehint", "fallback-cold", "fallback-stale", "none"}
 
 func reasonClass(r string) string {
 	switch r {
@@ -423,7 +408,9 @@ func (v *view) addMetrics(cur sample, older []sample, fams []*dto.MetricFamily) 
 	}
 
 	v.addEngines(fams)
+	v.addKVEvents(fams)
 	v.addAdmission(fams)
+	v.addLifecycle(fams)
 }
 
 // nonzero lists the nonzero counts by label value, sorted by value: zeros
@@ -450,77 +437,6 @@ const (
 	histTop    = 4
 	histLabelY = histTop + histBarsH + 12
 )
-
-// predErrOf draws the prediction-error histogram: one bar per bucket,
-// negative buckets (under-prediction) pale, the one around zero green,
-// positive ones (over-prediction, blocks the summaries wrongly claimed)
-// orange.
-func predErrOf(h hist) predErrView {
-	pv := predErrView{Has: len(h.bounds) > 0, Count: humanCount(h.count), Mean: "—", P50: "—", P90: "—", P99: "—"}
-	if !pv.Has {
-		return pv
-	}
-	if h.count > 0 {
-		pv.Mean = signedBlocks(h.sum / h.count)
-	}
-	for q, dst := range map[float64]*string{0.5: &pv.P50, 0.9: &pv.P90, 0.99: &pv.P99} {
-		if x, ok := h.quantile(q); ok {
-			*dst = signedBlocks(x)
-		}
-	}
-	counts := h.buckets()
-	top := max(slices.Max(counts), 1)
-	for i, c := range counts {
-		b := histBar{Count: humanCount(c), Class: "bar"}
-		hi := math.Inf(+1)
-		if i < len(h.bounds) {
-			hi = h.bounds[i]
-		}
-		switch {
-		case i == 0:
-			b.Label, b.Range = "≤"+bound(hi), "at most "+bound(hi)
-		case i == len(h.bounds):
-			b.Label, b.Range = ">"+bound(h.bounds[i-1]), "over "+bound(h.bounds[i-1])
-		default:
-			b.Label, b.Range = "≤"+bound(hi), "over "+bound(h.bounds[i-1])+", at most "+bound(hi)
-		}
-		b.Le = "+Inf"
-		if !math.IsInf(hi, +1) {
-			b.Le = fmt.Sprint(hi)
-		}
-		lo := math.Inf(-1)
-		if i > 0 {
-			lo = h.bounds[i-1]
-		}
-		switch {
-		case lo >= 1: // over-predicted by more than a block: blocks wrongly claimed
-			b.Class = "bar warn"
-		case hi <= -1: // under-predicted: the engine held more
-			b.Class = "bar alt"
-		default:
-			b.Class = "bar up"
-		}
-		hpx := c / top * histBarsH
-		x := float64(i * histCol)
-		b.X, b.W = fmt.Sprintf("%.0f", x+3), fmt.Sprint(histCol-6)
-		b.H, b.Y = fmt.Sprintf("%.1f", hpx), fmt.Sprintf("%.1f", histTop+histBarsH-hpx)
-		b.LabelX = fmt.Sprintf("%.0f", x+histCol/2)
-		pv.Bars = append(pv.Bars, b)
-	}
-	pv.Width = len(counts) * histCol
-	pv.Mid = pv.Width / 2
-	return pv
-}
-
-// bound is a bucket bound as short as it is exact (0.5, 64).
-func bound(f float64) string { return strconv.FormatFloat(f, 'g', -1, 64) }
-
-func signedBlocks(f float64) string {
-	if f == 0 {
-		return "0"
-	}
-	return fmt.Sprintf("%+.1f", f)
-}
 
 // addEngines puts each replica's engine load (kvmesh_replica_engine_*,
 // set by this router's health checks of the replicas it declares) on

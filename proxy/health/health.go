@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"slices"
 	"strings"
@@ -21,6 +22,7 @@ import (
 	"github.com/kvmesh/kvmesh/internal/engine"
 	"github.com/kvmesh/kvmesh/internal/panics"
 	"github.com/kvmesh/kvmesh/proxy/upstream"
+	"github.com/kvmesh/kvmesh/route"
 	"github.com/kvmesh/kvmesh/summary"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
@@ -116,7 +118,10 @@ type ReplicaStatus = engine.ReplicaStatus
 // reached its limit at n (max_num_seqs, or the room in its KV cache,
 // which caps it as well). Later scrapes that run more raise it; a full
 // cache that runs fewer for a while does not lower it. Until the engine
-// has queued once, Slots is 0 (unknown).
+// has queued once, Slots is 0 (unknown), and the report's MinSlots is the
+// most sequences it saw running with nothing waiting (at most 255): the
+// engine has at least that many slots, which spares a replica running
+// fewer the hot-spot guard's in-flight bound (route.EngineLoad.MinSlots).
 type Checker struct {
 	cfg        Config
 	client     *http.Client
@@ -127,6 +132,7 @@ type Checker struct {
 	requests   *prometheus.GaugeVec
 	slots      *prometheus.GaugeVec
 	engineInfo *prometheus.GaugeVec
+	lora       loraGauges
 	ejections  *prometheus.CounterVec
 	rounds     atomic.Int64
 	ready      atomic.Bool
@@ -144,9 +150,10 @@ type replicaHealth struct {
 	healthy, ejected, checked bool
 	admitted, warned          bool
 	fails, passes             int
-	models                    []string
+	models                    engine.ModelList
 	metrics, info             engine.Stats
 	learnedSlots              int32
+	ranFree                   int32         // most sequences seen running with nothing waiting
 	uptime                    engine.Uptime // the last scrape's that had any (restart.go)
 	bytesPerToken             float64       // the ratio CapacityBlocks is in (tokens.go)
 	restarts                  int
@@ -154,13 +161,16 @@ type replicaHealth struct {
 	lastLoad                  time.Time
 	last                      ReplicaStatus // what onChange was last told
 	shownEngine               string        // the engine label of kvmesh_replica_engine_info
-	// The engine's generated-token counter (stall.go): its last value,
-	// whether it publishes one, when it last moved; stalled: ejected by
-	// Stall at stalledAt, and not re-admitted since.
-	tokens                 float64
-	tokensKnown, stalled   bool
-	tokensMoved, stalledAt time.Time
-	stop                   context.CancelFunc
+	shownLoRA                 route.LoRAs   // what the LoRA series show (lora.go)
+	// The sum of the engine's progress counters (stall.go): its last
+	// value, whether it publishes any, when it was scraped, and the
+	// earliest it can have last moved; stalled: ejected by Stall at
+	// stalledAt, and not re-admitted since.
+	progress                             float64
+	progressKnown, stalled               bool
+	progressAt, progressMoved, stalledAt time.Time
+	answeredAt                           time.Time // a probe's token, while stalled
+	stop                                 context.CancelFunc
 }
 
 // New returns a checker of replicas (their base URLs). onChange
@@ -203,9 +213,10 @@ func New(cfg Config, replicas []string, client *http.Client, onChange func(id st
 			Name: "kvmesh_replica_engine_info",
 			Help: "The engine each replica runs, as detected or configured (value 1; engine \"openai\": none recognised).",
 		}, []string{"replica", "engine"}),
+		lora: newLoRAGauges(f),
 		ejections: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvmesh_replica_ejections_total",
-			Help: "Replicas declared at this router ejected, by reason: failed_checks (health checks or requests failing) or stalled (requests in flight got no byte for the stall window and the engine generated nothing).",
+			Help: "Replicas declared at this router ejected, by reason: failed_checks (health checks or requests failing) or stalled (requests in flight got no byte for the stall window past the prefill expected of them, and the engine's progress counters stood still).",
 		}, []string{"reason"}),
 	}
 	for _, r := range []string{ReasonFailedChecks, ReasonStalled} {
@@ -250,6 +261,7 @@ func (h *Checker) SetReplicas(ids []string) {
 		h.slots.DeleteLabelValues(id)
 		h.engineInfo.DeletePartialMatch(prometheus.Labels{"replica": id})
 		h.requests.DeletePartialMatch(prometheus.Labels{"replica": id})
+		h.lora.forget(id)
 		h.log.Info("replica no longer checked", "replica", id)
 	}
 	h.updateReadyLocked()
@@ -367,13 +379,14 @@ type pollResult struct {
 	adapter                 engine.Adapter
 	healthChecked, healthOK bool
 	healthErr               error
-	models                  []string
+	models                  engine.ModelList
 	metrics                 engine.Stats
 	scraped, infoTried      bool
 	scrapeFailed            bool
 	infoRead                bool
 	info                    engine.Stats
 	uptime                  engine.Uptime
+	answered                bool // a stalled replica's probe got its token (stall.go)
 }
 
 // poll does what is due for replica id (everything when force): its
@@ -390,6 +403,12 @@ func (h *Checker) poll(ctx context.Context, id string, s *replicaHealth, force b
 	infoDue := force || now.Sub(s.lastInfo) >= h.cfg.InfoInterval
 	r := pollResult{now: now, adapter: s.adapter}
 	healthy := s.healthy
+	probe := "" // the model a replica ejected as stalled is asked a token of
+	if s.stalled {
+		if bases := s.models.Bases(); len(bases) > 0 {
+			probe = bases[0]
+		}
+	}
 	h.mu.Unlock()
 
 	base := strings.TrimRight(id, "/")
@@ -423,6 +442,9 @@ func (h *Checker) poll(ctx context.Context, id string, s *replicaHealth, force b
 		r.healthChecked = true
 		r.models, r.healthErr = h.checkHealth(ctx, base, a)
 		r.healthOK = r.healthErr == nil
+		if r.healthOK && probe != "" {
+			r.answered = h.probe(ctx, id, base, probe)
+		}
 		if ctx.Err() != nil {
 			return
 		}
@@ -459,14 +481,20 @@ func (h *Checker) apply(id string, s *replicaHealth, r pollResult) {
 		// The last counts are of an engine that no longer answers its
 		// /metrics: unknown until a scrape succeeds again. What else
 		// it published (slots, cache size) does not change with load.
-		s.metrics.EngineLoad = s.metrics.EngineLoad.Forget()
+		s.metrics = s.metrics.Forget()
 	}
 	h.noteUptimeLocked(id, s, r.uptime)
-	h.noteTokensLocked(s, r)
+	h.noteProgressLocked(s, r)
+	if r.answered {
+		s.answeredAt = r.now
+	}
 	if r.scraped {
 		s.metrics, s.lastLoad = r.metrics, r.now
 		if m := r.metrics; m.HasLoad && (m.Waiting > 0 || s.learnedSlots > 0) && m.Running > s.learnedSlots {
 			s.learnedSlots = m.Running
+		}
+		if m := r.metrics; m.HasLoad && m.Waiting == 0 {
+			s.ranFree = max(s.ranFree, m.Running)
 		}
 	}
 	if r.infoTried {
@@ -490,7 +518,7 @@ func (h *Checker) apply(id string, s *replicaHealth, r pollResult) {
 					h.readmittedLocked(id, s)
 				}
 				s.healthy, s.ejected, s.admitted, s.stalled = true, false, true, false
-				h.log.Info("replica admitted", "replica", id, "engine", h.kindLocked(s), "models", strings.Join(r.models, ","))
+				h.log.Info("replica admitted", "replica", id, "engine", h.kindLocked(s), "models", strings.Join(r.models.Models, ","))
 			}
 		}
 		h.updateReadyLocked()
@@ -526,9 +554,13 @@ func (h *Checker) kindLocked(s *replicaHealth) string {
 // statusLocked is s as reported; h.mu is held.
 func (h *Checker) statusLocked(s *replicaHealth) ReplicaStatus {
 	st := s.metrics.Merge(s.info)
-	out := ReplicaStatus{Models: s.models, Healthy: s.healthy, Engine: h.kindLocked(s), Load: st.EngineLoad, Restarts: s.restarts}
+	out := ReplicaStatus{Models: s.models.Models, Healthy: s.healthy, Engine: h.kindLocked(s), Load: st.EngineLoad, Restarts: s.restarts,
+		LoRA: engine.LoRAsOf(st.LoRA, s.models), Role: st.Role, Bootstrap: st.Bootstrap}
 	if out.Load.Slots == 0 {
 		out.Load.Slots = s.learnedSlots
+	}
+	if out.Load.Slots == 0 && out.Load.MinSlots == 0 {
+		out.Load.MinSlots = uint8(min(s.ranFree, math.MaxUint8))
 	}
 	if st.CacheTokens > 0 {
 		c := float64(st.CacheTokens) * s.bytesPerToken / float64(h.blockBytes)
@@ -550,6 +582,7 @@ func (h *Checker) notify(id string, s *replicaHealth) {
 	h.requests.WithLabelValues(id, "running").Set(float64(st.Load.Running))
 	h.requests.WithLabelValues(id, "waiting").Set(float64(st.Load.Waiting))
 	h.slots.WithLabelValues(id).Set(float64(st.Load.Slots))
+	h.lora.show(id, st, &s.shownLoRA)
 	if s.shownEngine != st.Engine {
 		h.engineInfo.DeletePartialMatch(prometheus.Labels{"replica": id})
 		h.engineInfo.WithLabelValues(id, st.Engine).Set(1)
@@ -564,19 +597,19 @@ func (h *Checker) notify(id string, s *replicaHealth) {
 }
 
 // checkHealth reads the adapter's health endpoint, then the model list.
-func (h *Checker) checkHealth(ctx context.Context, base string, a engine.Adapter) ([]string, error) {
+func (h *Checker) checkHealth(ctx context.Context, base string, a engine.Adapter) (engine.ModelList, error) {
 	if p := a.HealthPath(); p != "" {
 		if _, err := h.get(ctx, base+p, maxHealthBytes, ""); err != nil {
-			return nil, err
+			return engine.ModelList{}, err
 		}
 	}
 	b, err := h.get(ctx, base+"/v1/models", maxModelsBytes, "")
 	if err != nil {
-		return nil, err
+		return engine.ModelList{}, err
 	}
 	models, err := engine.ParseModels(b)
 	if err != nil {
-		return nil, fmt.Errorf("GET %s/v1/models: %w", base, err)
+		return engine.ModelList{}, fmt.Errorf("GET %s/v1/models: %w", base, err)
 	}
 	return models, nil
 }

@@ -63,6 +63,8 @@ func (r *reports) last(id string) (ReplicaStatus, int) {
 type engineReplica struct {
 	failing          atomic.Bool
 	metricsFailing   atomic.Bool // /metrics alone answers 500
+	stuck            atomic.Bool // POST /v1/completions answers 503 (the probe fails)
+	probes           atomic.Int64
 	mu               sync.Mutex
 	metrics          string
 	running, waiting int
@@ -86,6 +88,13 @@ func (e *engineReplica) serve(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(200)
 	case "/v1/models":
 		fmt.Fprint(w, `{"object":"list","data":[{"id":"m2"},{"id":"m1"}]}`)
+	case "/v1/completions":
+		e.probes.Add(1)
+		if e.stuck.Load() {
+			http.Error(w, "stuck", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprint(w, `{"choices":[{"text":" pong"}]}`)
 	case "/metrics":
 		if e.metricsFailing.Load() {
 			http.Error(w, "metrics down", 500)
@@ -196,25 +205,29 @@ func TestHealthCheckerAdmitsOnlyAfterAPass(t *testing.T) {
 }
 
 // TestHealthCheckerLearnsSlots: without a published limit, the slot count
-// is the most sequences seen running while requests waited; a published
+// is the most sequences seen running while requests waited; until then
+// MinSlots is the most seen running with nothing waiting; a published
 // one wins.
 func TestHealthCheckerLearnsSlots(t *testing.T) {
 	e := &engineReplica{metrics: vllmMetrics}
 	rep := newReplica(t, e.serve)
 	var got reports
 	h := New(Config{}, []string{rep.URL}, nil, got.add, 1024, nil, nil)
-	steps := []struct{ running, waiting, slots int }{
-		{2, 0, 0}, // never queued: unknown
-		{4, 3, 4}, // queued while running 4
-		{3, 1, 4}, // a full cache runs fewer for a while: kept
-		{2, 0, 4},
-		{6, 0, 6}, // runs more: raised
+	steps := []struct{ running, waiting, slots, minSlots int }{
+		{2, 0, 0, 2}, // never queued: unknown, at least 2
+		{1, 0, 0, 2}, // runs fewer: the bound stays
+		{3, 0, 0, 3}, // runs more with nothing waiting: raised
+		{4, 3, 4, 0}, // queued while running 4: known
+		{3, 1, 4, 0}, // a full cache runs fewer for a while: kept
+		{2, 0, 4, 0},
+		{6, 0, 6, 0}, // runs more: raised
 	}
 	for i, s := range steps {
 		e.set(s.running, s.waiting)
 		h.round(t.Context())
-		if c, _ := got.last(rep.URL); int(c.Load.Running) != s.running || int(c.Load.Waiting) != s.waiting || int(c.Load.Slots) != s.slots {
-			t.Errorf("step %d: %+v, want running %d waiting %d slots %d", i, c, s.running, s.waiting, s.slots)
+		if c, _ := got.last(rep.URL); int(c.Load.Running) != s.running || int(c.Load.Waiting) != s.waiting || int(c.Load.Slots) != s.slots ||
+			int(c.Load.MinSlots) != s.minSlots {
+			t.Errorf("step %d: %+v, want running %d waiting %d slots %d min slots %d", i, c, s.running, s.waiting, s.slots, s.minSlots)
 		}
 	}
 
@@ -241,7 +254,7 @@ func TestHealthCheckerLearnsSlots(t *testing.T) {
 // and waiting counts are known. An engine whose /metrics lacks them, or
 // whose scrape fails, reports them unknown (HasLoad false, both 0: not an
 // idle engine), and known again once a scrape reads them; what else it
-// published (slots, cache) stays.
+// published (slots, cache) and what it was seen running (MinSlots) stay.
 func TestHealthCheckerHasLoad(t *testing.T) {
 	noCounts := strings.Join(strings.Split(vllmMetrics, "\n")[:3], "\n") + "\n" // the cache config alone
 	e := &engineReplica{metrics: noCounts}
@@ -257,11 +270,11 @@ func TestHealthCheckerHasLoad(t *testing.T) {
 		want             ReplicaStatus
 	}{
 		{"no counts published", noCounts, false, 0, 0, base},
-		{"counts published", vllmMetrics, false, 2, 0, ReplicaStatus{Load: route.EngineLoad{Running: 2, HasLoad: true}}},
-		{"counts published, idle", vllmMetrics, false, 0, 0, ReplicaStatus{Load: route.EngineLoad{HasLoad: true}}},
-		{"the scrape fails", vllmMetrics, true, 3, 0, base},
-		{"the scrape succeeds again", vllmMetrics, false, 3, 0, ReplicaStatus{Load: route.EngineLoad{Running: 3, HasLoad: true}}},
-		{"the counts go", noCounts, false, 3, 0, base},
+		{"counts published", vllmMetrics, false, 2, 0, ReplicaStatus{Load: route.EngineLoad{Running: 2, HasLoad: true, MinSlots: 2}}},
+		{"counts published, idle", vllmMetrics, false, 0, 0, ReplicaStatus{Load: route.EngineLoad{HasLoad: true, MinSlots: 2}}},
+		{"the scrape fails", vllmMetrics, true, 3, 0, ReplicaStatus{Load: route.EngineLoad{MinSlots: 2}}},
+		{"the scrape succeeds again", vllmMetrics, false, 3, 0, ReplicaStatus{Load: route.EngineLoad{Running: 3, HasLoad: true, MinSlots: 3}}},
+		{"the counts go", noCounts, false, 3, 0, ReplicaStatus{Load: route.EngineLoad{MinSlots: 3}}},
 	}
 	for i, s := range steps {
 		e.mu.Lock()
@@ -566,5 +579,72 @@ func TestHealthCheckerLearnsReplicaSimSlots(t *testing.T) {
 	})
 	if c, _ := got.last(srv.URL); c.Load.Slots != 2 || c.Engine != "vllm" || c.CapacityBlocks != 8192*16*4/1024 {
 		t.Errorf("got %+v, want 2 learned slots from the vllm adapter", c)
+	}
+}
+
+// TestHealthCheckerLoRA: a vLLM replica's recorded LoRA pages (the gauge
+// and /v1/models' parents) become its report's LoRAs and its LoRA series;
+// when its /metrics stops answering, the adapters in use are forgotten
+// and the limit and base model stay.
+func TestHealthCheckerLoRA(t *testing.T) {
+	page := func(name string) string {
+		b, err := os.ReadFile(filepath.Join("..", "..", "internal", "engine", "testdata", name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+	metrics, models := page("vllm-lora.metrics.txt"), page("vllm-lora.models.json")
+	var failMetrics atomic.Bool
+	rep := newReplica(t, func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/health":
+		case "/v1/models":
+			fmt.Fprint(w, models)
+		case "/metrics":
+			if failMetrics.Load() {
+				http.Error(w, "down", http.StatusInternalServerError)
+				return
+			}
+			fmt.Fprint(w, metrics)
+		default:
+			http.NotFound(w, r)
+		}
+	})
+	reg := prometheus.NewRegistry()
+	var got reports
+	h := New(Config{Engine: engine.VLLM}, []string{rep.URL}, nil, got.add, 1024, nil, reg)
+	h.round(t.Context())
+	c, _ := got.last(rep.URL)
+	base := "meta-llama/Llama-3.1-8B-Instruct"
+	want := route.MakeLoRAs(2, []string{base}, []string{"chat-lora", "sql-lora"}, []string{"sql-lora", "chat-lora"}, []string{"legal-lora"})
+	if c.LoRA != want || len(c.Models) != 4 {
+		t.Fatalf("report %+v, want LoRA %+v", c, want)
+	}
+	for _, s := range []struct {
+		adapter, state string
+	}{{"sql-lora", "loaded"}, {"chat-lora", "loaded"}, {"legal-lora", "waiting"}} {
+		if v := testutil.ToFloat64(h.lora.adapters.WithLabelValues(rep.URL, s.adapter, s.state)); v != 1 {
+			t.Errorf("kvmesh_replica_lora_adapters{%s,%s} = %v", s.adapter, s.state, v)
+		}
+	}
+	if n := testutil.CollectAndCount(h.lora.adapters); n != 3 {
+		t.Errorf("%d adapter series, want 3", n)
+	}
+	if v := testutil.ToFloat64(h.lora.max.WithLabelValues(rep.URL)); v != 2 {
+		t.Errorf("kvmesh_replica_lora_max = %v", v)
+	}
+	failMetrics.Store(true)
+	waitFor(t, "the failed scrape to forget the adapters in use", func() bool {
+		h.round(t.Context())
+		c, _ := got.last(rep.URL)
+		return c.LoRA.Active == 0
+	})
+	c, _ = got.last(rep.URL)
+	if c.LoRA.Max != 2 || c.LoRA.Fit(route.LoRAID(base)) != 0 || c.LoRA.Fit(route.LoRAID("sql-lora")) != route.LoRAAdapter|route.LoRARoom|route.LoRAFree {
+		t.Errorf("after a failed scrape: %+v", c.LoRA)
+	}
+	if n := testutil.CollectAndCount(h.lora.adapters); n != 0 {
+		t.Errorf("%d adapter series after the failed scrape, want 0", n)
 	}
 }

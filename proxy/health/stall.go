@@ -1,6 +1,13 @@
 package health
 
-import "time"
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"time"
+)
 
 // Ejection reasons (the reason label of kvmesh_replica_ejections_total).
 const (
@@ -8,28 +15,31 @@ const (
 	// or on the request path.
 	ReasonFailedChecks = "failed_checks"
 	// ReasonStalled: requests in flight there got no byte for the
-	// router's stall window, and the engine's generated-token counter,
-	// when it publishes one, did not move meanwhile (Stall).
+	// router's stall window past the prefill it expected of them, and
+	// the engine's progress counters, when it publishes them, did not
+	// move meanwhile (Stall).
 	ReasonStalled = "stalled"
 )
 
 // Stall is told by the request path that replica id has requests in
-// flight of which none got a response byte, nor ended, since quiet;
-// streamed says whether one of them is a stream. It reports whether the
-// replica counts as stalled, and ejects it if it was healthy (logged and
-// counted with reason "stalled"); it is then re-admitted like any other
-// ejected replica, after PassThreshold passes, once its engine shows
-// progress (noteTokensLocked).
+// flight of which none got a response byte, nor ended, since quiet, for
+// longer than the prefill the router expected of them and its stall
+// window; streamed says whether one of them is a stream. It reports
+// whether the replica counts as stalled, and ejects it if it was healthy
+// (logged and counted with reason "stalled"); it is then re-admitted
+// like any other ejected replica, after PassThreshold passes, once its
+// engine shows progress (noteProgressLocked).
 //
-// The engine's generated-token counter, when it publishes one, has the
-// last word: a replica whose counter moved since quiet is generating (a
-// long non-streamed answer sends no byte until it is whole), and one
-// whose counter is still, or whose /metrics no longer answer, is not.
-// Without a counter, only a stream's silence is evidence: an engine
-// sends a stream's headers at once and its tokens as they come, so a
-// stream with no byte for the window while no other request there
-// progressed is an engine that does not progress; a non-streamed
-// request's silence alone is a long answer as much as a stall.
+// The engine's progress counters (engine.Uptime.Progress: tokens
+// generated, prompt tokens prefilled, forward passes), when it publishes
+// them, have the last word: a replica whose counters moved since quiet is
+// working (a long non-streamed answer sends no byte until it is whole),
+// and one whose counters stand still, or whose /metrics no longer
+// answer, is not. Without counters, only a stream's silence is evidence:
+// an engine sends a stream's tokens as they come, so a stream with no
+// byte while no other request there progressed is an engine that does
+// not progress; a non-streamed request's silence alone is a long answer
+// as much as a stall.
 func (h *Checker) Stall(id string, quiet time.Time, streamed bool) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -37,8 +47,8 @@ func (h *Checker) Stall(id string, quiet time.Time, streamed bool) bool {
 	if s == nil {
 		return false
 	}
-	if s.tokensKnown {
-		if s.tokensMoved.After(quiet) {
+	if s.progressKnown {
+		if s.progressMoved.After(quiet) {
 			return false
 		}
 	} else if !streamed {
@@ -54,39 +64,61 @@ func (h *Checker) Stall(id string, quiet time.Time, streamed bool) bool {
 	return true
 }
 
-// noteTokensLocked follows the engine's generated-token counter, scraped
-// at now; h.mu is held.
-func (h *Checker) noteTokensLocked(s *replicaHealth, r pollResult) {
+// noteProgressLocked follows the engine's progress counters, scraped at
+// r.now. A change is dated at the scrape before it, the earliest the
+// engine can have done that work: dated at the scrape that saw it, work
+// done before a freeze and seen by the scrape after it would read as
+// progress after the freeze, for good. h.mu is held.
+func (h *Checker) noteProgressLocked(s *replicaHealth, r pollResult) {
 	if !r.scraped {
 		return
 	}
-	v, ok := r.uptime.GeneratedTokens()
+	v, ok := r.uptime.Progress()
 	if !ok {
 		return
 	}
-	if s.tokensKnown && v != s.tokens {
-		s.tokensMoved = r.now
+	if s.progressKnown && v != s.progress {
+		s.progressMoved = s.progressAt
 	}
-	s.tokens, s.tokensKnown = v, true
+	s.progress, s.progressKnown, s.progressAt = v, true, r.now
 }
 
 // progressedLocked reports whether a replica ejected as stalled may count
-// a passed check towards its re-admission: its engine generated since the
-// ejection, or runs nothing (the requests it was stuck on are gone, and
-// a new one will tell), or it publishes neither counter nor load (the
-// passes alone decide, and a replica still stuck is ejected again after
-// one window, its requests retried). h.mu is held.
+// a passed check towards its re-admission: it progresses again, its
+// engine's progress counters having moved since the ejection, or its
+// engine having answered the checker's probe, a one-token completion
+// (probe), since. Not its running nothing: the requests it was stuck on
+// were ended, and an engine whose scheduler is wedged may let them go
+// all the same; re-admitted, it would hold the next requests for a
+// window more. h.mu is held.
 func (h *Checker) progressedLocked(s *replicaHealth) bool {
-	if !s.stalled {
-		return true
-	}
-	l := s.metrics.EngineLoad
-	switch {
-	case s.tokensKnown && s.tokensMoved.After(s.stalledAt):
-	case l.HasLoad && l.Running == 0 && l.Waiting == 0:
-	case !s.tokensKnown && !l.HasLoad:
-	default:
+	return !s.stalled || (s.progressKnown && s.progressMoved.After(s.stalledAt)) || s.answeredAt.After(s.stalledAt)
+}
+
+// probeTimeout bounds a stalled replica's probe: a one-token completion
+// of a one-word prompt, which an engine that progresses at all answers
+// within seconds even behind a queue of short requests. The poll of that
+// replica waits for it; the replica is ejected meanwhile.
+const probeTimeout = 10 * time.Second
+
+// probe asks replica id (at base) for one token of model and reports
+// whether it answered 200: while its requests were stuck the replica
+// was ejected, and an idle engine moves no counter, so it is asked to.
+func (h *Checker) probe(ctx context.Context, id, base, model string) bool {
+	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
+	defer cancel()
+	body, _ := json.Marshal(map[string]any{"model": model, "prompt": "ping", "max_tokens": 1})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/completions", bytes.NewReader(body))
+	if err != nil {
 		return false
 	}
-	return true
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := h.client.Do(req)
+	if err != nil {
+		h.log.Debug("stalled replica's probe", "replica", id, "error", err)
+		return false
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxHealthBytes))
+	return resp.StatusCode == http.StatusOK
 }

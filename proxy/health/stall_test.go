@@ -21,11 +21,13 @@ func vllmPage(running, waiting int, tokens float64) string {
 
 // TestStallByTokenCounter: with a generated-token counter, Stall agrees
 // only when the counter stood still since the requests went quiet (a
-// long non-streamed answer generates without a byte), ejects the replica
+// long non-streamed answer generates without a byte; a change is dated
+// at the scrape before the one that saw it), ejects the replica
 // with reason "stalled", and re-admission counts only passes once the
 // engine generates again.
 func TestStallByTokenCounter(t *testing.T) {
 	e := &engineReplica{metrics: vllmPage(2, 0, 100)}
+	e.stuck.Store(true) // nor does it answer the probe
 	rep := newReplica(t, e.serve)
 	var got reports
 	reg := prometheus.NewPedanticRegistry()
@@ -40,15 +42,20 @@ func TestStallByTokenCounter(t *testing.T) {
 	setPage := func(s string) { e.mu.Lock(); e.metrics = s; e.mu.Unlock() }
 
 	quiet := time.Now()
+	h.round(ctx) // a scrape after the silence began
 	setPage(vllmPage(2, 0, 150))
 	h.round(ctx)
 	if h.Stall(rep.URL, quiet, false) || !healthy() {
 		t.Fatal("judged stalled while its engine generated")
 	}
+	// Tokens generated before the silence began and first seen by a
+	// scrape after it (a frozen engine's last ones) are no progress in it.
+	setPage(vllmPage(2, 0, 160))
 	quiet = time.Now()
+	h.round(ctx)
 	h.round(ctx) // the counter stands still
 	if !h.Stall(rep.URL, quiet, false) || healthy() {
-		t.Fatal("not judged stalled with its counter still")
+		t.Fatal("not judged stalled with its counter still since the silence began")
 	}
 	if n := testutil.ToFloat64(h.ejections.WithLabelValues(ReasonStalled)); n != 1 {
 		t.Errorf("ejections{stalled} = %v, want 1", n)
@@ -78,9 +85,11 @@ func TestStallByTokenCounter(t *testing.T) {
 
 // TestStallWithoutTokenCounter: without a counter only a stream's
 // silence is evidence, and an ejected replica counts its passes once its
-// engine runs nothing.
+// engine answers the probe's one-token completion, not because it runs
+// nothing.
 func TestStallWithoutTokenCounter(t *testing.T) {
 	e := &engineReplica{metrics: vllmPage(2, 0, -1)}
+	e.stuck.Store(true)
 	rep := newReplica(t, e.serve)
 	var got reports
 	h := New(Config{Timeout: 5 * time.Second, PassThreshold: 2}, []string{rep.URL}, nil, got.add, 1024, nil, prometheus.NewPedanticRegistry())
@@ -104,10 +113,54 @@ func TestStallWithoutTokenCounter(t *testing.T) {
 	e.mu.Unlock()
 	h.round(ctx)
 	h.round(ctx)
+	if healthy() {
+		t.Fatal("re-admitted as it runs nothing, its engine still stuck")
+	}
+	if e.probes.Load() == 0 {
+		t.Fatal("no probe asked of the stalled replica")
+	}
+	e.stuck.Store(false)
+	h.round(ctx)
+	h.round(ctx)
 	if !healthy() {
-		t.Fatal("not re-admitted after PassThreshold passes of an idle engine")
+		t.Fatal("not re-admitted after PassThreshold passes of an engine that answers the probe")
+	}
+	n := e.probes.Load()
+	h.round(ctx)
+	if e.probes.Load() != n {
+		t.Error("a re-admitted replica still probed")
 	}
 	if h.Stall("http://unknown", quiet, true) {
 		t.Error("an unknown replica judged stalled")
+	}
+}
+
+// TestStallByPromptCounter: a prefill that completes moves the engine's
+// prompt-token counter with no token generated yet (a queue of long
+// prompts): that is progress, not a stall.
+func TestStallByPromptCounter(t *testing.T) {
+	page := func(prompt float64) string {
+		return vllmPage(4, 0, 100) + fmt.Sprintf("# TYPE vllm:prompt_tokens_total counter\nvllm:prompt_tokens_total{engine=\"0\",model_name=\"m\"} %v\n", prompt)
+	}
+	e := &engineReplica{metrics: page(1000)}
+	rep := newReplica(t, e.serve)
+	var got reports
+	h := New(Config{Timeout: 5 * time.Second}, []string{rep.URL}, nil, got.add, 1024, nil, prometheus.NewPedanticRegistry())
+	ctx := t.Context()
+	h.round(ctx)
+	h.round(ctx)
+	quiet := time.Now()
+	h.round(ctx)
+	e.mu.Lock()
+	e.metrics = page(5096)
+	e.mu.Unlock()
+	h.round(ctx)
+	if h.Stall(rep.URL, quiet, true) {
+		t.Fatal("judged stalled while its engine completed a prefill")
+	}
+	quiet = time.Now()
+	h.round(ctx)
+	if !h.Stall(rep.URL, quiet, true) {
+		t.Fatal("not judged stalled with every counter still")
 	}
 }

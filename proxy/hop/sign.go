@@ -78,8 +78,14 @@ func (s *Signer) now() time.Time {
 // that re-picks (the hinted replica gone or over the bound) decides with
 // them, as the deciding router would have.
 func (s *Signer) Sign(out *http.Request, replica string, match, concurrent, fork int) {
+	s.SignLeg(out, replica, match, concurrent, fork, LegNone)
+}
+
+// SignLeg is Sign for one leg of a disaggregated request: the owner
+// serves it among its replicas of the leg's role (Leg).
+func (s *Signer) SignLeg(out *http.Request, replica string, match, concurrent, fork int, leg Leg) {
 	h := out.Header
-	ms, hv := strconv.Itoa(match), Value(concurrent, fork)
+	ms, hv := strconv.Itoa(match), ValueLeg(concurrent, fork, leg)
 	h.Set(HeaderReplica, replica)
 	h.Set(HeaderHop, hv)
 	h.Set(HeaderMatch, ms)
@@ -134,6 +140,67 @@ func Value(concurrent, fork int) string {
 		v += ";f=" + strconv.Itoa(min(fork, maxHopCount))
 	}
 	return v
+}
+
+// Leg is which leg of a prefill/decode disaggregated request a hop is
+// (its hop value's "l" field): the deciding router split the request,
+// so the owner sends the body as it is, among its replicas of the leg's
+// role. Owners of earlier versions skip the field and serve the leg as
+// a whole request, among replicas that are all whole to them (they
+// gossip no role).
+type Leg byte
+
+// The legs.
+const (
+	// LegNone: a whole request.
+	LegNone Leg = 0
+	// LegPrefill: the prefill leg; the owner may decide again among its
+	// prefill replicas.
+	LegPrefill Leg = 'p'
+	// LegDecode: the decode leg; the owner may decide again among its
+	// decode replicas.
+	LegDecode Leg = 'd'
+	// LegPinned: a prefill leg bound to the hinted replica (its
+	// decode leg names it); the owner sends it there or nowhere.
+	LegPinned Leg = 'x'
+)
+
+// ValueLeg is Value with leg's field.
+func ValueLeg(concurrent, fork int, leg Leg) string {
+	v := Value(concurrent, fork)
+	switch leg {
+	case LegPrefill, LegDecode, LegPinned:
+		v += ";l=" + string(rune(leg))
+	}
+	return v
+}
+
+// ParseLeg reads the leg of a hop header's value as strictly as Parse
+// reads its counts: LegNone unless one "l" field names a leg.
+func ParseLeg(v string) Leg {
+	if len(v) > maxHopValue {
+		return LegNone
+	}
+	first, rest, _ := strings.Cut(v, ";")
+	if first != "1" {
+		return LegNone
+	}
+	leg, seen := LegNone, false
+	for f := range strings.SplitSeq(rest, ";") {
+		k, val, _ := strings.Cut(f, "=")
+		if k != "l" {
+			continue
+		}
+		if seen {
+			return LegNone // twice
+		}
+		seen = true
+		switch val {
+		case "p", "d", "x":
+			leg = Leg(val[0])
+		}
+	}
+	return leg
 }
 
 // Parse reads the counts of a hop header's value, strictly: the value

@@ -37,6 +37,9 @@ func FuzzRenderMatchesReference(f *testing.F) {
 	for _, tc := range renderCases {
 		f.Add([]byte(tc.body))
 	}
+	for _, b := range maxTokensBodies {
+		f.Add([]byte(b))
+	}
 	f.Fuzz(func(t *testing.T, body []byte) {
 		for _, r := range renderers {
 			checkAgainstReference(t, r, body)

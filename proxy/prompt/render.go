@@ -43,6 +43,10 @@ type Prompt struct {
 	// Priority is the body's priority (vLLM's scheduling priority: lower
 	// is more urgent) as compact JSON text, "" when absent or null.
 	Priority string
+	// MaxTokens is the body's cap on output tokens (max_completion_tokens,
+	// else max_tokens, else max_output_tokens), 0 when none: what a
+	// tenant's output budget reserves until the answer's usage is known.
+	MaxTokens int64
 }
 
 // AppendAnswer returns the canonical text of the prompt followed by the

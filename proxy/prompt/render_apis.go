@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"strconv"
 )
 
 // This file renders the two newer request formats, OpenAI's Responses API
@@ -26,6 +27,12 @@ type clientKeys struct {
 	PromptCacheKey string          `json:"prompt_cache_key"`
 	BootstrapRoom  json.RawMessage `json:"bootstrap_room"`
 	Priority       json.RawMessage `json:"priority"`
+	// The output cap, by its name in each API: chat's
+	// max_completion_tokens (and its older max_tokens), completions' and
+	// Messages' max_tokens, Responses' max_output_tokens.
+	MaxCompletionTokens json.RawMessage `json:"max_completion_tokens"`
+	MaxTokens           json.RawMessage `json:"max_tokens"`
+	MaxOutputTokens     json.RawMessage `json:"max_output_tokens"`
 }
 
 // apply copies the keys into p. bootstrap_room and priority are kept as
@@ -39,6 +46,27 @@ func (k clientKeys) apply(p *Prompt) {
 	if pr := bytes.TrimSpace(k.Priority); len(pr) > 0 && !bytes.Equal(pr, []byte("null")) {
 		p.Priority = string(appendCompactJSON(nil, pr))
 	}
+	p.MaxTokens = firstCap(capOf(k.MaxCompletionTokens), capOf(k.MaxTokens), capOf(k.MaxOutputTokens))
+}
+
+// capOf reads an output cap: a non-negative integer, else 0 (none).
+func capOf(raw json.RawMessage) int64 {
+	n, err := strconv.ParseInt(string(bytes.TrimSpace(raw)), 10, 64)
+	if err != nil || n < 0 {
+		return 0
+	}
+	return n
+}
+
+// firstCap is the first cap given (non-zero), in the order of
+// precedence: max_completion_tokens, max_tokens, max_output_tokens.
+func firstCap(caps ...int64) int64 {
+	for _, c := range caps {
+		if c > 0 {
+			return c
+		}
+	}
+	return 0
 }
 
 type responsesRequest struct {

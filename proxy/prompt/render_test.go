@@ -202,6 +202,8 @@ func samePrompt(a, b Prompt) string {
 		return fmt.Sprintf("flags %v/%v/%v vs %v/%v/%v", a.Stream, a.IncludeUsage, a.Chat, b.Stream, b.IncludeUsage, b.Chat)
 	case !bytes.Equal(a.Text, b.Text):
 		return fmt.Sprintf("text %q vs %q", a.Text, b.Text)
+	case a.Priority != b.Priority || a.MaxTokens != b.MaxTokens:
+		return fmt.Sprintf("priority, max tokens %q/%d vs %q/%d", a.Priority, a.MaxTokens, b.Priority, b.MaxTokens)
 	}
 	return ""
 }
@@ -415,4 +417,48 @@ func TestPriority(t *testing.T) {
 	if err != nil || p.Priority != "7" {
 		t.Errorf("completion: priority %q (%v), want 7", p.Priority, err)
 	}
+}
+
+// TestMaxTokens: the output cap is read by the scanner and the reference
+// alike, max_completion_tokens first, then max_tokens, then
+// max_output_tokens; what is not a non-negative integer is no cap.
+func TestMaxTokens(t *testing.T) {
+	for _, body := range maxTokensBodies {
+		for _, r := range renderers {
+			checkAgainstReference(t, r, []byte(body))
+		}
+	}
+	for body, want := range map[string]int64{
+		`{"model":"m","max_tokens":64,"messages":[{"role":"user","content":"x"}]}`:                            64,
+		`{"model":"m","max_tokens":64,"max_completion_tokens":32,"messages":[{"role":"user","content":"x"}]}`: 32,
+		`{"model":"m","max_completion_tokens":0,"max_tokens":9,"messages":[{"role":"user","content":"x"}]}`:   9,
+		`{"model":"m","max_tokens":null,"messages":[{"role":"user","content":"x"}]}`:                          0,
+		`{"model":"m","max_tokens":-3,"messages":[{"role":"user","content":"x"}]}`:                            0,
+		`{"model":"m","max_tokens":1.5,"messages":[{"role":"user","content":"x"}]}`:                           0,
+		`{"model":"m","Max_Tokens":12,"messages":[{"role":"user","content":"x"}]}`:                            12,
+		`{"model":"m","max_tokens":1,"max_tokens":2,"messages":[{"role":"user","content":"x"}]}`:              2,
+		`{"model":"m","messages":[{"role":"user","content":"x"}]}`:                                            0,
+	} {
+		p, err := RenderChat([]byte(body))
+		ref, refErr := RenderChatStd([]byte(body))
+		if err != nil || refErr != nil || p.MaxTokens != want || ref.MaxTokens != want {
+			t.Errorf("%s: max tokens %d (%v), reference %d (%v), want %d", body, p.MaxTokens, err, ref.MaxTokens, refErr, want)
+		}
+	}
+	p, err := RenderCompletion([]byte(`{"model":"m","prompt":"x","max_tokens": 7}`))
+	if err != nil || p.MaxTokens != 7 {
+		t.Errorf("completion: max tokens %d (%v), want 7", p.MaxTokens, err)
+	}
+	p, err = RenderResponses([]byte(`{"model":"m","input":"x","max_output_tokens": 5}`))
+	if err != nil || p.MaxTokens != 5 {
+		t.Errorf("responses: max tokens %d (%v), want 5", p.MaxTokens, err)
+	}
+}
+
+// maxTokensBodies seed the reference checks with output caps (they are
+// not renderCases, whose rendering is pinned: a cap renders nothing).
+var maxTokensBodies = []string{
+	`{"model":"m","max_tokens":64,"max_completion_tokens":32,"messages":[{"role":"user","content":"x"}]}`,
+	`{"model":"m","max_tokens":null,"prompt":"x"}`,
+	`{"model":"m","max_output_tokens":9,"input":"x","max_tokens":99999999999999999999}`,
 }

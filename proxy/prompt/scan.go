@@ -1,6 +1,7 @@
 package prompt
 
 import (
+	"strconv"
 	"unicode/utf8"
 
 	"github.com/kvmesh/kvmesh/internal/jsonscan"
@@ -143,6 +144,8 @@ type topFields struct {
 	cacheKey, room       []byte
 	priority             []byte
 	stream, includeUsage bool
+	// caps: max_completion_tokens, max_tokens, max_output_tokens (firstCap).
+	caps [3]int64
 }
 
 // streamOptions consumes stream_options: an object or null.
@@ -233,6 +236,27 @@ func (s *scanner) common(key []byte, seen *uint32, t *topFields) (handled, ok bo
 		start := s.Pos()
 		ok = s.Number()
 		t.priority = s.Since(start)
+	case "max_completion_tokens", "max_tokens", "max_output_tokens":
+		// A non-negative integer; anything else is left to the reference.
+		i := 0
+		switch string(key) {
+		case "max_tokens":
+			i = 1
+		case "max_output_tokens":
+			i = 2
+		}
+		if !once(seen, 1<<(11+i)) {
+			return true, false
+		}
+		if c := s.Peek(); c < '0' || c > '9' {
+			return true, false
+		}
+		start := s.Pos()
+		if !s.Number() {
+			return true, false
+		}
+		n, err := strconv.ParseInt(string(s.Since(start)), 10, 64)
+		t.caps[i], ok = n, err == nil
 	default:
 		return false, false
 	}
@@ -250,5 +274,6 @@ func (t *topFields) prompt(chat bool, text []byte) Prompt {
 		CacheKey:      string(t.cacheKey),
 		BootstrapRoom: string(t.room),
 		Priority:      string(t.priority),
+		MaxTokens:     firstCap(t.caps[:]...),
 	}
 }

@@ -17,7 +17,7 @@ type chatScan struct {
 	calls []byte
 }
 
-var chatTopFields = []string{"model", "messages", "tools", "stream", "stream_options", "cache_salt", "prompt_cache_key", "bootstrap_room", "priority"}
+var chatTopFields = []string{"model", "messages", "tools", "stream", "stream_options", "cache_salt", "prompt_cache_key", "bootstrap_room", "priority", "max_completion_tokens", "max_tokens", "max_output_tokens"}
 
 // scanChat is RenderChat's fast path; ok=false means "ask RenderChatStd".
 // It renders into buf when cap(buf) >= len(body) (RenderChatTo), else

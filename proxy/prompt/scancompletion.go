@@ -6,7 +6,7 @@ import (
 	"github.com/kvmesh/kvmesh/internal/jsonscan"
 )
 
-var completionTopFields = []string{"model", "prompt", "stream", "stream_options", "cache_salt", "prompt_cache_key", "bootstrap_room", "priority"}
+var completionTopFields = []string{"model", "prompt", "stream", "stream_options", "cache_salt", "prompt_cache_key", "bootstrap_room", "priority", "max_completion_tokens", "max_tokens", "max_output_tokens"}
 
 // scanCompletion is RenderCompletion's fast path; ok=false means "ask
 // renderCompletionStd".

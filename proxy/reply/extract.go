@@ -13,6 +13,10 @@ type Usage struct {
 	Present bool
 	// PromptTokens is usage.prompt_tokens (0 when absent or not an integer).
 	PromptTokens int64
+	// CompletionTokens is usage.completion_tokens (0 when absent or not an
+	// integer): what a tenant's output budget is charged, and where the
+	// answer's blocks end in the engine's cache.
+	CompletionTokens int64
 	// HasCached reports that usage.prompt_tokens_details.cached_tokens is
 	// an integer, CachedTokens.
 	HasCached    bool
@@ -300,6 +304,15 @@ func (s *scanner) usage() (Usage, bool) {
 			u.PromptTokens = 0
 			if isInt {
 				u.PromptTokens = v
+			}
+		case keyIs(key, "completion_tokens"):
+			v, isInt, ok := s.intValue(depth + 1)
+			if !ok {
+				return u, false
+			}
+			u.CompletionTokens = 0
+			if isInt {
+				u.CompletionTokens = v
 			}
 		case keyIs(key, "prompt_tokens_details"):
 			if u.CachedTokens, u.HasCached, ok = s.details(depth + 1); !ok {

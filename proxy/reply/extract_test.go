@@ -33,7 +33,10 @@ func refExtract(doc []byte) (string, Usage, bool) {
 			return 0, false
 		}
 		i, err := strconv.ParseInt(string(n), 10, 64)
-		return i, err == nil
+		if err != nil {
+			return 0, false
+		}
+		return i, true
 	}
 	content := func(x any) (string, bool) {
 		m, ok := x.(map[string]any)
@@ -68,6 +71,7 @@ func refExtract(doc []byte) (string, Usage, bool) {
 	if um, ok := top["usage"].(map[string]any); ok {
 		u.Present = true
 		u.PromptTokens, _ = asInt(um["prompt_tokens"])
+		u.CompletionTokens, _ = asInt(um["completion_tokens"])
 		if d, ok := um["prompt_tokens_details"].(map[string]any); ok {
 			u.CachedTokens, u.HasCached = asInt(d["cached_tokens"])
 		}
@@ -84,6 +88,8 @@ var extractCases = []string{
 	`{"choices":[{"index":0,"message":{"content":"whole"},"text":"x"}],"usage":{"prompt_tokens":-5}}`,
 	`{"choices":[{"index":0,"delta":{"content":null},"text":"fallback"}],"usage":null}`,
 	`{"choices":[{"index":0,"delta":{"content":"a"}}],"choices":[{"index":0,"delta":{"content":"b"}}]}`,
+	`{"usage":{"completion_tokens":7,"completion_tokens":"x","prompt_tokens":2}}`,
+	`{"usage":{"completion_tokens":99999999999999999999,"prompt_tokens":2}}`,
 	`{"usage":{"prompt_tokens":1.5,"prompt_tokens_details":{"cached_tokens":1e3}}}`,
 	`{"choices":[{"index":0,"delta":{"content":"\ud83d\ude00 \ud800 x"}}]}`,
 	"{\"choices\":[{\"index\":0,\"delta\":{\"content\":\"bad \xff utf8\"}}]}",

@@ -149,6 +149,9 @@ func (w *IdleWatch) Quiet() (since time.Time, ok bool) {
 	return w.start.Add(time.Duration(last)), true
 }
 
+// Spoke reports whether the response's first body byte came (Heard).
+func (w *IdleWatch) Spoke() bool { return w != nil && w.spoke.Load() }
+
 // Fired reports whether the watch ended the response.
 func (w *IdleWatch) Fired() bool { return w != nil && w.isFired.Load() }
 

@@ -35,7 +35,15 @@ type ConvConfig struct {
 	Seed          uint64        // text generation seed
 	HTTPClient    *http.Client  // nil: DefaultHTTPClient(Clients)
 	Progress      io.Writer     // nil: none; else one line per finished conversation
+	// RequestIDs, when set, names each turn to the engines: its
+	// X-Request-Id is RequestID(RequestIDs, conversation, turn), so that
+	// what the replicas log of it can be joined to its turn.
+	RequestIDs string
 }
+
+// RequestID is the X-Request-Id of turn t (from 0) of conversation c in a
+// run whose ConvConfig.RequestIDs is prefix.
+func RequestID(prefix string, c, t int) string { return fmt.Sprintf("%s-c%d-t%d", prefix, c, t) }
 
 func (c *ConvConfig) defaults() {
 	def := func(v *int, d int) {
@@ -268,7 +276,11 @@ func runConversation(ctx context.Context, client *http.Client, urls []string, cf
 			q = text.documents[c] + "\n\n" + q
 		}
 		msgs = append(msgs, chatMessage{Role: "user", Content: q})
-		o, answer := chatTurn(ctx, client, urls[(c+t)%len(urls)], cfg.Model, msgs, cfg.AnswerTokens)
+		id := ""
+		if cfg.RequestIDs != "" {
+			id = RequestID(cfg.RequestIDs, c, t)
+		}
+		o, answer := chatTurn(ctx, client, urls[(c+t)%len(urls)], cfg.Model, msgs, cfg.AnswerTokens, id)
 		outs = append(outs, turnOutcome{turn: t, o: o})
 		if o.kind != "" {
 			return outs, false
@@ -278,9 +290,9 @@ func runConversation(ctx context.Context, client *http.Client, urls []string, cf
 	return outs, true
 }
 
-// chatTurn sends one streaming chat request and returns its outcome and
-// the answer text.
-func chatTurn(ctx context.Context, client *http.Client, url, model string, msgs []chatMessage, maxTokens int) (outcome, string) {
+// chatTurn sends one streaming chat request (named id, when not "") and
+// returns its outcome and the answer text.
+func chatTurn(ctx context.Context, client *http.Client, url, model string, msgs []chatMessage, maxTokens int, id string) (outcome, string) {
 	body := chatRequest{Model: model, Messages: msgs, MaxTokens: maxTokens, Stream: true}
 	body.StreamOptions.IncludeUsage = true
 	buf, err := json.Marshal(body)
@@ -293,6 +305,9 @@ func chatTurn(ctx context.Context, client *http.Client, url, model string, msgs 
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Accept", "text/event-stream")
+	if id != "" {
+		req.Header.Set("X-Request-Id", id)
+	}
 	sent := time.Now()
 	resp, err := client.Do(req)
 	if err != nil {

@@ -3,6 +3,8 @@ package replicasim
 import (
 	"container/list"
 	"sync"
+
+	"github.com/kvmesh/kvmesh/internal/kvevents"
 )
 
 // prefixCache is the engine's KV block cache, modelled on vLLM's: a block is
@@ -15,6 +17,11 @@ type prefixCache struct {
 	capacity int
 	blocks   map[uint64]*cacheEntry
 	free     list.List // of *cacheEntry, front = least recently used
+	// publish, when set, is given the KV-cache events of each change, in
+	// order, under mu (so batches are published in the order they
+	// happened), as vLLM's publisher would send them.
+	publish   func([]kvevents.Event)
+	blockSize int
 }
 
 type cacheEntry struct {
@@ -24,8 +31,8 @@ type cacheEntry struct {
 	dropped bool          // removed by reset while pinned; release ignores it
 }
 
-func newPrefixCache(capacity int) *prefixCache {
-	return &prefixCache{capacity: capacity, blocks: make(map[uint64]*cacheEntry)}
+func newPrefixCache(capacity, blockSize int) *prefixCache {
+	return &prefixCache{capacity: capacity, blockSize: blockSize, blocks: make(map[uint64]*cacheEntry)}
 }
 
 // matchAndAcquire pins the leading run of hashes that is cached and returns
@@ -54,7 +61,8 @@ func (c *prefixCache) acquire(hashes []uint64) []*cacheEntry {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	held := make([]*cacheEntry, 0, len(hashes))
-	for _, h := range hashes {
+	var ev eventLog
+	for i, h := range hashes {
 		if e, ok := c.blocks[h]; ok {
 			c.pinLocked(e)
 			held = append(held, e)
@@ -67,12 +75,47 @@ func (c *prefixCache) acquire(hashes []uint64) []*cacheEntry {
 			}
 			victim := c.free.Remove(front).(*cacheEntry)
 			delete(c.blocks, victim.hash)
+			ev.removed(victim.hash)
 		}
 		e := &cacheEntry{hash: h, refs: 1}
 		c.blocks[h] = e
 		held = append(held, e)
+		ev.stored(hashes, i, c.blockSize)
+	}
+	if c.publish != nil && len(ev.events) > 0 {
+		c.publish(ev.events)
 	}
 	return held
+}
+
+// eventLog collects one change's events in order: runs of blocks stored
+// (each a chain under its parent) and blocks removed.
+type eventLog struct{ events []kvevents.Event }
+
+func (l *eventLog) removed(h uint64) {
+	if n := len(l.events); n > 0 && l.events[n-1].Kind == kvevents.BlockRemoved {
+		l.events[n-1].Hashes = append(l.events[n-1].Hashes, h)
+		return
+	}
+	l.events = append(l.events, kvevents.Event{Kind: kvevents.BlockRemoved, Hashes: []uint64{h}, Medium: "GPU"})
+}
+
+// stored adds hashes[i], extending the last event when it stored
+// hashes[i-1].
+func (l *eventLog) stored(hashes []uint64, i, bs int) {
+	if n := len(l.events); n > 0 && i > 0 {
+		e := &l.events[n-1]
+		if e.Kind == kvevents.BlockStored && e.Hashes[len(e.Hashes)-1] == hashes[i-1] {
+			e.Hashes = append(e.Hashes, hashes[i])
+			e.Tokens += bs
+			return
+		}
+	}
+	e := kvevents.Event{Kind: kvevents.BlockStored, Hashes: []uint64{hashes[i]}, BlockSize: bs, Tokens: bs, Medium: "GPU"}
+	if i > 0 {
+		e.Parent, e.HasParent = hashes[i-1], true
+	}
+	l.events = append(l.events, e)
 }
 
 func (c *prefixCache) pinLocked(e *cacheEntry) {
@@ -112,6 +155,9 @@ func (c *prefixCache) reset() {
 	}
 	clear(c.blocks)
 	c.free.Init()
+	if c.publish != nil {
+		c.publish([]kvevents.Event{{Kind: kvevents.AllBlocksCleared}})
+	}
 }
 
 // len returns the number of blocks held.

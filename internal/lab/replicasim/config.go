@@ -12,7 +12,11 @@
 // a response re-tokenizes to the same count in the next turn.
 package replicasim
 
-import "fmt"
+import (
+	"fmt"
+	"slices"
+	"time"
+)
 
 // bytesPerToken is the tokenization approximation: one token per 4 bytes.
 const bytesPerToken = 4
@@ -32,7 +36,28 @@ type Config struct {
 	MaxModelLen       int     // prompt+max_tokens limit in tokens (default 131072); over it is a 400
 	DefaultMaxTokens  int     // output tokens when the request gives none (default 128)
 	TimeScale         float64 // >1 runs faster than real time: every modelled duration is divided by it (default 1)
+	// Role is the part of disaggregated requests the replica serves
+	// (pd.go; default both: whole requests).
+	Role Role
+	// TransferTokensPerS is how fast a decode pulls a prompt's KV from
+	// its prefill replica (default 200000, ten times the prefill).
+	TransferTokensPerS float64
+	// KVHold is how long a prefill keeps a prompt's KV for its decode
+	// (wall time, not scaled: it bounds the router's round trips; default
+	// 30 s), and how long a decode waits for its room's prefill.
+	KVHold time.Duration
+	// LoRAAdapters are the LoRA adapters served on top of Model (vLLM's
+	// --lora-modules): a request names one as its model (lora.go).
+	LoRAAdapters []string
+	MaxLoRAs     int     // adapters resident at once (vLLM's --max-loras; default 1)
+	LoRALoadMs   float64 // time to load an adapter that is not resident (default 50)
+	// StallAfter freezes the engine once this many generation requests
+	// were admitted, as POST /debug/stall does (0: never by itself).
+	StallAfter int
 }
+
+// maxLoRAAdapters bounds the adapters a replica serves.
+const maxLoRAAdapters = 1024
 
 // withDefaults fills zero fields and rejects negative ones.
 func (c Config) withDefaults() (Config, error) {
@@ -49,6 +74,8 @@ func (c Config) withDefaults() (Config, error) {
 		{"max num seqs", &c.MaxNumSeqs, 64},
 		{"max model len", &c.MaxModelLen, 131072},
 		{"default max tokens", &c.DefaultMaxTokens, 128},
+		{"max loras", &c.MaxLoRAs, 1},
+		{"stall after", &c.StallAfter, 0},
 	}
 	for _, f := range ints {
 		if *f.v < 0 {
@@ -66,6 +93,8 @@ func (c Config) withDefaults() (Config, error) {
 		{"prefill tokens per second", &c.PrefillTokensPerS, 20000},
 		{"decode ms per token", &c.DecodeMsPerToken, 10},
 		{"time scale", &c.TimeScale, 1},
+		{"transfer tokens per second", &c.TransferTokensPerS, 200000},
+		{"lora load ms", &c.LoRALoadMs, 50},
 	}
 	for _, f := range floats {
 		if *f.v < 0 || *f.v != *f.v { // negative or NaN
@@ -73,6 +102,25 @@ func (c Config) withDefaults() (Config, error) {
 		}
 		if *f.v == 0 {
 			*f.v = f.def
+		}
+	}
+	r, err := ParseRole(string(c.Role))
+	if err != nil {
+		return c, fmt.Errorf("replicasim config: %w", err)
+	}
+	c.Role = r
+	if c.KVHold < 0 {
+		return c, fmt.Errorf("replicasim config: kv hold %v is negative", c.KVHold)
+	}
+	if c.KVHold == 0 {
+		c.KVHold = 30 * time.Second
+	}
+	if len(c.LoRAAdapters) > maxLoRAAdapters {
+		return c, fmt.Errorf("replicasim config: %d LoRA adapters, at most %d", len(c.LoRAAdapters), maxLoRAAdapters)
+	}
+	for i, a := range c.LoRAAdapters {
+		if a == "" || a == c.Model || slices.Contains(c.LoRAAdapters[:i], a) {
+			return c, fmt.Errorf("replicasim config: LoRA adapter %q is empty, the base model's name or given twice", a)
 		}
 	}
 	return c, nil

@@ -20,9 +20,9 @@ func TestCountTokens(t *testing.T) {
 
 func TestBlockHashesChainAndPrefix(t *testing.T) {
 	const bs = 2 // 8 bytes per block
-	a := blockHashes("0123456789abcdefXY", bs)
-	b := blockHashes("0123456789abcdefZZZZZZZZ", bs)
-	c := blockHashes("Z1234567"+"89abcdef", bs)
+	a := blockHashes("0123456789abcdefXY", bs, 0)
+	b := blockHashes("0123456789abcdefZZZZZZZZ", bs, 0)
+	c := blockHashes("Z1234567"+"89abcdef", bs, 0)
 	if len(a) != 2 || len(b) != 3 {
 		t.Fatalf("full blocks = %d, %d; want 2, 3 (partial blocks are not hashed)", len(a), len(b))
 	}
@@ -56,7 +56,7 @@ func TestFillerTokensAreOneToken(t *testing.T) {
 }
 
 func TestPrefixCacheLRUAndPins(t *testing.T) {
-	c := newPrefixCache(3)
+	c := newPrefixCache(3, 16)
 	c.release(c.acquire([]uint64{1, 2, 3}))
 	// Released last-first: 3 is the least recently used, then 2, then 1.
 	pinned := c.acquire([]uint64{1})
@@ -108,7 +108,7 @@ func TestSchedulerFIFO(t *testing.T) {
 	waiting := make(chan int, 16)
 	s := &scheduler{max: 1, onChange: func(_, w int) { waiting <- w }}
 	ctx := context.Background()
-	if err := s.acquire(ctx); err != nil {
+	if _, err := s.acquire(ctx, ""); err != nil {
 		t.Fatal(err)
 	}
 	<-waiting
@@ -121,12 +121,12 @@ func TestSchedulerFIFO(t *testing.T) {
 			if i == 1 {
 				wctx = cancelCtx
 			}
-			if err := s.acquire(wctx); err != nil {
+			if _, err := s.acquire(wctx, ""); err != nil {
 				gaveUp <- err
 				return
 			}
 			order <- i
-			s.release()
+			s.release("")
 		}()
 		if w := <-waiting; w != i+1 {
 			t.Fatalf("waiting = %d, want %d", w, i+1)
@@ -136,7 +136,7 @@ func TestSchedulerFIFO(t *testing.T) {
 	if err := <-gaveUp; err == nil {
 		t.Fatal("cancelled waiter got a slot")
 	}
-	s.release()
+	s.release("")
 	if a, b := <-order, <-order; a != 0 || b != 2 {
 		t.Errorf("order = %d, %d; want 0, 2", a, b)
 	}

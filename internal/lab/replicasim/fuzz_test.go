@@ -24,6 +24,10 @@ func FuzzParseRequest(f *testing.F) {
 		{false, `{"prompt":[]}`},
 		{true, `{"messages":[`},
 		{false, `null`},
+		{false, `{"prompt":"x","kv_transfer_params":{"do_remote_decode":true}}`},
+		{false, `{"prompt":"x","kv_transfer_params":{"do_remote_prefill":true,"remote_host":"h","remote_port":8,"remote_request_id":"r"}}`},
+		{true, `{"messages":[],"bootstrap_host":"h","bootstrap_port":8998,"bootstrap_room":12345}`},
+		{true, `{"messages":[],"bootstrap_host":"h","bootstrap_port":null,"bootstrap_room":-1}`},
 	}
 	for _, s := range seeds {
 		f.Add(s.chat, []byte(s.body))
@@ -45,6 +49,20 @@ func FuzzParseRequest(f *testing.F) {
 		}
 		if p.MaxTokens < 0 {
 			t.Fatalf("negative max tokens %d", p.MaxTokens)
+		}
+		// Its disaggregation, as each role reads it: a 400 or a plan a
+		// decode can act on.
+		for _, role := range []Role{RoleBoth, RolePrefill, RoleDecode} {
+			plan, err := p.PD.plan(role)
+			if err != nil {
+				if !errors.Is(err, errBadRequest) {
+					t.Fatalf("role %s: error %v does not wrap errBadRequest", role, err)
+				}
+				continue
+			}
+			if (plan.mode == modeDecodeVLLM || plan.mode == modeDecodeSGLang) && (plan.peer == "" || plan.key == "") {
+				t.Fatalf("role %s: a decode without a peer or key: %+v", role, plan)
+			}
 		}
 	})
 }

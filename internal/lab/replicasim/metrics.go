@@ -17,7 +17,11 @@ type metrics struct {
 	promptTokens     prometheus.Counter
 	generationTokens prometheus.Counter
 	ttft             prometheus.Histogram
-	collectors       []prometheus.Collector
+	// With LoRA adapters only: vLLM's vllm:lora_requests_info, and the
+	// simulator's own count of adapter loads.
+	loraInfo   *prometheus.GaugeVec
+	loraLoads  prometheus.Counter
+	collectors []prometheus.Collector
 }
 
 // ttftBuckets are vLLM's time_to_first_token_seconds buckets.
@@ -54,6 +58,13 @@ func newMetrics(cfg Config, kvUsage func() float64) *metrics {
 	info.Set(1)
 	m.collectors = []prometheus.Collector{m.running, m.waiting, m.prefixQueries, m.prefixHits,
 		m.promptTokens, m.generationTokens, m.ttft, usage, info}
+	if len(cfg.LoRAAdapters) > 0 {
+		m.loraInfo = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "vllm:lora_requests_info",
+			Help: "Running stats on lora requests."}, []string{"max_lora", "running_lora_adapters", "waiting_lora_adapters"})
+		m.loraLoads = prometheus.NewCounter(prometheus.CounterOpts{Name: "replicasim_lora_loads_total",
+			Help: "LoRA adapters loaded because a request needed one that was not resident (the simulator's own; vLLM publishes none)."})
+		m.collectors = append(m.collectors, m.loraInfo, m.loraLoads)
+	}
 	return m
 }
 

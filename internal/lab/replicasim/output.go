@@ -51,6 +51,8 @@ type response struct {
 	Model   string `json:"model"`
 	Choices any    `json:"choices"`
 	Usage   *usage `json:"usage,omitempty"`
+	// KVTransferParams: a vLLM prefill's (pd.go).
+	KVTransferParams *kvParams `json:"kv_transfer_params,omitempty"`
 }
 
 // output writes a sequence's tokens to the client: SSE chunks as they come
@@ -66,6 +68,8 @@ type output struct {
 	// store keeps the final Responses object before the client sees it
 	// (nil: not stored).
 	store func(responseObject)
+	// kv is a vLLM prefill's kv_transfer_params (nil: none).
+	kv *kvParams
 }
 
 func newOutput(w http.ResponseWriter, seq *sequence) *output {
@@ -145,7 +149,7 @@ func (o *output) finish(answer string, u usage) {
 			r = o.base("text_completion")
 			r.Choices = []textChoice{{Text: answer, FinishReason: &finishLength}}
 		}
-		r.Usage = &u
+		r.Usage, r.KVTransferParams = &u, o.kv
 		writeJSON(o.w, http.StatusOK, r)
 		return
 	}

@@ -35,6 +35,8 @@ type parsedRequest struct {
 	// conversation precedes Prompt; Store says whether to store this one.
 	PreviousResponseID string
 	Store              bool
+	// PD is what the body says of disaggregation (pd.go).
+	PD pdFields
 }
 
 // wireRequest is the subset of the OpenAI request body the simulator reads;
@@ -57,6 +59,8 @@ type wireRequest struct {
 	Store              *bool           `json:"store"`
 	// Messages API (messages and max_tokens are shared with chat).
 	System json.RawMessage `json:"system"`
+	// Disaggregation (pd.go).
+	pdFields
 }
 
 type wireMessage struct {
@@ -82,7 +86,7 @@ func parseRequest(ep endpoint, body []byte) (parsedRequest, error) {
 	if dec.More() {
 		return parsedRequest{}, badRequest("invalid JSON body: trailing data")
 	}
-	p := parsedRequest{Model: w.Model, Stream: w.Stream}
+	p := parsedRequest{Model: w.Model, Stream: w.Stream, PD: w.pdFields}
 	if w.StreamOptions != nil {
 		p.IncludeUsage = w.StreamOptions.IncludeUsage
 	}

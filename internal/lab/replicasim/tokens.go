@@ -40,18 +40,29 @@ func countTokens(text string) int {
 
 // blockHashes returns the chained hashes of the full blocks of text. Block i
 // covers bytes [i*bs*4, (i+1)*bs*4); its hash is xxh3 of those bytes seeded
-// with the hash of block i-1 (0 for the first), so equal hashes mean an equal
-// prefix up to and including that block.
-func blockHashes(text string, blockSize int) []uint64 {
+// with the hash of block i-1 (root for the first: 0 for the base model, the
+// adapter's for a LoRA adapter, loraRoot), so equal hashes mean an equal
+// prefix up to and including that block, under the same adapter.
+func blockHashes(text string, blockSize int, root uint64) []uint64 {
 	blockBytes := blockSize * bytesPerToken
 	n := len(text) / blockBytes
 	out := make([]uint64, n)
-	var prev uint64
+	prev := root
 	for i := range n {
 		prev = xxh3.HashStringSeed(text[i*blockBytes:(i+1)*blockBytes], prev)
 		out[i] = prev
 	}
 	return out
+}
+
+// loraRoot is the root of the block chains of a request of adapter (""
+// for the base model: 0). vLLM puts the adapter's id in every block's
+// hash, so an adapter's blocks are never another's or the base model's.
+func loraRoot(adapter string) uint64 {
+	if adapter == "" {
+		return 0
+	}
+	return xxh3.HashStringSeed(adapter, 0x10a)
 }
 
 // fillerWords are three-letter words; each generated token is " "+word, so

@@ -61,6 +61,7 @@ type loadSnap struct {
 // owner measured on its own requests.
 type engSnap struct {
 	running, waiting, slots int
+	minSlots                uint8 // while slots is unknown: most seen running with nothing waiting
 	seqMs                   float64
 	freeMs                  float64 // the owner's expected time until a running sequence ends (route.SlotTimes.FreeMs)
 	oldest                  float64 // start of the oldest running sequence, if any
@@ -120,6 +121,7 @@ type world struct {
 	exact    []exactMatcher
 	scraped  []engSnap            // per replica: engine counts at the last scrape
 	slotEst  []route.SlotEstimate // per replica: the owner's learned slots
+	ranFree  []int                // per replica: the most sequences the owner saw running with nothing waiting
 	seqMs    []float64            // per replica: the owner's mean request residence, ms
 	slotT    []route.SlotTimes    // per replica: the owner's learned slot times
 	epochs   []uint64
@@ -186,6 +188,7 @@ func runPolicy(ctx context.Context, p *prepared, name string) (PolicyReport, err
 	case PolicySingle, PolicyMesh, PolicyPartitioned, PolicyExactView, PolicyPooled:
 		w.scraped = make([]engSnap, cfg.Replicas)
 		w.slotEst = make([]route.SlotEstimate, cfg.Replicas)
+		w.ranFree = make([]int, cfg.Replicas)
 		w.seqMs = make([]float64, cfg.Replicas)
 		w.slotT = make([]route.SlotTimes, cfg.Replicas)
 		w.q.push(p.reqs[0].arrival, evScrape, 0, 0)
@@ -457,6 +460,7 @@ func (w *world) fillCandidates(k int, r *simReq) {
 		}
 		c.InFlight, c.PendingPrefillBlocks = route.Count32(inFlight), pending
 		c.Running, c.Waiting, c.Slots = route.Count32(eng.running), route.Count32(eng.waiting), route.Count32(eng.slots)
+		c.MinSlots = eng.minSlots
 		c.HasLoad = true // every simulated engine publishes its counts
 		c.Detail.SeqMs = eng.seqMs
 		c.Detail.Own, c.Detail.Local = route.Count32(own), local
@@ -655,7 +659,9 @@ func (w *world) tick(more bool) {
 }
 
 // scrape reads every replica's engine counts, as an owner scrapes
-// /metrics, and learns its slots when the engine does not publish them.
+// /metrics, and learns its slots when the engine does not publish them
+// (and until it has queued, the most it was seen running with nothing
+// waiting, as proxy/health does).
 // Scrapes stop with the arrivals.
 func (w *world) scrape(more bool) {
 	cfg := w.p.cfg
@@ -667,7 +673,14 @@ func (w *world) scrape(more bool) {
 			w.slotEst[j] = w.slotEst[j].Observe(run, wait)
 			slots = w.slotEst[j].Slots
 		}
-		w.scraped[j] = engSnap{running: run, waiting: wait, slots: slots}
+		if wait == 0 {
+			w.ranFree[j] = max(w.ranFree[j], run)
+		}
+		var minSlots uint8
+		if slots <= 0 {
+			minSlots = uint8(min(w.ranFree[j], math.MaxUint8))
+		}
+		w.scraped[j] = engSnap{running: run, waiting: wait, slots: slots, minSlots: minSlots}
 	}
 	if more {
 		w.q.push(w.now+ms(cfg.ScrapeInterval.Seconds()), evScrape, 0, 0)

@@ -6,14 +6,16 @@ PER_REQUEST_JSON is inference-perf's per_request_lifecycle_metrics.json;
 each request's usage (prompt_tokens, prompt_tokens_details.cached_tokens)
 is what the replica that served it reported, and extra_info.chat_round
 its turn (1 = a session's first). REPLICA_METRICS are the replicas'
-/metrics pages read after the run (vLLM names), for the requests each
-served. Prints one JSON object: the share of prompt tokens reported
-cached over all turns and over follow-up turns (round >= 2), TTFT
-percentiles in ms (first streamed chunk after the request's start), and
-the requests per replica.
+/metrics pages read after the run, for the requests each served (vLLM
+names; for llama.cpp its predicted tokens over ANSWER_TOKENS, the
+answers' length, from the environment). Prints one JSON object: the
+share of prompt tokens reported cached over all turns and over follow-up
+turns (round >= 2), TTFT percentiles in ms (first streamed chunk after
+the request's start), and the requests per replica.
 """
 
 import json
+import os
 import re
 import sys
 
@@ -27,18 +29,40 @@ def pct(xs, q):
     return xs[k]
 
 
-def replica_requests(path):
-    """Requests the replica at path served: its TTFT histogram's count."""
+def replica_requests(path, answer_tokens):
+    """Requests the replica at path served: a vLLM-named TTFT histogram's
+    count, or for llama.cpp (which counts no requests) its predicted
+    tokens over answer_tokens (every answer is that long with ignore_eos;
+    None when answer_tokens is 0)."""
+    predicted = None
     with open(path, encoding="utf-8") as f:
         for line in f:
             m = re.match(r"vllm:time_to_first_token_seconds_count\{[^}]*\} (\S+)", line)
             if m:
                 return int(float(m.group(1)))
+            m = re.match(r"llamacpp:tokens_predicted_total(?:\{[^}]*\})? (\S+)", line)
+            if m:
+                predicted = float(m.group(1))
+    if predicted is not None:
+        return round(predicted / answer_tokens) if answer_tokens > 0 else None
     return 0
+
+
+def prompt_and_cached(usage):
+    """The prompt tokens and the cached ones of an OpenAI usage object, or
+    of an Anthropic one (/v1/messages: input_tokens counts only what was
+    neither read from nor written to the cache)."""
+    if "prompt_tokens" in usage:
+        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+        return int(usage.get("prompt_tokens") or 0), int(cached)
+    read = int(usage.get("cache_read_input_tokens") or 0)
+    prompt = int(usage.get("input_tokens") or 0) + read + int(usage.get("cache_creation_input_tokens") or 0)
+    return prompt, read
 
 
 def main():
     label, per_request, metrics = sys.argv[1], sys.argv[2], sys.argv[3:]
+    answer_tokens = int(os.environ.get("ANSWER_TOKENS") or 0)
     with open(per_request, encoding="utf-8") as f:
         reqs = json.load(f)
     sums = {"all": [0, 0], "follow": [0, 0], "first": [0, 0]}
@@ -49,8 +73,7 @@ def main():
         if r.get("error") or not usage:
             failed += 1
             continue
-        prompt = int(usage.get("prompt_tokens") or 0)
-        cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+        prompt, cached = prompt_and_cached(usage)
         rnd = int((info.get("extra_info") or {}).get("chat_round") or 1)
         rounds[rnd] = rounds.get(rnd, 0) + 1
         for k in ("all", "follow" if rnd >= 2 else "first"):
@@ -79,7 +102,7 @@ def main():
         "ttft_followup_ms": {
             q: round(pct(ttft_follow, v), 1) if ttft_follow else None for q, v in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))
         },
-        "per_replica": [replica_requests(m) for m in metrics],
+        "per_replica": [replica_requests(m, answer_tokens) for m in metrics],
     }
     print(json.dumps(out))
 

