@@ -17,8 +17,9 @@
 #     kvmesh x2's at least 0.97x kvmesh x1's; check.py report: the routers'
 #     predicted against engine-reported cached tokens, the bytes per token
 #     and cached tail share they learnt from vLLM's usage;
-#     ../llamacpp/check.py predict: predicted/reported and the prediction
-#     error p50/p95 in blocks, from the routers' per-response debug lines.
+#     ../llamacpp/check.py predict: predicted/reported (within 10%) and the
+#     prediction error p50/p95 in blocks, from the routers' per-response
+#     debug lines.
 #  3. events (opt-in: PHASES=events): the router with and without
 #     --kv-events auto (read from vLLM's GET /kv_event_sources) over 2 fresh
 #     replicas each time, whose KV caches are too small for the
@@ -290,11 +291,13 @@ if [ -n "${KVMESH_ARTIFACTS:-}" ]; then
 fi
 if phase x1; then echo "e2e-vllm: kvmesh x1 router"; python3 "$here/check.py" report "$work/kvmesh-x1-r0.metrics.txt"; fi
 if phase x2; then echo "e2e-vllm: kvmesh x2 routers"; python3 "$here/check.py" report "$work/kvmesh-x2-r1.metrics.txt" "$work/kvmesh-x2-r2.metrics.txt"; fi
-# The routers' predicted against reported cached tokens, per response.
+# The routers' predicted against reported cached tokens, per response:
+# within 10% (0.948-0.950 over three runs; first turns that share the
+# system prompt in flight are the 5% no summary can know).
 predicted=()
 if phase x1; then predicted+=("kvmesh-x1=$work/router-x1.log"); fi
 if phase x2; then predicted+=("kvmesh-x2=$work/router-x2-1.log,$work/router-x2-2.log"); fi
-if [ ${#predicted[@]} -gt 0 ]; then python3 "$here/../llamacpp/check.py" predict "${predicted[@]}"; fi
+if [ ${#predicted[@]} -gt 0 ]; then python3 "$here/../llamacpp/check.py" predict --gate 0.9,1.1 "${predicted[@]}"; fi
 if [ "$PHASES" = "features x1 x2 rr" ]; then
   python3 "$here/../llamacpp/check.py" compare "$work/kvmesh-x1.json" "$work/kvmesh-x2.json" "$work/round-robin.json"
 fi
