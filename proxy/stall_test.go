@@ -65,13 +65,18 @@ func TestStalledReplicaEjected(t *testing.T) {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write([]byte(`{"object":"list","data":[{"id":"m","object":"model"}]}`))
 	}
-	var posts atomic.Int64 // the wedged replica's requests (its count has the checks too)
+	// posts: the wedged replica's chat requests, the router's (its count
+	// has the checks too, and the health checker's probe of an ejected
+	// replica is a POST to /v1/completions).
+	var posts atomic.Int64
 	wedged := newReplica(t, func(w http.ResponseWriter, r *http.Request) {
 		if r.Method == http.MethodGet {
 			models(w)
 			return
 		}
-		posts.Add(1)
+		if r.URL.Path == "/v1/chat/completions" {
+			posts.Add(1)
+		}
 		select { // accepts, sends nothing
 		case <-r.Context().Done():
 		case <-release:
