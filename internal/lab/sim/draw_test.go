@@ -2,6 +2,7 @@ package sim
 
 import (
 	"context"
+	"math"
 	"reflect"
 	"strings"
 	"testing"
@@ -123,5 +124,35 @@ func TestRunRandomCell(t *testing.T) {
 	s := SummarizeRandom([]RandomResult{a, b})
 	if s.Cells != 2 || s.Lost != 1 || s.ByBaseline[PolicyLeastLoaded] != 1 || s.ByMeasure["p99"] != 1 {
 		t.Fatalf("summary %+v", s)
+	}
+}
+
+// The summary's ratios are geometric means over the cells of kvmesh-mesh's
+// TTFT over the best baseline's on each measure, each TTFT floored at 1 ms:
+// a cell at half the best baseline's and one at twice it average to 1x.
+func TestSummarizeRandomRatios(t *testing.T) {
+	cell := func(mesh50, mesh99 float64, base ...[2]float64) RandomResult {
+		r := RandomResult{Mesh: PolicyReport{Name: PolicyMesh, TTFTP50Ms: mesh50, TTFTP99Ms: mesh99}}
+		for _, b := range base {
+			r.Baselines = append(r.Baselines, PolicyReport{TTFTP50Ms: b[0], TTFTP99Ms: b[1]})
+		}
+		return r
+	}
+	s := SummarizeRandom([]RandomResult{
+		// p50: half the best (40 of round-robin's 80, least-loaded's 90);
+		// p99: twice the best (400 of least-loaded's 200).
+		cell(40, 400, [2]float64{80, 300}, [2]float64{90, 200}),
+		// p50: 1x (0 and 0.5 ms both floored to 1 ms); p99: half.
+		cell(0, 100, [2]float64{0.5, 200}),
+	})
+	if math.Abs(s.P50Ratio-math.Sqrt(0.5)) > 1e-12 || math.Abs(s.P99Ratio-1) > 1e-12 {
+		t.Fatalf("ratios p50 %v p99 %v, want %v and 1", s.P50Ratio, s.P99Ratio, math.Sqrt(0.5))
+	}
+	var out strings.Builder
+	if err := s.Write(&out); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "p50 0.707x, p99 1.000x") {
+		t.Fatalf("summary line %q", out.String())
 	}
 }
