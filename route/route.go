@@ -47,7 +47,9 @@
 //     when the wait it would impose beats the weighted recompute, and then
 //     to the next holder first, and off the holders to a replica this
 //     router owns (whose load it sees exactly) before one whose free
-//     slot it knows only from gossip. A stem other
+//     slot it knows only from gossip, while one it owns can start the
+//     request; when all it owns are full, a remote one its view shows
+//     idle competes on cost. A stem other
 //     requests fork from (Request.ForkBlocks: a hot template or document,
 //     not a conversation's history) costs only its prefill to copy when
 //     its holders are full and at least half the replicas could start

@@ -706,26 +706,34 @@ func TestPickAllFullWeighsTheWaitAgainstTheRecompute(t *testing.T) {
 // A warm request that leaves its holder goes to a replica this router
 // owns, whose load it sees exactly, before one whose free slot it knows
 // only from another router's gossip (a slot the other routers see free
-// too); a router that owns none of the candidates, or a view without
-// ownership, takes the cheapest; and a remote replica stays
-// the hot-spot guard's last resort when no near one is under its bound.
+// too), while one it owns can start the request; when every one it owns
+// would queue it for a slot, a remote one its view shows idle competes
+// on cost (a busy one stays far); a router that owns none of the
+// candidates, or a view without ownership, takes the cheapest; and a
+// remote replica stays the hot-spot guard's last resort when no near one
+// is under its bound.
 func TestPickMovesToAnOwnedReplicaBeforeARemoteOne(t *testing.T) {
 	conv := chainOf(nil, 10, 2)
 	const holder, remote, owned = 0, 1, 2
 	everything := []int{0, 1, 2, 3, 4, 5, 6, 7}
 	tests := []struct {
-		name     string
-		local    []int // the candidates this router owns
-		guard    bool  // the holder and the owned replica queue past the guard
-		noDetail bool
-		want     int
+		name       string
+		local      []int // the candidates this router owns
+		guard      bool  // the holder and the owned replica queue past the guard
+		noDetail   bool
+		ownedFree  bool // the owned replica has a free slot, as the remote one does
+		remoteBusy bool // the remote replica has prefill queued (not idle)
+		want       int
 	}{
-		{"owns a non-holder: it takes the move", []int{owned}, false, false, owned},
-		{"owns the holder only: stays", []int{holder}, false, false, holder},
-		{"owns nothing: the cheapest", nil, false, false, remote},
-		{"owns everything (one router): the cheapest", everything, false, false, remote},
-		{"no Details: the cheapest", nil, false, true, remote},
-		{"near ones past the guard: a remote idle one", []int{owned}, true, false, remote},
+		{"owns a non-holder that can start it: it takes the move", []int{owned}, false, false, true, false, owned},
+		{"owns only a full non-holder: a remote idle one", []int{owned}, false, false, false, false, remote},
+		{"owns only a full non-holder, the remote one busy: the owned one", []int{owned}, false, false, false, true, owned},
+		{"owns the full holder only: a remote idle one", []int{holder}, false, false, false, false, remote},
+		{"owns the full holder only, the remote one busy: stays", []int{holder}, false, false, false, true, holder},
+		{"owns nothing: the cheapest", nil, false, false, false, false, remote},
+		{"owns everything (one router): the cheapest", everything, false, false, false, false, remote},
+		{"no Details: the cheapest", nil, false, true, false, false, remote},
+		{"near ones past the guard: a remote idle one", []int{owned}, true, false, false, false, remote},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -741,6 +749,14 @@ func TestPickMovesToAnOwnedReplicaBeforeARemoteOne(t *testing.T) {
 			// of 2 is within the guard, ceil(2 × (2+8) / 8) = 3.
 			cs[holder].Summary, cs[holder].InFlight = held(t, conv), 6
 			cs[remote].InFlight = 3
+			if tc.ownedFree {
+				cs[owned].InFlight = 3
+			}
+			if tc.remoteBusy {
+				// One block queued: 20 ms more than the owned one's
+				// recompute, and no longer idle.
+				cs[remote].PendingPrefillBlocks = 1
+			}
 			if tc.guard {
 				// Both queue 4, past the bound ceil(2 × (8+8) / 8) = 4.
 				cs[holder].InFlight, cs[owned].InFlight = 8, 8

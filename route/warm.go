@@ -47,9 +47,10 @@ type warmPricing struct {
 	// rw and stemWeight weigh a candidate's missing blocks and missing
 	// stem blocks.
 	rw, stemWeight float64
-	// owns: whether this router owns a candidate (Detail.Local), asked
-	// only when a remote candidate lacking part of the prefix is priced
-	// (far): 0 not asked yet, 1 yes, 2 no.
+	// owns: what this router owns of the candidates (Detail.Local),
+	// asked only when a remote candidate lacking part of the prefix is
+	// priced (far): 0 not asked yet, 1 one that can start the request at
+	// once, 2 none, 3 only ones that would queue it for a slot.
 	owns int8
 
 	chosen, cheapest         int
@@ -225,21 +226,34 @@ func (w *warmPricing) price(i int) bool {
 // this router owns, or to another holder, first. A router that owns no
 // candidate (or a view without Details) has no exact view to prefer.
 //
-// Whether the router owns a candidate is asked once per decision, and
-// first: a router that owns none reads no candidate's Detail again.
+// That trade holds while this router owns a candidate that can start
+// the request at once: a free slot it knows against one it may lose.
+// When every candidate it owns is full, the near choice is a certain
+// wait for a slot, and a remote candidate its view shows idle (a free
+// slot, no prefill queued) is at worst taken when the request reaches
+// its owner, which then decides again among its own replicas on its
+// exact view (KeepHint): such a candidate is not far. A remote one that
+// is not idle stays far: its wait is a gossiped count's, against the
+// owner's exact pricing of its own full replicas.
+//
+// What the router owns is asked once per decision, and first: a router
+// that owns none reads no candidate's Detail again.
 func (w *warmPricing) far(c *Candidate) bool {
 	if w.owns == 0 {
 		w.owns = 2
 		for i := range w.cands {
 			if d := w.cands[i].Detail; d != nil && d.Local {
-				w.owns = 1
-				break
+				if canStart(&w.cands[i]) {
+					w.owns = 1
+					break
+				}
+				w.owns = 3
 			}
 		}
 	}
-	if w.owns != 1 {
+	if w.owns == 2 {
 		return false
 	}
 	d := c.Detail
-	return d != nil && !d.Local
+	return d != nil && !d.Local && (w.owns == 1 || !idle(c))
 }
