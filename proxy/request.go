@@ -314,6 +314,9 @@ func (st *reqState) route() {
 	st.hashes = c.AppendHashes(nil, st.root, st.prompt.Text)
 	st.req = route.Request{Hashes: st.hashes, Probes: summary.MakeProbes(nil, st.hashes), Root: st.root,
 		Model: route.ModelKey(st.prompt.Model), ClientKey: p.clientKey(r, &st.prompt)}
+	if len(st.hashes) == 0 {
+		st.req.Whole = c.WholeHash(st.root, st.prompt.Text)
+	}
 	st.endHeat = st.countHeat()
 	if st.hop {
 		// The deciding router's counts, for a re-pick among this

@@ -80,3 +80,10 @@ func (c Contract) AppendHashes(dst []uint64, root uint64, text []byte) []uint64 
 	}
 	return dst
 }
+
+// WholeHash is the hash of a whole text under root, chained as a block
+// would be: the key of a prompt shorter than one block, which has no
+// block hash, so that such prompts are told apart (route.Request.Whole).
+func (c Contract) WholeHash(root uint64, text []byte) uint64 {
+	return xxh3.HashSeed(text, root^0x5701e)
+}
