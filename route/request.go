@@ -13,7 +13,7 @@ type Request struct {
 	// Root is the chain root (model scope).
 	Root uint64
 	// Whole is the hash of a prompt shorter than one block (no Hashes):
-	// its whole text, chained from Root (summary.Contract.WholeHash).
+	// its whole text, chained from Root (summary.Contract.ShortKey).
 	// It is such a prompt's cold key and heat key, so that short
 	// distinct prompts spread by rendezvous hashing while identical ones
 	// still meet; 0 means unknown, and Root stands in for it.
