@@ -333,12 +333,14 @@ type router struct {
 	proxy  *proxy.Proxy
 	srv    *http.Server
 	ln     net.Listener
+	tcpLn  net.Listener // ln's socket, under the limits and TLS
 	api    string
 
 	admin    *http.Server // nil without --admin-listen
 	adminLn  net.Listener
 	edges    routerEdges
 	draining atomic.Bool
+	quiet    *quiescer // the API's keep-alive connections, rested before the close
 	// budgets are the tenants' budgets (nil: none), which reload reads
 	// again from tenants' file.
 	budgets *quota.Ledger
@@ -462,6 +464,7 @@ func startRouter(ctx context.Context, cfg routerConfig) (*router, error) {
 		return nil, fmt.Errorf("router: %w", err)
 	}
 	r.proxy = p
+	r.tcpLn = ln
 	r.ln = r.edgeListener(ln, cfg.maxConns, cfg.clientSendBuffer)
 	r.srv = r.apiServer(cfg, p)
 	if adminLn != nil {
@@ -524,6 +527,14 @@ func (r *router) shutdown() error {
 	}
 	ctx, cancel := context.WithDeadline(context.Background(), start.Add(r.edges.drainTimeout-b.reserve))
 	defer cancel()
+	qctx, qcancel := context.WithTimeout(ctx, 4*b.rest)
+	r.quiet.wait(qctx, b.rest)
+	qcancel()
+	qctx, qcancel = context.WithTimeout(ctx, b.rest)
+	if err := awaitAcceptQueue(qctx, r.tcpLn); err != nil {
+		r.log.Debug("closing the API listener with connections queued", "error", err)
+	}
+	qcancel()
 	if err := r.srv.Shutdown(ctx); err != nil {
 		r.log.Warn("drain timed out; closing remaining connections", "error", err)
 		_ = r.srv.Close()
@@ -556,15 +567,20 @@ type stopBudget struct {
 	leave   time.Duration // at most, for the leave broadcast
 	reserve time.Duration // kept from the drain for the steps after it
 	admin   time.Duration // the admin server's own drain (a scrape), within reserve
+	// rest is how long an idle keep-alive connection rests before the
+	// close (quiescer); the wait for it takes at most 4× rest.
+	rest time.Duration
 }
 
 // shutdownBudget bounds a shutdown by the drain timeout d: the leave
 // takes at most a quarter of it (and 2 s; it needs less when peers
 // listen, mesh/leave.go), the steps after the drain a tenth (and 1 s),
-// and the drain the rest, counted from the SIGTERM.
+// and the drain the rest, counted from the SIGTERM. Idle connections
+// rest a twentieth of it (and 500 ms) before the close: long next to a
+// busy client's gap between two requests, short next to a rollout.
 func shutdownBudget(d time.Duration) stopBudget {
 	reserve := min(time.Second, d/10)
-	return stopBudget{leave: max(min(2*time.Second, d/4), time.Millisecond), reserve: reserve, admin: reserve / 2}
+	return stopBudget{leave: max(min(2*time.Second, d/4), time.Millisecond), reserve: reserve, admin: reserve / 2, rest: min(500*time.Millisecond, d/20)}
 }
 
 // offTimeout maps a timeout flag whose 0 turns the bound off

@@ -169,8 +169,10 @@ func (r *router) apiServer(cfg routerConfig, h http.Handler) *http.Server {
 		idle = 2 * time.Minute
 	}
 	w := ratelog.Writer{W: r.log.Named("http").StandardWriter(&hclog.StandardLoggerOptions{InferLevels: true}), L: ratelog.New(10, time.Second)}
+	r.quiet = newQuiescer(r.draining.Load)
 	return &http.Server{
-		Handler:           h,
+		Handler:           r.quiet.handler(h),
+		ConnState:         r.quiet.connState,
 		ConnContext:       proxy.ConnContext, // the stream loop writes to the client's connection
 		ReadHeaderTimeout: header,
 		IdleTimeout:       idle,
