@@ -29,6 +29,7 @@ import (
 	"github.com/kvmesh/kvmesh/proxy/disagg"
 	"github.com/kvmesh/kvmesh/proxy/health"
 	"github.com/kvmesh/kvmesh/proxy/hop"
+	"github.com/kvmesh/kvmesh/proxy/quota"
 	"github.com/kvmesh/kvmesh/proxy/upstream"
 	"github.com/kvmesh/kvmesh/route"
 	"github.com/kvmesh/kvmesh/summary"
@@ -120,7 +121,7 @@ the replicas declared here, and joins the mesh of routers that
 gossip which prompt prefixes every replica holds. Also serves /healthz and
 /readyz; /metrics, /debug/mesh and a status page for people (at /) are on
 --admin-listen (loopback by default).
-SIGHUP reloads --api-key-file, --replica-file and the TLS certificates;
+SIGHUP reloads --api-key-file, --replica-file, --tenant-budgets and the TLS certificates;
 SIGTERM leaves the mesh, stops accepting, and drains for --drain-timeout.
 
 Every flag can also be set in the environment as KVMESH_<FLAG> (upper case,
@@ -340,6 +341,10 @@ type router struct {
 	edges    routerEdges
 	draining atomic.Bool
 	quiet    *quiescer // the API's keep-alive connections, rested before the close
+	// budgets are the tenants' budgets (nil: none), which reload reads
+	// again from tenants' file.
+	budgets *quota.Ledger
+	tenants tenantConfig
 
 	stopHealth context.CancelFunc
 	wg         sync.WaitGroup
@@ -436,7 +441,8 @@ func startRouter(ctx context.Context, cfg routerConfig) (*router, error) {
 	if cfg.loadFactor > 0 {
 		policy.LoadFactor = cfg.loadFactor
 	}
-	r := &router{name: cfg.name, log: log, reg: reg, mesh: m, health: hc, kv: kv, api: api, edges: edges, serveErr: make(chan error, 2)}
+	r := &router{name: cfg.name, log: log, reg: reg, mesh: m, health: hc, kv: kv, api: api, edges: edges, serveErr: make(chan error, 2),
+		budgets: budgets, tenants: cfg.tenants}
 	p, err := proxy.New(proxy.Config{
 		RouterName: cfg.name, View: m, Policy: policy, Contract: cfg.contract,
 		MaxBodyBytes: cfg.maxBodyBytes, Client: client, Logger: log.Named("proxy"),
