@@ -2,11 +2,13 @@ package mesh
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/kvmesh/kvmesh/route"
 	"github.com/kvmesh/kvmesh/summary"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
@@ -391,4 +393,27 @@ func TestBeginTakesNoMeshLock(t *testing.T) {
 	done()
 	_, done = a.Begin("http://unknown", 1)
 	done()
+}
+
+// TestModelParents: the LoRA adapters' base models, of an owned replica
+// and, through gossip, of a peer's.
+func TestModelParents(t *testing.T) {
+	a := newRouter(t, "a", nil)
+	b := newRouter(t, "b", joining(a))
+	id := "http://a-lora:8000"
+	a.DeclareReplica(id)
+	a.UpdateReplica(id, ReplicaStatus{Models: []string{"base", "chat", "sql"}, Healthy: true, CapacityBlocks: 2048,
+		LoRA: route.MakeLoRAs(2, []string{"base"}, []string{"sql"}, nil, nil)})
+	plain := "http://a-plain:8000"
+	declare(a, plain) // model "m", no LoRA
+	want := map[string]string{"chat": "base", "sql": "base"}
+	if got := a.ModelParents(); !maps.Equal(got, want) {
+		t.Fatalf("a: %v, want %v", got, want)
+	}
+	eventually(t, wait, "b learns the adapters' parents", func() error {
+		if got := b.ModelParents(); !maps.Equal(got, want) {
+			return fmt.Errorf("%v", got)
+		}
+		return nil
+	})
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/memberlist"
+	"github.com/kvmesh/kvmesh/internal/metricsum"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -135,21 +136,7 @@ func refusedStreams(t *testing.T, r *testRouter) float64 { return refusedFor(t, 
 // refusedFor counts streams refused for reason ("": for any reason).
 func refusedFor(t *testing.T, r *testRouter, reason string) float64 {
 	t.Helper()
-	mfs, err := r.reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	total := 0.0
-	for _, mf := range mfs {
-		if mf.GetName() == "kvmesh_gossip_streams_refused_total" {
-			for _, m := range mf.GetMetric() {
-				if reason == "" || m.GetLabel()[0].GetValue() == reason {
-					total += m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return total
+	return metricsum.Counter(t, r.reg, "kvmesh_gossip_streams_refused_total", metricsum.AnyValue(reason))
 }
 
 // FuzzStreamHead feeds the guard arbitrary stream heads in arbitrary

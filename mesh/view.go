@@ -484,6 +484,43 @@ func (m *Mesh) Models() []string {
 	return slices.Compact(out)
 }
 
+// ModelParents maps each LoRA adapter served anywhere in the mesh to
+// its base model (route.LoRAs.Parent of a replica that serves it, its
+// engine's "parent"), for GET /v1/models; the base models are not in
+// it. Where replicas disagree (two bases carry adapters of one name),
+// the first parent by name stands.
+func (m *Mesh) ModelParents() map[string]string {
+	m.tab.mu.RLock()
+	defer m.tab.mu.RUnlock()
+	var out map[string]string
+	for _, r := range m.tab.replicas {
+		var models []string
+		var lora route.LoRAs
+		switch owner := m.tab.ownerLocked(r); {
+		case owner == m.cfg.Name:
+			models, lora = r.models, r.lora
+		case owner != "" && r.hasState && r.st.Origin == owner:
+			models, lora = r.st.Models, r.st.LoRA
+		}
+		if !lora.Known() {
+			continue
+		}
+		for _, a := range models {
+			p := lora.Parent(models, a)
+			if p == "" {
+				continue
+			}
+			if out == nil {
+				out = map[string]string{}
+			}
+			if q, ok := out[a]; !ok || p < q {
+				out[a] = p
+			}
+		}
+	}
+	return out
+}
+
 // Record adds blocks to an owned replica's summary; elsewhere it is a
 // no-op (one writer per summary).
 func (m *Mesh) Record(replicaID string, hashes []uint64) {

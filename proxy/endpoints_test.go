@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -318,6 +319,42 @@ func TestLeastLoaded(t *testing.T) {
 	}
 	if len(seen) != 3 {
 		t.Errorf("30 bodies over 3 idle replicas used %d of them", len(seen))
+	}
+	// The order decodePick places by (byLoadOrder): a stale candidate's
+	// counts are unknown, and an owned replica costs no hop.
+	stale, owned := c("stale", 0, 0, 0), c("owned", 0, 1, 1)
+	stale.Stale, owned.Detail.Local = true, true
+	for key := range uint64(8) {
+		if d := leastLoaded([]route.Candidate{stale, c("fresh", 0, 2, 2)}, key, nil); d.Index != 1 {
+			t.Errorf("key %d: a stale candidate went before a fresh one", key)
+		}
+		if d := leastLoaded([]route.Candidate{c("remote", 0, 1, 1), owned}, key, nil); d.Index != 1 {
+			t.Errorf("key %d: a remote replica went before an equal owned one", key)
+		}
+	}
+}
+
+// TestByLoadOneOrder: leastLoaded and decodePick place by the same
+// order; only their reasons differ.
+func TestByLoadOneOrder(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for round := range 500 {
+		cands := make([]route.Candidate, 1+rng.IntN(6))
+		for i := range cands {
+			cands[i] = route.Candidate{Detail: &route.Detail{ID: fmt.Sprint("r", i), Local: rng.IntN(2) == 0},
+				Tier: int8(rng.IntN(2)), Stale: rng.IntN(4) == 0, InFlight: int32(rng.IntN(3)),
+				EngineLoad: route.EngineLoad{Waiting: int32(rng.IntN(3))}}
+		}
+		key := rng.Uint64() | 1
+		l, d := leastLoaded(cands, key, nil), decodePick(cands, key)
+		if l.Index != d.Index || l.Reason != ReasonLoad || d.Reason != ReasonDecode {
+			t.Fatalf("round %d: leastLoaded %d (%s), decodePick %d (%s)", round, l.Index, l.Reason, d.Index, d.Reason)
+		}
+		for i := range cands { // nothing goes before the pick
+			if i != l.Index && byLoadOrder(&cands[i], &cands[l.Index], mix64(route.HashID(cands[i].ID())^key), mix64(route.HashID(cands[l.Index].ID())^key)) < 0 {
+				t.Fatalf("round %d: %s goes before the pick %s", round, cands[i].ID(), cands[l.Index].ID())
+			}
+		}
 	}
 }
 

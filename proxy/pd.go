@@ -139,52 +139,12 @@ func legCands(cands []route.Candidate, leg hop.Leg, strict bool) []route.Candida
 	return out
 }
 
-// decodePick places a decode leg by load and locality: the nearest tier
-// (the KV crosses the network once more per tier), then a fresh
-// candidate over a stale one (whose load is unknown), then the fewest
-// requests in flight, then the fewest the engine queues, then a replica
-// this router owns (no hop), and rendezvous hashing on key among equals.
-// A decode replica's cache steers nothing: its prompt arrives as KV.
+// decodePick places a decode leg by load and locality (byLoadOrder),
+// with rendezvous hashing on key among equals. A decode replica's cache
+// steers nothing: its prompt arrives as KV.
 func decodePick(cands []route.Candidate, key uint64) route.Decision {
-	best := -1
-	var bestW uint64
-	for i := range cands {
-		c := &cands[i]
-		w := mix64(route.HashID(c.ID()) ^ key)
-		if best < 0 {
-			best, bestW = i, w
-			continue
-		}
-		b := &cands[best]
-		switch {
-		case c.Tier != b.Tier:
-			if c.Tier < b.Tier {
-				best, bestW = i, w
-			}
-		case c.Stale != b.Stale:
-			if !c.Stale {
-				best, bestW = i, w
-			}
-		case c.InFlight != b.InFlight:
-			if c.InFlight < b.InFlight {
-				best, bestW = i, w
-			}
-		case c.Waiting != b.Waiting:
-			if c.Waiting < b.Waiting {
-				best, bestW = i, w
-			}
-		case local(c) != local(b):
-			if local(c) {
-				best, bestW = i, w
-			}
-		case w > bestW:
-			best, bestW = i, w
-		}
-	}
-	return route.Decision{Index: best, Reason: ReasonDecode}
+	return route.Decision{Index: pickByLoad(cands, key), Reason: ReasonDecode}
 }
-
-func local(c *route.Candidate) bool { return c.Detail != nil && c.Detail.Local }
 
 // HeaderRequestID names a request to the engines (vLLM and SGLang log and
 // echo it); both legs of a split request carry the same one, as vLLM's

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"cmp"
 	"fmt"
 	"runtime/debug"
 	"slices"
@@ -93,44 +94,65 @@ func (p *Proxy) guardedPick(pick func(route.Request, []route.Candidate) route.De
 	return pick(req, cands)
 }
 
-// leastLoaded picks, within the nearest tier, the candidate with the
-// fewest requests in flight (then the fewest the engine queues). Ties are
-// broken by rendezvous hashing on the client key, or on the body, so that
-// equal replicas share the load without a shared counter.
+// leastLoaded places a request by load alone (byLoadOrder): an endpoint
+// whose replicas keep no prompt cache, or a request whose policy failed.
+// Ties are broken by rendezvous hashing on the client key, or on the
+// body, so that equal replicas share the load without a shared counter.
 func leastLoaded(cands []route.Candidate, clientKey uint64, body []byte) route.Decision {
 	key := clientKey
 	if key == 0 {
 		key = xxh3.Hash(body)
 	}
+	return route.Decision{Index: pickByLoad(cands, key), Reason: ReasonLoad}
+}
+
+// byLoadOrder is the one order of the placements by load (leastLoaded,
+// decodePick): negative when a goes before b. The nearest tier first (a
+// request's bytes, or a decode leg's KV, cross the network once more per
+// tier), then a fresh candidate over a stale one (whose load is unknown,
+// so its counts would flatter it), then the fewest requests in flight,
+// then the fewest the engine queues, then a replica this router owns (no
+// hop), then the greater rendezvous weight (wa, wb) among equals.
+func byLoadOrder(a, b *route.Candidate, wa, wb uint64) int {
+	if c := cmp.Compare(a.Tier, b.Tier); c != 0 {
+		return c
+	}
+	if a.Stale != b.Stale {
+		if b.Stale {
+			return -1
+		}
+		return 1
+	}
+	if c := cmp.Compare(a.InFlight, b.InFlight); c != 0 {
+		return c
+	}
+	if c := cmp.Compare(a.Waiting, b.Waiting); c != 0 {
+		return c
+	}
+	if la, lb := local(a), local(b); la != lb {
+		if la {
+			return -1
+		}
+		return 1
+	}
+	return cmp.Compare(wb, wa)
+}
+
+// pickByLoad returns the index of the first of cands in byLoadOrder,
+// with rendezvous weights on key (-1 when there is none).
+func pickByLoad(cands []route.Candidate, key uint64) int {
 	best := -1
 	var bestW uint64
 	for i := range cands {
-		c := &cands[i]
-		w := mix64(route.HashID(c.ID()) ^ key)
-		if best < 0 {
-			best, bestW = i, w
-			continue
-		}
-		b := &cands[best]
-		switch {
-		case c.Tier != b.Tier:
-			if c.Tier < b.Tier {
-				best, bestW = i, w
-			}
-		case c.InFlight != b.InFlight:
-			if c.InFlight < b.InFlight {
-				best, bestW = i, w
-			}
-		case c.Waiting != b.Waiting:
-			if c.Waiting < b.Waiting {
-				best, bestW = i, w
-			}
-		case w > bestW:
+		w := mix64(route.HashID(cands[i].ID()) ^ key)
+		if best < 0 || byLoadOrder(&cands[i], &cands[best], w, bestW) < 0 {
 			best, bestW = i, w
 		}
 	}
-	return route.Decision{Index: best, Reason: ReasonLoad}
+	return best
 }
+
+func local(c *route.Candidate) bool { return c.Detail != nil && c.Detail.Local }
 
 // mix64 is splitmix64's finaliser: rendezvous weights must not be
 // correlated across replicas for one key.

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"sync"
@@ -8,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/kvmesh/kvmesh/route"
+	"github.com/kvmesh/kvmesh/summary"
 )
 
 // Decisions computed on one view are caught up at commit with the
@@ -336,5 +338,62 @@ func TestPlaceBookWritten(t *testing.T) {
 	b.mu.Unlock()
 	if cs[1].Detail.Written != 7 {
 		t.Fatalf("caught-up written %v, want 7", cs[1].Detail.Written)
+	}
+}
+
+// TestShortPromptsSpread: prompts shorter than one block have no block
+// hash; each is keyed by its whole text (route.Request.Whole), so
+// distinct short prompts spread over the replicas by rendezvous hashing
+// instead of all sharing the model's key, and identical ones meet.
+func TestShortPromptsSpread(t *testing.T) {
+	const nrep, distinct = 8, 64
+	reps := make([]*replicaServer, nrep)
+	frs := make([]fakeReplica, nrep)
+	for i := range reps {
+		reps[i] = newReplica(t, func(w http.ResponseWriter, r *http.Request) { jsonChat(w, "ok", 0) })
+		frs[i] = fakeReplica{id: reps[i].URL}
+	}
+	view := newFakeView([]string{"m"}, frs...)
+	// 1 KiB blocks: every prompt here is shorter than one.
+	_, srv, _ := newTestProxy(t, view, func(c *Config) { c.Contract = summary.DefaultContract() })
+	send := func(text string) int {
+		t.Helper()
+		before := make([]int, nrep)
+		for i, r := range reps {
+			before[i] = r.count()
+		}
+		resp := post(t, context.Background(), srv.URL+"/v1/chat/completions", chatBody("m", false, text))
+		if readAll(t, resp); resp.StatusCode != 200 {
+			t.Fatalf("status %d", resp.StatusCode)
+		}
+		view.waitDone(t)
+		for i, r := range reps {
+			if r.count() != before[i] {
+				return i
+			}
+		}
+		t.Fatal("no replica got the request")
+		return -1
+	}
+	used := map[int]int{}
+	for i := range distinct {
+		used[send(fmt.Sprintf("short question %d?", i))]++
+	}
+	// 64 keys over 8 replicas by rendezvous: every replica gets some
+	// (the chance that one gets none is 8×(7/8)^64, under 0.02%, and the
+	// keys are fixed, so the test is deterministic).
+	if len(used) < nrep {
+		t.Errorf("%d distinct short prompts used %d of %d replicas: %v", distinct, len(used), nrep, used)
+	}
+	for _, n := range used {
+		if n > distinct/2 {
+			t.Errorf("one replica took %d of %d distinct short prompts: %v", n, distinct, used)
+		}
+	}
+	first := send("the same short prompt")
+	for range 7 {
+		if got := send("the same short prompt"); got != first {
+			t.Fatalf("an identical short prompt went to replica %d, then %d", first, got)
+		}
 	}
 }

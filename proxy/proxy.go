@@ -454,18 +454,32 @@ type modelList struct {
 	Data   []modelInfo `json:"data"`
 }
 
+// modelInfo is one model of the list; a LoRA adapter names its base
+// model as Parent, as vLLM lists it (clients that pick a base model for
+// an adapter, or list adapters apart, read it).
 type modelInfo struct {
 	ID      string `json:"id"`
 	Object  string `json:"object"`
 	Created int64  `json:"created"`
 	OwnedBy string `json:"owned_by"`
+	Parent  string `json:"parent,omitempty"`
+}
+
+// modelParents is a View that knows the LoRA adapters' base models
+// (mesh.Mesh.ModelParents); one that does not lists every model alike.
+type modelParents interface {
+	ModelParents() map[string]string
 }
 
 func (p *Proxy) models(w http.ResponseWriter) {
 	names := p.cfg.View.Models()
+	var parents map[string]string
+	if v, ok := p.cfg.View.(modelParents); ok {
+		parents = v.ModelParents()
+	}
 	l := modelList{Object: "list", Data: make([]modelInfo, 0, len(names))}
 	for _, n := range names {
-		l.Data = append(l.Data, modelInfo{ID: n, Object: "model", OwnedBy: "kvmesh"})
+		l.Data = append(l.Data, modelInfo{ID: n, Object: "model", OwnedBy: "kvmesh", Parent: parents[n]})
 	}
 	b, _ := json.Marshal(l)
 	w.Header().Set("Content-Type", "application/json")

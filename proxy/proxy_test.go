@@ -91,6 +91,30 @@ func TestErrors(t *testing.T) {
 	}
 }
 
+// parentsView is a fake view that knows its LoRA adapters' base models.
+type parentsView struct {
+	*fakeView
+	parents map[string]string
+}
+
+func (v parentsView) ModelParents() map[string]string { return v.parents }
+
+// TestModelsListParents: /v1/models names a LoRA adapter's base model
+// as its parent (vLLM's shape); a base model has none.
+func TestModelsListParents(t *testing.T) {
+	view := parentsView{newFakeView([]string{"base", "sql-lora"}), map[string]string{"sql-lora": "base"}}
+	_, srv, _ := newTestProxy(t, view, nil)
+	resp, err := http.Get(srv.URL + "/v1/models")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `{"object":"list","data":[{"id":"base","object":"model","created":0,"owned_by":"kvmesh"},` +
+		`{"id":"sql-lora","object":"model","created":0,"owned_by":"kvmesh","parent":"base"}]}` + "\n"
+	if body := readAll(t, resp); resp.StatusCode != 200 || body != want {
+		t.Errorf("/v1/models: %d %s, want %s", resp.StatusCode, body, want)
+	}
+}
+
 func TestOwnEndpoints(t *testing.T) {
 	ready := false
 	view := newFakeView([]string{"a", "b"})

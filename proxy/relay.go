@@ -491,7 +491,7 @@ func (st *reqState) observeSlot(id string, d route.Decision, first time.Time) {
 	}
 	p.load.observe(id, slotMs(first, p.now(), len(st.hashes)-d.Match, st.blockMs))
 	if !st.hop {
-		req := route.Request{Hashes: st.hashes, Root: st.root}
+		req := route.Request{Hashes: st.hashes, Root: st.root, Whole: st.req.Whole}
 		key := p.cfg.Policy.HeatKey(req)
 		p.load.setStem(key, route.StemOf(req, d.BestMatch))
 	}

@@ -313,7 +313,7 @@ func (st *reqState) route() {
 	st.root = c.Root(st.prompt.Model, st.prompt.CacheSalt)
 	st.hashes = c.AppendHashes(nil, st.root, st.prompt.Text)
 	st.req = route.Request{Hashes: st.hashes, Probes: summary.MakeProbes(nil, st.hashes), Root: st.root,
-		Model: route.ModelKey(st.prompt.Model), ClientKey: p.clientKey(r, &st.prompt)}
+		Model: route.ModelKey(st.prompt.Model), ClientKey: p.clientKey(r, &st.prompt), Whole: c.ShortKey(st.root, st.prompt.Text)}
 	st.endHeat = st.countHeat()
 	if st.hop {
 		// The deciding router's counts, for a re-pick among this

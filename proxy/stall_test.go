@@ -11,10 +11,10 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/internal/engine"
+	"github.com/kvmesh/kvmesh/internal/metricsum"
 	"github.com/kvmesh/kvmesh/proxy/health"
 	"github.com/kvmesh/kvmesh/proxy/upstream"
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 	"io"
 )
 
@@ -22,22 +22,7 @@ import (
 // value label, when not "").
 func metricSum(t *testing.T, g prometheus.Gatherer, name, label string) float64 {
 	t.Helper()
-	fams, err := g.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var sum float64
-	for _, f := range fams {
-		if f.GetName() != name {
-			continue
-		}
-		for _, m := range f.GetMetric() {
-			if label == "" || slices.ContainsFunc(m.GetLabel(), func(l *dto.LabelPair) bool { return l.GetValue() == label }) {
-				sum += m.GetCounter().GetValue()
-			}
-		}
-	}
-	return sum
+	return metricsum.Counter(t, g, name, metricsum.AnyValue(label))
 }
 
 func readBody(r *http.Request) string {

@@ -89,8 +89,9 @@ func chargeTenant(w http.ResponseWriter, l *quota.Ledger, bytesPerToken float64,
 }
 
 // settleTokens corrects a request's charge t to what it used (it ended
-// with status code, its relay read sp): the engine's usage.prompt_tokens
-// and completion_tokens when it reported them, else the estimate for the
+// with status code, its relay read sp): the engine's usage when it
+// reported it (prompt and completion tokens, in any API's field names:
+// reply.Usage), else the estimate for the
 // input and the answer's bytes at bytesPerToken for the output; a
 // request no engine answered with success settles at nothing.
 func settleTokens(l *quota.Ledger, t quota.Ticket, code int, sp spent, bytesPerToken float64) {

@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -102,5 +103,57 @@ func TestTenantBudgetRefunds(t *testing.T) {
 	}
 	if st := l.Status(1); len(st.Tenants) != 1 || st.Tenants[0].Input != 0 {
 		t.Fatalf("a refused request stays charged: %+v", st)
+	}
+}
+
+// TestTenantChargeReadsEveryAPIsUsage: a Responses or Anthropic
+// Messages answer's usage (input_tokens, output_tokens, Anthropic's
+// cache_read_input_tokens on top of its input_tokens) corrects the
+// charge as a chat completion's does, streamed or whole.
+func TestTenantChargeReadsEveryAPIsUsage(t *testing.T) {
+	const (
+		responsesBody   = `{"id":"resp_1","object":"response","output":[],"usage":{"input_tokens":120,"input_tokens_details":{"cached_tokens":64},"output_tokens":9}}`
+		responsesStream = "event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":\"resp_1\",\"usage\":null}}\n\n" +
+			"event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"id\":\"resp_1\",\"usage\":{\"input_tokens\":120,\"output_tokens\":9}}}\n\n"
+		messagesBody   = `{"id":"msg_1","type":"message","content":[{"type":"text","text":"hi"}],"usage":{"input_tokens":56,"cache_read_input_tokens":64,"output_tokens":9}}`
+		messagesStream = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"usage\":{\"input_tokens\":56,\"cache_read_input_tokens\":64,\"output_tokens\":1}}}\n\n" +
+			"event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"output_tokens\":9}}\n\n" +
+			"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"
+	)
+	for _, tc := range []struct {
+		path, req, answer string
+	}{
+		{"/v1/responses", `{"model":"m","input":"hello"}`, responsesBody},
+		{"/v1/responses", `{"model":"m","input":"hello","stream":true}`, responsesStream},
+		{"/v1/messages", `{"model":"m","max_tokens":500,"messages":[{"role":"user","content":"hello"}]}`, messagesBody},
+		{"/v1/messages", `{"model":"m","max_tokens":500,"stream":true,"messages":[{"role":"user","content":"hello"}]}`, messagesStream},
+	} {
+		rep := newReplica(t, func(w http.ResponseWriter, r *http.Request) {
+			if strings.HasPrefix(tc.answer, "event:") {
+				w.Header().Set("Content-Type", "text/event-stream")
+			} else {
+				w.Header().Set("Content-Type", "application/json")
+			}
+			_, _ = io.WriteString(w, tc.answer)
+		})
+		l, _ := quota.New(quota.Config{Default: quota.Limit{Input: 1e6, Output: 1e6}})
+		_, srv, _ := newTestProxy(t, newFakeView([]string{"m"}, fakeReplica{id: rep.URL}), func(c *Config) { c.Quota = l })
+		req, _ := http.NewRequestWithContext(context.Background(), http.MethodPost, srv.URL+tc.path, strings.NewReader(tc.req))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("X-Kvmesh-Tenant", "a")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if b := readAll(t, resp); resp.StatusCode != 200 || b != tc.answer {
+			t.Fatalf("%s %s: %d %q", tc.path, tc.req, resp.StatusCode, b)
+		}
+		waitFor(t, "the charge settled", func() bool {
+			st := l.Status(1)
+			return len(st.Tenants) == 1 && st.Tenants[0].Output == 9
+		})
+		if st := l.Status(1); st.Tenants[0].Input != 120 {
+			t.Errorf("%s %s: charged %+v, want 120 input and 9 output tokens", tc.path, tc.req, st.Tenants[0])
+		}
 	}
 }

@@ -147,10 +147,12 @@ func TestUpstreamIdleTimeoutSparesSlowClient(t *testing.T) {
 			p, srv, _ := newTestProxy(t, view, func(c *Config) {
 				c.NoStreamLoop = off
 				c.WriteTimeout = 30 * time.Second
-				c.UpstreamIdleTimeout = time.Second // a loaded machine (-race, 2 cores) may not schedule the replica's writer for a few hundred ms
+				// A loaded machine (-race, 2 cores, load 10+) may not
+				// schedule the replica's writer for a second or more.
+				c.UpstreamIdleTimeout = 2 * time.Second
 			})
 			c := stalledStream(t, srv.URL)
-			time.Sleep(3 * time.Second) // the router's writes wait on the client, past the idle timeout
+			time.Sleep(5 * time.Second) // the router's writes wait on the client, past the idle timeout
 			_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
 			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
 			if err != nil {

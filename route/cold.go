@@ -37,14 +37,15 @@ func commonPrefix(hist, over []int32, fresh int) int {
 // key is the consistent-hashing key: the client's routing key when it
 // sent one, else the chained hash of the block KeyBlocks past the common
 // prefix (or the last full block of a shorter prompt), which covers
-// everything before it.
+// everything before it; a prompt of no full block is keyed by its whole
+// text (Request.Whole).
 func (p Policy) key(req Request, common int) uint64 {
 	if req.ClientKey != 0 {
 		return req.ClientKey
 	}
 	idx := min(len(req.Hashes)-1, max(common, p.KeyBlocks-1))
 	if idx < 0 {
-		return req.Root
+		return req.shortKey()
 	}
 	return req.Hashes[idx]
 }

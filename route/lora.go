@@ -210,6 +210,24 @@ func (a LoRAs) Named(models []string) (loaded, waiting []string) {
 	return loaded, waiting
 }
 
+// Parent is the base model that adapter m of a replica serving models
+// (sorted) sits on, as the replica's engine listed it (vLLM's /v1/models
+// "parent"): the one of models a lists as a base model, the first by
+// name when it serves its base under several names. "" when m is not an
+// adapter there (a base model, or an engine that says nothing of LoRA)
+// or no base model of it is known.
+func (a LoRAs) Parent(models []string, m string) string {
+	if a.Fit(LoRAID(m))&LoRAAdapter == 0 {
+		return ""
+	}
+	for _, b := range models {
+		if b != m && a.Fit(LoRAID(b)) == 0 {
+			return b
+		}
+	}
+	return ""
+}
+
 // LoRAFit is what the decision reads of one candidate for a request's
 // model: whether the model is a LoRA adapter there, whether it is loaded
 // or waits there, whether the engine can load it without waiting and

@@ -395,3 +395,27 @@ func TestLoRALeavesBaseModelsAlone(t *testing.T) {
 		t.Fatalf("the model's key changed a base model's decision: %+v != %+v", got, want)
 	}
 }
+
+// TestLoRAsParent: an adapter's parent is the replica's base model (the
+// first by name of several), and nothing is the parent of a base model,
+// of a model of an engine that says nothing of LoRA, or of an adapter
+// of a replica whose base model is not known.
+func TestLoRAsParent(t *testing.T) {
+	a := MakeLoRAs(2, []string{"base"}, []string{"sql"}, nil, nil)
+	models := []string{"base", "chat", "sql"}
+	for m, want := range map[string]string{"base": "", "chat": "base", "sql": "base"} {
+		if got := a.Parent(models, m); got != want {
+			t.Errorf("parent of %s: %q, want %q", m, got, want)
+		}
+	}
+	aliases := MakeLoRAs(2, []string{"zeta", "alpha"}, nil, nil, nil)
+	if got := aliases.Parent([]string{"alpha", "chat", "zeta"}, "chat"); got != "alpha" {
+		t.Errorf("parent under two base names: %q, want the first by name", got)
+	}
+	if got := (LoRAs{}).Parent(models, "chat"); got != "" {
+		t.Errorf("an engine without LoRA gave chat the parent %q", got)
+	}
+	if got := MakeLoRAs(2, nil, []string{"sql"}, nil, nil).Parent([]string{"sql"}, "sql"); got != "" {
+		t.Errorf("no base model known, yet sql has the parent %q", got)
+	}
+}

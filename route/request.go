@@ -10,9 +10,14 @@ type Request struct {
 	Hashes []uint64
 	// Probes are summary.MakeProbes(nil, Hashes).
 	Probes []summary.Probe
-	// Root is the chain root (model scope), the key of prompts shorter
-	// than one block.
+	// Root is the chain root (model scope).
 	Root uint64
+	// Whole is the hash of a prompt shorter than one block (no Hashes):
+	// its whole text, chained from Root (summary.Contract.ShortKey).
+	// It is such a prompt's cold key and heat key, so that short
+	// distinct prompts spread by rendezvous hashing while identical ones
+	// still meet; 0 means unknown, and Root stands in for it.
+	Whole uint64
 	// Model is ModelKey of the requested model's name: when the model is
 	// a LoRA adapter (Candidate.LoRA), the rendezvous key of its loads,
 	// so that every router loads an adapter loaded nowhere on the same
@@ -79,12 +84,21 @@ func StemOf(req Request, match int) Stem {
 
 // HeatKey is the key a router counts in-flight requests by for
 // Request.Concurrent: the chained hash of block KeyBlocks-1 (the prompt's
-// head, past a one-block system prompt), or the root of a shorter prompt.
+// head, past a one-block system prompt), or a shorter prompt's Whole hash.
 // A hot prompt's requests share it; a conversation's turns share it but
 // arrive one at a time.
 func (p Policy) HeatKey(req Request) uint64 {
 	if len(req.Hashes) == 0 {
-		return req.Root
+		return req.shortKey()
 	}
 	return req.Hashes[min(len(req.Hashes)-1, max(p.KeyBlocks-1, 0))]
+}
+
+// shortKey is the key of a prompt shorter than one block: its Whole
+// hash, else its Root.
+func (r Request) shortKey() uint64 {
+	if r.Whole != 0 {
+		return r.Whole
+	}
+	return r.Root
 }

@@ -292,6 +292,24 @@ func TestColdKeyDoesNotDependOnTheView(t *testing.T) {
 	}
 }
 
+// A prompt of no full block is keyed by its whole text, cold and hot,
+// and by its root when that is unknown.
+func TestShortPromptKey(t *testing.T) {
+	p := DefaultPolicy()
+	short := Request{Root: 7, Whole: 99}
+	if p.key(short, 0) != 99 || p.HeatKey(short) != 99 {
+		t.Fatalf("short prompt keyed %d, heat %d; want its Whole hash", p.key(short, 0), p.HeatKey(short))
+	}
+	if r := (Request{Root: 7}); p.key(r, 0) != 7 || p.HeatKey(r) != 7 {
+		t.Fatal("a short prompt of unknown text is not keyed by its root")
+	}
+	long := request(chainOf(nil, 3, 1))
+	long.Whole = 99
+	if p.key(long, 0) == 99 || p.HeatKey(long) == 99 {
+		t.Fatal("a prompt of full blocks is keyed by its Whole hash")
+	}
+}
+
 // The chat of issue 7: 4 replicas running 4 sequences each, 3 requests in
 // the cluster. A conversation's second turn stays on the replica holding
 // it while that replica can start it, however the in-flight count looks

@@ -80,3 +80,14 @@ func (c Contract) AppendHashes(dst []uint64, root uint64, text []byte) []uint64 
 	}
 	return dst
 }
+
+// ShortKey is the key of a text shorter than one block, which has no
+// block hash: the hash of the whole text under root, so that such prompts
+// are told apart (route.Request.Whole); 0 for a text of a full block or
+// more, which its block hashes key.
+func (c Contract) ShortKey(root uint64, text []byte) uint64 {
+	if len(text) >= c.BlockBytes {
+		return 0
+	}
+	return xxh3.HashSeed(text, root^0x5701e)
+}

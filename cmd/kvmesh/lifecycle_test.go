@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	dto "github.com/prometheus/client_model/go"
+	"github.com/kvmesh/kvmesh/internal/metricsum"
 
 	"github.com/kvmesh/kvmesh/internal/lab/replicasim"
 	"github.com/kvmesh/kvmesh/mesh"
@@ -55,22 +55,7 @@ func lifecycleRouter(t *testing.T, ctx context.Context, window time.Duration, re
 // labels include label (any, when "").
 func counterOf(t *testing.T, r *router, name, label string) float64 {
 	t.Helper()
-	fams, err := r.reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var sum float64
-	for _, f := range fams {
-		if f.GetName() != name {
-			continue
-		}
-		for _, m := range f.GetMetric() {
-			if label == "" || slices.ContainsFunc(m.GetLabel(), func(l *dto.LabelPair) bool { return l.GetValue() == label }) {
-				sum += m.GetCounter().GetValue()
-			}
-		}
-	}
-	return sum
+	return metricsum.Counter(t, r.reg, name, metricsum.AnyValue(label))
 }
 
 // chatBody is a chat request for prompt of maxTokens answer tokens.

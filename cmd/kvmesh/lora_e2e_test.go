@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -343,4 +344,49 @@ func startLoRAMesh(t *testing.T, f *loraFleet) []*router {
 		})
 	}
 	return routers
+}
+
+// TestModelsListAdapterParents: a router's GET /v1/models lists each
+// LoRA adapter of the mesh with its base model as "parent" (vLLM's
+// shape), and the base model without one.
+func TestModelsListAdapterParents(t *testing.T) {
+	f := newLoRAFleet(t)
+	defer f.close()
+	routers := startLoRAMesh(t, f)
+	want := map[string]string{simModel: ""} // "" for no parent
+	for _, a := range loraAdapters {
+		want[a] = simModel
+	}
+	for _, r := range routers {
+		var got map[string]string
+		t.Cleanup(func() {
+			if t.Failed() {
+				t.Logf("router %s lists %v (model: parent), want %v", r.name, got, want)
+			}
+		})
+		eventually(t, "router "+r.name+" to list the adapters with their parent", func() bool {
+			resp, err := http.Get(r.api + "/v1/models")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			var l struct {
+				Data []struct {
+					ID     string  `json:"id"`
+					Parent *string `json:"parent"`
+				}
+			}
+			if err := json.NewDecoder(resp.Body).Decode(&l); err != nil {
+				t.Fatal(err)
+			}
+			got = map[string]string{}
+			for _, m := range l.Data {
+				got[m.ID] = ""
+				if m.Parent != nil {
+					got[m.ID] = *m.Parent
+				}
+			}
+			return maps.Equal(got, want)
+		})
+	}
 }

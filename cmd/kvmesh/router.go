@@ -29,6 +29,7 @@ import (
 	"github.com/kvmesh/kvmesh/proxy/disagg"
 	"github.com/kvmesh/kvmesh/proxy/health"
 	"github.com/kvmesh/kvmesh/proxy/hop"
+	"github.com/kvmesh/kvmesh/proxy/quota"
 	"github.com/kvmesh/kvmesh/proxy/upstream"
 	"github.com/kvmesh/kvmesh/route"
 	"github.com/kvmesh/kvmesh/summary"
@@ -120,7 +121,7 @@ the replicas declared here, and joins the mesh of routers that
 gossip which prompt prefixes every replica holds. Also serves /healthz and
 /readyz; /metrics, /debug/mesh and a status page for people (at /) are on
 --admin-listen (loopback by default).
-SIGHUP reloads --api-key-file, --replica-file and the TLS certificates;
+SIGHUP reloads --api-key-file, --replica-file, --tenant-budgets and the TLS certificates;
 SIGTERM leaves the mesh, stops accepting, and drains for --drain-timeout.
 
 Every flag can also be set in the environment as KVMESH_<FLAG> (upper case,
@@ -332,12 +333,18 @@ type router struct {
 	proxy  *proxy.Proxy
 	srv    *http.Server
 	ln     net.Listener
+	tcpLn  net.Listener // ln's socket, under the limits and TLS
 	api    string
 
 	admin    *http.Server // nil without --admin-listen
 	adminLn  net.Listener
 	edges    routerEdges
 	draining atomic.Bool
+	quiet    *quiescer // the API's keep-alive connections, rested before the close
+	// budgets are the tenants' budgets (nil: none), which reload reads
+	// again from tenants' file.
+	budgets *quota.Ledger
+	tenants tenantConfig
 
 	stopHealth context.CancelFunc
 	wg         sync.WaitGroup
@@ -434,7 +441,8 @@ func startRouter(ctx context.Context, cfg routerConfig) (*router, error) {
 	if cfg.loadFactor > 0 {
 		policy.LoadFactor = cfg.loadFactor
 	}
-	r := &router{name: cfg.name, log: log, reg: reg, mesh: m, health: hc, kv: kv, api: api, edges: edges, serveErr: make(chan error, 2)}
+	r := &router{name: cfg.name, log: log, reg: reg, mesh: m, health: hc, kv: kv, api: api, edges: edges, serveErr: make(chan error, 2),
+		budgets: budgets, tenants: cfg.tenants}
 	p, err := proxy.New(proxy.Config{
 		RouterName: cfg.name, View: m, Policy: policy, Contract: cfg.contract,
 		MaxBodyBytes: cfg.maxBodyBytes, Client: client, Logger: log.Named("proxy"),
@@ -456,6 +464,7 @@ func startRouter(ctx context.Context, cfg routerConfig) (*router, error) {
 		return nil, fmt.Errorf("router: %w", err)
 	}
 	r.proxy = p
+	r.tcpLn = ln
 	r.ln = r.edgeListener(ln, cfg.maxConns, cfg.clientSendBuffer)
 	r.srv = r.apiServer(cfg, p)
 	if adminLn != nil {
@@ -518,6 +527,14 @@ func (r *router) shutdown() error {
 	}
 	ctx, cancel := context.WithDeadline(context.Background(), start.Add(r.edges.drainTimeout-b.reserve))
 	defer cancel()
+	qctx, qcancel := context.WithTimeout(ctx, 4*b.rest)
+	r.quiet.wait(qctx, b.rest)
+	qcancel()
+	qctx, qcancel = context.WithTimeout(ctx, b.rest)
+	if err := awaitAcceptQueue(qctx, r.tcpLn); err != nil {
+		r.log.Debug("closing the API listener with connections queued", "error", err)
+	}
+	qcancel()
 	if err := r.srv.Shutdown(ctx); err != nil {
 		r.log.Warn("drain timed out; closing remaining connections", "error", err)
 		_ = r.srv.Close()
@@ -550,15 +567,20 @@ type stopBudget struct {
 	leave   time.Duration // at most, for the leave broadcast
 	reserve time.Duration // kept from the drain for the steps after it
 	admin   time.Duration // the admin server's own drain (a scrape), within reserve
+	// rest is how long an idle keep-alive connection rests before the
+	// close (quiescer); the wait for it takes at most 4× rest.
+	rest time.Duration
 }
 
 // shutdownBudget bounds a shutdown by the drain timeout d: the leave
 // takes at most a quarter of it (and 2 s; it needs less when peers
 // listen, mesh/leave.go), the steps after the drain a tenth (and 1 s),
-// and the drain the rest, counted from the SIGTERM.
+// and the drain the rest, counted from the SIGTERM. Idle connections
+// rest a twentieth of it (and 500 ms) before the close: long next to a
+// busy client's gap between two requests, short next to a rollout.
 func shutdownBudget(d time.Duration) stopBudget {
 	reserve := min(time.Second, d/10)
-	return stopBudget{leave: max(min(2*time.Second, d/4), time.Millisecond), reserve: reserve, admin: reserve / 2}
+	return stopBudget{leave: max(min(2*time.Second, d/4), time.Millisecond), reserve: reserve, admin: reserve / 2, rest: min(500*time.Millisecond, d/20)}
 }
 
 // offTimeout maps a timeout flag whose 0 turns the bound off

@@ -169,8 +169,10 @@ func (r *router) apiServer(cfg routerConfig, h http.Handler) *http.Server {
 		idle = 2 * time.Minute
 	}
 	w := ratelog.Writer{W: r.log.Named("http").StandardWriter(&hclog.StandardLoggerOptions{InferLevels: true}), L: ratelog.New(10, time.Second)}
+	r.quiet = newQuiescer(r.draining.Load)
 	return &http.Server{
-		Handler:           h,
+		Handler:           r.quiet.handler(h),
+		ConnState:         r.quiet.connState,
 		ConnContext:       proxy.ConnContext, // the stream loop writes to the client's connection
 		ReadHeaderTimeout: header,
 		IdleTimeout:       idle,
@@ -208,9 +210,16 @@ func (r *router) run(ctx context.Context, hup <-chan os.Signal) error {
 	}
 }
 
-// reload re-reads the API keys and certificates; what fails to load
-// keeps its previous value.
+// reload re-reads the API keys, certificates and tenant budgets; what
+// fails to load keeps its previous value.
 func (r *router) reload() {
+	if r.tenants.file != "" && r.budgets != nil {
+		if n, err := reloadBudgets(r.tenants, r.budgets); err != nil {
+			r.log.Error("reload failed; keeping the previous tenant budgets", "file", r.tenants.file, "error", err)
+		} else {
+			r.log.Info("reloaded the tenant budgets", "file", r.tenants.file, "tenants", n)
+		}
+	}
 	for what, f := range map[string]func() error{
 		"api keys":        func() error { return reloadIf(r.edges.keys != nil, func() error { return r.edges.keys.Reload() }) },
 		"API certificate": func() error { return reloadIf(r.edges.cert != nil, func() error { return r.edges.cert.reload() }) },

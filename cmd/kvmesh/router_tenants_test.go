@@ -2,10 +2,12 @@ package main
 
 import (
 	"io"
+	"os"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	"github.com/kvmesh/kvmesh/proxy"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -46,5 +48,58 @@ func TestTenantFlags(t *testing.T) {
 	c, _ = parseRouterFlags([]string{"--name", "r", "--tenant-budgets", writeFile(t, "a 1\n")}, none, io.Discard)
 	if _, err := tenantLedger(&c, nil); err == nil {
 		t.Error("a bad budgets file was taken")
+	}
+}
+
+// TestTenantBudgetsReload: SIGHUP's reload reads the budgets file again;
+// a file that does not read keeps the budgets in force, with a logged
+// error naming the file and the line.
+func TestTenantBudgetsReload(t *testing.T) {
+	none := func(string) (string, bool) { return "", false }
+	file := writeFile(t, "# no budget yet\n")
+	c, err := parseRouterFlags([]string{"--name", "r", "--tenant-budgets", file}, none, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := tenantLedger(&c, prometheus.NewRegistry())
+	if err != nil || l == nil {
+		t.Fatalf("a budgets file without budgets: no ledger to reload into: %v %v", l, err)
+	}
+	var logs strings.Builder
+	r := &router{log: hclog.New(&hclog.LoggerOptions{Output: &logs}), budgets: l, tenants: c.tenants}
+	a := proxy.TenantKeys("team-a")[1]
+	if _, d := l.Reserve(a, 1e9, 1); !d.OK {
+		t.Fatalf("budgeted before any: %+v", d)
+	}
+	if err := os.WriteFile(file, []byte("team-a 100 -\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r.reload()
+	if _, d := l.Reserve(a, 80, 1); !d.OK {
+		t.Fatalf("refused within the reloaded budget: %+v\n%s", d, logs.String())
+	}
+	if _, d := l.Reserve(a, 30, 1); d.OK || d.Limit != 100 {
+		t.Fatalf("the reloaded budget not applied: %+v\n%s", d, logs.String())
+	}
+	if !strings.Contains(logs.String(), "reloaded the tenant budgets") {
+		t.Fatalf("no log of the reload:\n%s", logs.String())
+	}
+	if err := os.WriteFile(file, []byte("team-a 100 -\nteam-b lots -\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	logs.Reset()
+	r.reload()
+	if _, d := l.Reserve(a, 30, 1); d.OK || d.Limit != 100 {
+		t.Fatalf("a bad file changed the budgets: %+v", d)
+	}
+	if got := logs.String(); !strings.Contains(got, "keeping the previous tenant budgets") || !strings.Contains(got, "line 2") || !strings.Contains(got, file) {
+		t.Fatalf("the bad file's error was not logged clearly:\n%s", got)
+	}
+	if err := os.Remove(file); err != nil {
+		t.Fatal(err)
+	}
+	r.reload()
+	if _, d := l.Reserve(a, 30, 1); d.OK || d.Limit != 100 {
+		t.Fatalf("a missing file changed the budgets: %+v", d)
 	}
 }

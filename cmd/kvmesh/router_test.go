@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/kvmesh/kvmesh/internal/metricsum"
 	"github.com/kvmesh/kvmesh/mesh"
 	"github.com/kvmesh/kvmesh/proxy"
 	"github.com/kvmesh/kvmesh/proxy/hop"
@@ -304,28 +305,7 @@ func TestEndToEndNextTurnFollowsCache(t *testing.T) {
 // is reason (any series when reason is "").
 func counter(t *testing.T, r *router, name, reason string) float64 {
 	t.Helper()
-	fams, err := r.reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	sum := 0.0
-	for _, f := range fams {
-		if f.GetName() != name {
-			continue
-		}
-		for _, m := range f.GetMetric() {
-			ok := reason == ""
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "reason" && l.GetValue() == reason {
-					ok = true
-				}
-			}
-			if ok {
-				sum += m.GetCounter().GetValue()
-			}
-		}
-	}
-	return sum
+	return metricsum.Counter(t, r.reg, name, metricsum.Label("reason", reason))
 }
 
 type lockedWriter struct {

@@ -53,6 +53,23 @@ type clock struct{ t time.Time }
 func (c *clock) now() time.Time { return c.t }
 func (c *clock) tick()          { c.t = c.t.Add(10 * time.Millisecond) }
 
+// send is when a request is sent: now, and the clock ticks on, so that
+// what the engine stores for it comes after.
+func (c *clock) send() time.Time {
+	sent := c.t
+	c.tick()
+	return sent
+}
+
+// tracked is a tracker of replica "r" over fake summaries, on a test
+// clock (cfg.Now is set to it).
+func tracked(cfg Config) (*Tracker, *fakeSums, *clock) {
+	var sums fakeSums
+	c := &clock{t: time.Unix(1000, 0)}
+	cfg.Now = c.now
+	return New("r", &sums, cfg), &sums, c
+}
+
 func stored(parent uint64, has bool, hashes ...uint64) kvevents.Batch {
 	return kvevents.Batch{Events: []kvevents.Event{{Kind: kvevents.BlockStored, Hashes: hashes, Parent: parent, HasParent: has, BlockSize: 4}}}
 }
@@ -70,11 +87,8 @@ func answer(sent time.Time, cached int64, texts ...uint64) Answer {
 }
 
 func TestEvictionForgetsExactlyTheTextBlocksBelow(t *testing.T) {
-	var sums fakeSums
-	c := &clock{t: time.Unix(1000, 0)}
-	tr := New("r", &sums, Config{Now: c.now})
-	sent := c.now()
-	c.tick()
+	tr, sums, c := tracked(Config{})
+	sent := c.send()
 	tr.Batch(stored(0, false, 10, 11, 12, 13))
 	tr.Answered(answer(sent, 0, 100, 101, 102, 103))
 	if st := tr.Stats(); st.Attributed != 1 || st.TextBlocks != 4 {
@@ -85,8 +99,7 @@ func TestEvictionForgetsExactlyTheTextBlocksBelow(t *testing.T) {
 	}
 	// A second request shares the first two blocks and adds two.
 	c.tick()
-	sent = c.now()
-	c.tick()
+	sent = c.send()
 	tr.Batch(stored(11, true, 22, 23))
 	tr.Answered(answer(sent, 8, 100, 101, 202, 203))
 	if st := tr.Stats(); st.Attributed != 2 || st.TextBlocks != 6 {
@@ -114,9 +127,7 @@ func TestEvictionForgetsExactlyTheTextBlocksBelow(t *testing.T) {
 // TestAnswerWaitsForItsBlocks: the answer may come before the engine's
 // events; it is related when they arrive.
 func TestAnswerWaitsForItsBlocks(t *testing.T) {
-	var sums fakeSums
-	c := &clock{t: time.Unix(1000, 0)}
-	tr := New("r", &sums, Config{Now: c.now})
+	tr, _, c := tracked(Config{})
 	sent := c.now()
 	tr.Answered(answer(sent, 0, 100, 101))
 	if st := tr.Stats(); st.Pending != 1 {
@@ -140,15 +151,12 @@ func TestAnswerWaitsForItsBlocks(t *testing.T) {
 // after both requests were sent go to them in the order stored; a chain
 // stored before a request was sent is never its.
 func TestConcurrentRequestsOfOneLength(t *testing.T) {
-	var sums fakeSums
-	c := &clock{t: time.Unix(1000, 0)}
-	tr := New("r", &sums, Config{Now: c.now})
+	tr, sums, c := tracked(Config{})
 	old := c.now()
 	tr.Batch(stored(0, false, 1, 2))
 	tr.Answered(answer(old, 0, 500, 501))
 	c.t = c.t.Add(time.Second)
-	sent := c.now()
-	c.tick()
+	sent := c.send()
 	tr.Batch(stored(0, false, 10, 11))
 	c.tick()
 	tr.Batch(stored(0, false, 20, 21))
@@ -167,11 +175,8 @@ func TestConcurrentRequestsOfOneLength(t *testing.T) {
 // TestChainStartedBeforeTheSubscription: a prompt whose cached prefix was
 // stored before the tracker saw any event is placed by its cached tokens.
 func TestChainStartedBeforeTheSubscription(t *testing.T) {
-	var sums fakeSums
-	c := &clock{t: time.Unix(1000, 0)}
-	tr := New("r", &sums, Config{Now: c.now})
-	sent := c.now()
-	c.tick()
+	tr, sums, c := tracked(Config{})
+	sent := c.send()
 	tr.Batch(stored(7, true, 12, 13)) // 7 (depth 1) was never seen
 	tr.Answered(answer(sent, 8, 100, 101, 102, 103))
 	tr.Batch(removed(12))
@@ -181,17 +186,15 @@ func TestChainStartedBeforeTheSubscription(t *testing.T) {
 }
 
 func TestBoundsAndRebase(t *testing.T) {
-	sums := fakeSums{refuse: true}
-	c := &clock{t: time.Unix(1000, 0)}
-	tr := New("r", &sums, Config{Now: c.now, MaxBlocks: 64})
+	tr, sums, c := tracked(Config{MaxBlocks: 64})
+	sums.refuse = true
 	for i := range uint64(100) {
 		tr.Batch(stored(0, false, 1000+i))
 	}
 	if st := tr.Stats(); st.Blocks != 64 {
 		t.Fatalf("%d blocks held, limit 64", st.Blocks)
 	}
-	sent := c.now()
-	c.tick()
+	sent := c.send()
 	tr.Batch(stored(0, false, 10, 11, 12))
 	tr.Answered(answer(sent, 0, 100, 101, 102))
 	tr.Batch(removed(12))
@@ -209,18 +212,14 @@ func TestBoundsAndRebase(t *testing.T) {
 // other; each is related to the chain under its own first turn, so an
 // eviction of one conversation's blocks forgets only its text blocks.
 func TestSameTurnOfTwoConversations(t *testing.T) {
-	var sums fakeSums
-	c := &clock{t: time.Unix(1000, 0)}
-	tr := New("r", &sums, Config{Now: c.now})
-	sent := c.now()
-	c.tick()
+	tr, sums, c := tracked(Config{})
+	sent := c.send()
 	tr.Batch(stored(0, false, 10, 11, 12))
 	tr.Batch(stored(0, false, 20, 21, 22))
 	tr.Answered(answer(sent, 0, 100, 101, 102))
 	tr.Answered(answer(sent, 0, 200, 201, 202))
 	c.tick()
-	sent = c.now()
-	c.tick()
+	sent = c.send()
 	tr.Batch(stored(12, true, 13, 14))
 	tr.Batch(stored(22, true, 23, 24))
 	tr.Answered(answer(sent, 12, 200, 201, 202, 203, 204)) // answered first, stored second
@@ -242,16 +241,12 @@ func TestSameTurnOfTwoConversations(t *testing.T) {
 // mapped does not take another conversation's chain of its depth while
 // its own has not arrived; it takes its own when it comes.
 func TestAnchoredAnswerWaitsForItsChain(t *testing.T) {
-	var sums fakeSums
-	c := &clock{t: time.Unix(1000, 0)}
-	tr := New("r", &sums, Config{Now: c.now})
-	sent := c.now()
-	c.tick()
+	tr, sums, c := tracked(Config{})
+	sent := c.send()
 	tr.Batch(stored(0, false, 10, 11, 12))
 	tr.Answered(answer(sent, 0, 100, 101, 102))
 	c.tick()
-	sent = c.now()
-	c.tick()
+	sent = c.send()
 	tr.Batch(stored(0, false, 30, 31, 32, 33, 34)) // another conversation's, unanswered yet
 	tr.Answered(answer(sent, 12, 100, 101, 102, 103, 104))
 	if st := tr.Stats(); st.Pending != 1 {
@@ -271,11 +266,8 @@ func TestAnchoredAnswerWaitsForItsChain(t *testing.T) {
 // request's longer chain may sit at the depth the usage names; the
 // answer's own chain ends at a leaf one block off, and is taken.
 func TestLeafBeforeABlockInsideALongerChain(t *testing.T) {
-	var sums fakeSums
-	c := &clock{t: time.Unix(1000, 0)}
-	tr := New("r", &sums, Config{Now: c.now})
-	sent := c.now()
-	c.tick()
+	tr, sums, c := tracked(Config{})
+	sent := c.send()
 	tr.Batch(stored(0, false, 10, 11, 12))         // this answer's: one block short of the usage
 	tr.Batch(stored(0, false, 20, 21, 22, 23, 24)) // another request's, unanswered: 23 is at the depth named
 	a := answer(sent, 0, 100, 101, 102)

@@ -11,8 +11,11 @@
 // input tokens estimated from the prompt's bytes, its output tokens
 // reserved (the request's max_tokens, else the tenant's mean output on
 // this router); when it ends the charge is corrected to the engine's
-// usage.prompt_tokens and usage.completion_tokens (Settle), in the bucket
-// it was charged to. A tenant's usage "in the window" at time t is the
+// usage (Settle), in the bucket it was charged to: prompt_tokens and
+// completion_tokens, or the Responses and Messages APIs' input_tokens
+// (with Anthropic's cache_read_input_tokens and
+// cache_creation_input_tokens, which its input_tokens leaves out) and
+// output_tokens, streamed or whole (package reply reads them). A tenant's usage "in the window" at time t is the
 // sum of the buckets that overlap [t-Window, t]: Buckets+1 of them, so
 // that the tokens admitted in any interval of length Window are never
 // more than what one check saw (a sliding window, read a bucket

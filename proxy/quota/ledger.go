@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -56,7 +57,8 @@ type Config struct {
 	// Buckets cuts the window (default DefaultBuckets): more is a
 	// finer slide and more bytes of gossip per tenant.
 	Buckets int
-	// Default is every tenant's budget unless Tenants names it.
+	// Default is every tenant's budget unless Tenants names it
+	// (both replaced by Ledger.SetBudgets).
 	Default Limit
 	// Tenants overrides the default by tenant (the proxy's tenant hash).
 	Tenants map[uint64]Tenant
@@ -121,6 +123,10 @@ type Ledger struct {
 	ring int   // cells per series: the window's Buckets+1 and one older
 	m    *metrics
 
+	// budgets is the default budget and the overrides, replaced whole
+	// by SetBudgets (a reloaded budgets file) while requests read it.
+	budgets atomic.Pointer[budgets]
+
 	mu       sync.Mutex
 	own      map[uint64]*series
 	overflow *series // the tenants beyond MaxTenants, together
@@ -175,7 +181,33 @@ func New(cfg Config) (*Ledger, error) {
 		own: map[uint64]*series{}, peers: map[peerID]*peer{}}
 	l.overflow = l.newSeries()
 	l.m = newMetrics(cfg.Registerer, cfg.Tenants)
+	l.budgets.Store(&budgets{def: cfg.Default, tenants: cfg.Tenants})
 	return l, nil
+}
+
+// budgets is what SetBudgets replaces: Config's Default and Tenants.
+type budgets struct {
+	def     Limit
+	tenants map[uint64]Tenant
+}
+
+// SetBudgets replaces the default budget and the overrides (Config's
+// Default and Tenants), as a reloaded budgets file does: the requests
+// admitted from then on are held to them, against the usage counted so
+// far. A negative limit is refused, and the budgets stay as they were.
+// The ledger keeps the rest of its Config (window, buckets, bounds).
+func (l *Ledger) SetBudgets(def Limit, tenants map[uint64]Tenant) error {
+	if def.Input < 0 || def.Output < 0 {
+		return errors.New("quota: the default limits must not be negative")
+	}
+	for _, t := range tenants {
+		if t.Limit.Input < 0 || t.Limit.Output < 0 {
+			return fmt.Errorf("quota: tenant %q: limits must not be negative", t.Name)
+		}
+	}
+	l.m.initTenants(tenants)
+	l.budgets.Store(&budgets{def: def, tenants: tenants})
+	return nil
 }
 
 // Enabled reports whether any tenant has a budget.
@@ -201,10 +233,11 @@ func (l *Ledger) bucket(t time.Time) int64 { return t.UnixNano() / l.bw }
 
 // limitOf is tenant's budget and the name its metrics carry.
 func (l *Ledger) limitOf(tenant uint64) (Limit, string) {
-	if t, ok := l.cfg.Tenants[tenant]; ok {
+	b := l.budgets.Load()
+	if t, ok := b.tenants[tenant]; ok {
 		return t.Limit, t.Name
 	}
-	return l.cfg.Default, otherTenants
+	return b.def, otherTenants
 }
 
 // Ticket is what a request holds of its tenant's budget until Settle.
@@ -247,7 +280,7 @@ func (l *Ledger) Reserve(tenant uint64, in, out int64) (Ticket, Decision) {
 	defer l.mu.Unlock()
 	s := l.seriesOf(tenant, cur)
 	if s == l.overflow {
-		lim, name = l.cfg.Default, otherTenants
+		lim, name = l.budgets.Load().def, otherTenants
 	}
 	in, out = max(in, 0), max(out, 0)
 	if out == 0 {

@@ -358,3 +358,43 @@ func TestConfigRefused(t *testing.T) {
 		t.Fatal("Enabled")
 	}
 }
+
+// TestSetBudgets: new budgets hold the requests admitted after them,
+// against the usage counted before; a refused set changes nothing.
+func TestSetBudgets(t *testing.T) {
+	c := newClock()
+	reg := prometheus.NewRegistry()
+	l := ledger(t, c, Config{Default: Limit{Input: 1000}, Registerer: reg})
+	if _, d := l.Reserve(1, 600, 0); !d.OK {
+		t.Fatal(d)
+	}
+	if err := l.SetBudgets(Limit{Input: 500}, map[uint64]Tenant{2: {Name: "big", Limit: Limit{Input: 5000}}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, d := l.Reserve(1, 100, 0); d.OK || d.Limit != 500 || d.Used != 600 {
+		t.Fatalf("the lowered default: %+v", d)
+	}
+	if _, d := l.Reserve(2, 4000, 0); !d.OK {
+		t.Fatalf("the new override: %+v", d)
+	}
+	if got := testutil.ToFloat64(l.m.tokens.WithLabelValues("big", KindOutput)); got != 0 {
+		t.Fatalf("the new tenant's series: %v", got)
+	}
+	if n := testutil.CollectAndCount(reg, "kvmesh_tenant_tokens_total"); n != 4 {
+		t.Fatalf("%d token series, want other and big, input and output", n)
+	}
+	for _, bad := range []struct {
+		def     Limit
+		tenants map[uint64]Tenant
+	}{{Limit{Input: -1}, nil}, {Limit{}, map[uint64]Tenant{3: {Name: "neg", Limit: Limit{Output: -5}}}}} {
+		if err := l.SetBudgets(bad.def, bad.tenants); err == nil {
+			t.Fatalf("%+v taken", bad)
+		}
+	}
+	if st := l.Status(10); st.Default.Input != 500 {
+		t.Fatalf("a refused set changed the default: %+v", st.Default)
+	}
+	if _, d := l.Reserve(2, 900, 0); !d.OK {
+		t.Fatalf("a refused set changed the override: %+v", d)
+	}
+}

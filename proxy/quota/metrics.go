@@ -28,17 +28,21 @@ func newMetrics(reg prometheus.Registerer, tenants map[uint64]Tenant) *metrics {
 	if reg != nil {
 		reg.MustRegister(m.tokens, m.rejections)
 	}
-	names := []string{otherTenants}
+	m.initTenants(map[uint64]Tenant{0: {Name: otherTenants}})
+	m.initTenants(tenants)
+	return m
+}
+
+// initTenants makes the series of tenants' names, zeros rather than
+// gaps. A name a reloaded file no longer has keeps its series (its
+// counts stay true).
+func (m *metrics) initTenants(tenants map[uint64]Tenant) {
 	for _, t := range tenants {
-		names = append(names, t.Name)
-	}
-	for _, n := range names {
 		for _, k := range []string{KindInput, KindOutput} {
-			m.tokens.WithLabelValues(n, k)
-			m.rejections.WithLabelValues(n, k)
+			m.tokens.WithLabelValues(t.Name, k)
+			m.rejections.WithLabelValues(t.Name, k)
 		}
 	}
-	return m
 }
 
 func (m *metrics) charged(name string, in, out int64) {
@@ -78,7 +82,7 @@ func (l *Ledger) Status(n int) Status {
 	cur := l.bucket(now)
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	st := Status{Window: l.cfg.Window, Buckets: l.cfg.Buckets, Default: l.cfg.Default, Peers: l.fresh(now) - 1}
+	st := Status{Window: l.cfg.Window, Buckets: l.cfg.Buckets, Default: l.budgets.Load().def, Peers: l.fresh(now) - 1}
 	for t, s := range l.own {
 		lim, name := l.limitOf(t)
 		u := TenantUsage{Tenant: t, Name: name, Limit: lim,

@@ -7,22 +7,6 @@ import (
 	"github.com/kvmesh/kvmesh/internal/jsonscan"
 )
 
-// Usage is what the router reads of an OpenAI usage object.
-type Usage struct {
-	// Present reports that the document had a usage object.
-	Present bool
-	// PromptTokens is usage.prompt_tokens (0 when absent or not an integer).
-	PromptTokens int64
-	// CompletionTokens is usage.completion_tokens (0 when absent or not an
-	// integer): what a tenant's output budget is charged, and where the
-	// answer's blocks end in the engine's cache.
-	CompletionTokens int64
-	// HasCached reports that usage.prompt_tokens_details.cached_tokens is
-	// an integer, CachedTokens.
-	HasCached    bool
-	CachedTokens int64
-}
-
 // extractAnswer reads one response document (an SSE chunk's data or a
 // whole non-streaming body) without decoding it into Go values. It
 // appends to dst the answer text of the choices with index 0 (absent or
@@ -35,31 +19,40 @@ type Usage struct {
 // are; the others are decoded by jsonscan.AppendDecoded, so the text is
 // always what encoding/json would decode.
 func extractAnswer(dst, doc []byte) (out []byte, u Usage, ok bool) {
-	out, u, _, _, ok = extractAnswerPart(dst, doc)
-	return out, u, ok
+	out, f, _, _, ok := extractAnswerPart(dst, doc)
+	return out, f.usage(), ok
 }
 
-// extractAnswerPart is extractAnswer that also returns the answer's one
-// string, when exactly one string made it up (hasPart).
-func extractAnswerPart(dst, doc []byte) (out []byte, u Usage, part jsonString, hasPart, ok bool) {
+// extractAnswerPart is extractAnswer that returns the usage field by
+// field (for a stream's objects to merge) and the answer's one string,
+// when exactly one string made it up (hasPart).
+func extractAnswerPart(dst, doc []byte) (out []byte, u usageFields, part jsonString, hasPart, ok bool) {
 	s := scanner{Scanner: jsonscan.New(doc, jsonscan.MaxDepth)}
 	out, u, ok = s.extract(dst)
 	return out, u, s.part, ok && s.parts == 1, ok
 }
 
-func (s *scanner) extract(dst []byte) (out []byte, u Usage, ok bool) {
+// extract reads the document's answer and usage. The usage object is
+// the top-level "usage" (Chat Completions, Completions, and a whole
+// Responses or Messages body, or Anthropic's message_delta event), else
+// the one inside "response" (a Responses stream's response.completed
+// event) or "message" (Anthropic's message_start event); where a
+// document has several, the top level's fields override the others',
+// "response"'s override "message"'s.
+func (s *scanner) extract(dst []byte) (out []byte, u usageFields, ok bool) {
 	base := len(dst)
 	if s.Peek() != '{' {
 		if !s.Skip(0) || !s.End() {
-			return dst[:base], Usage{}, false
+			return dst[:base], usageFields{}, false
 		}
-		return dst, Usage{}, true
+		return dst, usageFields{}, true
 	}
 	s.Next()
+	var top, response, message usageFields
 	for first := true; ; first = false {
 		key, done, ok := s.member(first)
 		if !ok {
-			return dst[:base], Usage{}, false
+			return dst[:base], usageFields{}, false
 		}
 		if done {
 			break
@@ -70,22 +63,30 @@ func (s *scanner) extract(dst []byte) (out []byte, u Usage, ok bool) {
 			dst = dst[:base]
 			s.parts = 0
 			if dst, ok = s.choices(dst); !ok {
-				return dst[:base], Usage{}, false
+				return dst[:base], usageFields{}, false
 			}
 		case keyIs(key, "usage"):
-			if u, ok = s.usage(); !ok {
-				return dst[:base], Usage{}, false
+			if top, ok = s.usage(1); !ok {
+				return dst[:base], usageFields{}, false
+			}
+		case keyIs(key, "response"):
+			if response, ok = s.usageWithin(1); !ok {
+				return dst[:base], usageFields{}, false
+			}
+		case keyIs(key, "message"):
+			if message, ok = s.usageWithin(1); !ok {
+				return dst[:base], usageFields{}, false
 			}
 		default:
 			if !s.Skip(1) {
-				return dst[:base], Usage{}, false
+				return dst[:base], usageFields{}, false
 			}
 		}
 	}
 	if !s.End() {
-		return dst[:base], Usage{}, false
+		return dst[:base], usageFields{}, false
 	}
-	return dst, u, true
+	return dst, message.merge(response).merge(top), true
 }
 
 // scanner walks a JSON document, validating as it goes, and remembers the
@@ -274,84 +275,6 @@ func (s *scanner) content(depth int) (c jsonString, has, ok bool) {
 		}
 		if !s.Skip(depth + 1) {
 			return c, false, false
-		}
-	}
-}
-
-// usage reads the value of "usage" (depth 1).
-func (s *scanner) usage() (Usage, bool) {
-	const depth = 1
-	var u Usage
-	if s.Peek() != '{' {
-		return u, s.Skip(depth)
-	}
-	s.Next()
-	u.Present = true
-	for first := true; ; first = false {
-		key, done, ok := s.member(first)
-		if !ok {
-			return u, false
-		}
-		if done {
-			return u, true
-		}
-		switch {
-		case keyIs(key, "prompt_tokens"):
-			v, isInt, ok := s.intValue(depth + 1)
-			if !ok {
-				return u, false
-			}
-			u.PromptTokens = 0
-			if isInt {
-				u.PromptTokens = v
-			}
-		case keyIs(key, "completion_tokens"):
-			v, isInt, ok := s.intValue(depth + 1)
-			if !ok {
-				return u, false
-			}
-			u.CompletionTokens = 0
-			if isInt {
-				u.CompletionTokens = v
-			}
-		case keyIs(key, "prompt_tokens_details"):
-			if u.CachedTokens, u.HasCached, ok = s.details(depth + 1); !ok {
-				return u, false
-			}
-		default:
-			if !s.Skip(depth + 1) {
-				return u, false
-			}
-		}
-	}
-}
-
-// details reads prompt_tokens_details and returns its integer
-// cached_tokens, if any.
-func (s *scanner) details(depth int) (cached int64, has, ok bool) {
-	if s.Peek() != '{' {
-		return 0, false, s.Skip(depth)
-	}
-	s.Next()
-	for first := true; ; first = false {
-		key, done, ok := s.member(first)
-		if !ok {
-			return 0, false, false
-		}
-		if done {
-			return cached, has, true
-		}
-		if keyIs(key, "cached_tokens") {
-			if cached, has, ok = s.intValue(depth + 1); !ok {
-				return 0, false, false
-			}
-			if !has {
-				cached = 0
-			}
-			continue
-		}
-		if !s.Skip(depth + 1) {
-			return 0, false, false
 		}
 	}
 }

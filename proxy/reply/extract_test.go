@@ -67,16 +67,57 @@ func refExtract(doc []byte) (string, Usage, bool) {
 			}
 		}
 	}
-	var u Usage
-	if um, ok := top["usage"].(map[string]any); ok {
-		u.Present = true
-		u.PromptTokens, _ = asInt(um["prompt_tokens"])
-		u.CompletionTokens, _ = asInt(um["completion_tokens"])
-		if d, ok := um["prompt_tokens_details"].(map[string]any); ok {
-			u.CachedTokens, u.HasCached = asInt(d["cached_tokens"])
+	// The usage objects, the top level's over "response"'s over
+	// "message"'s, field by field: the integer fields each names.
+	var objs []map[string]any
+	for _, within := range []string{"message", "response"} {
+		if m, ok := top[within].(map[string]any); ok {
+			if um, ok := m["usage"].(map[string]any); ok {
+				objs = append(objs, um)
+			}
 		}
 	}
-	return text.String(), u, true
+	if um, ok := top["usage"].(map[string]any); ok {
+		objs = append(objs, um)
+	}
+	ints := map[string]int64{}
+	for _, um := range objs {
+		for k, x := range um {
+			if i, ok := asInt(x); ok {
+				ints[k] = i
+			}
+		}
+		for _, d := range []string{"prompt_tokens_details", "input_tokens_details"} {
+			if dm, ok := um[d].(map[string]any); ok {
+				if i, ok := asInt(dm["cached_tokens"]); ok {
+					ints["\x00"+d] = i // no key of the document's
+				}
+			}
+		}
+	}
+	return text.String(), refUsage(len(objs) > 0, ints), true
+}
+
+// refUsage resolves the integer fields of a response's usage objects.
+func refUsage(present bool, ints map[string]int64) Usage {
+	u := Usage{Present: present}
+	if v, ok := ints["prompt_tokens"]; ok {
+		u.PromptTokens = v
+	} else {
+		u.PromptTokens = ints["input_tokens"] + ints["cache_read_input_tokens"] + ints["cache_creation_input_tokens"]
+	}
+	if v, ok := ints["completion_tokens"]; ok {
+		u.CompletionTokens = v
+	} else {
+		u.CompletionTokens = ints["output_tokens"]
+	}
+	for _, k := range []string{"\x00prompt_tokens_details", "\x00input_tokens_details", "cache_read_input_tokens"} {
+		if v, ok := ints[k]; ok {
+			u.CachedTokens, u.HasCached = v, true
+			break
+		}
+	}
+	return u
 }
 
 var extractCases = []string{
@@ -97,6 +138,19 @@ var extractCases = []string{
 	`[1,2,{"choices":[]}]`,
 	`{"choices":[{"index":0,"delta":{"content":"trailing"}}],}`,
 	`{"choices":[{"index":0,"delta":{"content":"x"}}]} x`,
+	// Responses: a whole body, a stream's response.created (usage null)
+	// and response.completed.
+	`{"id":"resp_1","object":"response","output":[],"usage":{"input_tokens":120,"input_tokens_details":{"cached_tokens":64},"output_tokens":9,"total_tokens":129}}`,
+	`{"type":"response.created","response":{"id":"resp_1","usage":null}}`,
+	`{"type":"response.completed","sequence_number":9,"response":{"id":"resp_1","status":"completed","usage":{"input_tokens":50,"output_tokens":7,"input_tokens_details":{"cached_tokens":"x"}}}}`,
+	// Anthropic Messages: a whole body, message_start, message_delta.
+	`{"id":"msg_1","type":"message","content":[{"type":"text","text":"hi"}],"usage":{"input_tokens":10,"cache_read_input_tokens":80,"cache_creation_input_tokens":6,"output_tokens":4}}`,
+	`{"type":"message_start","message":{"id":"msg_1","usage":{"input_tokens":10,"cache_read_input_tokens":80,"output_tokens":0}}}`,
+	`{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":15,"input_tokens":null}}`,
+	// Several usage objects in one document, and duplicates.
+	`{"usage":{"output_tokens":3},"message":{"usage":{"input_tokens":2,"output_tokens":1}},"response":{"usage":{"input_tokens":5}}}`,
+	`{"response":{"usage":{"input_tokens":5}},"response":{"id":"r"},"message":[],"message":{"usage":7}}`,
+	`{"usage":{"prompt_tokens":4,"input_tokens":9,"completion_tokens":null,"output_tokens":2,"prompt_tokens_details":{"cached_tokens":1},"prompt_tokens_details":3}}`,
 	`{"a":[01]}`,
 	`{"a":"\x"}`,
 	`{"a":tru}`,
@@ -311,4 +365,41 @@ func TestTemplateIsUsed(t *testing.T) {
 		t.Fatalf("template %v %q %q", s.tpl.ok, s.tpl.pre, s.tpl.suf)
 	}
 	s.Release()
+}
+
+// TestSinkReadsUsageOfEveryAPI: the usage of a Responses or Anthropic
+// Messages answer is read as a chat completion's is, streamed (its
+// objects merged across events: Anthropic's message_start tells the
+// input, message_delta the output) or whole.
+func TestSinkReadsUsageOfEveryAPI(t *testing.T) {
+	const (
+		responsesStream = "event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":\"resp_1\",\"usage\":null}}\n\n" +
+			"event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"hi\"}\n\n" +
+			"event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"id\":\"resp_1\",\"usage\":{\"input_tokens\":120,\"input_tokens_details\":{\"cached_tokens\":64},\"output_tokens\":9,\"total_tokens\":129}}}\n\n"
+		responsesBody  = `{"id":"resp_1","object":"response","output":[{"type":"message","content":[{"type":"output_text","text":"hi"}]}],"usage":{"input_tokens":120,"input_tokens_details":{"cached_tokens":64},"output_tokens":9}}`
+		messagesStream = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"usage\":{\"input_tokens\":56,\"cache_read_input_tokens\":64,\"output_tokens\":1}}}\n\n" +
+			"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"hi\"}}\n\n" +
+			"event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"output_tokens\":9}}\n\n" +
+			"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"
+		messagesBody = `{"id":"msg_1","type":"message","content":[{"type":"text","text":"hi"}],"usage":{"input_tokens":56,"cache_read_input_tokens":64,"cache_creation_input_tokens":0,"output_tokens":9}}`
+	)
+	want := Usage{Present: true, PromptTokens: 120, CompletionTokens: 9, HasCached: true, CachedTokens: 64}
+	for _, tc := range []struct {
+		name, body string
+		sse        bool
+	}{
+		{"responses stream", responsesStream, true}, {"responses body", responsesBody, false},
+		{"messages stream", messagesStream, true}, {"messages body", messagesBody, false},
+	} {
+		for cut := range len(tc.body) {
+			s := NewSink(tc.sse, nil)
+			s.Feed([]byte(tc.body[:cut]))
+			s.Feed([]byte(tc.body[cut:]))
+			s.Finish()
+			if got := s.Usage(); got != want {
+				t.Fatalf("%s cut at %d: usage %+v, want %+v", tc.name, cut, got, want)
+			}
+			s.Release()
+		}
+	}
 }

@@ -76,9 +76,10 @@ type Sink struct {
 	buf    []byte // SSE: the pending partial line; JSON: the body so far
 	skip   bool   // SSE: drop the rest of an overlong line; JSON: body too large
 	answer []byte
-	usage  Usage
-	done   bool   // SSE: saw [DONE]
-	tmp    []byte // scratch for one chunk's answer text
+	fields usageFields // the usage objects so far, merged
+	usage  Usage       // fields, resolved
+	done   bool        // SSE: saw [DONE]
+	tmp    []byte      // scratch for one chunk's answer text
 	tpl    chunkTemplate
 	plain  bool // never use the template (the tests' reference)
 	// budget is the router's (nil: none); held is what s reserved of it.
@@ -115,7 +116,8 @@ func NewSink(sse bool, budget *Budget) *Sink {
 // Answer is the answer text collected so far: valid until Release.
 func (s *Sink) Answer() []byte { return s.answer }
 
-// Usage is the last usage object the response carried.
+// Usage is what the response's usage objects said, the later ones'
+// fields overriding the earlier ones'.
 func (s *Sink) Usage() Usage { return s.usage }
 
 // Done reports whether an SSE stream's data: [DONE] line went by: the
@@ -215,23 +217,25 @@ func (s *Sink) take(doc []byte) {
 			return
 		}
 	}
-	s.tmp, s.usage, s.tpl = takeFull(s.tmp[:0], doc, s.usage, s.tpl, s.sse)
+	s.tmp, s.fields, s.tpl = takeFull(s.tmp[:0], doc, s.fields, s.tpl, s.sse)
+	s.usage = s.fields.usage()
 	s.appendAnswer(s.tmp)
 }
 
 // takeFull reads a document with the full extractor and returns its
-// answer (appended to dst), the usage to keep and the template to use
-// next. An invalid document yields nothing and keeps both.
-func takeFull(dst, doc []byte, usage Usage, tpl chunkTemplate, sse bool) ([]byte, Usage, chunkTemplate) {
+// answer (appended to dst), the usage so far (usage with the document's
+// fields merged in) and the template to use next. An invalid document
+// yields nothing and keeps both.
+func takeFull(dst, doc []byte, usage usageFields, tpl chunkTemplate, sse bool) ([]byte, usageFields, chunkTemplate) {
 	out, u, part, hasPart, ok := extractAnswerPart(dst, doc)
 	if !ok {
 		return out, usage, tpl
 	}
-	if u.Present {
-		usage = u
+	if u.present {
+		usage = usage.merge(u)
 	}
 	tpl.ok = false
-	if sse && hasPart && !u.Present {
+	if sse && hasPart && !u.present {
 		// part.raw sits between its quotes in doc.
 		tpl.pre = append(tpl.pre[:0], doc[:part.at]...)
 		tpl.suf = append(tpl.suf[:0], doc[part.at+len(part.raw):]...)

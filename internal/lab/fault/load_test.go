@@ -278,7 +278,7 @@ func tallyOf(recs []record, gens map[string]int) tally {
 				t.lastBad = r.end
 			}
 			if len(t.samples) < 5 {
-				t.samples = append(t.samples, fmt.Sprintf("%s via r%d after %.1fs: %s: %s", r.id, r.router, r.end.Sub(r.start).Seconds(), r.out, r.err))
+				t.samples = append(t.samples, fmt.Sprintf("%s via r%d at %s after %.3fs: %s: %s", r.id, r.router, r.start.UTC().Format("15:04:05.000"), r.end.Sub(r.start).Seconds(), r.out, r.err))
 			}
 		}
 		if gens[r.id] > 1 {

@@ -25,152 +25,24 @@
       the engine-reported cached share of prompt tokens, predicted/reported,
       and the text blocks KV events dropped.
 
-The HTTP, stream and metrics helpers, the benchmark comparison (check.py
-compare) and the per-response prediction report (check.py predict) are
-../llamacpp/check.py's. Exits non-zero with the
-failed check on stderr.
+  check.py compare RESULT.json... / check.py predict [--gate LO,HI] NAME=LOG...
+      as ../llamacpp/check.py's.
+
+The features check, the HTTP, stream and metrics helpers, the benchmark
+comparison and the per-response prediction report are
+../common/e2echeck.py's (shared with ../llamacpp/check.py). Exits non-zero
+with the failed check on stderr.
 """
-import importlib.util
-import json
 import os
-import random
-import re
 import sys
-import threading
-import time
 
-_spec = importlib.util.spec_from_file_location(
-    "llamacpp_check", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "llamacpp", "check.py"))
-lc = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(lc)
-fail, http, post_json, stream, metrics, total, debug_mesh, check_usage, text = (
-    lc.fail, lc.http, lc.post_json, lc.stream, lc.metrics, lc.total, lc.debug_mesh, lc.check_usage, lc.text)
-
-
-def features(router, admin, model, replicas):
-    rng = random.Random()
-    nonce = f"{rng.getrandbits(64):016x}"
-
-    status, raw = http("GET", router + "/v1/models", timeout=10)
-    ids = [m.get("id") for m in json.loads(raw).get("data", [])] if status == 200 else []
-    if model not in ids:
-        fail(f"/v1/models: HTTP {status}, models {ids}, want {model}")
-    print(f"  models: {ids}")
-
-    # Engine auto-detection from /metrics: vLLM on every replica, its load
-    # gauges read. vLLM publishes no max-num-seqs, so slots stay unknown.
-    deadline = time.time() + 30
-    while True:
-        ms = metrics(admin)
-        kinds = {l.get("replica"): l.get("engine") for l, v in ms.get("kvmesh_replica_engine_info", []) if v == 1}
-        owned = [r for r in debug_mesh(admin)["replicas"] if r.get("owned")]
-        if (len(kinds) == replicas and set(kinds.values()) == {"vllm"} and len(owned) == replicas
-                and all(r["engine_has_load"] for r in owned)):
-            break
-        if time.time() > deadline:
-            fail(f"engine detection: kvmesh_replica_engine_info {kinds}, /debug/mesh owned replicas "
-                 f"{[(r['id'], r['engine_has_load']) for r in owned]}; want {replicas} replicas of engine vllm "
-                 f"with load known")
-        time.sleep(0.2)
-    print(f"  engine detected: {sorted(kinds.items())}, load published")
-
-    chat_url, comp_url = router + "/v1/chat/completions", router + "/v1/completions"
-    r = post_json(chat_url, {"model": model, "max_tokens": 8,
-                             "messages": [{"role": "user", "content": f"{nonce} say hello"}]})
-    if r.get("object") != "chat.completion" or not isinstance(r["choices"][0]["message"].get("content"), str):
-        fail(f"chat: {r}")
-    check_usage("chat", r.get("usage"))
-    print(f"  chat: {r['usage']}")
-
-    r = post_json(comp_url, {"model": model, "max_tokens": 8, "prompt": f"{nonce} once upon a time"})
-    if r.get("object") != "text_completion" or not isinstance(r["choices"][0].get("text"), str):
-        fail(f"completions: {r}")
-    check_usage("completions", r.get("usage"))
-    print(f"  completions: {r['usage']}")
-
-    for what, url, body, field in [
-        ("chat stream", chat_url, {"messages": [{"role": "user", "content": f"{nonce} count to five"}]}, "delta"),
-        ("completions stream", comp_url, {"prompt": f"{nonce} one two three"}, "text"),
-    ]:
-        body.update(model=model, max_tokens=16, stream=True, stream_options={"include_usage": True})
-        events, done = stream(url, body)
-        if not done:
-            fail(f"{what}: no [DONE]")
-        content = [e for e in events if e.get("choices") and field in e["choices"][0]]
-        if not content:
-            fail(f"{what}: no {field} chunks in {events[:3]}")
-        # vLLM ends both with OpenAI's usage chunk (no choices).
-        last = events[-1]
-        if not last.get("usage") or last.get("choices"):
-            fail(f"{what}: the last chunk before [DONE] is not the usage chunk: {last}")
-        check_usage(what, last["usage"])
-        print(f"  {what}: {len(content)} chunks, usage {last['usage']}")
-
-    # The engine's load as the router reads it: while a long answer
-    # streams, some replica's engine reports a running request.
-    seen = []
-    long_req = threading.Thread(target=stream, args=(chat_url, {
-        "model": model, "max_tokens": 300, "ignore_eos": True, "stream": True,
-        "messages": [{"role": "user", "content": f"{nonce} write a long story"}]}))
-    long_req.start()
-    while long_req.is_alive() and not seen:
-        seen = [r["id"] for r in debug_mesh(admin)["replicas"] if r.get("owned") and r["engine_running"] >= 1]
-        time.sleep(0.1)
-    long_req.join()
-    if not seen:
-        fail("engine load: no replica's engine_running reached 1 while a 300-token answer streamed")
-    print(f"  engine load read from vllm:num_requests_running: running 1 at {seen}")
-
-    # Cached-token feedback, as ../llamacpp/check.py's: turn 2 extends
-    # turn 1, vLLM serves turn 1's blocks from its prefix cache.
-    before = metrics(admin)
-    msgs = [{"role": "system", "content": f"{nonce} " + text(300, rng)},
-            {"role": "user", "content": text(20, rng)}]
-    r1 = post_json(chat_url, {"model": model, "max_tokens": 16, "messages": msgs})
-    msgs += [r1["choices"][0]["message"], {"role": "user", "content": text(20, rng)}]
-    body = {"model": model, "max_tokens": 16, "messages": msgs, "stream": True,
-            "stream_options": {"include_usage": True}}
-    events, _ = stream(chat_url, body)
-    p1, c1 = check_usage("turn 1", r1["usage"])
-    p2, c2 = check_usage("turn 2", events[-1].get("usage"))
-    if c2 < p1 // 2:
-        fail(f"turn 2: {c2} cached tokens of {p2}, turn 1 had {p1} prompt tokens: not served from the engine's cache")
-    deadline = time.time() + 10
-    while True:
-        after = metrics(admin)
-        d_rep = total(after, "kvmesh_reported_cached_tokens_total") - total(before, "kvmesh_reported_cached_tokens_total")
-        d_prompt = total(after, "kvmesh_prompt_tokens_total") - total(before, "kvmesh_prompt_tokens_total")
-        d_pred = total(after, "kvmesh_predicted_cached_tokens_total") - total(before, "kvmesh_predicted_cached_tokens_total")
-        if d_rep == c1 + c2 and d_prompt == p1 + p2:
-            break
-        if time.time() > deadline:
-            fail(f"feedback: router counters moved reported {d_rep} prompt {d_prompt}; "
-                 f"the engine reported cached {c1}+{c2} of prompt {p1}+{p2} in 2 responses")
-        time.sleep(0.2)
-    if d_pred <= 0:
-        fail(f"feedback: the router predicted no cached tokens for turn 2 ({c2} reported)")
-    print(f"  feedback: turn 2 cached {c2}/{p2}; router reported_cached +{d_rep:.0f}, prompt +{d_prompt:.0f}, "
-          f"predicted_cached +{d_pred:.0f}")
-    print("check.py features: passed")
-
-
-def parse(path):
-    """A saved /metrics page as ../llamacpp/check.py's metrics() parses it."""
-    out = {}
-    with open(path) as f:
-        for line in f:
-            line = line.rstrip("\n")
-            if not line or line.startswith("#"):
-                continue
-            m = re.match(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)$', line)
-            if m:
-                labels = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', m.group(3) or ""))
-                out.setdefault(m.group(1), []).append((labels, float(m.group(4))))
-    return out
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+import e2echeck  # noqa: E402  (../common, found by the path above)
+from e2echeck import metrics_file, total  # noqa: E402
 
 
 def total_all(paths, name):
-    return sum(total(parse(p), name) for p in paths)
+    return sum(total(metrics_file(p), name) for p in paths)
 
 
 def report(paths):
@@ -179,7 +51,7 @@ def report(paths):
     absb = {}  # kvmesh_cache_prediction_abs_error_blocks' cumulative buckets
     buckets, count, err_sum = {}, 0.0, 0.0
     for p in paths:
-        ms = parse(p)
+        ms = metrics_file(p)
         pred += total(ms, "kvmesh_predicted_cached_tokens_total")
         rep += total(ms, "kvmesh_reported_cached_tokens_total")
         prompt += total(ms, "kvmesh_prompt_tokens_total")
@@ -212,8 +84,8 @@ def report(paths):
     kv = {name: total_all(paths, name) for name in ("kvmesh_kv_events_total", "kvmesh_kv_event_gaps_total",
           "kvmesh_kv_event_resyncs_total", "kvmesh_kv_event_text_blocks_evicted_total", "kvmesh_kv_event_rebases_total")}
     if kv["kvmesh_kv_events_total"]:
-        rel = sum(v for p in paths for l, v in parse(p).get("kvmesh_kv_event_answers_total", []) if l.get("outcome") == "related")
-        unrel = sum(v for p in paths for l, v in parse(p).get("kvmesh_kv_event_answers_total", []) if l.get("outcome") == "unrelated")
+        rel = sum(v for p in paths for l, v in metrics_file(p).get("kvmesh_kv_event_answers_total", []) if l.get("outcome") == "related")
+        unrel = sum(v for p in paths for l, v in metrics_file(p).get("kvmesh_kv_event_answers_total", []) if l.get("outcome") == "unrelated")
         print(f"  KV events: {kv['kvmesh_kv_events_total']:.0f} events, {kv['kvmesh_kv_event_gaps_total']:.0f} gaps, "
               f"{kv['kvmesh_kv_event_resyncs_total']:.0f} resyncs, {kv['kvmesh_kv_event_text_blocks_evicted_total']:.0f} text blocks evicted, "
               f"{kv['kvmesh_kv_event_rebases_total']:.0f} rebases; answers related {rel:.0f}, unrelated {unrel:.0f}")
@@ -232,7 +104,7 @@ def events(off, on):
     """Side by side: the router without and with KV events (one metrics page each)."""
     rows = []
     for name, path in (("events off", off), ("events on", on)):
-        ms = parse(path)
+        ms = metrics_file(path)
         buckets = {}
         for l, v in ms.get("kvmesh_cache_prediction_error_blocks_bucket", []):
             buckets[float(l["le"])] = buckets.get(float(l["le"]), 0) + v
@@ -263,11 +135,13 @@ def events(off, on):
 
 if __name__ == "__main__":
     if len(sys.argv) == 6 and sys.argv[1] == "features":
-        features(sys.argv[2].rstrip("/"), sys.argv[3].rstrip("/"), sys.argv[4], int(sys.argv[5]))
+        e2echeck.features(sys.argv[2].rstrip("/"), sys.argv[3].rstrip("/"), sys.argv[4], int(sys.argv[5]), "vllm")
     elif len(sys.argv) == 4 and sys.argv[1] == "events":
         events(sys.argv[2], sys.argv[3])
     elif len(sys.argv) >= 3 and sys.argv[1] == "report":
         report(sys.argv[2:])
+    elif sys.argv[1:2] in (["compare"], ["predict"]) and len(sys.argv) >= 3:
+        e2echeck.main(sys.argv)
     else:
         print(__doc__, file=sys.stderr)
         sys.exit(2)

