@@ -34,8 +34,15 @@ const (
 // generated, prompt tokens prefilled, forward passes), when it publishes
 // them, have the last word: a replica whose counters moved since quiet is
 // working (a long non-streamed answer sends no byte until it is whole),
-// and one whose counters stand still, or whose /metrics no longer
-// answer, is not. Without counters, only a stream's silence is evidence:
+// and one whose counters a scrape since quiet read standing still is
+// not. A replica whose counters no scrape has read since quiet is given
+// the benefit of the doubt for up to unreadProgressLimit of silence: an
+// engine's metrics page is rendered by its API server, which a wedged
+// engine leaves answering at once, while a busy one renders it slowly
+// (vLLM's 55 KB page took 1–6 s under load against the scrape's 1 s
+// timeout, and a preempting engine recomputes for seconds with no
+// token out), so an unread counter is load more often than a stall.
+// Without counters, only a stream's silence is evidence:
 // an engine sends a stream's tokens as they come, so a stream with no
 // byte while no other request there progressed is an engine that does
 // not progress; a non-streamed request's silence alone is a long answer
@@ -51,6 +58,9 @@ func (h *Checker) Stall(id string, quiet time.Time, streamed bool) bool {
 		if s.progressMoved.After(quiet) {
 			return false
 		}
+		if !s.progressAt.After(quiet) && time.Since(quiet) < unreadProgressLimit {
+			return false // not read since the silence began: no evidence yet
+		}
 	} else if !streamed {
 		return false
 	}
@@ -63,6 +73,13 @@ func (h *Checker) Stall(id string, quiet time.Time, streamed bool) bool {
 	}
 	return true
 }
+
+// unreadProgressLimit is the longest silence a replica whose progress
+// counters no scrape could read is not judged stalled for: the upstream
+// idle timeout's default (the longest silence the router allows any
+// replica once it has spoken), after which a replica that answers
+// neither its requests nor its metrics page is taken for stuck.
+const unreadProgressLimit = time.Minute
 
 // noteProgressLocked follows the engine's progress counters, scraped at
 // r.now. A change is dated at the scrape before it, the earliest the

@@ -164,3 +164,31 @@ func TestStallByPromptCounter(t *testing.T) {
 		t.Fatal("not judged stalled with every counter still")
 	}
 }
+
+// TestStallUnreadCounters: a replica whose progress counters no scrape
+// read since its silence began (its metrics page too slow under load)
+// is not judged stalled on that silence, until the silence outlasts
+// unreadProgressLimit; a read that finds them still decides at once.
+func TestStallUnreadCounters(t *testing.T) {
+	e := &engineReplica{metrics: vllmPage(2, 0, 100)}
+	e.stuck.Store(true)
+	rep := newReplica(t, e.serve)
+	var got reports
+	h := New(Config{Timeout: 5 * time.Second, PassThreshold: 2}, []string{rep.URL}, nil, got.add, 1024, nil, prometheus.NewPedanticRegistry())
+	ctx := t.Context()
+	h.round(ctx)
+	h.round(ctx)
+	healthy := func() bool { c, _ := got.last(rep.URL); return c.Healthy }
+	if !healthy() {
+		t.Fatal("not admitted")
+	}
+	e.metricsFailing.Store(true)
+	quiet := time.Now()
+	h.round(ctx) // the scrape fails: nothing read since quiet
+	if h.Stall(rep.URL, quiet, true) || !healthy() {
+		t.Fatal("judged stalled with no read of its counters since the silence began")
+	}
+	if !h.Stall(rep.URL, quiet.Add(-unreadProgressLimit), true) || healthy() {
+		t.Fatal("not judged stalled after a silence past the limit with its counters unread")
+	}
+}
