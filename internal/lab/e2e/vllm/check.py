@@ -18,12 +18,21 @@
       what the engine reported (kvmesh_cache_prediction_error_blocks), and
       the buckets of the error's p50 and p95
       (kvmesh_cache_prediction_abs_error_blocks).
-  check.py events OFF_METRICS.txt ON_METRICS.txt
+  check.py events OFF_METRICS.txt ON_METRICS.txt [OFF_KV.json ON_KV.json]
       one router's /metrics after the same benchmark without and with
       --kv-events, side by side: the prediction error's p50 and p95 (by the
       histogram's bucket bounds), the shares over +1 and under -1 block,
       the engine-reported cached share of prompt tokens, predicted/reported,
-      and the text blocks KV events dropped.
+      the text blocks KV events dropped and, given kvcount's files, the
+      BlockStored/BlockRemoved events vLLM published (fails if it removed
+      none: the run did not make the engines evict).
+  VENV_PYTHON check.py kvcount OUT.json ENDPOINT...
+      subscribes to vLLM's KV-event publishers (tcp://127.0.0.1:PORT, one
+      per replica; vLLM's own ZMQ stream, independent of the router) until
+      SIGTERM or SIGINT, then writes the events counted by kind (BlockStored,
+      BlockRemoved, AllBlocksCleared) per endpoint to OUT.json: the proof
+      that the engines evicted. Needs pyzmq and msgspec (vLLM's venv has
+      them; the other subcommands use the standard library only).
 
 The HTTP, stream and metrics helpers, the benchmark comparison (check.py
 compare) and the per-response prediction report (check.py predict) are
@@ -228,44 +237,108 @@ def report(paths):
         print(f"  cached tail share learnt by {router} for {replica}: {v:.2f}")
 
 
-def events(off, on):
-    """Side by side: the router without and with KV events (one metrics page each)."""
+def events(off, on, kv=None):
+    """Side by side: the router without and with KV events (one metrics page
+    each), and, given kvcount's files of the two runs, the blocks vLLM
+    itself reported stored and removed."""
     rows = []
-    for name, path in (("events off", off), ("events on", on)):
+    for i, (name, path) in enumerate((("events off", off), ("events on", on))):
         ms = parse(path)
-        buckets = {}
+        buckets, absb = {}, {}
         for l, v in ms.get("kvmesh_cache_prediction_error_blocks_bucket", []):
             buckets[float(l["le"])] = buckets.get(float(l["le"]), 0) + v
+        for l, v in ms.get("kvmesh_cache_prediction_abs_error_blocks_bucket", []):
+            absb[float(l["le"])] = absb.get(float(l["le"]), 0) + v
         count = total(ms, "kvmesh_cache_prediction_error_blocks_count")
         err = total(ms, "kvmesh_cache_prediction_error_blocks_sum")
         prompt = total(ms, "kvmesh_prompt_tokens_total")
         rep = total(ms, "kvmesh_reported_cached_tokens_total")
         pred = total(ms, "kvmesh_predicted_cached_tokens_total")
-        def quantile(q):  # the least bucket bound under which a share q of the answers fall
-            for le in sorted(buckets):
-                if buckets[le] >= q * count:
+        def quantile(b, q):  # the least bucket bound under which a share q of the answers fall
+            for le in sorted(b):
+                if b[le] >= q * count:
                     return f"<= {le:g}"
-            return "> 64"
+            return "> top"
         over = count - buckets.get(1.0, 0)
         under = buckets.get(-1.0, 0)
         evicted = total(ms, "kvmesh_kv_event_text_blocks_evicted_total")
-        rows.append((name, f"{count:.0f}", quantile(0.5), quantile(0.95),
+        vllm = kvcounts([kv[i]]) if kv else {}
+        rows.append((name, f"{count:.0f}", quantile(buckets, 0.5), quantile(buckets, 0.95), quantile(absb, 0.95),
                      f"{100 * over / count:.1f} %" if count else "n/a", f"{100 * under / count:.1f} %" if count else "n/a",
                      f"{err / count:+.2f}" if count else "n/a",
-                     f"{100 * rep / prompt:.1f} %" if prompt else "n/a", f"{pred / rep:.3f}" if rep else "n/a", f"{evicted:.0f}"))
-    head = ("router", "answers", "err p50", "err p95", "err > +1", "err < -1", "mean err", "cached share", "pred/rep", "evicted")
+                     f"{100 * rep / prompt:.1f} %" if prompt else "n/a", f"{pred / rep:.3f}" if rep else "n/a", f"{evicted:.0f}",
+                     f"{vllm.get('BlockStored', 0)}/{vllm.get('BlockRemoved', 0)}" if kv else "n/a"))
+    head = ("router", "answers", "err p50", "err p95", "|err| p95", "err > +1", "err < -1", "mean err", "cached share",
+            "pred/rep", "evicted", "vLLM stored/removed")
     widths = [max(len(str(r[i])) for r in rows + [head]) for i in range(len(head))]
-    print("  prediction error = predicted - engine-reported cached blocks per answer; "
-          "cached share = engine-reported cached / prompt tokens; evicted = text blocks dropped on KV events")
+    print("  prediction error = predicted - engine-reported cached blocks per answer (|err|: "
+          "kvmesh_cache_prediction_abs_error_blocks); cached share = engine-reported cached / prompt tokens; "
+          "evicted = text blocks the router dropped on KV events; vLLM stored/removed = BlockStored/BlockRemoved "
+          "events vLLM published (counted beside the router)")
     for r in [head] + rows:
         print("  " + "  ".join(str(c).rjust(w) for c, w in zip(r, widths)))
+    if kv:
+        for name, p in zip(("events off", "events on"), kv):
+            if kvcounts([p]).get("BlockRemoved", 0) == 0:
+                fail(f"events: vLLM published no BlockRemoved in the {name} run: the replicas did not evict; "
+                     f"use fewer EVENTS_BLOCKS or more EVENTS_CONVERSATIONS")
+
+
+def kvcount(out, endpoints):
+    import signal
+    import zmq
+    import msgspec
+    ctx = zmq.Context()
+    socks = {}
+    for ep in endpoints:
+        s = ctx.socket(zmq.SUB)
+        s.setsockopt(zmq.SUBSCRIBE, b"")
+        s.connect(ep)
+        socks[s] = ep
+    counts = {ep: {} for ep in endpoints}
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+    signal.signal(signal.SIGINT, lambda *_: stop.append(1))
+    dec = msgspec.msgpack.Decoder()
+    poller = zmq.Poller()
+    for s in socks:
+        poller.register(s, zmq.POLLIN)
+    # vLLM encodes an EventBatch and its events as msgpack arrays (tagged
+    # structs: the event's kind first) or, in other builds, maps.
+    kind = lambda e: e.get("type", next(iter(e))) if isinstance(e, dict) else e[0]
+    while not stop:
+        for s, _ in poller.poll(200):
+            parts = s.recv_multipart()
+            batch = dec.decode(parts[-1])
+            evs = batch["events"] if isinstance(batch, dict) else batch[1]
+            c = counts[socks[s]]
+            c["batches"] = c.get("batches", 0) + 1
+            for e in evs:
+                k = kind(e)
+                c[k] = c.get(k, 0) + 1
+    with open(out, "w") as f:
+        json.dump(counts, f)
+    ctx.destroy(linger=0)
+
+
+def kvcounts(paths):
+    """Sums kvcount's OUT.json files: {kind: count} over every endpoint."""
+    tot = {}
+    for p in paths:
+        with open(p) as f:
+            for c in json.load(f).values():
+                for k, v in c.items():
+                    tot[k] = tot.get(k, 0) + v
+    return tot
 
 
 if __name__ == "__main__":
     if len(sys.argv) == 6 and sys.argv[1] == "features":
         features(sys.argv[2].rstrip("/"), sys.argv[3].rstrip("/"), sys.argv[4], int(sys.argv[5]))
-    elif len(sys.argv) == 4 and sys.argv[1] == "events":
-        events(sys.argv[2], sys.argv[3])
+    elif len(sys.argv) >= 4 and sys.argv[1] == "kvcount":
+        kvcount(sys.argv[2], sys.argv[3:])
+    elif len(sys.argv) in (4, 6) and sys.argv[1] == "events":
+        events(sys.argv[2], sys.argv[3], sys.argv[4:] or None)
     elif len(sys.argv) >= 3 and sys.argv[1] == "report":
         report(sys.argv[2:])
     else:

