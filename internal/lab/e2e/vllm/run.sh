@@ -124,11 +124,17 @@ read -r -a ports <<<"$picked"
 [ "${#ports[@]}" -eq 18 ] || die "could not pick free ports"
 rep_feat=${ports[0]} rep_x1=${ports[2]} rep_x2=${ports[4]} rep_rr=${ports[6]}
 api1=${ports[8]} api2=${ports[9]} gossip1=${ports[10]} gossip2=${ports[11]} admin1=${ports[12]} admin2=${ports[13]}
-lbport=${ports[14]}
+lbport=${ports[14]} peerport=${ports[15]} peerprom=${ports[16]}
 
 start() { # start NAME ARGS...: runs kvmesh ARGS in the background, logging to NAME.log
   local name=$1; shift
   "$work/kvmesh" "$@" >"$work/$name.log" 2>&1 &
+  pids+=($!)
+}
+
+start_cmd() { # start_cmd NAME CMD ARGS...: runs CMD ARGS in the background, logging to NAME.log
+  local name=$1; shift
+  "$@" >"$work/$name.log" 2>&1 &
   pids+=($!)
 }
 
@@ -171,6 +177,28 @@ except ValueError:
     sleep 0.2
   done
   die "the router with admin port $1 did not see $2 replicas healthy"
+}
+
+# wait_ready URL WHAT: until a one-token chat completion through the front
+# end at URL answers 200 (120 s), as ../llamacpp/run.sh's: a peer router
+# has no readiness endpoint that says its workers are admitted.
+wait_ready() {
+  local i pid code body
+  body=$(printf '{"model":"%s","messages":[{"role":"user","content":"ready?"}],"max_tokens":1}' "$MODEL_ALIAS")
+  for ((i = 0; i < 600; i++)); do
+    code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 -H 'Content-Type: application/json' \
+      -d "$body" "$1/v1/chat/completions" 2>/dev/null) || code=000
+    [ "$code" = 200 ] && return 0
+    for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null || die "a child exited while waiting for $2"; done
+    sleep 0.2
+  done
+  die "timed out waiting for $2 ($1, last status $code)"
+}
+need_venv() { # need_venv DIR PACKAGE: a venv at DIR with PACKAGE from PyPI, created once
+  [ -x "$1/bin/python" ] && "$1/bin/pip" show -q "$2" >/dev/null 2>&1 && return 0
+  echo "e2e-vllm: installing $2 into $1"
+  "${PYTHON:-python3}" -m venv "$1" || die "could not create the venv $1"
+  "$1/bin/pip" install -q "$2" || die "pip install $2 failed"
 }
 
 # KVMESH_ROUTER_FLAGS (split on spaces) are added to every router's flags.
@@ -295,11 +323,82 @@ python3 "$here/check.py" events "$work/events-off-r0.metrics.txt" "$work/events-
   "$work/events-off.kv.json" "$work/events-on.kv.json"
 fi
 
+if phase peers; then
+# Issue 22 on real vLLM: kvmesh and the published cache-aware routers on
+# the same 2 vLLM servers (started once, with VLLM_SERVER_DEV_MODE for
+# POST /reset_prefix_cache), PEER_RUNS rounds of PEERS in turn, so a
+# machine's slow minutes fall on all of them alike. Each front end starts
+# fresh, and the benchmark empties both servers' prefix caches before it
+# (kvmesh bench --reset-replica), so each starts cold. The routers run at
+# their defaults (PEER_ROUTER_FLAGS; not the suite's debug logging and
+# 200 ms health checks) as an operator would run them.
+PEER_RUNS=${PEER_RUNS:-3}
+PEERS=${PEERS:-kvmesh-x1 smg vllm-router}
+read -r -a peer_router_flags <<<"${PEER_ROUTER_FLAGS:---region local --gossip-profile test}"
+SMG_VENV=${SMG_VENV:-$HOME/.cache/kvmesh-iperf/smg-venv}
+VLLM_ROUTER_VENV=${VLLM_ROUTER_VENV:-$HOME/.cache/kvmesh-vllm-router-venv}
+case " $PEERS " in *" smg "*) need_venv "$SMG_VENV" smg ;; esac
+case " $PEERS " in *" vllm-router "*) need_venv "$VLLM_ROUTER_VENV" vllm-router ;; esac
+echo "e2e-vllm: peers ($PEERS) x $PEER_RUNS rounds on the same 2 servers"
+VLLM_SERVER_DEV_MODE=1 replicas "$rep_x1"
+r1=$(url "$rep_x1") r2=$(url $((rep_x1 + 1)))
+curl -fsS -X POST -o /dev/null "$r1/reset_prefix_cache" || die "vLLM does not serve POST /reset_prefix_cache (VLLM_SERVER_DEV_MODE)"
+for ((round = 1; round <= PEER_RUNS; round++)); do
+  mkdir -p "$work/peers/run$round"
+  for fe in $PEERS; do
+    case $fe in
+    kvmesh-x1)
+      start "peer-$fe-$round" router --name r0 --listen "127.0.0.1:$api1" --gossip-bind "127.0.0.1:$gossip1" \
+        --admin-listen "127.0.0.1:$admin1" --replica "$r1" --replica "$r2" "${peer_router_flags[@]}"
+      wait_http "$(url "$api1")/readyz" "router r0"
+      wait_healthy "$admin1" 2
+      front=$(url "$api1") ;;
+    kvmesh-x2)
+      (umask 077 && head -c 32 /dev/urandom | base64 >"$work/gossip.key")
+      start "peer-$fe-$round-1" router --name r1 --listen "127.0.0.1:$api1" --gossip-bind "127.0.0.1:$gossip1" \
+        --admin-listen "127.0.0.1:$admin1" --replica "$r1" --gossip-key-file "$work/gossip.key" "${peer_router_flags[@]}"
+      wait_http "$(url "$api1")/readyz" "router r1"
+      start "peer-$fe-$round-2" router --name r2 --listen "127.0.0.1:$api2" --gossip-bind "127.0.0.1:$gossip2" \
+        --admin-listen "127.0.0.1:$admin2" --join "127.0.0.1:$gossip1" --replica "$r2" \
+        --gossip-key-file "$work/gossip.key" "${peer_router_flags[@]}"
+      wait_http "$(url "$api2")/readyz" "router r2"
+      wait_healthy "$admin1" 2
+      wait_healthy "$admin2" 2
+      front="$(url "$api1"),$(url "$api2")" ;;
+    smg)
+      # Run as a module: sglang-router installs a console script named smg too.
+      start_cmd "peer-$fe-$round" "$SMG_VENV/bin/python" -m smg.cli launch --host 127.0.0.1 --port "$peerport" \
+        --worker-urls "$r1" "$r2" --policy cache_aware \
+        --prometheus-host 127.0.0.1 --prometheus-port "$peerprom" --log-level warn
+      wait_ready "$(url "$peerport")" "SMG"
+      front=$(url "$peerport") ;;
+    vllm-router)
+      start_cmd "peer-$fe-$round" "$VLLM_ROUTER_VENV/bin/vllm-router" --host 127.0.0.1 --port "$peerport" \
+        --worker-urls "$r1" "$r2" --policy cache_aware \
+        --prometheus-host 127.0.0.1 --prometheus-port "$peerprom" --log-level warning
+      wait_ready "$(url "$peerport")" "vllm-router"
+      front=$(url "$peerport") ;;
+    *) die "PEERS: unknown front end $fe (kvmesh-x1, kvmesh-x2, smg, vllm-router)" ;;
+    esac
+    t=$SECONDS
+    "$work/kvmesh" bench --conversations "$CONVERSATIONS" --turns "$TURNS" --answer-tokens "$ANSWER_TOKENS" \
+      --reset-replica "$r1,$r2" --group "$fe=$front" --json >"$work/peers/run$round/vllm-$fe.json" \
+      2>"$work/bench-peer-$fe-$round.log" || die "bench $fe (round $round) failed"
+    echo "e2e-vllm: round $round $fe benchmarked in $((SECONDS - t)) s"
+    case $fe in kvmesh-*) scrape "peer-$fe-$round" "$admin1" ;; esac
+    stop_frontends
+  done
+done
+stop_replicas "$rep_x1"
+if [ -n "${KVMESH_ARTIFACTS:-}" ]; then mkdir -p "$KVMESH_ARTIFACTS" && cp -r "$work/peers" "$KVMESH_ARTIFACTS/"; fi
+python3 "$here/../llamacpp/check.py" peers "$work"/peers/run*
+fi
+
 # Kept before the gates run, so that a failed run's are too.
 if [ -n "${KVMESH_ARTIFACTS:-}" ]; then
   mkdir -p "$KVMESH_ARTIFACTS"
   for f in kvmesh-x1 kvmesh-x2 round-robin events-off events-on; do if [ -e "$work/$f.json" ]; then cp "$work/$f.json" "$KVMESH_ARTIFACTS/vllm-$f.json"; fi; done
-  for f in "$work"/*.metrics.txt "$work"/*.mesh.json "$work"/*.kv.json "$work"/router-*.log "$work"/vllmcpu-*.log; do if [ -e "$f" ]; then cp "$f" "$KVMESH_ARTIFACTS/vllm-${f##*/}"; fi; done
+  for f in "$work"/*.metrics.txt "$work"/*.mesh.json "$work"/*.kv.json "$work"/router-*.log "$work"/peer-*.log "$work"/vllmcpu-*.log; do if [ -e "$f" ]; then cp "$f" "$KVMESH_ARTIFACTS/vllm-${f##*/}"; fi; done
 fi
 if phase x1; then echo "e2e-vllm: kvmesh x1 router"; python3 "$here/check.py" report "$work/kvmesh-x1-r0.metrics.txt"; fi
 if phase x2; then echo "e2e-vllm: kvmesh x2 routers"; python3 "$here/check.py" report "$work/kvmesh-x2-r1.metrics.txt" "$work/kvmesh-x2-r2.metrics.txt"; fi
