@@ -26,11 +26,20 @@
       the text blocks KV events dropped and, given kvcount's files, the
       BlockStored/BlockRemoved events vLLM published (fails if it removed
       none: the run did not make the engines evict).
+  check.py engines NAME BEFORE.txt,AFTER.txt...
+      what vLLM's own /metrics (one BEFORE,AFTER pair of pages per server,
+      scraped around one front end's benchmark) say of that benchmark: the
+      requests each server finished, the prompt tokens it computed (not
+      cached), and, over all servers, its time to first token p50 (from
+      vllm:time_to_first_token_seconds' buckets) and mean, and its mean
+      queue and prefill time: beside the client's TTFT, what the front end
+      and placement added and what the engines took.
   VENV_PYTHON check.py kvcount OUT.json ENDPOINT...
       subscribes to vLLM's KV-event publishers (tcp://127.0.0.1:PORT, one
       per replica; vLLM's own ZMQ stream, independent of the router) until
-      SIGTERM or SIGINT, then writes the events counted by kind (BlockStored,
-      BlockRemoved, AllBlocksCleared) per endpoint to OUT.json: the proof
+      SIGTERM or SIGINT, then writes the events and their blocks counted by
+      kind (BlockStored, BlockRemoved, AllBlocksCleared) per endpoint to
+      OUT.json: the proof
       that the engines evicted. Needs pyzmq and msgspec (vLLM's venv has
       them; the other subcommands use the standard library only).
 
@@ -267,14 +276,15 @@ def events(off, on, kv=None):
                      f"{100 * over / count:.1f} %" if count else "n/a", f"{100 * under / count:.1f} %" if count else "n/a",
                      f"{err / count:+.2f}" if count else "n/a",
                      f"{100 * rep / prompt:.1f} %" if prompt else "n/a", f"{pred / rep:.3f}" if rep else "n/a", f"{evicted:.0f}",
-                     f"{vllm.get('BlockStored', 0)}/{vllm.get('BlockRemoved', 0)}" if kv else "n/a"))
+                     f"{vllm.get('BlockStored blocks', 0)}/{vllm.get('BlockRemoved blocks', vllm.get('BlockRemoved', 0))}"
+                     if kv else "n/a"))
     head = ("router", "answers", "err p50", "err p95", "|err| p95", "err > +1", "err < -1", "mean err", "cached share",
-            "pred/rep", "evicted", "vLLM stored/removed")
+            "pred/rep", "evicted", "vLLM blocks stored/removed")
     widths = [max(len(str(r[i])) for r in rows + [head]) for i in range(len(head))]
     print("  prediction error = predicted - engine-reported cached blocks per answer (|err|: "
           "kvmesh_cache_prediction_abs_error_blocks); cached share = engine-reported cached / prompt tokens; "
-          "evicted = text blocks the router dropped on KV events; vLLM stored/removed = BlockStored/BlockRemoved "
-          "events vLLM published (counted beside the router)")
+          "evicted = text blocks the router dropped on KV events; vLLM blocks stored/removed = the blocks of the "
+          "BlockStored/BlockRemoved events vLLM published (counted beside the router)")
     for r in [head] + rows:
         print("  " + "  ".join(str(c).rjust(w) for c, w in zip(r, widths)))
     if kv:
@@ -282,6 +292,32 @@ def events(off, on, kv=None):
             if kvcounts([p]).get("BlockRemoved", 0) == 0:
                 fail(f"events: vLLM published no BlockRemoved in the {name} run: the replicas did not evict; "
                      f"use fewer EVENTS_BLOCKS or more EVENTS_CONVERSATIONS")
+
+
+def engines(name, pairs):
+    def delta(b, a, metric):
+        return total(a, metric) - total(b, metric)
+    per, hist = [], {}
+    sums = {k: [0.0, 0.0] for k in ("time_to_first_token", "request_queue_time", "request_prefill_time")}
+    for pair in pairs:
+        bp, ap = pair.split(",")
+        b, a = parse(bp), parse(ap)
+        reqs = delta(b, a, "vllm:request_success_total")
+        computed = delta(b, a, "vllm:request_prefill_kv_computed_tokens_sum")
+        prompt = delta(b, a, "vllm:prompt_tokens_total")
+        per.append(f"{reqs:.0f} req, {prompt:.0f} prompt / {computed:.0f} computed tokens")
+        for k in sums:
+            sums[k][0] += delta(b, a, f"vllm:{k}_seconds_sum")
+            sums[k][1] += delta(b, a, f"vllm:{k}_seconds_count")
+        before = {l["le"]: v for l, v in b.get("vllm:time_to_first_token_seconds_bucket", [])}
+        for l, v in a.get("vllm:time_to_first_token_seconds_bucket", []):
+            hist[float(l["le"])] = hist.get(float(l["le"]), 0) + v - before.get(l["le"], 0)
+    n = sums["time_to_first_token"][1]
+    p50 = next((le for le in sorted(hist) if hist[le] >= 0.5 * n), float("inf")) if n else float("nan")
+    mean = lambda k: 1000 * sums[k][0] / sums[k][1] if sums[k][1] else float("nan")
+    print(f"  {name:<14} engine TTFT p50 <= {1000 * p50:,.0f} ms, mean {mean('time_to_first_token'):,.0f} ms; "
+          f"queue mean {mean('request_queue_time'):,.0f} ms, prefill mean {mean('request_prefill_time'):,.0f} ms; "
+          f"per server: " + "; ".join(per))
 
 
 def kvcount(out, endpoints):
@@ -316,6 +352,9 @@ def kvcount(out, endpoints):
             for e in evs:
                 k = kind(e)
                 c[k] = c.get(k, 0) + 1
+                hashes = e.get("block_hashes") if isinstance(e, dict) else (e[1] if len(e) > 1 else None)
+                if isinstance(hashes, list):
+                    c[k + " blocks"] = c.get(k + " blocks", 0) + len(hashes)
     with open(out, "w") as f:
         json.dump(counts, f)
     ctx.destroy(linger=0)
@@ -335,6 +374,8 @@ def kvcounts(paths):
 if __name__ == "__main__":
     if len(sys.argv) == 6 and sys.argv[1] == "features":
         features(sys.argv[2].rstrip("/"), sys.argv[3].rstrip("/"), sys.argv[4], int(sys.argv[5]))
+    elif len(sys.argv) >= 4 and sys.argv[1] == "engines":
+        engines(sys.argv[2], sys.argv[3:])
     elif len(sys.argv) >= 4 and sys.argv[1] == "kvcount":
         kvcount(sys.argv[2], sys.argv[3:])
     elif len(sys.argv) in (4, 6) and sys.argv[1] == "events":
