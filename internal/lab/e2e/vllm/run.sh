@@ -21,8 +21,9 @@
 #     prediction error p50/p95 in blocks, from the routers' per-response
 #     debug lines.
 #  3. events (opt-in: PHASES=events): the router with and without
-#     --kv-events auto (read from vLLM's GET /kv_event_sources) over 2 fresh
-#     replicas each time, whose KV caches are too small for the
+#     --kv-events auto (read from vLLM's GET /kv_event_sources), EVENTS_RUNS
+#     [1] times each, in turn, over the same 2 replicas emptied (POST
+#     /reset_prefix_cache) before each benchmark, whose KV caches are too small for the
 #     conversations (--num-gpu-blocks-override EVENTS_BLOCKS, MAX_NUM_SEQS
 #     EVENTS_SEQS), so the engines evict; check.py kvcount counts the
 #     BlockStored/BlockRemoved events vLLM publishes (beside the router),
@@ -298,42 +299,52 @@ if phase events; then
 EVENTS_CONVERSATIONS=${EVENTS_CONVERSATIONS:-12}
 EVENTS_TURNS=${EVENTS_TURNS:-5}
 EVENTS_CLIENTS=${EVENTS_CLIENTS:-$EVENTS_CONVERSATIONS}
+EVENTS_RUNS=${EVENTS_RUNS:-1}
 VENV=${VENV:-${ENGINES_HOME:-$HOME/.cache/kvmesh-engines}/venv-vllm}
+# The same 2 servers for every run (VLLM_SERVER_DEV_MODE for POST
+# /reset_prefix_cache: each benchmark starts on empty caches).
+MAX_MODEL_LEN=${EVENTS_MAX_MODEL_LEN:-2048} MAX_NUM_SEQS=${EVENTS_SEQS:-2} VLLM_SERVER_DEV_MODE=1 \
+  EXTRA_ARGS="--num-gpu-blocks-override ${EVENTS_BLOCKS:-96}" replicas "$rep_x1"
+for ((run = 1; run <= EVENTS_RUNS; run++)); do
 for mode in off on; do
-  echo "e2e-vllm: KV events $mode ($EVENTS_CONVERSATIONS conversations x $EVENTS_TURNS turns, ${EVENTS_BLOCKS:-96} blocks per replica)"
-  MAX_MODEL_LEN=${EVENTS_MAX_MODEL_LEN:-2048} MAX_NUM_SEQS=${EVENTS_SEQS:-2} \
-    EXTRA_ARGS="--num-gpu-blocks-override ${EVENTS_BLOCKS:-96}" replicas "$rep_x1"
+  name=events-$mode-$run
+  echo "e2e-vllm: run $run, KV events $mode ($EVENTS_CONVERSATIONS conversations x $EVENTS_TURNS turns, $EVENTS_CLIENTS at once, ${EVENTS_BLOCKS:-96} blocks and ${EVENTS_SEQS:-2} sequences per replica)"
+  for r in "$(url "$rep_x1")" "$(url $((rep_x1 + 1)))"; do
+    curl -fsS -X POST -o /dev/null "$r/reset_prefix_cache" || die "POST $r/reset_prefix_cache failed"
+  done
   kv=()
   if [ "$mode" = on ]; then kv=(--kv-events auto); fi
-  start "router-events-$mode" router --name r0 --listen "127.0.0.1:$api1" --gossip-bind "127.0.0.1:$gossip1" \
+  start "router-$name" router --name r0 --listen "127.0.0.1:$api1" --gossip-bind "127.0.0.1:$gossip1" \
     --admin-listen "127.0.0.1:$admin1" --replica "$(url "$rep_x1")" --replica "$(url $((rep_x1 + 1)))" "${router_flags[@]}" "${kv[@]}"
   wait_http "$(url "$api1")/readyz" "router r0"
   wait_healthy "$admin1" 2
   if [ "$mode" = on ]; then
     for ((i = 0; i < 100; i++)); do
-      [ "$(grep -c 'subscribing to KV events' "$work/router-events-on.log")" = 2 ] && break
+      [ "$(grep -c 'subscribing to KV events' "$work/router-$name.log")" = 2 ] && break
       sleep 0.2
     done
-    [ "$(grep -c 'subscribing to KV events' "$work/router-events-on.log")" = 2 ] ||
+    [ "$(grep -c 'subscribing to KV events' "$work/router-$name.log")" = 2 ] ||
       die "--kv-events auto did not find both replicas' publishers at GET /kv_event_sources"
   fi
   # vLLM's own count of the blocks it stored and removed, beside the router.
-  "$VENV/bin/python" "$here/check.py" kvcount "$work/events-$mode.kv.json" \
-    "tcp://127.0.0.1:$((rep_x1 + 50))" "tcp://127.0.0.1:$((rep_x1 + 51))" 2>"$work/kvcount-$mode.log" &
+  "$VENV/bin/python" "$here/check.py" kvcount "$work/$name.kv.json" \
+    "tcp://127.0.0.1:$((rep_x1 + 50))" "tcp://127.0.0.1:$((rep_x1 + 51))" 2>"$work/kvcount-$name.log" &
   kvcount_pid=$!
+  sleep 1 # the subscriber joins before the first request
   t=$SECONDS
   "$work/kvmesh" bench --conversations "$EVENTS_CONVERSATIONS" --turns "$EVENTS_TURNS" --answer-tokens "$ANSWER_TOKENS" \
-    --clients "$EVENTS_CLIENTS" --group "events-$mode=$(url "$api1")" --json >"$work/events-$mode.json" 2>"$work/bench-events-$mode.log" || die "bench events-$mode failed"
-  echo "e2e-vllm: events $mode benchmarked in $((SECONDS - t)) s"
+    --clients "$EVENTS_CLIENTS" --group "events-$mode=$(url "$api1")" --json >"$work/$name.json" 2>"$work/bench-$name.log" || die "bench $name failed"
+  echo "e2e-vllm: $name benchmarked in $((SECONDS - t)) s"
   sleep 1 # the last answers' events
   kill -TERM "$kvcount_pid"
-  wait "$kvcount_pid" || die "check.py kvcount failed: $(cat "$work/kvcount-$mode.log")"
-  scrape "events-$mode-r0" "$admin1"
+  wait "$kvcount_pid" || die "check.py kvcount failed: $(cat "$work/kvcount-$name.log")"
+  scrape "$name-r0" "$admin1"
   stop_frontends
-  stop_replicas "$rep_x1"
 done
-python3 "$here/check.py" events "$work/events-off-r0.metrics.txt" "$work/events-on-r0.metrics.txt" \
-  "$work/events-off.kv.json" "$work/events-on.kv.json"
+python3 "$here/check.py" events "$work/events-off-$run-r0.metrics.txt" "$work/events-on-$run-r0.metrics.txt" \
+  "$work/events-off-$run.kv.json" "$work/events-on-$run.kv.json"
+done
+stop_replicas "$rep_x1"
 fi
 
 if phase peers; then
@@ -440,7 +451,7 @@ fi
 # Kept before the gates run, so that a failed run's are too.
 if [ -n "${KVMESH_ARTIFACTS:-}" ]; then
   mkdir -p "$KVMESH_ARTIFACTS"
-  for f in kvmesh-x1 kvmesh-x2 round-robin events-off events-on; do if [ -e "$work/$f.json" ]; then cp "$work/$f.json" "$KVMESH_ARTIFACTS/vllm-$f.json"; fi; done
+  for f in kvmesh-x1 kvmesh-x2 round-robin "$work"/events-*.json; do f=${f##*/}; f=${f%.json}; if [ -e "$work/$f.json" ]; then cp "$work/$f.json" "$KVMESH_ARTIFACTS/vllm-$f.json"; fi; done
   for f in "$work"/*.metrics.txt "$work"/*.mesh.json "$work"/*.kv.json "$work"/router-*.log "$work"/peer-*.log "$work"/vllmcpu-*.log; do if [ -e "$f" ]; then cp "$f" "$KVMESH_ARTIFACTS/vllm-${f##*/}"; fi; done
 fi
 if phase x1; then echo "e2e-vllm: kvmesh x1 router"; python3 "$here/check.py" report "$work/kvmesh-x1-r0.metrics.txt"; fi
