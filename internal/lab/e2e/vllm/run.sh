@@ -367,8 +367,8 @@ echo "e2e-vllm: peers ($PEERS) x $PEER_RUNS rounds on the same 2 servers"
 VLLM_SERVER_DEV_MODE=1 replicas "$rep_x1"
 r1=$(url "$rep_x1") r2=$(url $((rep_x1 + 1)))
 curl -fsS -X POST -o /dev/null "$r1/reset_prefix_cache" || die "vLLM does not serve POST /reset_prefix_cache (VLLM_SERVER_DEV_MODE)"
-# A fresh vLLM CPU server's first prompts pay one-time costs (kernels
-# set up for new shapes), which would fall on the first front end alone:
+# A fresh vLLM CPU server prefills its first prompts 2-5x slower than later
+# ones (seen in its own throughput log), which would fall on the first front end alone:
 # a few conversations straight to both servers (another seed) first.
 "$work/kvmesh" bench --conversations 4 --turns 2 --answer-tokens "$ANSWER_TOKENS" --seed 99 \
   --group "warm-up=$r1,$r2" --json >/dev/null 2>"$work/bench-warm-up.log" || die "the warm-up benchmark failed"
