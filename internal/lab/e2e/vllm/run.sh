@@ -53,7 +53,7 @@
 # ../llamacpp/run.sh's; for events: EVENTS_BLOCKS [96] (32-token blocks per
 # replica), EVENTS_SEQS [2], EVENTS_CONVERSATIONS [12], EVENTS_TURNS [5],
 # EVENTS_MAX_MODEL_LEN [2048], EVENTS_CLIENTS [EVENTS_CONVERSATIONS] (all
-# conversations at once, so more than the caches hold compete).
+# conversations at once, so more than the caches hold compete), EVENTS_RUNS [1].
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
