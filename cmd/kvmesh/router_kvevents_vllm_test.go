@@ -21,10 +21,13 @@ import (
 )
 
 // removalWatch subscribes beside the router to the engine's own KV-event
-// stream and notes the first batch with a BlockRemoved: when it arrived
-// here and the engine's timestamp on it.
+// stream. While marking, it keeps the blocks the engine stores (those of
+// the one prompt then in flight); it notes the first batch that removes
+// one of them: when it arrived here and the engine's timestamp on it.
 type removalWatch struct {
 	mu       sync.Mutex
+	marking  bool
+	marked   map[uint64]bool
 	arrived  time.Time
 	engineTS float64
 	removed  int
@@ -35,22 +38,47 @@ func (w *removalWatch) Batch(b kvevents.Batch) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for _, e := range b.Events {
-		if e.Kind != kvevents.BlockRemoved {
-			continue
-		}
-		w.removed += len(e.Hashes)
-		if w.arrived.IsZero() {
-			w.arrived, w.engineTS = now, b.TS
+		switch {
+		case e.Kind == kvevents.BlockStored && w.marking:
+			for _, h := range e.Hashes {
+				w.marked[h] = true
+			}
+		case e.Kind == kvevents.BlockRemoved:
+			for _, h := range e.Hashes {
+				if !w.marked[h] {
+					continue
+				}
+				w.removed++
+				if w.arrived.IsZero() {
+					w.arrived, w.engineTS = now, b.TS
+				}
+			}
 		}
 	}
 }
 
 func (w *removalWatch) Lost(string) {}
 
+// mark starts or stops keeping the blocks stored.
+func (w *removalWatch) mark(on bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.marking = on
+}
+
+// first is the first removal of a marked block (zero time: none yet),
+// and how many marked blocks were removed.
 func (w *removalWatch) first() (time.Time, float64, int) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.arrived, w.engineTS, w.removed
+}
+
+// markedCount is how many blocks were marked.
+func (w *removalWatch) markedCount() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.marked)
 }
 
 // TestKVEventEvictionReachesThePeerOnVLLM is
@@ -65,7 +93,8 @@ func (w *removalWatch) first() (time.Time, float64, int) {
 // holds about one and a half such prompts (--num-gpu-blocks-override 64,
 // 32-token blocks) and runs this test repeatedly; without
 // KVMESH_VLLM_URL it is skipped. Each run tags its prompts with a fresh
-// nonce, so runs against the same server start uncached.
+// nonce, so runs against the same server start uncached, and the watch
+// times the first removal of the first prompt's own engine blocks.
 func TestKVEventEvictionReachesThePeerOnVLLM(t *testing.T) {
 	replica := os.Getenv("KVMESH_VLLM_URL")
 	if replica == "" {
@@ -91,7 +120,7 @@ func TestKVEventEvictionReachesThePeerOnVLLM(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	watch := &removalWatch{}
+	watch := &removalWatch{marked: map[uint64]bool{}}
 	sub, err := kvevents.New(kvevents.Config{Endpoint: src.Endpoint, Topic: src.Topic}, watch)
 	if err != nil {
 		t.Fatal(err)
@@ -157,14 +186,20 @@ func TestKVEventEvictionReachesThePeerOnVLLM(t *testing.T) {
 	hashes := c.AppendHashes(nil, c.Root(model, ""), pr.Text)
 	probes := summary.MakeProbes(nil, hashes)
 	match := func(r *router) int { return r.mesh.MatchReplica(replica, probes) }
+	// The first prompt's engine blocks are those stored while it runs
+	// (the test sends nothing else); a server reused from an earlier run
+	// evicts that run's blocks meanwhile, which the watch ignores.
+	watch.mark(true)
 	if err := ask(first); err != nil {
 		t.Fatal(err)
 	}
+	eventually(t, "vLLM's BlockStored of the first prompt", func() bool { return watch.markedCount() > 0 })
+	watch.mark(false)
 	for _, r := range []*router{a, b} {
 		eventually(t, r.name+" to hold the first prompt", func() bool { return match(r) == len(hashes) })
 	}
 	if at, _, _ := watch.first(); !at.IsZero() {
-		t.Fatal("vLLM evicted before the test meant it to (a server shared with other work?)")
+		t.Fatal("vLLM evicted the first prompt before the test meant it to (a server shared with other work?)")
 	}
 	// The prompts that evict run beside the polling: vLLM evicts when it
 	// schedules one, seconds before its answer on a CPU build.
@@ -191,7 +226,7 @@ func TestKVEventEvictionReachesThePeerOnVLLM(t *testing.T) {
 			break
 		}
 		if i == 60000 {
-			t.Fatal("vLLM published no BlockRemoved within 120 s of the prompts that should evict")
+			t.Fatal("vLLM removed none of the first prompt's blocks within 120 s of the prompts that should evict them")
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
@@ -206,7 +241,7 @@ func TestKVEventEvictionReachesThePeerOnVLLM(t *testing.T) {
 	engine := time.Unix(0, int64(engineTS*1e9))
 	_, _, removed := watch.first()
 	t.Logf("peer eviction latency %v (from vLLM's timestamp on the batch to b's copy dropping it; %v from its arrival at a subscriber); "+
-		"vLLM removed %d blocks; a matches %d of %d text blocks, b %d",
+		"vLLM removed %d of the first prompt's blocks; a matches %d of %d text blocks, b %d",
 		seen.Sub(engine).Round(time.Millisecond), seen.Sub(at).Round(time.Millisecond), removed, match(a), len(hashes), match(b))
 	d := a.kv.debug()[replica]
 	if d.Tracker.Evicted == 0 || d.Events.Gaps != 0 || !d.Events.Connected {
