@@ -90,7 +90,7 @@ func (w *removalWatch) markedCount() int {
 // a BlockRemoved (and from its arrival at a subscriber of our own beside
 // the router) to b's copy no longer matching the whole prompt.
 // internal/lab/e2e/vllm/run.sh's peer phase starts a server whose cache
-// holds about one and a half such prompts (--num-gpu-blocks-override 64,
+// holds about one and a half such prompts (--num-gpu-blocks-override 72,
 // 32-token blocks) and runs this test repeatedly; without
 // KVMESH_VLLM_URL it is skipped. Each run tags its prompts with a fresh
 // nonce, so runs against the same server start uncached, and the watch
@@ -175,7 +175,7 @@ func TestKVEventEvictionReachesThePeerOnVLLM(t *testing.T) {
 		return nil
 	}
 	nonce := fmt.Sprintf("%x", time.Now().UnixNano())
-	// ~1,400 Gemma tokens: 44 blocks of 32, two such prompts overflow 64.
+	// ~1,400 Gemma tokens: 44 blocks of 32, two such prompts overflow 72.
 	words := func(tag string) string { return nonce + " " + strings.Repeat(tag+" kv events evict blocks. ", 200) }
 	first := words("alpha")
 	pr, err := prompt.RenderChat([]byte(fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":%q}]}`, model, first)))

