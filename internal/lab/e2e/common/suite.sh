@@ -16,8 +16,9 @@
 # MODEL_ALIAS, so the suite's plumbing (ports, routers, benchmark, gates)
 # runs in seconds on any machine; the features check then expects the
 # sim's engine (vllm) and no slots, and the comparison does not gate.
-# It runs the phases features, x1, x2 and rr (the sims publish no KV
-# events). Nothing it measures is an engine's.
+# It runs the phases features, x1, x2 and rr, and the vLLM suite's peers
+# (the sims serve /reset_prefix_cache; they publish no KV events, so not
+# events or peerview). Nothing it measures is an engine's.
 
 common=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$common/../../../.." && pwd)

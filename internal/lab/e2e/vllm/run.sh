@@ -43,8 +43,9 @@
 #  5. peerview (opt-in, issue 23): how soon router b's view of router a's
 #     replica loses the blocks vLLM evicted (../kvevents/peer.sh on one
 #     server of PEERVIEW_BLOCKS [72]; PEERVIEW_RUNS [5] per gossip profile).
-# ENGINE_SIM=1 is the dry run, with replica-sims in place of vLLM (phases
-# features, x1, x2 and rr only: events, peers and peerview need vLLM); the
+# ENGINE_SIM=1 is the dry run, with replica-sims in place of vLLM (not
+# events or peerview: the sims publish no KV events; peers runs, on the
+# sims' /reset_prefix_cache and vLLM-like /metrics); the
 # helpers, phases and gates are ../common/suite.sh's (shared with
 # ../llamacpp/run.sh), the checks ../common/e2echeck.py's.
 # Every child is stopped on exit; on failure the logs are printed. Needs go,
@@ -76,9 +77,21 @@ MODEL_ALIAS=tiny-llama
 . "$here/../common/suite.sh"
 t0=$SECONDS
 if [ "$ENGINE_SIM" = 1 ]; then
-  for p in events peers peerview; do
-    if phase "$p"; then die "ENGINE_SIM=1: the $p phase needs real vLLM (its KV events, prefix cache reset and metrics)"; fi
+  for p in events peerview; do
+    if phase "$p"; then die "ENGINE_SIM=1: the $p phase needs real vLLM (the sims publish no KV events)"; fi
   done
+fi
+PEERS=${PEERS:-kvmesh-x1 smg vllm-router}
+if phase peers; then # checked before the install and the servers
+  for fe in $PEERS; do
+    case $fe in kvmesh-x1 | kvmesh-x2 | smg | vllm-router) ;;
+    *) die "PEERS: unknown front end $fe (kvmesh-x1, kvmesh-x2, smg, vllm-router)" ;;
+    esac
+  done
+  [[ ${PEER_RUNS:-3} =~ ^[1-9][0-9]*$ ]] || die "PEER_RUNS must be a positive whole number, not ${PEER_RUNS}"
+fi
+if phase events; then
+  [[ ${EVENTS_RUNS:-1} =~ ^[1-9][0-9]*$ ]] || die "EVENTS_RUNS must be a positive whole number, not ${EVENTS_RUNS}"
 fi
 
 # replica_env BASE: start.sh's replay ports, with KV events (the
@@ -173,13 +186,8 @@ if phase peers; then
 # their defaults (PEER_ROUTER_FLAGS; not the suite's debug logging and
 # 200 ms health checks) as an operator would run them.
 PEER_RUNS=${PEER_RUNS:-3}
-PEERS=${PEERS:-kvmesh-x1 smg vllm-router}
 read -r -a peer_router_flags <<<"${PEER_ROUTER_FLAGS:---region local --gossip-profile test}"
-for fe in $PEERS; do
-  case $fe in kvmesh-x1 | kvmesh-x2 | smg | vllm-router) need_peer "$fe" ;;
-  *) die "PEERS: unknown front end $fe (kvmesh-x1, kvmesh-x2, smg, vllm-router)" ;;
-  esac
-done
+for fe in $PEERS; do need_peer "$fe"; done
 echo "$SUITE: peers ($PEERS) x $PEER_RUNS rounds on the same 2 servers"
 VLLM_SERVER_DEV_MODE=1 replicas "$rep_x1"
 r1=$(url "$rep_x1") r2=$(url $((rep_x1 + 1)))
