@@ -27,6 +27,7 @@ import (
 	"github.com/kvmesh/kvmesh/internal/lab/replicasim"
 	"github.com/kvmesh/kvmesh/mesh"
 	"github.com/kvmesh/kvmesh/proxy"
+	"github.com/kvmesh/kvmesh/proxy/prompt"
 	"github.com/kvmesh/kvmesh/route"
 	"github.com/kvmesh/kvmesh/summary"
 )
@@ -347,23 +348,10 @@ func TestEngineLoadKnownReachesThePeers(t *testing.T) {
 	}))
 	defer plain.Close()
 	logs := &lockedWriter{}
-	base := routerConfig{
-		region: "local", listen: "127.0.0.1:0", gossipBind: "127.0.0.1:0", logLevel: hclog.Warn, logOutput: logs,
-		maxBodyBytes: proxy.DefaultMaxBodyBytes, capacityBlocks: 4096, loadFactor: 1.25,
-		timing: mesh.TestTiming(), healthInterval: 50 * time.Millisecond, contract: summary.DefaultContract(), gossipKey: testGossipKey,
-		sources: replicaSources{loadInterval: 50 * time.Millisecond},
-	}
+	base := pairConfig(logs, 50*time.Millisecond)
+	base.sources = replicaSources{loadInterval: 50 * time.Millisecond}
 	a, b := startPair(ctx, t, base, []string{sim.srv.URL, plain.URL})
-	defer func() {
-		for _, r := range []*router{a, b} {
-			if err := r.shutdown(); err != nil {
-				t.Errorf("shutdown %s: %v", r.name, err)
-			}
-		}
-		if t.Failed() {
-			t.Log(logs.String())
-		}
-	}()
+	defer stopPair(t, logs, a, b)
 	for _, r := range []*router{a, b} {
 		eventually(t, r.name+" to know whose counts are known", func() bool {
 			cands := r.mesh.Candidates(simModel, nil)
@@ -374,6 +362,58 @@ func TestEngineLoadKnownReachesThePeers(t *testing.T) {
 			return len(cands) == 2 && known[sim.srv.URL] && !known[plain.URL]
 		})
 	}
+}
+
+// pairConfig is what the two-router tests start from: region local,
+// loopback listeners, test gossip timing and key, health checks every
+// health, logs to logs.
+func pairConfig(logs io.Writer, health time.Duration) routerConfig {
+	return routerConfig{
+		region: "local", listen: "127.0.0.1:0", gossipBind: "127.0.0.1:0", logLevel: hclog.Warn, logOutput: logs,
+		maxBodyBytes: proxy.DefaultMaxBodyBytes, capacityBlocks: 4096, loadFactor: 1.25,
+		timing: mesh.TestTiming(), healthInterval: health, contract: summary.DefaultContract(), gossipKey: testGossipKey,
+	}
+}
+
+// stopPair shuts the routers down, and prints their logs if the test
+// failed: deferred by the tests that start a pair.
+func stopPair(t *testing.T, logs *lockedWriter, routers ...*router) {
+	for _, r := range routers {
+		if err := r.shutdown(); err != nil {
+			t.Errorf("shutdown %s: %v", r.name, err)
+		}
+	}
+	if t.Failed() {
+		t.Log(logs.String())
+	}
+}
+
+// chatOnce posts a one-message chat completion of text for model to the
+// router at addr and reads the answer whole.
+func chatOnce(client *http.Client, addr, model, text string) error {
+	body := fmt.Sprintf(`{"model":%q,"max_tokens":8,"messages":[{"role":"user","content":%q}]}`, model, text)
+	resp, err := client.Post("http://"+addr+"/v1/chat/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		return err
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("status %d", resp.StatusCode)
+	}
+	return nil
+}
+
+// chatBlocks: the block hashes of text sent as chatOnce sends it, under
+// contract c, and their probes.
+func chatBlocks(t *testing.T, c summary.Contract, model, text string) ([]uint64, []summary.Probe) {
+	t.Helper()
+	pr, err := prompt.RenderChat([]byte(fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":%q}]}`, model, text)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hashes := c.AppendHashes(nil, c.Root(model, ""), pr.Text)
+	return hashes, summary.MakeProbes(nil, hashes)
 }
 
 // startPair starts router "a" from base with the given replicas and

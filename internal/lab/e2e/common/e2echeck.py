@@ -314,10 +314,13 @@ PEER_METRICS = (("followup_cached_share", "follow-up cached", "{:.3f}"),
 def peers(dirs):
     runs = {}  # front end name -> one result per run, in the order of dirs
     for d in dirs:
-        # (the routers' mesh views are kept there as llamacpp-*.mesh.json)
-        paths = sorted(p for p in glob.glob(os.path.join(d, "llamacpp-*.json")) if not p.endswith(".mesh.json"))
+        # (the routers' mesh views are kept there as llamacpp-*.mesh.json;
+        # ../vllm/run.sh's peers phase keeps vllm-*.json, and its events
+        # phase vLLM's KV-event counts as vllm-*.kv.json)
+        paths = sorted(p for pat in ("llamacpp-*.json", "vllm-*.json") for p in glob.glob(os.path.join(d, pat))
+                       if not p.endswith(".mesh.json") and not p.endswith(".kv.json"))
         if not paths:
-            fail(f"peers: no llamacpp-*.json in {d}")
+            fail(f"peers: no llamacpp-*.json or vllm-*.json in {d}")
         for p in paths:
             with open(p) as f:
                 for r in json.load(f)["frontends"]:
@@ -335,9 +338,13 @@ def peers(dirs):
         cells = [", ".join(fmt.format(r[k]) for r in rs) + f" (**{fmt.format(med[name][k])}**)"
                  for k, _, fmt in PEER_METRICS]
         print(f"| {name} | " + " | ".join(cells) + " |")
-    ours = med.get("kvmesh-x2")
-    if ours is None:
-        return
+    for kv in [name for name in runs if name.startswith("kvmesh")]:
+        verdicts(kv, med, runs, n)
+
+
+def verdicts(kv, med, runs, n):
+    """kvmesh front end kv's medians against each peer's: issue 22's bar."""
+    ours = med[kv]
     for name in runs:
         if name.startswith("kvmesh") or name == "round-robin":
             continue
@@ -352,7 +359,7 @@ def peers(dirs):
             if ours[k] > 1.05 * theirs[k]:
                 misses.append(f"{h} {ours[k]:,.0f} > 1.05x {theirs[k]:,.0f}")
         verdict = "meets the bar" if not misses else "misses: " + "; ".join(misses)
-        print(f"kvmesh-x2 vs {name} (medians of {n} runs): {verdict}")
+        print(f"{kv} vs {name} (medians of {n} runs): {verdict}")
 
 
 def percentile(xs, q):

@@ -16,8 +16,9 @@
 # MODEL_ALIAS, so the suite's plumbing (ports, routers, benchmark, gates)
 # runs in seconds on any machine; the features check then expects the
 # sim's engine (vllm) and no slots, and the comparison does not gate.
-# It runs the phases features, x1, x2 and rr (the sims publish no KV
-# events). Nothing it measures is an engine's.
+# It runs the phases features, x1, x2 and rr, and the vLLM suite's peers
+# (the sims serve /reset_prefix_cache; they publish no KV events, so not
+# events or peerview). Nothing it measures is an engine's.
 
 common=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$common/../../../.." && pwd)
@@ -160,6 +161,87 @@ except ValueError:
   die "the router with admin port $1 did not see $2 replicas healthy"
 }
 
+# wait_ready URL WHAT: until a one-token chat completion through the front
+# end at URL answers 200 (120 s). A peer router has no readiness endpoint
+# that says its workers are admitted, so it is asked what the benchmark
+# asks; the prompt shares only the chat template's first tokens with it.
+wait_ready() {
+  local i pid code body
+  body=$(printf '{"model":"%s","messages":[{"role":"user","content":"ready?"}],"max_tokens":1}' "$MODEL_ALIAS")
+  for ((i = 0; i < 600; i++)); do
+    code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 -H 'Content-Type: application/json' \
+      -d "$body" "$1/v1/chat/completions" 2>/dev/null) || code=000
+    [ "$code" = 200 ] && return 0
+    for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null || die "a child exited while waiting for $2"; done
+    sleep 0.2
+  done
+  die "timed out waiting for $2 ($1, last status $code)"
+}
+need_venv() { # need_venv DIR PACKAGE: a venv at DIR with PACKAGE from PyPI, created once
+  [ -x "$1/bin/python" ] && "$1/bin/pip" show -q "$2" >/dev/null 2>&1 && return 0
+  echo "$SUITE: installing $2 into $1"
+  "${PYTHON:-python3}" -m venv "$1" || die "could not create the venv $1"
+  "$1/bin/pip" install -q "$2" || die "pip install $2 failed"
+}
+
+# The published cache-aware routers kvmesh is compared with (issue 22),
+# each in its venv (PYTHON creates them): SGLang Model Gateway (PyPI smg)
+# and vllm-router (PyPI vllm-router).
+SMG_VENV=${SMG_VENV:-$HOME/.cache/kvmesh-iperf/smg-venv}
+VLLM_ROUTER_VENV=${VLLM_ROUTER_VENV:-$HOME/.cache/kvmesh-vllm-router-venv}
+need_peer() { # need_peer FE: installs front end FE's package when it is a peer router (once)
+  case $1 in
+  smg) need_venv "$SMG_VENV" smg ;;
+  vllm-router) need_venv "$VLLM_ROUTER_VENV" vllm-router ;;
+  esac
+}
+
+# start_frontend FE LOG R1 R2 [ROUTER_FLAG...]: starts front end FE over
+# the replicas at URLs R1 and R2 and waits until it serves; sets front to
+# its URL (kvmesh-x2: both routers', comma-separated). FE: kvmesh-x1 (one
+# router, both replicas), kvmesh-x2 (two routers joined by seed with a
+# generated gossip key, one replica each; logs LOG-1 and LOG-2), smg or
+# vllm-router (--policy cache_aware, on peerport with Prometheus on
+# peerprom). The ROUTER_FLAGs go to kvmesh's routers.
+start_frontend() {
+  local fe=$1 log=$2 r1=$3 r2=$4
+  shift 4
+  case $fe in
+  kvmesh-x1)
+    start "$log" router --name r0 --listen "127.0.0.1:$api1" --gossip-bind "127.0.0.1:$gossip1" \
+      --admin-listen "127.0.0.1:$admin1" --replica "$r1" --replica "$r2" "$@"
+    wait_http "$(url "$api1")/readyz" "router r0"
+    wait_healthy "$admin1" 2
+    front=$(url "$api1") ;;
+  kvmesh-x2)
+    (umask 077 && head -c 32 /dev/urandom | base64 >"$work/gossip.key")
+    start "$log-1" router --name r1 --listen "127.0.0.1:$api1" --gossip-bind "127.0.0.1:$gossip1" \
+      --admin-listen "127.0.0.1:$admin1" --replica "$r1" --gossip-key-file "$work/gossip.key" "$@"
+    wait_http "$(url "$api1")/readyz" "router r1"
+    start "$log-2" router --name r2 --listen "127.0.0.1:$api2" --gossip-bind "127.0.0.1:$gossip2" \
+      --admin-listen "127.0.0.1:$admin2" --join "127.0.0.1:$gossip1" --replica "$r2" \
+      --gossip-key-file "$work/gossip.key" "$@"
+    wait_http "$(url "$api2")/readyz" "router r2"
+    wait_healthy "$admin1" 2
+    wait_healthy "$admin2" 2
+    front="$(url "$api1"),$(url "$api2")" ;;
+  smg)
+    # Run as a module: sglang-router installs a console script named smg too.
+    start_cmd "$log" "$SMG_VENV/bin/python" -m smg.cli launch --host 127.0.0.1 --port "$peerport" \
+      --worker-urls "$r1" "$r2" --policy cache_aware \
+      --prometheus-host 127.0.0.1 --prometheus-port "$peerprom" --log-level warn
+    wait_ready "$(url "$peerport")" "SMG"
+    front=$(url "$peerport") ;;
+  vllm-router)
+    start_cmd "$log" "$VLLM_ROUTER_VENV/bin/vllm-router" --host 127.0.0.1 --port "$peerport" \
+      --worker-urls "$r1" "$r2" --policy cache_aware \
+      --prometheus-host 127.0.0.1 --prometheus-port "$peerprom" --log-level warning
+    wait_ready "$(url "$peerport")" "vllm-router"
+    front=$(url "$peerport") ;;
+  *) die "unknown front end $fe (kvmesh-x1, kvmesh-x2, smg, vllm-router)" ;;
+  esac
+}
+
 # KVMESH_ROUTER_FLAGS (split on spaces) are added to every router's flags.
 # Routers log at debug: a line per response with its predicted and
 # reported cached tokens, for check.py predict.
@@ -180,7 +262,8 @@ scrape() { # scrape NAME ADMIN_PORT: the router's metrics and mesh view, kept wi
 
 # The phases both suites run, on the ports the sourcing script picked:
 # rep_feat, rep_x1, rep_x2, rep_rr (pairs of replica ports), api1, api2,
-# gossip1, gossip2, admin1, admin2, lbport.
+# gossip1, gossip2, admin1, admin2, lbport (and for the peer routers
+# peerport, peerprom).
 
 # phase_features [SLOTS]: one router over 2 replicas; check.py features
 # (the engine's slots when it has them).
@@ -207,11 +290,8 @@ phase_features() {
 phase_x1() { # kvmesh x1: one router over both replicas
   echo "$SUITE: kvmesh x1 ($CONVERSATIONS conversations x $TURNS turns)"
   replicas "$rep_x1"
-  start router-x1 router --name r0 --listen "127.0.0.1:$api1" --gossip-bind "127.0.0.1:$gossip1" \
-    --admin-listen "127.0.0.1:$admin1" --replica "$(url "$rep_x1")" --replica "$(url $((rep_x1 + 1)))" "${router_flags[@]}"
-  wait_http "$(url "$api1")/readyz" "router r0"
-  wait_healthy "$admin1" 2
-  bench kvmesh-x1 "$(url "$api1")"
+  start_frontend kvmesh-x1 router-x1 "$(url "$rep_x1")" "$(url $((rep_x1 + 1)))" "${router_flags[@]}"
+  bench kvmesh-x1 "$front"
   scrape kvmesh-x1-r0 "$admin1"
   # Every turn reached the client whole (the bench stops reading at [DONE]),
   # so the router counts none as gone (499) and learnt every answer.
@@ -225,21 +305,24 @@ phase_x1() { # kvmesh x1: one router over both replicas
 phase_x2() { # kvmesh x2: two routers joined by seed, one replica each, turns alternating
   echo "$SUITE: kvmesh x2 (two routers, one replica each, turns alternating)"
   replicas "$rep_x2"
-  (umask 077 && head -c 32 /dev/urandom | base64 >"$work/gossip.key")
-  start router-x2-1 router --name r1 --listen "127.0.0.1:$api1" --gossip-bind "127.0.0.1:$gossip1" \
-    --admin-listen "127.0.0.1:$admin1" --replica "$(url "$rep_x2")" --gossip-key-file "$work/gossip.key" "${router_flags[@]}"
-  wait_http "$(url "$api1")/readyz" "router r1"
-  start router-x2-2 router --name r2 --listen "127.0.0.1:$api2" --gossip-bind "127.0.0.1:$gossip2" \
-    --admin-listen "127.0.0.1:$admin2" --join "127.0.0.1:$gossip1" --replica "$(url $((rep_x2 + 1)))" \
-    --gossip-key-file "$work/gossip.key" "${router_flags[@]}"
-  wait_http "$(url "$api2")/readyz" "router r2"
-  wait_healthy "$admin1" 2
-  wait_healthy "$admin2" 2
-  bench kvmesh-x2 "$(url "$api1"),$(url "$api2")"
+  start_frontend kvmesh-x2 router-x2 "$(url "$rep_x2")" "$(url $((rep_x2 + 1)))" "${router_flags[@]}"
+  bench kvmesh-x2 "$front"
   scrape kvmesh-x2-r1 "$admin1"
   scrape kvmesh-x2-r2 "$admin2"
   stop_frontends
   stop_replicas "$rep_x2"
+}
+
+# phase_peer FE NAME BASE: the benchmark (as NAME) through peer router FE
+# (smg, vllm-router) over 2 fresh replicas at BASE.
+phase_peer() {
+  echo "$SUITE: $1 x1 (cache_aware)"
+  need_peer "$1"
+  replicas "$3"
+  start_frontend "$1" "$1" "$(url "$3")" "$(url $(($3 + 1)))"
+  bench "$2" "$front"
+  stop_frontends
+  stop_replicas "$3"
 }
 
 phase_rr() { # the round-robin baseline (kvmesh bench --balance)

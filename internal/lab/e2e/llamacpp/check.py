@@ -14,10 +14,11 @@
       with usage, and each kvmesh front end's follow-up cached share above
       the baseline's. Prints one table.
   check.py peers RUN_DIR...
-      the runs kept with KVMESH_ARTIFACTS (each directory's llamacpp-*.json
-      but the mesh views): per front end, each run's follow-up cached share and TTFT
+      the runs kept with KVMESH_ARTIFACTS (each directory's llamacpp-*.json,
+      or ../vllm/run.sh's vllm-*.json, but the mesh views and KV-event
+      counts): per front end, each run's follow-up cached share and TTFT
       p50/p99 (all turns and follow-ups) and their medians, and whether
-      kvmesh x2's medians meet issue 22's bar against each peer (follow-up
+      each kvmesh front end's medians meet issue 22's bar against each peer (follow-up
       share at least theirs to 3 decimals, TTFT p50 and p99 at most 1.05x
       theirs). A
       report: it fails only when a run is missing or has errors.

@@ -62,62 +62,13 @@ rep_feat=${ports[0]} rep_x1=${ports[2]} rep_x2=${ports[4]} rep_rr=${ports[6]} re
 api1=${ports[12]} api2=${ports[13]} gossip1=${ports[14]} gossip2=${ports[15]} admin1=${ports[16]} admin2=${ports[17]}
 lbport=${ports[18]} peerport=${ports[19]} peerprom=${ports[20]}
 
-# wait_ready URL WHAT: until a one-token chat completion through the front
-# end at URL answers 200 (120 s). A peer router has no readiness endpoint
-# that says its workers are admitted, so it is asked what the benchmark
-# asks; the prompt shares only the chat template's first tokens with it.
-wait_ready() {
-  local i pid code body
-  body=$(printf '{"model":"%s","messages":[{"role":"user","content":"ready?"}],"max_tokens":1}' "$MODEL_ALIAS")
-  for ((i = 0; i < 600; i++)); do
-    code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 -H 'Content-Type: application/json' \
-      -d "$body" "$1/v1/chat/completions" 2>/dev/null) || code=000
-    [ "$code" = 200 ] && return 0
-    for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null || die "a child exited while waiting for $2"; done
-    sleep 0.2
-  done
-  die "timed out waiting for $2 ($1, last status $code)"
-}
-need_venv() { # need_venv DIR PACKAGE: a venv at DIR with PACKAGE from PyPI, created once
-  [ -x "$1/bin/python" ] && "$1/bin/pip" show -q "$2" >/dev/null 2>&1 && return 0
-  echo "$SUITE: installing $2 into $1"
-  "${PYTHON:-python3}" -m venv "$1" || die "could not create the venv $1"
-  "$1/bin/pip" install -q "$2" || die "pip install $2 failed"
-}
-
 if phase features; then phase_features "$SLOTS"; fi
 if phase x1; then phase_x1; fi
 if phase x2; then phase_x2; fi
 if phase rr; then phase_rr; fi
 
-if phase smg; then
-echo "$SUITE: SGLang Model Gateway x1 (cache_aware)"
-SMG_VENV=${SMG_VENV:-$HOME/.cache/kvmesh-iperf/smg-venv}
-need_venv "$SMG_VENV" smg
-replicas "$rep_smg"
-# Run as a module: sglang-router installs a console script named smg too.
-start_cmd smg "$SMG_VENV/bin/python" -m smg.cli launch --host 127.0.0.1 --port "$peerport" \
-  --worker-urls "$(url "$rep_smg")" "$(url $((rep_smg + 1)))" --policy cache_aware \
-  --prometheus-host 127.0.0.1 --prometheus-port "$peerprom" --log-level warn
-wait_ready "$(url "$peerport")" "SMG"
-bench smg-x1 "$(url "$peerport")"
-stop_frontends
-stop_replicas "$rep_smg"
-fi
-
-if phase vllmrouter; then
-echo "$SUITE: vllm-router x1 (cache_aware)"
-VLLM_ROUTER_VENV=${VLLM_ROUTER_VENV:-$HOME/.cache/kvmesh-vllm-router-venv}
-need_venv "$VLLM_ROUTER_VENV" vllm-router
-replicas "$rep_vr"
-start_cmd vllm-router "$VLLM_ROUTER_VENV/bin/vllm-router" --host 127.0.0.1 --port "$peerport" \
-  --worker-urls "$(url "$rep_vr")" "$(url $((rep_vr + 1)))" --policy cache_aware \
-  --prometheus-host 127.0.0.1 --prometheus-port "$peerprom" --log-level warning
-wait_ready "$(url "$peerport")" "vllm-router"
-bench vllm-router "$(url "$peerport")"
-stop_frontends
-stop_replicas "$rep_vr"
-fi
+if phase smg; then phase_peer smg smg-x1 "$rep_smg"; fi
+if phase vllmrouter; then phase_peer vllm-router vllm-router "$rep_vr"; fi
 
 keep_artifacts llamacpp kvmesh-x1 kvmesh-x2 round-robin smg-x1 vllm-router -- \
   "$work"/*.metrics.txt "$work"/*.mesh.json "$work"/router-*.log "$work"/realengine-*.log "$work"/smg.log "$work"/vllm-router.log

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Checks a kvmesh router in front of real vLLM (CPU) replicas (Python stdlib only).
+"""Checks a kvmesh router in front of real vLLM (CPU) replicas (Python stdlib only, but kvcount).
 
   check.py features ROUTER_URL ADMIN_URL MODEL REPLICAS
       chat and text completions, streamed (stream_options.include_usage) and
@@ -18,14 +18,33 @@
       what the engine reported (kvmesh_cache_prediction_error_blocks), and
       the buckets of the error's p50 and p95
       (kvmesh_cache_prediction_abs_error_blocks).
-  check.py events OFF_METRICS.txt ON_METRICS.txt
+  check.py events OFF_METRICS.txt ON_METRICS.txt [OFF_KV.json ON_KV.json]
       one router's /metrics after the same benchmark without and with
       --kv-events, side by side: the prediction error's p50 and p95 (by the
       histogram's bucket bounds), the shares over +1 and under -1 block,
       the engine-reported cached share of prompt tokens, predicted/reported,
-      and the text blocks KV events dropped.
+      the text blocks KV events dropped and, given kvcount's files, the
+      BlockStored/BlockRemoved events vLLM published (fails if it removed
+      none: the run did not make the engines evict).
+  check.py engines NAME BEFORE.txt,AFTER.txt...
+      what vLLM's own /metrics (one BEFORE,AFTER pair of pages per server,
+      scraped around one front end's benchmark) say of that benchmark: the
+      requests each server finished, the prompt tokens it computed (not
+      cached), and, over all servers, its time to first token p50 (from
+      vllm:time_to_first_token_seconds' buckets) and mean, and its mean
+      queue and prefill time: beside the client's TTFT, what the front end
+      and placement added and what the engines took.
+  VENV_PYTHON check.py kvcount OUT.json ENDPOINT...
+      subscribes to vLLM's KV-event publishers (tcp://127.0.0.1:PORT, one
+      per replica; vLLM's own ZMQ stream, independent of the router) until
+      SIGTERM or SIGINT, then writes the events and their blocks counted by
+      kind (BlockStored, BlockRemoved, AllBlocksCleared) per endpoint to
+      OUT.json: the proof
+      that the engines evicted. Needs pyzmq and msgspec (vLLM's venv has
+      them; the other subcommands use the standard library only).
 
-  check.py compare RESULT.json... / check.py predict [--gate LO,HI] NAME=LOG...
+  check.py compare RESULT.json... / check.py peers RUN_DIR... /
+  check.py predict [--gate LO,HI] NAME=LOG...
       as ../llamacpp/check.py's.
 
 The features check, the HTTP, stream and metrics helpers, the benchmark
@@ -33,12 +52,13 @@ comparison and the per-response prediction report are
 ../common/e2echeck.py's (shared with ../llamacpp/check.py). Exits non-zero
 with the failed check on stderr.
 """
+import json
 import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
 import e2echeck  # noqa: E402  (../common, found by the path above)
-from e2echeck import metrics_file, total  # noqa: E402
+from e2echeck import fail, metrics_file, total  # noqa: E402
 
 
 def total_all(paths, name):
@@ -100,47 +120,143 @@ def report(paths):
         print(f"  cached tail share learnt by {router} for {replica}: {v:.2f}")
 
 
-def events(off, on):
-    """Side by side: the router without and with KV events (one metrics page each)."""
+def events(off, on, kv=None):
+    """Side by side: the router without and with KV events (one metrics page
+    each), and, given kvcount's files of the two runs, the blocks vLLM
+    itself reported stored and removed."""
     rows = []
-    for name, path in (("events off", off), ("events on", on)):
+    for i, (name, path) in enumerate((("events off", off), ("events on", on))):
         ms = metrics_file(path)
-        buckets = {}
+        buckets, absb = {}, {}
         for l, v in ms.get("kvmesh_cache_prediction_error_blocks_bucket", []):
             buckets[float(l["le"])] = buckets.get(float(l["le"]), 0) + v
+        for l, v in ms.get("kvmesh_cache_prediction_abs_error_blocks_bucket", []):
+            absb[float(l["le"])] = absb.get(float(l["le"]), 0) + v
         count = total(ms, "kvmesh_cache_prediction_error_blocks_count")
         err = total(ms, "kvmesh_cache_prediction_error_blocks_sum")
         prompt = total(ms, "kvmesh_prompt_tokens_total")
         rep = total(ms, "kvmesh_reported_cached_tokens_total")
         pred = total(ms, "kvmesh_predicted_cached_tokens_total")
-        def quantile(q):  # the least bucket bound under which a share q of the answers fall
-            for le in sorted(buckets):
-                if buckets[le] >= q * count:
+        def quantile(b, q):  # the least bucket bound under which a share q of the answers fall
+            for le in sorted(b):
+                if b[le] >= q * count:
                     return f"<= {le:g}"
-            return "> 64"
+            return "> top"
         over = count - buckets.get(1.0, 0)
         under = buckets.get(-1.0, 0)
         evicted = total(ms, "kvmesh_kv_event_text_blocks_evicted_total")
-        rows.append((name, f"{count:.0f}", quantile(0.5), quantile(0.95),
+        vllm = kvcounts([kv[i]]) if kv else {}
+        rows.append((name, f"{count:.0f}", quantile(buckets, 0.5), quantile(buckets, 0.95), quantile(absb, 0.95),
                      f"{100 * over / count:.1f} %" if count else "n/a", f"{100 * under / count:.1f} %" if count else "n/a",
                      f"{err / count:+.2f}" if count else "n/a",
-                     f"{100 * rep / prompt:.1f} %" if prompt else "n/a", f"{pred / rep:.3f}" if rep else "n/a", f"{evicted:.0f}"))
-    head = ("router", "answers", "err p50", "err p95", "err > +1", "err < -1", "mean err", "cached share", "pred/rep", "evicted")
+                     f"{100 * rep / prompt:.1f} %" if prompt else "n/a", f"{pred / rep:.3f}" if rep else "n/a", f"{evicted:.0f}",
+                     f"{vllm.get('BlockStored blocks', 0)}/{vllm.get('BlockRemoved blocks', vllm.get('BlockRemoved', 0))}"
+                     if kv else "n/a"))
+    head = ("router", "answers", "err p50", "err p95", "|err| p95", "err > +1", "err < -1", "mean err", "cached share",
+            "pred/rep", "evicted", "vLLM blocks stored/removed")
     widths = [max(len(str(r[i])) for r in rows + [head]) for i in range(len(head))]
-    print("  prediction error = predicted - engine-reported cached blocks per answer; "
-          "cached share = engine-reported cached / prompt tokens; evicted = text blocks dropped on KV events")
+    print("  prediction error = predicted - engine-reported cached blocks per answer (|err|: "
+          "kvmesh_cache_prediction_abs_error_blocks); cached share = engine-reported cached / prompt tokens; "
+          "evicted = text blocks the router dropped on KV events; vLLM blocks stored/removed = the blocks of the "
+          "BlockStored/BlockRemoved events vLLM published (counted beside the router)")
     for r in [head] + rows:
         print("  " + "  ".join(str(c).rjust(w) for c, w in zip(r, widths)))
+    if kv:
+        for name, p in zip(("events off", "events on"), kv):
+            if kvcounts([p]).get("BlockRemoved", 0) == 0:
+                fail(f"events: vLLM published no BlockRemoved in the {name} run: the replicas did not evict; "
+                     f"use fewer EVENTS_BLOCKS or more EVENTS_CONVERSATIONS")
+
+
+def engines(name, pairs):
+    def delta(b, a, metric):
+        return total(a, metric) - total(b, metric)
+    per, hist = [], {}
+    sums = {k: [0.0, 0.0] for k in ("time_to_first_token", "request_queue_time", "request_prefill_time")}
+    for pair in pairs:
+        bp, ap = pair.split(",")
+        b, a = metrics_file(bp), metrics_file(ap)
+        reqs = delta(b, a, "vllm:request_success_total")
+        computed = delta(b, a, "vllm:request_prefill_kv_computed_tokens_sum")
+        prompt = delta(b, a, "vllm:prompt_tokens_total")
+        per.append(f"{reqs:.0f} req, {prompt:.0f} prompt / {computed:.0f} computed tokens")
+        for k in sums:
+            sums[k][0] += delta(b, a, f"vllm:{k}_seconds_sum")
+            sums[k][1] += delta(b, a, f"vllm:{k}_seconds_count")
+        before = {l["le"]: v for l, v in b.get("vllm:time_to_first_token_seconds_bucket", [])}
+        for l, v in a.get("vllm:time_to_first_token_seconds_bucket", []):
+            hist[float(l["le"])] = hist.get(float(l["le"]), 0) + v - before.get(l["le"], 0)
+    n = sums["time_to_first_token"][1]
+    p50 = next((le for le in sorted(hist) if hist[le] >= 0.5 * n), float("inf")) if n else float("nan")
+    mean = lambda k: 1000 * sums[k][0] / sums[k][1] if sums[k][1] else float("nan")
+    print(f"  {name:<14} engine TTFT p50 <= {1000 * p50:,.0f} ms, mean {mean('time_to_first_token'):,.0f} ms; "
+          f"queue mean {mean('request_queue_time'):,.0f} ms, prefill mean {mean('request_prefill_time'):,.0f} ms; "
+          f"per server: " + "; ".join(per))
+
+
+def kvcount(out, endpoints):
+    import signal
+    import zmq
+    import msgspec
+    ctx = zmq.Context()
+    socks = {}
+    for ep in endpoints:
+        s = ctx.socket(zmq.SUB)
+        s.setsockopt(zmq.SUBSCRIBE, b"")
+        s.connect(ep)
+        socks[s] = ep
+    counts = {ep: {} for ep in endpoints}
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+    signal.signal(signal.SIGINT, lambda *_: stop.append(1))
+    dec = msgspec.msgpack.Decoder()
+    poller = zmq.Poller()
+    for s in socks:
+        poller.register(s, zmq.POLLIN)
+    # vLLM encodes an EventBatch and its events as msgpack arrays (tagged
+    # structs: the event's kind first) or, in other builds, maps.
+    kind = lambda e: e.get("type", next(iter(e))) if isinstance(e, dict) else e[0]
+    while not stop:
+        for s, _ in poller.poll(200):
+            parts = s.recv_multipart()
+            batch = dec.decode(parts[-1])
+            evs = batch["events"] if isinstance(batch, dict) else batch[1]
+            c = counts[socks[s]]
+            c["batches"] = c.get("batches", 0) + 1
+            for e in evs:
+                k = kind(e)
+                c[k] = c.get(k, 0) + 1
+                hashes = e.get("block_hashes") if isinstance(e, dict) else (e[1] if len(e) > 1 else None)
+                if isinstance(hashes, list):
+                    c[k + " blocks"] = c.get(k + " blocks", 0) + len(hashes)
+    with open(out, "w") as f:
+        json.dump(counts, f)
+    ctx.destroy(linger=0)
+
+
+def kvcounts(paths):
+    """Sums kvcount's OUT.json files: {kind: count} over every endpoint."""
+    tot = {}
+    for p in paths:
+        with open(p) as f:
+            for c in json.load(f).values():
+                for k, v in c.items():
+                    tot[k] = tot.get(k, 0) + v
+    return tot
 
 
 if __name__ == "__main__":
     if len(sys.argv) == 6 and sys.argv[1] == "features":
         e2echeck.features(sys.argv[2].rstrip("/"), sys.argv[3].rstrip("/"), sys.argv[4], int(sys.argv[5]), "vllm")
-    elif len(sys.argv) == 4 and sys.argv[1] == "events":
-        events(sys.argv[2], sys.argv[3])
+    elif len(sys.argv) >= 4 and sys.argv[1] == "engines":
+        engines(sys.argv[2], sys.argv[3:])
+    elif len(sys.argv) >= 4 and sys.argv[1] == "kvcount":
+        kvcount(sys.argv[2], sys.argv[3:])
+    elif len(sys.argv) in (4, 6) and sys.argv[1] == "events":
+        events(sys.argv[2], sys.argv[3], sys.argv[4:] or None)
     elif len(sys.argv) >= 3 and sys.argv[1] == "report":
         report(sys.argv[2:])
-    elif sys.argv[1:2] in (["compare"], ["predict"]) and len(sys.argv) >= 3:
+    elif sys.argv[1:2] in (["compare"], ["peers"], ["predict"]) and len(sys.argv) >= 3:
         e2echeck.main(sys.argv)
     else:
         print(__doc__, file=sys.stderr)

@@ -21,13 +21,31 @@
 #     prediction error p50/p95 in blocks, from the routers' per-response
 #     debug lines.
 #  3. events (opt-in: PHASES=events): the router with and without
-#     --kv-events auto (read from vLLM's GET /kv_event_sources) over 2 fresh
-#     replicas each time, whose KV caches are too small for the
-#     conversations (--num-gpu-blocks-override EVENTS_BLOCKS, MAX_NUM_SEQS
-#     EVENTS_SEQS), so the engines evict; check.py events prints the
-#     prediction error (p50/p95, blocks) and the engine-reported cached
-#     share of both runs side by side.
-# ENGINE_SIM=1 is the dry run, with replica-sims in place of vLLM; the
+#     --kv-events auto (read from vLLM's GET /kv_event_sources), EVENTS_RUNS
+#     [1] times each, in turn, over the same 2 replicas emptied (POST
+#     /reset_prefix_cache) before each benchmark, whose KV caches are too
+#     small for the conversations (--num-gpu-blocks-override EVENTS_BLOCKS,
+#     MAX_NUM_SEQS EVENTS_SEQS), so the engines evict; check.py kvcount
+#     counts the BlockStored/BlockRemoved events vLLM publishes (beside the
+#     router), check.py events prints the prediction error (p50/p95,
+#     blocks), the engine-reported cached share and vLLM's counts of both
+#     runs side by side, and fails if vLLM removed no block.
+#  4. peers (opt-in, issue 22): kvmesh and the published cache-aware
+#     routers, SGLang Model Gateway (PyPI smg) and vllm-router (PyPI
+#     vllm-router), on the same 2 servers, PEER_RUNS [3] rounds of PEERS
+#     ["kvmesh-x1 smg vllm-router"; also kvmesh-x2] in turn, each front end
+#     fresh and both servers' prefix caches emptied before its benchmark;
+#     check.py engines prints what vLLM measured of each (its TTFT, queue
+#     and prefill time, requests per server) and check.py peers the table
+#     (follow-up cached share, TTFT p50/p99) and the verdicts.
+#     Routers run with PEER_ROUTER_FLAGS ["--region local --gossip-profile
+#     test"]; SMG_VENV, VLLM_ROUTER_VENV as ../llamacpp/run.sh's.
+#  5. peerview (opt-in, issue 23): how soon router b's view of router a's
+#     replica loses the blocks vLLM evicted (../kvevents/peer.sh on one
+#     server of PEERVIEW_BLOCKS [72]; PEERVIEW_RUNS [5] per gossip profile).
+# ENGINE_SIM=1 is the dry run, with replica-sims in place of vLLM (not
+# events or peerview: the sims publish no KV events; peers runs, on the
+# sims' /reset_prefix_cache and vLLM-like /metrics); the
 # helpers, phases and gates are ../common/suite.sh's (shared with
 # ../llamacpp/run.sh), the checks ../common/e2echeck.py's.
 # Every child is stopped on exit; on failure the logs are printed. Needs go,
@@ -36,10 +54,11 @@
 # Env: CONVERSATIONS [8] TURNS [4] ANSWER_TOKENS [48], PORT_BASE [26000]
 # (ports are taken free from there up), KV_EVENTS [0] (the router reads no
 # KV events; 1 has vLLM publish them on all interfaces), KVMESH_ARTIFACTS,
-# PHASES ["features x1 x2 rr"; also "events"], KVMESH_BIN and KVMESH_ROUTER_FLAGS as
+# PHASES ["features x1 x2 rr"; also "events", "peers", "peerview"], KVMESH_BIN and KVMESH_ROUTER_FLAGS as
 # ../llamacpp/run.sh's; for events: EVENTS_BLOCKS [96] (32-token blocks per
 # replica), EVENTS_SEQS [2], EVENTS_CONVERSATIONS [12], EVENTS_TURNS [5],
-# EVENTS_MAX_MODEL_LEN [2048].
+# EVENTS_MAX_MODEL_LEN [2048], EVENTS_CLIENTS [EVENTS_CONVERSATIONS] (all
+# conversations at once, so more than the caches hold compete), EVENTS_RUNS [1].
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -50,18 +69,45 @@ TURNS=${TURNS:-4}
 ANSWER_TOKENS=${ANSWER_TOKENS:-48}
 PHASES=${PHASES:-features x1 x2 rr}
 KV_EVENTS=${KV_EVENTS:-0}
-if [[ " $PHASES " == *" events "* ]]; then KV_EVENTS=1; fi # the replicas publish in both runs; only the router differs
+if [[ " $PHASES " == *" events "* || " $PHASES " == *" peerview "* ]]; then KV_EVENTS=1; fi # the replicas publish; in events only the router differs
 export KV_EVENTS
 PORT_BASE=${PORT_BASE:-26000}
 MODEL_ALIAS=tiny-llama
 # shellcheck source=../common/suite.sh
 . "$here/../common/suite.sh"
 t0=$SECONDS
+if [ "$ENGINE_SIM" = 1 ]; then
+  for p in events peerview; do
+    if phase "$p"; then die "ENGINE_SIM=1: the $p phase needs real vLLM (the sims publish no KV events)"; fi
+  done
+fi
+PEERS=${PEERS:-kvmesh-x1 smg vllm-router}
+if phase peers; then # checked before the install and the servers
+  for fe in $PEERS; do
+    case $fe in kvmesh-x1 | kvmesh-x2 | smg | vllm-router) ;;
+    *) die "PEERS: unknown front end $fe (kvmesh-x1, kvmesh-x2, smg, vllm-router)" ;;
+    esac
+  done
+  [[ ${PEER_RUNS:-3} =~ ^[1-9][0-9]*$ ]] || die "PEER_RUNS must be a positive whole number, not ${PEER_RUNS}"
+fi
+if phase events; then
+  [[ ${EVENTS_RUNS:-1} =~ ^[1-9][0-9]*$ ]] || die "EVENTS_RUNS must be a positive whole number, not ${EVENTS_RUNS}"
+fi
 
 # replica_env BASE: start.sh's replay ports, with KV events (the
 # publishers take BASE+50 and BASE+51, their replay BASE+60 and BASE+61).
 replica_env() {
   if [ "$KV_EVENTS" = 1 ]; then echo "KV_REPLAY_PORT_BASE=$(($1 + 60))"; fi
+}
+
+# reset_prefix_caches URL...: empties each vLLM server's prefix cache (POST
+# /reset_prefix_cache, served with VLLM_SERVER_DEV_MODE=1).
+reset_prefix_caches() {
+  local r
+  for r in "$@"; do
+    curl -fsS -X POST -o /dev/null "$r/reset_prefix_cache" ||
+      die "POST $r/reset_prefix_cache failed (does vLLM run with VLLM_SERVER_DEV_MODE=1?)"
+  done
 }
 
 prepare
@@ -74,48 +120,133 @@ if [ "$KV_EVENTS" = 1 ]; then extra=50,51,60,61; fi
 pick_ports 4 10 "$PORT_BASE" "$extra"
 rep_feat=${ports[0]} rep_x1=${ports[2]} rep_x2=${ports[4]} rep_rr=${ports[6]}
 api1=${ports[8]} api2=${ports[9]} gossip1=${ports[10]} gossip2=${ports[11]} admin1=${ports[12]} admin2=${ports[13]}
-lbport=${ports[14]}
+lbport=${ports[14]} peerport=${ports[15]} peerprom=${ports[16]}
 
 if phase features; then phase_features; fi
 if phase x1; then phase_x1; fi
 if phase x2; then phase_x2; fi
 if phase rr; then phase_rr; fi
 
+events_results=()
 if phase events; then
 EVENTS_CONVERSATIONS=${EVENTS_CONVERSATIONS:-12}
 EVENTS_TURNS=${EVENTS_TURNS:-5}
+EVENTS_CLIENTS=${EVENTS_CLIENTS:-$EVENTS_CONVERSATIONS}
+EVENTS_RUNS=${EVENTS_RUNS:-1}
+VENV=${VENV:-${ENGINES_HOME:-$HOME/.cache/kvmesh-engines}/venv-vllm}
+# The same 2 servers for every run (VLLM_SERVER_DEV_MODE for POST
+# /reset_prefix_cache: each benchmark starts on empty caches).
+MAX_MODEL_LEN=${EVENTS_MAX_MODEL_LEN:-2048} MAX_NUM_SEQS=${EVENTS_SEQS:-2} VLLM_SERVER_DEV_MODE=1 \
+  EXTRA_ARGS="--num-gpu-blocks-override ${EVENTS_BLOCKS:-96}" replicas "$rep_x1"
+for ((run = 1; run <= EVENTS_RUNS; run++)); do
 for mode in off on; do
-  echo "$SUITE: KV events $mode ($EVENTS_CONVERSATIONS conversations x $EVENTS_TURNS turns, ${EVENTS_BLOCKS:-96} blocks per replica)"
-  MAX_MODEL_LEN=${EVENTS_MAX_MODEL_LEN:-2048} MAX_NUM_SEQS=${EVENTS_SEQS:-2} \
-    EXTRA_ARGS="--num-gpu-blocks-override ${EVENTS_BLOCKS:-96}" replicas "$rep_x1"
+  name=events-$mode-$run
+  events_results+=("$name")
+  echo "$SUITE: run $run, KV events $mode ($EVENTS_CONVERSATIONS conversations x $EVENTS_TURNS turns, $EVENTS_CLIENTS at once, ${EVENTS_BLOCKS:-96} blocks and ${EVENTS_SEQS:-2} sequences per replica)"
+  reset_prefix_caches "$(url "$rep_x1")" "$(url $((rep_x1 + 1)))"
   kv=()
   if [ "$mode" = on ]; then kv=(--kv-events auto); fi
-  start "router-events-$mode" router --name r0 --listen "127.0.0.1:$api1" --gossip-bind "127.0.0.1:$gossip1" \
-    --admin-listen "127.0.0.1:$admin1" --replica "$(url "$rep_x1")" --replica "$(url $((rep_x1 + 1)))" "${router_flags[@]}" "${kv[@]}"
-  wait_http "$(url "$api1")/readyz" "router r0"
-  wait_healthy "$admin1" 2
+  start_frontend kvmesh-x1 "router-$name" "$(url "$rep_x1")" "$(url $((rep_x1 + 1)))" "${router_flags[@]}" "${kv[@]}"
   if [ "$mode" = on ]; then
     for ((i = 0; i < 100; i++)); do
-      [ "$(grep -c 'subscribing to KV events' "$work/router-events-on.log")" = 2 ] && break
+      [ "$(grep -c 'subscribing to KV events' "$work/router-$name.log")" = 2 ] && break
       sleep 0.2
     done
-    [ "$(grep -c 'subscribing to KV events' "$work/router-events-on.log")" = 2 ] ||
+    [ "$(grep -c 'subscribing to KV events' "$work/router-$name.log")" = 2 ] ||
       die "--kv-events auto did not find both replicas' publishers at GET /kv_event_sources"
   fi
+  # vLLM's own count of the blocks it stored and removed, beside the router.
+  "$VENV/bin/python" "$here/check.py" kvcount "$work/$name.kv.json" \
+    "tcp://127.0.0.1:$((rep_x1 + 50))" "tcp://127.0.0.1:$((rep_x1 + 51))" 2>"$work/kvcount-$name.log" &
+  kvcount_pid=$!
+  sleep 1 # the subscriber joins before the first request
   t=$SECONDS
   "$work/kvmesh" bench --conversations "$EVENTS_CONVERSATIONS" --turns "$EVENTS_TURNS" --answer-tokens "$ANSWER_TOKENS" \
-    --group "events-$mode=$(url "$api1")" --json >"$work/events-$mode.json" 2>"$work/bench-events-$mode.log" || die "bench events-$mode failed"
-  echo "$SUITE: events $mode benchmarked in $((SECONDS - t)) s"
+    --clients "$EVENTS_CLIENTS" --group "events-$mode=$front" --json >"$work/$name.json" 2>"$work/bench-$name.log" || die "bench $name failed"
+  echo "$SUITE: $name benchmarked in $((SECONDS - t)) s"
   sleep 1 # the last answers' events
-  scrape "events-$mode-r0" "$admin1"
+  kill -TERM "$kvcount_pid"
+  wait "$kvcount_pid" || die "check.py kvcount failed: $(cat "$work/kvcount-$name.log")"
+  scrape "$name-r0" "$admin1"
   stop_frontends
-  stop_replicas "$rep_x1"
 done
-python3 "$here/check.py" events "$work/events-off-r0.metrics.txt" "$work/events-on-r0.metrics.txt"
+python3 "$here/check.py" events "$work/events-off-$run-r0.metrics.txt" "$work/events-on-$run-r0.metrics.txt" \
+  "$work/events-off-$run.kv.json" "$work/events-on-$run.kv.json"
+done
+stop_replicas "$rep_x1"
 fi
 
-keep_artifacts vllm kvmesh-x1 kvmesh-x2 round-robin events-off events-on -- \
-  "$work"/*.metrics.txt "$work"/*.mesh.json "$work"/router-*.log "$work"/vllmcpu-*.log
+if phase peers; then
+# Issue 22 on real vLLM: kvmesh and the published cache-aware routers on
+# the same 2 vLLM servers (started once, with VLLM_SERVER_DEV_MODE for
+# POST /reset_prefix_cache), PEER_RUNS rounds of PEERS in turn, so a
+# machine's slow minutes fall on all of them alike. Each front end starts
+# fresh, and the benchmark empties both servers' prefix caches before it
+# (kvmesh bench --reset-replica), so each starts cold. The routers run at
+# their defaults (PEER_ROUTER_FLAGS; not the suite's debug logging and
+# 200 ms health checks) as an operator would run them.
+PEER_RUNS=${PEER_RUNS:-3}
+read -r -a peer_router_flags <<<"${PEER_ROUTER_FLAGS:---region local --gossip-profile test}"
+for fe in $PEERS; do need_peer "$fe"; done
+echo "$SUITE: peers ($PEERS) x $PEER_RUNS rounds on the same 2 servers"
+VLLM_SERVER_DEV_MODE=1 replicas "$rep_x1"
+r1=$(url "$rep_x1") r2=$(url $((rep_x1 + 1)))
+reset_prefix_caches "$r1"
+# A fresh vLLM CPU server prefills its first prompts 2-5x slower than later
+# ones (seen in its own throughput log), which would fall on the first front end alone:
+# a few conversations straight to both servers (another seed) first.
+"$work/kvmesh" bench --conversations 4 --turns 2 --answer-tokens "$ANSWER_TOKENS" --seed 99 \
+  --group "warm-up=$r1,$r2" --json >/dev/null 2>"$work/bench-warm-up.log" || die "the warm-up benchmark failed"
+for ((round = 1; round <= PEER_RUNS; round++)); do
+  mkdir -p "$work/peers/run$round"
+  for fe in $PEERS; do
+    start_frontend "$fe" "peer-$fe-$round" "$r1" "$r2" "${peer_router_flags[@]}"
+    # vLLM's own view of each benchmark (check.py engines): its metrics
+    # before and after, per server.
+    curl -fsS "$r1/metrics" >"$work/peers/run$round/$fe.r1.before.txt" || true
+    curl -fsS "$r2/metrics" >"$work/peers/run$round/$fe.r2.before.txt" || true
+    t=$SECONDS
+    "$work/kvmesh" bench --conversations "$CONVERSATIONS" --turns "$TURNS" --answer-tokens "$ANSWER_TOKENS" \
+      --reset-replica "$r1,$r2" --group "$fe=$front" --json >"$work/peers/run$round/vllm-$fe.json" \
+      2>"$work/bench-peer-$fe-$round.log" || die "bench $fe (round $round) failed"
+    echo "$SUITE: round $round $fe benchmarked in $((SECONDS - t)) s"
+    curl -fsS "$r1/metrics" >"$work/peers/run$round/$fe.r1.after.txt" || true
+    curl -fsS "$r2/metrics" >"$work/peers/run$round/$fe.r2.after.txt" || true
+    case $fe in kvmesh-*) scrape "peer-$fe-$round" "$admin1" ;; esac
+    stop_frontends
+  done
+done
+stop_replicas "$rep_x1"
+if [ -n "${KVMESH_ARTIFACTS:-}" ]; then mkdir -p "$KVMESH_ARTIFACTS" && cp -r "$work/peers" "$KVMESH_ARTIFACTS/"; fi
+echo "$SUITE: what vLLM itself measured of each benchmark (round by round)"
+for ((round = 1; round <= PEER_RUNS; round++)); do
+  d=$work/peers/run$round
+  for fe in $PEERS; do
+    python3 "$here/check.py" engines "$fe/$round" "$d/$fe.r1.before.txt,$d/$fe.r1.after.txt" "$d/$fe.r2.before.txt,$d/$fe.r2.after.txt" || true
+  done
+done
+python3 "$here/check.py" peers "$work"/peers/run*
+fi
+
+if phase peerview; then
+# Issue 23: how soon a peer router's view reflects a real vLLM eviction.
+# One server whose cache holds about one and a half 1,400-token prompts,
+# KV events on (with replay); ../kvevents/peer.sh runs
+# TestKVEventEvictionReachesThePeerOnVLLM against it PEERVIEW_RUNS times
+# per gossip profile (test, lan) and prints the latencies.
+echo "$SUITE: peer eviction latency on one vLLM server (${PEERVIEW_BLOCKS:-72} blocks)"
+f=$(KV_REPLAY_PORT_BASE=$((rep_rr + 60)) MAX_MODEL_LEN=2048 MAX_NUM_SEQS=2 \
+  EXTRA_ARGS="--num-gpu-blocks-override ${PEERVIEW_BLOCKS:-72}" PIDFILE="$work/replicas-$rep_rr.pids" \
+  "$here/start.sh" 1 "$rep_rr" 2>>"$work/start.log") || die "start.sh 1 $rep_rr failed"
+pidfiles+=("$f")
+KVMESH_VLLM_URL=$(url "$rep_rr") KVMESH_VLLM_MODEL=$MODEL_ALIAS PEER_LOG="$work/peerview.log" \
+  RUNS=${PEERVIEW_RUNS:-5} "$here/../kvevents/peer.sh" || die "peer.sh on vLLM failed"
+if [ -n "${KVMESH_ARTIFACTS:-}" ]; then mkdir -p "$KVMESH_ARTIFACTS" && cp "$work/peerview.log" "$KVMESH_ARTIFACTS/vllm-peerview.log"; fi
+stop_replicas "$rep_rr"
+fi
+
+keep_artifacts vllm kvmesh-x1 kvmesh-x2 round-robin ${events_results[@]+"${events_results[@]}"} -- \
+  "$work"/*.metrics.txt "$work"/*.mesh.json "$work"/*.kv.json "$work"/router-*.log "$work"/peer-*.log "$work"/vllmcpu-*.log
 if phase x1; then echo "$SUITE: kvmesh x1 router"; python3 "$here/check.py" report "$work/kvmesh-x1-r0.metrics.txt"; fi
 if phase x2; then echo "$SUITE: kvmesh x2 routers"; python3 "$here/check.py" report "$work/kvmesh-x2-r1.metrics.txt" "$work/kvmesh-x2-r2.metrics.txt"; fi
 # The routers' predicted against reported cached tokens, per response:
