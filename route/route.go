@@ -398,16 +398,6 @@ func (p Policy) pick(req Request, cands []Candidate, ms []int32) Decision {
 	if !startable && rw > 1 {
 		rw = 1 + (rw-1)*slotsInUse(cands)
 	}
-	allFull := false
-	if G24AllFull && !startable {
-		allFull = true
-		for i := range cands {
-			if !cands[i].Stale && canStart(&cands[i]) {
-				allFull = false
-				break
-			}
-		}
-	}
 	fork, stemWeight := 0, rw
 	if req.ForkBlocks > 0 {
 		if !startable && counted > 0 && 2*canKnown >= counted {
@@ -415,7 +405,7 @@ func (p Policy) pick(req Request, cands []Candidate, ms []int32) Decision {
 		}
 	}
 	w := warmPricing{p: p, cands: cands, lim: lim, key: d.Key, n: n, best: best, fork: fork,
-		rw: rw, stemWeight: stemWeight, allFull: allFull}
+		rw: rw, stemWeight: stemWeight}
 	pruned := false
 	if ms != nil {
 		minNet, minQueued, minBm, finite := pruneBounds(cands, defBm)

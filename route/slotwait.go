@@ -7,14 +7,7 @@ import "math"
 // pass is O(waitExact² × (running + waitExact)) per step of the grid), not
 // the estimate's shape: the k-th free slot's time grows by about Mean/slots
 // per slot once the requests running now have been replaced.
-const waitExact = 64
-
-// WaitExact is the experiment's cap (temporary).
-var WaitExact = 8
-
-// G24AllFull, G24W: experiment (temporary).
-var G24AllFull = false
-var G24W = 1.0
+const waitExact = 8
 
 // WaitMs is the expected time, ms, until k sequence slots have freed at an
 // engine whose slots are all taken by requests that have held them for
@@ -39,15 +32,13 @@ func (t *SlotTimes) WaitMs(ages []float64, k int) float64 {
 	if t.total <= 0 || len(ages) == 0 || k <= 0 {
 		return 0
 	}
-	kx := min(k, WaitExact)
+	kx := min(k, waitExact)
 	above := t.tails()
-	// The grid: steps a sixteenth of their start, from 0.25 ms, up to
-	// the longest time a bucket holds. FreeMs's quarter is too coarse
-	// here: a request started at W(j) ends a slot time later, far from 0,
-	// where a quarter of s is wider than the spread of its end.
-	var gbuf [640]float64
+	// The grid FreeMs integrates on: steps a quarter of their start, from
+	// 0.25 ms, up to the longest time a bucket holds.
+	var gbuf [160]float64
 	grid := gbuf[:0]
-	for s, step := 0.0, 0.25; s < math.Ldexp(1, slotOctaves+1) && len(grid) < cap(gbuf); step = max(step, s/16) {
+	for s, step := 0.0, 0.25; s < math.Ldexp(1, slotOctaves+1) && len(grid) < cap(gbuf); step = max(step, s/4) {
 		s += step
 		grid = append(grid, s)
 	}
@@ -95,7 +86,7 @@ func (t *SlotTimes) WaitMs(ages []float64, k int) float64 {
 			}
 		}
 		w = sum
-		if j < WaitExact {
+		if j < waitExact {
 			starts[j-1] = w
 		}
 	}

@@ -51,8 +51,7 @@ type warmPricing struct {
 	// asked only when a remote candidate lacking part of the prefix is
 	// priced (far): 0 not asked yet, 1 one that can start the request at
 	// once, 2 none, 3 only ones that would queue it for a slot.
-	owns    int8
-	allFull bool
+	owns int8
 
 	chosen, cheapest         int
 	chosenCost, cheapestCost float64
@@ -170,9 +169,6 @@ func (w *warmPricing) price(i int) bool {
 	slot, rw, sw := 0.0, w.rw, w.stemWeight
 	if slotsAhead(c) > 0 {
 		slot, rw, sw = p.slotWaitMs(c), p.RecomputeWeight, p.RecomputeWeight
-		if w.allFull {
-			rw, sw = G24W, G24W
-		}
 	} else if c.PendingPrefillBlocks >= 1 {
 		rw, sw = p.RecomputeWeight, p.RecomputeWeight
 	}

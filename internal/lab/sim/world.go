@@ -7,7 +7,6 @@ import (
 	"math"
 	"os"
 	"slices"
-	"strconv"
 
 	"github.com/kvmesh/kvmesh/internal/lab/trace"
 	"github.com/kvmesh/kvmesh/route"
@@ -692,21 +691,9 @@ func (w *world) scrape(more bool) {
 
 // ownerEng is what replica j's owner knows of its engine now: the last
 // scrape and its own running mean of request residence.
-func init() {
-	if n, err := strconv.Atoi(os.Getenv("KVG24X")); err == nil {
-		route.WaitExact = n
-	}
-	if f, err := strconv.ParseFloat(os.Getenv("KVG24W"), 64); err == nil {
-		route.G24AllFull, route.G24W = true, f
-	}
-}
-
 func (w *world) ownerEng(j int) engSnap {
 	e := w.scraped[j]
 	e.seqMs = w.seqMs[j]
-	if os.Getenv("KVG24M") != "" && w.slotT[j].Mean() > 0 {
-		e.seqMs = w.slotT[j].Mean()
-	}
 	// The owner proxies every request to its replicas, so it knows when
 	// each began (proxy/load.go dates it from the dispatch).
 	ages := w.ages[:0]
@@ -728,10 +715,7 @@ func (w *world) ownerEng(j int) engSnap {
 		if e.slots > 0 {
 			ahead = in + 1 - e.slots
 		}
-		switch v := os.Getenv("KVG24"); {
-		case v == "off":
-		case v == "le" && ahead > len(ages):
-		default:
+		if os.Getenv("KVG24") != "off" {
 			e.waitMs = w.slotT[j].WaitMs(ages, ahead)
 		}
 	}
