@@ -106,13 +106,6 @@ type Detail struct {
 	// the mean of heavy-tailed answers is a long one, not one about to
 	// end.
 	FreeMs float64
-	// WaitMs is the expected time until a slot frees for one more
-	// request at a full replica, as its owner estimates from the slot
-	// times it has seen there, how long each running request has run and
-	// how many are queued ahead (SlotTimes.WaitMs with k the slots that
-	// must free); 0 means unknown (FreeMs and SeqMs/Slots per slot after
-	// it then price the wait). It outranks both.
-	WaitMs float64
 	// Own is how many of the requests in flight at the replica this
 	// router placed itself (its own dispatches and forwards, not the
 	// requests other routers sent to a replica it owns), and Local

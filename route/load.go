@@ -48,9 +48,6 @@ func (p *Policy) slotWaitMs(c *Candidate) float64 {
 	if seq <= 0 {
 		seq = p.DefaultSeqMs
 	}
-	if d := c.Detail; d != nil && d.WaitMs > 0 {
-		return d.WaitMs
-	}
 	per := seq / float64(slots)
 	if d := c.Detail; d != nil && d.FreeMs > 0 {
 		return d.FreeMs + float64(ahead-1)*per

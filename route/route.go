@@ -466,7 +466,7 @@ func pruneBounds(cands []Candidate, defBm float64) (minNet, minQueued, minBm, fi
 			seq, age := seqAndAge(c)
 			finite += seq + age
 			if c.Detail != nil {
-				finite += c.Detail.FreeMs + c.Detail.WaitMs
+				finite += c.Detail.FreeMs
 			}
 		}
 	}

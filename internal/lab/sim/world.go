@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"os"
 	"slices"
 
 	"github.com/kvmesh/kvmesh/internal/lab/trace"
@@ -65,7 +64,6 @@ type engSnap struct {
 	minSlots                uint8 // while slots is unknown: most seen running with nothing waiting
 	seqMs                   float64
 	freeMs                  float64 // the owner's expected time until a running sequence ends (route.SlotTimes.FreeMs)
-	waitMs                  float64 // the owner's expected time until a slot frees for one more request (route.SlotTimes.WaitMs)
 	oldest                  float64 // start of the oldest running sequence, if any
 	hasOldest               bool
 }
@@ -466,9 +464,9 @@ func (w *world) fillCandidates(k int, r *simReq) {
 		c.HasLoad = true // every simulated engine publishes its counts
 		c.Detail.SeqMs = eng.seqMs
 		c.Detail.Own, c.Detail.Local = route.Count32(own), local
-		c.Detail.SlotAgeMs, c.Detail.FreeMs, c.Detail.WaitMs = 0, 0, 0
+		c.Detail.SlotAgeMs, c.Detail.FreeMs = 0, 0
 		if eng.hasOldest {
-			c.Detail.FreeMs, c.Detail.WaitMs = eng.freeMs, eng.waitMs
+			c.Detail.FreeMs = eng.freeMs
 			c.Detail.SlotAgeMs = max(w.now-eng.oldest, 1e-3)
 		}
 	}
@@ -709,15 +707,6 @@ func (w *world) ownerEng(j int) engSnap {
 	// knows to be full.
 	if in := w.rep[j].inFlight; (e.slots > 0 && in >= e.slots) || (e.slots <= 0 && e.waiting > 0) {
 		e.freeMs = w.slotT[j].FreeMs(ages)
-		// The slots that must free for one more request: route's
-		// slotsAhead on the owner's exact count.
-		ahead := e.waiting + 1
-		if e.slots > 0 {
-			ahead = in + 1 - e.slots
-		}
-		if os.Getenv("KVG24") != "off" {
-			e.waitMs = w.slotT[j].WaitMs(ages, ahead)
-		}
 	}
 	return e
 }
