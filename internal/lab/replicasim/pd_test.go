@@ -93,8 +93,11 @@ func TestSGLangRoom(t *testing.T) {
 	if d.Kind != "decode" || d.PulledTokens == 0 || d.Outcome != "ok" {
 		t.Fatalf("decode ledger %+v", d)
 	}
-	for _, h := range []*harness{pre, dec} {
-		resp := h.post(context.Background(), "/v1/chat/completions", body(8))
+	// A room of its own for each leg: the decode's room must be one no
+	// prefill ever computed (a prefill past its hold may still be claimed
+	// by a decode that comes before its KV is dropped).
+	for room, h := range map[int]*harness{8: pre, 9: dec} {
+		resp := h.post(context.Background(), "/v1/chat/completions", body(room))
 		b, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
 		if resp.StatusCode != http.StatusInternalServerError || !strings.Contains(string(b), "error") {
