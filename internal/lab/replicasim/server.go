@@ -478,9 +478,11 @@ func (s *Server) prefillAnswer(ctx context.Context, w http.ResponseWriter, seq *
 		select {
 		case <-e.claimed:
 		case <-ctx.Done():
+			s.kv.expire(key, e) // a prefill that gives up lets its KV go, as SGLang's does
 			s.logger.Debug("prefill cancelled while holding its KV", "id", seq.id)
 			return
 		case <-t.C:
+			s.kv.expire(key, e)
 			writeError(w, http.StatusInternalServerError, fmt.Sprintf("KV transfer timed out: no decode claimed %s within %v", key, s.cfg.KVHold))
 			led.Outcome = "error"
 			return
