@@ -212,7 +212,10 @@ type Proxy struct {
 	// signer signs and verifies hints and lookups (hop.Signer).
 	signer *hop.Signer
 	// ratios are the replicas' bytes per token (tokens.go).
-	ratios   *TokenRatios
+	ratios *TokenRatios
+	// flight: the prompt blocks in flight at each owned replica, for
+	// the prediction (inflight.go).
+	flight   *flightBlocks
 	stopGone func()
 	// admit is the admission (admission.go); nil when off.
 	admit *admission
@@ -276,7 +279,7 @@ func New(cfg Config) (*Proxy, error) {
 		junk: junkLog{log: cfg.Logger, lim: ratelog.New(5, time.Second)}, panics: cfg.Panics, now: time.Now,
 		sessionHeader: cfg.SessionHeader, responses: newResponseLRU(cfg.MaxResponses),
 
-		ratios: cfg.TokenRatios, load: newLoadBook(), hops: hop.NewBook(), up: upstream.New(cfg.Client), answers: reply.NewBudget(reply.BudgetBytes)}
+		ratios: cfg.TokenRatios, flight: newFlightBlocks(), load: newLoadBook(), hops: hop.NewBook(), up: upstream.New(cfg.Client), answers: reply.NewBudget(reply.BudgetBytes)}
 	p.lookups = newLookups(p, cfg.Registerer)
 	p.pdm = newPDMetrics(cfg.Registerer, cfg.PD)
 	p.signer = &hop.Signer{Key: cfg.HopKey, Now: func() time.Time { return p.now() }}

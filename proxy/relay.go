@@ -54,9 +54,10 @@ type clientOut struct {
 }
 
 // relay streams the upstream response to the client as it arrives. For
-// an owned replica's successful response it learns the answer on the way
-// and records prompt + answer once the response is complete, or once its
-// client left (the answer as far as the replica sent it).
+// an owned replica's successful response it records the prompt at the
+// first byte of the body, learns the answer on the way and records
+// prompt + answer once the response is complete, or once its client left
+// (the answer as far as the replica sent it).
 //
 // An upstream silent mid-body is cut off (upstream.IdleWatch): a blocked read of the
 // own client's connection fails on a past deadline, net/http's on the
@@ -88,10 +89,18 @@ func (st *reqState) relay(resp *http.Response, a upstreamAnswer) {
 	}
 	var sink *reply.Sink
 	if a.local && resp.StatusCode >= 200 && resp.StatusCode < 300 && !st.byLoad {
-		// The replica accepted the request: it holds (or is computing) the
-		// prompt now. A refused or failed request records nothing, and
-		// embeddings leave no cache.
-		p.cfg.View.Record(a.id, st.hashes)
+		// The replica accepted the request and holds the prompt once it
+		// has computed it: at the first byte of the body (its first
+		// token), not at the headers, which vLLM sends before the
+		// prefill. A prompt recorded at the headers drew the requests
+		// sharing its first blocks to a replica still queueing its
+		// prefill (first turns stacked on one vLLM server). A refused or
+		// failed request records nothing, and embeddings leave no cache.
+		id, hashes, first := a.id, st.hashes, a.firstByte
+		a.firstByte = func() {
+			p.cfg.View.Record(id, hashes)
+			first()
+		}
 	}
 	// An owned replica's answer is learnt; a hop's, and a decode leg's
 	// (pd.go: placed by load, its cache steers nothing), are read for
@@ -407,8 +416,11 @@ func (st *reqState) learn(id string, d route.Decision, sink *reply.Sink, sent ti
 				p.m.reportedCached.Add(float64(c))
 			}
 			bb, n := p.cfg.Contract.BlockBytes, len(st.prompt.Text)
-			predicted := p.ratios.Predict(id, d.Match, n, bb, bpt)
-			p.ratios.ObserveCached(id, d.Match, n, bb, bpt, c)
+			// The engine computed the blocks of the requests sent
+			// before this one too (inflight.go).
+			match := max(d.Match, st.flightMatch)
+			predicted := p.ratios.Predict(id, match, n, bb, bpt)
+			p.ratios.ObserveCached(id, match, n, bb, bpt, c)
 			p.m.predictedCached.Add(predicted)
 			// The error in blocks of canonical text, at this prompt's
 			// ratio.
@@ -417,7 +429,7 @@ func (st *reqState) learn(id string, d route.Decision, sink *reply.Sink, sent ti
 			p.m.predictionMiss.Observe(math.Abs(miss))
 			forgot = st.correct(id, d.Match, c, bpt)
 			if p.log.IsDebug() {
-				p.log.Debug("cached tokens", "replica", id, "match", d.Match, "blocks", len(st.hashes),
+				p.log.Debug("cached tokens", "replica", id, "match", d.Match, "flight_match", st.flightMatch, "blocks", len(st.hashes),
 					"prompt_bytes", len(st.prompt.Text), "prompt_tokens", u.PromptTokens, "cached", c,
 					"predicted", math.Round(predicted), "error_blocks", math.Round(miss*1000)/1000,
 					"bytes_per_token", math.Round(bpt*1000)/1000, "hop", st.hop, "forgot", forgot)

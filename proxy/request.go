@@ -77,6 +77,10 @@ type reqState struct {
 	began    time.Time
 
 	blockMs float64 // the chosen candidate's prefill time per block (load.go's slot time)
+	// flightMatch: the leading blocks of the attempt's prompt that
+	// requests sent to its owned replica before it, still in flight,
+	// bring (inflight.go); the prediction counts them.
+	flightMatch int
 	// The dispatch protocol (hop.go). announce: an authenticated hop,
 	// whose entry is told of the dispatch (announced: it was);
 	// dispatchBy: the entry's deadline for it. downOwner: the owner API
@@ -536,10 +540,14 @@ func (st *reqState) attempt(id string, d route.Decision, bk *booking) attemptRes
 	}
 	var watch *hop.Watch
 	var live *hop.Live
+	st.flightMatch = 0
 	if t.local {
 		if !st.announceDispatch(id) {
 			return attemptDone
 		}
+		var endFlight func()
+		st.flightMatch, endFlight = p.flight.begin(id, st.hashes)
+		defer endFlight()
 	} else {
 		p.signer.SignLeg(out, id, d.Match, st.concurrent, st.fork, st.leg)
 		var end context.CancelCauseFunc

@@ -1,0 +1,69 @@
+package proxy
+
+import "sync"
+
+// maxFlightBlocks bounds the blocks flightBlocks keeps per replica: the
+// blocks of a request past it are not kept (its prediction for the
+// requests behind it only falls short, as without the set).
+const maxFlightBlocks = 1 << 16
+
+// flightBlocks is, per owned replica, the prompt blocks of the requests
+// this router has sent there that have not ended. The summary holds a
+// prompt once the engine has computed it (its first byte, relay.go), but
+// an engine that prefills requests in arrival order (vLLM's prefix
+// cache) computes a prompt shared by requests sent together once, and
+// reports it cached for each one behind the first: twelve first turns of
+// one system prompt sent at once are twelve cache hits no summary could
+// predict. So the predicted cached tokens (learn) count the blocks of the
+// requests sent to the replica before this one and still in flight, as
+// well as the summary's match. Placement does not read it: a prompt
+// still queued for prefill is no reason to queue another behind it.
+type flightBlocks struct {
+	mu sync.Mutex
+	by map[string]map[uint64]int32
+}
+
+func newFlightBlocks() *flightBlocks {
+	return &flightBlocks{by: map[string]map[uint64]int32{}}
+}
+
+// begin counts a request of hashes sent to replica id. match is how many
+// of its leading blocks requests sent there before it, still in flight,
+// bring; end, called once when the request ends (answered, failed or
+// abandoned), takes its blocks out.
+func (f *flightBlocks) begin(id string, hashes []uint64) (match int, end func()) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	held := f.by[id]
+	for match < len(hashes) && held[hashes[match]] > 0 {
+		match++
+	}
+	if held == nil {
+		held = map[uint64]int32{}
+		f.by[id] = held
+	}
+	kept := hashes
+	if room := maxFlightBlocks - len(held); len(kept) > room {
+		// A bound read before the loop (blocks already held would not
+		// grow the map): the tail of a huge prompt goes uncounted.
+		kept = kept[:max(room, 0)]
+	}
+	for _, h := range kept {
+		held[h]++
+	}
+	return match, func() {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		for _, h := range kept {
+			if held[h]--; held[h] <= 0 {
+				delete(held, h)
+			}
+		}
+		// held is still f.by[id] while it holds kept's blocks: emptied
+		// here, it goes (a replica's set lasts no longer than its
+		// requests).
+		if len(kept) > 0 && len(held) == 0 {
+			delete(f.by, id)
+		}
+	}
+}

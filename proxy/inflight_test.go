@@ -1,0 +1,52 @@
+package proxy
+
+import "testing"
+
+// TestFlightBlocks: a request's match is the leading blocks of the
+// requests in flight at the same replica before it; ended requests and
+// other replicas' count nothing, and a replica past the bound keeps no
+// more blocks.
+func TestFlightBlocks(t *testing.T) {
+	f := newFlightBlocks()
+	m, endA := f.begin("r1", []uint64{1, 2, 3})
+	if m != 0 {
+		t.Fatalf("first request matched %d, want 0", m)
+	}
+	if m, end := f.begin("r2", []uint64{1, 2}); m != 0 {
+		t.Errorf("another replica's request matched %d, want 0", m)
+	} else {
+		end()
+	}
+	m, endB := f.begin("r1", []uint64{1, 2, 9})
+	if m != 2 {
+		t.Errorf("second request matched %d, want 2 (the first's leading blocks)", m)
+	}
+	endA()
+	if m, end := f.begin("r1", []uint64{1, 2, 3}); m != 2 {
+		t.Errorf("after the first ended matched %d, want 2 (the second's blocks only)", m)
+	} else {
+		end()
+	}
+	endB()
+	if len(f.by) != 0 {
+		t.Errorf("%d replicas kept after every request ended, want 0", len(f.by))
+	}
+
+	big := make([]uint64, maxFlightBlocks+10)
+	for i := range big {
+		big[i] = uint64(i + 1)
+	}
+	_, endBig := f.begin("r1", big)
+	if n := len(f.by["r1"]); n != maxFlightBlocks {
+		t.Errorf("%d blocks kept, want the bound %d", n, maxFlightBlocks)
+	}
+	if m, end := f.begin("r1", big); m != maxFlightBlocks {
+		t.Errorf("matched %d of a prompt past the bound, want %d", m, maxFlightBlocks)
+	} else {
+		end()
+	}
+	endBig()
+	if len(f.by) != 0 {
+		t.Errorf("%d replicas kept after every request ended, want 0", len(f.by))
+	}
+}
