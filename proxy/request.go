@@ -37,14 +37,12 @@ const statusClientGone = 499
 // handler's request and writer, what was read of it, its decision's
 // inputs, and what it holds until it ends.
 type reqState struct {
-	p    *Proxy
-	w    http.ResponseWriter
-	r    *http.Request
-	ep   *endpoint
-	code int // the status the client got, for the metric
-	// concurrent and fork are the decision's route.Request.Concurrent
-	// and ForkBlocks, passed on to an owner with a hop.
-	concurrent, fork int
+	p                *Proxy
+	w                http.ResponseWriter
+	r                *http.Request
+	ep               *endpoint
+	code             int // the status the client got, for the metric
+	concurrent, fork int // the decision's route.Request.Concurrent and ForkBlocks, passed on with a hop
 	path             string
 	body             []byte
 	prompt           prompt.Prompt
@@ -76,11 +74,8 @@ type reqState struct {
 	attempts int
 	began    time.Time
 
-	blockMs float64 // the chosen candidate's prefill time per block (load.go's slot time)
-	// flightMatch: the leading blocks of the attempt's prompt that
-	// requests sent to its owned replica before it, still in flight,
-	// bring (inflight.go); the prediction counts them.
-	flightMatch int
+	blockMs     float64 // the chosen candidate's prefill time per block (load.go's slot time)
+	flightMatch int     // the prompt's leading blocks in flight at the attempt's owned replica (inflight.go)
 	// The dispatch protocol (hop.go). announce: an authenticated hop,
 	// whose entry is told of the dispatch (announced: it was);
 	// dispatchBy: the entry's deadline for it. downOwner: the owner API
@@ -540,14 +535,11 @@ func (st *reqState) attempt(id string, d route.Decision, bk *booking) attemptRes
 	}
 	var watch *hop.Watch
 	var live *hop.Live
-	st.flightMatch = 0
 	if t.local {
 		if !st.announceDispatch(id) {
 			return attemptDone
 		}
-		var endFlight func()
-		st.flightMatch, endFlight = p.flight.begin(id, st.hashes)
-		defer endFlight()
+		defer st.beginFlight(id)()
 	} else {
 		p.signer.SignLeg(out, id, d.Match, st.concurrent, st.fork, st.leg)
 		var end context.CancelCauseFunc
