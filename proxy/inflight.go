@@ -68,9 +68,10 @@ func (f *flightBlocks) begin(id string, hashes []uint64) (match int, end func())
 	}
 }
 
-// beginFlight counts the attempt at owned replica id in p.flight and
-// keeps its match for learn; the returned func ends it.
-func (st *reqState) beginFlight(id string) func() {
+// beginFlight counts st's attempt at owned replica id in the proxy's
+// flightBlocks and keeps its match for learn; the returned func ends it.
+// A function, not a method: reqState has methods enough.
+func beginFlight(st *reqState, id string) func() {
 	m, end := st.p.flight.begin(id, st.hashes)
 	st.flightMatch = m
 	return end

@@ -539,7 +539,7 @@ func (st *reqState) attempt(id string, d route.Decision, bk *booking) attemptRes
 		if !st.announceDispatch(id) {
 			return attemptDone
 		}
-		defer st.beginFlight(id)()
+		defer beginFlight(st, id)()
 	} else {
 		p.signer.SignLeg(out, id, d.Match, st.concurrent, st.fork, st.leg)
 		var end context.CancelCauseFunc
