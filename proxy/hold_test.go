@@ -149,31 +149,44 @@ func TestFirstTurnsSharingABlockSpread(t *testing.T) {
 	}
 }
 
-// TestPredictionCountsPromptsInFlight: a prompt sent to a replica while
-// another sharing its first block waits there, not yet answered (not
-// even its headers), is predicted to find that block cached: the engine
-// computes it once, for the first, though no summary held it when the
-// second was sent.
+// TestPredictionCountsPromptsInFlight: a prompt the replica accepted
+// (its headers came) while another sharing its first block, accepted
+// before it, is still in flight is predicted to find that block cached:
+// the engine computes it once, for the first, though no summary held it
+// yet. The order is the replica's, not the router's: here the request
+// sent first is accepted second, so it is the one predicted the block.
 func TestPredictionCountsPromptsInFlight(t *testing.T) {
-	first, second := firstTurn(1), firstTurn(2)
-	pr, err := prompt.RenderChat([]byte(second))
+	sentFirst, sentSecond := firstTurn(1), firstTurn(2)
+	pr, err := prompt.RenderChat([]byte(sentFirst))
 	if err != nil {
 		t.Fatal(err)
 	}
 	// sseChat reports 100 prompt tokens: this many text bytes per token
-	// (as learn clamps it). Only the second reports cached tokens (the shared block), so the
-	// predicted tokens counted are its own.
+	// (as learn clamps it). Only the request sent first reports cached
+	// tokens (the shared block), so the predicted tokens counted are its
+	// own.
 	bpt := clampBytesPerToken(float64(len(pr.Text)) / 100)
-	release := make(chan struct{})
+	secondAccepted, release := make(chan struct{}), make(chan struct{})
 	rep := newReplica(t, func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
+		first := strings.Contains(string(body), "document 1")
+		if first {
+			select { // accepted after the one sent second
+			case <-secondAccepted:
+			case <-r.Context().Done():
+				return
+			}
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		w.(http.Flusher).Flush()
 		select {
 		case <-release:
 		case <-r.Context().Done():
 			return
 		}
 		cached := -1
-		if strings.Contains(string(body), "document 2") {
+		if first {
 			cached = int(math.Round(16 / bpt))
 		}
 		sseChat(w, deltas(2, 4), cached)
@@ -181,25 +194,33 @@ func TestPredictionCountsPromptsInFlight(t *testing.T) {
 	view := newHoldView(t, rep.URL)
 	p, srv, _ := newTestProxy(t, view, nil)
 	var wg sync.WaitGroup
-	for i, body := range []string{first, second} {
+	headed := make(chan *http.Response, 2)
+	for i, body := range []string{sentFirst, sentSecond} {
 		wg.Go(func() {
-			if resp := post(t, t.Context(), srv.URL+"/v1/chat/completions", body); resp.StatusCode != http.StatusOK {
-				t.Errorf("status %d", resp.StatusCode)
-			} else {
-				readAll(t, resp)
-			}
+			resp := post(t, t.Context(), srv.URL+"/v1/chat/completions", body)
+			headed <- resp
 		})
 		// The second is sent once the first is at the replica.
 		waitFor(t, fmt.Sprintf("request %d at the replica", i+1), func() bool { return rep.count() == i+1 })
 	}
+	// The one sent second is accepted first: its headers reach the
+	// client (the router took them in) before the other's are sent.
+	resps := []*http.Response{recv(t, headed, "headers")}
+	close(secondAccepted)
+	resps = append(resps, recv(t, headed, "headers"))
 	close(release)
-	waitGroup(t, &wg, "both answers")
+	for _, resp := range resps {
+		if readAll(t, resp); resp.StatusCode != http.StatusOK {
+			t.Errorf("status %d", resp.StatusCode)
+		}
+	}
+	waitGroup(t, &wg, "both requests")
 	waitCounted(t, p, epChat, 2)
 	// The shared block and half the block after it (no tail share
 	// learnt yet).
 	want := (1 + tailPrior) * 16 / bpt
 	if got := testutil.ToFloat64(p.m.predictedCached); math.Abs(got-want) > 1e-6 {
-		t.Errorf("predicted %v cached tokens, want %v (the block the first computes for the second, and half the next)", got, want)
+		t.Errorf("predicted %v cached tokens, want %v (the block the one accepted first computes for it, and half the next)", got, want)
 	}
 	p.flight.mu.Lock()
 	defer p.flight.mu.Unlock()

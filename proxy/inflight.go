@@ -8,16 +8,24 @@ import "sync"
 const maxFlightBlocks = 1 << 16
 
 // flightBlocks is, per owned replica, the prompt blocks of the requests
-// this router has sent there that have not ended. The summary holds a
-// prompt once the engine has computed it (its first byte, relay.go), but
-// an engine that prefills requests in arrival order (vLLM's prefix
-// cache) computes a prompt shared by requests sent together once, and
-// reports it cached for each one behind the first: twelve first turns of
-// one system prompt sent at once are twelve cache hits no summary could
-// predict. So the predicted cached tokens (learn) count the blocks of the
-// requests sent to the replica before this one and still in flight, as
-// well as the summary's match. Placement does not read it: a prompt
-// still queued for prefill is no reason to queue another behind it.
+// it accepted (its response headers came) that have not ended. The
+// summary holds a prompt once the engine has computed it (its first
+// byte, relay.go), but an engine that prefills requests in arrival order
+// (vLLM's prefix cache) computes a prompt shared by requests sent
+// together once, and reports it cached for each one behind the first:
+// twelve first turns of one system prompt sent at once are eleven cache
+// hits no summary could predict. So the predicted cached tokens (learn)
+// count the blocks of the requests the replica accepted before this one
+// and still in flight, as well as the summary's match. The order is the
+// headers' (vLLM sends them just before it hands the request to its
+// engine), not the order the requests were sent in: two sent within a
+// millisecond on two connections can reach vLLM the other way round (a
+// pair in most of six runs of the events suite), and each is then
+// mispredicted by a block. An engine that sends its headers with the
+// first token (llama.cpp) is counted the same way: a request whose first
+// token came before this one's headers was computed before it.
+// Placement does not read the set: a prompt still queued for prefill is
+// no reason to queue another behind it.
 type flightBlocks struct {
 	mu sync.Mutex
 	by map[string]map[uint64]int32
@@ -27,10 +35,10 @@ func newFlightBlocks() *flightBlocks {
 	return &flightBlocks{by: map[string]map[uint64]int32{}}
 }
 
-// begin counts a request of hashes sent to replica id. match is how many
-// of its leading blocks requests sent there before it, still in flight,
-// bring; end, called once when the request ends (answered, failed or
-// abandoned), takes its blocks out.
+// begin counts a request of hashes the replica id accepted. match is how
+// many of its leading blocks the requests it accepted before, still in
+// flight, bring; end, called once when the request ends (answered,
+// failed or abandoned), takes its blocks out.
 func (f *flightBlocks) begin(id string, hashes []uint64) (match int, end func()) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -68,8 +76,9 @@ func (f *flightBlocks) begin(id string, hashes []uint64) (match int, end func())
 	}
 }
 
-// beginFlight counts st's attempt at owned replica id in the proxy's
-// flightBlocks and keeps its match for learn; the returned func ends it.
+// beginFlight counts st's attempt, accepted by owned replica id, in the
+// proxy's flightBlocks and keeps its match for learn; the returned func
+// ends it.
 // A function, not a method: reqState has methods enough.
 func beginFlight(st *reqState, id string) func() {
 	m, end := st.p.flight.begin(id, st.hashes)

@@ -80,14 +80,6 @@ func (st *reqState) relay(resp *http.Response, a upstreamAnswer) {
 			}
 		}()
 	}
-	sse := writeHead(st.w, resp)
-	out := clientOut{rc: http.NewResponseController(st.w), flush: sse || resp.ContentLength < 0, headErr: errNotFlushed}
-	out.wd = p.writeDeadline(out.rc)
-	if out.flush {
-		out.wd.extend()
-		out.headErr = out.rc.Flush() // the client sees the headers before the first token
-	}
-	var sink *reply.Sink
 	if a.local && resp.StatusCode >= 200 && resp.StatusCode < 300 && !st.byLoad {
 		// The replica accepted the request and holds the prompt once it
 		// has computed it: at the first byte of the body (its first
@@ -96,12 +88,21 @@ func (st *reqState) relay(resp *http.Response, a upstreamAnswer) {
 		// sharing its first blocks to a replica still queueing its
 		// prefill (first turns stacked on one vLLM server). A refused or
 		// failed request records nothing, and embeddings leave no cache.
+		defer beginFlight(st, a.id)() // in flight for the prediction from its headers on (inflight.go)
 		id, hashes, first := a.id, st.hashes, a.firstByte
 		a.firstByte = func() {
 			p.cfg.View.Record(id, hashes)
 			first()
 		}
 	}
+	sse := writeHead(st.w, resp)
+	out := clientOut{rc: http.NewResponseController(st.w), flush: sse || resp.ContentLength < 0, headErr: errNotFlushed}
+	out.wd = p.writeDeadline(out.rc)
+	if out.flush {
+		out.wd.extend()
+		out.headErr = out.rc.Flush() // the client sees the headers before the first token
+	}
+	var sink *reply.Sink
 	// An owned replica's answer is learnt; a hop's, and a decode leg's
 	// (pd.go: placed by load, its cache steers nothing), are read for
 	// the tenant's token usage only (tenants.go).

@@ -539,7 +539,6 @@ func (st *reqState) attempt(id string, d route.Decision, bk *booking) attemptRes
 		if !st.announceDispatch(id) {
 			return attemptDone
 		}
-		defer beginFlight(st, id)()
 	} else {
 		p.signer.SignLeg(out, id, d.Match, st.concurrent, st.fork, st.leg)
 		var end context.CancelCauseFunc
