@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/kvmesh/kvmesh/proxy/prompt"
 	"github.com/kvmesh/kvmesh/route"
@@ -195,6 +196,7 @@ func TestPredictionCountsPromptsInFlight(t *testing.T) {
 	p, srv, _ := newTestProxy(t, view, nil)
 	var wg sync.WaitGroup
 	headed := make(chan *http.Response, 2)
+	sent := time.Now()
 	for i, body := range []string{sentFirst, sentSecond} {
 		wg.Go(func() {
 			resp := post(t, t.Context(), srv.URL+"/v1/chat/completions", body)
@@ -208,6 +210,10 @@ func TestPredictionCountsPromptsInFlight(t *testing.T) {
 	resps := []*http.Response{recv(t, headed, "headers")}
 	close(secondAccepted)
 	resps = append(resps, recv(t, headed, "headers"))
+	// The engine computes the prompts after it accepted them: the first
+	// byte comes later after the headers than the headers after the
+	// sending (acceptedFirst), as on vLLM.
+	time.Sleep(2 * time.Since(sent))
 	close(release)
 	for _, resp := range resps {
 		if readAll(t, resp); resp.StatusCode != http.StatusOK {

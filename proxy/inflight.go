@@ -1,6 +1,9 @@
 package proxy
 
-import "sync"
+import (
+	"sync"
+	"time"
+)
 
 // maxFlightBlocks bounds the blocks flightBlocks keeps per replica: the
 // blocks of a request past it are not kept (its prediction for the
@@ -16,16 +19,14 @@ const maxFlightBlocks = 1 << 16
 // twelve first turns of one system prompt sent at once are eleven cache
 // hits no summary could predict. So the predicted cached tokens (learn)
 // count the blocks of the requests the replica accepted before this one
-// and still in flight, as well as the summary's match. The order is the
-// headers' (vLLM sends them just before it hands the request to its
-// engine), not the order the requests were sent in: two sent within a
-// millisecond on two connections can reach vLLM the other way round (a
-// pair in most of six runs of the events suite), and each is then
-// mispredicted by a block. An engine that sends its headers with the
-// first token (llama.cpp) is counted the same way: a request whose first
-// token came before this one's headers was computed before it.
-// Placement does not read the set: a prompt still queued for prefill is
-// no reason to queue another behind it.
+// and still in flight, as well as the summary's match, when the engine
+// accepted this one before computing it (acceptedFirst). The order is
+// the headers' (vLLM sends them just before it hands the request to its
+// engine), which is closer to the engine's than the order the requests
+// were sent in; two sent within a millisecond on two connections still
+// come out the other way round at times, and each is then mispredicted
+// by a block. Placement does not read the set: a prompt still queued for
+// prefill is no reason to queue another behind it.
 type flightBlocks struct {
 	mu sync.Mutex
 	by map[string]map[uint64]int32
@@ -84,4 +85,18 @@ func beginFlight(st *reqState, id string) func() {
 	m, end := st.p.flight.begin(id, st.hashes)
 	st.flightMatch = m
 	return end
+}
+
+// acceptedFirst reports whether the engine answered a request's headers
+// before it computed the prompt: the headers came (headed) sooner after
+// the request was sent (start) than the first byte came after them
+// (first). Such an engine (vLLM) queues the request behind those it
+// accepted before and shares their computed blocks with it. One that
+// sends its headers with the first token (llama.cpp) computed the prompt
+// in a slot of its own, sharing nothing with the requests beside it:
+// there, simultaneous first turns of one system prompt each report
+// nothing cached, and counting the others' blocks would over-predict
+// them.
+func acceptedFirst(start, headed, first time.Time) bool {
+	return first.Sub(headed) > headed.Sub(start)
 }

@@ -1,6 +1,9 @@
 package proxy
 
-import "testing"
+import (
+	"testing"
+	"time"
+)
 
 // TestFlightBlocks: a request's match is the leading blocks of the
 // requests in flight at the same replica before it; ended requests and
@@ -48,5 +51,26 @@ func TestFlightBlocks(t *testing.T) {
 	endBig()
 	if len(f.by) != 0 {
 		t.Errorf("%d replicas kept after every request ended, want 0", len(f.by))
+	}
+}
+
+// TestAcceptedFirst: an engine that answered the headers at once and the
+// first token later accepted the request before computing it (vLLM); one
+// whose headers came with the first token did not (llama.cpp).
+func TestAcceptedFirst(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	ms := func(n int) time.Time { return t0.Add(time.Duration(n) * time.Millisecond) }
+	for _, tc := range []struct {
+		name          string
+		headed, first time.Time
+		want          bool
+	}{
+		{"headers at once, then the prefill", ms(3), ms(1500), true},
+		{"headers with the first token", ms(1500), ms(1500), false},
+		{"headers after a queue, first token just after", ms(1500), ms(1510), false},
+	} {
+		if got := acceptedFirst(t0, tc.headed, tc.first); got != tc.want {
+			t.Errorf("%s: acceptedFirst = %v, want %v", tc.name, got, tc.want)
+		}
 	}
 }

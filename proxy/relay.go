@@ -89,8 +89,11 @@ func (st *reqState) relay(resp *http.Response, a upstreamAnswer) {
 		// prefill (first turns stacked on one vLLM server). A refused or
 		// failed request records nothing, and embeddings leave no cache.
 		defer beginFlight(st, a.id)() // in flight for the prediction from its headers on (inflight.go)
-		id, hashes, first := a.id, st.hashes, a.firstByte
+		id, hashes, first, start, headed := a.id, st.hashes, a.firstByte, a.start, time.Now()
 		a.firstByte = func() {
+			if !acceptedFirst(start, headed, time.Now()) {
+				st.flightMatch = 0
+			}
 			p.cfg.View.Record(id, hashes)
 			first()
 		}
