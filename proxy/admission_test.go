@@ -163,9 +163,11 @@ func TestAdmissionOverload(t *testing.T) {
 		}
 		got++
 	}
-	if d := p.admit.depth(); d != [admit.NumClasses]int{10, 0, 0} {
-		t.Fatalf("queue %v, want the 10 high requests", d)
-	}
+	// The lows can all be answered before the last high request reaches
+	// the router (a loaded machine schedules the senders late).
+	waitFor(t, "the 10 high requests queued", func() bool {
+		return p.admit.depth() == [admit.NumClasses]int{10, 0, 0}
+	})
 	if n := len(log.arrived()); n != 6 {
 		t.Fatalf("%d requests reached the replica, want the first 6 only", n)
 	}
