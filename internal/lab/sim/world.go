@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"os"
 	"slices"
 
 	"github.com/kvmesh/kvmesh/internal/lab/trace"
@@ -141,10 +140,6 @@ type world struct {
 	corrections                          int // misses the feedback loop corrected
 	view                                 viewError
 	cuts                                 [3]int // by summary.Cut
-	dbg                                  []dbgRec
-	dbgReason                            string
-	dbgMatch                             int
-	exCands                              []route.Candidate
 }
 
 func runPolicy(ctx context.Context, p *prepared, name string) (PolicyReport, error) {
@@ -316,7 +311,6 @@ func (w *world) arrive(i int32) error {
 			req.ForkBlocks = w.stems[k][hk].Fork(req)
 		}
 		d := w.p.cfg.Route.Pick(req, w.cands)
-		w.dbgDump(i, k, "entry", w.cands, d.Index)
 		if d.Index < 0 {
 			return errors.New("route picked no replica")
 		}
@@ -325,91 +319,28 @@ func (w *world) arrive(i int32) error {
 			// The request travels through the replica's owner, which
 			// checks the hint with its exact view and decides again among
 			// its own replicas if it does not keep it (proxy/request.go).
-			entryFull := !w.dbgCanStart(w.cands, j)
 			w.fillCandidates(o, r)
-			if !(entryFull && os.Getenv("KVG25_KEEPFULL") != "") && !w.p.cfg.Route.KeepHint(w.cands, j) {
+			if !w.p.cfg.Route.KeepHint(w.cands, j) {
 				own := w.ownCands[:0]
 				for jj := o; jj < len(w.cands); jj += w.nR {
 					own = append(own, w.cands[jj])
 				}
 				w.ownCands = own
 				d2 := w.p.cfg.Route.Pick(req, own)
-				w.dbgDump(i, o, "owner", own, d2.Index)
 				j = o + d2.Index*w.nR
 				d.Match = d2.Match
-				if os.Getenv("KVG25_BOUNCE") != "" && !w.dbgCanStart(own, d2.Index) {
-					// The owner refuses; the entry decides again without
-					// the owner's replicas, on its own view.
-					w.fillCandidates(k, r)
-					var idx []int
-					ex := w.exCands[:0]
-					for jj := range w.cands {
-						if w.owner(jj) != o {
-							ex = append(ex, w.cands[jj])
-							idx = append(idx, jj)
-						}
-					}
-					w.exCands = ex
-					if len(ex) > 0 {
-						d3 := w.p.cfg.Route.Pick(req, ex)
-						j3 := idx[d3.Index]
-						mustStart := os.Getenv("KVG25_BOUNCE") == "can"
-						if !mustStart || w.dbgCanStart(ex, d3.Index) {
-							j, d.Match = j3, d3.Match
-							w.reasons["bounce"]++
-							if q := w.owner(j3); q != k {
-								w.fillCandidates(q, r)
-								if !w.p.cfg.Route.KeepHint(w.cands, j3) {
-									own := w.ownCands[:0]
-									for jj := q; jj < len(w.cands); jj += w.nR {
-										own = append(own, w.cands[jj])
-									}
-									w.ownCands = own
-									d4 := w.p.cfg.Route.Pick(req, own)
-									j, d.Match = q+d4.Index*w.nR, d4.Match
-								}
-							}
-						}
-					}
-				}
-				if hop2 := w.dbgHop2(); hop2 != "" && (hop2 == "all" || !w.dbgCanStart(own, d2.Index)) {
-					d3 := w.p.cfg.Route.Pick(req, w.cands)
-					if q := w.owner(d3.Index); q != o && (hop2 == "all" || hop2 == "full" || w.dbgIdle(d3.Index)) {
-						j, d.Match = d3.Index, d3.Match
-						w.reasons["hop2"]++
-						w.fillCandidates(q, r)
-						if !w.p.cfg.Route.KeepHint(w.cands, j) {
-							own := w.ownCands[:0]
-							for jj := q; jj < len(w.cands); jj += w.nR {
-								own = append(own, w.cands[jj])
-							}
-							w.ownCands = own
-							d4 := w.p.cfg.Route.Pick(req, own)
-							j, d.Match = q+d4.Index*w.nR, d4.Match
-						}
-					}
-				}
 				w.reasons["rehint"]++
-				d.Reason = route.Reason(string(d.Reason) + "+rehint")
 			}
 		}
 		est = float64(len(r.ids) - d.Match)
 		best = int32(d.BestMatch)
 		w.reasons[string(d.Reason)]++
-		w.dbgReason, w.dbgMatch = string(d.Reason), d.Match
 		if d.Match < d.BestMatch {
 			w.belowBest++
 			w.givenUp += int64(d.BestMatch - d.Match)
 		}
 	}
 	w.retrace(j, r)
-	if w.dbgOn() {
-		w.dbgArrive(i, j, w.dbgReason, w.dbgMatch, int(best), w.owner(j) == k)
-		if w.cands[j].Detail != nil {
-			w.dbg[i].slotsKnown = int(w.cands[j].Slots)
-			w.dbg[i].viewCan = w.dbgCanStart(w.cands, j)
-		}
-	}
 	w.dispatch(k, j, i, est)
 	w.jobs[i].best = best
 	return nil
@@ -840,7 +771,6 @@ func (w *world) deliver(k, mi int32) error {
 }
 
 func (w *world) report() PolicyReport {
-	w.dbgWrite()
 	rep := PolicyReport{Name: w.policy, Requests: len(w.ttft), Reasons: w.reasons, FullCopies: w.fullCopies,
 		Corrections: w.corrections, CutsOlder: w.cuts[summary.CutOlder], CutsBoth: w.cuts[summary.CutBoth],
 		BelowBestMatch: w.belowBest, GivenUpBlocks: w.givenUp, WarmRequests: w.warm}
