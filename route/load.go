@@ -44,6 +44,9 @@ func (p *Policy) slotWaitMs(c *Candidate) float64 {
 		slots = max(int(c.Running), 1)
 	}
 	seqMs, slotAgeMs := seqAndAge(c)
+	if p.seqMs > 0 {
+		seqMs = p.seqMs
+	}
 	seq := seqMs
 	if seq <= 0 {
 		seq = p.DefaultSeqMs
@@ -58,6 +61,45 @@ func (p *Policy) slotWaitMs(c *Candidate) float64 {
 		return max(seq-slotAgeMs, 0) + float64(ahead-1)*per
 	}
 	return float64(ahead) * per
+}
+
+// poolSample bounds the candidates pooledSeqMs reads: a decision over
+// a thousand candidates reads 64 Details, not all of them (the mean of
+// 64 running means varies an eighth as much as one).
+const poolSample = 64
+
+// pooledSeqMs is the mean SeqMs of the candidates that have one and
+// whose view counts (not stale), at most poolSample of them taken at an
+// even stride; 0 when none has one.
+//
+// Why pooled: how long a request holds a slot is set by the requests
+// (their answers' lengths, at a decode-bound engine), which the same
+// routers send to every replica alike, not by the replica. A replica's
+// own SeqMs is a running mean of weight 1/16 over heavy-tailed times:
+// one long answer lifts it for the next dozen, and between long ones
+// it sits below the mean. Priced each by its own, two full replicas'
+// queues compare by that noise (a queue of 160 priced below one of 112
+// at another replica whose last answers were longer), and so does a
+// holder's queue against the recompute of a move. The mean over the
+// candidates estimates the same expected slot time with a fraction of
+// the variance, alike for every replica in one decision; the running
+// requests' ages (FreeMs, SlotAgeMs) stay the replica's own. It
+// assumes the replicas decode at about one speed: a replica twice as
+// slow is priced as the others.
+func pooledSeqMs(cands []Candidate) float64 {
+	sum, k := 0.0, 0
+	stride := max(1, len(cands)/poolSample)
+	for i := 0; i < len(cands) && k < poolSample; i += stride {
+		c := &cands[i]
+		if d := c.Detail; d != nil && !c.Stale && d.SeqMs > 0 && !math.IsInf(d.SeqMs, 1) {
+			sum += d.SeqMs
+			k++
+		}
+	}
+	if k == 0 {
+		return 0
+	}
+	return sum / float64(k)
 }
 
 // slotsAhead is how many sequence slots must free before c starts a new

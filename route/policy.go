@@ -60,6 +60,11 @@ type Policy struct {
 	// conversations that return to it for their next turns stay a
 	// bounded part of all.
 	WarmShare float64
+	// seqMs is the time a request holds a sequence slot, pooled over a
+	// decision's candidates (pooledSeqMs); Pick sets it on its own copy
+	// when some candidate has no free slot, and a slot wait reads it in
+	// place of the candidate's own SeqMs. 0 outside a decision.
+	seqMs float64
 }
 
 // DefaultPolicy returns the documented defaults, the "default" profile.

@@ -289,6 +289,11 @@ func (p Policy) pick(req Request, cands []Candidate, ms []int32) Decision {
 	}
 	common := commonPrefix(hist[:], histOver, fresh)
 	counted := known
+	if canKnown < counted || stale > 0 {
+		// Some candidate may have no free slot: its wait will be priced
+		// (slotWaitMs), by the slot time pooled over the candidates.
+		p.seqMs = pooledSeqMs(cands)
+	}
 	known = max(known, 1)
 	lim := limits{inFlight: p.inFlightBound(inFlight, known), queued: p.queueBound(queued, known), work: math.Inf(1), blocks: n}
 	cold := lim

@@ -1312,3 +1312,63 @@ func TestNextTurnStaysOnAHolderSeenRunningMore(t *testing.T) {
 		t.Errorf("holder at the 4 it was seen running, 5 in flight in all: decision %+v, want a spill", d)
 	}
 }
+
+// Every replica full: a warm request compares the holder's queue with the
+// others' by one slot time, the mean of the candidates' SeqMs, not each
+// replica's own running mean. The holder's last answers were short (its
+// SeqMs 4 s against the others' 40 s, one slot each): priced by its own
+// it looks 3 ahead × 4 s = 12 s away, below a move to a replica 1 ahead
+// (40 s and 16 × 10 blocks × 20 ms of recompute), and the request would
+// queue there behind three answers; pooled (31 s per slot), 93 s against
+// 34 s, and it moves. With every SeqMs equal the pool changes nothing;
+// the holder 1 ahead like the others keeps it either way.
+func TestPickPricesFullQueuesByThePooledSlotTime(t *testing.T) {
+	conv := chainOf(nil, 10, 2)
+	tests := []struct {
+		name      string
+		holderSeq float64
+		holderIn  int32 // 1 slot
+		stay      bool
+	}{
+		{"holder's short last answers, 3 ahead: move", 4000, 3, false},
+		{"alike, 3 ahead: move", 40000, 3, false},
+		{"holder's short last answers, 1 ahead like the others: stay", 4000, 1, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			req := request(chainOf(conv, 2, 5))
+			req.Concurrent = 1
+			cs := candidates(4)
+			for i := range cs {
+				cs[i].Summary, cs[i].Slots, cs[i].Detail.SeqMs, cs[i].InFlight = held(t), 1, 40000, 1
+			}
+			cs[0].Summary, cs[0].InFlight, cs[0].Detail.SeqMs = held(t, conv), tc.holderIn, tc.holderSeq
+			d := DefaultPolicy().Pick(req, cs)
+			if (d.Index == 0) != tc.stay {
+				t.Fatalf("decision %+v, want stay at the holder %v", d, tc.stay)
+			}
+		})
+	}
+}
+
+func TestPooledSeqMs(t *testing.T) {
+	cs := candidates(5)
+	for i, s := range []float64{1000, 3000, 0, math.Inf(1), 5000} {
+		cs[i].Detail.SeqMs = s
+	}
+	cs[1].Stale = true
+	if got := pooledSeqMs(cs); got != 3000 { // 1000 and 5000: no measure, infinity and stale left out
+		t.Fatalf("pooled %v, want 3000", got)
+	}
+	if got := pooledSeqMs(candidates(3)); got != 0 {
+		t.Fatalf("pooled with no SeqMs %v, want 0", got)
+	}
+	// A thousand candidates: 64 read at an even stride.
+	many := candidates(1024)
+	for i := range many {
+		many[i].Detail.SeqMs = float64(1 + i%16)
+	}
+	if got := pooledSeqMs(many); got != 1 { // stride 16 reads every i ≡ 0 (mod 16)
+		t.Fatalf("pooled over 1024 %v, want 1", got)
+	}
+}
