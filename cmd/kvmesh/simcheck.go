@@ -52,6 +52,8 @@ type lossCell struct {
 	mns      int
 	cache    float64
 	why      string
+	// hitOnly exempts the cell's hit gate alone: its TTFT gates hold.
+	hitOnly bool
 }
 
 // lossCells is a list of cells the check runs and prints but does not gate.
@@ -60,19 +62,24 @@ type lossCells []lossCell
 // knownLosses are the corner cells that lose a gate today on some seed
 // (docs/SIMULATION.md, grid section, says why). They run and print, but
 // do not fail the check: it gates what holds, so that it catches
-// regressions. Remove an entry when its cell holds on seeds 1-3. Empty:
-// the last cell to lose, hot-prompts 0.6/4/1 (p99 1274 against
-// round-robin's 1272 ms on seeds 2-3), holds because a hot prompt's copy
-// goes only to idle replicas (1255 ms on seeds 1-3).
-var knownLosses = lossCells{}
+// regressions. Remove an entry when its cell holds on seeds 1-3.
+var knownLosses = lossCells{
+	// At 4 slots, load 0.9 and a quarter of the working set cached,
+	// kvmesh moves requests off full holders: its hit ratio sits at
+	// 0.964x-0.970x the best peer model's over seeds 1-10 (passing the
+	// 0.97x gate on 3-4 of them, by the seed's Bloom false positives),
+	// for a TTFT p50 and p99 about half that peer's (seed 1: 3110 and
+	// 15883 ms against llm-d-epp's 7648 and 30492).
+	{"no-shared-head", 0.9, 4, 0.25, "hit ~0.967x the best peer's, for half its TTFT", true},
+}
 
-func (l lossCells) find(c sim.Cell) (string, bool) {
+func (l lossCells) find(c sim.Cell) (lossCell, bool) {
 	for _, k := range l {
 		if c.Workload == k.workload && c.Load == k.load && c.MaxNumSeqs == k.mns && c.CacheFraction == k.cache {
-			return k.why, true
+			return k, true
 		}
 	}
-	return "", false
+	return lossCell{}, false
 }
 
 // checkLosses prints every cell that fails a gate of the check, naming
@@ -80,14 +87,24 @@ func (l lossCells) find(c sim.Cell) (string, bool) {
 func checkLosses(stdout io.Writer, cells []sim.Cell, known lossCells) int {
 	lost := 0
 	for _, c := range cells {
-		if why, ok := known.find(c); ok {
-			fmt.Fprintf(stdout, "check: not gated (known loss: %s): %s load %v max-num-seqs %d cache %v: "+
+		k, isKnown := known.find(c)
+		if isKnown {
+			what := "not gated"
+			if k.hitOnly {
+				what = "hit not gated"
+			}
+			fmt.Fprintf(stdout, "check: %s (known loss: %s): %s load %v max-num-seqs %d cache %v: "+
 				"hit %.4f (best peer %.4f), p50 %.0f (best baseline %.0f), p99 %.0f (best baseline %.0f, %s)\n",
-				why, c.Workload, c.Load, c.MaxNumSeqs, c.CacheFraction, c.Mesh.HitRatio, c.PeerHit.Value,
+				what, k.why, c.Workload, c.Load, c.MaxNumSeqs, c.CacheFraction, c.Mesh.HitRatio, c.PeerHit.Value,
 				c.Mesh.TTFTP50Ms, c.BaseP50.Value, c.Mesh.TTFTP99Ms, c.BaseP99.Value, c.BaseP99.Name)
-			continue
+			if !k.hitOnly {
+				continue
+			}
 		}
 		v := c.Verdict()
+		if isKnown {
+			v.Hit = true
+		}
 		var why []string
 		if !v.BaseP50 {
 			why = append(why, fmt.Sprintf("p50 %.0f > %s's %.0f ms", c.Mesh.TTFTP50Ms, c.BaseP50.Name, c.BaseP50.Value))
@@ -107,11 +124,12 @@ func checkLosses(stdout io.Writer, cells []sim.Cell, known lossCells) int {
 	return lost
 }
 
-// gatedCells counts the cells the check gates (all but the known losses).
+// gatedCells counts the cells the check gates (all but the known losses
+// exempt from every gate).
 func gatedCells(cells []sim.Cell, known lossCells) int {
 	n := 0
 	for _, c := range cells {
-		if _, ok := known.find(c); !ok {
+		if k, ok := known.find(c); !ok || k.hitOnly {
 			n++
 		}
 	}

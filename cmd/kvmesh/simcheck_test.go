@@ -29,13 +29,16 @@ func TestCheckLosses(t *testing.T) {
 			[]string{"LOST trace load 0.9 max-num-seqs 4 cache 1", "p99 1100 > least-loaded's 1000"}},
 		{"hit below 0.97x", []sim.Cell{cell("hot-prompts", 0.3, 256, 0.25, 900, 0.48)}, 1, []string{"hit 0.4800 < 0.97"}},
 		{"known loss not gated", []sim.Cell{cell("hot-prompts", 0.6, 4, 1, 1100, 0.5)}, 0, []string{"not gated (known loss"}},
+		// A hit-only known loss still gates the cell's TTFT.
+		{"hit-only known loss, hit low", []sim.Cell{cell("no-shared-head", 0.9, 4, 0.25, 900, 0.4)}, 0, []string{"hit not gated (known loss"}},
+		{"hit-only known loss, p99 over a baseline", []sim.Cell{cell("no-shared-head", 0.9, 4, 0.25, 1100, 0.4)}, 1,
+			[]string{"LOST no-shared-head load 0.9", "p99 1100 > least-loaded's 1000"}},
 		// A known loss names its own cell only.
 		{"the neighbour of a known loss gated", []sim.Cell{cell("hot-prompts", 0.6, 4, 0.25, 1100, 0.5)}, 1,
 			[]string{"LOST hot-prompts load 0.6 max-num-seqs 4 cache 0.25"}},
 	}
-	// knownLosses is empty today (every cell holds on seeds 1-3); the
-	// test names one.
-	known := lossCells{{"hot-prompts", 0.6, 4, 1, "a test's"}}
+	// The test names its own known loss, apart from the check's list.
+	known := lossCells{{"hot-prompts", 0.6, 4, 1, "a test's", false}, {"no-shared-head", 0.9, 4, 0.25, "a test's hit", true}}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			var b strings.Builder
