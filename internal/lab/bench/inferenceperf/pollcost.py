@@ -11,7 +11,8 @@ rates during the block:
     kvmesh   what a kvmesh router asks of a llama.cpp replica (proxy/health
              defaults): /metrics every 1 s, /health and /v1/models every
              2 s, /props every 30 s
-    heavy    10x that, and /slots every 0.1 s
+    heavy    /metrics and /slots every 0.1 s, /health and /v1/models every
+             0.2 s, /props every 1 s
 
 The order of the modes rotates every repetition (ABBA for two), so a
 drift of the machine's load falls on every mode alike. Prints one JSON
@@ -34,7 +35,7 @@ import urllib.request
 POLLS = {
     "quiet": [],
     "kvmesh": [("/metrics", 1.0), ("/health", 2.0), ("/v1/models", 2.0), ("/props", 30.0)],
-    "heavy": [("/metrics", 0.1), ("/slots", 0.1), ("/health", 0.2), ("/v1/models", 0.2), ("/props", 3.0)],
+    "heavy": [("/metrics", 0.1), ("/slots", 0.1), ("/health", 0.2), ("/v1/models", 0.2), ("/props", 1.0)],
 }
 WORDS = ["alpha", "river", "stone", "quiet", "market", "yellow", "engine", "paper", "garden", "window", "silver",
          "forest", "number", "travel", "winter", "signal", "bridge", "castle", "planet", "copper", "motion",
