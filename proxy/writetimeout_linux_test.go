@@ -148,11 +148,12 @@ func TestUpstreamIdleTimeoutSparesSlowClient(t *testing.T) {
 				c.NoStreamLoop = off
 				c.WriteTimeout = 30 * time.Second
 				// A loaded machine (-race, 2 cores, load 10+) may not
-				// schedule the replica's writer for a second or more.
-				c.UpstreamIdleTimeout = 2 * time.Second
+				// schedule the replica's writer for a second or more
+				// (2 s cut a stream once in CI's -race run).
+				c.UpstreamIdleTimeout = 4 * time.Second
 			})
 			c := stalledStream(t, srv.URL)
-			time.Sleep(5 * time.Second) // the router's writes wait on the client, past the idle timeout
+			time.Sleep(6 * time.Second) // the router's writes wait on the client, past the idle timeout
 			_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
 			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
 			if err != nil {
