@@ -150,47 +150,62 @@ func TestFirstTurnsSharingABlockSpread(t *testing.T) {
 	}
 }
 
-// TestPredictionCountsPromptsInFlight: a prompt the replica accepted
-// (its headers came) while another sharing its first block, accepted
-// before it, is still in flight is predicted to find that block cached:
-// the engine computes it once, for the first, though no summary held it
-// yet. The order is the replica's, not the router's: here the request
-// sent first is accepted second, so it is the one predicted the block.
+// TestPredictionCountsPromptsInFlight: a prompt whose first token came
+// while another sharing its first block, whose first token came before,
+// is still in flight is predicted to find that block cached: the engine
+// computes it once, for the first, though no summary held it yet. The
+// order is the first tokens' (the engine's computing order), neither the
+// router's sending order nor the headers': here the request sent first
+// is accepted second but computed first, so the one sent second is the
+// one predicted the block.
 func TestPredictionCountsPromptsInFlight(t *testing.T) {
 	sentFirst, sentSecond := firstTurn(1), firstTurn(2)
-	pr, err := prompt.RenderChat([]byte(sentFirst))
+	pr, err := prompt.RenderChat([]byte(sentSecond))
 	if err != nil {
 		t.Fatal(err)
 	}
 	// sseChat reports 100 prompt tokens: this many text bytes per token
-	// (as learn clamps it). Only the request sent first reports cached
+	// (as learn clamps it). Only the request sent second reports cached
 	// tokens (the shared block), so the predicted tokens counted are its
 	// own.
 	bpt := clampBytesPerToken(float64(len(pr.Text)) / 100)
 	secondAccepted, release := make(chan struct{}), make(chan struct{})
+	releaseSecond, firstDone := make(chan struct{}), make(chan struct{})
+	wait := func(r *http.Request, ch chan struct{}) bool {
+		select {
+		case <-ch:
+			return true
+		case <-r.Context().Done():
+			return false
+		}
+	}
 	rep := newReplica(t, func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		first := strings.Contains(string(body), "document 1")
-		if first {
-			select { // accepted after the one sent second
-			case <-secondAccepted:
-			case <-r.Context().Done():
-				return
-			}
+		if first && !wait(r, secondAccepted) { // accepted after the one sent second
+			return
 		}
 		w.Header().Set("Content-Type", "text/event-stream")
 		w.WriteHeader(http.StatusOK)
 		w.(http.Flusher).Flush()
-		select {
-		case <-release:
-		case <-r.Context().Done():
+		if !first {
+			// Computed after the one sent first, which is still in
+			// flight.
+			if !wait(r, releaseSecond) {
+				return
+			}
+			sseChat(w, deltas(2, 4), int(math.Round(16/bpt)))
 			return
 		}
-		cached := -1
-		if first {
-			cached = int(math.Round(16 / bpt))
+		if !wait(r, release) {
+			return
 		}
-		sseChat(w, deltas(2, 4), cached)
+		// Its first token, then the rest once the other has ended.
+		fmt.Fprint(w, "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi\"}}]}\n\n")
+		w.(http.Flusher).Flush()
+		if wait(r, firstDone) {
+			sseChat(w, deltas(2, 4), -1)
+		}
 	})
 	view := newHoldView(t, rep.URL)
 	p, srv, _ := newTestProxy(t, view, nil)
@@ -207,18 +222,26 @@ func TestPredictionCountsPromptsInFlight(t *testing.T) {
 	}
 	// The one sent second is accepted first: its headers reach the
 	// client (the router took them in) before the other's are sent.
-	resps := []*http.Response{recv(t, headed, "headers")}
+	second := recv(t, headed, "headers")
 	close(secondAccepted)
-	resps = append(resps, recv(t, headed, "headers"))
+	firstResp := recv(t, headed, "headers")
 	// The engine computes the prompts after it accepted them: the first
 	// byte comes later after the headers than the headers after the
 	// sending (acceptedFirst), as on vLLM.
 	time.Sleep(2 * time.Since(sent))
 	close(release)
-	for _, resp := range resps {
-		if readAll(t, resp); resp.StatusCode != http.StatusOK {
-			t.Errorf("status %d", resp.StatusCode)
-		}
+	// The router has taken the first byte of the one sent first once
+	// its client reads it.
+	if _, err := io.ReadFull(firstResp.Body, make([]byte, 1)); err != nil {
+		t.Fatalf("first byte: %v", err)
+	}
+	close(releaseSecond)
+	if readAll(t, second); second.StatusCode != http.StatusOK {
+		t.Errorf("status %d", second.StatusCode)
+	}
+	close(firstDone)
+	if readAll(t, firstResp); firstResp.StatusCode != http.StatusOK {
+		t.Errorf("status %d", firstResp.StatusCode)
 	}
 	waitGroup(t, &wg, "both requests")
 	waitCounted(t, p, epChat, 2)
@@ -226,7 +249,7 @@ func TestPredictionCountsPromptsInFlight(t *testing.T) {
 	// learnt yet).
 	want := (1 + tailPrior) * 16 / bpt
 	if got := testutil.ToFloat64(p.m.predictedCached); math.Abs(got-want) > 1e-6 {
-		t.Errorf("predicted %v cached tokens, want %v (the block the one accepted first computes for it, and half the next)", got, want)
+		t.Errorf("predicted %v cached tokens, want %v (the block the one computed first computes for it, and half the next)", got, want)
 	}
 	p.flight.mu.Lock()
 	defer p.flight.mu.Unlock()

@@ -11,22 +11,23 @@ import (
 const maxFlightBlocks = 1 << 16
 
 // flightBlocks is, per owned replica, the prompt blocks of the requests
-// it accepted (its response headers came) that have not ended. The
-// summary holds a prompt once the engine has computed it (its first
-// byte, relay.go), but an engine that prefills requests in arrival order
+// whose first byte came (the engine computed their prompt) that have not
+// ended. The summary holds a prompt once the engine has computed it (its
+// first byte, relay.go), but an engine that prefills requests in turn
 // (vLLM's prefix cache) computes a prompt shared by requests sent
 // together once, and reports it cached for each one behind the first:
 // twelve first turns of one system prompt sent at once are eleven cache
-// hits no summary could predict. So the predicted cached tokens (learn)
-// count the blocks of the requests the replica accepted before this one
-// and still in flight, as well as the summary's match, when the engine
-// accepted this one before computing it (acceptedFirst). The order is
-// the headers' (vLLM sends them just before it hands the request to its
-// engine), which is closer to the engine's than the order the requests
-// were sent in; two sent within a millisecond on two connections still
-// come out the other way round at times, and each is then mispredicted
-// by a block. Placement does not read the set: a prompt still queued for
-// prefill is no reason to queue another behind it.
+// hits no summary could predict. So the predicted cached tokens (learn,
+// after the response) count the blocks of the requests whose first byte
+// came before this one's and were still in flight then, as well as the
+// summary's match, when the engine accepted this one before computing it
+// (acceptedFirst). The order is the first tokens', which is the order
+// the engine computed the prompts in: the headers' (vLLM sends them just
+// before it hands the request to its engine) come out the other way
+// round at times for two requests sent within a millisecond, and each
+// was then mispredicted by a block. Placement does not read the set: a
+// prompt still queued for prefill is no reason to queue another behind
+// it.
 type flightBlocks struct {
 	mu sync.Mutex
 	by map[string]map[uint64]int32
@@ -36,10 +37,10 @@ func newFlightBlocks() *flightBlocks {
 	return &flightBlocks{by: map[string]map[uint64]int32{}}
 }
 
-// begin counts a request of hashes the replica id accepted. match is how
-// many of its leading blocks the requests it accepted before, still in
-// flight, bring; end, called once when the request ends (answered,
-// failed or abandoned), takes its blocks out.
+// begin counts a request of hashes whose prompt the replica id has
+// computed. match is how many of its leading blocks the requests it
+// computed before, still in flight, bring; end, called once when the
+// request ends (answered, failed or abandoned), takes its blocks out.
 func (f *flightBlocks) begin(id string, hashes []uint64) (match int, end func()) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -77,13 +78,17 @@ func (f *flightBlocks) begin(id string, hashes []uint64) (match int, end func())
 	}
 }
 
-// beginFlight counts st's attempt, accepted by owned replica id, in the
-// proxy's flightBlocks and keeps its match for learn; the returned func
-// ends it.
+// beginFlight counts st's attempt, whose first byte owned replica id
+// has just sent, in the proxy's flightBlocks and keeps its match for
+// learn when the engine shared its blocks with it (shares:
+// acceptedFirst); the returned func ends it.
 // A function, not a method: reqState has methods enough.
-func beginFlight(st *reqState, id string) func() {
+func beginFlight(st *reqState, id string, shares bool) func() {
 	m, end := st.p.flight.begin(id, st.hashes)
-	st.flightMatch = m
+	st.flightMatch = 0
+	if shares {
+		st.flightMatch = m
+	}
 	return end
 }
 

@@ -88,12 +88,17 @@ func (st *reqState) relay(resp *http.Response, a upstreamAnswer) {
 		// sharing its first blocks to a replica still queueing its
 		// prefill (first turns stacked on one vLLM server). A refused or
 		// failed request records nothing, and embeddings leave no cache.
-		defer beginFlight(st, a.id)() // in flight for the prediction from its headers on (inflight.go)
+		var endFlight func() // set at the first byte; nil if none came
+		defer func() {
+			if endFlight != nil {
+				endFlight()
+			}
+		}()
 		id, hashes, first, start, headed := a.id, st.hashes, a.firstByte, a.start, time.Now()
 		a.firstByte = func() {
-			if !acceptedFirst(start, headed, time.Now()) {
-				st.flightMatch = 0
-			}
+			// In flight for the prediction from its first byte on
+			// (inflight.go).
+			endFlight = beginFlight(st, id, acceptedFirst(start, headed, time.Now()))
 			p.cfg.View.Record(id, hashes)
 			first()
 		}

@@ -75,7 +75,7 @@ type reqState struct {
 	began    time.Time
 
 	blockMs     float64 // the chosen candidate's prefill time per block (load.go's slot time)
-	flightMatch int     // the prompt's leading blocks in flight at the attempt's owned replica (inflight.go)
+	flightMatch int     // the prompt's leading blocks that requests computed before it, still in flight, hold at the attempt's owned replica (inflight.go)
 	// The dispatch protocol (hop.go). announce: an authenticated hop,
 	// whose entry is told of the dispatch (announced: it was);
 	// dispatchBy: the entry's deadline for it. downOwner: the owner API
