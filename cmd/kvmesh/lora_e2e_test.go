@@ -274,8 +274,11 @@ func TestLoRAPlacement(t *testing.T) {
 				// The routers run ten times slower against the
 				// simulators' clock: their engine scrapes and gossip
 				// lag behind more requests. Still far ahead of
-				// round-robin.
-				if mesh.placed < robin.placed+0.2 || mesh.loads > robin.loads/2 {
+				// round-robin: at most half its misplaced share and
+				// half its adapter loads. (A fixed margin over
+				// round-robin's share cannot hold when round-robin
+				// happens to place 80%.)
+				if 1-mesh.placed > (1-robin.placed)/2 || mesh.loads > robin.loads/2 {
 					t.Errorf("under the race detector kvmesh placed %.1f%% with %v loads, round-robin %.1f%% with %v",
 						100*mesh.placed, mesh.loads, 100*robin.placed, robin.loads)
 				}
