@@ -74,6 +74,7 @@ type router struct {
 	told      []loadSnap         // per replica, from its owner's gossip
 	lastHeard []float64          // per router: last message delivered from it
 	own       [][]int32          // per replica: own dispatches not yet finished
+	written   writtenBook        // its own placements' prefill blocks per replica (route.Detail.Written)
 }
 
 // message is one owner's gossip about one replica: a summary delta (or a
@@ -255,7 +256,7 @@ func (w *world) makeRouters() error {
 	w.routers = make([]*router, w.nR)
 	for k := range w.routers {
 		r := &router{copies: make([]*summary.Summary, cfg.Replicas), told: make([]loadSnap, cfg.Replicas),
-			lastHeard: make([]float64, w.nR), own: make([][]int32, cfg.Replicas)}
+			lastHeard: make([]float64, w.nR), own: make([][]int32, cfg.Replicas), written: newWrittenBook(cfg.Replicas)}
 		for j := range r.copies {
 			s, err := summary.New(w.p.params(), w.epochs[j])
 			if err != nil {
@@ -315,11 +316,22 @@ func (w *world) arrive(i int32) error {
 			return errors.New("route picked no replica")
 		}
 		j = d.Index
+		if w.routers != nil {
+			// The deciding router books its own placement at the replica it
+			// chose, with the blocks it predicted the replica lacks, as the
+			// proxy's place book does at commit (before the owner may
+			// decide again: the entry learns of that only as the request's
+			// mark moves, which Written does not follow).
+			w.routers[k].written.place(j, float64(len(r.ids)-d.Match), true)
+		}
 		if o := w.owner(j); w.gossip && o != k {
 			// The request travels through the replica's owner, which
 			// checks the hint with its exact view and decides again among
 			// its own replicas if it does not keep it (proxy/request.go).
 			w.fillCandidates(o, r)
+			// The owner commits the forwarded request too: a placement of
+			// its window that is not its own (no blocks written by it).
+			w.routers[o].written.place(j, 0, false)
 			if !w.p.cfg.Route.KeepHint(w.cands, j) {
 				own := w.ownCands[:0]
 				for jj := o; jj < len(w.cands); jj += w.nR {
@@ -465,6 +477,17 @@ func (w *world) fillCandidates(k int, r *simReq) {
 		c.Detail.SeqMs = eng.seqMs
 		c.Detail.Own, c.Detail.Local = route.Count32(own), local
 		c.Detail.SlotAgeMs, c.Detail.FreeMs = 0, 0
+		c.Held, c.Detail.Written = 0, 0
+		switch w.policy {
+		case PolicyExactView, PolicyPooled:
+			c.Held = route.Count32(rep.cache.count)
+		case PolicySingle:
+			c.Held = route.Count32(w.routers[0].copies[j].Held())
+			c.Detail.Written = w.routers[0].written.blocks[j]
+		default: // isolated, mesh, partitioned: this router's copy, as the mesh's view reads it (stale or not)
+			c.Held = route.Count32(w.routers[k].copies[j].Held())
+			c.Detail.Written = w.routers[k].written.blocks[j]
+		}
 		if eng.hasOldest {
 			c.Detail.FreeMs = eng.freeMs
 			c.Detail.SlotAgeMs = max(w.now-eng.oldest, 1e-3)
@@ -852,4 +875,43 @@ func (v *viewError) report(p *PolicyReport) {
 		p.ViewFalseFree = float64(v.falseFree) / float64(v.slotViews)
 		p.ViewMissedFree = float64(v.missedFree) / float64(v.slotViews)
 	}
+}
+
+// writtenLog is how many placements a router's written counts cover: the
+// proxy's place book (proxy/place.go, placeLogLen).
+const writtenLog = 256
+
+// writtenBook is one router's record of its last writtenLog placements
+// (its own decisions and the requests other routers forwarded to it) and,
+// per replica, the prefill blocks its own placements there predicted the
+// replica lacked: route.Detail.Written, as the proxy's place book keeps
+// it.
+type writtenBook struct {
+	blocks []float64 // per replica
+	ring   [writtenLog]writtenEntry
+	n      int // placements recorded
+}
+
+type writtenEntry struct {
+	replica int32
+	blocks  float64
+	own     bool
+}
+
+func newWrittenBook(replicas int) writtenBook {
+	return writtenBook{blocks: make([]float64, replicas)}
+}
+
+// place records a placement at replica j; blocks count only when own.
+func (b *writtenBook) place(j int, blocks float64, own bool) {
+	e := &b.ring[b.n%writtenLog]
+	if b.n >= writtenLog && e.own {
+		b.blocks[e.replica] = max(0, b.blocks[e.replica]-e.blocks)
+	}
+	blocks = max(blocks, 0)
+	*e = writtenEntry{replica: int32(j), blocks: blocks, own: own}
+	if own {
+		b.blocks[j] += blocks
+	}
+	b.n++
 }
