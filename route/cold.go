@@ -122,12 +122,13 @@ func (p Policy) hashPick(cands []Candidate, tier int, key uint64, lim limits, co
 			f.lim.work = math.Inf(1)
 			return p.spread(cands, key, f)
 		case leastWait:
-			// Of the key's first two choices at the shortest wait, the
-			// one with fewer requests in flight: a cold prefill delays
-			// every request that arrives behind it, and a replica's
-			// arrivals follow its requests in flight (Little's law). Two
-			// choices by the key, not the least loaded of all, so that
-			// routers deciding on the same snapshot do not herd.
+			// Of the first two choices at the shortest wait (fewest
+			// written, then the key's order), the one with fewer
+			// requests in flight: a cold prefill delays every request
+			// that arrives behind it, and a replica's arrivals follow
+			// its requests in flight (Little's law). Two choices, not
+			// the least loaded of all, so that routers deciding on the
+			// same snapshot do not herd.
 			if second >= 0 && cands[second].InFlight < cands[shortest].InFlight {
 				return second
 			}
@@ -163,8 +164,13 @@ func (p Policy) hashPick(cands []Candidate, tier int, key uint64, lim limits, co
 // f admits (f.eligible), first has the highest rendezvous weight for
 // key, shortest the shortest estimated wait, ties to the fewest blocks
 // this router wrote there recently (Detail.Written), then in rendezvous
-// order, and second the runner-up in rendezvous order at that wait and
-// those writes; -1 for none. At equal waits (an idle cluster's zeros)
+// order, and second the runner-up in that order at the same wait
+// (fewest written, then rendezvous); -1 for none. The runner-up is the
+// two choices' second (hashPick takes it when it has fewer requests in
+// flight): with writes that differ everywhere, a runner-up only among
+// equal writes would leave the least written replica the only choice
+// however many requests it runs, and a burst of new prompts would queue
+// at its slots while the next least written sat idle. At equal waits (an idle cluster's zeros)
 // the key alone piles new prompts onto whichever replicas their keys
 // happen to name (16 prompts over 8 replicas put four on one in
 // inference-perf's shared_prefix runs, whose cache then evicted what
@@ -176,7 +182,7 @@ func (p Policy) hashPick(cands []Candidate, tier int, key uint64, lim limits, co
 func (p Policy) scanColdAll(cands []Candidate, f coldFilter, key uint64, defBm float64) (first, shortest, second int) {
 	first, shortest, second = -1, -1, -1
 	var firstW, shortestW, secondW uint64
-	var shortestWait, shortestWr float64
+	var shortestWait, shortestWr, secondWr float64
 	for i := range cands {
 		c := &cands[i]
 		if !f.eligible(c) {
@@ -198,15 +204,14 @@ func (p Policy) scanColdAll(cands []Candidate, f coldFilter, key uint64, defBm f
 			continue
 		}
 		wr := written(c)
-		if shortest < 0 || wait < shortestWait || wr < shortestWr {
+		switch {
+		case shortest < 0 || wait < shortestWait:
 			shortest, shortestW, shortestWait, shortestWr, second = i, w, wait, wr, -1
-		} else if wr == shortestWr {
-			if w > shortestW {
-				second, secondW = shortest, shortestW
-				shortest, shortestW = i, w
-			} else if second < 0 || w > secondW {
-				second, secondW = i, w
-			}
+		case wr < shortestWr || (wr == shortestWr && w > shortestW):
+			second, secondW, secondWr = shortest, shortestW, shortestWr
+			shortest, shortestW, shortestWr = i, w, wr
+		case second < 0 || wr < secondWr || (wr == secondWr && w > secondW):
+			second, secondW, secondWr = i, w, wr
 		}
 	}
 	return first, shortest, second
@@ -223,7 +228,7 @@ func (p Policy) scanColdAll(cands []Candidate, f coldFilter, key uint64, defBm f
 func scanCold(cands []Candidate, tier int, key uint64, work float64, inFlight int, defBm float64) (first, shortest, second int) {
 	first, shortest, second = -1, -1, -1
 	var firstW, shortestW, secondW uint64
-	var shortestWait, shortestWr float64
+	var shortestWait, shortestWr, secondWr float64
 	for i := range cands {
 		c := &cands[i]
 		if int(c.Tier) != tier || c.PendingPrefillBlocks > work || !canStart(c) || (c.Slots <= 0 && int(c.InFlight) >= int(c.MinSlots) && int(c.InFlight)+1 > inFlight) {
@@ -245,15 +250,14 @@ func scanCold(cands []Candidate, tier int, key uint64, work float64, inFlight in
 		if d := c.Detail; d != nil {
 			wr = d.Written
 		}
-		if shortest < 0 || wait < shortestWait || wr < shortestWr {
+		switch {
+		case shortest < 0 || wait < shortestWait:
 			shortest, shortestW, shortestWait, shortestWr, second = i, w, wait, wr, -1
-		} else if wr == shortestWr {
-			if w > shortestW {
-				second, secondW = shortest, shortestW
-				shortest, shortestW = i, w
-			} else if second < 0 || w > secondW {
-				second, secondW = i, w
-			}
+		case wr < shortestWr || (wr == shortestWr && w > shortestW):
+			second, secondW, secondWr = shortest, shortestW, shortestWr
+			shortest, shortestW, shortestWr = i, w, wr
+		case second < 0 || wr < secondWr || (wr == secondWr && w > secondW):
+			second, secondW, secondWr = i, w, wr
 		}
 	}
 	return first, shortest, second

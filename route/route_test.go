@@ -1084,6 +1084,41 @@ func TestColdPlacementPrefersTheLeastWritten(t *testing.T) {
 	}
 }
 
+// The two choices at equal waits are the first two in the order cold
+// placement ranks by, fewest written first: of the least written replica
+// and the runner-up, the one with fewer requests in flight. With
+// Detail.Written filled every replica's writes differ, and a runner-up
+// only among equal writes would leave the least written the only choice,
+// however busy: a burst of cold prompts would queue at its slots while a
+// replica written a little more sat idle.
+func TestColdPlacementTwoChoicesInTheWrittenOrder(t *testing.T) {
+	req := request(chainOf(nil, 4, 12))
+	cs := candidates(5)
+	for i := range cs {
+		cs[i].Summary, cs[i].Slots = held(t), 8
+	}
+	order := keyOrder(req, cs)
+	for k, x := range []float64{300, 200, 100, 150, 400} {
+		cs[order[k]].Detail.Written = x
+	}
+	pick := func(least, runnerUp int32) Decision {
+		for i := range cs {
+			cs[i].InFlight = 0
+		}
+		cs[order[2]].InFlight, cs[order[3]].InFlight = least, runnerUp
+		return DefaultPolicy().Pick(req, cs)
+	}
+	if d := pick(5, 1); d.Index != order[3] || d.Reason != ReasonFallbackCold {
+		t.Fatalf("least written busier: decision %+v, want the runner-up in written order %d", d, order[3])
+	}
+	if d := pick(1, 5); d.Index != order[2] {
+		t.Fatalf("runner-up busier: decision %+v, want the least written %d", d, order[2])
+	}
+	if d := pick(3, 3); d.Index != order[2] {
+		t.Fatalf("equal in flight: decision %+v, want the least written %d", d, order[2])
+	}
+}
+
 // A hot prompt whose holders are all in a farther tier, while every
 // replica of the nearest tier is busy: cold placement found no one to take
 // it (a stale-holder case the fault suite hit after a router's kill -9,
