@@ -141,7 +141,6 @@ type world struct {
 	corrections                          int // misses the feedback loop corrected
 	view                                 viewError
 	cuts                                 [3]int // by summary.Cut
-	dbg                                  []dbgRec
 }
 
 func runPolicy(ctx context.Context, p *prepared, name string) (PolicyReport, error) {
@@ -291,7 +290,6 @@ func (w *world) arrive(i int32) error {
 	var j int
 	best := int32(-1)
 	est := float64(len(r.ids))
-	dReason, dMatch, dRehint, dEntryJ, dEntryCan := "", 0, false, -1, false
 	switch w.policy {
 	case PolicyRoundRobin:
 		j = int(i) % len(w.rep)
@@ -326,8 +324,6 @@ func (w *world) arrive(i int32) error {
 			// mark moves, which Written does not follow).
 			w.routers[k].written.place(j, float64(len(r.ids)-d.Match), true)
 		}
-		dEntryJ = j
-		dEntryCan = w.cands[j].Slots > 0 && w.cands[j].InFlight < w.cands[j].Slots || w.cands[j].Slots <= 0 && w.cands[j].Waiting == 0
 		if o := w.owner(j); w.gossip && o != k {
 			// The request travels through the replica's owner, which
 			// checks the hint with its exact view and decides again among
@@ -346,22 +342,17 @@ func (w *world) arrive(i int32) error {
 				j = o + d2.Index*w.nR
 				d.Match = d2.Match
 				w.reasons["rehint"]++
-				dRehint = true
 			}
 		}
 		est = float64(len(r.ids) - d.Match)
 		best = int32(d.BestMatch)
 		w.reasons[string(d.Reason)]++
-		dReason, dMatch = string(d.Reason), d.Match
 		if d.Match < d.BestMatch {
 			w.belowBest++
 			w.givenUp += int64(d.BestMatch - d.Match)
 		}
 	}
 	w.retrace(j, r)
-	if dbgOn() {
-		w.dbgArrive(i, k, j, dReason, dMatch, int(best), dRehint, dEntryJ, dEntryCan)
-	}
 	w.dispatch(k, j, i, est)
 	w.jobs[i].best = best
 	return nil
@@ -496,12 +487,6 @@ func (w *world) fillCandidates(k int, r *simReq) {
 		default: // isolated, mesh, partitioned: this router's copy, as the mesh's view reads it (stale or not)
 			c.Held = route.Count32(w.routers[k].copies[j].Held())
 			c.Detail.Written = w.routers[k].written.blocks[j]
-		}
-		if dbgNoHeld {
-			c.Held = 0
-		}
-		if dbgNoWritten {
-			c.Detail.Written = 0
 		}
 		if eng.hasOldest {
 			c.Detail.FreeMs = eng.freeMs
@@ -809,7 +794,6 @@ func (w *world) deliver(k, mi int32) error {
 }
 
 func (w *world) report() PolicyReport {
-	w.dbgWrite()
 	rep := PolicyReport{Name: w.policy, Requests: len(w.ttft), Reasons: w.reasons, FullCopies: w.fullCopies,
 		Corrections: w.corrections, CutsOlder: w.cuts[summary.CutOlder], CutsBoth: w.cuts[summary.CutBoth],
 		BelowBestMatch: w.belowBest, GivenUpBlocks: w.givenUp, WarmRequests: w.warm}
