@@ -98,6 +98,7 @@ fi
 # publishers take BASE+50 and BASE+51, their replay BASE+60 and BASE+61).
 replica_env() {
   if [ "$KV_EVENTS" = 1 ]; then echo "KV_REPLAY_PORT_BASE=$(($1 + 60))"; fi
+  if [ -n "${otlp_base:-}" ]; then echo "OTLP_PORT_BASE=$otlp_base"; fi
 }
 
 # reset_prefix_caches URL...: empties each vLLM server's prefix cache (POST
@@ -114,9 +115,10 @@ prepare
 
 # 4 pairs of ports for the replicas (with KV_EVENTS=1 also each pair's
 # port+50 and port+51 for the publishers and port+60 and port+61 for their
-# replay), then 10 single ones, from PORT_BASE up.
-extra=""
-if [ "$KV_EVENTS" = 1 ]; then extra=50,51,60,61; fi
+# replay; port+70 and port+71 for the peers phase's spans), then 10 single
+# ones, from PORT_BASE up.
+extra=70,71 # each pair's port+70 and port+71: the peers phase's span receiver
+if [ "$KV_EVENTS" = 1 ]; then extra=50,51,60,61,70,71; fi
 pick_ports 4 10 "$PORT_BASE" "$extra"
 rep_feat=${ports[0]} rep_x1=${ports[2]} rep_x2=${ports[4]} rep_rr=${ports[6]}
 api1=${ports[8]} api2=${ports[9]} gossip1=${ports[10]} gossip2=${ports[11]} admin1=${ports[12]} admin2=${ports[13]}
@@ -189,7 +191,20 @@ PEER_RUNS=${PEER_RUNS:-3}
 read -r -a peer_router_flags <<<"${PEER_ROUTER_FLAGS:---region local --gossip-profile test}"
 for fe in $PEERS; do need_peer "$fe"; done
 echo "$SUITE: peers ($PEERS) x $PEER_RUNS rounds on the same 2 servers"
+mkdir -p "$work/peers"
+if [ "$ENGINE_SIM" != 1 ] && [ "${PEER_SPANS:-1}" = 1 ]; then
+  # vLLM's own account of every request (arrival, queue, prefill, first
+  # token), one OpenTelemetry span each, joined to the client's turns by
+  # X-Request-Id (check.py tail).
+  otlp_base=$((rep_x1 + 70))
+  VENV=${VENV:-${ENGINES_HOME:-$HOME/.cache/kvmesh-engines}/venv-vllm}
+  setsid "$VENV/bin/python" "$here/check.py" otlp "$work/peers/spans.jsonl" "$otlp_base" $((otlp_base + 1)) \
+    >"$work/otlp.log" 2>&1 </dev/null &
+  echo $! >"$work/otlp.pids"
+  pidfiles+=("$work/otlp.pids")
+fi
 VLLM_SERVER_DEV_MODE=1 replicas "$rep_x1"
+otlp_base=""
 r1=$(url "$rep_x1") r2=$(url $((rep_x1 + 1)))
 reset_prefix_caches "$r1"
 # A fresh vLLM CPU server prefills its first prompts 2-5x slower than later
@@ -207,16 +222,18 @@ for ((round = 1; round <= PEER_RUNS; round++)); do
     curl -fsS "$r2/metrics" >"$work/peers/run$round/$fe.r2.before.txt" || true
     t=$SECONDS
     "$work/kvmesh" bench --conversations "$CONVERSATIONS" --turns "$TURNS" --answer-tokens "$ANSWER_TOKENS" \
-      --reset-replica "$r1,$r2" --group "$fe=$front" --json >"$work/peers/run$round/vllm-$fe.json" \
+      --reset-replica "$r1,$r2" --request-ids --group "$fe=$front" --json >"$work/peers/run$round/vllm-$fe.json" \
       2>"$work/bench-peer-$fe-$round.log" || die "bench $fe (round $round) failed"
     echo "$SUITE: round $round $fe benchmarked in $((SECONDS - t)) s"
     curl -fsS "$r1/metrics" >"$work/peers/run$round/$fe.r1.after.txt" || true
     curl -fsS "$r2/metrics" >"$work/peers/run$round/$fe.r2.after.txt" || true
     case $fe in kvmesh-*) scrape "peer-$fe-$round" "$admin1" ;; esac
     stop_frontends
+    sleep 1 # the last spans (sent every 500 ms)
   done
 done
 stop_replicas "$rep_x1"
+if [ -e "$work/otlp.pids" ]; then "$here/stop.sh" "$work/otlp.pids" >/dev/null; fi
 if [ -n "${KVMESH_ARTIFACTS:-}" ]; then mkdir -p "$KVMESH_ARTIFACTS" && cp -r "$work/peers" "$KVMESH_ARTIFACTS/"; fi
 echo "$SUITE: what vLLM itself measured of each benchmark (round by round)"
 for ((round = 1; round <= PEER_RUNS; round++)); do
@@ -225,6 +242,12 @@ for ((round = 1; round <= PEER_RUNS; round++)); do
     python3 "$here/check.py" engines "$fe/$round" "$d/$fe.r1.before.txt,$d/$fe.r1.after.txt" "$d/$fe.r2.before.txt,$d/$fe.r2.after.txt" || true
   done
 done
+if [ -s "$work/peers/spans.jsonl" ]; then
+  echo "$SUITE: each benchmark's slowest turns and TTFT by turn and server, beside vLLM's own times (check.py tail)"
+  for ((round = 1; round <= PEER_RUNS; round++)); do
+    for fe in $PEERS; do python3 "$here/check.py" tail "$work/peers/run$round/vllm-$fe.json" "$work/peers/spans.jsonl" || true; done
+  done
+fi
 python3 "$here/check.py" peers "$work"/peers/run*
 fi
 
