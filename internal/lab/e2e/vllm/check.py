@@ -43,10 +43,11 @@
       that the engines evicted. Needs pyzmq and msgspec (vLLM's venv has
       them; the other subcommands use the standard library only).
 
-  VENV_PYTHON check.py otlp OUT.jsonl PORT...
+  VENV_PYTHON check.py otlp OUT.jsonl PORT[=NAME]...
       receives the OpenTelemetry spans vLLM exports per request (start.sh's
       OTLP_PORT_BASE: OTLP over HTTP, one port per server) until SIGTERM or
-      SIGINT, one JSON line per request to OUT.jsonl: the server's port, the
+      SIGINT, one JSON line per request to OUT.jsonl: the server (NAME, else
+      the port the span came to), the
       request id (X-Request-Id), its arrival (wall clock, s) and vLLM's own
       time to first token, queue, prefill and decode times (s) and prompt
       tokens. Needs opentelemetry-proto (vLLM's venv has it).
@@ -294,7 +295,8 @@ def otlp(out, ports):
                 pass
         return H
 
-    servers = [ThreadingHTTPServer(("127.0.0.1", int(p)), handler(int(p))) for p in ports]
+    # PORT=NAME: the spans received on PORT are the server NAME's
+    servers = [ThreadingHTTPServer(("127.0.0.1", int(p.split("=")[0])), handler(p.split("=")[-1])) for p in ports]
     for srv in servers:
         threading.Thread(target=srv.serve_forever, daemon=True).start()
     done = threading.Event()
@@ -318,7 +320,7 @@ def tail(result, spans_path, n=6):
         for line in fh:
             spans.append(json.loads(line))
     # this benchmark's spans: the same ids recur round after round
-    spans = [s for s in spans if t0 - 1 <= s["arrival"] <= t0 + fe["wall_seconds"] + 1]
+    spans = [s for s in spans if s.get("ttft") is not None and t0 - 1 <= s["arrival"] <= t0 + fe["wall_seconds"] + 1]
     by_id = {s["id"].removeprefix("chatcmpl-"): s for s in spans if s.get("id")}
     used = set()
     rows = []

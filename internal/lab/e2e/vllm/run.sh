@@ -198,7 +198,8 @@ if [ "$ENGINE_SIM" != 1 ] && [ "${PEER_SPANS:-1}" = 1 ]; then
   # X-Request-Id (check.py tail).
   otlp_base=$((rep_x1 + 70))
   VENV=${VENV:-${ENGINES_HOME:-$HOME/.cache/kvmesh-engines}/venv-vllm}
-  setsid "$VENV/bin/python" "$here/check.py" otlp "$work/peers/spans.jsonl" "$otlp_base" $((otlp_base + 1)) \
+  setsid "$VENV/bin/python" "$here/check.py" otlp "$work/peers/spans.jsonl" \
+    "$otlp_base=$rep_x1" "$((otlp_base + 1))=$((rep_x1 + 1))" \
     >"$work/otlp.log" 2>&1 </dev/null &
   echo $! >"$work/otlp.pids"
   pidfiles+=("$work/otlp.pids")
