@@ -58,6 +58,10 @@
       front end and the API server added), and how many requests the
       server held when it arrived; the N [6] slowest turns, then per server
       and per turn the TTFT distribution.
+  check.py cpu PID...
+      the CPU seconds (user + system) the processes PID and all their
+      descendants have used so far, summed (Linux /proc): read before and
+      after a benchmark, what a front end, or an engine, spent on it.
   check.py compare RESULT.json... / check.py peers RUN_DIR... /
   check.py predict [--gate LO,HI] NAME=LOG...
       as ../llamacpp/check.py's.
@@ -364,6 +368,22 @@ def tail(result, spans_path, n=6):
         groups.setdefault(f"turn {r['turn'] + 1}", []).append((r, s))
         if s:
             groups.setdefault(f"server {s['server']}", []).append((r, s))
+    # The first turns' burst per server: the prompt tokens it computed
+    # (not cached) for them and the time from the first one's arrival to
+    # the last one's first token, on the client's clock: its prefill rate
+    # is the engine's (and the machine's) share of the tail.
+    burst = {}
+    for r, sent, s in rows:
+        if r["turn"] == 0 and s:
+            b = burst.setdefault(s["server"], [0, 0, float("inf"), 0.0])
+            b[0] += 1
+            b[1] += r["prompt_tokens"] - r["cached_tokens"]
+            b[2] = min(b[2], s["arrival"])
+            b[3] = max(b[3], sent + r["ttft_ms"] / 1000)
+    for srv in sorted(burst):
+        n_, comp, a, last = burst[srv]
+        print(f"    first turns on server {srv}: {n_}, {comp} prompt tokens computed, first arrival to last first token "
+              f"{1000 * (last - a):6,.0f} ms ({comp / (last - a):.0f} tokens/s)")
     for g in sorted(groups):
         v = groups[g]
         tt = [r["ttft_ms"] for r, _ in v]
@@ -371,6 +391,31 @@ def tail(result, spans_path, n=6):
         pf = [1000 * s["prefill"] for _, s in v if s]
         print(f"    {g:<12} n={len(v):2}  client TTFT p50 {q(tt, .5):6,.0f} p90 {q(tt, .9):6,.0f} max {max(tt):6,.0f} ms; "
               f"vLLM queue p50 {q(qu, .5):5,.0f} max {max(qu, default=0):6,.0f}, prefill p50 {q(pf, .5):5,.0f} max {max(pf, default=0):6,.0f} ms")
+
+
+def cpu(pids):
+    tick = os.sysconf("SC_CLK_TCK")
+    children, times = {}, {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                st = f.read()
+        except OSError:
+            continue
+        fields = st[st.rindex(")") + 2:].split()  # after the command name, which may hold spaces
+        children.setdefault(int(fields[1]), []).append(int(d))
+        times[int(d)] = (int(fields[11]) + int(fields[12])) / tick
+    total, todo, seen = 0.0, [int(p) for p in pids], set()
+    while todo:
+        p = todo.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        total += times.get(p, 0.0)
+        todo += children.get(p, [])
+    print(f"{total:.2f}")
 
 
 def kvcounts(paths):
@@ -389,6 +434,8 @@ if __name__ == "__main__":
         e2echeck.features(sys.argv[2].rstrip("/"), sys.argv[3].rstrip("/"), sys.argv[4], int(sys.argv[5]), "vllm")
     elif len(sys.argv) >= 4 and sys.argv[1] == "engines":
         engines(sys.argv[2], sys.argv[3:])
+    elif len(sys.argv) >= 3 and sys.argv[1] == "cpu":
+        cpu(sys.argv[2:])
     elif len(sys.argv) >= 4 and sys.argv[1] == "otlp":
         otlp(sys.argv[2], sys.argv[3:])
     elif len(sys.argv) in (4, 5) and sys.argv[1] == "tail":

@@ -221,11 +221,18 @@ for ((round = 1; round <= PEER_RUNS; round++)); do
     # before and after, per server.
     curl -fsS "$r1/metrics" >"$work/peers/run$round/$fe.r1.before.txt" || true
     curl -fsS "$r2/metrics" >"$work/peers/run$round/$fe.r2.before.txt" || true
+    # CPU seconds of the front end's processes and of the servers' (API
+    # server and engine core) over the benchmark: on a machine of 2 cores
+    # a front end's CPU is the engines' loss.
+    cpu_fe=$(python3 "$here/check.py" cpu "${pids[@]}") cpu_vllm=$(python3 "$here/check.py" cpu $(cat "$work/replicas-$rep_x1.pids"))
     t=$SECONDS
     "$work/kvmesh" bench --conversations "$CONVERSATIONS" --turns "$TURNS" --answer-tokens "$ANSWER_TOKENS" \
       --reset-replica "$r1,$r2" --request-ids --group "$fe=$front" --json >"$work/peers/run$round/vllm-$fe.json" \
       2>"$work/bench-peer-$fe-$round.log" || die "bench $fe (round $round) failed"
-    echo "$SUITE: round $round $fe benchmarked in $((SECONDS - t)) s"
+    echo "$SUITE: round $round $fe benchmarked in $((SECONDS - t)) s; CPU s: front end" \
+      "$(python3 -c "print(f'{$(python3 "$here/check.py" cpu "${pids[@]}") - $cpu_fe:.1f}')")," \
+      "vLLM servers $(python3 -c "print(f'{$(python3 "$here/check.py" cpu $(cat "$work/replicas-$rep_x1.pids")) - $cpu_vllm:.1f}')")" |
+      tee -a "$work/peers/cpu.txt"
     curl -fsS "$r1/metrics" >"$work/peers/run$round/$fe.r1.after.txt" || true
     curl -fsS "$r2/metrics" >"$work/peers/run$round/$fe.r2.after.txt" || true
     case $fe in kvmesh-*) scrape "peer-$fe-$round" "$admin1" ;; esac
