@@ -380,6 +380,13 @@ def tail(result, spans_path, n=6):
             b[1] += r["prompt_tokens"] - r["cached_tokens"]
             b[2] = min(b[2], s["arrival"])
             b[3] = max(b[3], sent + r["ttft_ms"] / 1000)
+    joined = [(r, sent, s) for r, sent, s in rows if s]
+    if joined:
+        to = [1000 * (s["arrival"] - sent) for r, sent, s in joined]
+        back = [r["ttft_ms"] - 1000 * (s["arrival"] - sent) - 1000 * s["ttft"] for r, sent, s in joined]
+        eng = [1000 * s["ttft"] for r, sent, s in joined]
+        print(f"    client to engine p50 {q(to, .5):4,.0f} max {max(to):5,.0f} ms; vLLM's TTFT p50 {q(eng, .5):6,.0f} "
+              f"max {max(eng):6,.0f} ms; first token engine to client p50 {q(back, .5):4,.0f} max {max(back):5,.0f} ms")
     for srv in sorted(burst):
         n_, comp, a, last = burst[srv]
         print(f"    first turns on server {srv}: {n_}, {comp} prompt tokens computed, first arrival to last first token "
