@@ -101,6 +101,10 @@ type TurnRecord struct {
 	ID           string  `json:"id,omitempty"`
 	SentMs       float64 `json:"sent_ms"` // since the run started
 	TTFTMs       float64 `json:"ttft_ms"`
+	// FirstChunkMs is the time to the first chunk of any choice, text or
+	// not: a first token of no text (vLLM streams its role chunk with it)
+	// shows here, while TTFT waits for the first text.
+	FirstChunkMs float64 `json:"first_chunk_ms"`
 	EndMs        float64 `json:"end_ms"` // the stream's end, since the run started
 	PromptTokens int64   `json:"prompt_tokens"`
 	CachedTokens int64   `json:"cached_tokens"`
@@ -239,6 +243,7 @@ feed:
 		res.Requests = append(res.Requests, TurnRecord{
 			Conversation: t.conv, Turn: t.turn, ID: t.id, SentMs: since(t.sent),
 			TTFTMs: float64(t.o.ttft) / float64(time.Millisecond), EndMs: since(t.end),
+			FirstChunkMs: float64(t.o.firstChunk) / float64(time.Millisecond),
 			PromptTokens: t.o.prompt, CachedTokens: t.o.cached, Error: t.o.kind,
 		})
 		if t.o.kind != "" {

@@ -111,7 +111,7 @@ func checkTurnRecords(t *testing.T, res ConvResult, convs, turns int, prefix str
 			t.Fatalf("conversation %d turn %d sent at %v ms, before its previous turn ended (%v)", r.Conversation, r.Turn, r.SentMs, last[r.Conversation])
 		}
 		last[r.Conversation] = r.EndMs
-		if r.TTFTMs <= 0 || r.EndMs < r.SentMs+r.TTFTMs || r.Error != "" || r.PromptTokens <= 0 {
+		if r.TTFTMs <= 0 || r.FirstChunkMs <= 0 || r.FirstChunkMs > r.TTFTMs || r.EndMs < r.SentMs+r.TTFTMs || r.Error != "" || r.PromptTokens <= 0 {
 			t.Fatalf("record %d: %+v", i, r)
 		}
 		if want := RequestID(prefix, r.Conversation, r.Turn); r.ID != want {

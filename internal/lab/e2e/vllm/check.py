@@ -349,10 +349,12 @@ def tail(result, spans_path, n=6):
         router = (s["arrival"] - sent) * 1000
         rest = r["ttft_ms"] - router - 1000 * s["ttft"]
         pre = 1000 * (s["ttft"] - s["queue"] - s["prefill"])
+        # the first chunk (text or not) back: vLLM streams one with the first token even when its text is empty
+        chunk = r.get("first_chunk_ms", r["ttft_ms"]) - router - 1000 * s["ttft"]
         return (f"c{r['conversation']:<2} t{r['turn']}  server {s['server']}  sent {r['sent_ms'] / 1000:6.2f} s  "
                 f"TTFT {r['ttft_ms']:7,.0f} ms = to engine {router:5,.0f} + vLLM {1000 * s['ttft']:6,.0f} "
-                f"(API in {pre:5,.0f}, queue {1000 * s['queue']:6,.0f}, prefill {1000 * s['prefill']:6,.0f}) + back {rest:5,.0f}; "
-                f"prompt {r['prompt_tokens']:5} cached {r['cached_tokens']:5}; server held {held(s)} at arrival")
+                f"(API in {pre:5,.0f}, queue {1000 * s['queue']:6,.0f}, prefill {1000 * s['prefill']:6,.0f}) + back {rest:5,.0f} "
+                f"(first chunk {chunk:5,.0f}); prompt {r['prompt_tokens']:5} cached {r['cached_tokens']:5}; server held {held(s)} at arrival")
     print(f"  {fe['name']}: {len(rows)} turns, {sum(1 for _, _, s in rows if s)} joined to vLLM's spans; the {n} slowest:")
     for r, sent, s in sorted(rows, key=lambda x: -x[0]["ttft_ms"])[:n]:
         print("    " + fmt(r, sent, s))
@@ -385,8 +387,10 @@ def tail(result, spans_path, n=6):
         to = [1000 * (s["arrival"] - sent) for r, sent, s in joined]
         back = [r["ttft_ms"] - 1000 * (s["arrival"] - sent) - 1000 * s["ttft"] for r, sent, s in joined]
         eng = [1000 * s["ttft"] for r, sent, s in joined]
+        chunk = [r.get("first_chunk_ms", r["ttft_ms"]) - 1000 * (s["arrival"] - sent) - 1000 * s["ttft"] for r, sent, s in joined]
         print(f"    client to engine p50 {q(to, .5):4,.0f} max {max(to):5,.0f} ms; vLLM's TTFT p50 {q(eng, .5):6,.0f} "
-              f"max {max(eng):6,.0f} ms; first token engine to client p50 {q(back, .5):4,.0f} max {max(back):5,.0f} ms")
+              f"max {max(eng):6,.0f} ms; vLLM's first token to the client's first text p50 {q(back, .5):4,.0f} max {max(back):5,.0f} ms, "
+              f"to its first chunk p50 {q(chunk, .5):4,.0f} max {max(chunk):5,.0f} ms")
     for srv in sorted(burst):
         n_, comp, a, last = burst[srv]
         print(f"    first turns on server {srv}: {n_}, {comp} prompt tokens computed, first arrival to last first token "
