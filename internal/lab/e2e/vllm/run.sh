@@ -38,8 +38,13 @@
 #     check.py engines prints what vLLM measured of each (its TTFT, queue
 #     and prefill time, requests per server) and check.py peers the table
 #     (follow-up cached share, TTFT p50/p99) and the verdicts.
-#     Routers run with PEER_ROUTER_FLAGS ["--region local --gossip-profile
-#     test"]; SMG_VENV, VLLM_ROUTER_VENV as ../llamacpp/run.sh's.
+#     Round r runs PEERS rotated by r-1. Routers run with PEER_ROUTER_FLAGS
+#     ["--region local": the lan gossip profile, the router's default];
+#     SMG_VENV, VLLM_ROUTER_VENV as ../llamacpp/run.sh's. With real vLLM
+#     each request's own account (arrival, queue, prefill, first token)
+#     comes as an OpenTelemetry span (PEER_SPANS [1]) and check.py tail
+#     joins it to the client's turns; the CPU each front end and the
+#     servers spent per benchmark is printed.
 #  5. peerview (opt-in, issue 23): how soon router b's view of router a's
 #     replica loses the blocks vLLM evicted (../kvevents/peer.sh on one
 #     server of PEERVIEW_BLOCKS [72]; PEERVIEW_RUNS [5] per gossip profile).
@@ -184,11 +189,17 @@ if phase peers; then
 # POST /reset_prefix_cache), PEER_RUNS rounds of PEERS in turn, so a
 # machine's slow minutes fall on all of them alike. Each front end starts
 # fresh, and the benchmark empties both servers' prefix caches before it
-# (kvmesh bench --reset-replica), so each starts cold. The routers run at
-# their defaults (PEER_ROUTER_FLAGS; not the suite's debug logging and
-# 200 ms health checks) as an operator would run them.
+# (kvmesh bench --reset-replica), so each starts cold. Round r runs PEERS
+# rotated by r-1, so no front end always follows the warm-up or another
+# one. The routers run at their defaults (PEER_ROUTER_FLAGS; not the
+# suite's debug logging, 200 ms health checks and test gossip profile) as
+# an operator would run them: on a machine whose engines take every core,
+# the test profile's timers (gossip every 20 ms, state every 50 ms, probes
+# every 100 ms) cost the two routers 4.3 s of CPU a benchmark against 1.1 s
+# with the default lan profile, and the engines ran that much slower.
 PEER_RUNS=${PEER_RUNS:-3}
-read -r -a peer_router_flags <<<"${PEER_ROUTER_FLAGS:---region local --gossip-profile test}"
+read -r -a peer_router_flags <<<"${PEER_ROUTER_FLAGS:---region local}"
+read -r -a peer_list <<<"$PEERS"
 for fe in $PEERS; do need_peer "$fe"; done
 echo "$SUITE: peers ($PEERS) x $PEER_RUNS rounds on the same 2 servers"
 mkdir -p "$work/peers"
@@ -215,7 +226,10 @@ reset_prefix_caches "$r1"
   --group "warm-up=$r1,$r2" --json >/dev/null 2>"$work/bench-warm-up.log" || die "the warm-up benchmark failed"
 for ((round = 1; round <= PEER_RUNS; round++)); do
   mkdir -p "$work/peers/run$round"
-  for fe in $PEERS; do
+  k=$(((round - 1) % ${#peer_list[@]}))
+  order=("${peer_list[@]:k}" "${peer_list[@]:0:k}")
+  echo "$SUITE: round $round: ${order[*]}"
+  for fe in "${order[@]}"; do
     start_frontend "$fe" "peer-$fe-$round" "$r1" "$r2" "${peer_router_flags[@]}"
     # vLLM's own view of each benchmark (check.py engines): its metrics
     # before and after, per server.
