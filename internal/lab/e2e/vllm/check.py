@@ -382,6 +382,17 @@ def tail(result, spans_path, n=6):
             b[1] += r["prompt_tokens"] - r["cached_tokens"]
             b[2] = min(b[2], s["arrival"])
             b[3] = max(b[3], sent + r["ttft_ms"] / 1000)
+    # Follow-ups served with fewer cached tokens than their previous
+    # turn's whole prompt blocks (start.sh's BLOCK_SIZE, 32): sent away
+    # from the server holding the conversation, or evicted there. Past
+    # those, a follow-up's cached share is set by where its previous
+    # answer (random tokens of random length) ended a block.
+    by_turn = {(r["conversation"], r["turn"]): r for r in fe["requests"]}
+    short = [(r, (by_turn[(r["conversation"], r["turn"] - 1)]["prompt_tokens"] // 32) * 32 - r["cached_tokens"])
+             for r in fe["requests"] if r["turn"] > 0 and (r["conversation"], r["turn"] - 1) in by_turn]
+    lost = [(r, n) for r, n in short if n > 0]
+    print(f"    follow-ups short of their previous prompt's whole blocks: {len(lost)} of {len(short)} "
+          f"({sum(n for _, n in lost)} tokens)")
     joined = [(r, sent, s) for r, sent, s in rows if s]
     if joined:
         to = [1000 * (s["arrival"] - sent) for r, sent, s in joined]
