@@ -196,7 +196,8 @@ if phase peers; then
 # an operator would run them: on a machine whose engines take every core,
 # the test profile's timers (gossip every 20 ms, state every 50 ms, probes
 # every 100 ms) cost the two routers 4.3 s of CPU a benchmark against 1.1 s
-# with the default lan profile, and the engines ran that much slower.
+# with the default lan profile, and vLLM decoded 1.13-1.48x as slowly as
+# under vllm-router in the same round (0.83x with lan; README).
 PEER_RUNS=${PEER_RUNS:-3}
 read -r -a peer_router_flags <<<"${PEER_ROUTER_FLAGS:---region local}"
 read -r -a peer_list <<<"$PEERS"
