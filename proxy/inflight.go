@@ -20,8 +20,8 @@ const maxFlightBlocks = 1 << 16
 // hits no summary could predict. So the predicted cached tokens (learn,
 // after the response) count the blocks of the requests whose first byte
 // came before this one's and were still in flight then, as well as the
-// summary's match, when the engine accepted this one before computing it
-// (acceptedFirst). The order is the first tokens', which is the order
+// summary's match, when the engine shares them (sharesInFlight: known
+// from the engine's kind, else judged by acceptedFirst). The order is the first tokens', which is the order
 // the engine computed the prompts in: the headers' (vLLM sends them just
 // before it hands the request to its engine) come out the other way
 // round at times for two requests sent within a millisecond, and each
@@ -90,6 +90,20 @@ func beginFlight(st *reqState, id string, shares bool) func() {
 		st.flightMatch = m
 	}
 	return end
+}
+
+// sharesInFlight reports whether replica id's engine lets a request
+// reuse the blocks of the requests it computed before it: as the engine
+// is known to (shares, from its adapter: vLLM yes, llama.cpp no), and
+// for an engine not known that way (nil shares, or known false) by the
+// timing of this answer (acceptedFirst).
+func sharesInFlight(shares func(id string) (bool, bool), id string, start, headed, first time.Time) bool {
+	if shares != nil {
+		if s, known := shares(id); known {
+			return s
+		}
+	}
+	return acceptedFirst(start, headed, first)
 }
 
 // acceptedFirst reports whether the engine answered a request's headers

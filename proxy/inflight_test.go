@@ -74,3 +74,40 @@ func TestAcceptedFirst(t *testing.T) {
 		}
 	}
 }
+
+// TestSharesInFlight: an engine known to queue and share (vLLM) shares
+// even when an answer's timing looks like a slot's (headers held back
+// with the first token, as behind a buffering proxy); one known to give
+// each request a slot (llama.cpp) shares nothing even when its headers
+// came at once; an engine not known is judged by the timing.
+func TestSharesInFlight(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	ms := func(n int) time.Time { return t0.Add(time.Duration(n) * time.Millisecond) }
+	known := func(shares bool) func(string) (bool, bool) {
+		return func(id string) (bool, bool) {
+			if id != "r1" {
+				t.Errorf("asked about %q, want r1", id)
+			}
+			return shares, true
+		}
+	}
+	unknown := func(string) (bool, bool) { return false, false }
+	slotTiming := [2]time.Time{ms(1500), ms(1500)} // headers with the first token
+	queueTiming := [2]time.Time{ms(3), ms(1500)}   // headers at once, then the prefill
+	for _, tc := range []struct {
+		name   string
+		shares func(string) (bool, bool)
+		timing [2]time.Time
+		want   bool
+	}{
+		{"vLLM, slot-like timing", known(true), slotTiming, true},
+		{"llama.cpp, queue-like timing", known(false), queueTiming, false},
+		{"unknown engine, queue-like timing", unknown, queueTiming, true},
+		{"unknown engine, slot-like timing", unknown, slotTiming, false},
+		{"no engine facts, queue-like timing", nil, queueTiming, true},
+	} {
+		if got := sharesInFlight(tc.shares, "r1", t0, tc.timing[0], tc.timing[1]); got != tc.want {
+			t.Errorf("%s: sharesInFlight = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}

@@ -119,6 +119,12 @@ type Config struct {
 	// replica is known to serve gets 503 + Retry-After, not 404. Nil:
 	// known once any model is.
 	ModelsKnown func() bool
+	// SharesQueuedPrefill says whether owned replica id's engine lets a
+	// request reuse the prompt blocks of the requests it accepted before
+	// it (engine.Kind.SharesQueuedPrefill of the engine the health checks
+	// detected), and whether that is known; when it is not (nil, or
+	// known false) each answer's timing decides (inflight.go).
+	SharesQueuedPrefill func(replicaID string) (shares, known bool)
 	// ReportFailure is told of passive failures of owned replicas seen on
 	// the request path (health.Checker.ReportFailure); nil ignores them.
 	ReportFailure func(replicaID string)

@@ -98,7 +98,7 @@ func (st *reqState) relay(resp *http.Response, a upstreamAnswer) {
 		a.firstByte = func() {
 			// In flight for the prediction from its first byte on
 			// (inflight.go).
-			endFlight = beginFlight(st, id, acceptedFirst(start, headed, time.Now()))
+			endFlight = beginFlight(st, id, sharesInFlight(p.cfg.SharesQueuedPrefill, id, start, headed, time.Now()))
 			p.cfg.View.Record(id, hashes)
 			first()
 		}

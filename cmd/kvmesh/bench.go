@@ -83,6 +83,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.IntVar(&conv.TurnWords, "turn-words", 30, "conversations: words of each user question")
 	fs.IntVar(&conv.AnswerTokens, "answer-tokens", 100, "conversations: max_tokens of each turn")
 	fs.Uint64Var(&conv.Seed, "seed", 1, "conversations: text generation seed")
+	requestIDs := fs.Bool("request-ids", false, "conversations: send each turn with X-Request-Id GROUP-cC-tT (its group's name, conversation and turn from 0), so what the engines log or trace of it joins to the JSON's per-turn records")
 	commit := fs.String("commit", "", "conversations: label results with the commit of the front end under test")
 	var resets listFlag
 	fs.Var(&resets, "reset-replica", "conversations: replica base URL whose prefix cache is emptied (POST /reset_prefix_cache, as vLLM and replica-sim serve it) before each group, so front ends sharing replicas each start cold (repeatable, or a comma list)")
@@ -194,7 +195,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return errors.New("bench: need --frontend URL or --group name=URL,URL")
 	}
 	if conv.Conversations > 0 {
-		return runConvBench(ctx, all, conv, *model, *commit, resets, *jsonOut, stdout, stderr)
+		return runConvBench(ctx, all, conv, *model, *commit, resets, *requestIDs, *jsonOut, stdout, stderr)
 	}
 	if *speedup <= 0 {
 		return fmt.Errorf("bench: --speedup must be positive, got %v", *speedup)
@@ -315,7 +316,7 @@ func writeReport(path string, results []bench.Result) error {
 
 // runConvBench runs the multi-turn chat workload against each group in
 // turn and prints a table (or JSON).
-func runConvBench(ctx context.Context, groups []benchGroup, conv bench.ConvConfig, model, commit string, resets []string, jsonOut bool, stdout, stderr io.Writer) error {
+func runConvBench(ctx context.Context, groups []benchGroup, conv bench.ConvConfig, model, commit string, resets []string, requestIDs, jsonOut bool, stdout, stderr io.Writer) error {
 	if conv.Turns <= 0 || conv.Clients <= 0 {
 		return fmt.Errorf("bench: --turns and --clients must be positive, got %d and %d", conv.Turns, conv.Clients)
 	}
@@ -341,6 +342,9 @@ func runConvBench(ctx context.Context, groups []benchGroup, conv bench.ConvConfi
 		}
 		c := conv
 		c.Frontends = g.frontends
+		if requestIDs {
+			c.RequestIDs = g.name
+		}
 		res, err := bench.RunConversations(ctx, g.name, c)
 		res.Commit = commit
 		results = append(results, res)

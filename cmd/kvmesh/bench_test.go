@@ -11,7 +11,9 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -182,6 +184,47 @@ func TestBenchConversations(t *testing.T) {
 	}
 	if !strings.Contains(table.String(), "two") || !strings.Contains(table.String(), "0.500") {
 		t.Fatalf("table:\n%s", table.String())
+	}
+
+	// --request-ids: each turn goes as X-Request-Id GROUP-cC-tT, and the
+	// JSON's per-turn records carry it.
+	var mu sync.Mutex
+	seen := map[string]bool{}
+	ids := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		seen[r.Header.Get("X-Request-Id")] = true
+		mu.Unlock()
+		a.Config.Handler.ServeHTTP(w, r)
+	}))
+	defer ids.Close()
+	out.Reset()
+	args = []string{"--conversations", "2", "--turns", "2", "--clients", "2", "--think", "1ms", "--json", "--request-ids", "--group", "g=" + ids.URL}
+	if err := runBench(t.Context(), args, &out, &errOut); err != nil {
+		t.Fatalf("%v: %s", err, errOut.String())
+	}
+	var recs struct {
+		Frontends []struct {
+			Requests []struct {
+				ID string `json:"id"`
+			} `json:"requests"`
+		} `json:"frontends"`
+	}
+	if err := json.Unmarshal(out.Bytes(), &recs); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"g-c0-t0", "g-c0-t1", "g-c1-t0", "g-c1-t1"}
+	for _, id := range want {
+		if !seen[id] {
+			t.Errorf("no request with X-Request-Id %s (saw %v)", id, seen)
+		}
+	}
+	if len(recs.Frontends) != 1 || len(recs.Frontends[0].Requests) != len(want) {
+		t.Fatalf("records %+v", recs.Frontends)
+	}
+	for _, r := range recs.Frontends[0].Requests {
+		if !slices.Contains(want, r.ID) {
+			t.Errorf("record id %q", r.ID)
+		}
 	}
 }
 

@@ -450,6 +450,7 @@ func startRouter(ctx context.Context, cfg routerConfig) (*router, error) {
 		MaxAttempts: cfg.maxAttempts, RetryBudget: cfg.retryBudget, BodyTimeout: cfg.bodyTimeout, WriteTimeout: cfg.writeTimeout,
 		UpstreamIdleTimeout: offTimeout(cfg.upstreamIdleTimeout),
 		StallWindow:         offTimeout(cfg.stallWindow), Stalled: hc.Stall,
+		SharesQueuedPrefill:  func(id string) (bool, bool) { return hc.Engine(id).SharesQueuedPrefill() },
 		HopDispatchTimeout:   offTimeout(cfg.hopDispatchTimeout),
 		MaxInflightPerClient: cfg.maxInflightPerClient, HopKey: hop.Key(cfg.gossipKey),
 		TrustPeerCerts: edges.serverTLS != nil && edges.peerCA != nil, RequirePeerTLS: edges.peerCA != nil, APIKeys: edges.keys,

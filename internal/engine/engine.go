@@ -45,6 +45,24 @@ const (
 // Kinds lists the engines with adapters, in the order Detect tries them.
 var kinds = []Kind{SGLang, LlamaCpp, TGI, VLLM}
 
+// SharesQueuedPrefill reports whether the engine queues the requests it
+// accepts behind one another and lets each reuse the prompt blocks the
+// ones before it computed (vLLM: one scheduler, one paged cache), or
+// computes each request's prompt in a slot of its own, so requests sent
+// together share nothing (llama.cpp: a slot keeps only its own prompt).
+// known is false for the engines whose behaviour is not known here
+// (SGLang, TGI, an unknown OpenAI server): a router then judges by the
+// timing of each answer.
+func (k Kind) SharesQueuedPrefill() (shares, known bool) {
+	switch k {
+	case VLLM:
+		return true, true
+	case LlamaCpp:
+		return false, true
+	}
+	return false, false
+}
+
 // ParseKind parses an --engine value: auto or one of the engines.
 func ParseKind(s string) (Kind, error) {
 	k := Kind(strings.ToLower(strings.TrimSpace(s)))

@@ -503,3 +503,20 @@ func TestKVUsage(t *testing.T) {
 		}
 	}
 }
+
+// TestSharesQueuedPrefill: vLLM queues requests in one scheduler over one
+// paged cache (shares), llama.cpp computes each in its own slot (does
+// not); the others are not known, and an unknown kind is not either.
+func TestSharesQueuedPrefill(t *testing.T) {
+	for _, tc := range []struct {
+		k             Kind
+		shares, known bool
+	}{
+		{VLLM, true, true}, {LlamaCpp, false, true}, {SGLang, false, false}, {TGI, false, false},
+		{Generic, false, false}, {"", false, false}, {Kind("other"), false, false},
+	} {
+		if s, k := tc.k.SharesQueuedPrefill(); s != tc.shares || k != tc.known {
+			t.Errorf("%q: shares %v known %v, want %v %v", tc.k, s, k, tc.shares, tc.known)
+		}
+	}
+}

@@ -544,6 +544,17 @@ func (h *Checker) fail(id string, s *replicaHealth, why string) {
 	h.notify(id, s)
 }
 
+// Engine is the engine the checker detected (or was told) replica id
+// runs; "" until it knows (the replica unknown or not yet checked).
+func (h *Checker) Engine(id string) engine.Kind {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if s := h.state[id]; s != nil && s.adapter != nil {
+		return s.adapter.Kind()
+	}
+	return ""
+}
+
 func (h *Checker) kindLocked(s *replicaHealth) string {
 	if s.adapter == nil {
 		return string(engine.Generic)

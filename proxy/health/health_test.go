@@ -357,6 +357,12 @@ func TestHealthCheckerEngines(t *testing.T) {
 				if v := testutil.ToFloat64(h.engineInfo.WithLabelValues(rep.URL, string(tc.kind))); v != 1 {
 					t.Errorf("kvmesh_replica_engine_info{engine=%q} = %v, want 1", tc.kind, v)
 				}
+				if k := h.Engine(rep.URL); k != tc.kind {
+					t.Errorf("Engine = %q, want %q", k, tc.kind)
+				}
+				if k := h.Engine("http://elsewhere"); k != "" {
+					t.Errorf("Engine of a replica not checked = %q, want none", k)
+				}
 			})
 		}
 	}
@@ -380,6 +386,9 @@ func TestHealthCheckerUnknownEngine(t *testing.T) {
 	h.round(t.Context())
 	if c, n := got.last(rep.URL); n != 1 || !c.Healthy || c.Engine != "openai" || c.Load.Running != 0 || c.Load.HasLoad || c.CapacityBlocks != 0 {
 		t.Errorf("got %+v (%d reports)", c, n)
+	}
+	if _, known := h.Engine(rep.URL).SharesQueuedPrefill(); known {
+		t.Errorf("an unknown engine (%q) said to be known to share its queued prefill or not", h.Engine(rep.URL))
 	}
 	// A fixed engine whose health path is missing fails the check.
 	var got2 reports

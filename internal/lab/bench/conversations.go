@@ -85,6 +85,30 @@ type ConvResult struct {
 	NoUsage               int            `json:"no_usage"` // completed turns without usage
 	WallSeconds           float64        `json:"wall_seconds"`
 	ConversationsFinished int            `json:"conversations_finished"`
+	// Requests is every turn sent, in the order sent: what a tail is made
+	// of (which turn, when, beside what) and, joined by its request id or
+	// its send time and prompt length, what the engine measured of it.
+	Requests []TurnRecord `json:"requests,omitempty"`
+	// StartedUnixMs is the wall time the run started (Requests' time 0),
+	// to line them up with what the engines timestamped.
+	StartedUnixMs int64 `json:"started_unix_ms,omitempty"`
+}
+
+// TurnRecord is one turn as the client saw it.
+type TurnRecord struct {
+	Conversation int     `json:"conversation"`
+	Turn         int     `json:"turn"` // from 0
+	ID           string  `json:"id,omitempty"`
+	SentMs       float64 `json:"sent_ms"` // since the run started
+	TTFTMs       float64 `json:"ttft_ms"`
+	// FirstChunkMs is the time to the first chunk of any choice, text or
+	// not: a first token of no text (vLLM streams its role chunk with it)
+	// shows here, while TTFT waits for the first text.
+	FirstChunkMs float64 `json:"first_chunk_ms"`
+	EndMs        float64 `json:"end_ms"` // the stream's end, since the run started
+	PromptTokens int64   `json:"prompt_tokens"`
+	CachedTokens int64   `json:"cached_tokens"`
+	Error        string  `json:"error,omitempty"`
 }
 
 // wordList is the vocabulary of generated text: common English words, so
@@ -143,8 +167,10 @@ func newConvText(c ConvConfig) convText {
 
 // turnOutcome is one turn's measurement.
 type turnOutcome struct {
-	turn int
-	o    outcome
+	conv, turn int
+	id         string
+	sent, end  time.Time
+	o          outcome
 }
 
 // RunConversations runs the multi-turn chat workload against one front
@@ -206,11 +232,20 @@ feed:
 		fmt.Fprintln(cfg.Progress)
 	}
 	res.WallSeconds = time.Since(start).Seconds()
+	res.StartedUnixMs = start.UnixMilli()
 	res.ConversationsFinished = finished
 
 	var all, follow []float64
 	var firstPrompt, firstCached int64
+	slices.SortStableFunc(outcomes, func(a, b turnOutcome) int { return a.sent.Compare(b.sent) })
+	since := func(t time.Time) float64 { return float64(t.Sub(start)) / float64(time.Millisecond) }
 	for _, t := range outcomes {
+		res.Requests = append(res.Requests, TurnRecord{
+			Conversation: t.conv, Turn: t.turn, ID: t.id, SentMs: since(t.sent),
+			TTFTMs: float64(t.o.ttft) / float64(time.Millisecond), EndMs: since(t.end),
+			FirstChunkMs: float64(t.o.firstChunk) / float64(time.Millisecond),
+			PromptTokens: t.o.prompt, CachedTokens: t.o.cached, Error: t.o.kind,
+		})
 		if t.o.kind != "" {
 			res.Errors++
 			res.ErrorsByKind[t.o.kind]++
@@ -280,8 +315,9 @@ func runConversation(ctx context.Context, client *http.Client, urls []string, cf
 		if cfg.RequestIDs != "" {
 			id = RequestID(cfg.RequestIDs, c, t)
 		}
+		sent := time.Now()
 		o, answer := chatTurn(ctx, client, urls[(c+t)%len(urls)], cfg.Model, msgs, cfg.AnswerTokens, id)
-		outs = append(outs, turnOutcome{turn: t, o: o})
+		outs = append(outs, turnOutcome{conv: c, turn: t, id: id, sent: sent, end: time.Now(), o: o})
 		if o.kind != "" {
 			return outs, false
 		}

@@ -68,6 +68,7 @@ func TestRunConversations(t *testing.T) {
 	res, err := RunConversations(t.Context(), "fake", ConvConfig{
 		Frontends: []string{a.URL, b.URL}, Model: "m", Conversations: 5, Turns: 3, Clients: 2,
 		Think: -1, SystemWords: 20, DocumentWords: 30, TurnWords: 5, AnswerTokens: 4, Progress: io.Discard,
+		RequestIDs: "run",
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -84,6 +85,56 @@ func TestRunConversations(t *testing.T) {
 	if res.TTFTP50Ms <= 0 || res.TTFTP99Ms < res.TTFTP50Ms {
 		t.Fatalf("ttft p50 %v p99 %v", res.TTFTP50Ms, res.TTFTP99Ms)
 	}
+	checkTurnRecords(t, res, 5, 3, "run")
+}
+
+// checkTurnRecords: one record per turn, in the order sent, each turn of
+// each conversation once, its turns in order, named as RequestID names
+// it, and the records' tokens add up to the run's follow-up totals.
+func checkTurnRecords(t *testing.T, res ConvResult, convs, turns int, prefix string) {
+	t.Helper()
+	if len(res.Requests) != convs*turns {
+		t.Fatalf("%d turn records, want %d", len(res.Requests), convs*turns)
+	}
+	seen := map[[2]int]bool{}
+	last := map[int]float64{}
+	var prompt, cached int64
+	for i, r := range res.Requests {
+		if i > 0 && r.SentMs < res.Requests[i-1].SentMs {
+			t.Fatalf("record %d sent at %v ms, before the previous one's %v", i, r.SentMs, res.Requests[i-1].SentMs)
+		}
+		if seen[[2]int{r.Conversation, r.Turn}] || r.Turn != len(filterConv(res.Requests[:i], r.Conversation)) {
+			t.Fatalf("record %d: conversation %d turn %d out of order or twice", i, r.Conversation, r.Turn)
+		}
+		seen[[2]int{r.Conversation, r.Turn}] = true
+		if r.Turn > 0 && r.SentMs < last[r.Conversation] {
+			t.Fatalf("conversation %d turn %d sent at %v ms, before its previous turn ended (%v)", r.Conversation, r.Turn, r.SentMs, last[r.Conversation])
+		}
+		last[r.Conversation] = r.EndMs
+		if r.TTFTMs <= 0 || r.FirstChunkMs <= 0 || r.FirstChunkMs > r.TTFTMs || r.EndMs < r.SentMs+r.TTFTMs || r.Error != "" || r.PromptTokens <= 0 {
+			t.Fatalf("record %d: %+v", i, r)
+		}
+		if want := RequestID(prefix, r.Conversation, r.Turn); r.ID != want {
+			t.Fatalf("record %d id %q, want %q", i, r.ID, want)
+		}
+		if r.Turn > 0 {
+			prompt += r.PromptTokens
+			cached += r.CachedTokens
+		}
+	}
+	if prompt != res.FollowupPromptTokens || cached != res.FollowupCachedTokens {
+		t.Fatalf("records' follow-up tokens %d/%d, the run's %d/%d", cached, prompt, res.FollowupCachedTokens, res.FollowupPromptTokens)
+	}
+}
+
+func filterConv(rs []TurnRecord, c int) []TurnRecord {
+	var out []TurnRecord
+	for _, r := range rs {
+		if r.Conversation == c {
+			out = append(out, r)
+		}
+	}
+	return out
 }
 
 // TestConversationStopsAtError: a failed turn ends its conversation (the

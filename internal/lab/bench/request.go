@@ -18,8 +18,12 @@ import (
 
 // outcome is what one request produced.
 type outcome struct {
-	kind       string // "" when the request completed
-	ttft       time.Duration
+	kind string // "" when the request completed
+	ttft time.Duration
+	// firstChunk is the time to the first chunk with a choice, even one
+	// of no text (vLLM's role chunk comes with the first token, whose
+	// text may be empty: a piece of a character still to complete).
+	firstChunk time.Duration
 	hasUsage   bool
 	prompt     int64
 	cached     int64
@@ -136,6 +140,9 @@ func readStreamInto(ctx context.Context, body io.Reader, sent time.Time, answer 
 			for _, ch := range c.Choices {
 				answer.WriteString(ch.Delta.Content)
 			}
+		}
+		if o.firstChunk == 0 && len(c.Choices) > 0 {
+			o.firstChunk = time.Since(sent)
 		}
 		if !gotFirst {
 			for _, ch := range c.Choices {

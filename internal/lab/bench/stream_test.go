@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"io"
 	"strings"
 	"testing"
 	"time"
@@ -66,5 +67,27 @@ func TestPercentile(t *testing.T) {
 	}
 	if percentile(nil, 0.5) != 0 {
 		t.Error("empty")
+	}
+}
+
+// TestReadStreamFirstChunk: a first chunk of no text (vLLM's role chunk,
+// sent with a first token whose text is still empty) is the first chunk,
+// and TTFT waits for the text after it.
+func TestReadStreamFirstChunk(t *testing.T) {
+	r, w := io.Pipe()
+	go func() {
+		// Each write returns once the reader has taken it: the text is
+		// written after the role chunk was read.
+		_, _ = io.WriteString(w, "data: {\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n")
+		_, _ = io.WriteString(w, "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: [DONE]\n\n")
+		_ = w.Close()
+	}()
+	o := readStream(context.Background(), r, time.Now())
+	if o.kind != "" || o.firstChunk <= 0 || o.firstChunk >= o.ttft {
+		t.Fatalf("kind %q, first chunk %v, ttft %v: want the first chunk before the first text", o.kind, o.firstChunk, o.ttft)
+	}
+	o = readStream(context.Background(), strings.NewReader("data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: [DONE]\n\n"), time.Now())
+	if o.firstChunk <= 0 || o.firstChunk > o.ttft {
+		t.Fatalf("text in the first chunk: first chunk %v, ttft %v", o.firstChunk, o.ttft)
 	}
 }

@@ -43,6 +43,25 @@
       that the engines evicted. Needs pyzmq and msgspec (vLLM's venv has
       them; the other subcommands use the standard library only).
 
+  VENV_PYTHON check.py otlp OUT.jsonl PORT[=NAME]...
+      receives the OpenTelemetry spans vLLM exports per request (start.sh's
+      OTLP_PORT_BASE: OTLP over HTTP, one port per server) until SIGTERM or
+      SIGINT, one JSON line per request to OUT.jsonl: the server (NAME, else
+      the port the span came to), the
+      request id (X-Request-Id), its arrival (wall clock, s) and vLLM's own
+      time to first token, queue, prefill and decode times (s) and prompt
+      tokens. Needs opentelemetry-proto (vLLM's venv has it).
+  check.py tail RESULT.json SPANS.jsonl [N]
+      one front end's benchmark (kvmesh bench --json --request-ids) joined
+      to the spans its requests left at the engines: each turn's server,
+      client TTFT against vLLM's queue, prefill and the rest (what the
+      front end and the API server added), and how many requests the
+      server held when it arrived; the N [6] slowest turns, then per server
+      and per turn the TTFT distribution.
+  check.py cpu PID...
+      the CPU seconds (user + system) the processes PID and all their
+      descendants have used so far, summed (Linux /proc): read before and
+      after a benchmark, what a front end, or an engine, spent on it.
   check.py compare RESULT.json... / check.py peers RUN_DIR... /
   check.py predict [--gate LO,HI] NAME=LOG...
       as ../llamacpp/check.py's.
@@ -234,6 +253,193 @@ def kvcount(out, endpoints):
     ctx.destroy(linger=0)
 
 
+def otlp(out, ports):
+    import signal
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+    lock = threading.Lock()
+    f = open(out, "a")
+
+    def value(v):
+        k = v.WhichOneof("value")
+        return getattr(v, k) if k else None
+
+    def handler(port):
+        class H(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                req = trace_service_pb2.ExportTraceServiceRequest()
+                req.ParseFromString(body)
+                rows = []
+                for rs in req.resource_spans:
+                    for ss in rs.scope_spans:
+                        for sp in ss.spans:
+                            a = {kv.key: value(kv.value) for kv in sp.attributes}
+                            rows.append({"server": port, "id": a.get("gen_ai.request.id"),
+                                         "arrival": sp.start_time_unix_nano / 1e9, "end": sp.end_time_unix_nano / 1e9,
+                                         "ttft": a.get("gen_ai.latency.time_to_first_token"),
+                                         "queue": a.get("gen_ai.latency.time_in_queue"),
+                                         "prefill": a.get("gen_ai.latency.time_in_model_prefill"),
+                                         "decode": a.get("gen_ai.latency.time_in_model_decode"),
+                                         "e2e": a.get("gen_ai.latency.e2e"),
+                                         "prompt": a.get("gen_ai.usage.prompt_tokens")})
+                with lock:
+                    for r in rows:
+                        f.write(json.dumps(r) + "\n")
+                    f.flush()
+                resp = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", str(len(resp)))
+                self.end_headers()
+                self.wfile.write(resp)
+
+            def log_message(self, *args):
+                pass
+        return H
+
+    # PORT=NAME: the spans received on PORT are the server NAME's
+    servers = [ThreadingHTTPServer(("127.0.0.1", int(p.split("=")[0])), handler(p.split("=")[-1])) for p in ports]
+    for srv in servers:
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    signal.signal(signal.SIGINT, lambda *_: done.set())
+    done.wait()
+    for srv in servers:
+        srv.shutdown()
+    f.close()
+
+
+def tail(result, spans_path, n=6):
+    """Joins one front end's per-turn records to vLLM's spans (by request id,
+    else by prompt tokens and the nearest arrival) and prints what makes
+    its TTFT tail."""
+    with open(result) as fh:
+        fe = json.load(fh)["frontends"][0]
+    t0 = fe["started_unix_ms"] / 1000
+    spans = []
+    with open(spans_path) as fh:
+        for line in fh:
+            spans.append(json.loads(line))
+    # this benchmark's spans: the same ids recur round after round
+    spans = [s for s in spans if s.get("ttft") is not None and t0 - 1 <= s["arrival"] <= t0 + fe["wall_seconds"] + 1]
+    by_id = {s["id"].removeprefix("chatcmpl-"): s for s in spans if s.get("id")}
+    used = set()
+    rows = []
+    for r in fe["requests"]:
+        sent = t0 + r["sent_ms"] / 1000
+        s = by_id.get(r.get("id") or "")
+        if s is None:  # the front end did not pass X-Request-Id on: the same prompt arriving nearest after the send
+            cands = [x for x in spans if id(x) not in used and x.get("prompt") == r["prompt_tokens"]
+                     and -0.05 <= x["arrival"] - sent <= 30]
+            s = min(cands, key=lambda x: x["arrival"] - sent, default=None)
+        if s is not None:
+            used.add(id(s))
+        rows.append((r, sent, s))
+    # what each server held when a request arrived: requests arrived before it and not yet ended
+    ends = [(x["server"], x["arrival"], x["end"]) for _, _, x in rows if x]
+    def held(s):
+        return sum(1 for srv, a, e in ends if srv == s["server"] and a < s["arrival"] <= e)
+    def fmt(r, sent, s):
+        if s is None:
+            return (f"c{r['conversation']:<2} t{r['turn']}  sent {r['sent_ms'] / 1000:6.2f} s  TTFT {r['ttft_ms']:7,.0f} ms  "
+                    f"prompt {r['prompt_tokens']:5} cached {r['cached_tokens']:5}  (no span)")
+        router = (s["arrival"] - sent) * 1000
+        rest = r["ttft_ms"] - router - 1000 * s["ttft"]
+        pre = 1000 * (s["ttft"] - s["queue"] - s["prefill"])
+        # the first chunk (text or not) back: vLLM streams one with the first token even when its text is empty
+        chunk = r.get("first_chunk_ms", r["ttft_ms"]) - router - 1000 * s["ttft"]
+        return (f"c{r['conversation']:<2} t{r['turn']}  server {s['server']}  sent {r['sent_ms'] / 1000:6.2f} s  "
+                f"TTFT {r['ttft_ms']:7,.0f} ms = to engine {router:5,.0f} + vLLM {1000 * s['ttft']:6,.0f} "
+                f"(API in {pre:5,.0f}, queue {1000 * s['queue']:6,.0f}, prefill {1000 * s['prefill']:6,.0f}) + back {rest:5,.0f} "
+                f"(first chunk {chunk:5,.0f}); prompt {r['prompt_tokens']:5} cached {r['cached_tokens']:5}; server held {held(s)} at arrival")
+    print(f"  {fe['name']}: {len(rows)} turns, {sum(1 for _, _, s in rows if s)} joined to vLLM's spans; the {n} slowest:")
+    for r, sent, s in sorted(rows, key=lambda x: -x[0]["ttft_ms"])[:n]:
+        print("    " + fmt(r, sent, s))
+    def q(v, p):
+        v = sorted(v)
+        if not v:
+            return float("nan")
+        k = (len(v) - 1) * p
+        lo = int(k)
+        return v[lo] + (v[min(lo + 1, len(v) - 1)] - v[lo]) * (k - lo)
+    groups = {}
+    for r, sent, s in rows:
+        groups.setdefault(f"turn {r['turn'] + 1}", []).append((r, s))
+        if s:
+            groups.setdefault(f"server {s['server']}", []).append((r, s))
+    # The first turns' burst per server: the prompt tokens it computed
+    # (not cached) for them and the time from the first one's arrival to
+    # the last one's first token, on the client's clock: its prefill rate
+    # is the engine's (and the machine's) share of the tail.
+    burst = {}
+    for r, sent, s in rows:
+        if r["turn"] == 0 and s:
+            b = burst.setdefault(s["server"], [0, 0, float("inf"), 0.0])
+            b[0] += 1
+            b[1] += r["prompt_tokens"] - r["cached_tokens"]
+            b[2] = min(b[2], s["arrival"])
+            b[3] = max(b[3], sent + r["ttft_ms"] / 1000)
+    # Follow-ups served with fewer cached tokens than their previous
+    # turn's whole prompt blocks (start.sh's BLOCK_SIZE, 32): sent away
+    # from the server holding the conversation, or evicted there. Past
+    # those, a follow-up's cached share is set by where its previous
+    # answer (random tokens of random length) ended a block.
+    by_turn = {(r["conversation"], r["turn"]): r for r in fe["requests"]}
+    short = [(r, (by_turn[(r["conversation"], r["turn"] - 1)]["prompt_tokens"] // 32) * 32 - r["cached_tokens"])
+             for r in fe["requests"] if r["turn"] > 0 and (r["conversation"], r["turn"] - 1) in by_turn]
+    lost = [(r, n) for r, n in short if n > 0]
+    print(f"    follow-ups short of their previous prompt's whole blocks: {len(lost)} of {len(short)} "
+          f"({sum(n for _, n in lost)} tokens)")
+    joined = [(r, sent, s) for r, sent, s in rows if s]
+    if joined:
+        to = [1000 * (s["arrival"] - sent) for r, sent, s in joined]
+        back = [r["ttft_ms"] - 1000 * (s["arrival"] - sent) - 1000 * s["ttft"] for r, sent, s in joined]
+        eng = [1000 * s["ttft"] for r, sent, s in joined]
+        chunk = [r.get("first_chunk_ms", r["ttft_ms"]) - 1000 * (s["arrival"] - sent) - 1000 * s["ttft"] for r, sent, s in joined]
+        print(f"    client to engine p50 {q(to, .5):4,.0f} max {max(to):5,.0f} ms; vLLM's TTFT p50 {q(eng, .5):6,.0f} "
+              f"max {max(eng):6,.0f} ms; vLLM's first token to the client's first text p50 {q(back, .5):4,.0f} max {max(back):5,.0f} ms, "
+              f"to its first chunk p50 {q(chunk, .5):4,.0f} max {max(chunk):5,.0f} ms")
+    for srv in sorted(burst):
+        n_, comp, a, last = burst[srv]
+        print(f"    first turns on server {srv}: {n_}, {comp} prompt tokens computed, first arrival to last first token "
+              f"{1000 * (last - a):6,.0f} ms ({comp / (last - a):.0f} tokens/s)")
+    for g in sorted(groups):
+        v = groups[g]
+        tt = [r["ttft_ms"] for r, _ in v]
+        qu = [1000 * s["queue"] for _, s in v if s]
+        pf = [1000 * s["prefill"] for _, s in v if s]
+        print(f"    {g:<12} n={len(v):2}  client TTFT p50 {q(tt, .5):6,.0f} p90 {q(tt, .9):6,.0f} max {max(tt):6,.0f} ms; "
+              f"vLLM queue p50 {q(qu, .5):5,.0f} max {max(qu, default=0):6,.0f}, prefill p50 {q(pf, .5):5,.0f} max {max(pf, default=0):6,.0f} ms")
+
+
+def cpu(pids):
+    tick = os.sysconf("SC_CLK_TCK")
+    children, times = {}, {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                st = f.read()
+        except OSError:
+            continue
+        fields = st[st.rindex(")") + 2:].split()  # after the command name, which may hold spaces
+        children.setdefault(int(fields[1]), []).append(int(d))
+        times[int(d)] = (int(fields[11]) + int(fields[12])) / tick
+    total, todo, seen = 0.0, [int(p) for p in pids], set()
+    while todo:
+        p = todo.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        total += times.get(p, 0.0)
+        todo += children.get(p, [])
+    print(f"{total:.2f}")
+
+
 def kvcounts(paths):
     """Sums kvcount's OUT.json files: {kind: count} over every endpoint."""
     tot = {}
@@ -250,6 +456,12 @@ if __name__ == "__main__":
         e2echeck.features(sys.argv[2].rstrip("/"), sys.argv[3].rstrip("/"), sys.argv[4], int(sys.argv[5]), "vllm")
     elif len(sys.argv) >= 4 and sys.argv[1] == "engines":
         engines(sys.argv[2], sys.argv[3:])
+    elif len(sys.argv) >= 3 and sys.argv[1] == "cpu":
+        cpu(sys.argv[2:])
+    elif len(sys.argv) >= 4 and sys.argv[1] == "otlp":
+        otlp(sys.argv[2], sys.argv[3:])
+    elif len(sys.argv) in (4, 5) and sys.argv[1] == "tail":
+        tail(sys.argv[2], sys.argv[3], int(sys.argv[4]) if len(sys.argv) == 5 else 6)
     elif len(sys.argv) >= 4 and sys.argv[1] == "kvcount":
         kvcount(sys.argv[2], sys.argv[3:])
     elif len(sys.argv) in (4, 6) and sys.argv[1] == "events":

@@ -38,8 +38,13 @@
 #     check.py engines prints what vLLM measured of each (its TTFT, queue
 #     and prefill time, requests per server) and check.py peers the table
 #     (follow-up cached share, TTFT p50/p99) and the verdicts.
-#     Routers run with PEER_ROUTER_FLAGS ["--region local --gossip-profile
-#     test"]; SMG_VENV, VLLM_ROUTER_VENV as ../llamacpp/run.sh's.
+#     Round r runs PEERS rotated by r-1. Routers run with PEER_ROUTER_FLAGS
+#     ["--region local": the lan gossip profile, the router's default];
+#     SMG_VENV, VLLM_ROUTER_VENV as ../llamacpp/run.sh's. With real vLLM
+#     each request's own account (arrival, queue, prefill, first token)
+#     comes as an OpenTelemetry span (PEER_SPANS [1]) and check.py tail
+#     joins it to the client's turns; the CPU each front end and the
+#     servers spent per benchmark is printed.
 #  5. peerview (opt-in, issue 23): how soon router b's view of router a's
 #     replica loses the blocks vLLM evicted (../kvevents/peer.sh on one
 #     server of PEERVIEW_BLOCKS [72]; PEERVIEW_RUNS [5] per gossip profile).
@@ -98,6 +103,7 @@ fi
 # publishers take BASE+50 and BASE+51, their replay BASE+60 and BASE+61).
 replica_env() {
   if [ "$KV_EVENTS" = 1 ]; then echo "KV_REPLAY_PORT_BASE=$(($1 + 60))"; fi
+  if [ -n "${otlp_base:-}" ]; then echo "OTLP_PORT_BASE=$otlp_base"; fi
 }
 
 # reset_prefix_caches URL...: empties each vLLM server's prefix cache (POST
@@ -114,9 +120,10 @@ prepare
 
 # 4 pairs of ports for the replicas (with KV_EVENTS=1 also each pair's
 # port+50 and port+51 for the publishers and port+60 and port+61 for their
-# replay), then 10 single ones, from PORT_BASE up.
-extra=""
-if [ "$KV_EVENTS" = 1 ]; then extra=50,51,60,61; fi
+# replay; port+70 and port+71 for the peers phase's spans), then 10 single
+# ones, from PORT_BASE up.
+extra=70,71 # each pair's port+70 and port+71: the peers phase's span receiver
+if [ "$KV_EVENTS" = 1 ]; then extra=50,51,60,61,70,71; fi
 pick_ports 4 10 "$PORT_BASE" "$extra"
 rep_feat=${ports[0]} rep_x1=${ports[2]} rep_x2=${ports[4]} rep_rr=${ports[6]}
 api1=${ports[8]} api2=${ports[9]} gossip1=${ports[10]} gossip2=${ports[11]} admin1=${ports[12]} admin2=${ports[13]}
@@ -182,14 +189,35 @@ if phase peers; then
 # POST /reset_prefix_cache), PEER_RUNS rounds of PEERS in turn, so a
 # machine's slow minutes fall on all of them alike. Each front end starts
 # fresh, and the benchmark empties both servers' prefix caches before it
-# (kvmesh bench --reset-replica), so each starts cold. The routers run at
-# their defaults (PEER_ROUTER_FLAGS; not the suite's debug logging and
-# 200 ms health checks) as an operator would run them.
+# (kvmesh bench --reset-replica), so each starts cold. Round r runs PEERS
+# rotated by r-1, so no front end always follows the warm-up or another
+# one. The routers run at their defaults (PEER_ROUTER_FLAGS; not the
+# suite's debug logging, 200 ms health checks and test gossip profile) as
+# an operator would run them: on a machine whose engines take every core,
+# the test profile's timers (gossip every 20 ms, state every 50 ms, probes
+# every 100 ms) cost the two routers 4.3 s of CPU a benchmark against 1.1 s
+# with the default lan profile, and vLLM decoded 1.13-1.48x as slowly as
+# under vllm-router in the same round (0.83x with lan; README).
 PEER_RUNS=${PEER_RUNS:-3}
-read -r -a peer_router_flags <<<"${PEER_ROUTER_FLAGS:---region local --gossip-profile test}"
+read -r -a peer_router_flags <<<"${PEER_ROUTER_FLAGS:---region local}"
+read -r -a peer_list <<<"$PEERS"
 for fe in $PEERS; do need_peer "$fe"; done
 echo "$SUITE: peers ($PEERS) x $PEER_RUNS rounds on the same 2 servers"
+mkdir -p "$work/peers"
+if [ "$ENGINE_SIM" != 1 ] && [ "${PEER_SPANS:-1}" = 1 ]; then
+  # vLLM's own account of every request (arrival, queue, prefill, first
+  # token), one OpenTelemetry span each, joined to the client's turns by
+  # X-Request-Id (check.py tail).
+  otlp_base=$((rep_x1 + 70))
+  VENV=${VENV:-${ENGINES_HOME:-$HOME/.cache/kvmesh-engines}/venv-vllm}
+  setsid "$VENV/bin/python" "$here/check.py" otlp "$work/peers/spans.jsonl" \
+    "$otlp_base=$rep_x1" "$((otlp_base + 1))=$((rep_x1 + 1))" \
+    >"$work/otlp.log" 2>&1 </dev/null &
+  echo $! >"$work/otlp.pids"
+  pidfiles+=("$work/otlp.pids")
+fi
 VLLM_SERVER_DEV_MODE=1 replicas "$rep_x1"
+otlp_base=""
 r1=$(url "$rep_x1") r2=$(url $((rep_x1 + 1)))
 reset_prefix_caches "$r1"
 # A fresh vLLM CPU server prefills its first prompts 2-5x slower than later
@@ -199,24 +227,36 @@ reset_prefix_caches "$r1"
   --group "warm-up=$r1,$r2" --json >/dev/null 2>"$work/bench-warm-up.log" || die "the warm-up benchmark failed"
 for ((round = 1; round <= PEER_RUNS; round++)); do
   mkdir -p "$work/peers/run$round"
-  for fe in $PEERS; do
+  k=$(((round - 1) % ${#peer_list[@]}))
+  order=("${peer_list[@]:k}" "${peer_list[@]:0:k}")
+  echo "$SUITE: round $round: ${order[*]}"
+  for fe in "${order[@]}"; do
     start_frontend "$fe" "peer-$fe-$round" "$r1" "$r2" "${peer_router_flags[@]}"
     # vLLM's own view of each benchmark (check.py engines): its metrics
     # before and after, per server.
     curl -fsS "$r1/metrics" >"$work/peers/run$round/$fe.r1.before.txt" || true
     curl -fsS "$r2/metrics" >"$work/peers/run$round/$fe.r2.before.txt" || true
+    # CPU seconds of the front end's processes and of the servers' (API
+    # server and engine core) over the benchmark: on a machine of 2 cores
+    # a front end's CPU is the engines' loss.
+    cpu_fe=$(python3 "$here/check.py" cpu "${pids[@]}") cpu_vllm=$(python3 "$here/check.py" cpu $(cat "$work/replicas-$rep_x1.pids"))
     t=$SECONDS
     "$work/kvmesh" bench --conversations "$CONVERSATIONS" --turns "$TURNS" --answer-tokens "$ANSWER_TOKENS" \
-      --reset-replica "$r1,$r2" --group "$fe=$front" --json >"$work/peers/run$round/vllm-$fe.json" \
+      --reset-replica "$r1,$r2" --request-ids --group "$fe=$front" --json >"$work/peers/run$round/vllm-$fe.json" \
       2>"$work/bench-peer-$fe-$round.log" || die "bench $fe (round $round) failed"
-    echo "$SUITE: round $round $fe benchmarked in $((SECONDS - t)) s"
+    echo "$SUITE: round $round $fe benchmarked in $((SECONDS - t)) s; CPU s: front end" \
+      "$(python3 -c "print(f'{$(python3 "$here/check.py" cpu "${pids[@]}") - $cpu_fe:.1f}')")," \
+      "vLLM servers $(python3 -c "print(f'{$(python3 "$here/check.py" cpu $(cat "$work/replicas-$rep_x1.pids")) - $cpu_vllm:.1f}')")" |
+      tee -a "$work/peers/cpu.txt"
     curl -fsS "$r1/metrics" >"$work/peers/run$round/$fe.r1.after.txt" || true
     curl -fsS "$r2/metrics" >"$work/peers/run$round/$fe.r2.after.txt" || true
     case $fe in kvmesh-*) scrape "peer-$fe-$round" "$admin1" ;; esac
     stop_frontends
+    sleep 1 # the last spans (sent every 500 ms)
   done
 done
 stop_replicas "$rep_x1"
+if [ -e "$work/otlp.pids" ]; then "$here/stop.sh" "$work/otlp.pids" >/dev/null; fi
 if [ -n "${KVMESH_ARTIFACTS:-}" ]; then mkdir -p "$KVMESH_ARTIFACTS" && cp -r "$work/peers" "$KVMESH_ARTIFACTS/"; fi
 echo "$SUITE: what vLLM itself measured of each benchmark (round by round)"
 for ((round = 1; round <= PEER_RUNS; round++)); do
@@ -225,6 +265,12 @@ for ((round = 1; round <= PEER_RUNS; round++)); do
     python3 "$here/check.py" engines "$fe/$round" "$d/$fe.r1.before.txt,$d/$fe.r1.after.txt" "$d/$fe.r2.before.txt,$d/$fe.r2.after.txt" || true
   done
 done
+if [ -s "$work/peers/spans.jsonl" ]; then
+  echo "$SUITE: each benchmark's slowest turns and TTFT by turn and server, beside vLLM's own times (check.py tail)"
+  for ((round = 1; round <= PEER_RUNS; round++)); do
+    for fe in $PEERS; do python3 "$here/check.py" tail "$work/peers/run$round/vllm-$fe.json" "$work/peers/spans.jsonl" || true; done
+  done
+fi
 python3 "$here/check.py" peers "$work"/peers/run*
 fi
 

@@ -26,6 +26,9 @@
 #                   connect = endpoint tcp://127.0.0.1:PORT, vLLM connects; the subscriber must bind it [bind]
 #   PIDFILE         [/tmp/vllmcpu-BASE_PORT.pids]   LOGDIR [/tmp]  (log: LOGDIR/vllmcpu-PORT.log)
 #   HEALTH_TIMEOUT  seconds to wait for all servers [600]
+#   OTLP_PORT_BASE  when set, server i exports an OpenTelemetry span per request (its queue, prefill and
+#                   first-token times; --otlp-traces-endpoint, OTLP over HTTP) to 127.0.0.1:OTLP_PORT_BASE+i
+#                   (check.py otlp receives them)
 #   EXTRA_ARGS      appended to every `vllm serve` command line
 set -euo pipefail
 
@@ -50,6 +53,7 @@ PIDFILE=${PIDFILE:-/tmp/vllmcpu-$BASE.pids}
 LOGDIR=${LOGDIR:-/tmp}
 HEALTH_TIMEOUT=${HEALTH_TIMEOUT:-600}
 EXTRA_ARGS=${EXTRA_ARGS:-}
+OTLP_PORT_BASE=${OTLP_PORT_BASE:-}
 
 [ -x "$VENV/bin/vllm" ] || { echo "missing $VENV/bin/vllm (run install.sh)" >&2; exit 1; }
 [ -f "$MODEL/config.json" ] || { echo "missing $MODEL (run install.sh)" >&2; exit 1; }
@@ -77,8 +81,12 @@ for ((i = 0; i < N; i++)); do
     if [ -n "$KV_REPLAY_PORT_BASE" ]; then replay=",\"replay_endpoint\":\"tcp://*:$((KV_REPLAY_PORT_BASE + i))\""; fi
     kvargs=(--kv-events-config "{\"enable_kv_cache_events\":true,\"publisher\":\"zmq\",\"endpoint\":\"$ep\"$replay,\"topic\":\"kv-events\"}")
   fi
+  otlp=()
+  if [ -n "$OTLP_PORT_BASE" ]; then otlp=(--otlp-traces-endpoint "http://127.0.0.1:$((OTLP_PORT_BASE + i))/v1/traces"); fi
   # VLLM_TARGET_DEVICE=cpu selects vLLM's CPU platform (torch here is PyPI's CUDA build; no GPU is used).
+  # Spans (OTLP_PORT_BASE) leave in batches every 500 ms (OpenTelemetry's default is 5 s).
   # shellcheck disable=SC2086
+  OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf OTEL_BSP_SCHEDULE_DELAY=500 \
   VLLM_TARGET_DEVICE=cpu VLLM_CPU_OMP_THREADS_BIND=$bind OMP_NUM_THREADS=$THREADS \
   HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 \
   setsid nohup "$VENV/bin/vllm" serve "$MODEL" --served-model-name "$SERVED_NAME" \
@@ -86,7 +94,7 @@ for ((i = 0; i < N; i++)); do
       --max-model-len "$MAX_MODEL_LEN" --max-num-seqs "$MAX_NUM_SEQS" --block-size "$BLOCK_SIZE" \
       --kv-cache-memory-bytes $((KV_CACHE_MIB * 1024 * 1024)) \
       --enable-prefix-caching --enable-prompt-tokens-details --enforce-eager --dtype bfloat16 \
-      --disable-uvicorn-access-log "${kvargs[@]}" \
+      --disable-uvicorn-access-log "${kvargs[@]}" ${otlp[@]+"${otlp[@]}"} \
       $EXTRA_ARGS > "$LOGDIR/vllmcpu-$port.log" 2>&1 < /dev/null &
   echo $! >> "$PIDFILE"
 done
