@@ -3,6 +3,7 @@ package mesh
 import (
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/kvmesh/kvmesh/summary"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -128,4 +129,41 @@ func TestResizeKeepsWhatTheReplicaHolds(t *testing.T) {
 			return matches(b.Mesh, id, held)
 		})
 	}
+}
+
+// Between an owner's state naming a new epoch (a resize) and the full
+// copy of it, a peer's copy of the old epoch still counts: the replica
+// holds what it said, and reading it as stale would place the follow-ups
+// due there as cold. A copy of the owner's own epoch that waits for a full
+// copy (it diverged) does not count.
+func TestCopyOfTheOldEpochCountsUntilTheNewLands(t *testing.T) {
+	a := newRouter(t, "a", nil)
+	id := "http://a-rep"
+	declare(a, id)
+	b := newRouter(t, "b", joining(a))
+	held := chain(6, 43)
+	a.Record(id, held)
+	eventually(t, wait, "b matches", func() error { return matches(b.Mesh, id, held) })
+
+	b.tab.mu.Lock()
+	defer b.tab.mu.Unlock()
+	r := b.tab.replicas[id]
+	old := r.sum.Epoch()
+	for _, tc := range []struct {
+		name     string
+		epoch    uint64
+		wantFull bool
+		counts   bool
+	}{
+		{"in step", old, false, true},
+		{"the owner's state names a new epoch, its full copy on its way", old + 1, true, true},
+		{"the same epoch, diverged", old, true, false},
+	} {
+		r.st.Epoch, r.wantFull = tc.epoch, tc.wantFull
+		e, models := b.view.entryLocked(r)
+		if got := b.tab.countsLocked(r, time.Now()); got != tc.counts || e.counts != tc.counts || (e.sum != nil) != tc.counts || len(models) == 0 {
+			t.Errorf("%s: counts %v, entry counts %v with summary %v (models %v), want %v", tc.name, got, e.counts, e.sum != nil, models, tc.counts)
+		}
+	}
+	r.st.Epoch, r.wantFull = old, false
 }

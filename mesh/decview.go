@@ -147,7 +147,7 @@ func (v *published) entryLocked(r *replica) (viewEntry, []string) {
 	e.ok = r.st.Healthy
 	e.inFlight, e.pending = route.Count32(int(r.st.InFlight)), r.st.Pending
 	e.engine, e.role, e.bootstrap = r.st.Engine, r.st.Role, r.st.Bootstrap
-	if r.sum != nil && !r.wantFull && r.sum.Epoch() == r.st.Epoch && !r.heard.IsZero() {
+	if r.copyCountsLocked() && !r.heard.IsZero() {
 		e.counts, e.sum, e.heard = true, r.sum, int64(r.heard.Sub(v.t0))
 		e.held = route.Count32(r.sum.Held())
 	}

@@ -340,8 +340,23 @@ func (t *table) touchOwnedByLocked(rt *router) {
 
 // countsLocked reports whether a remote copy may be used for routing.
 func (t *table) countsLocked(r *replica, now time.Time) bool {
-	return r.sum != nil && !r.wantFull && r.hasState && r.sum.Epoch() == r.st.Epoch &&
-		now.Sub(r.heard) <= t.cfg.Timing.StaleAfter
+	return r.copyCountsLocked() && now.Sub(r.heard) <= t.cfg.Timing.StaleAfter
+}
+
+// copyCountsLocked reports whether r's copy says what the replica holds,
+// its age aside: a copy of the owner's epoch not waiting for a full copy,
+// or a copy of another epoch while the owner's full copy is on its way.
+// A new epoch is a resize (summary.Resized carries over what the old
+// summary held) or an owner that started over (the engine still holds
+// what the copy says, and softstate's hand-back gives the copy back); an
+// engine's restart cuts the summary within its epoch. So the old copy is
+// the best word there is until the new one lands: reading the replica as
+// stale meanwhile would place every follow-up due there as cold (real
+// vLLM, two follow-ups a benchmark sent elsewhere while their owners
+// resized). A copy of the owner's epoch that waits for a full copy has
+// diverged from it (a gap, a digest that differs) and does not count.
+func (r *replica) copyCountsLocked() bool {
+	return r.sum != nil && r.hasState && (r.sum.Epoch() != r.st.Epoch || !r.wantFull)
 }
 
 // declareLocked records that a state's origin declares the replica it
