@@ -100,19 +100,21 @@ type requestKey struct {
 // router forwarded here.
 const routeHop = "hop"
 
-// observeFirstByte records the time from a request's arrival at this
-// router to the first byte of the response body it relays: a client's
-// request to an owned replica (local) or through the owner (peer), or a
-// hop served here (hop).
-func (m *metrics) observeFirstByte(hop, local bool, d time.Duration) {
+// firstByteAt records the time from st's arrival at this router to the
+// first byte of the response body it relays, now, which it returns: a
+// client's request to an owned replica (local) or through the owner
+// (peer), or a hop served here (hop).
+func firstByteAt(st *reqState, local bool) time.Time {
+	now := st.p.now()
 	i := 0
 	switch {
-	case hop:
+	case st.hop:
 		i = 2
 	case !local:
 		i = 1
 	}
-	m.firstByte[i].Observe(d.Seconds())
+	st.p.m.firstByte[i].Observe(now.Sub(st.arrived).Seconds())
+	return now
 }
 
 // target returns the upstream histograms of a local replica or a peer.

@@ -70,12 +70,10 @@ type reqState struct {
 	snap      uint64
 	hinted    int
 	hintMatch int
-	// attempts made so far, and when the first began (the retry budget).
-	attempts int
-	began    time.Time
-	// arrived: when this router began to serve the request
-	// (kvmesh_request_ttft_seconds).
-	arrived time.Time
+	// attempts made so far, and when the first began (the retry budget);
+	// arrived: when this router began to serve it (the request TTFT).
+	attempts       int
+	began, arrived time.Time
 
 	blockMs     float64 // the chosen candidate's prefill time per block (load.go's slot time)
 	flightMatch int     // the prompt's leading blocks that requests computed before it, still in flight, hold at the attempt's owned replica (inflight.go)
@@ -596,12 +594,7 @@ func (st *reqState) attempt(id string, d route.Decision, bk *booking) attemptRes
 	st.code = resp.StatusCode
 	var first time.Time
 	st.relay(resp, upstreamAnswer{id: id, d: d, local: t.local, start: start, cancel: cancel,
-		firstByte: func() {
-			first = p.now()
-			p.m.observeFirstByte(st.hop, t.local, first.Sub(st.arrived))
-			firstByte()
-			p.stalls.answer(st.stall)
-		}})
+		firstByte: func() { first = firstByteAt(st, t.local); firstByte(); p.stalls.answer(st.stall) }})
 	if !st.cut {
 		st.observeSlot(id, d, first)
 	}
