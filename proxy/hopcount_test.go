@@ -8,7 +8,9 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/proxy/hop"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
 )
 
 // TestForwardedRequestCounts: a request this router forwards to another
@@ -182,5 +184,49 @@ func TestForwardedRequestCountedOnce(t *testing.T) {
 	}
 	if got := testutil.ToFloat64(entry.m.hopRequests.WithLabelValues(epChat, "200")); got != 0 {
 		t.Errorf("the entry router counted %v hops, want 0", got)
+	}
+}
+
+// TestRequestTTFTByRoute: kvmesh_request_ttft_seconds counts a client's
+// request at its entry router by where it went (peer: through the owner;
+// local: an owned replica) and the hop at the owner, and the entry's time
+// holds the upstream leg it contains.
+func TestRequestTTFTByRoute(t *testing.T) {
+	rep := newReplica(t, func(w http.ResponseWriter, r *http.Request) { sseChat(w, []string{"a", "b"}, 0) })
+	owner, ownerSrv, _ := newTestProxy(t, newFakeView([]string{"m"}, fakeReplica{id: rep.URL}), func(c *Config) { c.HopKey = testHopKey })
+	entry, srv, _ := newTestProxy(t, newFakeView([]string{"m"}, fakeReplica{id: rep.URL, owner: ownerSrv.URL}), func(c *Config) { c.HopKey = testHopKey })
+	for _, u := range []string{srv.URL, ownerSrv.URL} {
+		resp := post(t, t.Context(), u+"/v1/chat/completions", chatBody("m", true, longPrompt))
+		if readAll(t, resp); resp.StatusCode != http.StatusOK {
+			t.Fatalf("status %d", resp.StatusCode)
+		}
+	}
+	waitCounted(t, entry, epChat, 1)
+	waitCounted(t, owner, epChat, 1)
+	count := func(o prometheus.Observer) (uint64, float64) {
+		t.Helper()
+		var m dto.Metric
+		if err := o.(prometheus.Metric).Write(&m); err != nil {
+			t.Fatal(err)
+		}
+		return m.GetHistogram().GetSampleCount(), m.GetHistogram().GetSampleSum()
+	}
+	for _, c := range []struct {
+		name string
+		p    *Proxy
+		i    int
+		want uint64
+	}{
+		{"entry local", entry, 0, 0}, {"entry peer", entry, 1, 1}, {"entry hop", entry, 2, 0},
+		{"owner local", owner, 0, 1}, {"owner peer", owner, 1, 0}, {"owner hop", owner, 2, 1},
+	} {
+		if n, _ := count(c.p.m.firstByte[c.i]); n != c.want {
+			t.Errorf("%s: %d observations, want %d", c.name, n, c.want)
+		}
+	}
+	_, whole := count(entry.m.firstByte[1])
+	_, leg := count(entry.m.upstream[1].ttft)
+	if whole < leg {
+		t.Errorf("the entry's time to first byte %v s is shorter than its upstream leg's %v s", whole, leg)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/kvmesh/kvmesh/proxy/hop"
 	"github.com/kvmesh/kvmesh/route"
@@ -36,6 +37,7 @@ type metrics struct {
 	forgotten       prometheus.Counter
 	ttft            *prometheus.HistogramVec
 	duration        *prometheus.HistogramVec
+	requestTTFT     *prometheus.HistogramVec
 	inflight        *prometheus.GaugeVec
 	retries         prometheus.Counter
 	stallCuts       prometheus.Counter
@@ -53,9 +55,12 @@ type metrics struct {
 	// takes a lock on every call, and the request path would call it
 	// five times per request.
 	upstream [2]upstreamObservers // by target: [0] local, [1] peer
-	mu       sync.RWMutex
-	reqs     map[requestKey]prometheus.Counter // requests by endpoint, code and hop
-	replicas map[string]prometheus.Gauge       // inflight by replica
+	// firstByte: kvmesh_request_ttft_seconds by route, [0] local, [1]
+	// peer, [2] hop.
+	firstByte [3]prometheus.Observer
+	mu        sync.RWMutex
+	reqs      map[requestKey]prometheus.Counter // requests by endpoint, code and hop
+	replicas  map[string]prometheus.Gauge       // inflight by replica
 	// byReason holds the decision counters of every known reason; it is
 	// filled in newMetrics and only read afterwards.
 	byReason map[route.Reason]prometheus.Counter
@@ -89,6 +94,27 @@ type requestKey struct {
 	endpoint string
 	code     int
 	hop      bool
+}
+
+// Routes of kvmesh_request_ttft_seconds: a hop is a request another
+// router forwarded here.
+const routeHop = "hop"
+
+// firstByteAt records the time from st's arrival at this router to the
+// first byte of the response body it relays, now, which it returns: a
+// client's request to an owned replica (local) or through the owner
+// (peer), or a hop served here (hop).
+func firstByteAt(st *reqState, local bool) time.Time {
+	now := st.p.now()
+	i := 0
+	switch {
+	case st.hop:
+		i = 2
+	case !local:
+		i = 1
+	}
+	st.p.m.firstByte[i].Observe(now.Sub(st.arrived).Seconds())
+	return now
 }
 
 // target returns the upstream histograms of a local replica or a peer.
@@ -200,6 +226,14 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			NativeHistogramMaxBucketNumber:  100,
 			NativeHistogramMinResetDuration: 3600e9,
 		}, []string{"target"}),
+		requestTTFT: f.NewHistogramVec(prometheus.HistogramOpts{
+			Name:                            "kvmesh_request_ttft_seconds",
+			Help:                            "Time from this router starting to serve a request to the first byte of the response body it relays, by route: local (a client's request to an owned replica), peer (a client's request through the router owning the replica), hop (a request another router forwarded here). Less kvmesh_upstream_ttft_seconds, the router's own time (reading, routing, admission); a client's TTFT less the entry router's is the network and whatever sits in front.",
+			Buckets:                         prometheus.ExponentialBuckets(0.005, 2, 12),
+			NativeHistogramBucketFactor:     1.1,
+			NativeHistogramMaxBucketNumber:  100,
+			NativeHistogramMinResetDuration: 3600e9,
+		}, []string{"route"}),
 		duration: f.NewHistogramVec(prometheus.HistogramOpts{
 			Name:                            "kvmesh_upstream_duration_seconds",
 			Help:                            "Time from dispatch to the end of the upstream response, by target (local replica or peer router).",
@@ -252,6 +286,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	for i, t := range []string{targetLocal, targetPeer} {
 		m.upstream[i] = upstreamObservers{ttft: m.ttft.WithLabelValues(t), duration: m.duration.WithLabelValues(t)}
+	}
+	for i, r := range []string{targetLocal, targetPeer, routeHop} {
+		m.firstByte[i] = m.requestTTFT.WithLabelValues(r)
 	}
 	for _, c := range []string{midstreamIdle, midstreamError, midstreamOwnerGone} {
 		for _, e := range []string{endErrorEvent, endAborted} {

@@ -70,9 +70,10 @@ type reqState struct {
 	snap      uint64
 	hinted    int
 	hintMatch int
-	// attempts made so far, and when the first began (the retry budget).
-	attempts int
-	began    time.Time
+	// attempts made so far, and when the first began (the retry budget);
+	// arrived: when this router began to serve it (the request TTFT).
+	attempts       int
+	began, arrived time.Time
 
 	blockMs     float64 // the chosen candidate's prefill time per block (load.go's slot time)
 	flightMatch int     // the prompt's leading blocks that requests computed before it, still in flight, hold at the attempt's owned replica (inflight.go)
@@ -112,7 +113,7 @@ type reqState struct {
 
 // inference serves the inference endpoints (endpoints.go).
 func (p *Proxy) inference(w http.ResponseWriter, r *http.Request, ep *endpoint) {
-	st := &reqState{p: p, w: w, r: r, ep: ep, path: r.URL.Path, byLoad: ep.byLoad}
+	st := &reqState{p: p, w: w, r: r, ep: ep, path: r.URL.Path, byLoad: ep.byLoad, arrived: p.now()}
 	// Deferred, so that the count and the releases still run when a dead
 	// upstream aborts the handler.
 	defer st.finish()
@@ -593,7 +594,7 @@ func (st *reqState) attempt(id string, d route.Decision, bk *booking) attemptRes
 	st.code = resp.StatusCode
 	var first time.Time
 	st.relay(resp, upstreamAnswer{id: id, d: d, local: t.local, start: start, cancel: cancel,
-		firstByte: func() { first = p.now(); firstByte(); p.stalls.answer(st.stall) }})
+		firstByte: func() { first = firstByteAt(st, t.local); firstByte(); p.stalls.answer(st.stall) }})
 	if !st.cut {
 		st.observeSlot(id, d, first)
 	}
