@@ -38,7 +38,7 @@ func TestChatTemplateKeepsPrefix(t *testing.T) {
 	turn1 := []chatMessage{{"system", "be brief"}, {"user", "hi"}}
 	answer := " the cat"
 	turn2 := append(append([]chatMessage{}, turn1...), chatMessage{"assistant", answer}, chatMessage{"user", "more"})
-	r1, r2 := renderChat(turn1), renderChat(turn2)
+	r1, r2 := renderChat(turn1, true), renderChat(turn2, true)
 	if !strings.HasPrefix(r2, r1+answer+imEnd) {
 		t.Fatalf("turn 2 render %q does not start with turn 1 %q + answer + end", r2, r1)
 	}

@@ -35,7 +35,9 @@ import (
 //     answers one token; unclaimed after KVHold, it answers 500. On a
 //     decode replica it is a decode: it claims the room, waiting for the
 //     prefill to finish (at most KVHold: then 500 before any output),
-//     pulls, and generates.
+//     pulls, and generates. With SGLang's fake bootstrap_host (2.2.2.2,
+//     its warm-up's) a prefill replica computes the prompt and answers
+//     at once, the request served whole, as SGLang's fake KV sender does.
 //
 // How it differs from a real engine: the KV moves by HTTP between the
 // simulators' own endpoints, and only its token count crosses (no
@@ -44,7 +46,8 @@ import (
 // own HTTP port (SGLang's is a separate port, 8998 by default); a
 // replica of role prefill or decode refuses requests that are not its
 // leg (a real vLLM replica of either role serves whole requests too),
-// so that a test sees a misrouted one; a whole replica (role both) takes
+// so that a test sees a misrouted one, except that a prefill replica
+// serves a whole request of one token (a router's prefill-only request); a whole replica (role both) takes
 // either vLLM leg and serves an SGLang leg whole, ignoring its bootstrap
 // fields, as SGLang's servers without a disaggregation mode do.
 
@@ -123,8 +126,14 @@ func isNull(b json.RawMessage) bool {
 	return len(b) == 0 || bytes.Equal(b, []byte("null"))
 }
 
-// plan reads f as a replica of role does.
-func (f *pdFields) plan(role Role) (pdPlan, error) {
+// fakeBootstrapHost is the bootstrap_host SGLang's own warm-up sends a
+// prefill server (FAKE_BOOTSTRAP_HOST): the prefill is computed and
+// cached, and no decode server is waited for.
+const fakeBootstrapHost = "2.2.2.2"
+
+// plan reads f, of a request for maxTokens output tokens (0: unset), as
+// a replica of role does.
+func (f *pdFields) plan(role Role, maxTokens int) (pdPlan, error) {
 	var p pdPlan
 	switch {
 	case !isNull(f.KV):
@@ -151,6 +160,9 @@ func (f *pdFields) plan(role Role) (pdPlan, error) {
 		if err := json.Unmarshal(f.BootstrapHost, &host); err != nil || host == "" {
 			return p, badRequest("bootstrap_host must be a host")
 		}
+		if host == fakeBootstrapHost && role == RolePrefill {
+			return p, nil // a prefill that no decode pulls: served whole
+		}
 		p.mode, p.key = modePrefillSGLang, "room:"+strconv.FormatUint(room, 10)
 		if role == RoleDecode {
 			if err := json.Unmarshal(f.BootstrapPort, &port); err != nil || port <= 0 || port > 65535 {
@@ -160,6 +172,10 @@ func (f *pdFields) plan(role Role) (pdPlan, error) {
 		}
 	}
 	switch {
+	case role == RolePrefill && p.mode == modeWhole && maxTokens == 1 && isNull(f.BootstrapRoom):
+		// A vLLM prefill replica serves whole requests too; one of
+		// more than a token is refused, so that a test sees a client's
+		// request misrouted to it.
 	case role == RolePrefill && p.mode != modePrefillVLLM && p.mode != modePrefillSGLang:
 		return p, badRequest("this replica's disaggregation mode is prefill: it serves prefill legs only")
 	case role == RoleDecode && p.mode != modeDecodeVLLM && p.mode != modeDecodeSGLang:

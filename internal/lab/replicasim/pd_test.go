@@ -130,6 +130,50 @@ func TestRolesRefuseOtherLegs(t *testing.T) {
 	}
 }
 
+// TestPrefillOnlyRequests: a prefill replica serves the two forms of a
+// prefill no decode pulls (a router's prefill-only request) whole and
+// caches the prompt: vLLM's, a plain request of one token, and SGLang's,
+// its warm-up's fake bootstrap_host; a chat request without the
+// generation prompt renders as a prefix of the conversation's next turn.
+func TestPrefillOnlyRequests(t *testing.T) {
+	for _, form := range []map[string]any{
+		{"max_tokens": 1},
+		{"max_tokens": 1, "bootstrap_host": fakeBootstrapHost, "bootstrap_room": 7},
+	} {
+		h := newHarness(t, Config{Role: RolePrefill, TimeScale: fast})
+		msgs := []map[string]any{{"role": "user", "content": pdPrompt}, {"role": "assistant", "content": pdPrompt}}
+		body := map[string]any{"messages": msgs, "add_generation_prompt": false}
+		for k, v := range form {
+			body[k] = v
+		}
+		if got := h.generate("/v1/chat/completions", body); got.Usage.CompletionTokens != 1 {
+			t.Fatalf("%v: usage %+v", form, got.Usage)
+		}
+		next := map[string]any{"messages": append(msgs, map[string]any{"role": "user", "content": "and then?"}), "max_tokens": 1}
+		for k, v := range form {
+			if k != "max_tokens" {
+				next[k] = v
+			}
+		}
+		got := h.generate("/v1/chat/completions", next)
+		// All but the next turn's last partial block and question.
+		if c, p := got.Usage.PromptTokensDetails.CachedTokens, got.Usage.PromptTokens; c < p-32 {
+			t.Errorf("%v: the next turn found %d of %d tokens cached", form, c, p)
+		}
+		if e := ledgerOf(t, h, 2)[0]; e.Kind != "whole" || e.Outcome != "ok" {
+			t.Errorf("%v: served as %s %s", form, e.Kind, e.Outcome)
+		}
+	}
+	// Any other bootstrap_host is a leg, held for its decode (at most
+	// KVHold).
+	h := newHarness(t, Config{Role: RolePrefill, TimeScale: fast, KVHold: 100 * time.Millisecond})
+	resp := h.post(context.Background(), "/v1/completions", map[string]any{"prompt": "hi", "max_tokens": 1, "bootstrap_host": "10.0.0.1", "bootstrap_room": 7})
+	resp.Body.Close()
+	if resp.StatusCode == http.StatusOK {
+		t.Error("a prefill replica served an SGLang leg whole")
+	}
+}
+
 // TestKVStoreBounds: a held prompt is released when its hold passes, a
 // claim that no prefill answers gives up after the hold and leaves
 // nothing behind, and the store holds at most maxTransfers.

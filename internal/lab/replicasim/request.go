@@ -51,6 +51,9 @@ type wireRequest struct {
 	StreamOptions       *struct {
 		IncludeUsage bool `json:"include_usage"`
 	} `json:"stream_options"`
+	// AddGenerationPrompt is vLLM's chat field: false renders the
+	// messages without opening an assistant turn.
+	AddGenerationPrompt *bool `json:"add_generation_prompt"`
 	// Responses API.
 	Instructions       string          `json:"instructions"`
 	Input              json.RawMessage `json:"input"`
@@ -120,7 +123,7 @@ func parseRequest(ep endpoint, body []byte) (parsedRequest, error) {
 			}
 			msgs[i] = chatMessage{Role: m.Role, Content: c}
 		}
-		p.Prompt = renderChat(msgs)
+		p.Prompt = renderChat(msgs, w.AddGenerationPrompt == nil || *w.AddGenerationPrompt)
 	case completionEndpoint:
 		s, err := promptText(w.Prompt)
 		if err != nil {
@@ -136,7 +139,7 @@ func parseRequest(ep endpoint, body []byte) (parsedRequest, error) {
 		if err != nil {
 			return parsedRequest{}, badRequest("input: %v", err)
 		}
-		p.Prompt = renderChat(append(msgs, in...))
+		p.Prompt = renderChat(append(msgs, in...), true)
 		p.PreviousResponseID = w.PreviousResponseID
 		p.Store = w.Store == nil || *w.Store
 	case messagesEndpoint:
@@ -164,7 +167,7 @@ func parseRequest(ep endpoint, body []byte) (parsedRequest, error) {
 			}
 			msgs = append(msgs, chatMessage{Role: m.Role, Content: c})
 		}
-		p.Prompt = renderChat(msgs)
+		p.Prompt = renderChat(msgs, true)
 	}
 	return p, nil
 }

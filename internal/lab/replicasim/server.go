@@ -226,7 +226,7 @@ func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request, ep endpoi
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
-	plan, err := req.PD.plan(s.cfg.Role)
+	plan, err := req.PD.plan(s.cfg.Role, req.MaxTokens)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return

@@ -17,9 +17,9 @@ const (
 	genPrompt = imStart + "assistant\n"
 )
 
-// renderChat renders chat messages with the ChatML-like template and the
-// generation prompt.
-func renderChat(msgs []chatMessage) string {
+// renderChat renders chat messages with the ChatML-like template and,
+// with gen, the generation prompt.
+func renderChat(msgs []chatMessage, gen bool) string {
 	var b strings.Builder
 	for _, m := range msgs {
 		b.WriteString(imStart)
@@ -28,7 +28,9 @@ func renderChat(msgs []chatMessage) string {
 		b.WriteString(m.Content)
 		b.WriteString(imEnd)
 	}
-	b.WriteString(genPrompt)
+	if gen {
+		b.WriteString(genPrompt)
+	}
 	return b.String()
 }
 
