@@ -90,7 +90,8 @@ func splits(st *reqState) bool {
 }
 
 // fitsLeg reports whether a replica of role r serves leg (hop.LegNone: a
-// whole request). A whole replica takes either leg of vLLM's protocol (a
+// whole request; hop.LegPinned: a leg only the hinted replica serves,
+// SGLang's prefill leg or a warm request). A whole replica takes either leg of vLLM's protocol (a
 // vLLM replica with a KV connector of role kv_both does), but none of
 // SGLang's (strict): an SGLang server runs in one disaggregation mode,
 // and the two legs' bodies are the same, so only its mode tells it which
@@ -98,7 +99,7 @@ func splits(st *reqState) bool {
 func fitsLeg(r route.Role, leg hop.Leg, strict bool) bool {
 	switch leg {
 	case hop.LegPinned:
-		return r == route.RolePrefill
+		return r == route.RolePrefill || (!strict && r == route.RoleBoth)
 	case hop.LegPrefill:
 		return r == route.RolePrefill || (!strict && r == route.RoleBoth)
 	case hop.LegDecode:
@@ -158,6 +159,8 @@ type splitRequest struct {
 	proto string
 	// orig is the client's body (st.body is the decode leg's).
 	orig []byte
+	// prefilled is the replica whose prefill leg answered.
+	prefilled string
 }
 
 // serveSplit serves st, a request this router split (splits), by its
@@ -178,6 +181,9 @@ func serveSplit(st *reqState) {
 		outcome = sr.sglang()
 	}
 	p.pdm.requests.WithLabelValues(sr.proto, outcome).Inc()
+	if outcome == pdOK && p.warms != nil {
+		sr.warm(sr.prefilled, st.answer)
+	}
 }
 
 // whole serves a request neither protocol splits (a batch) as an
@@ -256,6 +262,7 @@ func (sr *splitRequest) vllm() string {
 			params, err = disagg.VLLMParams(lw.body)
 			if err == nil {
 				p.pdm.legs.WithLabelValues("prefill", "ok").Inc()
+				sr.prefilled = leg.lastID
 				break
 			}
 			p.junk.Printf("prefill leg at %s answered no usable kv_transfer_params: %v", leg.lastID, err)

@@ -258,11 +258,15 @@ func (sr *splitRequest) sglangRound(client *http.Request, body []byte, chosen ro
 		wg.Wait()
 		if lw.ok() && !leg.cut {
 			p.pdm.legs.WithLabelValues("prefill", "ok").Inc()
+			sr.prefilled = chosen.ID()
 		}
 	}()
 	st.r = client.WithContext(dctx)
 	outcome = sr.decode(body, dec, func() bool { return pr.gate(dctx) })
-	if client.Context().Err() != nil {
+	// A client that closed its connection after its whole answer (at
+	// the stream's [DONE]) was answered: only an unfinished answer is
+	// the client's leaving.
+	if outcome != pdOK && client.Context().Err() != nil {
 		st.code = statusClientGone
 		return pdClientGone, false
 	}

@@ -165,6 +165,11 @@ type Config struct {
 	// decode leg by this protocol (pd.go); disagg.None (the zero): no
 	// request is split, and only whole replicas (route.RoleBoth) serve.
 	PD disagg.Protocol
+	// PDWarm: with PD, once a split request's answer is complete, send
+	// the replica that prefilled it the prompt and the answer as a
+	// prefill-only request (pdwarm.go), so that the next turn's prefill
+	// finds the answer cached there.
+	PDWarm bool
 	// Answers, when set, is told of every complete answer of an owned
 	// replica that reported usage (relay.go's learn), from the request's
 	// goroutine; it must not block. Nil: none.
@@ -230,6 +235,9 @@ type Proxy struct {
 	stalls *stallBook
 	// pdm counts the requests split into legs (pd.go).
 	pdm *pdMetrics
+	// warms sends the warm requests of split requests (pdwarm.go); nil
+	// when off.
+	warms *warmer
 }
 
 // New returns a Proxy.
@@ -288,6 +296,9 @@ func New(cfg Config) (*Proxy, error) {
 		ratios: cfg.TokenRatios, flight: newFlightBlocks(), load: newLoadBook(), hops: hop.NewBook(), up: upstream.New(cfg.Client), answers: reply.NewBudget(reply.BudgetBytes)}
 	p.lookups = newLookups(p, cfg.Registerer)
 	p.pdm = newPDMetrics(cfg.Registerer, cfg.PD)
+	if cfg.PD != disagg.None && cfg.PDWarm {
+		p.warms = newWarmer(cfg.Registerer, cfg.PD)
+	}
 	p.signer = &hop.Signer{Key: cfg.HopKey, Now: func() time.Time { return p.now() }}
 	p.probeOwner = hop.ProbeHealthz(p.client)
 	p.owners = hop.NewOwners(func(ctx context.Context, api string) (hop.Check, error) { return p.probeOwner(ctx, api) },
@@ -525,6 +536,7 @@ func (p *Proxy) CloseIdleConnections() {
 // serves on afterwards, without the loops, its hops left to their
 // timeouts.
 func (p *Proxy) Close() {
+	p.warms.close()
 	p.admit.close()
 	p.stalls.close()
 	p.stopGone()

@@ -115,7 +115,7 @@ func (st *reqState) relay(resp *http.Response, a upstreamAnswer) {
 	// (pd.go: placed by load, its cache steers nothing), are read for
 	// the tenant's token usage only (tenants.go).
 	learnt := a.local && !st.byLoad
-	if resp.StatusCode == http.StatusOK && (learnt || st.quota.Held() && (!st.byLoad || st.leg == hop.LegDecode)) {
+	if resp.StatusCode == http.StatusOK && (learnt || keepsAnswer(st) || st.quota.Held() && (!st.byLoad || st.leg == hop.LegDecode)) {
 		sink = reply.NewSink(sse, p.answers)
 		defer sink.Release()
 		defer func() { st.spent = spentOf(sink) }() // before the release
@@ -147,6 +147,9 @@ func (st *reqState) relay(resp *http.Response, a upstreamAnswer) {
 		sink.Finish()
 		if learnt {
 			st.learn(a.id, a.d, sink, a.start)
+		}
+		if keepsAnswer(st) && (!sse || sink.Done()) {
+			st.answer = bytes.Clone(sink.Answer())
 		}
 	}
 }

@@ -105,6 +105,9 @@ type reqState struct {
 	// engine reported (spent; tenants.go).
 	quota quota.Ticket
 	spent spent
+	// answer: a decode leg's complete answer, kept for its warm request
+	// (pdwarm.go).
+	answer []byte
 
 	// What the request holds until it ends (finish releases it).
 	releaseClient, releaseCands, endHeat, releaseAdmit func()

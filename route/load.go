@@ -243,6 +243,11 @@ func idle(c *Candidate) bool {
 	return canStart(c) && c.PendingPrefillBlocks < 1
 }
 
+// CanStart reports that c would not queue a new request for a sequence
+// slot, as far as the router knows: work that may wait for a free slot
+// (a prefill-only warm request) asks it.
+func (c *Candidate) CanStart() bool { return canStart(c) }
+
 // queuedAt is how many requests c's engine holds waiting for a slot, as far
 // as the router knows: its in-flight count over its slots, or with
 // unknown slots the last scrape's waiting count.

@@ -19,6 +19,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/internal/lab/bench"
 	"github.com/kvmesh/kvmesh/internal/lab/replicasim"
+	"github.com/kvmesh/kvmesh/internal/metricsum"
 	"github.com/kvmesh/kvmesh/mesh"
 	"github.com/kvmesh/kvmesh/proxy"
 	"github.com/kvmesh/kvmesh/proxy/disagg"
@@ -39,7 +40,7 @@ type pdCluster struct {
 // a 100-token answer takes 20 ms, a 12,000-token one 2.4 s.
 const pdSimScale = 50
 
-func startPDCluster(t *testing.T, ctx context.Context, proto disagg.Protocol, roles []replicasim.Role) *pdCluster {
+func startPDCluster(t *testing.T, ctx context.Context, proto disagg.Protocol, warm bool, roles []replicasim.Role) *pdCluster {
 	t.Helper()
 	c := &pdCluster{roles: roles, logs: &lockedWriter{}}
 	specs := make([]string, len(roles))
@@ -64,7 +65,7 @@ func startPDCluster(t *testing.T, ctx context.Context, proto disagg.Protocol, ro
 	t.Cleanup(c.close)
 	base := routerConfig{
 		region: "local", listen: "127.0.0.1:0", gossipBind: "127.0.0.1:0", logLevel: hclog.Warn, logOutput: c.logs,
-		maxBodyBytes: proxy.DefaultMaxBodyBytes, capacityBlocks: 4096, loadFactor: 1.25, pd: proto,
+		maxBodyBytes: proxy.DefaultMaxBodyBytes, capacityBlocks: 4096, loadFactor: 1.25, pd: proto, pdWarm: warm,
 		timing: mesh.TestTiming(), healthInterval: 50 * time.Millisecond, contract: summary.DefaultContract(), gossipKey: testGossipKey,
 	}
 	owned := [][]string{{specs[0], specs[2]}, {specs[1]}, {specs[3]}}
@@ -122,6 +123,20 @@ func (c *pdCluster) entries(t *testing.T) map[string][]replicasim.LedgerEntry {
 	for _, s := range c.sims {
 		for _, e := range s.Ledger() {
 			out[e.RequestID] = append(out[e.RequestID], e)
+		}
+	}
+	return out
+}
+
+// prefilledAt is the simulators (by index) whose ledgers hold each
+// request ID as a prefill or whole request that computed something.
+func (c *pdCluster) prefilledAt() map[string][]int {
+	out := map[string][]int{}
+	for i, s := range c.sims {
+		for _, e := range s.Ledger() {
+			if e.Kind != "decode" && e.Outcome == "ok" {
+				out[e.RequestID] = append(out[e.RequestID], i)
+			}
 		}
 	}
 	return out
@@ -200,7 +215,7 @@ func TestEndToEndDisaggregated(t *testing.T) {
 			Think: 150 * time.Millisecond, RequestIDs: prefix}
 	}
 	both := []replicasim.Role{replicasim.RoleBoth, replicasim.RoleBoth, replicasim.RoleBoth, replicasim.RoleBoth}
-	agg := startPDCluster(t, ctx, disagg.None, both)
+	agg := startPDCluster(t, ctx, disagg.None, false, both)
 	ares, err := bench.RunConversations(ctx, "aggregated", conv(agg, "agg"))
 	if err != nil || ares.Errors != 0 || ares.Turns != convs*turns {
 		t.Fatalf("aggregated: %+v %v\n%s", ares, err, agg.logs)
@@ -210,27 +225,59 @@ func TestEndToEndDisaggregated(t *testing.T) {
 	t.Logf("aggregated: follow-ups cached %.3f of their prompts, %.3f of the previous prompt", aggReuse.share, aggReuse.prev)
 
 	pd := []replicasim.Role{replicasim.RolePrefill, replicasim.RolePrefill, replicasim.RoleDecode, replicasim.RoleDecode}
-	for _, proto := range []disagg.Protocol{disagg.VLLM, disagg.SGLang} {
-		t.Run(proto.String(), func(t *testing.T) {
-			c := startPDCluster(t, ctx, proto, pd)
+	for _, tc := range []struct {
+		proto disagg.Protocol
+		warm  bool
+	}{{disagg.VLLM, true}, {disagg.SGLang, true}, {disagg.VLLM, false}, {disagg.SGLang, false}} {
+		proto := tc.proto
+		name := proto.String()
+		if !tc.warm {
+			name += "-nowarm"
+		}
+		t.Run(name, func(t *testing.T) {
+			c := startPDCluster(t, ctx, proto, tc.warm, pd)
 			defer func() {
 				if t.Failed() {
 					t.Log(c.logs)
 				}
 			}()
-			res, err := bench.RunConversations(ctx, proto.String(), conv(c, proto.String()))
+			res, err := bench.RunConversations(ctx, name, conv(c, name))
 			if err != nil || res.Errors != 0 || res.Turns != convs*turns {
 				t.Fatalf("%+v %v", res, err)
 			}
+			// Each request answered in whole has one warm outcome (sent
+			// or skipped), counted once the warm request has ended; the
+			// ledgers are read after.
+			eventually(t, "the warm requests to end", func() bool {
+				var ok, warm float64
+				for _, r := range c.routers {
+					ok += metricsum.Counter(t, r.reg, "kvmesh_pd_requests_total", metricsum.Label("outcome", "ok"))
+					warm += counterOf(t, r, "kvmesh_pd_warm_requests_total", "")
+				}
+				return !tc.warm || warm == ok
+			})
 			// One prefill and one decode that computed anything; a leg
 			// the router gave up before it produced (a decode whose
 			// prefill leg failed, the pair tried again) may be there
 			// too, cancelled with nothing generated.
 			led := c.entries(t)
-			abandoned := 0
+			at := c.prefilledAt()
+			abandoned, warms, warmed, warmTokens := 0, 0, 0, 0
 			for conv := range convs {
 				for turn := range turns {
-					id := bench.RequestID(proto.String(), conv, turn)
+					id := bench.RequestID(name, conv, turn)
+					for _, e := range led[id+"-warm"] {
+						// A warm request, served whole by the replica
+						// that prefilled the turn.
+						warms++
+						if e.Kind != "whole" || e.Outcome != "ok" {
+							t.Errorf("%s's warm request reached a replica as %s:%s", id, e.Kind, e.Outcome)
+						}
+						if w := at[id+"-warm"]; len(w) == 1 && slices.Contains(at[id], w[0]) {
+							warmed++
+						}
+						warmTokens += e.ComputedTokens
+					}
 					var kinds []string
 					for _, e := range led[id] {
 						if e.Outcome == "cancelled" && e.ComputedTokens == 0 {
@@ -245,9 +292,37 @@ func TestEndToEndDisaggregated(t *testing.T) {
 					}
 				}
 			}
-			got := followUps(t, led, proto.String(), convs, turns)
-			t.Logf("%s: follow-ups prefilled with %.3f of their prompts cached, %.3f of the previous prompt (aggregated: %.3f, %.3f); TTFT p50 %.0f ms, p99 %.0f ms (aggregated %.0f, %.0f); %d legs abandoned before any output",
-				proto, got.share, got.prev, aggReuse.share, aggReuse.prev, res.TTFTP50Ms, res.TTFTP99Ms, ares.TTFTP50Ms, ares.TTFTP99Ms, abandoned)
+			got := followUps(t, led, name, convs, turns)
+			t.Logf("%s: follow-ups prefilled with %.3f of their prompts cached, %.3f of the previous prompt (aggregated: %.3f, %.3f); TTFT p50 %.0f ms, p99 %.0f ms (aggregated %.0f, %.0f); %d legs abandoned before any output; %d warm requests (%d on the turn's prefill replica), %d tokens computed, against %d of follow-up prompts",
+				name, got.share, got.prev, aggReuse.share, aggReuse.prev, res.TTFTP50Ms, res.TTFTP99Ms, ares.TTFTP50Ms, ares.TTFTP99Ms, abandoned,
+				warms, warmed, warmTokens, got.prompt)
+			var ok float64
+			outcomes := map[string]float64{}
+			for _, r := range c.routers {
+				ok += metricsum.Counter(t, r.reg, "kvmesh_pd_requests_total", metricsum.Label("outcome", "ok"))
+				for _, o := range []string{"ok", "failed", "busy", "full", "none", "gone"} {
+					outcomes[o] += metricsum.Counter(t, r.reg, "kvmesh_pd_warm_requests_total", metricsum.Label("outcome", o))
+				}
+			}
+			if ok != convs*turns {
+				t.Errorf("the routers counted %v split requests ok, want %d", ok, convs*turns)
+			}
+			t.Logf("%s: warm requests by outcome %v", name, outcomes)
+			// The warm requests give the prefill replicas the answers,
+			// which a whole replica holds: the follow-ups find as much
+			// cached where they are prefilled as on whole replicas, to
+			// one follow-up's prompt (the measure's resolution: a turn
+			// sent elsewhere, or whose warm was skipped, on a loaded
+			// machine).
+			if tol := 1 / float64(convs*(turns-1)); tc.warm && got.share < aggReuse.share-tol {
+				t.Errorf("follow-ups prefilled with %.3f of their prompts cached, aggregated %.3f", got.share, aggReuse.share)
+			}
+			if !tc.warm && warms > 0 {
+				t.Errorf("%d warm requests with --pd-warm=false", warms)
+			}
+			if tc.warm && warmed != warms {
+				t.Errorf("%d of %d warm requests went to the replica that prefilled their turn", warmed, warms)
+			}
 			// Placements follow the gossip and the load, which a shared
 			// machine delays: a follow-up now and then goes to the other
 			// prefill replica (or, aggregated, to another replica), in
@@ -259,7 +334,7 @@ func TestEndToEndDisaggregated(t *testing.T) {
 			} else if len(got.misses) > 0 || len(aggReuse.misses) > 0 {
 				t.Logf("missed %v (aggregated %v)", got.misses, aggReuse.misses)
 			}
-			killDecodeMidStream(t, ctx, c, proto.String())
+			killDecodeMidStream(t, ctx, c, name)
 		})
 	}
 }
