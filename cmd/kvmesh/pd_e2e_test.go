@@ -293,9 +293,9 @@ func TestEndToEndDisaggregated(t *testing.T) {
 				}
 			}
 			got := followUps(t, led, name, convs, turns)
-			t.Logf("%s: follow-ups prefilled with %.3f of their prompts cached, %.3f of the previous prompt (aggregated: %.3f, %.3f); TTFT p50 %.0f ms, p99 %.0f ms (aggregated %.0f, %.0f); %d legs abandoned before any output; %d warm requests (%d on the turn's prefill replica), %d tokens computed, against %d of follow-up prompts",
+			t.Logf("%s: follow-ups prefilled with %.3f of their prompts cached, %.3f of the previous prompt (aggregated: %.3f, %.3f); TTFT p50 %.0f ms, p99 %.0f ms (aggregated %.0f, %.0f); %d legs abandoned before any output; %d warm requests (%d on the turn's prefill replica) computed %d tokens; the follow-ups computed %d of their %d",
 				name, got.share, got.prev, aggReuse.share, aggReuse.prev, res.TTFTP50Ms, res.TTFTP99Ms, ares.TTFTP50Ms, ares.TTFTP99Ms, abandoned,
-				warms, warmed, warmTokens, got.prompt)
+				warms, warmed, warmTokens, got.prompt-got.cached, got.prompt)
 			var ok float64
 			outcomes := map[string]float64{}
 			for _, r := range c.routers {
