@@ -311,10 +311,11 @@ func TestEndToEndDisaggregated(t *testing.T) {
 			// The warm requests give the prefill replicas the answers,
 			// which a whole replica holds: the follow-ups find as much
 			// cached where they are prefilled as on whole replicas, to
-			// one follow-up's prompt (the measure's resolution: a turn
-			// sent elsewhere, or whose warm was skipped, on a loaded
-			// machine).
-			if tol := 1 / float64(convs*(turns-1)); tc.warm && got.share < aggReuse.share-tol {
+			// two follow-ups' prompts (the measure's resolution: on a
+			// loaded machine a turn now and then goes elsewhere, in
+			// either setup, or its warm request is skipped). Without
+			// them the gap is 0.065, eight times that.
+			if tol := 2 / float64(convs*(turns-1)); tc.warm && got.share < aggReuse.share-tol {
 				t.Errorf("follow-ups prefilled with %.3f of their prompts cached, aggregated %.3f", got.share, aggReuse.share)
 			}
 			if !tc.warm && warms > 0 {
