@@ -56,6 +56,7 @@ const (
 type pdMetrics struct {
 	requests *prometheus.CounterVec
 	legs     *prometheus.CounterVec
+	warms    *prometheus.CounterVec // pdwarm.go
 }
 
 func newPDMetrics(reg prometheus.Registerer, proto disagg.Protocol) *pdMetrics {
@@ -69,10 +70,17 @@ func newPDMetrics(reg prometheus.Registerer, proto disagg.Protocol) *pdMetrics {
 			Name: "kvmesh_pd_leg_rounds_total",
 			Help: "Rounds of the legs of split requests this router decided, by leg (prefill, decode) and result: ok, failed, retried (a prefill leg that failed before any output, tried again on another prefill replica).",
 		}, []string{"leg", "result"}),
+		warms: f.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvmesh_pd_warm_requests_total",
+			Help: "Prefill-only requests of a split request's prompt and answer that this router sent (or skipped) to the replica that prefilled it, so that the next turn's prefill finds the answer cached (--pd-warm), by protocol and outcome: ok, failed, busy (skipped: the replica could not start it at once), full (skipped: too many in flight), none (skipped: no next turn can be told from the body), gone (skipped: the replica no longer prefills).",
+		}, []string{"protocol", "outcome"}),
 	}
 	// Zeros, not gaps (protocol "off" where nothing is split).
 	for _, o := range []string{pdOK, pdPrefillFailed, pdDecodeFailed, pdClientGone, pdWhole, pdRefused} {
 		m.requests.WithLabelValues(proto.String(), o)
+	}
+	for _, o := range []string{warmOK, warmFailed, warmBusy, warmFull, warmNone, warmGone} {
+		m.warms.WithLabelValues(proto.String(), o)
 	}
 	for _, l := range []string{"prefill", "decode"} {
 		for _, r := range []string{"ok", "failed", "retried"} {

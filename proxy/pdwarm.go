@@ -14,7 +14,6 @@ import (
 	"github.com/kvmesh/kvmesh/route"
 	"github.com/kvmesh/kvmesh/summary"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promauto"
 )
 
 // Warm requests (Config.PDWarm; the forms are disagg.WarmBody's): once a
@@ -55,20 +54,12 @@ type warmer struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 	slots  chan struct{}
-	sent   *prometheus.CounterVec
+	sent   *prometheus.CounterVec // pdMetrics.warms
 }
 
-func newWarmer(reg prometheus.Registerer, proto disagg.Protocol) *warmer {
+func newWarmer(sent *prometheus.CounterVec) *warmer {
 	ctx, cancel := context.WithCancel(context.Background())
-	w := &warmer{ctx: ctx, cancel: cancel, slots: make(chan struct{}, maxWarms),
-		sent: promauto.With(reg).NewCounterVec(prometheus.CounterOpts{
-			Name: "kvmesh_pd_warm_requests_total",
-			Help: "Prefill-only requests of a split request's prompt and answer that this router sent (or skipped) to the replica that prefilled it, so that the next turn's prefill finds the answer cached (--pd-warm), by protocol and outcome: ok, failed, busy (skipped: the replica could not start it at once), full (skipped: too many in flight), none (skipped: no next turn can be told from the body), gone (skipped: the replica no longer prefills).",
-		}, []string{"protocol", "outcome"})}
-	for _, o := range []string{warmOK, warmFailed, warmBusy, warmFull, warmNone, warmGone} {
-		w.sent.WithLabelValues(proto.String(), o)
-	}
-	return w
+	return &warmer{ctx: ctx, cancel: cancel, slots: make(chan struct{}, maxWarms), sent: sent}
 }
 
 func (w *warmer) close() {
@@ -121,13 +112,13 @@ func (sr *splitRequest) warm(id string, answer []byte) {
 		ctx, cancel := context.WithTimeout(r.Context(), warmTimeout)
 		defer cancel()
 		leg.r = r.WithContext(ctx)
-		w.sent.WithLabelValues(proto, p.sendWarm(leg, id)).Inc()
+		w.sent.WithLabelValues(proto, sendWarm(p, leg, id)).Inc()
 	})
 }
 
 // sendWarm sends leg, a warm request, to the replica id when it can
 // start it at once, and tells how it went.
-func (p *Proxy) sendWarm(leg *reqState, id string) string {
+func sendWarm(p *Proxy, leg *reqState, id string) string {
 	var release func()
 	found := false
 	leg.snap = p.places.read(func() {

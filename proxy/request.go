@@ -103,11 +103,9 @@ type reqState struct {
 	stall *stallMark
 	// quota: the tenant's token charge, settled by finish to what the
 	// engine reported (spent; tenants.go).
-	quota quota.Ticket
-	spent spent
-	// answer: a decode leg's complete answer, kept for its warm request
-	// (pdwarm.go).
-	answer []byte
+	quota  quota.Ticket
+	spent  spent
+	answer []byte // a decode leg's whole answer, for its warm request (pdwarm.go)
 
 	// What the request holds until it ends (finish releases it).
 	releaseClient, releaseCands, endHeat, releaseAdmit func()
