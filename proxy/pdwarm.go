@@ -52,9 +52,13 @@ const (
 type warmer struct {
 	ctx    context.Context
 	cancel context.CancelFunc
-	wg     sync.WaitGroup
 	slots  chan struct{}
 	sent   *prometheus.CounterVec // pdMetrics.warms
+	// mu orders starts before close's Wait: a start after close
+	// starts nothing.
+	mu     sync.Mutex
+	closed bool
+	wg     sync.WaitGroup
 }
 
 func newWarmer(sent *prometheus.CounterVec) *warmer {
@@ -63,10 +67,25 @@ func newWarmer(sent *prometheus.CounterVec) *warmer {
 }
 
 func (w *warmer) close() {
-	if w != nil {
-		w.cancel()
-		w.wg.Wait()
+	if w == nil {
+		return
 	}
+	w.mu.Lock()
+	w.closed = true
+	w.mu.Unlock()
+	w.cancel()
+	w.wg.Wait()
+}
+
+// start runs f on a goroutine of w's, unless w is closed.
+func (w *warmer) start(f func()) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed {
+		return false
+	}
+	w.wg.Go(f)
+	return true
 }
 
 // warm sends the warm request of sr, whose decode leg answered answer in
@@ -107,13 +126,17 @@ func (sr *splitRequest) warm(id string, answer []byte) {
 	}
 	leg := &reqState{p: p, w: newLegWriter(nil), ep: st.ep, path: st.path, body: body, prompt: pr, root: st.root,
 		hashes: hashes, req: req, hinted: 0, leg: hop.LegPinned}
-	w.wg.Go(func() {
+	started := w.start(func() {
 		defer func() { <-w.slots }()
 		ctx, cancel := context.WithTimeout(r.Context(), warmTimeout)
 		defer cancel()
 		leg.r = r.WithContext(ctx)
 		w.sent.WithLabelValues(proto, sendWarm(p, leg, id)).Inc()
 	})
+	if !started { // the router is stopping
+		<-w.slots
+		w.sent.WithLabelValues(proto, warmGone).Inc()
+	}
 }
 
 // sendWarm sends leg, a warm request, to the replica id when it can
