@@ -72,7 +72,7 @@ func newPDMetrics(reg prometheus.Registerer, proto disagg.Protocol) *pdMetrics {
 		}, []string{"leg", "result"}),
 		warms: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvmesh_pd_warm_requests_total",
-			Help: "Prefill-only requests of a split request's prompt and answer that this router sent (or skipped) to the replica that prefilled it, so that the next turn's prefill finds the answer cached (--pd-warm), by protocol and outcome: ok, failed, busy (skipped: the replica could not start it at once), full (skipped: too many in flight), none (skipped: no next turn can be told from the body), gone (skipped: the replica no longer prefills).",
+			Help: "Prefill-only requests of a split request's prompt and answer that this router sent (or skipped) to the replica that prefilled it, so that the next turn's prefill finds the answer cached (--pd-warm), by protocol and outcome: ok, failed, busy (skipped: the replica could not start it at once), full (skipped: too many in flight), none (skipped: no next turn can be told from the body), gone (skipped: the replica no longer prefills, or the router is stopping).",
 		}, []string{"protocol", "outcome"}),
 	}
 	// Zeros, not gaps (protocol "off" where nothing is split).

@@ -44,7 +44,7 @@ const (
 	warmBusy   = "busy"   // skipped: the replica could not start it at once
 	warmFull   = "full"   // skipped: maxWarms in flight
 	warmNone   = "none"   // skipped: the body's next turn cannot be told (disagg.ErrNoWarm)
-	warmGone   = "gone"   // skipped: the replica left, or no longer prefills
+	warmGone   = "gone"   // skipped: the replica left or no longer prefills, or the router is stopping
 )
 
 // warmer sends a router's warm requests, each on a goroutine it owns;
