@@ -94,6 +94,7 @@ func TestAdmitsCold(t *testing.T) {
 		cands := randomCandidates(rng, 64, 8)
 		for i := range cands {
 			cands[i].match = int32(rng.IntN(9))
+			cands[i].Held = int32(rng.IntN(3)) // empty, the common prefix's one block, more
 		}
 		lim := limits{inFlight: rng.IntN(8), queued: rng.IntN(4), blocks: 8, cold: true,
 			work: []float64{0, 0.5, 3, 50, math.Inf(1), math.NaN()}[rng.IntN(6)]}
@@ -124,9 +125,10 @@ func TestScanCold(t *testing.T) {
 		lim := limits{inFlight: rng.IntN(8), queued: rng.IntN(4), blocks: 8, cold: true,
 			work: []float64{0, 0.5, 3, 50, math.Inf(1), math.NaN()}[rng.IntN(6)]}
 		tier, key, defBm := rng.IntN(2), rng.Uint64(), []float64{10, 0, math.NaN()}[rng.IntN(3)]
-		f, s, s2 := scanCold(cands, tier, key, lim.work, lim.inFlight, defBm)
+		common := rng.IntN(2)
+		f, s, s2 := scanCold(cands, tier, key, lim.work, lim.inFlight, int32(common), defBm)
 		for pass := range 2 {
-			cf := coldFilter{lim: lim, tier: tier, common: rng.IntN(2), holdersOnly: pass == 0}
+			cf := coldFilter{lim: lim, tier: tier, common: common, holdersOnly: pass == 0}
 			wf, ws, ws2 := p.scanColdAll(cands, cf, key, defBm)
 			if f != wf || s != ws || s2 != ws2 {
 				t.Fatalf("round %d pass %d: scanCold = %d, %d, %d; scanColdAll %d, %d, %d", round, pass, f, s, s2, wf, ws, ws2)

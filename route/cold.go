@@ -88,7 +88,7 @@ func (p Policy) hashPick(cands []Candidate, tier int, key uint64, lim limits, co
 			// candidate): one scan without the filter's other terms or
 			// a slot wait, in a loop of its own; the second pass would
 			// be the same scan.
-			first, shortest, second = scanCold(cands, tier, key, lim.work, lim.inFlight, defBm)
+			first, shortest, second = scanCold(cands, tier, key, lim.work, lim.inFlight, int32(common), defBm)
 			if first < 0 {
 				break
 			}
@@ -163,9 +163,10 @@ func (p Policy) hashPick(cands []Candidate, tier int, key uint64, lim limits, co
 // scanColdAll is one pass of hashPick over cands: among the candidates
 // f admits (f.eligible), first has the highest rendezvous weight for
 // key, shortest the shortest estimated wait, ties to the fewest blocks
-// this router wrote there recently (Detail.Written), then in rendezvous
-// order, and second the runner-up in that order at the same wait
-// (fewest written, then rendezvous); -1 for none. The runner-up is the
+// this router wrote there recently (Detail.Written), then to a summary
+// holding nothing beyond the common prefix, then in rendezvous order,
+// and second the runner-up in that order at the same wait (fewest
+// written, empty, then rendezvous); -1 for none. The runner-up is the
 // two choices' second (hashPick takes it when it has fewer requests in
 // flight): with writes that differ everywhere, a runner-up only among
 // equal writes would leave the least written replica the only choice
@@ -176,13 +177,23 @@ func (p Policy) hashPick(cands []Candidate, tier int, key uint64, lim limits, co
 // inference-perf's shared_prefix runs, whose cache then evicted what
 // their follow-ups needed); the replica written least takes the next
 // new prompt, so a router's new prompts spread their cache footprint,
-// and routers that each spread theirs spread the sum. The ranking is scanCold's, written out in both: a shared
+// and routers that each spread theirs spread the sum. At equal writes a
+// replica whose summary holds nothing beyond the common prefix
+// (Candidate.Held) goes first: Written is this router's alone, and with
+// many routers each placing few new prompts it is zero everywhere, so
+// the key alone would name one replica for two groups (62% of the time
+// for 3 keys on 4 replicas) while another sits empty; Held is alike at
+// every router. Only empty counts, not the least held: held counts
+// differ everywhere once the caches fill, and every router would send
+// every new prompt to the one holding least. The ranking is scanCold's, written out in both: a shared
 // ranker would be a struct of seven fields, which the compiler keeps
 // in memory, not registers (scanCold's point).
 func (p Policy) scanColdAll(cands []Candidate, f coldFilter, key uint64, defBm float64) (first, shortest, second int) {
 	first, shortest, second = -1, -1, -1
 	var firstW, shortestW, secondW uint64
 	var shortestWait, shortestWr, secondWr float64
+	var shortestFull, secondFull bool
+	common := int32(f.common)
 	for i := range cands {
 		c := &cands[i]
 		if !f.eligible(c) {
@@ -203,15 +214,15 @@ func (p Policy) scanColdAll(cands []Candidate, f coldFilter, key uint64, defBm f
 		if shortest >= 0 && !(wait <= shortestWait) { // NaN too
 			continue
 		}
-		wr := written(c)
+		wr, full := written(c), c.Held > common
 		switch {
 		case shortest < 0 || wait < shortestWait:
-			shortest, shortestW, shortestWait, shortestWr, second = i, w, wait, wr, -1
-		case wr < shortestWr || (wr == shortestWr && w > shortestW):
-			second, secondW, secondWr = shortest, shortestW, shortestWr
-			shortest, shortestW, shortestWr = i, w, wr
-		case second < 0 || wr < secondWr || (wr == secondWr && w > secondW):
-			second, secondW, secondWr = i, w, wr
+			shortest, shortestW, shortestWait, shortestWr, shortestFull, second = i, w, wait, wr, full, -1
+		case wr < shortestWr || (wr == shortestWr && (shortestFull && !full || (full == shortestFull && w > shortestW))):
+			second, secondW, secondWr, secondFull = shortest, shortestW, shortestWr, shortestFull
+			shortest, shortestW, shortestWr, shortestFull = i, w, wr, full
+		case second < 0 || wr < secondWr || (wr == secondWr && (secondFull && !full || (full == secondFull && w > secondW))):
+			second, secondW, secondWr, secondFull = i, w, wr, full
 		}
 	}
 	return first, shortest, second
@@ -225,10 +236,11 @@ func (p Policy) scanColdAll(cands []Candidate, f coldFilter, key uint64, defBm f
 // spilled them to the stack on every candidate, the cold decision's
 // largest cost after the weight itself. TestScanCold holds it to
 // scanColdAll.
-func scanCold(cands []Candidate, tier int, key uint64, work float64, inFlight int, defBm float64) (first, shortest, second int) {
+func scanCold(cands []Candidate, tier int, key uint64, work float64, inFlight int, common int32, defBm float64) (first, shortest, second int) {
 	first, shortest, second = -1, -1, -1
 	var firstW, shortestW, secondW uint64
 	var shortestWait, shortestWr, secondWr float64
+	var shortestFull, secondFull bool
 	for i := range cands {
 		c := &cands[i]
 		if int(c.Tier) != tier || c.PendingPrefillBlocks > work || !canStart(c) || (c.Slots <= 0 && int(c.InFlight) >= int(c.MinSlots) && int(c.InFlight)+1 > inFlight) {
@@ -250,14 +262,15 @@ func scanCold(cands []Candidate, tier int, key uint64, work float64, inFlight in
 		if d := c.Detail; d != nil {
 			wr = d.Written
 		}
+		full := c.Held > common
 		switch {
 		case shortest < 0 || wait < shortestWait:
-			shortest, shortestW, shortestWait, shortestWr, second = i, w, wait, wr, -1
-		case wr < shortestWr || (wr == shortestWr && w > shortestW):
-			second, secondW, secondWr = shortest, shortestW, shortestWr
-			shortest, shortestW, shortestWr = i, w, wr
-		case second < 0 || wr < secondWr || (wr == secondWr && w > secondW):
-			second, secondW, secondWr = i, w, wr
+			shortest, shortestW, shortestWait, shortestWr, shortestFull, second = i, w, wait, wr, full, -1
+		case wr < shortestWr || (wr == shortestWr && (shortestFull && !full || (full == shortestFull && w > shortestW))):
+			second, secondW, secondWr, secondFull = shortest, shortestW, shortestWr, shortestFull
+			shortest, shortestW, shortestWr, shortestFull = i, w, wr, full
+		case second < 0 || wr < secondWr || (wr == secondWr && (secondFull && !full || (full == secondFull && w > secondW))):
+			second, secondW, secondWr, secondFull = i, w, wr, full
 		}
 	}
 	return first, shortest, second
