@@ -245,17 +245,22 @@ func TestEndToEndDisaggregated(t *testing.T) {
 			if err != nil || res.Errors != 0 || res.Turns != convs*turns {
 				t.Fatalf("%+v %v", res, err)
 			}
-			// Each request answered in whole has one warm outcome (sent
+			// Every request was answered in whole, so each is counted ok
+			// once its handler ends (a moment after the client has its
+			// [DONE]) and, with warm requests, has one warm outcome (sent
 			// or skipped), counted once the warm request has ended; the
-			// ledgers are read after.
-			eventually(t, "the warm requests to end", func() bool {
+			// ledgers are read after. A bounded wait: the counts are
+			// checked below either way.
+			for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
 				var ok, warm float64
 				for _, r := range c.routers {
 					ok += metricsum.Counter(t, r.reg, "kvmesh_pd_requests_total", metricsum.Label("outcome", "ok"))
 					warm += counterOf(t, r, "kvmesh_pd_warm_requests_total", "")
 				}
-				return !tc.warm || warm == ok
-			})
+				if ok >= convs*turns && (!tc.warm || warm >= ok) {
+					break
+				}
+			}
 			// One prefill and one decode that computed anything; a leg
 			// the router gave up before it produced (a decode whose
 			// prefill leg failed, the pair tried again) may be there
@@ -306,6 +311,9 @@ func TestEndToEndDisaggregated(t *testing.T) {
 			}
 			if ok != convs*turns {
 				t.Errorf("the routers counted %v split requests ok, want %d", ok, convs*turns)
+			}
+			if warmed := outcomes["ok"] + outcomes["failed"] + outcomes["busy"] + outcomes["full"] + outcomes["none"] + outcomes["gone"]; tc.warm && warmed != ok {
+				t.Errorf("%v warm outcomes for %v split requests ok", warmed, ok)
 			}
 			t.Logf("%s: warm requests by outcome %v", name, outcomes)
 			// The warm requests give the prefill replicas the answers,
