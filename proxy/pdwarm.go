@@ -92,14 +92,14 @@ func (w *warmer) start(f func()) bool {
 // whole, to the replica id that prefilled it ("": not known). It returns
 // at once: what it needs of the client's request is copied before. Each
 // call counts one outcome.
-func (sr *splitRequest) warm(id string, answer []byte) {
+func (sr *splitRequest) warm(id string, answer string) {
 	st, p := sr.st, sr.p
 	w, proto := p.warms, p.cfg.PD.String()
 	if id == "" {
 		w.sent.WithLabelValues(proto, warmGone).Inc()
 		return
 	}
-	body, err := disagg.WarmBody(p.cfg.PD, sr.orig, string(answer), rand.Uint64())
+	body, err := disagg.WarmBody(p.cfg.PD, sr.orig, answer, rand.Uint64())
 	if err != nil {
 		w.sent.WithLabelValues(proto, warmNone).Inc()
 		if !errors.Is(err, disagg.ErrNoWarm) {
@@ -114,9 +114,9 @@ func (sr *splitRequest) warm(id string, answer []byte) {
 		return
 	}
 	pr := st.prompt
-	pr.Text, pr.Stream, pr.IncludeUsage = st.prompt.AppendAnswer(string(answer)), false, false
+	pr.Text, pr.Stream, pr.IncludeUsage = st.prompt.AppendAnswer(answer), false, false
 	c := p.cfg.Contract
-	hashes := c.AppendHashes(nil, st.root, pr.Text)
+	hashes, _ := answerChain(c, st, answer) // the prompt's blocks are not hashed again
 	req := route.Request{Hashes: hashes, Probes: summary.MakeProbes(nil, hashes), Root: st.root, Model: st.req.Model,
 		ClientKey: st.req.ClientKey, Whole: c.ShortKey(st.root, pr.Text)}
 	r := st.r.Clone(context.WithValue(w.ctx, clientConnKey{}, nil))

@@ -14,6 +14,7 @@ import (
 	"github.com/kvmesh/kvmesh/proxy/reply"
 	"github.com/kvmesh/kvmesh/proxy/upstream"
 	"github.com/kvmesh/kvmesh/route"
+	"github.com/kvmesh/kvmesh/summary"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -149,7 +150,7 @@ func (st *reqState) relay(resp *http.Response, a upstreamAnswer) {
 			st.learn(a.id, a.d, sink, a.start)
 		}
 		if keepsAnswer(st) && (!sse || sink.Done()) {
-			st.answer = bytes.Clone(sink.Answer())
+			st.answer = string(sink.Answer())
 		}
 	}
 }
@@ -461,22 +462,29 @@ func (st *reqState) learn(id string, d route.Decision, sink *reply.Sink, sent ti
 		answered(&p.cfg, id, st, sink, st.hashes, len(st.prompt.Text), sent)
 		return
 	}
-	// The text (prompt + answer) starts with the prompt, so the chain
-	// continues from the prompt's last full block: only the prompt's
-	// partial last block and the answer are rendered again.
-	n, bb := len(st.hashes), p.cfg.Contract.BlockBytes
+	all, tail := answerChain(p.cfg.Contract, st, string(sink.Answer()))
+	n := len(st.hashes)
+	if len(all) > n || forgot {
+		p.cfg.View.Record(id, all)
+	}
+	answered(&p.cfg, id, st, sink, all, n*p.cfg.Contract.BlockBytes+len(tail), sent)
+}
+
+// answerChain is the block chain of st's prompt followed by answer, as
+// the next turn renders it, in a new slice, and the text past the
+// prompt's full blocks. The text starts with the prompt, so the chain
+// continues from the prompt's last full block: only the prompt's
+// partial last block and the answer are rendered and hashed again.
+func answerChain(c summary.Contract, st *reqState, answer string) (hashes []uint64, tail []byte) {
+	n := len(st.hashes)
 	from := st.root
 	if n > 0 {
 		from = st.hashes[n-1]
 	}
-	tail := st.prompt
-	tail.Text = st.prompt.Text[n*bb:]
-	text := tail.AppendAnswer(string(sink.Answer()))
-	all := p.cfg.Contract.AppendHashes(st.hashes[:n:n], from, text)
-	if len(all) > n || forgot {
-		p.cfg.View.Record(id, all)
-	}
-	answered(&p.cfg, id, st, sink, all, n*bb+len(text), sent)
+	rest := st.prompt
+	rest.Text = st.prompt.Text[n*c.BlockBytes:]
+	tail = rest.AppendAnswer(answer)
+	return c.AppendHashes(st.hashes[:n:n], from, tail), tail
 }
 
 // answered tells cfg.Answers of an answer of st that reported usage.

@@ -105,7 +105,7 @@ type reqState struct {
 	// engine reported (spent; tenants.go).
 	quota  quota.Ticket
 	spent  spent
-	answer []byte // a decode leg's whole answer, for its warm request (pdwarm.go)
+	answer string // a decode leg's whole answer, for its warm request (pdwarm.go)
 
 	// What the request holds until it ends (finish releases it).
 	releaseClient, releaseCands, endHeat, releaseAdmit func()
