@@ -94,6 +94,15 @@ type Config struct {
 	// owner learns it from the scrapes (route.SlotEstimate), as a router
 	// must for vLLM.
 	SlotsPublished bool
+	// AdmitMaxWaiting models the router's admission (package proxy/admit,
+	// `kvmesh router --admit-max-waiting`) in the kvmesh policies: when
+	// no replica has room in the entry router's view (Slots +
+	// AdmitMaxWaiting in flight, or an engine of unknown slots reporting
+	// that many waiting, admit.RoomOf), the request waits in that
+	// router's queue, first come first served, and is routed when a
+	// request it admitted ends or at its next poll finds room. 0: off
+	// (every request is routed on arrival).
+	AdmitMaxWaiting int
 	// StaleAfter is how long a router keeps counting a copy (and load)
 	// whose owner it has not heard from.
 	StaleAfter time.Duration
@@ -175,6 +184,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("sim: gossip interval %v, want > 0", c.GossipInterval)
 	case c.GossipDelay < 0:
 		return fmt.Errorf("sim: gossip delay %v, want >= 0", c.GossipDelay)
+	case c.AdmitMaxWaiting < 0:
+		return fmt.Errorf("sim: admit max waiting %d, want >= 0", c.AdmitMaxWaiting)
 	case c.ScrapeInterval <= 0:
 		return fmt.Errorf("sim: scrape interval %v, want > 0", c.ScrapeInterval)
 	case c.SMGSyncInterval < 0:

@@ -10,6 +10,7 @@ const (
 	evDeliver                  // a: recipient router, b: message
 	evScrape                   // owners read their engines' counts
 	evSMGSync                  // smg-mesh routers exchange their tree inserts
+	evAdmitPoll                // a: router: its admission reads the room again
 )
 
 // event is one scheduled happening in virtual time. seq breaks ties in

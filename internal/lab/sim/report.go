@@ -39,6 +39,12 @@ type PolicyReport struct {
 	PrefillMaxOverMean float64 `json:"prefill_max_over_mean"`
 	// MeanQueueMs is the mean wait from arrival to the start of prefill.
 	MeanQueueMs float64 `json:"mean_queue_ms"`
+	// MaxQueued is the most requests ever waiting in the engines' queues
+	// at once: in flight beyond the engines' slots, over all replicas.
+	// The router's admission (Config.AdmitMaxWaiting) bounds it by
+	// AdmitMaxWaiting per replica where the router sees the engines
+	// exactly; routing decides which engine's queue each one waits in.
+	MaxQueued int `json:"max_queued"`
 	// Reasons counts the route decisions by route.Reason; empty for
 	// policies that do not use route.
 	Reasons map[string]int `json:"reasons"`

@@ -468,3 +468,48 @@ func TestViewErrorMeasuresGossipLag(t *testing.T) {
 		})
 	}
 }
+
+// The modelled admission holds requests in the entry router's queue once
+// no replica has room in its view: with one router, which sees its
+// engines exactly, the engines' queues stay within a place or so of
+// AdmitMaxWaiting each (admission counts the places, routing picks the
+// queue: a request let in for one replica's place may wait at a busier
+// holder), and every request is still served. Without it, each burst
+// queues in the engines.
+// (The bursts begin after the owner's first scrape: until it has read an
+// engine's slots, admission has no signal and lets every request in, as
+// the router does.)
+func TestAdmissionHoldsRequestsAtTheRouter(t *testing.T) {
+	reqs := []trace.Request{{InputTokens: 512, OutputTokens: 1, HashIDs: []int64{-1}}} // the scrapes start with it
+	for b := 0; b < 10; b++ {
+		for i := 0; i < 12; i++ {
+			n := b*12 + i
+			reqs = append(reqs, trace.Request{Arrival: time.Duration(b+1) * 3 * time.Second, InputTokens: 1024,
+				OutputTokens: 50, HashIDs: []int64{int64(n*10 + 1), int64(n*10 + 2)}})
+		}
+	}
+	cfg := testConfig()
+	cfg.Replicas, cfg.Routers, cfg.Load = 2, 1, 0
+	cfg.MaxNumSeqs, cfg.SlotsPublished, cfg.CacheBlocks = 2, true, 1000
+	cfg.Policies = []string{PolicySingle, PolicyMesh}
+	for _, tc := range []struct {
+		admit     int
+		wantBound bool
+	}{{0, false}, {1, true}} {
+		cfg.AdmitMaxWaiting = tc.admit
+		r, err := Run(context.Background(), cfg, reqs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, name := range cfg.Policies {
+			p := policy(t, r, name)
+			if p.Requests != len(reqs) {
+				t.Errorf("admit %d, %s: served %d of %d", tc.admit, name, p.Requests, len(reqs))
+			}
+			bound := cfg.Replicas * 2 // (AdmitMaxWaiting + 1) per replica
+			if got := p.MaxQueued <= bound; got != tc.wantBound {
+				t.Errorf("admit %d, %s: most queued in the engines %d, want <= %d: %v", tc.admit, name, p.MaxQueued, bound, tc.wantBound)
+			}
+		}
+	}
+}

@@ -138,7 +138,9 @@ type world struct {
 	runs, runsSorted                     []int     // retrace scratch
 	ages                                 []float64 // ownerEng scratch
 	givenUp                              int64
-	corrections                          int // misses the feedback loop corrected
+	admit                                *admission // nil: requests are routed on arrival
+	inFlight, maxQueued                  int        // requests in flight; the most ever beyond the engines' slots
+	corrections                          int        // misses the feedback loop corrected
 	view                                 viewError
 	cuts                                 [3]int // by summary.Cut
 }
@@ -207,6 +209,12 @@ func runPolicy(ctx context.Context, p *prepared, name string) (PolicyReport, err
 		w.q.push(p.reqs[0].arrival+ms(cfg.GossipInterval.Seconds()), evGossipTick, 0, 0)
 	}
 
+	switch name {
+	case PolicySingle, PolicyIsolated, PolicyMesh, PolicyPartitioned, PolicyExactView, PolicyPooled:
+		if cfg.AdmitMaxWaiting > 0 {
+			w.admit = newAdmission(w, cfg.AdmitMaxWaiting)
+		}
+	}
 	next := 0
 	for steps := 0; next < len(p.reqs) || !w.q.empty(); steps++ {
 		if steps&1023 == 0 {
@@ -217,7 +225,12 @@ func runPolicy(ctx context.Context, p *prepared, name string) (PolicyReport, err
 		// Arrivals go before events at the same instant.
 		if next < len(p.reqs) && (w.q.empty() || p.reqs[next].arrival <= w.q.peek()) {
 			w.now = p.reqs[next].arrival
-			if err := w.arrive(int32(next)); err != nil {
+			k, i := next%w.nR, int32(next)
+			if w.admit != nil && w.admit.hold(k, i) {
+				next++
+				continue
+			}
+			if err := w.arrive(k, i); err != nil {
 				return PolicyReport{}, err
 			}
 			next++
@@ -230,15 +243,18 @@ func runPolicy(ctx context.Context, p *prepared, name string) (PolicyReport, err
 		case evPrefillDone:
 			w.prefillDone(e.a)
 		case evDecodeDone:
-			w.decodeDone(e.a, e.b)
+			err = w.decodeDone(e.a, e.b)
 		case evGossipTick:
-			w.tick(next < len(p.reqs))
+			w.tick(next < len(p.reqs) || w.admit.waiting())
 		case evScrape:
-			w.scrape(next < len(p.reqs))
+			w.scrape(next < len(p.reqs) || w.admit.waiting())
 		case evSMGSync:
 			w.smgSync(next < len(p.reqs))
 		case evDeliver:
 			err = w.deliver(e.a, e.b)
+		case evAdmitPoll:
+			w.admit.polling[e.a] = false
+			err = w.admit.next(int(e.a))
 		}
 		if err != nil {
 			return PolicyReport{}, fmt.Errorf("sim %s at %.0f ms: %w", name, w.now, err)
@@ -283,10 +299,9 @@ func (w *world) partitioned(a, b int, t float64) bool {
 	return (a < half) != (b < half)
 }
 
-// arrive routes request i and dispatches it.
-func (w *world) arrive(i int32) error {
+// arrive routes request i at its entry router k and dispatches it.
+func (w *world) arrive(k int, i int32) error {
 	r := &w.p.reqs[i]
-	k := int(i) % w.nR
 	var j int
 	best := int32(-1)
 	est := float64(len(r.ids))
@@ -544,6 +559,8 @@ func (w *world) dispatch(k, j int, i int32, est float64) {
 	}
 	rep.queue = append(rep.queue, i)
 	w.tryStart(j)
+	w.inFlight++
+	w.maxQueued = max(w.maxQueued, w.inFlight-len(w.rep)*w.p.cfg.MaxNumSeqs)
 }
 
 // tryStart begins the next prefill at replica j if the GPU is free and a
@@ -604,7 +621,7 @@ func (w *world) prefillDone(j int32) {
 	w.tryStart(int(j))
 }
 
-func (w *world) decodeDone(j, i int32) {
+func (w *world) decodeDone(j, i int32) error {
 	rep := w.rep[j]
 	rep.running--
 	if k := slices.Index(rep.runJobs, i); k >= 0 {
@@ -612,6 +629,7 @@ func (w *world) decodeDone(j, i int32) {
 		rep.runJobs = rep.runJobs[:len(rep.runJobs)-1]
 	}
 	rep.inFlight--
+	w.inFlight--
 	n := len(w.p.reqs[i].ids)
 	rep.activeBlocks -= n
 	rep.runningBlocks -= n
@@ -646,6 +664,11 @@ func (w *world) decodeDone(j, i int32) {
 		w.peer.peerDone(int(w.jobs[i].router), int(j))
 	}
 	w.tryStart(int(j))
+	if w.admit != nil {
+		// The entry router relays the end, which wakes its dispatcher.
+		return w.admit.next(int(w.jobs[i].router))
+	}
+	return nil
 }
 
 // tick sends, from every owner, each owned replica's summary delta since
@@ -820,6 +843,7 @@ func (w *world) report() PolicyReport {
 	}
 	if len(w.ttft) > 0 {
 		rep.MeanQueueMs = w.queueMs / float64(len(w.ttft))
+		rep.MaxQueued = w.maxQueued
 	}
 	var sum, mx int64
 	for _, r := range w.rep {
