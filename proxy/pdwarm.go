@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvmesh/kvmesh/proxy/disagg"
@@ -33,6 +34,15 @@ import (
 // connection.
 const maxWarms = 64
 
+// maxWarmBytes bounds the bytes the warm requests in flight hold
+// together (each its body and its prompt's text): at maxWarms of the
+// largest body a client may send (DefaultMaxBodyBytes, plus an answer of
+// up to 4 MB, each held twice) a router would hold over 2 GB for
+// requests that only move later prefill off a next turn's first token.
+// 64 MB still holds 64 warms of 500 KB conversations, or 3 of the
+// largest.
+const maxWarmBytes = 64 << 20
+
 // warmTimeout bounds one warm request: a prefill replica that takes
 // longer than this for one answer's tokens is too busy to be warmed.
 const warmTimeout = time.Minute
@@ -42,7 +52,7 @@ const (
 	warmOK     = "ok"     // the replica computed it
 	warmFailed = "failed" // it answered an error, or none in time
 	warmBusy   = "busy"   // skipped: the replica could not start it at once
-	warmFull   = "full"   // skipped: maxWarms in flight
+	warmFull   = "full"   // skipped: maxWarms in flight, or their bytes would pass maxWarmBytes
 	warmNone   = "none"   // skipped: the body's next turn cannot be told (disagg.ErrNoWarm)
 	warmGone   = "gone"   // skipped: the replica left or no longer prefills, or the router is stopping
 )
@@ -54,6 +64,8 @@ type warmer struct {
 	cancel context.CancelFunc
 	slots  chan struct{}
 	sent   *prometheus.CounterVec // pdMetrics.warms
+	// left is what remains of the byte budget (maxWarmBytes).
+	left atomic.Int64
 	// mu orders starts before close's Wait: a start after close
 	// starts nothing.
 	mu     sync.Mutex
@@ -61,9 +73,31 @@ type warmer struct {
 	wg     sync.WaitGroup
 }
 
-func newWarmer(sent *prometheus.CounterVec) *warmer {
+func newWarmer(sent *prometheus.CounterVec, budget int64) *warmer {
 	ctx, cancel := context.WithCancel(context.Background())
-	return &warmer{ctx: ctx, cancel: cancel, slots: make(chan struct{}, maxWarms), sent: sent}
+	w := &warmer{ctx: ctx, cancel: cancel, slots: make(chan struct{}, maxWarms), sent: sent}
+	w.left.Store(budget)
+	return w
+}
+
+// take reserves a place and n bytes for a warm request; false when
+// either is spent. give returns them.
+func (w *warmer) take(n int64) bool {
+	select {
+	case w.slots <- struct{}{}:
+	default:
+		return false
+	}
+	if w.left.Add(-n) < 0 {
+		w.give(n)
+		return false
+	}
+	return true
+}
+
+func (w *warmer) give(n int64) {
+	w.left.Add(n)
+	<-w.slots
 }
 
 func (w *warmer) close() {
@@ -107,14 +141,13 @@ func (sr *splitRequest) warm(id string, answer string) {
 		}
 		return
 	}
-	select {
-	case w.slots <- struct{}{}:
-	default:
+	pr := st.prompt
+	pr.Text, pr.Stream, pr.IncludeUsage = st.prompt.AppendAnswer(answer), false, false
+	size := int64(len(body) + len(pr.Text))
+	if !w.take(size) {
 		w.sent.WithLabelValues(proto, warmFull).Inc()
 		return
 	}
-	pr := st.prompt
-	pr.Text, pr.Stream, pr.IncludeUsage = st.prompt.AppendAnswer(answer), false, false
 	c := p.cfg.Contract
 	hashes, _ := answerChain(c, st, answer) // the prompt's blocks are not hashed again
 	req := route.Request{Hashes: hashes, Probes: summary.MakeProbes(nil, hashes), Root: st.root, Model: st.req.Model,
@@ -127,14 +160,14 @@ func (sr *splitRequest) warm(id string, answer string) {
 	leg := &reqState{p: p, w: newLegWriter(nil), ep: st.ep, path: st.path, body: body, prompt: pr, root: st.root,
 		hashes: hashes, req: req, hinted: 0, leg: hop.LegPinned}
 	started := w.start(func() {
-		defer func() { <-w.slots }()
+		defer w.give(size)
 		ctx, cancel := context.WithTimeout(r.Context(), warmTimeout)
 		defer cancel()
 		leg.r = r.WithContext(ctx)
 		w.sent.WithLabelValues(proto, sendWarm(p, leg, id)).Inc()
 	})
 	if !started { // the router is stopping
-		<-w.slots
+		w.give(size)
 		w.sent.WithLabelValues(proto, warmGone).Inc()
 	}
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/proxy/disagg"
 	"github.com/kvmesh/kvmesh/route"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // TestPDWarm: once a split request's answer is complete, the replica
@@ -97,5 +98,32 @@ func TestPDWarm(t *testing.T) {
 				t.Errorf("the prefill replica recorded blocks %v, want the answer's after the prompt's", lens)
 			}
 		})
+	}
+}
+
+// The warm requests in flight are bounded in number and in the bytes
+// they hold together; what one gives back another may take.
+func TestWarmerBounds(t *testing.T) {
+	sent := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "warms"}, []string{"protocol", "outcome"})
+	w := newWarmer(sent, 100)
+	defer w.close()
+	if !w.take(60) {
+		t.Fatal("60 of 100 bytes refused")
+	}
+	if w.take(60) {
+		t.Fatal("120 of 100 bytes taken")
+	}
+	w.give(60)
+	if !w.take(100) {
+		t.Fatal("100 of 100 bytes refused after the first gave its 60 back")
+	}
+	w.give(100)
+	for i := range maxWarms {
+		if !w.take(0) {
+			t.Fatalf("place %d of %d refused", i+1, maxWarms)
+		}
+	}
+	if w.take(0) {
+		t.Fatalf("place %d of %d taken", maxWarms+1, maxWarms)
 	}
 }

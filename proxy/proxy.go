@@ -297,7 +297,7 @@ func New(cfg Config) (*Proxy, error) {
 	p.lookups = newLookups(p, cfg.Registerer)
 	p.pdm = newPDMetrics(cfg.Registerer, cfg.PD)
 	if cfg.PD != disagg.None && cfg.PDWarm {
-		p.warms = newWarmer(p.pdm.warms)
+		p.warms = newWarmer(p.pdm.warms, maxWarmBytes)
 	}
 	p.signer = &hop.Signer{Key: cfg.HopKey, Now: func() time.Time { return p.now() }}
 	p.probeOwner = hop.ProbeHealthz(p.client)
