@@ -103,6 +103,10 @@ type Config struct {
 	// request it admitted ends or at its next poll finds room. 0: off
 	// (every request is routed on arrival).
 	AdmitMaxWaiting int
+	// LateBind models owners that keep their replicas' queues themselves
+	// (lateBinding, latebind.go) in the kvmesh policies: a rule the
+	// router does not have yet, measured here before it is built.
+	LateBind bool
 	// StaleAfter is how long a router keeps counting a copy (and load)
 	// whose owner it has not heard from.
 	StaleAfter time.Duration

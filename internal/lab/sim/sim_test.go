@@ -513,3 +513,37 @@ func TestAdmissionHoldsRequestsAtTheRouter(t *testing.T) {
 		}
 	}
 }
+
+// With late binding the owners hold what their engines cannot start and
+// send it when a slot frees: no engine ever queues, and every request is
+// served (each burst here is three times the cluster's slots).
+func TestLateBindingKeepsTheQueuesAtTheOwners(t *testing.T) {
+	reqs := []trace.Request{{InputTokens: 512, OutputTokens: 1, HashIDs: []int64{-1}}} // the scrapes start with it
+	for b := 0; b < 10; b++ {
+		for i := 0; i < 12; i++ {
+			n := b*12 + i
+			reqs = append(reqs, trace.Request{Arrival: time.Duration(b+1) * 3 * time.Second, InputTokens: 1024,
+				OutputTokens: 20 + 40*(n%5), HashIDs: []int64{int64(n*10 + 1), int64(n*10 + 2)}})
+		}
+	}
+	cfg := testConfig()
+	cfg.Replicas, cfg.Load = 2, 0
+	cfg.MaxNumSeqs, cfg.SlotsPublished, cfg.CacheBlocks = 2, true, 1000
+	cfg.Policies = []string{PolicySingle, PolicyMesh}
+	for _, late := range []bool{false, true} {
+		cfg.LateBind = late
+		r, err := Run(context.Background(), cfg, reqs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, name := range cfg.Policies {
+			p := policy(t, r, name)
+			if p.Requests != len(reqs) {
+				t.Errorf("late %v, %s: served %d of %d", late, name, p.Requests, len(reqs))
+			}
+			if got := p.MaxQueued == 0; got != late {
+				t.Errorf("late %v, %s: most queued in the engines %d", late, name, p.MaxQueued)
+			}
+		}
+	}
+}

@@ -138,9 +138,10 @@ type world struct {
 	runs, runsSorted                     []int     // retrace scratch
 	ages                                 []float64 // ownerEng scratch
 	givenUp                              int64
-	admit                                *admission // nil: requests are routed on arrival
-	inFlight, maxQueued                  int        // requests in flight; the most ever beyond the engines' slots
-	corrections                          int        // misses the feedback loop corrected
+	admit                                *admission   // nil: requests are routed on arrival
+	late                                 *lateBinding // nil: requests wait in the engines' queues
+	inFlight, maxQueued                  int          // requests in flight; the most ever beyond the engines' slots
+	corrections                          int          // misses the feedback loop corrected
 	view                                 viewError
 	cuts                                 [3]int // by summary.Cut
 }
@@ -213,6 +214,9 @@ func runPolicy(ctx context.Context, p *prepared, name string) (PolicyReport, err
 	case PolicySingle, PolicyIsolated, PolicyMesh, PolicyPartitioned, PolicyExactView, PolicyPooled:
 		if cfg.AdmitMaxWaiting > 0 {
 			w.admit = newAdmission(w, cfg.AdmitMaxWaiting)
+		}
+		if cfg.LateBind && w.routers != nil || cfg.LateBind && w.exact != nil {
+			w.late = newLateBinding(w)
 		}
 	}
 	next := 0
@@ -366,6 +370,10 @@ func (w *world) arrive(k int, i int32) error {
 			w.belowBest++
 			w.givenUp += int64(d.BestMatch - d.Match)
 		}
+	}
+	if w.late != nil && w.late.full(j) {
+		w.late.hold(lateHeld{i: i, entry: int32(k), j: int32(j), est: est, best: best})
+		return nil
 	}
 	w.retrace(j, r)
 	w.dispatch(k, j, i, est)
@@ -664,6 +672,9 @@ func (w *world) decodeDone(j, i int32) error {
 		w.peer.peerDone(int(w.jobs[i].router), int(j))
 	}
 	w.tryStart(int(j))
+	if w.late != nil {
+		w.late.release(w.owner(int(j)))
+	}
 	if w.admit != nil {
 		// The entry router relays the end, which wakes its dispatcher.
 		return w.admit.next(int(w.jobs[i].router))
