@@ -170,6 +170,10 @@ type Config struct {
 	// prefill-only request (pdwarm.go), so that the next turn's prefill
 	// finds the answer cached there.
 	PDWarm bool
+	// LateBind: keep the queues of the owned replicas here, and send a
+	// held request to the first of them that can start it, decided
+	// again (latebind.go).
+	LateBind bool
 	// Answers, when set, is told of every complete answer of an owned
 	// replica that reported usage (relay.go's learn), from the request's
 	// goroutine; it must not block. Nil: none.
@@ -238,6 +242,7 @@ type Proxy struct {
 	// warms sends the warm requests of split requests (pdwarm.go); nil
 	// when off.
 	warms *warmer
+	late  *lateBinder // nil: requests wait in the engines' queues
 }
 
 // New returns a Proxy.
@@ -296,6 +301,9 @@ func New(cfg Config) (*Proxy, error) {
 		ratios: cfg.TokenRatios, flight: newFlightBlocks(), load: newLoadBook(), hops: hop.NewBook(), up: upstream.New(cfg.Client), answers: reply.NewBudget(reply.BudgetBytes)}
 	p.lookups = newLookups(p, cfg.Registerer)
 	p.pdm = newPDMetrics(cfg.Registerer, cfg.PD)
+	if cfg.LateBind {
+		p.late = newLateBinder()
+	}
 	if cfg.PD != disagg.None && cfg.PDWarm {
 		p.warms = newWarmer(p.pdm.warms, maxWarmBytes)
 	}

@@ -174,23 +174,6 @@ func (ad *admission) queue(st *reqState) bool {
 	return true
 }
 
-// reserveTokens charges st to its tenant's token budget before it may
-// queue (a step of the request path; tenants.go has the rest): input tokens
-// estimated from the prompt's bytes at the replicas' learned bytes per
-// token, output reserved at its max_tokens (else the tenant's mean). A
-// hop was charged by the router it entered. When the budget is spent it
-// answers 429 and reports false.
-func reserveTokens(st *reqState) bool {
-	p := st.p
-	if p.cfg.Quota == nil || st.hop {
-		return true
-	}
-	var ok bool
-	tenant := tenantOf(st.r.Header, clientAddr(st.r), p.cfg.APIKeys != nil)
-	st.quota, st.code, ok = chargeTenant(st.w, p.cfg.Quota, p.ratios.Overall(), tenant, &st.prompt)
-	return ok
-}
-
 // letGo gives back st's candidates' storage and heat count before a wait
 // in the queue.
 func letGo(st *reqState) {
@@ -399,6 +382,10 @@ func (st *reqState) attemptAll() {
 	st.began = p.now()
 	for st.attempts = 1; ; st.attempts++ {
 		d, bk := st.decideAndBook(&counted)
+		var ok bool
+		if d, bk, ok = bindLate(st, d, bk); !ok {
+			return
+		}
 		st.blockMs = blockMsOf(p.cfg.Policy, &st.cands[d.Index])
 		st.lastID = st.cands[d.Index].ID()
 		switch st.attempt(st.lastID, d, &bk) {
@@ -502,12 +489,14 @@ const (
 // Retry-After is more useful than a 502).
 func (st *reqState) attempt(id string, d route.Decision, bk *booking) attemptResult {
 	p, r := st.p, st.r
-	defer bk.end()
+	sentHere := false
+	defer func() { bk.end(); p.late.freed(sentHere) }()
 	st.ownerHop = nil
 	t, ok := st.targetOf(id)
 	if !ok {
 		return attemptNotReached
 	}
+	sentHere = t.local
 	ctx := r.Context()
 	var out *http.Request
 	var cancel context.CancelFunc

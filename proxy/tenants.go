@@ -116,3 +116,20 @@ func settleTokens(l *quota.Ledger, t quota.Ticket, code int, sp spent, bytesPerT
 	}
 	l.Settle(t, in, out)
 }
+
+// reserveTokens charges st to its tenant's token budget before it may
+// queue (a step of the request path, inference, before admission): input tokens
+// estimated from the prompt's bytes at the replicas' learned bytes per
+// token, output reserved at its max_tokens (else the tenant's mean). A
+// hop was charged by the router it entered. When the budget is spent it
+// answers 429 and reports false.
+func reserveTokens(st *reqState) bool {
+	p := st.p
+	if p.cfg.Quota == nil || st.hop {
+		return true
+	}
+	var ok bool
+	tenant := tenantOf(st.r.Header, clientAddr(st.r), p.cfg.APIKeys != nil)
+	st.quota, st.code, ok = chargeTenant(st.w, p.cfg.Quota, p.ratios.Overall(), tenant, &st.prompt)
+	return ok
+}

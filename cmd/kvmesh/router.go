@@ -105,6 +105,9 @@ type routerConfig struct {
 	// replicas warm requests (--pd-warm, proxy.Config.PDWarm).
 	pd     disagg.Protocol
 	pdWarm bool
+	// lateBind: keep the owned replicas' queues here (--late-bind,
+	// proxy.Config.LateBind).
+	lateBind bool
 }
 
 // parseRouterFlags parses args, then fills every flag not given on the
@@ -144,6 +147,7 @@ flags:
 	fs.Var(&join, "join", "seed router's gossip HOST:PORT, or a DNS name resolving to routers (repeatable)")
 	fs.Var(&cfg.kvEvents, "kv-events", "subscribe to replicas' KV-cache events (vLLM's ZMQ publisher, bound with endpoint tcp://*:PORT) so that their summaries drop what the engines evict: auto (each declared replica's GET /kv_event_sources), or REPLICA_URL=tcp://HOST:PORT[,replay=tcp://HOST:PORT][,topic=TOPIC] (repeatable)")
 	fs.Var(&replicas, "replica", "base URL of an OpenAI-compatible replica this router fronts, e.g. http://10.0.0.5:8000, with #prefill, #decode or #both after it for its role in disaggregated serving (#prefill:8998 with SGLang's KV bootstrap port) (repeatable)")
+	lateBind := fs.Bool("late-bind", false, "keep the queues of the replicas this router owns: a request for an owned replica whose known slots are all taken waits here, not in that engine's queue, and goes to the first of the router's replicas that can start it, decided again (off by default: measured in kvmesh sim --late-bind, not yet on real engines)")
 	pdWarm := fs.Bool("pd-warm", true, "with --pd-protocol: once a split request's answer is complete, send the replica that prefilled it the prompt and the answer as a prefill-only request, when that replica can start it at once, so that the conversation's next turn finds the answer cached there (--pd-warm=false: prefill replicas never hold answers)")
 	pd := fs.String("pd-protocol", "off", "split chat and completions requests into a prefill leg (a prefill replica chosen by cache) and a decode leg (a decode replica chosen by load): off, vllm (kv_transfer_params, NIXL connector) or sglang (bootstrap_host/port/room)")
 	keyFile := fs.String("gossip-key-file", "", "file holding the gossip encryption key: 16, 24 or 32 bytes, base64-encoded or raw; all routers must share it. It also authenticates the requests routers forward to each other; a router with --join needs it (or peer mutual TLS, or --insecure-mesh)")
@@ -209,6 +213,7 @@ flags:
 		}
 	}
 	cfg.pdWarm = *pdWarm
+	cfg.lateBind = *lateBind
 	if cfg.pd, err = disagg.ParseProtocol(*pd); err != nil {
 		return cfg, fmt.Errorf("router: --pd-protocol: %w", err)
 	}
@@ -460,7 +465,7 @@ func startRouter(ctx context.Context, cfg routerConfig) (*router, error) {
 		TrustPeerCerts: edges.serverTLS != nil && edges.peerCA != nil, RequirePeerTLS: edges.peerCA != nil, APIKeys: edges.keys,
 		InsecureHops:  cfg.insecureMesh && !meshAuthenticated(&cfg),
 		SessionHeader: cfg.sessionHeader, Peers: m.PeerAPIs, NoStreamLoop: cfg.noStreamLoop, TokenRatios: ratios,
-		Admission: cfg.admissionConfig(), Quota: budgets, PD: cfg.pd, PDWarm: cfg.pdWarm, Answers: answers,
+		Admission: cfg.admissionConfig(), Quota: budgets, PD: cfg.pd, PDWarm: cfg.pdWarm, LateBind: cfg.lateBind, Answers: answers,
 	})
 	if err != nil {
 		kv.close()

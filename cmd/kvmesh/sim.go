@@ -46,7 +46,7 @@ func runSimEnv(ctx context.Context, args []string, stdout, stderr io.Writer, get
 	smgSync := fs.Duration("smg-sync-interval", def.SMGSyncInterval, "smg-mesh model: how often its routers sync their radix trees, as SMG's mesh does every 1s (0: one tree shared at once)")
 	eppRefresh := fs.Duration("epp-refresh-interval", def.EPPRefreshInterval, "llm-d-epp models: how often the EPP reads the engines' queue and KV utilization, as its metrics refresh does every 50ms (0: at every decision)")
 	admitMaxWaiting := fs.Int("admit-max-waiting", def.AdmitMaxWaiting, "kvmesh policies: model the router's admission with this --admit-max-waiting (requests a replica may queue beyond its slots before the entry router holds new ones in its queue; 0: off)")
-	lateBind := fs.Bool("late-bind", def.LateBind, "kvmesh policies: owners keep their replicas' queues and send a held request to the first of their replicas that can start it, decided again (a rule the router does not have yet)")
+	lateBind := fs.Bool("late-bind", def.LateBind, "kvmesh policies: owners keep their replicas' queues and send a held request to the first of their replicas that can start it, decided again (the router's --late-bind)")
 	slotsPublished := fs.Bool("slots-published", def.SlotsPublished, "engines publish max-num-seqs (otherwise routers learn it from running/waiting)")
 	staleAfter := fs.Duration("stale-after", def.StaleAfter, "stop counting a copy whose owner was silent this long")
 	policies := fs.String("policies", strings.Join(sim.AllPolicies, ","), "comma-separated policies to run")

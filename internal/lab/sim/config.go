@@ -104,8 +104,8 @@ type Config struct {
 	// (every request is routed on arrival).
 	AdmitMaxWaiting int
 	// LateBind models owners that keep their replicas' queues themselves
-	// (lateBinding, latebind.go) in the kvmesh policies: a rule the
-	// router does not have yet, measured here before it is built.
+	// (lateBinding, latebind.go) in the kvmesh policies, as the router
+	// does with --late-bind (off by default there too).
 	LateBind bool
 	// StaleAfter is how long a router keeps counting a copy (and load)
 	// whose owner it has not heard from.

@@ -1,7 +1,7 @@
 package sim
 
 // lateBinding models an owner that keeps the queues of its replicas
-// itself (Config.LateBind), a rule the router does not have yet: when
+// itself (Config.LateBind; the router's --late-bind, proxy/latebind.go): when
 // the replica a request was decided for cannot start it (its known slots
 // all taken), the owner holds the request, counted in flight at that
 // replica so that every view still sees the load, instead of sending it
