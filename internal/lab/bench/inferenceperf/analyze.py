@@ -29,23 +29,43 @@ def pct(xs, q):
     return xs[k]
 
 
-def replica_requests(path, answer_tokens):
-    """Requests the replica at path served: a vLLM-named TTFT histogram's
-    count, or for llama.cpp (which counts no requests) its predicted
-    tokens over answer_tokens (every answer is that long with ignore_eos;
-    None when answer_tokens is 0)."""
+def served(path):
+    """The counts behind a replica's requests in the /metrics page at path:
+    ("vllm", its TTFT histogram's count) or ("llamacpp", its predicted
+    tokens), or None when it has neither."""
     predicted = None
     with open(path, encoding="utf-8") as f:
         for line in f:
             m = re.match(r"vllm:time_to_first_token_seconds_count\{[^}]*\} (\S+)", line)
             if m:
-                return int(float(m.group(1)))
+                return "vllm", float(m.group(1))
             m = re.match(r"llamacpp:tokens_predicted_total(?:\{[^}]*\})? (\S+)", line)
             if m:
                 predicted = float(m.group(1))
-    if predicted is not None:
-        return round(predicted / answer_tokens) if answer_tokens > 0 else None
-    return 0
+    return None if predicted is None else ("llamacpp", predicted)
+
+
+def replica_requests(path, answer_tokens):
+    """Requests the replica at path served: a vLLM-named TTFT histogram's
+    count, or for llama.cpp (which counts no requests) its predicted
+    tokens over answer_tokens (every answer is that long with ignore_eos;
+    None when answer_tokens is 0). With NAME.before.metrics beside
+    NAME.metrics (run.sh reads it just before the benchmark), its counts
+    are taken off: the readiness probes (one token each, through every
+    router) reach the replicas too, and at a few answers a replica they
+    would add a request to some (9, 0, 11, 9 where 10 was served)."""
+    after = served(path)
+    if after is None:
+        return 0
+    kind, n = after
+    base = path[: -len(".metrics")] + ".before.metrics" if path.endswith(".metrics") else None
+    if base and os.path.exists(base):
+        before = served(base)
+        if before is not None and before[0] == kind:
+            n -= before[1]
+    if kind == "vllm":
+        return int(n)
+    return round(n / answer_tokens) if answer_tokens > 0 else None
 
 
 def prompt_and_cached(usage):

@@ -22,9 +22,9 @@
 # Per run, the share of prompt tokens the replicas reported cached (all
 # turns, follow-up turns), TTFT p50/p90/p99 from inference-perf's
 # per-request record, and the requests each replica served (from its
-# /metrics); one table at the end. Everything stays in OUT: per run the
-# inference-perf output, the replicas' and front ends' /metrics and, for
-# kvmesh, /debug/mesh.
+# /metrics, less the readiness probes'); one table at the end.
+# Everything stays in OUT: per run the inference-perf output, the
+# replicas' and front ends' /metrics and, for kvmesh, /debug/mesh.
 #
 # Environment (defaults in brackets):
 #   OUT        [a new directory under /tmp]
@@ -131,6 +131,11 @@ for shape in "${shapes[@]}"; do
 		# The readiness probes put a few tokens in some caches: start clean.
 		clear_caches
 		mkdir -p "$OUT/$run"
+		# The replicas' counts so far (the probes'), which analyze.py takes
+		# off the requests each served.
+		for ((k = 0; k < NREP; k++)); do
+			curl -s "${rep_urls[k]}/metrics" >"$OUT/$run/replica-$k.before.metrics" || true
+		done
 		config "$shape" "$OUT/$run/iperf" >"$OUT/$run/config.yaml"
 		HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 nice "$venv/bin/inference-perf" --config_file "$OUT/$run/config.yaml" \
 			>"$OUT/logs/$run-iperf.log" 2>&1 || status=1
