@@ -22,8 +22,9 @@
 # replica, 16 tokens each: ~32k tokens, the working set fits), TIME_SCALE
 # [2] (replica-sim speed-up), RATIO [0.97], KVMESH_BIN [built from this tree], KVMESH_ARTIFACTS (results, metrics and
 # mesh views are copied there when set), ROUTER_LOG_LEVEL [warn] (debug logs
-# every routing decision), PORTS_FROM and PORTS_TO (the range the ports are
-# picked from; by default below the ephemeral range).
+# every routing decision), ROUTER_FLAGS (more flags for every router, such
+# as --late-bind), PORTS_FROM and PORTS_TO (the range the ports are picked
+# from; by default below the ephemeral range).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -140,6 +141,8 @@ start_routers() { # start_routers N: router i declares replicas j with j mod N =
       --gossip-key-file "$work/gossip.key" --gossip-profile test --health-interval 200ms
       --engine-load-interval 250ms --log-level "$ROUTER_LOG_LEVEL")
     [ "$i" -gt 0 ] && args+=(--join "127.0.0.1:$(gossip_port 0)")
+    # shellcheck disable=SC2206 # ROUTER_FLAGS is a list of words
+    [ -n "${ROUTER_FLAGS:-}" ] && args+=($ROUTER_FLAGS)
     for ((j = i; j < REPLICAS; j += n)); do args+=(--replica "$(rep_url "$j")"); done
     "$work/kvmesh" "${args[@]}" >"$work/router-x$n-r$i.log" 2>&1 &
     routers+=($!)
