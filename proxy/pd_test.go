@@ -297,9 +297,10 @@ func TestPDSGLang(t *testing.T) {
 // decode (which never claims the KV here).
 func TestPDClientGone(t *testing.T) {
 	prefillGone, decodeGone := make(chan struct{}), make(chan struct{})
-	started := make(chan struct{})
+	started, preStarted := make(chan struct{}), make(chan struct{})
 	pre := newReplica(t, func(w http.ResponseWriter, r *http.Request) {
-		legBody(t, r)        // read to its end: net/http then watches the connection
+		legBody(t, r) // read to its end: net/http then watches the connection
+		close(preStarted)
 		<-r.Context().Done() // holds the KV until claimed: never
 		close(prefillGone)
 	})
@@ -322,6 +323,9 @@ func TestPDClientGone(t *testing.T) {
 		}
 	}()
 	recv(t, started, "the decode leg")
+	// Both legs at their replicas (SGLang sends them at once, and a
+	// prefill leg not yet sent when the client leaves is never sent).
+	recv(t, preStarted, "the prefill leg")
 	cancel()
 	recv(t, prefillGone, "the prefill leg to be cancelled")
 	recv(t, decodeGone, "the decode leg to be cancelled")
