@@ -7,6 +7,8 @@ import (
 
 	"github.com/kvmesh/kvmesh/proxy/hop"
 	"github.com/kvmesh/kvmesh/route"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
 )
 
 // Late binding (Config.LateBind): the router keeps the queues of the
@@ -31,10 +33,11 @@ const lateRecheck = 250 * time.Millisecond
 // lateBinder is the router's held requests, oldest first, and how many
 // are held for each replica.
 type lateBinder struct {
-	mu   sync.Mutex
-	seq  uint64
-	held map[string]int
-	q    []*lateWaiter
+	mu    sync.Mutex
+	seq   uint64
+	held  map[string]int
+	q     []*lateWaiter
+	holds prometheus.Counter // kvmesh_late_bind_holds_total
 }
 
 // lateWaiter is one held request: seq orders it (kept when it is held
@@ -44,7 +47,27 @@ type lateWaiter struct {
 	wake chan struct{}
 }
 
-func newLateBinder() *lateBinder { return &lateBinder{held: map[string]int{}} }
+func newLateBinder(reg prometheus.Registerer) *lateBinder {
+	b := &lateBinder{held: map[string]int{}}
+	f := promauto.With(reg)
+	b.holds = f.NewCounter(prometheus.CounterOpts{
+		Name: "kvmesh_late_bind_holds_total",
+		Help: "Requests this router held (--late-bind) because the owned replica they were decided for had every known slot taken; each counted once.",
+	})
+	f.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "kvmesh_late_bind_held",
+		Help: "Requests this router holds now (--late-bind) for an owned replica's slot.",
+	}, func() float64 {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		n := 0
+		for _, v := range b.held {
+			n += v
+		}
+		return float64(n)
+	})
+	return b
+}
 
 // heldAt is how many requests are held for replica id.
 func (b *lateBinder) heldAt(id string) int {
@@ -60,6 +83,7 @@ func (b *lateBinder) hold(id string, w *lateWaiter) {
 	if w.seq == 0 {
 		b.seq++
 		w.seq = b.seq
+		b.holds.Inc()
 	}
 	w.wake = make(chan struct{})
 	i, _ := slices.BinarySearchFunc(b.q, w.seq, func(x *lateWaiter, s uint64) int { return cmpSeq(x.seq, s) })

@@ -81,7 +81,7 @@ func TestLateBind(t *testing.T) {
 			a, b := newReplica(t, handler("A")), newReplica(t, handler("B"))
 			view := &liveView{fakeView: newFakeView([]string{"m"},
 				fakeReplica{id: a.URL, match: 8, slots: 1}, fakeReplica{id: b.URL, slots: 1}), live: map[string]int{}}
-			p, srv, _ := newTestProxy(t, view, func(c *Config) { c.LateBind = late })
+			p, srv, reg := newTestProxy(t, view, func(c *Config) { c.LateBind = late })
 			defer p.Close()
 			ctx, cancel := context.WithTimeout(context.Background(), testWait)
 			defer cancel()
@@ -141,6 +141,12 @@ func TestLateBind(t *testing.T) {
 			if late {
 				if n := p.late.heldAt(a.URL) + p.late.heldAt(b.URL); n != 0 {
 					t.Errorf("%d still held", n)
+				}
+				if got := metricOf(t, reg, "kvmesh_late_bind_holds_total"); got != 1 {
+					t.Errorf("kvmesh_late_bind_holds_total = %v, want 1", got)
+				}
+				if got := metricOf(t, reg, "kvmesh_late_bind_held"); got != 0 {
+					t.Errorf("kvmesh_late_bind_held = %v, want 0", got)
 				}
 			}
 		})

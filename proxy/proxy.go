@@ -302,7 +302,7 @@ func New(cfg Config) (*Proxy, error) {
 	p.lookups = newLookups(p, cfg.Registerer)
 	p.pdm = newPDMetrics(cfg.Registerer, cfg.PD)
 	if cfg.LateBind {
-		p.late = newLateBinder()
+		p.late = newLateBinder(cfg.Registerer)
 	}
 	if cfg.PD != disagg.None && cfg.PDWarm {
 		p.warms = newWarmer(p.pdm.warms, maxWarmBytes)
