@@ -301,8 +301,9 @@ func New(cfg Config) (*Proxy, error) {
 		ratios: cfg.TokenRatios, flight: newFlightBlocks(), load: newLoadBook(), hops: hop.NewBook(), up: upstream.New(cfg.Client), answers: reply.NewBudget(reply.BudgetBytes)}
 	p.lookups = newLookups(p, cfg.Registerer)
 	p.pdm = newPDMetrics(cfg.Registerer, cfg.PD)
-	if cfg.LateBind {
-		p.late = newLateBinder(cfg.Registerer)
+	// Its metrics are registered either way: 0 while it is off.
+	if late := newLateBinder(cfg.Registerer); cfg.LateBind {
+		p.late = late
 	}
 	if cfg.PD != disagg.None && cfg.PDWarm {
 		p.warms = newWarmer(p.pdm.warms, maxWarmBytes)
