@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"cmp"
 	"slices"
 	"sync"
 	"time"
@@ -86,7 +87,7 @@ func (b *lateBinder) hold(id string, w *lateWaiter) {
 		b.holds.Inc()
 	}
 	w.wake = make(chan struct{})
-	i, _ := slices.BinarySearchFunc(b.q, w.seq, func(x *lateWaiter, s uint64) int { return cmpSeq(x.seq, s) })
+	i, _ := slices.BinarySearchFunc(b.q, w.seq, func(x *lateWaiter, s uint64) int { return cmp.Compare(x.seq, s) })
 	b.q = slices.Insert(b.q, i, w)
 	b.held[id]++
 }
@@ -109,21 +110,11 @@ func (b *lateBinder) unhold(id string, w *lateWaiter) {
 func (b *lateBinder) poke(after uint64) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	i, _ := slices.BinarySearchFunc(b.q, after+1, func(x *lateWaiter, s uint64) int { return cmpSeq(x.seq, s) })
+	i, _ := slices.BinarySearchFunc(b.q, after+1, func(x *lateWaiter, s uint64) int { return cmp.Compare(x.seq, s) })
 	if i < len(b.q) {
 		close(b.q[i].wake)
 		b.q = slices.Delete(b.q, i, i+1)
 	}
-}
-
-func cmpSeq(a, b uint64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // freed tells that a request sent to an owned replica (local) ended: a
@@ -144,7 +135,7 @@ func (b *lateBinder) engineFull(c *route.Candidate) bool {
 // for (d, bk) cannot start it, deciding again among the router's own
 // replicas at each wake; it returns the decision and booking to attempt.
 // ok is false when st was answered instead (a hop past its entry's
-// dispatch deadline, or an entry gone): bk is then ended.
+// dispatch deadline, an entry or a client gone): bk is then ended.
 //
 // A held hop announces its dispatch first: it is this router's now, and
 // its entry must neither give it up after the hop dispatch timeout nor
@@ -177,10 +168,12 @@ func bindLate(st *reqState, d route.Decision, bk booking) (route.Decision, booki
 		case <-st.r.Context().Done():
 		}
 		b.unhold(id, &w)
-		if st.r.Context().Err() != nil {
-			return d, bk, true // the attempt finds its client gone
-		}
 		bk.end()
+		if st.r.Context().Err() != nil {
+			// Gone while held: nothing was sent, and nothing is.
+			st.code = statusClientGone
+			return d, booking{}, false
+		}
 		st.readLoads()
 		st.hinted = -1
 		own, _ := ownCandidates(p.cfg.Policy, st.cands, "", false)

@@ -206,3 +206,45 @@ func TestLateBindHoldsAHopAnnounced(t *testing.T) {
 		t.Errorf("the replica got %d requests, want 2", n)
 	}
 }
+
+// A client that leaves while its request is held is never sent: the
+// replica never sees it, and the hold ends.
+func TestLateBindClientGoneWhileHeld(t *testing.T) {
+	release := make(chan struct{})
+	var once sync.Once
+	rep := newReplica(t, func(w http.ResponseWriter, r *http.Request) {
+		once.Do(func() { <-release }) // the first request holds the slot
+		jsonChat(w, "from R", 0)
+	})
+	view := &liveView{fakeView: newFakeView([]string{"m"}, fakeReplica{id: rep.URL, slots: 1}), live: map[string]int{}}
+	p, srv, _ := newTestProxy(t, view, func(c *Config) { c.LateBind = true })
+	ctx, cancel := context.WithTimeout(context.Background(), testWait)
+	defer cancel()
+	firstDone := make(chan int, 1)
+	go func() {
+		resp := post(t, ctx, srv.URL+"/v1/chat/completions", chatBody("m", false, "the first"))
+		_ = readAll(t, resp)
+		firstDone <- resp.StatusCode
+	}()
+	waitFor(t, "the first request at the replica", func() bool { return rep.count() == 1 })
+	gone, leave := context.WithCancel(ctx)
+	secondDone := make(chan struct{})
+	go func() {
+		defer close(secondDone)
+		req, _ := http.NewRequestWithContext(gone, http.MethodPost, srv.URL+"/v1/chat/completions", strings.NewReader(chatBody("m", false, "the second")))
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			resp.Body.Close()
+		}
+	}()
+	waitFor(t, "the second request held", func() bool { return p.late.heldAt(rep.URL) == 1 })
+	leave()
+	<-secondDone
+	waitFor(t, "the hold to end", func() bool { return p.late.heldAt(rep.URL) == 0 })
+	close(release)
+	if code := <-firstDone; code != http.StatusOK {
+		t.Errorf("first request: status %d", code)
+	}
+	if n := rep.count(); n != 1 {
+		t.Errorf("the replica got %d requests, want 1 (the second left while held)", n)
+	}
+}

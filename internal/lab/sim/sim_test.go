@@ -480,14 +480,7 @@ func TestViewErrorMeasuresGossipLag(t *testing.T) {
 // engine's slots, admission has no signal and lets every request in, as
 // the router does.)
 func TestAdmissionHoldsRequestsAtTheRouter(t *testing.T) {
-	reqs := []trace.Request{{InputTokens: 512, OutputTokens: 1, HashIDs: []int64{-1}}} // the scrapes start with it
-	for b := 0; b < 10; b++ {
-		for i := 0; i < 12; i++ {
-			n := b*12 + i
-			reqs = append(reqs, trace.Request{Arrival: time.Duration(b+1) * 3 * time.Second, InputTokens: 1024,
-				OutputTokens: 50, HashIDs: []int64{int64(n*10 + 1), int64(n*10 + 2)}})
-		}
-	}
+	reqs := bursts(func(int) int { return 50 })
 	cfg := testConfig()
 	cfg.Replicas, cfg.Routers, cfg.Load = 2, 1, 0
 	cfg.MaxNumSeqs, cfg.SlotsPublished, cfg.CacheBlocks = 2, true, 1000
@@ -518,14 +511,7 @@ func TestAdmissionHoldsRequestsAtTheRouter(t *testing.T) {
 // send it when a slot frees: no engine ever queues, and every request is
 // served (each burst here is three times the cluster's slots).
 func TestLateBindingKeepsTheQueuesAtTheOwners(t *testing.T) {
-	reqs := []trace.Request{{InputTokens: 512, OutputTokens: 1, HashIDs: []int64{-1}}} // the scrapes start with it
-	for b := 0; b < 10; b++ {
-		for i := 0; i < 12; i++ {
-			n := b*12 + i
-			reqs = append(reqs, trace.Request{Arrival: time.Duration(b+1) * 3 * time.Second, InputTokens: 1024,
-				OutputTokens: 20 + 40*(n%5), HashIDs: []int64{int64(n*10 + 1), int64(n*10 + 2)}})
-		}
-	}
+	reqs := bursts(func(n int) int { return 20 + 40*(n%5) })
 	cfg := testConfig()
 	cfg.Replicas, cfg.Load = 2, 0
 	cfg.MaxNumSeqs, cfg.SlotsPublished, cfg.CacheBlocks = 2, true, 1000
@@ -546,4 +532,20 @@ func TestLateBindingKeepsTheQueuesAtTheOwners(t *testing.T) {
 			}
 		}
 	}
+}
+
+// bursts is 10 bursts of 12 requests of distinct prompts, 3 s apart,
+// request n answering output(n) tokens, after a lone request at 0 that
+// starts the owners' scrapes (until an engine's slots are read, the
+// router lets every request through).
+func bursts(output func(n int) int) []trace.Request {
+	reqs := []trace.Request{{InputTokens: 512, OutputTokens: 1, HashIDs: []int64{-1}}}
+	for b := 0; b < 10; b++ {
+		for i := 0; i < 12; i++ {
+			n := b*12 + i
+			reqs = append(reqs, trace.Request{Arrival: time.Duration(b+1) * 3 * time.Second, InputTokens: 1024,
+				OutputTokens: output(n), HashIDs: []int64{int64(n*10 + 1), int64(n*10 + 2)}})
+		}
+	}
+	return reqs
 }
