@@ -78,6 +78,20 @@ func (b *loadBook) dispatch(id string, mine bool) func() {
 	return m.end
 }
 
+// running is how many requests this router has in flight at owned
+// replica id.
+func (b *loadBook) running(id string) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	n := 0
+	for _, m := range b.runs[id] {
+		if !m.ended {
+			n++
+		}
+	}
+	return n
+}
+
 // end ends the request of m (once: a second call finds it ended).
 func (m *dispatchMark) end() {
 	b := m.book

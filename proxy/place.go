@@ -387,7 +387,11 @@ func (bk *booking) end() {
 func (p *Proxy) book(id string, local bool, blocks float64, mine bool) booking {
 	if local {
 		firstByte, done := p.cfg.View.Begin(id, blocks)
-		return booking{firstByte: firstByte, done: done, dispatched: p.load.dispatch(id, mine)}
+		bk := booking{firstByte: firstByte, done: done, dispatched: p.load.dispatch(id, mine)}
+		if p.cfg.ProbeLoad != nil {
+			p.cfg.ProbeLoad(id, p.load.running(id))
+		}
+		return bk
 	}
 	mark, firstByte, done := p.hops.SendMark(id, blocks)
 	return booking{firstByte: firstByte, done: done, mark: mark}

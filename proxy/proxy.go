@@ -128,6 +128,11 @@ type Config struct {
 	// ReportFailure is told of passive failures of owned replicas seen on
 	// the request path (health.Checker.ReportFailure); nil ignores them.
 	ReportFailure func(replicaID string)
+	// ProbeLoad is told, at each request sent to an owned replica, how
+	// many this router now has in flight there
+	// (health.Checker.ProbeLoad, which reads an engine of unknown slots
+	// at once when that is more than it was seen running). Nil: none.
+	ProbeLoad func(replicaID string, inFlight int)
 	// Stalled judges an owned replica whose requests in flight got no
 	// response byte, and none ended, since quiet for StallWindow past
 	// the prefill the router expects of them (stall.go;

@@ -171,6 +171,9 @@ type replicaHealth struct {
 	progressAt, progressMoved, stalledAt time.Time
 	answeredAt                           time.Time // a probe's token, while stalled
 	stop                                 context.CancelFunc
+	// kick asks the replica's loop for a load scrape now (ProbeLoad);
+	// made with the loop, one pending at most.
+	kick chan struct{}
 }
 
 // New returns a checker of replicas (their base URLs). onChange
@@ -306,18 +309,26 @@ func (h *Checker) Run(ctx context.Context) {
 func (h *Checker) startLocked(id string, s *replicaHealth) {
 	ctx, stop := context.WithCancel(h.runCtx)
 	s.stop = stop
+	if s.kick == nil {
+		s.kick = make(chan struct{}, 1)
+	}
+	kick := s.kick
 	h.wg.Go(func() {
 		period := min(h.cfg.LoadInterval, h.cfg.Interval)
 		t := time.NewTicker(period)
 		defer t.Stop()
+		kicked := false
 		for {
 			// One poll is the unit a panic costs: poll holds no lock
 			// while it reads the replica, and apply's is deferred.
-			h.cfg.Panics.Guard(panics.HealthCheck, func() { h.poll(ctx, id, s, false) })
+			h.cfg.Panics.Guard(panics.HealthCheck, func() { h.poll(ctx, id, s, false, kicked) })
 			select {
 			case <-ctx.Done():
 				return
 			case <-t.C:
+				kicked = false
+			case <-kick:
+				kicked = true
 			}
 		}
 	})
@@ -365,7 +376,7 @@ func (h *Checker) round(ctx context.Context) {
 	h.mu.Unlock()
 	var wg sync.WaitGroup
 	for id, s := range states {
-		wg.Go(func() { h.cfg.Panics.Guard(panics.HealthCheck, func() { h.poll(ctx, id, s, true) }) })
+		wg.Go(func() { h.cfg.Panics.Guard(panics.HealthCheck, func() { h.poll(ctx, id, s, true, false) }) })
 	}
 	wg.Wait()
 	if ctx.Err() == nil {
@@ -390,8 +401,9 @@ type pollResult struct {
 }
 
 // poll does what is due for replica id (everything when force): its
-// health check, its load scrape, its info read.
-func (h *Checker) poll(ctx context.Context, id string, s *replicaHealth, force bool) {
+// health check, its load scrape (also when kicked by ProbeLoad, unless
+// the last is under probeGap old), its info read.
+func (h *Checker) poll(ctx context.Context, id string, s *replicaHealth, force, kicked bool) {
 	now := time.Now()
 	h.mu.Lock()
 	if h.state[id] != s {
@@ -399,7 +411,7 @@ func (h *Checker) poll(ctx context.Context, id string, s *replicaHealth, force b
 		return
 	}
 	healthDue := force || !s.checked || now.Sub(s.lastHealth) >= h.cfg.Interval
-	loadDue := s.healthy && now.Sub(s.lastLoad) >= h.cfg.LoadInterval
+	loadDue := s.healthy && (now.Sub(s.lastLoad) >= h.cfg.LoadInterval || kicked && now.Sub(s.lastLoad) >= probeGap)
 	infoDue := force || now.Sub(s.lastInfo) >= h.cfg.InfoInterval
 	r := pollResult{now: now, adapter: s.adapter}
 	healthy := s.healthy

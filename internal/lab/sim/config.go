@@ -94,6 +94,9 @@ type Config struct {
 	// owner learns it from the scrapes (route.SlotEstimate), as a router
 	// must for vLLM.
 	SlotsPublished bool
+	// ProbeSlots has an owner read an engine of unknown slots at once
+	// when it sends it more than it has seen it run (probeSlots).
+	ProbeSlots bool
 	// AdmitMaxWaiting models the router's admission (package proxy/admit,
 	// `kvmesh router --admit-max-waiting`) in the kvmesh policies: when
 	// no replica has room in the entry router's view (Slots +

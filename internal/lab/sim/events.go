@@ -11,6 +11,7 @@ const (
 	evScrape                   // owners read their engines' counts
 	evSMGSync                  // smg-mesh routers exchange their tree inserts
 	evAdmitPoll                // a: router: its admission reads the room again
+	evProbe                    // a: replica: its owner reads its engine's counts (probeSlots)
 )
 
 // event is one scheduled happening in virtual time. seq breaks ties in

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"slices"
 	"testing"
 	"time"
 
@@ -548,4 +549,39 @@ func bursts(output func(n int) int) []trace.Request {
 		}
 	}
 	return reqs
+}
+
+// An owner that reads an engine of unknown slots as soon as it sends it
+// more than it was seen running (the router's health.Checker.ProbeLoad)
+// learns the slots at the engine's first queue, where scheduled scrapes
+// (an hour apart here) would not: eight requests at 1 s on the 4 slots
+// queue four, and late binding, which holds requests only for engines of
+// known slots, then keeps the bursts of 12 after them out of the
+// engines' queues.
+func TestProbedSlotsAreLearntAtTheFirstQueue(t *testing.T) {
+	reqs := bursts(func(n int) int { return 20 + 40*(n%5) })
+	first := make([]trace.Request, 8)
+	for i := range first {
+		first[i] = trace.Request{Arrival: time.Second, InputTokens: 1024, OutputTokens: 50, HashIDs: []int64{int64(-10 - i)}}
+	}
+	reqs = slices.Insert(reqs, 1, first...)
+	cfg := testConfig()
+	cfg.Replicas, cfg.Load = 2, 0
+	cfg.MaxNumSeqs, cfg.CacheBlocks, cfg.ScrapeInterval = 2, 1000, time.Hour
+	cfg.LateBind = true
+	cfg.Policies = []string{PolicyMesh}
+	for _, probe := range []bool{false, true} {
+		cfg.ProbeSlots = probe
+		r, err := Run(context.Background(), cfg, reqs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := policy(t, r, PolicyMesh)
+		if p.Requests != len(reqs) {
+			t.Errorf("probe %v: served %d of %d", probe, p.Requests, len(reqs))
+		}
+		if got := p.MaxQueued <= 4; got != probe {
+			t.Errorf("probe %v: most queued in the engines %d", probe, p.MaxQueued)
+		}
+	}
 }

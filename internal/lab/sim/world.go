@@ -123,6 +123,7 @@ type world struct {
 	scraped  []engSnap            // per replica: engine counts at the last scrape
 	slotEst  []route.SlotEstimate // per replica: the owner's learned slots
 	ranFree  []int                // per replica: the most sequences the owner saw running with nothing waiting
+	probeAt  []float64            // per replica: when the owner may next probe its slots (probeSlots)
 	seqMs    []float64            // per replica: the owner's mean request residence, ms
 	slotT    []route.SlotTimes    // per replica: the owner's learned slot times
 	epochs   []uint64
@@ -193,6 +194,7 @@ func runPolicy(ctx context.Context, p *prepared, name string) (PolicyReport, err
 		w.scraped = make([]engSnap, cfg.Replicas)
 		w.slotEst = make([]route.SlotEstimate, cfg.Replicas)
 		w.ranFree = make([]int, cfg.Replicas)
+		w.probeAt = make([]float64, cfg.Replicas)
 		w.seqMs = make([]float64, cfg.Replicas)
 		w.slotT = make([]route.SlotTimes, cfg.Replicas)
 		w.q.push(p.reqs[0].arrival, evScrape, 0, 0)
@@ -252,6 +254,8 @@ func runPolicy(ctx context.Context, p *prepared, name string) (PolicyReport, err
 			w.tick(next < len(p.reqs) || w.admit.waiting())
 		case evScrape:
 			w.scrape(next < len(p.reqs) || w.admit.waiting())
+		case evProbe:
+			scrapeOne(w, int(e.a))
 		case evSMGSync:
 			w.smgSync(next < len(p.reqs))
 		case evDeliver:
@@ -568,6 +572,9 @@ func (w *world) dispatch(k, j int, i int32, est float64) {
 	rep.queue = append(rep.queue, i)
 	w.tryStart(j)
 	w.inFlight++
+	if w.slotEst != nil {
+		probeSlots(w, j)
+	}
 	w.maxQueued = max(w.maxQueued, w.inFlight-len(w.rep)*w.p.cfg.MaxNumSeqs)
 }
 
@@ -721,27 +728,51 @@ func (w *world) tick(more bool) {
 // waiting, as proxy/health does).
 // Scrapes stop with the arrivals.
 func (w *world) scrape(more bool) {
-	cfg := w.p.cfg
-	for j, rep := range w.rep {
-		in := rep.running + len(rep.queue) - rep.qhead
-		run, wait := min(in, cfg.MaxNumSeqs), max(0, in-cfg.MaxNumSeqs)
-		slots := cfg.MaxNumSeqs
-		if !cfg.SlotsPublished {
-			w.slotEst[j] = w.slotEst[j].Observe(run, wait)
-			slots = w.slotEst[j].Slots
-		}
-		if wait == 0 {
-			w.ranFree[j] = max(w.ranFree[j], run)
-		}
-		var minSlots uint8
-		if slots <= 0 {
-			minSlots = uint8(min(w.ranFree[j], math.MaxUint8))
-		}
-		w.scraped[j] = engSnap{running: run, waiting: wait, slots: slots, minSlots: minSlots}
+	for j := range w.rep {
+		scrapeOne(w, j)
 	}
 	if more {
-		w.q.push(w.now+ms(cfg.ScrapeInterval.Seconds()), evScrape, 0, 0)
+		w.q.push(w.now+ms(w.p.cfg.ScrapeInterval.Seconds()), evScrape, 0, 0)
 	}
+}
+
+// scrapeOne reads replica j's engine counts.
+func scrapeOne(w *world, j int) {
+	cfg := w.p.cfg
+	rep := w.rep[j]
+	in := rep.running + len(rep.queue) - rep.qhead
+	run, wait := min(in, cfg.MaxNumSeqs), max(0, in-cfg.MaxNumSeqs)
+	slots := cfg.MaxNumSeqs
+	if !cfg.SlotsPublished {
+		w.slotEst[j] = w.slotEst[j].Observe(run, wait)
+		slots = w.slotEst[j].Slots
+	}
+	if wait == 0 {
+		w.ranFree[j] = max(w.ranFree[j], run)
+	}
+	var minSlots uint8
+	if slots <= 0 {
+		minSlots = uint8(min(w.ranFree[j], math.MaxUint8))
+	}
+	w.scraped[j] = engSnap{running: run, waiting: wait, slots: slots, minSlots: minSlots}
+}
+
+// probeSlots has the owner of replica j read its engine's counts soon,
+// out of the scrape schedule, when it has just sent the engine more
+// requests than it has seen it run with nothing waiting while its slots
+// are unknown: the moment the engine may first queue, which is when its
+// slots can be learnt (SlotEstimate). At most one probe per replica per
+// probeGap; none once the slots are known.
+func probeSlots(w *world, j int) {
+	cfg := w.p.cfg
+	if cfg.SlotsPublished || !cfg.ProbeSlots || w.slotEst[j].Slots > 0 || w.rep[j].inFlight <= w.ranFree[j] {
+		return
+	}
+	if w.now < w.probeAt[j] {
+		return
+	}
+	w.probeAt[j] = w.now + probeGap
+	w.q.push(w.now+probeDelay, evProbe, int32(j), 0)
 }
 
 // ownerEng is what replica j's owner knows of its engine now: the last
@@ -950,3 +981,10 @@ func (b *writtenBook) place(j int, blocks float64, own bool) {
 	}
 	b.n++
 }
+
+// probeGap is the least time between two slot probes of one replica, and
+// probeDelay the time a probe's /metrics read takes.
+const (
+	probeGap   = 100.0 // ms
+	probeDelay = 5.0   // ms
+)
