@@ -328,7 +328,17 @@ func (h *Checker) startLocked(id string, s *replicaHealth) {
 			case <-t.C:
 				kicked = false
 			case <-kick:
+				// A probe asked within probeGap of the last scrape waits
+				// for the gap to pass rather than being dropped: the
+				// request that queues comes after the one that asked.
 				kicked = true
+				if d := probeGap - h.loadAge(s); d > 0 {
+					select {
+					case <-ctx.Done():
+						return
+					case <-time.After(d):
+					}
+				}
 			}
 		}
 	})
@@ -401,8 +411,8 @@ type pollResult struct {
 }
 
 // poll does what is due for replica id (everything when force): its
-// health check, its load scrape (also when kicked by ProbeLoad, unless
-// the last is under probeGap old), its info read.
+// health check, its load scrape (also when kicked by ProbeLoad), its
+// info read.
 func (h *Checker) poll(ctx context.Context, id string, s *replicaHealth, force, kicked bool) {
 	now := time.Now()
 	h.mu.Lock()
@@ -411,7 +421,7 @@ func (h *Checker) poll(ctx context.Context, id string, s *replicaHealth, force, 
 		return
 	}
 	healthDue := force || !s.checked || now.Sub(s.lastHealth) >= h.cfg.Interval
-	loadDue := s.healthy && (now.Sub(s.lastLoad) >= h.cfg.LoadInterval || kicked && now.Sub(s.lastLoad) >= probeGap)
+	loadDue := s.healthy && (kicked || now.Sub(s.lastLoad) >= h.cfg.LoadInterval)
 	infoDue := force || now.Sub(s.lastInfo) >= h.cfg.InfoInterval
 	r := pollResult{now: now, adapter: s.adapter}
 	healthy := s.healthy

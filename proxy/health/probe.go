@@ -29,3 +29,10 @@ func (h *Checker) ProbeLoad(id string, inFlight int) {
 		}
 	}
 }
+
+// loadAge is how long ago replica s's load was last scraped.
+func (h *Checker) loadAge(s *replicaHealth) time.Duration {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return time.Since(s.lastLoad)
+}

@@ -9,8 +9,9 @@ import (
 // TestProbeLoadLearnsSlotsAtTheFirstQueue: scheduled scrapes are an hour
 // apart, so only ProbeLoad can make the checker see the engine queue.
 // Told of no more requests than the engine was seen running, it reads
-// nothing; told of more, it scrapes at once and learns the slots from
-// the queue it finds; once they are known, it reads nothing more.
+// nothing; told of more, it scrapes (at once, or once probeGap has passed
+// since the last scrape) and learns the slots from the queue it finds;
+// once they are known, it reads nothing more.
 func TestProbeLoadLearnsSlotsAtTheFirstQueue(t *testing.T) {
 	e := &engineReplica{metrics: vllmMetrics}
 	e.set(2, 0)
@@ -33,8 +34,7 @@ func TestProbeLoadLearnsSlotsAtTheFirstQueue(t *testing.T) {
 	h.ProbeLoad("http://unknown.invalid", 9) // not a replica: nothing
 
 	e.set(2, 1) // the third request queues
-	time.Sleep(probeGap)
-	h.ProbeLoad(rep.URL, 3)
+	h.ProbeLoad(rep.URL, 3) // likely within probeGap of the first scrape: it waits for the gap
 	waitFor(t, "the slots learnt from the probe", func() bool { c, _ := got.last(rep.URL); return c.Load.Slots == 2 })
 
 	e.set(3, 1)

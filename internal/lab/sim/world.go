@@ -123,7 +123,7 @@ type world struct {
 	scraped  []engSnap            // per replica: engine counts at the last scrape
 	slotEst  []route.SlotEstimate // per replica: the owner's learned slots
 	ranFree  []int                // per replica: the most sequences the owner saw running with nothing waiting
-	probeAt  []float64            // per replica: when the owner may next probe its slots (probeSlots)
+	probeAt  []float64            // per replica: when the owner last probed or will probe its slots (probeSlots)
 	seqMs    []float64            // per replica: the owner's mean request residence, ms
 	slotT    []route.SlotTimes    // per replica: the owner's learned slot times
 	epochs   []uint64
@@ -760,19 +760,17 @@ func scrapeOne(w *world, j int) {
 // probeSlots has the owner of replica j read its engine's counts soon,
 // out of the scrape schedule, when it has just sent the engine more
 // requests than it has seen it run with nothing waiting while its slots
-// are unknown: the moment the engine may first queue, which is when its
-// slots can be learnt (SlotEstimate). At most one probe per replica per
-// probeGap; none once the slots are known.
+// are unknown (the router's health.Checker.ProbeLoad): the moment the
+// engine may first queue, which is when its slots can be learnt
+// (SlotEstimate). One probe is pending at most, probeGap after the last;
+// none once the slots are known.
 func probeSlots(w *world, j int) {
 	cfg := w.p.cfg
-	if cfg.SlotsPublished || !cfg.ProbeSlots || w.slotEst[j].Slots > 0 || w.rep[j].inFlight <= w.ranFree[j] {
+	if cfg.SlotsPublished || !cfg.ProbeSlots || w.slotEst[j].Slots > 0 || w.rep[j].inFlight <= w.ranFree[j] || w.probeAt[j] > w.now {
 		return
 	}
-	if w.now < w.probeAt[j] {
-		return
-	}
-	w.probeAt[j] = w.now + probeGap
-	w.q.push(w.now+probeDelay, evProbe, int32(j), 0)
+	w.probeAt[j] = max(w.now+probeDelay, w.probeAt[j]+probeGap)
+	w.q.push(w.probeAt[j], evProbe, int32(j), 0)
 }
 
 // ownerEng is what replica j's owner knows of its engine now: the last
