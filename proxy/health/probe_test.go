@@ -33,7 +33,7 @@ func TestProbeLoadLearnsSlotsAtTheFirstQueue(t *testing.T) {
 	}
 	h.ProbeLoad("http://unknown.invalid", 9) // not a replica: nothing
 
-	e.set(2, 1) // the third request queues
+	e.set(2, 1)             // the third request queues
 	h.ProbeLoad(rep.URL, 3) // likely within probeGap of the first scrape: it waits for the gap
 	waitFor(t, "the slots learnt from the probe", func() bool { c, _ := got.last(rep.URL); return c.Load.Slots == 2 })
 
