@@ -48,7 +48,7 @@ func runSimEnv(ctx context.Context, args []string, stdout, stderr io.Writer, get
 	admitMaxWaiting := fs.Int("admit-max-waiting", def.AdmitMaxWaiting, "kvmesh policies: model the router's admission with this --admit-max-waiting (requests a replica may queue beyond its slots before the entry router holds new ones in its queue; 0: off)")
 	lateBind := fs.Bool("late-bind", def.LateBind, "kvmesh policies: owners keep their replicas' queues and send a held request to the first of their replicas that can start it, decided again (the router's --late-bind)")
 	slotsPublished := fs.Bool("slots-published", def.SlotsPublished, "engines publish max-num-seqs (otherwise routers learn it from running/waiting)")
-	probeSlots := fs.Bool("probe-slots", def.ProbeSlots, "owners read an engine of unknown slots at once when sending it more than it was seen running")
+	probeSlots := fs.Bool("probe-slots", def.ProbeSlots, "owners read an engine of unknown slots at once when sending it more than it was seen running, as the router does (--probe-slots=false: only every --scrape-interval)")
 	staleAfter := fs.Duration("stale-after", def.StaleAfter, "stop counting a copy whose owner was silent this long")
 	policies := fs.String("policies", strings.Join(sim.AllPolicies, ","), "comma-separated policies to run")
 	seed := fs.Uint64("seed", def.Seed, "seed of block hashes and summary epochs")

@@ -95,7 +95,8 @@ type Config struct {
 	// must for vLLM.
 	SlotsPublished bool
 	// ProbeSlots has an owner read an engine of unknown slots at once
-	// when it sends it more than it has seen it run (probeSlots).
+	// when it sends it more than it has seen it run (probeSlots), as the
+	// router does (health.Checker.ProbeLoad); on by default.
 	ProbeSlots bool
 	// AdmitMaxWaiting models the router's admission (package proxy/admit,
 	// `kvmesh router --admit-max-waiting`) in the kvmesh policies: when
@@ -158,6 +159,7 @@ func DefaultConfig() Config {
 		GossipDelay:        50 * time.Millisecond,
 		StaleAfter:         2 * time.Second,
 		ScrapeInterval:     time.Second,
+		ProbeSlots:         true,
 		SMGSyncInterval:    time.Second,
 		EPPRefreshInterval: 50 * time.Millisecond,
 		FalsePositiveRate:  0.01,
