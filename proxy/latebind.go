@@ -39,6 +39,9 @@ type lateBinder struct {
 	held  map[string]int
 	q     []*lateWaiter
 	holds prometheus.Counter // kvmesh_late_bind_holds_total
+	// learned reports that an owned replica's slots were learnt from
+	// its queue, not published (nil: all published).
+	learned func(id string) bool
 }
 
 // lateWaiter is one held request: seq orders it (kept when it is held
@@ -48,8 +51,8 @@ type lateWaiter struct {
 	wake chan struct{}
 }
 
-func newLateBinder(reg prometheus.Registerer) *lateBinder {
-	b := &lateBinder{held: map[string]int{}}
+func newLateBinder(reg prometheus.Registerer, learned func(id string) bool) *lateBinder {
+	b := &lateBinder{held: map[string]int{}, learned: learned}
 	f := promauto.With(reg)
 	b.holds = f.NewCounter(prometheus.CounterOpts{
 		Name: "kvmesh_late_bind_holds_total",
@@ -127,8 +130,23 @@ func (b *lateBinder) freed(local bool) {
 
 // engineFull reports whether the owned replica of c has every known slot
 // taken by requests sent to it (not those held for it).
+//
+// A count learnt from the engine's queue is a floor, not a cap: an
+// engine short of KV cache queues while running fewer than its slots,
+// and one held to that count would never run more, so the count would
+// never rise. So while its last scrape showed nothing waiting, such an
+// engine is sent one request past the count: it either runs it (the next
+// scrape, which the health checks make at once, raises the count) or
+// queues it (the next scrape shows it full).
 func (b *lateBinder) engineFull(c *route.Candidate) bool {
-	return local(c) && c.Slots > 0 && int(c.InFlight)-b.heldAt(c.ID()) >= int(c.Slots)
+	if !local(c) || c.Slots <= 0 {
+		return false
+	}
+	room := int(c.Slots)
+	if c.Waiting == 0 && b.learned != nil && b.learned(c.ID()) {
+		room++
+	}
+	return int(c.InFlight)-b.heldAt(c.ID()) >= room
 }
 
 // bindLate holds st while the owned replica it was decided and booked

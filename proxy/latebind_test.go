@@ -248,3 +248,33 @@ func TestLateBindClientGoneWhileHeld(t *testing.T) {
 		t.Errorf("the replica got %d requests, want 1 (the second left while held)", n)
 	}
 }
+
+// A slot count learnt from an engine's queue is a floor: while the
+// engine's last scrape showed nothing waiting, late binding sends it one
+// request past the count (which it runs, raising the count, or queues);
+// a published count, or an engine seen queueing, is held to exactly.
+func TestLateBindLearnedSlotsAreAFloor(t *testing.T) {
+	b := newLateBinder(nil, func(id string) bool { return id == "learned" })
+	cand := func(id string, inFlight, slots, waiting int) route.Candidate {
+		return route.Candidate{InFlight: route.Count32(inFlight), EngineLoad: route.EngineLoad{Slots: route.Count32(slots), Waiting: route.Count32(waiting)},
+			Detail: &route.Detail{ID: id, Local: true}}
+	}
+	for _, tc := range []struct {
+		name                     string
+		id                       string
+		inFlight, slots, waiting int
+		full                     bool
+	}{
+		{"published, every slot taken", "published", 2, 2, 0, true},
+		{"published, a slot free", "published", 1, 2, 0, false},
+		{"learnt, nothing waiting: one more", "learned", 2, 2, 0, false},
+		{"learnt, the one more sent", "learned", 3, 2, 0, true},
+		{"learnt, the engine queueing", "learned", 2, 2, 1, true},
+		{"unknown slots", "learned", 9, 0, 0, false},
+	} {
+		c := cand(tc.id, tc.inFlight, tc.slots, tc.waiting)
+		if got := b.engineFull(&c); got != tc.full {
+			t.Errorf("%s: full %v, want %v", tc.name, got, tc.full)
+		}
+	}
+}

@@ -128,6 +128,10 @@ type Config struct {
 	// ReportFailure is told of passive failures of owned replicas seen on
 	// the request path (health.Checker.ReportFailure); nil ignores them.
 	ReportFailure func(replicaID string)
+	// SlotsLearned reports that owned replica id's slots were learnt
+	// from its queue (health.Checker.SlotsLearned), not published: late
+	// binding treats the count as a floor (latebind.go). Nil: published.
+	SlotsLearned func(replicaID string) bool
 	// ProbeLoad is told, at each request sent to an owned replica, how
 	// many this router now has in flight there
 	// (health.Checker.ProbeLoad, which reads an engine of unknown slots
@@ -307,7 +311,7 @@ func New(cfg Config) (*Proxy, error) {
 	p.lookups = newLookups(p, cfg.Registerer)
 	p.pdm = newPDMetrics(cfg.Registerer, cfg.PD)
 	// Its metrics are registered either way: 0 while it is off.
-	if late := newLateBinder(cfg.Registerer); cfg.LateBind {
+	if late := newLateBinder(cfg.Registerer, cfg.SlotsLearned); cfg.LateBind {
 		p.late = late
 	}
 	if cfg.PD != disagg.None && cfg.PDWarm {

@@ -455,7 +455,7 @@ func startRouter(ctx context.Context, cfg routerConfig) (*router, error) {
 	p, err := proxy.New(proxy.Config{
 		RouterName: cfg.name, View: m, Policy: policy, Contract: cfg.contract,
 		MaxBodyBytes: cfg.maxBodyBytes, Client: client, Logger: log.Named("proxy"),
-		Registerer: reg, Gatherer: reg, Panics: rec, Debug: r.debug, Ready: r.ready, ModelsKnown: r.modelsKnown, ReportFailure: hc.ReportFailure, ProbeLoad: hc.ProbeLoad,
+		Registerer: reg, Gatherer: reg, Panics: rec, Debug: r.debug, Ready: r.ready, ModelsKnown: r.modelsKnown, ReportFailure: hc.ReportFailure, ProbeLoad: hc.ProbeLoad, SlotsLearned: hc.SlotsLearned,
 		MaxAttempts: cfg.maxAttempts, RetryBudget: cfg.retryBudget, BodyTimeout: cfg.bodyTimeout, WriteTimeout: cfg.writeTimeout,
 		UpstreamIdleTimeout: offTimeout(cfg.upstreamIdleTimeout),
 		StallWindow:         offTimeout(cfg.stallWindow), Stalled: hc.Stall,

@@ -9,18 +9,18 @@ import "time"
 const probeGap = 100 * time.Millisecond
 
 // ProbeLoad is told that this router now has inFlight requests at replica
-// id, which it owns. While the engine's slots are unknown (it publishes
-// its running and waiting counts but no slots, and has not been seen
-// queueing), and inFlight is more than the engine has been seen running
-// with nothing waiting, its load is scraped at once rather than at the
-// next LoadInterval: if it queues them, its slots are learnt at that
-// first queue (the only moment they can be, and one a scrape a second
-// mostly misses), and every decision after knows which of its replicas
-// can start a request. It does not block.
+// id, which it owns. When that is more than the engine is known to run at
+// once (mayRunMoreLocked: its slots unknown, or learnt and perhaps
+// understated), its load is scraped at once rather than at the next
+// LoadInterval: if it queues them, its slots are learnt at that first
+// queue (the only moment they can be, and one a scrape a second mostly
+// misses), and if it runs them, a learnt count rises. Engines that
+// publish their slots, or publish no running and waiting counts, are not
+// probed. It does not block.
 func (h *Checker) ProbeLoad(id string, inFlight int) {
 	h.mu.Lock()
 	s := h.state[id]
-	ask := s != nil && s.kick != nil && s.healthy && s.metrics.HasLoad && int32(inFlight) > s.ranFree && h.statusLocked(s).Load.Slots == 0
+	ask := s != nil && s.kick != nil && s.healthy && s.metrics.HasLoad && h.mayRunMoreLocked(s, inFlight)
 	h.mu.Unlock()
 	if ask {
 		select {
@@ -35,4 +35,28 @@ func (h *Checker) loadAge(s *replicaHealth) time.Duration {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return time.Since(s.lastLoad)
+}
+
+// mayRunMoreLocked reports that inFlight is more than the engine of s is
+// known to run at once: more than it was seen running with nothing
+// waiting while its slots are unknown, or more than the slots learnt
+// from its queue, which an engine short of KV cache at that moment
+// understates. A published count is known. h.mu is held.
+func (h *Checker) mayRunMoreLocked(s *replicaHealth, inFlight int) bool {
+	switch published := s.metrics.Merge(s.info).Slots; {
+	case published > 0:
+		return false
+	case s.learnedSlots > 0:
+		return int32(inFlight) > s.learnedSlots
+	}
+	return int32(inFlight) > s.ranFree
+}
+
+// SlotsLearned reports that replica id's slots were learnt from its
+// queue (SlotEstimate), not published by the engine.
+func (h *Checker) SlotsLearned(id string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	s := h.state[id]
+	return s != nil && s.learnedSlots > 0 && s.metrics.Merge(s.info).Slots == 0
 }

@@ -2,6 +2,8 @@ package health
 
 import (
 	"context"
+	"fmt"
+	"net/http"
 	"testing"
 	"time"
 )
@@ -11,7 +13,7 @@ import (
 // Told of no more requests than the engine was seen running, it reads
 // nothing; told of more, it scrapes (at once, or once probeGap has passed
 // since the last scrape) and learns the slots from the queue it finds;
-// once they are known, it reads nothing more.
+// a learnt count it reads again when told of more than that.
 func TestProbeLoadLearnsSlotsAtTheFirstQueue(t *testing.T) {
 	e := &engineReplica{metrics: vllmMetrics}
 	e.set(2, 0)
@@ -37,9 +39,40 @@ func TestProbeLoadLearnsSlotsAtTheFirstQueue(t *testing.T) {
 	h.ProbeLoad(rep.URL, 3) // likely within probeGap of the first scrape: it waits for the gap
 	waitFor(t, "the slots learnt from the probe", func() bool { c, _ := got.last(rep.URL); return c.Load.Slots == 2 })
 
-	e.set(3, 1)
-	h.ProbeLoad(rep.URL, 4)
-	if len(kick) != 0 {
-		t.Fatal("probed an engine whose slots are known")
+	// A learnt count is a floor: told of more, the checker reads the
+	// engine again, and what it runs raises the count.
+	e.set(3, 0)
+	h.ProbeLoad(rep.URL, 3)
+	waitFor(t, "the learnt slots raised", func() bool { c, _ := got.last(rep.URL); return c.Load.Slots == 3 })
+	if !h.SlotsLearned(rep.URL) {
+		t.Error("SlotsLearned false for slots learnt from the queue")
+	}
+}
+
+// An engine that publishes its slots is never probed, nor are its slots
+// learned.
+func TestProbeLoadSkipsPublishedSlots(t *testing.T) {
+	l := &engineReplica{metrics: "llamacpp:requests_processing %d\nllamacpp:requests_deferred %d\n"}
+	l.set(2, 0)
+	rep := newReplica(t, func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/props" {
+			fmt.Fprint(w, `{"total_slots":2,"default_generation_settings":{"n_ctx":1024}}`)
+			return
+		}
+		l.serve(w, r)
+	})
+	var got reports
+	h := New(Config{}, []string{rep.URL}, nil, got.add, 1024, nil, nil)
+	h.round(t.Context())
+	h.mu.Lock()
+	s := h.state[rep.URL]
+	s.kick = make(chan struct{}, 1) // as Run makes it
+	h.mu.Unlock()
+	h.ProbeLoad(rep.URL, 9)
+	if len(s.kick) != 0 {
+		t.Error("probed an engine that publishes its slots")
+	}
+	if h.SlotsLearned(rep.URL) {
+		t.Error("SlotsLearned true for published slots")
 	}
 }

@@ -32,10 +32,17 @@ func newLateBinding(w *world) *lateBinding {
 }
 
 // full reports whether replica j's engine, as its owner counts it, has
-// every known slot taken by requests sent to it (not those held).
+// every known slot taken by requests sent to it (not those held). A
+// count learnt from the queue is a floor (the router's
+// lateBinder.engineFull): while the last scrape showed nothing waiting,
+// one request more goes to the engine.
 func (lb *lateBinding) full(j int) bool {
-	sl := lb.w.ownerEng(j).slots
-	return sl > 0 && lb.w.rep[j].inFlight-lb.heldAt[j] >= sl
+	e := lb.w.ownerEng(j)
+	room := e.slots
+	if !lb.w.p.cfg.SlotsPublished && e.waiting == 0 {
+		room++
+	}
+	return e.slots > 0 && lb.w.rep[j].inFlight-lb.heldAt[j] >= room
 }
 
 // hold keeps h at the owner of its replica, counted in flight there.

@@ -759,14 +759,18 @@ func scrapeOne(w *world, j int) {
 
 // probeSlots has the owner of replica j read its engine's counts soon,
 // out of the scrape schedule, when it has just sent the engine more
-// requests than it has seen it run with nothing waiting while its slots
-// are unknown (the router's health.Checker.ProbeLoad): the moment the
-// engine may first queue, which is when its slots can be learnt
-// (SlotEstimate). One probe is pending at most, probeGap after the last;
-// none once the slots are known.
+// requests than it knows it to run (the router's
+// health.Checker.ProbeLoad): with slots unknown, more than it was seen
+// running with nothing waiting (the moment it may first queue, which is
+// when its slots can be learnt, SlotEstimate); with slots learnt, more
+// than those. One probe is pending at most, probeGap after the last.
 func probeSlots(w *world, j int) {
 	cfg := w.p.cfg
-	if cfg.SlotsPublished || !cfg.ProbeSlots || w.slotEst[j].Slots > 0 || w.rep[j].inFlight <= w.ranFree[j] || w.probeAt[j] > w.now {
+	known := w.ranFree[j]
+	if sl := w.slotEst[j].Slots; sl > 0 {
+		known = sl // learnt from the queue: a floor the engine may exceed
+	}
+	if cfg.SlotsPublished || !cfg.ProbeSlots || w.rep[j].inFlight <= known || w.probeAt[j] > w.now {
 		return
 	}
 	w.probeAt[j] = max(w.now+probeDelay, w.probeAt[j]+probeGap)
