@@ -149,6 +149,21 @@ func (b *lateBinder) engineFull(c *route.Candidate) bool {
 	return int(c.InFlight)-b.heldAt(c.ID()) >= room
 }
 
+// pools reports whether this router owns more than one of cands: an
+// owner of one would hold a queue that is its engine's again, for
+// nothing.
+func pools(cands []route.Candidate) bool {
+	n := 0
+	for i := range cands {
+		if local(&cands[i]) {
+			if n++; n > 1 {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // bindLate holds st while the owned replica it was decided and booked
 // for (d, bk) cannot start it, deciding again among the router's own
 // replicas at each wake; it returns the decision and booking to attempt.
@@ -160,7 +175,7 @@ func (b *lateBinder) engineFull(c *route.Candidate) bool {
 // retry it elsewhere.
 func bindLate(st *reqState, d route.Decision, bk booking) (route.Decision, booking, bool) {
 	p, b := st.p, st.p.late
-	if b == nil || st.leg != hop.LegNone || st.ep.byLoad {
+	if b == nil || st.leg != hop.LegNone || st.ep.byLoad || !pools(st.cands) {
 		return d, bk, true
 	}
 	var w lateWaiter

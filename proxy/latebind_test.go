@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
@@ -165,7 +166,9 @@ func TestLateBindHoldsAHopAnnounced(t *testing.T) {
 		once.Do(func() { <-release }) // the first request holds the slot
 		jsonChat(w, "from R", 0)
 	})
-	view := &liveView{fakeView: newFakeView([]string{"m"}, fakeReplica{id: rep.URL, slots: 1}), live: map[string]int{}}
+	// Another owned replica, always full: an owner of one replica holds nothing.
+	full := newReplica(t, func(w http.ResponseWriter, r *http.Request) { t.Error("the full replica got a request") })
+	view := &liveView{fakeView: newFakeView([]string{"m"}, fakeReplica{id: rep.URL, slots: 1}, fakeReplica{id: full.URL, slots: 1, inFlight: 1}), live: map[string]int{}}
 	p, srv, _ := newEdgeProxy(t, view, func(c *Config) { c.HopKey, c.LateBind = testHopKey, true })
 	ctx, cancel := context.WithTimeout(context.Background(), testWait)
 	defer cancel()
@@ -189,7 +192,7 @@ func TestLateBindHoldsAHopAnnounced(t *testing.T) {
 			map[string]string{hop.HeaderDispatchBy: strconv.FormatInt(deadline.UnixMilli(), 10)})
 		hopDone <- result{status, len(got1xx)}
 	}()
-	waitFor(t, "the hop held", func() bool { return p.late.heldAt(rep.URL) == 1 })
+	waitFor(t, "the hop held", func() bool { return p.late.heldAt(rep.URL)+p.late.heldAt(full.URL) == 1 })
 	if n := rep.count(); n != 1 {
 		t.Fatalf("the replica got %d requests while its slot was taken, want 1", n)
 	}
@@ -216,7 +219,9 @@ func TestLateBindClientGoneWhileHeld(t *testing.T) {
 		once.Do(func() { <-release }) // the first request holds the slot
 		jsonChat(w, "from R", 0)
 	})
-	view := &liveView{fakeView: newFakeView([]string{"m"}, fakeReplica{id: rep.URL, slots: 1}), live: map[string]int{}}
+	// Another owned replica, always full: an owner of one replica holds nothing.
+	full := newReplica(t, func(w http.ResponseWriter, r *http.Request) { t.Error("the full replica got a request") })
+	view := &liveView{fakeView: newFakeView([]string{"m"}, fakeReplica{id: rep.URL, slots: 1}, fakeReplica{id: full.URL, slots: 1, inFlight: 1}), live: map[string]int{}}
 	p, srv, _ := newTestProxy(t, view, func(c *Config) { c.LateBind = true })
 	ctx, cancel := context.WithTimeout(context.Background(), testWait)
 	defer cancel()
@@ -236,16 +241,50 @@ func TestLateBindClientGoneWhileHeld(t *testing.T) {
 			resp.Body.Close()
 		}
 	}()
-	waitFor(t, "the second request held", func() bool { return p.late.heldAt(rep.URL) == 1 })
+	waitFor(t, "the second request held", func() bool { return p.late.heldAt(rep.URL)+p.late.heldAt(full.URL) == 1 })
 	leave()
 	<-secondDone
-	waitFor(t, "the hold to end", func() bool { return p.late.heldAt(rep.URL) == 0 })
+	waitFor(t, "the hold to end", func() bool { return p.late.heldAt(rep.URL)+p.late.heldAt(full.URL) == 0 })
 	close(release)
 	if code := <-firstDone; code != http.StatusOK {
 		t.Errorf("first request: status %d", code)
 	}
 	if n := rep.count(); n != 1 {
 		t.Errorf("the replica got %d requests, want 1 (the second left while held)", n)
+	}
+}
+
+// An owner of a single replica (for the model) holds nothing: its queue
+// would be that engine's queue again.
+func TestLateBindNeedsTwoOwnedReplicas(t *testing.T) {
+	release := make(chan struct{})
+	var once sync.Once
+	rep := newReplica(t, func(w http.ResponseWriter, r *http.Request) {
+		once.Do(func() { <-release }) // the first request holds the slot
+		jsonChat(w, "from R", 0)
+	})
+	view := &liveView{fakeView: newFakeView([]string{"m"}, fakeReplica{id: rep.URL, slots: 1}), live: map[string]int{}}
+	p, srv, reg := newTestProxy(t, view, func(c *Config) { c.LateBind = true })
+	defer p.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), testWait)
+	defer cancel()
+	done := make(chan int, 2)
+	for i := range 2 {
+		go func() {
+			resp := post(t, ctx, srv.URL+"/v1/chat/completions", chatBody("m", false, fmt.Sprintf("request %d", i)))
+			_ = readAll(t, resp)
+			done <- resp.StatusCode
+		}()
+	}
+	waitFor(t, "both requests at the replica", func() bool { return rep.count() == 2 })
+	close(release)
+	for range 2 {
+		if code := <-done; code != http.StatusOK {
+			t.Errorf("status %d", code)
+		}
+	}
+	if got := metricOf(t, reg, "kvmesh_late_bind_holds_total"); got != 0 {
+		t.Errorf("kvmesh_late_bind_holds_total = %v, want 0", got)
 	}
 }
 

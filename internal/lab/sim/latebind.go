@@ -59,6 +59,13 @@ func (lb *lateBinding) count(h lateHeld, n int) {
 	lb.heldAt[h.j] += n
 }
 
+// pools reports whether owner o owns more than one replica: an owner of
+// one would hold a queue that is its engine's again, for nothing (the
+// router's bindLate skips it too).
+func (lb *lateBinding) pools(o int) bool {
+	return o+lb.w.nR < len(lb.w.rep)
+}
+
 // room reports whether some replica owner o owns could start a request.
 func (lb *lateBinding) room(o int) bool {
 	for j := o; j < len(lb.w.rep); j += lb.w.nR {

@@ -510,26 +510,31 @@ func TestAdmissionHoldsRequestsAtTheRouter(t *testing.T) {
 
 // With late binding the owners hold what their engines cannot start and
 // send it when a slot frees: no engine ever queues, and every request is
-// served (each burst here is three times the cluster's slots).
+// served (each burst here is three times the cluster's slots). An owner
+// of a single replica holds nothing: its queue would be that engine's.
 func TestLateBindingKeepsTheQueuesAtTheOwners(t *testing.T) {
 	reqs := bursts(func(n int) int { return 20 + 40*(n%5) })
 	cfg := testConfig()
 	cfg.Replicas, cfg.Load = 2, 0
 	cfg.MaxNumSeqs, cfg.SlotsPublished, cfg.CacheBlocks = 2, true, 1000
 	cfg.Policies = []string{PolicySingle, PolicyMesh}
-	for _, late := range []bool{false, true} {
-		cfg.LateBind = late
-		r, err := Run(context.Background(), cfg, reqs)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, name := range cfg.Policies {
-			p := policy(t, r, name)
-			if p.Requests != len(reqs) {
-				t.Errorf("late %v, %s: served %d of %d", late, name, p.Requests, len(reqs))
+	for _, routers := range []int{1, 2} {
+		cfg.Routers = routers
+		for _, late := range []bool{false, true} {
+			cfg.LateBind = late
+			r, err := Run(context.Background(), cfg, reqs)
+			if err != nil {
+				t.Fatal(err)
 			}
-			if got := p.MaxQueued == 0; got != late {
-				t.Errorf("late %v, %s: most queued in the engines %d", late, name, p.MaxQueued)
+			for _, name := range cfg.Policies {
+				p := policy(t, r, name)
+				if p.Requests != len(reqs) {
+					t.Errorf("%d routers, late %v, %s: served %d of %d", routers, late, name, p.Requests, len(reqs))
+				}
+				held := late && (routers == 1 || name == PolicySingle)
+				if got := p.MaxQueued == 0; got != held {
+					t.Errorf("%d routers, late %v, %s: most queued in the engines %d", routers, late, name, p.MaxQueued)
+				}
 			}
 		}
 	}
@@ -568,7 +573,7 @@ func TestProbedSlotsAreLearntAtTheFirstQueue(t *testing.T) {
 	cfg := testConfig()
 	cfg.Replicas, cfg.Load = 2, 0
 	cfg.MaxNumSeqs, cfg.CacheBlocks, cfg.ScrapeInterval = 2, 1000, time.Hour
-	cfg.LateBind = true
+	cfg.LateBind, cfg.Routers = true, 1
 	cfg.Policies = []string{PolicyMesh}
 	for _, probe := range []bool{false, true} {
 		cfg.ProbeSlots = probe

@@ -375,7 +375,7 @@ func (w *world) arrive(k int, i int32) error {
 			w.givenUp += int64(d.BestMatch - d.Match)
 		}
 	}
-	if w.late != nil && w.late.full(j) {
+	if w.late != nil && w.late.pools(w.owner(j)) && w.late.full(j) {
 		w.late.hold(lateHeld{i: i, entry: int32(k), j: int32(j), est: est, best: best})
 		return nil
 	}
