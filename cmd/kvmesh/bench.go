@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -81,7 +82,9 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.IntVar(&conv.SystemWords, "system-words", 250, "conversations: words of the shared system prompt")
 	fs.IntVar(&conv.DocumentWords, "document-words", 600, "conversations: words of each conversation's document (in its first turn)")
 	fs.IntVar(&conv.TurnWords, "turn-words", 30, "conversations: words of each user question")
-	fs.IntVar(&conv.AnswerTokens, "answer-tokens", 100, "conversations: max_tokens of each turn")
+	fs.IntVar(&conv.AnswerTokens, "answer-tokens", 100, "conversations: max_tokens of each turn (the median with --answer-sigma)")
+	fs.Float64Var(&conv.AnswerSigma, "answer-sigma", 0, "conversations: draw each turn's max_tokens lognormal with median --answer-tokens and this σ, clamped to [1, 16 × median], from --seed, the conversation and the turn (the same lengths for every front end and run of a seed); 0: every turn asks --answer-tokens")
+	fs.BoolVar(&conv.IgnoreEOS, "ignore-eos", false, `conversations: send "ignore_eos": true (llama.cpp's server and vLLM honour it), so each answer runs to its max_tokens`)
 	fs.Uint64Var(&conv.Seed, "seed", 1, "conversations: text generation seed")
 	requestIDs := fs.Bool("request-ids", false, "conversations: send each turn with X-Request-Id GROUP-cC-tT (its group's name, conversation and turn from 0), so what the engines log or trace of it joins to the JSON's per-turn records")
 	commit := fs.String("commit", "", "conversations: label results with the commit of the front end under test")
@@ -320,6 +323,9 @@ func runConvBench(ctx context.Context, groups []benchGroup, conv bench.ConvConfi
 	if conv.Turns <= 0 || conv.Clients <= 0 {
 		return fmt.Errorf("bench: --turns and --clients must be positive, got %d and %d", conv.Turns, conv.Clients)
 	}
+	if conv.AnswerSigma < 0 || math.IsNaN(conv.AnswerSigma) || math.IsInf(conv.AnswerSigma, 0) {
+		return fmt.Errorf("bench: --answer-sigma must be a finite number ≥ 0, got %v", conv.AnswerSigma)
+	}
 	conv.HTTPClient = bench.DefaultHTTPClient(conv.Clients)
 	conv.Progress = stderr
 	if model == "" {
@@ -333,8 +339,8 @@ func runConvBench(ctx context.Context, groups []benchGroup, conv bench.ConvConfi
 	var results []bench.ConvResult
 	var runErr error
 	for _, g := range groups {
-		fmt.Fprintf(stderr, "bench %s: %d conversations x %d turns, %d clients, think %v, model %s, front ends %s\n",
-			g.name, conv.Conversations, conv.Turns, conv.Clients, conv.Think, model, strings.Join(g.frontends, ","))
+		fmt.Fprintf(stderr, "bench %s: %d conversations x %d turns, %d clients, think %v, answers %d tokens (σ %v, ignore_eos %v), model %s, front ends %s\n",
+			g.name, conv.Conversations, conv.Turns, conv.Clients, conv.Think, conv.AnswerTokens, conv.AnswerSigma, conv.IgnoreEOS, model, strings.Join(g.frontends, ","))
 		for _, u := range resets {
 			if err := resetCache(ctx, conv.HTTPClient, u); err != nil {
 				return fmt.Errorf("bench: %w", err)

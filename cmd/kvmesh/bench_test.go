@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -126,6 +127,7 @@ func TestRunBenchFlagErrors(t *testing.T) {
 		{"missing trace", []string{"--frontend", "http://127.0.0.1:1", "--model", "m", "--trace", "/nonexistent.jsonl"}, "nonexistent"},
 		{"model discovery fails", []string{"--frontend", "http://127.0.0.1:1"}, "list models"},
 		{"stray arg", []string{"--frontend", "http://127.0.0.1:1", "extra"}, "unexpected"},
+		{"negative answer sigma", []string{"--frontend", "http://127.0.0.1:1", "--model", "m", "--conversations", "2", "--answer-sigma", "-1"}, "answer-sigma"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -279,5 +281,55 @@ func TestBenchBalance(t *testing.T) {
 	err := runBench(context.Background(), []string{"--balance", "127.0.0.1:0", "--balance-policy", "random", "--backend", a.URL}, &errOut, &errOut)
 	if err == nil || !strings.Contains(err.Error(), "random") {
 		t.Errorf("unknown policy: %v", err)
+	}
+}
+
+// TestBenchConversationsAnswerFlags: --answer-sigma varies each turn's
+// max_tokens around --answer-tokens, the same in two runs of one seed,
+// and --ignore-eos sends "ignore_eos": true.
+func TestBenchConversationsAnswerFlags(t *testing.T) {
+	eng, _ := fakeEngine(t, "m")
+	var mu sync.Mutex
+	asked := map[string]string{}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		var body struct {
+			MaxTokens int  `json:"max_tokens"`
+			IgnoreEOS bool `json:"ignore_eos"`
+		}
+		if err := json.Unmarshal(b, &body); err == nil {
+			mu.Lock()
+			asked[r.Header.Get("X-Request-Id")] = fmt.Sprintf("%d/%v", body.MaxTokens, body.IgnoreEOS)
+			mu.Unlock()
+		}
+		r.Body = io.NopCloser(bytes.NewReader(b))
+		eng.Config.Handler.ServeHTTP(w, r)
+	}))
+	defer srv.Close()
+	run := func() map[string]string {
+		clear(asked)
+		var out, errOut bytes.Buffer
+		args := []string{"--conversations", "8", "--turns", "3", "--clients", "3", "--think", "1ms", "--json", "--request-ids",
+			"--answer-tokens", "16", "--answer-sigma", "1", "--ignore-eos", "--seed", "5", "--group", "g=" + srv.URL}
+		if err := runBench(t.Context(), args, &out, &errOut); err != nil {
+			t.Fatalf("%v: %s", err, errOut.String())
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		return maps.Clone(asked)
+	}
+	first, second := run(), run()
+	if len(first) != 24 || !maps.Equal(first, second) {
+		t.Fatalf("asked %v, then %v", first, second)
+	}
+	distinct := map[string]bool{}
+	for id, a := range first {
+		if !strings.HasSuffix(a, "/true") {
+			t.Fatalf("%s asked %s, want ignore_eos true", id, a)
+		}
+		distinct[a] = true
+	}
+	if len(distinct) < 3 {
+		t.Fatalf("σ 1 asked few lengths: %v", distinct)
 	}
 }

@@ -320,6 +320,7 @@ func (b *Body) Close() error {
 	b.closed = true
 	stopped := b.stop()
 	if b.eof && b.reuse && stopped && b.c.r == b.c.w {
+		b.c.afterStream = b.mode == bodyChunked
 		b.u.put(b.c)
 		return nil
 	}

@@ -22,6 +22,8 @@ type upConn struct {
 	buf    []byte
 	r, w   int // unread bytes are buf[r:w]
 	idleAt time.Time
+	// afterStream: its last response was chunked (Client.markCloser).
+	afterStream bool
 	// The stream loop's (streamloop_linux.go): while inLoop, reads are
 	// raw non-blocking reads of loopFD, at most loopReads of them (the
 	// loop allows one per readiness), errAgain beyond.

@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -38,6 +40,9 @@ type Client struct {
 
 	mu   sync.Mutex
 	idle map[string][]*upConn // by host:port, most recently used last
+	// closers are the hosts seen closing a connection right after a
+	// chunked response that promised keep-alive (closesAfterStream).
+	closers map[string]bool
 }
 
 // New returns the fast client for c, or nil when c is not a
@@ -58,7 +63,7 @@ func New(c *http.Client) *Client {
 		maxIdle = http.DefaultMaxIdleConnsPerHost
 	}
 	return &Client{dial: dial, headerTimeout: t.ResponseHeaderTimeout, idleTimeout: t.IdleConnTimeout,
-		maxIdle: maxIdle, idle: map[string][]*upConn{}}
+		maxIdle: maxIdle, idle: map[string][]*upConn{}, closers: map[string]bool{}}
 }
 
 // maxResponseHeader bounds a response's status line and headers (and a
@@ -93,6 +98,7 @@ func (u *Client) Do(ctx context.Context, url string, hdr http.Header, body []byt
 		if err != nil {
 			return nil, err
 		}
+		pooled := time.Since(c.idleAt)
 		// A cancelled request ends a blocked write or read; the
 		// connection is then not reused.
 		stop := context.AfterFunc(ctx, func() { _ = c.nc.SetDeadline(time.Unix(1, 0)) })
@@ -109,6 +115,11 @@ func (u *Client) Do(ctx context.Context, url string, hdr http.Header, body []byt
 		if err != nil {
 			stop()
 			c.close()
+			if reused && c.afterStream && pooled < closeSoon && c.w == 0 && (errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET)) {
+				// Closed, with not a byte of an answer, just after a
+				// stream: the next stream's connection is not pooled.
+				u.markCloser(host)
+			}
 			return nil, err
 		}
 		return resp, nil
@@ -174,8 +185,15 @@ func (u *Client) conn(ctx context.Context, host string) (*upConn, bool, error) {
 		// that only a read shows. Sent on such a connection, a request
 		// would look written and fail unretried (net/http's reader
 		// goroutine notices the FIN at once; this costs one syscall).
-		if (u.idleTimeout > 0 && idle > u.idleTimeout) || !c.alive() {
+		if u.idleTimeout > 0 && idle > u.idleTimeout {
 			c.close()
+			continue
+		}
+		if !c.alive() {
+			c.close()
+			if c.afterStream && idle < closeSoon {
+				u.markCloser(host)
+			}
 			continue
 		}
 		return c, true, nil
@@ -196,12 +214,35 @@ func (u *Client) put(c *upConn) {
 	}
 	u.mu.Lock()
 	l := u.idle[c.host]
-	if len(l) >= u.maxIdle {
+	if len(l) >= u.maxIdle || (c.afterStream && u.closers[c.host]) {
 		u.mu.Unlock()
 		c.close()
 		return
 	}
 	u.idle[c.host] = append(l, c)
+	u.mu.Unlock()
+}
+
+// closeSoon is how soon after its response a server's close of a
+// keep-alive connection is its way of ending that response rather than
+// an idle timeout (servers' are seconds: uvicorn's and cpp-httplib's 5 s,
+// nginx's 75 s).
+const closeSoon = time.Second
+
+// closesAfterStream: llama.cpp's server (b11312, cpp-httplib) ends every
+// streamed response by closing its connection, after the last chunk and
+// without a Connection: close. The connection comes back to the pool
+// read to its end and looks idle until the FIN arrives; a request sent on
+// it in that window (the very next one to the replica: a late-bound
+// request is woken by that response's end, proxy/latebind.go) is written
+// and then answered by EOF, which may not be retried (retry.go). So once
+// a host was seen closing a connection soon after a chunked response
+// (found closed at the next reuse, or failing it), connections after its
+// chunked responses are closed, not pooled: those requests dial instead.
+// markCloser records host as such a server.
+func (u *Client) markCloser(host string) {
+	u.mu.Lock()
+	u.closers[host] = true
 	u.mu.Unlock()
 }
 

@@ -31,10 +31,18 @@ type ConvConfig struct {
 	SystemWords   int           // shared system prompt, default 250 words
 	DocumentWords int           // per-conversation document, default 600 words
 	TurnWords     int           // each user question, default 30 words
-	AnswerTokens  int           // max_tokens of each turn, default 100
-	Seed          uint64        // text generation seed
-	HTTPClient    *http.Client  // nil: DefaultHTTPClient(Clients)
-	Progress      io.Writer     // nil: none; else one line per finished conversation
+	AnswerTokens  int           // max_tokens of each turn (the median when AnswerSigma > 0), default 100
+	// AnswerSigma, when > 0, draws each turn's max_tokens lognormal with
+	// median AnswerTokens and this σ (answerTokens); 0 asks AnswerTokens
+	// of every turn.
+	AnswerSigma float64
+	// IgnoreEOS sends "ignore_eos": true (llama.cpp's server and vLLM
+	// honour it), so each answer runs to its max_tokens instead of the
+	// model's choice of where to stop.
+	IgnoreEOS  bool
+	Seed       uint64       // text generation seed
+	HTTPClient *http.Client // nil: DefaultHTTPClient(Clients)
+	Progress   io.Writer    // nil: none; else one line per finished conversation
 	// RequestIDs, when set, names each turn to the engines: its
 	// X-Request-Id is RequestID(RequestIDs, conversation, turn), so that
 	// what the replicas log of it can be joined to its turn.
@@ -78,9 +86,11 @@ type ConvResult struct {
 	FollowupPromptTokens  int64          `json:"followup_prompt_tokens"`
 	FollowupCachedTokens  int64          `json:"followup_cached_tokens"`
 	TTFTP50Ms             float64        `json:"ttft_p50_ms"` // all turns
+	TTFTP90Ms             float64        `json:"ttft_p90_ms"`
 	TTFTP99Ms             float64        `json:"ttft_p99_ms"`
 	MeanTTFTMs            float64        `json:"mean_ttft_ms"`
 	FollowupTTFTP50Ms     float64        `json:"followup_ttft_p50_ms"`
+	FollowupTTFTP90Ms     float64        `json:"followup_ttft_p90_ms"`
 	FollowupTTFTP99Ms     float64        `json:"followup_ttft_p99_ms"`
 	NoUsage               int            `json:"no_usage"` // completed turns without usage
 	WallSeconds           float64        `json:"wall_seconds"`
@@ -108,7 +118,11 @@ type TurnRecord struct {
 	EndMs        float64 `json:"end_ms"` // the stream's end, since the run started
 	PromptTokens int64   `json:"prompt_tokens"`
 	CachedTokens int64   `json:"cached_tokens"`
-	Error        string  `json:"error,omitempty"`
+	// MaxTokens is the max_tokens the turn asked for; CompletionTokens
+	// what the engine reports it answered (less when it stopped at EOS).
+	MaxTokens        int    `json:"max_tokens"`
+	CompletionTokens int64  `json:"completion_tokens"`
+	Error            string `json:"error,omitempty"`
 }
 
 // wordList is the vocabulary of generated text: common English words, so
@@ -169,6 +183,7 @@ func newConvText(c ConvConfig) convText {
 type turnOutcome struct {
 	conv, turn int
 	id         string
+	maxTokens  int
 	sent, end  time.Time
 	o          outcome
 }
@@ -244,7 +259,8 @@ feed:
 			Conversation: t.conv, Turn: t.turn, ID: t.id, SentMs: since(t.sent),
 			TTFTMs: float64(t.o.ttft) / float64(time.Millisecond), EndMs: since(t.end),
 			FirstChunkMs: float64(t.o.firstChunk) / float64(time.Millisecond),
-			PromptTokens: t.o.prompt, CachedTokens: t.o.cached, Error: t.o.kind,
+			PromptTokens: t.o.prompt, CachedTokens: t.o.cached, MaxTokens: t.maxTokens,
+			CompletionTokens: t.o.completion, Error: t.o.kind,
 		})
 		if t.o.kind != "" {
 			res.Errors++
@@ -277,8 +293,8 @@ feed:
 	}
 	slices.Sort(all)
 	slices.Sort(follow)
-	res.TTFTP50Ms, res.TTFTP99Ms = percentile(all, 0.5), percentile(all, 0.99)
-	res.FollowupTTFTP50Ms, res.FollowupTTFTP99Ms = percentile(follow, 0.5), percentile(follow, 0.99)
+	res.TTFTP50Ms, res.TTFTP90Ms, res.TTFTP99Ms = percentile(all, 0.5), percentile(all, 0.9), percentile(all, 0.99)
+	res.FollowupTTFTP50Ms, res.FollowupTTFTP90Ms, res.FollowupTTFTP99Ms = percentile(follow, 0.5), percentile(follow, 0.9), percentile(follow, 0.99)
 	if len(all) > 0 {
 		var sum float64
 		for _, v := range all {
@@ -315,9 +331,10 @@ func runConversation(ctx context.Context, client *http.Client, urls []string, cf
 		if cfg.RequestIDs != "" {
 			id = RequestID(cfg.RequestIDs, c, t)
 		}
+		maxTokens := answerTokens(cfg, c, t)
 		sent := time.Now()
-		o, answer := chatTurn(ctx, client, urls[(c+t)%len(urls)], cfg.Model, msgs, cfg.AnswerTokens, id)
-		outs = append(outs, turnOutcome{conv: c, turn: t, id: id, sent: sent, end: time.Now(), o: o})
+		o, answer := chatTurn(ctx, client, urls[(c+t)%len(urls)], cfg.Model, msgs, maxTokens, cfg.IgnoreEOS, id)
+		outs = append(outs, turnOutcome{conv: c, turn: t, id: id, maxTokens: maxTokens, sent: sent, end: time.Now(), o: o})
 		if o.kind != "" {
 			return outs, false
 		}
@@ -326,10 +343,11 @@ func runConversation(ctx context.Context, client *http.Client, urls []string, cf
 	return outs, true
 }
 
-// chatTurn sends one streaming chat request (named id, when not "") and
+// chatTurn sends one streaming chat request (named id, when not "";
+// with "ignore_eos": true when ignoreEOS) and
 // returns its outcome and the answer text.
-func chatTurn(ctx context.Context, client *http.Client, url, model string, msgs []chatMessage, maxTokens int, id string) (outcome, string) {
-	body := chatRequest{Model: model, Messages: msgs, MaxTokens: maxTokens, Stream: true}
+func chatTurn(ctx context.Context, client *http.Client, url, model string, msgs []chatMessage, maxTokens int, ignoreEOS bool, id string) (outcome, string) {
+	body := chatRequest{Model: model, Messages: msgs, MaxTokens: maxTokens, Stream: true, IgnoreEOS: ignoreEOS}
 	body.StreamOptions.IncludeUsage = true
 	buf, err := json.Marshal(body)
 	if err != nil {

@@ -36,10 +36,13 @@ type chatMessage struct {
 }
 
 type chatRequest struct {
-	Model         string        `json:"model"`
-	Messages      []chatMessage `json:"messages"`
-	MaxTokens     int           `json:"max_tokens"`
-	Stream        bool          `json:"stream"`
+	Model     string        `json:"model"`
+	Messages  []chatMessage `json:"messages"`
+	MaxTokens int           `json:"max_tokens"`
+	// IgnoreEOS asks the engine to answer to max_tokens (llama.cpp's
+	// server, vLLM); omitted when false, as engines without it expect.
+	IgnoreEOS     bool `json:"ignore_eos,omitempty"`
+	Stream        bool `json:"stream"`
 	StreamOptions struct {
 		IncludeUsage bool `json:"include_usage"`
 	} `json:"stream_options"`
