@@ -39,15 +39,17 @@ func (h *Checker) loadAge(s *replicaHealth) time.Duration {
 
 // mayRunMoreLocked reports that inFlight is more than the engine of s is
 // known to run at once: more than it was seen running with nothing
-// waiting while its slots are unknown, or more than the slots learnt
-// from its queue, which an engine short of KV cache at that moment
-// understates. A published count is known. h.mu is held.
+// waiting while its slots are unknown, or, while its last scrape showed
+// nothing waiting, more than the slots learnt from its queue (which an
+// engine short of KV cache at that moment understates; one seen queueing
+// since has confirmed them, and is not read more often for it). A
+// published count is known. h.mu is held.
 func (h *Checker) mayRunMoreLocked(s *replicaHealth, inFlight int) bool {
 	switch published := s.metrics.Merge(s.info).Slots; {
 	case published > 0:
 		return false
 	case s.learnedSlots > 0:
-		return int32(inFlight) > s.learnedSlots
+		return s.metrics.Waiting == 0 && int32(inFlight) > s.learnedSlots
 	}
 	return int32(inFlight) > s.ranFree
 }

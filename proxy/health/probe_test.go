@@ -39,8 +39,20 @@ func TestProbeLoadLearnsSlotsAtTheFirstQueue(t *testing.T) {
 	h.ProbeLoad(rep.URL, 3) // likely within probeGap of the first scrape: it waits for the gap
 	waitFor(t, "the slots learnt from the probe", func() bool { c, _ := got.last(rep.URL); return c.Load.Slots == 2 })
 
-	// A learnt count is a floor: told of more, the checker reads the
-	// engine again, and what it runs raises the count.
+	// A learnt count is confirmed while the engine queues: no probe.
+	reads := rep.count()
+	h.ProbeLoad(rep.URL, 3)
+	if len(kick) != 0 {
+		t.Fatal("probed an engine seen queueing at its learnt slots")
+	}
+	// Once a scrape shows nothing waiting, the count is a floor: told of
+	// more, the checker reads the engine again, and what it runs raises
+	// the count.
+	e.set(2, 0)
+	h.round(t.Context())
+	if rep.count() == reads {
+		t.Fatal("round read nothing")
+	}
 	e.set(3, 0)
 	h.ProbeLoad(rep.URL, 3)
 	waitFor(t, "the learnt slots raised", func() bool { c, _ := got.last(rep.URL); return c.Load.Slots == 3 })

@@ -763,11 +763,15 @@ func scrapeOne(w *world, j int) {
 // health.Checker.ProbeLoad): with slots unknown, more than it was seen
 // running with nothing waiting (the moment it may first queue, which is
 // when its slots can be learnt, SlotEstimate); with slots learnt, more
-// than those. One probe is pending at most, probeGap after the last.
+// than those while the last scrape showed nothing waiting. One probe is
+// pending at most, probeGap after the last.
 func probeSlots(w *world, j int) {
 	cfg := w.p.cfg
 	known := w.ranFree[j]
 	if sl := w.slotEst[j].Slots; sl > 0 {
+		if w.scraped[j].waiting > 0 {
+			return // seen queueing at the count: confirmed
+		}
 		known = sl // learnt from the queue: a floor the engine may exceed
 	}
 	if cfg.SlotsPublished || !cfg.ProbeSlots || w.rep[j].inFlight <= known || w.probeAt[j] > w.now {
