@@ -154,18 +154,25 @@ func TestLateBind(t *testing.T) {
 	}
 }
 
+// newSlotHolder is a replica of one slot whose first request holds it
+// until release is closed; every later request is answered at once.
+func newSlotHolder(t *testing.T) (*replicaServer, chan struct{}) {
+	release := make(chan struct{})
+	var once sync.Once
+	rep := newReplica(t, func(w http.ResponseWriter, r *http.Request) {
+		once.Do(func() { <-release })
+		jsonChat(w, "from R", 0)
+	})
+	return rep, release
+}
+
 // A forwarded request held at its owner announces its dispatch when it
 // is held (its entry would otherwise give it up after the hop dispatch
 // timeout), once, and is sent when the replica's slot frees, though
 // that is past the entry's dispatch deadline: the owner took it on
 // before the deadline.
 func TestLateBindHoldsAHopAnnounced(t *testing.T) {
-	release := make(chan struct{})
-	var once sync.Once
-	rep := newReplica(t, func(w http.ResponseWriter, r *http.Request) {
-		once.Do(func() { <-release }) // the first request holds the slot
-		jsonChat(w, "from R", 0)
-	})
+	rep, release := newSlotHolder(t)
 	// Another owned replica, always full: an owner of one replica holds nothing.
 	full := newReplica(t, func(w http.ResponseWriter, r *http.Request) { t.Error("the full replica got a request") })
 	view := &liveView{fakeView: newFakeView([]string{"m"}, fakeReplica{id: rep.URL, slots: 1}, fakeReplica{id: full.URL, slots: 1, inFlight: 1}), live: map[string]int{}}
@@ -213,12 +220,7 @@ func TestLateBindHoldsAHopAnnounced(t *testing.T) {
 // A client that leaves while its request is held is never sent: the
 // replica never sees it, and the hold ends.
 func TestLateBindClientGoneWhileHeld(t *testing.T) {
-	release := make(chan struct{})
-	var once sync.Once
-	rep := newReplica(t, func(w http.ResponseWriter, r *http.Request) {
-		once.Do(func() { <-release }) // the first request holds the slot
-		jsonChat(w, "from R", 0)
-	})
+	rep, release := newSlotHolder(t)
 	// Another owned replica, always full: an owner of one replica holds nothing.
 	full := newReplica(t, func(w http.ResponseWriter, r *http.Request) { t.Error("the full replica got a request") })
 	view := &liveView{fakeView: newFakeView([]string{"m"}, fakeReplica{id: rep.URL, slots: 1}, fakeReplica{id: full.URL, slots: 1, inFlight: 1}), live: map[string]int{}}
@@ -257,12 +259,7 @@ func TestLateBindClientGoneWhileHeld(t *testing.T) {
 // An owner of a single replica (for the model) holds nothing: its queue
 // would be that engine's queue again.
 func TestLateBindNeedsTwoOwnedReplicas(t *testing.T) {
-	release := make(chan struct{})
-	var once sync.Once
-	rep := newReplica(t, func(w http.ResponseWriter, r *http.Request) {
-		once.Do(func() { <-release }) // the first request holds the slot
-		jsonChat(w, "from R", 0)
-	})
+	rep, release := newSlotHolder(t)
 	view := &liveView{fakeView: newFakeView([]string{"m"}, fakeReplica{id: rep.URL, slots: 1}), live: map[string]int{}}
 	p, srv, reg := newTestProxy(t, view, func(c *Config) { c.LateBind = true })
 	defer p.Close()

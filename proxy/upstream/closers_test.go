@@ -1,13 +1,9 @@
 package upstream
 
 import (
-	"bufio"
 	"context"
 	"io"
-	"net"
 	"net/http"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -43,32 +39,7 @@ func idleConns(u *Client, host string) int {
 // ends (a late-bound one woken by that end) does not go out on a
 // connection the server is closing.
 func TestUpstreamClientStreamClosers(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	closed := make(chan struct{}, 16)
-	var conns atomic.Int32
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			conns.Add(1)
-			wg.Go(func() {
-				req, err := http.ReadRequest(bufio.NewReader(c))
-				if err == nil {
-					_, _ = io.Copy(io.Discard, req.Body)
-					_, _ = io.WriteString(c, chunkedOK)
-				}
-				c.Close() // keep-alive promised, then closed after the stream
-				closed <- struct{}{}
-			})
-		}
-	})
-	t.Cleanup(func() { ln.Close(); wg.Wait() })
+	ln, closed, conns := newClosingServer(t, chunkedOK)
 	host := ln.Addr().String()
 	u := New(NewClient())
 	defer u.CloseIdle()

@@ -337,32 +337,7 @@ func TestUpstreamClientReuse(t *testing.T) {
 // request goes out on a new connection instead of failing after it looked
 // written.
 func TestUpstreamClientSkipsClosedIdle(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	closed := make(chan struct{}, 16) // more than the connections: a send never blocks the server
-	var conns atomic.Int32
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			conns.Add(1)
-			wg.Go(func() {
-				req, err := http.ReadRequest(bufio.NewReader(c))
-				if err == nil {
-					_, _ = io.Copy(io.Discard, req.Body)
-					_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-				}
-				c.Close() // keep-alive promised, then closed
-				closed <- struct{}{}
-			})
-		}
-	})
-	t.Cleanup(func() { ln.Close(); wg.Wait() })
+	ln, closed, conns := newClosingServer(t, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
 	u := New(NewClient())
 	defer u.CloseIdle()
 	for i := range 3 {
@@ -379,6 +354,40 @@ func TestUpstreamClientSkipsClosedIdle(t *testing.T) {
 	if got := conns.Load(); got != 3 {
 		t.Fatalf("%d connections, want 3 (one per request)", got)
 	}
+}
+
+// newClosingServer serves answer once on each connection it accepts, as
+// a keep-alive server would, then closes the connection and tells closed
+// (buffered past the tests' connections: a send never blocks it); conns
+// counts the connections.
+func newClosingServer(t *testing.T, answer string) (ln net.Listener, closed chan struct{}, conns *atomic.Int32) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed, conns = make(chan struct{}, 16), new(atomic.Int32)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			conns.Add(1)
+			wg.Go(func() {
+				req, err := http.ReadRequest(bufio.NewReader(c))
+				if err == nil {
+					_, _ = io.Copy(io.Discard, req.Body)
+					_, _ = io.WriteString(c, answer)
+				}
+				c.Close() // keep-alive promised, then closed
+				closed <- struct{}{}
+			})
+		}
+	})
+	t.Cleanup(func() { ln.Close(); wg.Wait() })
+	return ln, closed, conns
 }
 
 // TestUpstreamClientCancel: a cancelled request ends its blocked read.
