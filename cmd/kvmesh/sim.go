@@ -41,6 +41,7 @@ func runSimEnv(ctx context.Context, args []string, stdout, stderr io.Writer, get
 	decode := fs.Float64("decode-ms-per-token", def.DecodeMsPerToken, "decode time per output token")
 	maxSeqs := fs.Int("max-num-seqs", def.MaxNumSeqs, "sequences a replica runs at once")
 	interval := fs.Duration("gossip-interval", def.GossipInterval, "gossip period (virtual time)")
+	loadInterval := fs.Duration("load-interval", def.LoadInterval, "how often owners also send their replicas' load alone, as the router's load beacons (virtual time; 0: only with the gossip ticks)")
 	delay := fs.Duration("gossip-delay", def.GossipDelay, "gossip delivery delay (virtual time)")
 	scrape := fs.Duration("scrape-interval", def.ScrapeInterval, "how often owners read their engines' running/waiting counts (virtual time)")
 	smgSync := fs.Duration("smg-sync-interval", def.SMGSyncInterval, "smg-mesh model: how often its routers sync their radix trees, as SMG's mesh does every 1s (0: one tree shared at once)")
@@ -83,7 +84,7 @@ func runSimEnv(ctx context.Context, args []string, stdout, stderr io.Writer, get
 	cfg.Replicas, cfg.Routers = *replicas, *routers
 	cfg.CacheFraction, cfg.CacheBlocks, cfg.Load = *cacheFraction, *cacheBlocks, *load
 	cfg.PrefillTokensPerS, cfg.DecodeMsPerToken, cfg.MaxNumSeqs = *prefill, *decode, *maxSeqs
-	cfg.GossipInterval, cfg.GossipDelay, cfg.StaleAfter = *interval, *delay, *staleAfter
+	cfg.GossipInterval, cfg.GossipDelay, cfg.StaleAfter, cfg.LoadInterval = *interval, *delay, *staleAfter, *loadInterval
 	cfg.ScrapeInterval, cfg.SlotsPublished, cfg.SMGSyncInterval = *scrape, *slotsPublished, *smgSync
 	cfg.ProbeSlots = *probeSlots
 	cfg.AdmitMaxWaiting, cfg.LateBind = *admitMaxWaiting, *lateBind

@@ -66,6 +66,11 @@ type Config struct {
 	GossipInterval time.Duration
 	// GossipDelay is how long a gossip message takes to arrive.
 	GossipDelay time.Duration
+	// LoadInterval is how often an owner also sends its replicas' load
+	// alone (requests in flight, queued prefill), between the summary
+	// ticks, as the router's load beacons do (mesh Timing.LoadInterval);
+	// 0 sends it only with the summary deltas every GossipInterval.
+	LoadInterval time.Duration
 	// ScrapeInterval is how often an owner reads its replicas' engine
 	// counts (running, waiting), as a router scrapes /metrics: candidates'
 	// Running and Waiting are stale by up to this much, while InFlight is
@@ -193,6 +198,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("sim: gossip interval %v, want > 0", c.GossipInterval)
 	case c.GossipDelay < 0:
 		return fmt.Errorf("sim: gossip delay %v, want >= 0", c.GossipDelay)
+	case c.LoadInterval < 0:
+		return fmt.Errorf("sim: load interval %v, want >= 0", c.LoadInterval)
 	case c.AdmitMaxWaiting < 0:
 		return fmt.Errorf("sim: admit max waiting %d, want >= 0", c.AdmitMaxWaiting)
 	case c.ScrapeInterval <= 0:

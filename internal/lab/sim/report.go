@@ -76,6 +76,9 @@ type PolicyReport struct {
 	// interval hides); negative when the other routers' dispatches since
 	// the owner's last snapshot outnumber the requests that ended.
 	ViewInFlightError float64 `json:"view_inflight_error,omitempty"`
+	// ViewInFlightAbsError is the mean of the same difference's size:
+	// requests unseen and ends unseen do not cancel in it.
+	ViewInFlightAbsError float64 `json:"view_inflight_abs_error,omitempty"`
 	// ViewFalseFree is the share of those views, among replicas with known
 	// slots, that show a free sequence slot the engine did not have, and
 	// ViewMissedFree the share that show none where it had one.
@@ -196,8 +199,8 @@ func correctionsString(p PolicyReport) string {
 		out = fmt.Sprintf(" | corrected=%d cut-older=%d cut-both=%d", p.Corrections, p.CutsOlder, p.CutsBoth)
 	}
 	if p.ViewInFlightError != 0 || p.ViewFalseFree != 0 || p.ViewMissedFree != 0 {
-		out += fmt.Sprintf(" | view in-flight err=%+.2f false-free=%.1f%% missed-free=%.1f%%",
-			p.ViewInFlightError, 100*p.ViewFalseFree, 100*p.ViewMissedFree)
+		out += fmt.Sprintf(" | view in-flight err=%+.2f (|err| %.2f) false-free=%.1f%% missed-free=%.1f%%",
+			p.ViewInFlightError, p.ViewInFlightAbsError, 100*p.ViewFalseFree, 100*p.ViewMissedFree)
 	}
 	return out
 }

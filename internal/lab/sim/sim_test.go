@@ -590,3 +590,33 @@ func TestProbedSlotsAreLearntAtTheFirstQueue(t *testing.T) {
 		}
 	}
 }
+
+// Load beacons (Config.LoadInterval) carry an owner's in-flight counts
+// between the summary ticks: with the summaries a second apart, the other
+// routers' view of a replica's requests in flight is off by the
+// dispatches and ends of that second; beaconed every 20 ms it is off by a
+// fraction of that. Without the beacons the two runs would be the same.
+func TestLoadBeaconsFreshenTheView(t *testing.T) {
+	var reqs []trace.Request
+	for n := 0; n < 300; n++ {
+		ids := []int64{int64(n*10 + 1), int64(n*10 + 2)}
+		reqs = append(reqs, trace.Request{Arrival: time.Duration(n) * 30 * time.Millisecond, InputTokens: 1024, OutputTokens: 40, HashIDs: ids})
+	}
+	run := func(li time.Duration) PolicyReport {
+		cfg := testConfig()
+		cfg.Policies = []string{PolicyMesh}
+		cfg.Routers, cfg.Replicas, cfg.CacheBlocks = 4, 4, 1000
+		cfg.GossipInterval, cfg.GossipDelay, cfg.LoadInterval = time.Second, time.Millisecond, li
+		cfg.StaleAfter = 5 * time.Second
+		r, err := Run(context.Background(), cfg, reqs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return policy(t, r, PolicyMesh)
+	}
+	without, with := run(0), run(20*time.Millisecond)
+	t.Logf("view in-flight |error|: %.3f without beacons, %.3f with", without.ViewInFlightAbsError, with.ViewInFlightAbsError)
+	if !(with.ViewInFlightAbsError < without.ViewInFlightAbsError/2) {
+		t.Errorf("view in-flight |error| %.3f with beacons, want under half of %.3f without", with.ViewInFlightAbsError, without.ViewInFlightAbsError)
+	}
+}

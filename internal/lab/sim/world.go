@@ -88,7 +88,11 @@ type message struct {
 	hashes  []uint64
 	full    []byte
 	load    loadSnap
-	pending int // deliveries outstanding; the message is dropped at zero
+	// loadOnly: a load beacon (loadTick), which carries the owner's
+	// in-flight count and queued prefill and nothing of the engine's
+	// counts or the summary.
+	loadOnly bool
+	pending  int // deliveries outstanding; the message is dropped at zero
 }
 
 // exactMatcher answers prefix matches from a replica's real cache; ids
@@ -210,6 +214,9 @@ func runPolicy(ctx context.Context, p *prepared, name string) (PolicyReport, err
 	if w.gossip {
 		w.lastTx = make([]uint64, cfg.Replicas)
 		w.q.push(p.reqs[0].arrival+ms(cfg.GossipInterval.Seconds()), evGossipTick, 0, 0)
+		if cfg.LoadInterval > 0 {
+			w.q.push(p.reqs[0].arrival+ms(cfg.LoadInterval.Seconds()), evLoadTick, 0, 0)
+		}
 	}
 
 	switch name {
@@ -252,6 +259,8 @@ func runPolicy(ctx context.Context, p *prepared, name string) (PolicyReport, err
 			err = w.decodeDone(e.a, e.b)
 		case evGossipTick:
 			w.tick(next < len(p.reqs) || w.admit.waiting())
+		case evLoadTick:
+			loadTick(w, next < len(p.reqs) || w.admit.waiting())
 		case evScrape:
 			w.scrape(next < len(p.reqs) || w.admit.waiting())
 		case evProbe:
@@ -722,6 +731,35 @@ func (w *world) tick(more bool) {
 	}
 }
 
+// loadTick sends, from every owner, each owned replica's in-flight count
+// and queued prefill alone, as the router's load beacons do between the
+// summary ticks: a router that decides on another owner's replica sees
+// the requests the other routers sent there up to a load interval late,
+// not a gossip interval. A beacon updates only a load the summary ticks
+// already told (the router applies one only to a replica whose owner's
+// state it holds). Ticks stop with the arrivals.
+func loadTick(w *world, more bool) {
+	for j := range w.rep {
+		o := w.owner(j)
+		m := &message{from: int32(o), replica: int32(j), t: w.now, loadOnly: true,
+			load: loadSnap{t: w.now, inFlight: w.rep[j].inFlight, pending: w.pendingNow(w.rep[j]), valid: true}}
+		mi := w.store(m)
+		for k := range w.routers {
+			if k == o || w.partitioned(o, k, w.now) {
+				continue
+			}
+			m.pending++
+			w.q.push(w.now+ms(w.p.cfg.GossipDelay.Seconds()), evDeliver, int32(k), mi)
+		}
+		if m.pending == 0 {
+			w.release(mi)
+		}
+	}
+	if more {
+		w.q.push(w.now+ms(w.p.cfg.LoadInterval.Seconds()), evLoadTick, 0, 0)
+	}
+}
+
 // scrape reads every replica's engine counts, as an owner scrapes
 // /metrics, and learns its slots when the engine does not publish them
 // (and until it has queued, the most it was seen running with nothing
@@ -834,8 +872,16 @@ func (w *world) deliver(k, mi int32) error {
 		return nil
 	}
 	rt := w.routers[k]
-	rt.lastHeard[m.from] = w.now
 	j := m.replica
+	if m.loadOnly {
+		// Not a word on the summary: the copy's staleness is the
+		// summary ticks' (lastHeard).
+		if t := &rt.told[j]; t.valid && m.load.t >= t.t {
+			t.t, t.inFlight, t.pending = m.load.t, m.load.inFlight, m.load.pending
+		}
+		return nil
+	}
+	rt.lastHeard[m.from] = w.now
 	if m.load.t >= rt.told[j].t {
 		rt.told[j] = m.load
 	}
@@ -912,6 +958,7 @@ func (w *world) report() PolicyReport {
 type viewError struct {
 	views, slotViews      int // non-stale views of replicas not owned; those with known slots
 	inFlightErr           int // Σ (view's in-flight − engine's)
+	inFlightAbsErr        int // Σ |view's in-flight − engine's|
 	falseFree, missedFree int // view shows a free slot the engine lacks; the reverse
 }
 
@@ -925,6 +972,7 @@ func (v *viewError) add(k int, w *world) {
 		in := w.rep[j].inFlight
 		v.views++
 		v.inFlightErr += int(c.InFlight) - in
+		v.inFlightAbsErr += max(int(c.InFlight)-in, in-int(c.InFlight))
 		if c.Slots <= 0 {
 			continue
 		}
@@ -942,6 +990,7 @@ func (v *viewError) add(k int, w *world) {
 func (v *viewError) report(p *PolicyReport) {
 	if v.views > 0 {
 		p.ViewInFlightError = float64(v.inFlightErr) / float64(v.views)
+		p.ViewInFlightAbsError = float64(v.inFlightAbsErr) / float64(v.views)
 	}
 	if v.slotViews > 0 {
 		p.ViewFalseFree = float64(v.falseFree) / float64(v.slotViews)
