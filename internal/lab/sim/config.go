@@ -69,7 +69,8 @@ type Config struct {
 	// LoadInterval is how often an owner also sends its replicas' load
 	// alone (requests in flight, queued prefill), between the summary
 	// ticks, as the router's load beacons do (mesh Timing.LoadInterval);
-	// 0 sends it only with the summary deltas every GossipInterval.
+	// 0 sends it only with the summary deltas every GossipInterval. The
+	// default is the router's lan profile's.
 	LoadInterval time.Duration
 	// ScrapeInterval is how often an owner reads its replicas' engine
 	// counts (running, waiting), as a router scrapes /metrics: candidates'
@@ -162,6 +163,7 @@ func DefaultConfig() Config {
 		PrefillOverheadMs:  1,
 		GossipInterval:     200 * time.Millisecond,
 		GossipDelay:        50 * time.Millisecond,
+		LoadInterval:       25 * time.Millisecond,
 		StaleAfter:         2 * time.Second,
 		ScrapeInterval:     time.Second,
 		ProbeSlots:         true,

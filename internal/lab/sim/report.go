@@ -103,6 +103,7 @@ type ConfigReport struct {
 	PrefillOverheadMs     float64  `json:"prefill_overhead_ms"`
 	GossipIntervalMs      float64  `json:"gossip_interval_ms"`
 	GossipDelayMs         float64  `json:"gossip_delay_ms"`
+	LoadIntervalMs        float64  `json:"load_interval_ms"`
 	StaleAfterMs          float64  `json:"stale_after_ms"`
 	ScrapeIntervalMs      float64  `json:"scrape_interval_ms"`
 	SlotsPublished        bool     `json:"slots_published"`
@@ -130,10 +131,10 @@ func (r Report) WriteTable(w io.Writer) error {
 		fmt.Fprintf(w, "best of run (upper bound excluded): hit %s, TTFT p50 %s, p99 %s, mean %s\n", b.HitRatio, b.P50, b.P99, b.Mean)
 	}
 	c := r.Config
-	_, err := fmt.Fprintf(w, "config: replicas=%d routers=%d cache=%.3g (%d blocks/replica of %d distinct, summaries sized ×%.3g, correction %s) load=%.3g (time scale %.4f, span %.0f s) prefill=%.0f tok/s decode=%.3g ms/tok max-num-seqs=%d gossip=%.0fms+%.0fms scrape=%.0fms slots-published=%v stale-after=%.0fms partition=[%.0f,%.0f) s seed=%d\n",
+	_, err := fmt.Fprintf(w, "config: replicas=%d routers=%d cache=%.3g (%d blocks/replica of %d distinct, summaries sized ×%.3g, correction %s) load=%.3g (time scale %.4f, span %.0f s) prefill=%.0f tok/s decode=%.3g ms/tok max-num-seqs=%d gossip=%.0fms+%.0fms load=%.0fms scrape=%.0fms slots-published=%v stale-after=%.0fms partition=[%.0f,%.0f) s seed=%d\n",
 		c.Replicas, c.Routers, c.CacheFraction, c.CacheBlocksPerReplica, c.DistinctBlocks, c.CapacityError, c.Correction, c.Load,
 		c.TimeScale, c.SpanMs/1000, c.PrefillTokensPerS, c.DecodeMsPerToken, c.MaxNumSeqs,
-		c.GossipIntervalMs, c.GossipDelayMs, c.ScrapeIntervalMs, c.SlotsPublished, c.StaleAfterMs, c.PartitionStartMs/1000, c.PartitionEndMs/1000, c.Seed)
+		c.GossipIntervalMs, c.GossipDelayMs, c.LoadIntervalMs, c.ScrapeIntervalMs, c.SlotsPublished, c.StaleAfterMs, c.PartitionStartMs/1000, c.PartitionEndMs/1000, c.Seed)
 	if err != nil {
 		return fmt.Errorf("sim table: %w", err)
 	}

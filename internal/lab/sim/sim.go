@@ -119,7 +119,8 @@ func Run(ctx context.Context, cfg Config, reqs []trace.Request) (Report, error) 
 		PrefillTokensPerS: c.PrefillTokensPerS, DecodeMsPerToken: c.DecodeMsPerToken,
 		MaxNumSeqs: c.MaxNumSeqs, PrefillOverheadMs: c.PrefillOverheadMs,
 		GossipIntervalMs: ms(c.GossipInterval.Seconds()), GossipDelayMs: ms(c.GossipDelay.Seconds()),
-		StaleAfterMs: ms(c.StaleAfter.Seconds()), ScrapeIntervalMs: ms(c.ScrapeInterval.Seconds()), SlotsPublished: c.SlotsPublished, PartitionStartMs: p.partStart, PartitionEndMs: p.partEnd,
+		LoadIntervalMs: ms(c.LoadInterval.Seconds()),
+		StaleAfterMs:   ms(c.StaleAfter.Seconds()), ScrapeIntervalMs: ms(c.ScrapeInterval.Seconds()), SlotsPublished: c.SlotsPublished, PartitionStartMs: p.partStart, PartitionEndMs: p.partEnd,
 		Seed: c.Seed, Policies: slices.Clone(policies),
 		CapacityError: c.CapacityError, Correction: c.Correction,
 	}}, nil
