@@ -714,20 +714,26 @@ func (w *world) tick(more bool) {
 			m.full = s.AppendEncode(nil, w.p.fingerprint)
 		}
 		w.lastTx[j] = s.Version()
-		mi := w.store(m)
-		for k := range w.routers {
-			if k == o || w.partitioned(o, k, w.now) {
-				continue
-			}
-			m.pending++
-			w.q.push(w.now+ms(w.p.cfg.GossipDelay.Seconds()), evDeliver, int32(k), mi)
-		}
-		if m.pending == 0 {
-			w.release(mi)
-		}
+		fanOut(w, o, m)
 	}
 	if more {
 		w.q.push(w.now+ms(w.p.cfg.GossipInterval.Seconds()), evGossipTick, 0, 0)
+	}
+}
+
+// fanOut sends owner o's message m to every other router it is not cut
+// off from, GossipDelay later.
+func fanOut(w *world, o int, m *message) {
+	mi := w.store(m)
+	for k := range w.routers {
+		if k == o || w.partitioned(o, k, w.now) {
+			continue
+		}
+		m.pending++
+		w.q.push(w.now+ms(w.p.cfg.GossipDelay.Seconds()), evDeliver, int32(k), mi)
+	}
+	if m.pending == 0 {
+		w.release(mi)
 	}
 }
 
@@ -743,17 +749,7 @@ func loadTick(w *world, more bool) {
 		o := w.owner(j)
 		m := &message{from: int32(o), replica: int32(j), t: w.now, loadOnly: true,
 			load: loadSnap{t: w.now, inFlight: w.rep[j].inFlight, pending: w.pendingNow(w.rep[j]), valid: true}}
-		mi := w.store(m)
-		for k := range w.routers {
-			if k == o || w.partitioned(o, k, w.now) {
-				continue
-			}
-			m.pending++
-			w.q.push(w.now+ms(w.p.cfg.GossipDelay.Seconds()), evDeliver, int32(k), mi)
-		}
-		if m.pending == 0 {
-			w.release(mi)
-		}
+		fanOut(w, o, m)
 	}
 	if more {
 		w.q.push(w.now+ms(w.p.cfg.LoadInterval.Seconds()), evLoadTick, 0, 0)
