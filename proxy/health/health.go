@@ -314,8 +314,7 @@ func (h *Checker) startLocked(id string, s *replicaHealth) {
 	}
 	kick := s.kick
 	h.wg.Go(func() {
-		period := min(h.cfg.LoadInterval, h.cfg.Interval)
-		t := time.NewTicker(period)
+		t := time.NewTicker(min(h.cfg.LoadInterval, h.cfg.Interval))
 		defer t.Stop()
 		kicked := false
 		for {
@@ -420,9 +419,10 @@ func (h *Checker) poll(ctx context.Context, id string, s *replicaHealth, force, 
 		h.mu.Unlock()
 		return
 	}
-	healthDue := force || !s.checked || now.Sub(s.lastHealth) >= h.cfg.Interval
-	loadDue := s.healthy && (kicked || now.Sub(s.lastLoad) >= h.cfg.LoadInterval)
-	infoDue := force || now.Sub(s.lastInfo) >= h.cfg.InfoInterval
+	tick := min(h.cfg.LoadInterval, h.cfg.Interval)
+	healthDue := force || !s.checked || due(now.Sub(s.lastHealth), h.cfg.Interval, tick)
+	loadDue := s.healthy && (kicked || due(now.Sub(s.lastLoad), h.cfg.LoadInterval, tick))
+	infoDue := force || due(now.Sub(s.lastInfo), h.cfg.InfoInterval, tick)
 	r := pollResult{now: now, adapter: s.adapter}
 	healthy := s.healthy
 	probe := "" // the model a replica ejected as stalled is asked a token of

@@ -88,3 +88,30 @@ func TestProbeLoadSkipsPublishedSlots(t *testing.T) {
 		t.Error("SlotsLearned true for published slots")
 	}
 }
+
+// A scrape every interval is due at the tick that comes a hair before
+// the interval has passed since the last one began (which began a little
+// after its own tick), not a whole tick later; and a scrape done off the
+// ticks (a probe's) defers the next only while the tick would come more
+// than half a tick early.
+func TestDueAtTheTickNearestTheInterval(t *testing.T) {
+	const s = time.Second
+	tests := []struct {
+		elapsed, interval, tick time.Duration
+		want                    bool
+	}{
+		{999 * time.Millisecond, s, s, true}, // the last poll began 1 ms after its tick
+		{s, s, s, true},
+		{600 * time.Millisecond, s, s, true}, // a probe 400 ms after a tick: the next tick scrapes
+		{400 * time.Millisecond, s, s, false},
+		{1999 * time.Millisecond, 2 * s, s, true}, // health every 2 s on a 1 s tick
+		{1400 * time.Millisecond, 2 * s, s, false},
+		{29500 * time.Millisecond, 30 * s, s, true}, // info
+		{28 * s, 30 * s, s, false},
+	}
+	for _, tc := range tests {
+		if got := due(tc.elapsed, tc.interval, tc.tick); got != tc.want {
+			t.Errorf("due(%v, every %v, tick %v) = %v, want %v", tc.elapsed, tc.interval, tc.tick, got, tc.want)
+		}
+	}
+}
