@@ -289,8 +289,11 @@ func (d *dissemination) collectLoads(s *beaconSender) header {
 		r := order[(start+k)%len(order)]
 		if !r.owned || r.sum == nil {
 			// What ownedStateLocked carries no load of; a replica
-			// owned again starts from no mark.
-			r.beaconed = beaconMark{}
+			// owned again starts from no mark (written only when set:
+			// a copy's record is not dirtied every tick).
+			if r.beaconed.ok {
+				r.beaconed = beaconMark{}
+			}
 			continue
 		}
 		o := beaconOut{id: r.id, inFlight: uint32(min(max(r.load.inFlight.Load(), 0), math.MaxUint32)),
