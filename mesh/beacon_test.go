@@ -3,6 +3,7 @@ package mesh
 import (
 	"encoding/binary"
 	"fmt"
+	"math/rand/v2"
 	"reflect"
 	"strings"
 	"testing"
@@ -594,5 +595,54 @@ func BenchmarkBeaconTick(b *testing.B) {
 			b.Fatalf("%d loads sent", len(s.outs))
 		}
 		i++
+	}
+}
+
+// BenchmarkLoadVisibility times how long a request begun (and then
+// ended) at an owner takes to show in a peer's candidates, with the lan
+// profile's timings (states every 200 ms), with load beacons at the
+// profile's interval and without; it reports the p50 and p99 in µs.
+// Each change comes at a random point of the intervals. Run with
+// -benchtime 100x or so: each iteration waits for two changes.
+func BenchmarkLoadVisibility(b *testing.B) {
+	for _, tc := range []struct {
+		name     string
+		interval time.Duration
+	}{{"beacons", LANTiming().LoadInterval}, {"states only", 0}} {
+		b.Run(tc.name, func(b *testing.B) {
+			timing := func(c *Config) { c.Timing = LANTiming(); c.Timing.LoadInterval = tc.interval }
+			a := newRouter(b, "a", timing)
+			const id = "http://a-only:8000"
+			a.DeclareReplica(id)
+			a.UpdateReplica(id, ReplicaStatus{Models: []string{"m"}, Healthy: true, CapacityBlocks: 256})
+			a.Record(id, chain(1, 4))
+			p := newRouter(b, "b", func(c *Config) { timing(c); joining(a)(c) })
+			eventually(b, wait, "b knows a's replica", func() error { _, _, err := loadAt(p.Mesh, id); return err })
+			lat := newLatencies()
+			until := func(want int32) {
+				t0 := time.Now()
+				for {
+					if f, _, err := loadAt(p.Mesh, id); err == nil && f == want {
+						lat.add(time.Since(t0))
+						return
+					}
+					if time.Since(t0) > wait {
+						b.Fatalf("b never read %d in flight", want)
+					}
+					time.Sleep(500 * time.Microsecond)
+				}
+			}
+			rng := rand.New(rand.NewPCG(1, 2))
+			phase := func() { time.Sleep(time.Duration(rng.Int64N(int64(LANTiming().StateInterval)))) }
+			for b.Loop() {
+				phase() // a change at any point of the intervals, not just after a tick
+				_, done := a.Begin(id, 1)
+				until(1)
+				phase()
+				done()
+				until(0)
+			}
+			lat.reportAs(b, "")
+		})
 	}
 }
