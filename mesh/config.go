@@ -22,6 +22,14 @@ type Timing struct {
 	// StateInterval is how often an owner gossips each replica's state and
 	// summary delta.
 	StateInterval time.Duration
+	// LoadInterval is how often an owner sends its peers a load beacon
+	// (beacon.go): the in-flight and pending prefill counts of the owned
+	// replicas whose load changed since the last one, over UDP, best
+	// effort. Between two states a peer's routers would otherwise decide
+	// on the load as of the owner's last state, and herd onto the replica
+	// that looked least loaded. 0 sends none (the load then travels with
+	// the states only).
+	LoadInterval time.Duration
 	// StaleAfter is how long a copy counts for routing after its owner's
 	// last state or delta.
 	StaleAfter time.Duration
@@ -47,7 +55,7 @@ func LANTiming() Timing {
 	return Timing{
 		GossipInterval: c.GossipInterval, PushPullInterval: c.PushPullInterval,
 		ProbeInterval: c.ProbeInterval, ProbeTimeout: c.ProbeTimeout,
-		StateInterval: 200 * time.Millisecond, StaleAfter: 10 * time.Second,
+		StateInterval: 200 * time.Millisecond, LoadInterval: 25 * time.Millisecond, StaleAfter: 10 * time.Second,
 		SuspicionMult: c.SuspicionMult, TCPTimeout: c.TCPTimeout,
 		ReconnectInterval: 10 * time.Second, FailedPeerTimeout: defaultFailedPeerTimeout,
 	}
@@ -59,7 +67,7 @@ func TestTiming() Timing {
 	return Timing{
 		GossipInterval: 20 * time.Millisecond, PushPullInterval: time.Second,
 		ProbeInterval: 100 * time.Millisecond, ProbeTimeout: 50 * time.Millisecond,
-		StateInterval: 50 * time.Millisecond, StaleAfter: time.Second,
+		StateInterval: 50 * time.Millisecond, LoadInterval: 10 * time.Millisecond, StaleAfter: time.Second,
 		SuspicionMult: 3, TCPTimeout: time.Second,
 		ReconnectInterval: 300 * time.Millisecond, FailedPeerTimeout: defaultFailedPeerTimeout,
 	}
@@ -137,6 +145,9 @@ func (c *Config) validate() error {
 	if t.StateInterval <= 0 || t.StaleAfter <= 0 || t.GossipInterval <= 0 || t.ProbeInterval <= 0 ||
 		t.ProbeTimeout <= 0 || t.PushPullInterval <= 0 || t.TCPTimeout <= 0 || t.SuspicionMult <= 0 {
 		return fmt.Errorf("mesh: timing %+v has a non-positive field", *t)
+	}
+	if t.LoadInterval < 0 || (t.LoadInterval > 0 && t.LoadInterval < minLoadInterval) {
+		return fmt.Errorf("mesh: load interval %v: want 0 (no load beacons) or at least %v", t.LoadInterval, minLoadInterval)
 	}
 	if t.ReconnectInterval <= 0 {
 		t.ReconnectInterval = 30 * t.ProbeInterval

@@ -54,6 +54,9 @@ func (c *replication) handleMsg(b []byte) {
 	case usageMsg:
 		c.handleUsage(v)
 		return
+	case loadMsg:
+		c.handleLoad(&v)
+		return
 	}
 	now := time.Now()
 	c.tab.mu.Lock()

@@ -76,7 +76,8 @@ func (m *Mesh) Debug() DebugInfo {
 			d.Role, d.BootstrapPort = r.role.String(), int(r.bootstrap)
 		} else if r.hasState && r.st.Origin == d.Owner {
 			d.Models, d.Healthy, d.Counts = r.st.Models, r.st.Healthy, m.tab.countsLocked(r, now)
-			d.InFlight, d.PendingPref, d.OwnerVer = int(r.st.InFlight), r.st.Pending, r.st.Version
+			f, p, _ := r.remoteLoad()
+			d.InFlight, d.PendingPref, d.OwnerVer = int(f), p, r.st.Version
 			d.AgeSeconds = now.Sub(r.heard).Seconds()
 			d.setEngine(r.st.Engine)
 			d.setLoRA(r.st.LoRA)

@@ -145,7 +145,7 @@ func (v *published) entryLocked(r *replica) (viewEntry, []string) {
 		return e, nil
 	}
 	e.ok = r.st.Healthy
-	e.inFlight, e.pending = route.Count32(int(r.st.InFlight)), r.st.Pending
+	e.inFlight, e.pending = remoteCounts(r)
 	e.engine, e.role, e.bootstrap = r.st.Engine, r.st.Role, r.st.Bootstrap
 	if r.copyCountsLocked() && !r.heard.IsZero() {
 		e.counts, e.sum, e.heard = true, r.sum, int64(r.heard.Sub(v.t0))

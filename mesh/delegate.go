@@ -51,6 +51,14 @@ func (d *delegate) NotifyMsg(b []byte) {
 		return
 	default:
 	}
+	if b[0] == kindLoad {
+		// A load beacon comes in a UDP packet, handed over by
+		// memberlist's packet handler, which also handles the alive,
+		// suspect and dead messages: it is dropped rather than hold that
+		// up. The next beacon or state makes up for it.
+		c.met.dropped.WithLabelValues(dropHandoffFull).Inc()
+		return
+	}
 	t := time.NewTimer(time.Second)
 	defer t.Stop()
 	select {

@@ -168,6 +168,10 @@ func New(ctx context.Context, cfg Config) (*Mesh, error) {
 		m.wg.Add(1)
 		go m.dis.usageLoop()
 	}
+	if cfg.Timing.LoadInterval > 0 && e.wire >= wireLoad {
+		m.wg.Add(1)
+		go m.dis.beaconLoop()
+	}
 	return m, nil
 }
 

@@ -39,6 +39,8 @@ type metrics struct {
 	// fullsIn counts full copies received from owners, by what became
 	// of them (installed, equal: the copy held the same summary).
 	fullsIn *prometheus.CounterVec
+	// beacons counts load beacons' entries by outcome (beacon.go).
+	beacons *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer, members, queue func() float64) *metrics {
@@ -68,6 +70,11 @@ func newMetrics(reg prometheus.Registerer, members, queue func() float64) *metri
 			Help: "Generation cuts of owned summaries after engine misses (older), engine restarts (both) or rebases on what an engine's KV events say it holds (rebase), by the generations dropped."}, []string{"dropped"}),
 		fullsIn: f.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_summary_full_copies_received_total",
 			Help: "Full summary copies received from owners, by outcome (installed; equal: the copy held the same summary, kept)."}, []string{"outcome"}),
+		beacons: f.NewCounterVec(prometheus.CounterOpts{Name: "kvmesh_load_beacon_entries_total",
+			Help: "Replica loads in load beacons, by outcome: sent (once per beacon, whatever the peers), deferred (left to a later beacon by the packet bound), applied, old (not newer than the copy's), ignored (unknown replica, another owner or boot)."}, []string{"outcome"}),
+	}
+	for _, o := range []string{beaconSent, beaconDeferred, beaconApplied, beaconOld, beaconIgnored} {
+		m.beacons.WithLabelValues(o)
 	}
 	for _, o := range []string{fullInstalled, fullEqual} {
 		m.fullsIn.WithLabelValues(o)
@@ -96,6 +103,8 @@ func kindName(k byte) string {
 		return "push_pull"
 	case kindUsage:
 		return "usage"
+	case kindLoad:
+		return "load"
 	}
 	return "unknown"
 }

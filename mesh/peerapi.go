@@ -18,5 +18,6 @@ func (m *Mesh) LoadHeard(id string) (at time.Time, ok bool) {
 	if r == nil || r.owned || !r.hasState {
 		return time.Time{}, false
 	}
-	return r.loadAt, true
+	_, _, at = r.remoteLoad()
+	return at, true
 }

@@ -62,14 +62,19 @@ type replica struct {
 	// load changes and a slim one only when nothing but the summary's
 	// position did.
 	loadAt time.Time
+	// beacon is the owner's last load beacon applied (beacon.go); the
+	// view reads it over st's load when the owner sent it later
+	// (remoteLoad).
+	beacon beaconLoad
 
 	sum   *summary.Summary // the owner's own summary, or this router's copy
 	owned bool             // this router is the writer
 
 	// Owner side.
-	lastSent  uint64 // version the last delta reached
-	stateFP   uint64 // fingerprint of the last full state sent (see tick; tick's goroutine only)
-	stateTick int    // tick of the last full state sent (same)
+	lastSent  uint64     // version the last delta reached
+	stateFP   uint64     // fingerprint of the last full state sent (see tick; tick's goroutine only)
+	stateTick int        // tick of the last full state sent (same)
+	beaconed  beaconMark // the load the last beacon carried (the beacon loop's goroutine only)
 	digestVer uint64
 	digest    uint64
 

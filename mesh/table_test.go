@@ -12,7 +12,7 @@ import (
 
 // bareMesh is a router's mesh without memberlist or goroutines: the test
 // drives its write sections itself, one at a time.
-func bareMesh(t *testing.T, name string) *Mesh {
+func bareMesh(t testing.TB, name string) *Mesh {
 	t.Helper()
 	cfg := Config{Name: name, Region: "r1", APIAddr: "http://" + name + ".test", Contract: summary.DefaultContract(),
 		DefaultCapacityBlocks: 4096, Timing: TestTiming(), Logger: hclog.NewNullLogger()}

@@ -42,7 +42,8 @@ func (m *Mesh) candidatesRef(model string, dst []route.Candidate) []route.Candid
 			if !r.hasState || r.st.Origin != owner || !r.st.Healthy || !slices.Contains(r.st.Models, model) {
 				continue
 			}
-			c := route.Candidate{Detail: &route.Detail{ID: r.id}, Hash: r.hash, InFlight: route.Count32(int(r.st.InFlight)), PendingPrefillBlocks: r.st.Pending,
+			inFlight, pending := remoteCounts(r) // the owner's last state, or its later beacon
+			c := route.Candidate{Detail: &route.Detail{ID: r.id}, Hash: r.hash, InFlight: inFlight, PendingPrefillBlocks: pending,
 				EngineLoad: r.st.Engine}
 			if m.tab.countsLocked(r, now) {
 				c.Summary = r.sum

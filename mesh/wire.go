@@ -29,6 +29,9 @@ import (
 //	           | payload u32-prefixed (summary.DecodeDelta or summary.Decode)
 //	push/pull: kindPushPull | origin s8 | boot u64 | n u32 × (state u16-prefixed | summary u32-prefixed, 0 = none)
 //	usage    : kindUsage | origin s8 | boot u64 | payload u32-prefixed (the tenants' token usage, Config.Usage's)
+//	load     : kindLoad | origin s8 | boot u64 | seq u64 | n uvarint × (replica uvarint-prefixed
+//	           | in-flight uvarint | pending prefill uvarint, thousandths of a block); varints in
+//	           their shortest form; one UDP packet (beacon.go)
 //
 // Kinds 2 (a delta of raw 64-bit hashes on the UDP broadcast queue) and 4
 // (a full reply) belonged to protocol 1 and are refused.
@@ -58,6 +61,9 @@ const (
 	// kindUsage carries the tenants' token usage (usage.go); only to
 	// routers of wireUsage or later.
 	kindUsage byte = 7
+	// kindLoad is an owner's load beacon (beacon.go); only to routers of
+	// wireLoad or later.
+	kindLoad byte = 8
 
 	payloadNone  byte = 0
 	payloadDelta byte = 1
@@ -548,7 +554,7 @@ type pushPull struct {
 }
 
 // decodeMsg decodes one direct message as a router of version v; it
-// returns one of stateMsg, fullReq or batchMsg.
+// returns one of stateMsg, fullReq, batchMsg, usageMsg or loadMsg.
 func decodeMsg(b []byte, v wireVersion) (any, error) {
 	r := reader{b: b, v: v}
 	kind := r.u8()
@@ -563,6 +569,11 @@ func decodeMsg(b []byte, v wireVersion) (any, error) {
 			return nil, fmt.Errorf("unknown message kind %d", kind)
 		}
 		out = r.usage()
+	case kindLoad:
+		if v < wireLoad {
+			return nil, fmt.Errorf("unknown message kind %d", kind)
+		}
+		out = r.load()
 	case kindFullReq:
 		f := fullReq{Origin: r.s8(), Replica: r.s16()}
 		if r.err == nil && (f.Origin == "" || f.Replica == "") {

@@ -59,6 +59,8 @@ func sampleMessages(t testing.TB) [][]byte {
 		usageMsg{Origin: "a", Boot: 7, Payload: []byte{1, 2, 3}}.append(nil),
 		prefill.append(nil),
 		decode.append(nil),
+		(&loadMsg{header: header{Origin: "a", Boot: 7, Seq: 13}, Entries: []loadEntry{
+			{Replica: []byte("http://r:1"), InFlight: 2, PendingMilli: 1500}, {Replica: []byte("http://r:2"), InFlight: 300}}}).append(nil),
 	}
 }
 
@@ -489,6 +491,8 @@ func FuzzDecodeMsg(f *testing.F) {
 		case fullReq:
 			out = m.append(nil)
 		case usageMsg:
+			out = m.append(nil)
+		case loadMsg:
 			out = m.append(nil)
 		}
 		if string(out) != string(b) {

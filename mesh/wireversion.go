@@ -37,8 +37,11 @@ const (
 	// wireRole decodes the state flag flagRole and the role it
 	// announces.
 	wireRole wireVersion = 4
+	// wireLoad decodes the message kind kindLoad, the owners' load
+	// beacons (beacon.go); an older router is sent none.
+	wireLoad wireVersion = 5
 	// wireLatest is this build's version.
-	wireLatest = wireRole
+	wireLatest = wireLoad
 )
 
 // peerWire is the version a router of version self encodes at for a

@@ -64,6 +64,24 @@ func TestRouterFlags(t *testing.T) {
 		{name: "bad replica", args: []string{"--name", "r", "--replica", "x:1"}, wantErr: "not an http(s) URL"},
 		{name: "bad profile", args: append([]string{"--gossip-profile", "moon"}, base...), wantErr: "gossip-profile"},
 		{name: "bad load factor", args: append([]string{"--load-factor", "0.5"}, base...), wantErr: "load-factor"},
+		{name: "load beacons off", args: append([]string{"--load-interval", "0"}, base...), check: func(t *testing.T, c routerConfig) {
+			if want := mesh.LANTiming(); c.timing.LoadInterval != 0 || c.timing.StateInterval != want.StateInterval {
+				t.Errorf("%+v", c.timing)
+			}
+		}},
+		{name: "load interval over the profile's", args: append([]string{"--gossip-profile", "wan", "--load-interval", "50ms"}, base...),
+			check: func(t *testing.T, c routerConfig) {
+				if c.timing.LoadInterval != 50*time.Millisecond || c.timing.StateInterval != time.Second {
+					t.Errorf("%+v", c.timing)
+				}
+			}},
+		{name: "wan profile's load interval", args: append([]string{"--gossip-profile", "wan"}, base...), check: func(t *testing.T, c routerConfig) {
+			if c.timing.LoadInterval != 100*time.Millisecond {
+				t.Errorf("%+v", c.timing)
+			}
+		}},
+		{name: "bad load interval", args: append([]string{"--load-interval", "10us"}, base...), wantErr: "load-interval"},
+		{name: "negative load interval", args: append([]string{"--load-interval", "-1s"}, base...), wantErr: "load-interval"},
 		{name: "short key", args: base, env: map[string]string{"KVMESH_GOSSIP_KEY_FILE": writeFile(t, "short")}, wantErr: "gossip key"},
 		{name: "help", args: []string{"--help"}, wantErr: flag.ErrHelp.Error()},
 	}
