@@ -379,10 +379,11 @@ func TestShortPromptsSpread(t *testing.T) {
 	for i := range distinct {
 		used[send(fmt.Sprintf("short question %d?", i))]++
 	}
-	// 64 keys over 8 replicas by rendezvous: every replica gets some
-	// (the chance that one gets none is 8×(7/8)^64, under 0.02%, and the
-	// keys are fixed, so the test is deterministic).
-	if len(used) < nrep {
+	// 64 keys over 8 replicas by rendezvous: the replicas' IDs carry
+	// ports picked at random, so the weights differ from run to run, and
+	// one replica gets none in about one run of 600 (8×(7/8)^64); three
+	// get none in fewer than one of 10^9.
+	if len(used) < nrep-2 {
 		t.Errorf("%d distinct short prompts used %d of %d replicas: %v", distinct, len(used), nrep, used)
 	}
 	for _, n := range used {
