@@ -70,7 +70,8 @@ func (h *Checker) SlotsLearned(id string) bool {
 // ticks altogether (a probe's scrape, ProbeLoad), so "elapsed >=
 // interval" would skip the tick that comes a hair early and do the work
 // a whole tick late (scrapes at a 1 s interval were seen 2 s apart a
-// third of the time on real vLLM).
+// third of the time on real vLLM). Never done is a saturated elapsed
+// (time.Time.Sub of the zero time), which must not overflow.
 func due(elapsed, interval, tick time.Duration) bool {
-	return elapsed+tick/2 >= interval
+	return elapsed >= interval-tick/2
 }
