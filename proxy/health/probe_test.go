@@ -116,3 +116,25 @@ func TestDueAtTheTickNearestTheInterval(t *testing.T) {
 		}
 	}
 }
+
+// The replica's loop, not a forced round, reads the engine's info at its
+// first poll: llama.cpp's slots come only from /props, and a loop whose
+// schedule never found the info due (work never done) left them unknown.
+func TestLoopReadsInfoAtTheFirstPoll(t *testing.T) {
+	e := &engineReplica{metrics: "llamacpp:requests_processing %d\nllamacpp:requests_deferred %d\n"}
+	e.set(1, 0)
+	rep := newReplica(t, func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/props" {
+			fmt.Fprint(w, `{"total_slots":4,"default_generation_settings":{"n_ctx":1024}}`)
+			return
+		}
+		e.serve(w, r)
+	})
+	var got reports
+	h := New(Config{Interval: time.Second, LoadInterval: time.Second}, []string{rep.URL}, nil, got.add, 1024, nil, nil)
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { h.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	waitFor(t, "the slots published in /props", func() bool { c, _ := got.last(rep.URL); return c.Load.Slots == 4 })
+}
