@@ -108,7 +108,7 @@ func TestDueAtTheTickNearestTheInterval(t *testing.T) {
 		{1400 * time.Millisecond, 2 * s, s, false},
 		{29500 * time.Millisecond, 30 * s, s, true}, // info
 		{28 * s, 30 * s, s, false},
-		{time.Now().Sub(time.Time{}), 30 * s, s, true}, // never done: Sub saturates
+		{time.Since(time.Time{}), 30 * s, s, true}, // never done: Since saturates
 	}
 	for _, tc := range tests {
 		if got := due(tc.elapsed, tc.interval, tc.tick); got != tc.want {
