@@ -232,14 +232,7 @@ func TestHealthCheckerLearnsSlots(t *testing.T) {
 	}
 
 	// llama.cpp publishes its slots in /props.
-	l := &engineReplica{metrics: "llamacpp:requests_processing %d\nllamacpp:requests_deferred %d\n"}
-	lrep := newReplica(t, func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/props" {
-			fmt.Fprint(w, `{"total_slots":2,"default_generation_settings":{"n_ctx":1024}}`)
-			return
-		}
-		l.serve(w, r)
-	})
+	l, lrep := newLlamaCpp(t, 2)
 	l.set(2, 5)
 	h.SetReplicas([]string{lrep.URL})
 	h.round(t.Context())

@@ -1,6 +1,7 @@
 package health
 
 import (
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"sync"
@@ -58,4 +59,22 @@ func recv[T any](t testing.TB, ch <-chan T, what string) T {
 		t.Fatalf("timed out waiting for %s", what)
 		panic("unreachable")
 	}
+}
+
+// newLlamaCpp serves a fake llama-server until the test ends: its load
+// as llama.cpp's /metrics counts it (set with the engine's set), and
+// slots total slots of 1,024 tokens in /props, the only place llama.cpp
+// publishes them.
+func newLlamaCpp(t *testing.T, slots int) (*engineReplica, *replicaServer) {
+	t.Helper()
+	e := &engineReplica{metrics: "llamacpp:requests_processing %d\nllamacpp:requests_deferred %d\n"}
+	props := fmt.Sprintf(`{"total_slots":%d,"default_generation_settings":{"n_ctx":1024}}`, slots)
+	rep := newReplica(t, func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/props" {
+			fmt.Fprint(w, props)
+			return
+		}
+		e.serve(w, r)
+	})
+	return e, rep
 }

@@ -2,8 +2,6 @@ package health
 
 import (
 	"context"
-	"fmt"
-	"net/http"
 	"testing"
 	"time"
 )
@@ -64,15 +62,8 @@ func TestProbeLoadLearnsSlotsAtTheFirstQueue(t *testing.T) {
 // An engine that publishes its slots is never probed, nor are its slots
 // learned.
 func TestProbeLoadSkipsPublishedSlots(t *testing.T) {
-	l := &engineReplica{metrics: "llamacpp:requests_processing %d\nllamacpp:requests_deferred %d\n"}
+	l, rep := newLlamaCpp(t, 2)
 	l.set(2, 0)
-	rep := newReplica(t, func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/props" {
-			fmt.Fprint(w, `{"total_slots":2,"default_generation_settings":{"n_ctx":1024}}`)
-			return
-		}
-		l.serve(w, r)
-	})
 	var got reports
 	h := New(Config{}, []string{rep.URL}, nil, got.add, 1024, nil, nil)
 	h.round(t.Context())
@@ -121,15 +112,8 @@ func TestDueAtTheTickNearestTheInterval(t *testing.T) {
 // first poll: llama.cpp's slots come only from /props, and a loop whose
 // schedule never found the info due (work never done) left them unknown.
 func TestLoopReadsInfoAtTheFirstPoll(t *testing.T) {
-	e := &engineReplica{metrics: "llamacpp:requests_processing %d\nllamacpp:requests_deferred %d\n"}
+	e, rep := newLlamaCpp(t, 4)
 	e.set(1, 0)
-	rep := newReplica(t, func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/props" {
-			fmt.Fprint(w, `{"total_slots":4,"default_generation_settings":{"n_ctx":1024}}`)
-			return
-		}
-		e.serve(w, r)
-	})
 	var got reports
 	h := New(Config{Interval: time.Second, LoadInterval: time.Second}, []string{rep.URL}, nil, got.add, 1024, nil, nil)
 	ctx, cancel := context.WithCancel(t.Context())
