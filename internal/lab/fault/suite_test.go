@@ -229,6 +229,9 @@ func scenario(t *testing.T, name string, bound time.Duration, targets func() []i
 		}
 		t.Logf("%d requests: %d ok, %d cut while streaming, %d lost; %d connections refused and sent elsewhere",
 			tl.requests, tl.ok, tl.cut, tl.lost, tl.refused)
+		if tl.resets > 0 {
+			s.note("%d connections reset before an answer, retried at the next router", tl.resets)
+		}
 		for _, smp := range tl.samples {
 			t.Logf("  %s", smp)
 		}
