@@ -123,7 +123,7 @@ type Config struct {
 	// router before a wire addition, in one process with newer ones.
 	wire *wireVersion
 	// beaconPause, when set (tests), replaces the beacon loop's wait for
-	// the rest of a LoadInterval (dissemination.pause): a test holds the
+	// the rest of a LoadInterval (pauseTimer.pause): a test holds the
 	// loop there while a load changes.
 	beaconPause func(time.Duration) bool
 }
