@@ -1,8 +1,9 @@
 package mesh
 
-// Load beacons: every LoadInterval an owner sends each peer the load (in
-// flight, pending prefill) of the owned replicas whose load changed since
-// its last beacon, in small UDP packets, best effort.
+// Load beacons: when the load (in flight, pending prefill) of a replica
+// it owns changes, an owner sends each peer the loads that changed since
+// its last beacon, at most once per LoadInterval, in small UDP packets,
+// best effort.
 //
 // Why: a peer's routers decide on a remote replica's load as of its
 // owner's last state, which comes every StateInterval (200 ms on a LAN).
@@ -29,6 +30,7 @@ package mesh
 // checked against.
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -180,8 +182,9 @@ type beaconLoad struct {
 }
 
 // beaconMark is the load of an owned replica as the last beacon carried
-// it (the sending side; the beacon loop's goroutine alone reads and
-// writes it).
+// it (the sending side: the beacon loop reads and writes it under the
+// table's read lock, which no other reader of it takes; setOwnedLocked
+// clears it under the write lock).
 type beaconMark struct {
 	inFlight uint32
 	milli    uint64
@@ -199,19 +202,84 @@ func (r *replica) remoteLoad() (inFlight uint32, pending float64, at time.Time) 
 	return r.st.InFlight, r.st.Pending, r.loadAt
 }
 
-// beaconLoop sends the load beacons every LoadInterval.
+// beaconLoop sends the load beacons: it sleeps until a load changes
+// (wakeBeacons), then sends what changed, at most once per LoadInterval.
+// A wake that comes within an interval of the last tick waits out the
+// rest of it and then sends everything changed since, so a burst of
+// changes costs one tick, not one each. An idle owner's loop does
+// nothing at all: no header, no peer list, no walk of the table (the
+// ticker it replaces ran all three every interval).
+//
+// No change is lost: each change stores the count before it signals, and
+// the loop takes the signal before it reads the counts, so a change the
+// tick read too early to see leaves a signal for the next tick (at worst
+// a tick that finds nothing new). The one-slot channel folds every
+// signal that comes meanwhile into one.
 func (d *dissemination) beaconLoop() {
 	defer d.wg.Done()
-	t := time.NewTicker(d.cfg.Timing.LoadInterval)
-	defer t.Stop()
+	pause := d.cfg.beaconPause
+	if pause == nil {
+		p := &pauseTimer{ctx: d.ctx}
+		defer p.stop()
+		pause = p.pause
+	}
 	var s beaconSender
+	var last time.Time // the last tick's start; zero before the first
 	for {
 		select {
 		case <-d.ctx.Done():
 			return
-		case <-t.C:
-			d.beaconTick(&s)
+		case <-d.beaconWake:
 		}
+		if !last.IsZero() {
+			if rest := d.cfg.Timing.LoadInterval - time.Since(last); rest > 0 && !pause(rest) {
+				return
+			}
+		}
+		last = time.Now()
+		if d.beaconTick(&s) {
+			// Left out by maxBeaconPackets: the next interval sends them.
+			wakeBeacons(d.beaconWake)
+		}
+	}
+}
+
+// wakeBeacons tells the beacon loop that an owned replica's load may
+// have changed, without blocking or allocating: a full channel already
+// holds a wake that the loop has not taken, and a nil one (beacons off)
+// takes none. The request path calls it (Begin and its ends).
+func wakeBeacons(wake chan struct{}) {
+	select {
+	case wake <- struct{}{}:
+	default:
+	}
+}
+
+// pauseTimer is the beacon loop's wait for the rest of an interval, on
+// one timer it reuses rather than one per wait.
+type pauseTimer struct {
+	ctx context.Context
+	t   *time.Timer
+}
+
+// pause waits d or until Close; it reports whether to go on.
+func (p *pauseTimer) pause(d time.Duration) bool {
+	if p.t == nil {
+		p.t = time.NewTimer(d)
+	} else {
+		p.t.Reset(d) // Go 1.23 timers: no stale tick to drain
+	}
+	select {
+	case <-p.ctx.Done():
+		return false
+	case <-p.t.C:
+		return true
+	}
+}
+
+func (p *pauseTimer) stop() {
+	if p.t != nil {
+		p.t.Stop()
 	}
 }
 
@@ -233,14 +301,18 @@ type beaconOut struct {
 	milli    uint64
 }
 
-// beaconTick sends every peer that reads beacons the loads that changed.
-// The table's lock is held (for reading) only to read them.
-func (d *dissemination) beaconTick(s *beaconSender) {
+// beaconTick sends every peer that reads beacons the loads that changed;
+// it reports whether it left some out (maxBeaconPackets). The table's
+// lock is held (for reading) only to read them. With no peer it reads
+// nothing: the changes wait for the next tick, which a peer's coming
+// wakes (membership.upsert).
+func (d *dissemination) beaconTick(s *beaconSender) (deferred bool) {
+	d.beaconTicks.Add(1)
 	s.peers = beaconPeers(d.mem, d.wire, s.peers[:0])
 	if len(s.peers) == 0 {
-		return
+		return false
 	}
-	h := d.collectLoads(s)
+	h, deferred := d.collectLoads(s)
 	s.msgs = encodeBeacons(s.msgs[:0], h, s.outs, s.ends)
 	for i := range s.peers {
 		node := &s.peers[i]
@@ -252,6 +324,7 @@ func (d *dissemination) beaconTick(s *beaconSender) {
 			d.met.out(kindLoad, len(b))
 		}
 	}
+	return deferred
 }
 
 // beaconPeers appends the nodes of the live peers that decode beacons
@@ -271,8 +344,9 @@ func beaconPeers(mem *membership, self wireVersion, dst []memberlist.Node) []mem
 // the owned replicas that changed since the last beacon, into s.outs cut
 // into packets (s.ends) of maxBeaconBytes, at most maxBeaconPackets. It
 // holds the table's read lock: a tick's states take their headers and
-// loads under the write lock, so one counter orders both.
-func (d *dissemination) collectLoads(s *beaconSender) header {
+// loads under the write lock, so one counter orders both. It reports
+// whether it left changed loads out.
+func (d *dissemination) collectLoads(s *beaconSender) (header, bool) {
 	s.outs, s.ends = s.outs[:0], s.ends[:0]
 	sent, deferred := 0, 0
 	d.tab.mu.RLock()
@@ -334,7 +408,7 @@ func (d *dissemination) collectLoads(s *beaconSender) header {
 	if deferred > 0 {
 		d.met.beacons.WithLabelValues(beaconDeferred).Add(float64(deferred))
 	}
-	return h
+	return h, full
 }
 
 // beaconHeaderSize is a beacon's length before its entries, with a

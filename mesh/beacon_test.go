@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"reflect"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -125,6 +126,107 @@ func TestLoadBeaconReachesPeers(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestBeaconLoopIdle: an owner whose loads do not change runs no beacon
+// tick at all (the ticker this loop replaced ran one every interval,
+// reading the peers and the table each time), and a change wakes it.
+// One router alone: no membership change can wake it either.
+func TestBeaconLoopIdle(t *testing.T) {
+	a := newRouter(t, "a", slowStates)
+	const id = "http://a-only:8000"
+	a.DeclareReplica(id)
+	a.UpdateReplica(id, ReplicaStatus{Models: []string{"m"}, Healthy: true, CapacityBlocks: 256})
+	a.Record(id, chain(1, 4))
+	interval := a.cfg.Timing.LoadInterval
+	// The setup's wakes (ownership, summary) are taken within a tick or
+	// two; a ticker never stops.
+	n0, quiet := a.dis.beaconTicks.Load(), false
+	for k := 0; k < 100 && !quiet; k++ {
+		time.Sleep(10 * interval)
+		n := a.dis.beaconTicks.Load()
+		quiet, n0 = n == n0, n
+	}
+	if !quiet {
+		t.Fatalf("beacon ticks still running after 1,000 intervals with no load change: %d", n0)
+	}
+	time.Sleep(100 * interval)
+	if n := a.dis.beaconTicks.Load(); n != n0 {
+		t.Fatalf("%d beacon ticks with no load change", n-n0)
+	}
+	_, done := a.Begin(id, 1)
+	eventually(t, wait, "a tick after a load change", func() error {
+		if n := a.dis.beaconTicks.Load(); n == n0 {
+			return fmt.Errorf("%d ticks", n)
+		}
+		return nil
+	})
+	done()
+}
+
+// TestBeaconChangeDuringPause: a change that comes while the loop waits
+// out the rest of an interval goes in the tick that ends the wait: with
+// the loop held in its next wait, the peer reads it. (A loop that read
+// the loads before waiting, or dropped the wakes that came meanwhile,
+// would leave it unsent.)
+func TestBeaconChangeDuringPause(t *testing.T) {
+	var armed atomic.Bool
+	paused, release, stop := make(chan time.Duration), make(chan struct{}), make(chan struct{})
+	hold := func(d time.Duration) bool {
+		if !armed.Load() {
+			return true
+		}
+		select {
+		case paused <- d:
+		case <-stop:
+			return false
+		}
+		select {
+		case <-release:
+			return true
+		case <-stop:
+			return false
+		}
+	}
+	a := newRouter(t, "a", func(c *Config) {
+		slowStates(c)
+		c.Timing.LoadInterval = time.Hour // every wake after the first waits
+		c.beaconPause = hold
+	})
+	const id = "http://a-only:8000"
+	a.DeclareReplica(id)
+	a.UpdateReplica(id, ReplicaStatus{Models: []string{"m"}, Healthy: true, CapacityBlocks: 256})
+	a.Record(id, chain(1, 4))
+	b := newRouter(t, "b", func(c *Config) { slowStates(c); joining(a)(c) })
+	t.Cleanup(func() { close(stop) }) // before the routers close: a held loop lets go
+	reads := func(f0 int32, p0 float64) func() error {
+		return func() error {
+			f, p, err := loadAt(b.Mesh, id)
+			if err == nil && (f != f0 || p != p0) {
+				err = fmt.Errorf("b reads %d in flight, %v pending", f, p)
+			}
+			return err
+		}
+	}
+	eventually(t, wait, "b knows a's replica, idle", reads(0, 0))
+	firstByte, done := a.Begin(id, 4)
+	eventually(t, wait, "b reads the request", reads(1, 4)) // the loop not held yet
+	armed.Store(true)
+	firstByte()
+	var d time.Duration
+	select {
+	case d = <-paused:
+	case <-time.After(wait):
+		t.Fatal("the beacon loop never waited out an interval")
+	}
+	if d <= 0 || d > time.Hour {
+		t.Fatalf("waits %v of a one-hour interval", d)
+	}
+	done() // while the loop waits
+	release <- struct{}{}
+	// The loop may be held again (done's own wake): the tick that ended
+	// the wait must have carried the change.
+	eventually(t, wait, "b reads the end sent after the wait", reads(0, 0))
 }
 
 // TestBeaconPeers: beacons go to the live peers of wireLoad or later
@@ -307,8 +409,10 @@ func TestBeaconPackets(t *testing.T) {
 		_, _ = m.Begin(ids[i], float64(i%5)+0.5)
 	}
 	var s beaconSender
+	var more bool // the last tick left loads out
 	tick := func() map[string]loadEntry {
-		h := m.dis.collectLoads(&s)
+		var h header
+		h, more = m.dis.collectLoads(&s)
 		msgs := encodeBeacons(nil, h, s.outs, s.ends)
 		if len(msgs) > maxBeaconPackets {
 			t.Fatalf("%d packets", len(msgs))
@@ -354,6 +458,10 @@ func TestBeaconPackets(t *testing.T) {
 			if e.InFlight != 1 || e.PendingMilli != uint64(i%5)*1000+500 {
 				t.Fatalf("%s: %+v", id, e)
 			}
+		}
+		if more != (len(seen) < n) {
+			// The loop wakes itself again on this (beaconLoop).
+			t.Fatalf("tick %d says it left loads out: %v, with %d of %d sent", ticks, more, len(seen), n)
 		}
 		ticks++
 	}
@@ -589,7 +697,7 @@ func BenchmarkBeaconTick(b *testing.B) {
 		for k := range 64 {
 			loads[(i*64+k)%len(ids)].inFlight.Add(1) // as Begin counts
 		}
-		h := m.dis.collectLoads(&s)
+		h, _ := m.dis.collectLoads(&s)
 		msgs = encodeBeacons(msgs[:0], h, s.outs, s.ends)
 		if len(s.outs) != 64 {
 			b.Fatalf("%d loads sent", len(s.outs))

@@ -22,10 +22,11 @@ type Timing struct {
 	// StateInterval is how often an owner gossips each replica's state and
 	// summary delta.
 	StateInterval time.Duration
-	// LoadInterval is how often an owner sends its peers a load beacon
-	// (beacon.go): the in-flight and pending prefill counts of the owned
-	// replicas whose load changed since the last one, over UDP, best
-	// effort. Between two states a peer's routers would otherwise decide
+	// LoadInterval is how often at most an owner sends its peers a load
+	// beacon (beacon.go): the in-flight and pending prefill counts of the
+	// owned replicas whose load changed since the last one, over UDP, best
+	// effort, sent when a load changes (an idle owner sends none and does
+	// no work for them). Between two states a peer's routers would otherwise decide
 	// on the load as of the owner's last state, and herd onto the replica
 	// that looked least loaded. 0 sends none (the load then travels with
 	// the states only).
@@ -121,6 +122,10 @@ type Config struct {
 	// decodes and encodes at most, as a router of that version would: a
 	// router before a wire addition, in one process with newer ones.
 	wire *wireVersion
+	// beaconPause, when set (tests), replaces the beacon loop's wait for
+	// the rest of a LoadInterval (pauseTimer.pause): a test holds the
+	// loop there while a load changes.
+	beaconPause func(time.Duration) bool
 }
 
 func (c *Config) validate() error {

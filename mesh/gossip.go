@@ -38,6 +38,9 @@ type dissemination struct {
 
 	peers map[string]*peer // live peers and their send queues (tab.mu)
 	ticks int              // (tab.mu)
+
+	// beaconTicks counts beaconTick's runs: an idle owner's stays put.
+	beaconTicks atomic.Int64
 }
 
 type job struct {
@@ -90,6 +93,11 @@ func (d *dissemination) setOwnedLocked(r *replica, owned bool) {
 		r.hasState = false
 		return
 	}
+	// Its load goes in the next beacon, whether it moves or not, as it
+	// did when a ticker ran the beacon loop (the write lock held here
+	// excludes the loop's read of the mark).
+	r.beaconed = beaconMark{}
+	wakeBeacons(d.beaconWake)
 	r.pend, r.mismatchSince, r.wantFull = nil, time.Time{}, false
 	if r.sum != nil {
 		// The copy is bit-identical to the old owner's: continue its epoch.
@@ -128,6 +136,9 @@ func (d *dissemination) ensureSummaryLocked(r *replica) {
 	if err != nil {
 		d.log.Error("cannot size summary", "replica", r.id, "capacity", want, "error", err)
 		return
+	}
+	if r.sum == nil {
+		wakeBeacons(d.beaconWake) // its load goes in beacons from now on
 	}
 	r.sum, r.lastSent, r.digestVer, r.digest = s, 0, 0, 0
 	d.tab.touchLocked(r)

@@ -238,6 +238,11 @@ func (b *membership) upsert(n *memberlist.Node, alive bool) {
 		mb.failedAt = time.Now()
 	}
 	gone := mb.alive && !alive && n.Name != b.cfg.Name
+	if !mb.alive && alive && n.Name != b.cfg.Name {
+		// A peer came: the changes no tick sent while there was none
+		// go now (beaconTick reads nothing without a peer).
+		wakeBeacons(b.beaconWake)
+	}
 	mb.alive = alive
 	var k int64
 	for _, x := range b.members {

@@ -96,6 +96,9 @@ type env struct {
 	boot uint64
 	seq  atomic.Uint64
 	t0   time.Time // origin of the view's clock (viewEntry.heard)
+	// beaconWake wakes the beacon loop (wakeBeacons); nil when it does
+	// not run (beacons off, or a wire version without them).
+	beaconWake chan struct{}
 
 	ctx context.Context
 	wg  sync.WaitGroup
@@ -146,6 +149,9 @@ func New(ctx context.Context, cfg Config) (*Mesh, error) {
 	if cfg.wire != nil {
 		e.wire = min(*cfg.wire, wireLatest)
 	}
+	if cfg.Timing.LoadInterval > 0 && e.wire >= wireLoad {
+		e.beaconWake = make(chan struct{}, 1)
+	}
 	// Before memberlist starts: its delegates may use the context at once.
 	var cancel context.CancelFunc
 	e.ctx, cancel = context.WithCancel(context.WithoutCancel(ctx))
@@ -168,7 +174,7 @@ func New(ctx context.Context, cfg Config) (*Mesh, error) {
 		m.wg.Add(1)
 		go m.dis.usageLoop()
 	}
-	if cfg.Timing.LoadInterval > 0 && e.wire >= wireLoad {
+	if e.beaconWake != nil {
 		m.wg.Add(1)
 		go m.dis.beaconLoop()
 	}

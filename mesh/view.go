@@ -578,27 +578,40 @@ func (m *Mesh) Begin(replicaID string, prefillBlocks float64) (firstByte, done f
 	l := v.(*replicaLoad)
 	l.inFlight.Add(1)
 	l.pendingK.Add(k)
-	b := &begun{l: l, k: k}
+	wakeBeacons(m.beaconWake) // after the counts: the loop reads them once woken
+	b := &begun{l: l, k: k, wake: m.beaconWake}
 	return b.firstByte, b.done
 }
 
 // begun is one request counted by Begin; each of its two ends takes
-// effect once.
+// effect once, and wakes the beacon loop when it changed a count.
 type begun struct {
 	l      *replicaLoad
 	k      int64
+	wake   chan struct{} // env.beaconWake
 	fb, dn atomic.Bool
 }
 
 func (b *begun) firstByte() {
-	if b.fb.CompareAndSwap(false, true) {
-		b.l.pendingK.Add(-b.k)
+	if b.endPrefill() {
+		wakeBeacons(b.wake)
 	}
+}
+
+// endPrefill takes the request's prefill off the pending count, once; it
+// reports whether that changed the count.
+func (b *begun) endPrefill() bool {
+	if b.fb.CompareAndSwap(false, true) && b.k != 0 {
+		b.l.pendingK.Add(-b.k)
+		return true
+	}
+	return false
 }
 
 func (b *begun) done() {
 	if b.dn.CompareAndSwap(false, true) {
-		b.firstByte()
+		b.endPrefill()
 		b.l.inFlight.Add(-1)
+		wakeBeacons(b.wake)
 	}
 }
