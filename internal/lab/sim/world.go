@@ -529,6 +529,7 @@ func (w *world) fillCandidates(k int, r *simReq) {
 			c.Detail.SlotAgeMs = max(w.now-eng.oldest, 1e-3)
 		}
 	}
+	route.PoolSlots(w.cands) // as the mesh's view does (mesh/view.go)
 }
 
 // ownLoad is router k's estimate of replica j's load: what the owner told
