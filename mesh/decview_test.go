@@ -506,3 +506,22 @@ func TestCandidatesHeldFollowsOwnedSummary(t *testing.T) {
 		t.Fatalf("after a record: the view's held %d, the summary's %d (want at least 40)", v, s)
 	}
 }
+
+// TestCandidatesPoolSlots: a replica whose engine publishes no slot count
+// takes, among the candidates, the count its peers' engines were learnt
+// to share (route.PoolSlots).
+func TestCandidatesPoolSlots(t *testing.T) {
+	a := newRouter(t, "a", nil)
+	const x, y = "http://x:8000", "http://y:8000"
+	a.DeclareReplica(x)
+	a.DeclareReplica(y)
+	a.UpdateReplica(x, ReplicaStatus{Models: []string{"m"}, Healthy: true, Load: route.EngineLoad{Running: 4, Waiting: 1, Slots: 4, HasLoad: true}})
+	a.UpdateReplica(y, ReplicaStatus{Models: []string{"m"}, Healthy: true, Load: route.EngineLoad{Running: 2, HasLoad: true}})
+	got := map[string]int32{}
+	for _, c := range a.Candidates("m", nil) {
+		got[c.ID()] = c.Slots
+	}
+	if got[x] != 4 || got[y] != 4 {
+		t.Fatalf("slots by replica %v, want 4 for both", got)
+	}
+}

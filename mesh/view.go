@@ -295,6 +295,7 @@ func (v *published) candidates(model string, dst []route.Candidate, b *matchBatc
 		}
 	}
 	b.filled(bf)
+	route.PoolSlots(dst)
 	return dst
 }
 

@@ -214,6 +214,44 @@ func (l limits) admits(c *Candidate) bool {
 	return c.Slots > 0 || seenFree(c) || int(c.InFlight)+1 <= l.inFlight
 }
 
+// PoolSlots gives each candidate whose sequence slots are unknown the
+// count that the candidates knowing theirs share, when they all agree and
+// the unknown one has not been seen running more (MinSlots, Running).
+// An engine that publishes no slot count (vLLM) has it learnt only at
+// its first queue (SlotEstimate), one replica at a time: at low load a
+// replica can go minutes without queueing, and until then a request sent
+// to its busy holder is priced as starting at once, to wait there for a
+// whole answer. The replicas of one model are nearly always one
+// deployment configured alike, so the count learnt at one is the best
+// guess at the others. Where the known counts differ (a mixed fleet, or
+// an estimate learnt too low from a token-budget wait) it guesses
+// nothing. Stale candidates neither give nor take. It rewrites cands in
+// place: a caller building candidates calls it once they are filled.
+func PoolSlots(cands []Candidate) {
+	var known int32
+	unknown := false
+	for i := range cands {
+		c := &cands[i]
+		switch {
+		case c.Stale:
+		case c.Slots <= 0:
+			unknown = true
+		case known == 0:
+			known = c.Slots
+		case c.Slots != known:
+			return
+		}
+	}
+	if known == 0 || !unknown {
+		return
+	}
+	for i := range cands {
+		if c := &cands[i]; c.Slots <= 0 && !c.Stale && int32(c.MinSlots) <= known && c.Running <= known {
+			c.Slots = known
+		}
+	}
+}
+
 // seenFree reports that c's slots are unknown and it has fewer requests
 // in flight than it has been seen running with nothing waiting
 // (MinSlots): it has a slot for one more. The in-flight bound guesses a

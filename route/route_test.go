@@ -1407,3 +1407,59 @@ func TestPooledSeqMs(t *testing.T) {
 		t.Fatalf("pooled over 1024 %v, want 1", got)
 	}
 }
+
+func TestPoolSlots(t *testing.T) {
+	type eng struct {
+		slots, running int32
+		minSlots       uint8
+		stale          bool
+	}
+	for _, tc := range []struct {
+		name string
+		in   []eng
+		want []int32
+	}{
+		{"the count the others share", []eng{{slots: 4}, {}, {slots: 4}, {running: 2}}, []int32{4, 4, 4, 4}},
+		{"known counts differ: no guess", []eng{{slots: 4}, {}, {slots: 8}}, []int32{4, 0, 8}},
+		{"none known", []eng{{}, {running: 3}}, []int32{0, 0}},
+		{"seen running more: bigger", []eng{{slots: 4}, {minSlots: 6}, {running: 5}}, []int32{4, 0, 0}},
+		{"stale neither gives nor takes", []eng{{slots: 4}, {stale: true}, {slots: 8, stale: true}, {}}, []int32{4, 0, 8, 4}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cs := candidates(len(tc.in))
+			for i, e := range tc.in {
+				cs[i].Slots, cs[i].Running, cs[i].MinSlots, cs[i].Stale = e.slots, e.running, e.minSlots, e.stale
+			}
+			PoolSlots(cs)
+			for i, w := range tc.want {
+				if cs[i].Slots != w {
+					t.Errorf("candidate %d: slots %d, want %d", i, cs[i].Slots, w)
+				}
+			}
+		})
+	}
+}
+
+// A one-slot engine that publishes no count has it learnt only at its
+// first queue. Until then its holder, busy with a long answer, looks as
+// if it could start a next turn at once; with the count learnt at
+// another replica pooled in, the wait is priced and the turn moves.
+func TestPickPricesAPooledSlotCount(t *testing.T) {
+	conv := chainOf(nil, 10, 2)
+	req := request(chainOf(conv, 2, 5)) // 12 blocks; a move recomputes 10
+	for _, pool := range []bool{false, true} {
+		cs := candidates(4)
+		for i := range cs {
+			cs[i].Summary, cs[i].HasLoad, cs[i].Detail.SeqMs = held(t), true, 40000
+		}
+		cs[0].Summary, cs[0].InFlight, cs[0].Running, cs[0].MinSlots = held(t, conv), 1, 1, 1
+		cs[3].Slots = 1 // learnt at its first queue
+		if pool {
+			PoolSlots(cs)
+		}
+		d := DefaultPolicy().Pick(req, cs)
+		if stay := d.Index == 0; stay == pool {
+			t.Errorf("pooled %v: decision %+v; want the holder only without the pooled count", pool, d)
+		}
+	}
+}

@@ -529,6 +529,27 @@ func (w *world) fillCandidates(k int, r *simReq) {
 			c.Detail.SlotAgeMs = max(w.now-eng.oldest, 1e-3)
 		}
 	}
+	route.PoolSlots(w.cands) // as the mesh's view does (mesh/view.go)
+	// The owner asks when a running request ends of a replica the
+	// decision finds full, pooled slots included, after the view
+	// (proxy/load.go's fill follows the mesh's candidates).
+	for j := range w.cands {
+		c := &w.cands[j]
+		if c.Detail.Local && c.Detail.FreeMs <= 0 && c.Slots > 0 && c.InFlight >= c.Slots && len(w.rep[j].runJobs) > 0 {
+			c.Detail.FreeMs = w.slotT[j].FreeMs(w.runAges(j))
+		}
+	}
+}
+
+// runAges is how long each request running at replica j has run, in
+// w.ages (reused).
+func (w *world) runAges(j int) []float64 {
+	ages := w.ages[:0]
+	for _, i := range w.rep[j].runJobs {
+		ages = append(ages, w.now-w.jobs[i].start)
+	}
+	w.ages = ages
+	return ages
 }
 
 // ownLoad is router k's estimate of replica j's load: what the owner told
