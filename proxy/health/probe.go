@@ -61,6 +61,12 @@ func (h *Checker) loop(ctx context.Context, id string, s *replicaHealth, kick <-
 	again.Stop()
 	defer again.Stop()
 	var againC <-chan time.Time // non-nil while a probe's next read is pending
+	// A loop started again (Run again) may be asked for a probe anew.
+	defer func() {
+		h.mu.Lock()
+		s.probing = false
+		h.mu.Unlock()
+	}()
 	kicked, reads := false, 0
 	for {
 		// One poll is the unit a panic costs: poll holds no lock

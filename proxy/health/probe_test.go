@@ -238,3 +238,26 @@ func TestProbeReadsThroughATokenBudgetWait(t *testing.T) {
 	waitFor(t, "the slots raised at the next step", func() bool { c, _ := got.last(rep.URL); return c.Load.Slots == 6 })
 	waitFor(t, "the probe's end", func() bool { return !h.probingNow(rep.URL) })
 }
+
+// A probe's pending read ends with the loop that would have done it: a
+// loop started again (Run again) is not left believing one is pending,
+// which would stop ProbeLoad from asking.
+func TestProbePendingEndsWithTheLoop(t *testing.T) {
+	e := &engineReplica{metrics: vllmMetrics}
+	e.set(1, 0)
+	rep := newReplica(t, e.serve)
+	var got reports
+	h := New(Config{Interval: time.Hour, LoadInterval: time.Hour}, []string{rep.URL}, nil, got.add, 1024, nil, nil)
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { h.Run(ctx); close(done) }()
+	waitFor(t, "the first check", func() bool { return h.Ready() })
+	h.mu.Lock()
+	h.state[rep.URL].probing = true // as the loop has it while a read is pending
+	h.mu.Unlock()
+	cancel()
+	<-done
+	if h.probingNow(rep.URL) {
+		t.Error("a probe's read still pending after the loop stopped")
+	}
+}
