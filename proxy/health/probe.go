@@ -113,10 +113,10 @@ func (h *Checker) loop(ctx context.Context, id string, s *replicaHealth, kick <-
 
 // probeAgain reports whether a probe that has read replica s reads times
 // reads it again, and after how long (backing off from probeGap, at most
-// the load interval): while its counts (running
-// plus waiting) do not yet account for the requests the router last said
-// it has in flight there (the engine has not counted them yet), and while
-// it shows requests waiting. A queue can be a wait for the engine's
+// the load interval): while its counts (running plus waiting) do not yet
+// account for the requests the router last said it has in flight there
+// (the engine has not counted them yet), and while it shows requests
+// waiting. A queue can be a wait for the engine's
 // token budget (the prompts of this step took it all), which looks like a
 // slot queue but is gone at the next step, vLLM's /metrics telling the
 // two apart by nothing (vllm:num_requests_waiting_by_reason counts both
