@@ -172,8 +172,12 @@ type replicaHealth struct {
 	answeredAt                           time.Time // a probe's token, while stalled
 	stop                                 context.CancelFunc
 	// kick asks the replica's loop for a load scrape now (ProbeLoad);
-	// made with the loop, one pending at most.
-	kick chan struct{}
+	// made with the loop, one pending at most. probing: the loop has a
+	// probe's next read pending (probe.go); probeWant: the requests the
+	// router last said it has in flight there.
+	kick      chan struct{}
+	probing   bool
+	probeWant int32
 }
 
 // New returns a checker of replicas (their base URLs). onChange
@@ -313,34 +317,7 @@ func (h *Checker) startLocked(id string, s *replicaHealth) {
 		s.kick = make(chan struct{}, 1)
 	}
 	kick := s.kick
-	h.wg.Go(func() {
-		t := time.NewTicker(min(h.cfg.LoadInterval, h.cfg.Interval))
-		defer t.Stop()
-		kicked := false
-		for {
-			// One poll is the unit a panic costs: poll holds no lock
-			// while it reads the replica, and apply's is deferred.
-			h.cfg.Panics.Guard(panics.HealthCheck, func() { h.poll(ctx, id, s, false, kicked) })
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-				kicked = false
-			case <-kick:
-				// A probe asked within probeGap of the last scrape waits
-				// for the gap to pass rather than being dropped: the
-				// request that queues comes after the one that asked.
-				kicked = true
-				if d := probeGap - h.loadAge(s); d > 0 {
-					select {
-					case <-ctx.Done():
-						return
-					case <-time.After(d):
-					}
-				}
-			}
-		}
-	})
+	h.wg.Go(func() { h.loop(ctx, id, s, kick) })
 }
 
 // Ready reports whether every replica known when the checks began has
@@ -512,12 +489,7 @@ func (h *Checker) apply(id string, s *replicaHealth, r pollResult) {
 	}
 	if r.scraped {
 		s.metrics, s.lastLoad = r.metrics, r.now
-		if m := r.metrics; m.HasLoad && (m.Waiting > 0 || s.learnedSlots > 0) && m.Running > s.learnedSlots {
-			s.learnedSlots = m.Running
-		}
-		if m := r.metrics; m.HasLoad && m.Waiting == 0 {
-			s.ranFree = max(s.ranFree, m.Running)
-		}
+		s.learn(id, h.log)
 	}
 	if r.infoTried {
 		s.lastInfo = r.now // a missing info endpoint is not asked every second

@@ -2,6 +2,8 @@ package health
 
 import (
 	"context"
+	"net/http"
+	"sync"
 	"testing"
 	"time"
 )
@@ -121,4 +123,141 @@ func TestLoopReadsInfoAtTheFirstPoll(t *testing.T) {
 	go func() { h.Run(ctx); close(done) }()
 	defer func() { cancel(); <-done }()
 	waitFor(t, "the slots published in /props", func() bool { c, _ := got.last(rep.URL); return c.Load.Slots == 4 })
+}
+
+// laggingEngine is a fake vLLM whose /metrics counts change only at its
+// steps, as vLLM's do (when an engine step ends): each read of /metrics
+// takes the next of its scripted counts, and the last stays.
+type laggingEngine struct {
+	engineReplica
+	smu   sync.Mutex
+	steps [][2]int
+	reads int // reads of /metrics
+}
+
+func (l *laggingEngine) script(steps ...[2]int) {
+	l.smu.Lock()
+	defer l.smu.Unlock()
+	l.steps = steps
+}
+
+func (l *laggingEngine) metricReads() int {
+	l.smu.Lock()
+	defer l.smu.Unlock()
+	return l.reads
+}
+
+func (l *laggingEngine) serve(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path == "/metrics" {
+		l.smu.Lock()
+		l.reads++
+		if len(l.steps) > 0 {
+			l.set(l.steps[0][0], l.steps[0][1])
+			if len(l.steps) > 1 {
+				l.steps = l.steps[1:]
+			}
+		}
+		l.smu.Unlock()
+	}
+	l.engineReplica.serve(w, r)
+}
+
+// newLagging starts a checker's loop (scheduled scrapes an hour apart:
+// only probes read the load) over a lagging engine seen running 1 with
+// nothing waiting.
+func newLagging(t *testing.T) (*laggingEngine, *replicaServer, *Checker, *reports) {
+	t.Helper()
+	e := &laggingEngine{engineReplica: engineReplica{metrics: vllmMetrics}}
+	e.set(1, 0)
+	rep := newReplica(t, e.serve)
+	got := &reports{}
+	h := New(Config{Interval: time.Hour, LoadInterval: time.Hour}, []string{rep.URL}, nil, got.add, 1024, nil, nil)
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { h.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	waitFor(t, "the first check", func() bool { c, _ := got.last(rep.URL); return h.Ready() && c.Load.MinSlots == 1 })
+	return e, rep, h, got
+}
+
+func (h *Checker) probingNow(id string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.state[id].probing
+}
+
+// TestProbeReadsAgainWhileTheCountsLag: vLLM counts a request only when
+// an engine step ends, so the probe's first reads find the requests sent
+// not yet counted. It reads again, backing off, until the counts account
+// for them, and learns the slots from the queue it then finds; with one
+// read, the slots stayed unknown.
+func TestProbeReadsAgainWhileTheCountsLag(t *testing.T) {
+	e, rep, h, got := newLagging(t)
+	e.script([2]int{1, 0}, [2]int{1, 0}, [2]int{1, 0}, [2]int{2, 1}) // three reads behind
+	h.ProbeLoad(rep.URL, 3)
+	waitFor(t, "the slots learnt once the counts caught up", func() bool { c, _ := got.last(rep.URL); return c.Load.Slots == 2 })
+	// The queue is read through (a token-budget wait is gone at the next
+	// step), and the probe ends within its bound.
+	waitFor(t, "the probe's end", func() bool { return !h.probingNow(rep.URL) })
+	if n := e.metricReads(); n > 1+probeReads {
+		t.Errorf("%d reads of /metrics, want at most the first check's and %d", n, probeReads)
+	}
+}
+
+// A probe whose engine never counts what the router sent stops after
+// probeReads reads; while one is under way, ProbeLoad asks no other.
+func TestProbeReadsAreBounded(t *testing.T) {
+	e, rep, h, _ := newLagging(t)
+	reads := e.metricReads()
+	h.ProbeLoad(rep.URL, 3) // the engine goes on showing 1 running
+	waitFor(t, "the probe's reads", func() bool { return e.metricReads() == reads+probeReads })
+	waitFor(t, "the probe's end", func() bool { return !h.probingNow(rep.URL) })
+	if n := e.metricReads() - reads; n != probeReads {
+		t.Errorf("the probe read /metrics %d times, want %d", n, probeReads)
+	}
+
+	h.mu.Lock()
+	s := h.state[rep.URL]
+	s.probing = true // as the loop has it while a read is pending
+	h.mu.Unlock()
+	h.ProbeLoad(rep.URL, 3)
+	if len(s.kick) != 0 {
+		t.Error("ProbeLoad asked a second probe while one was under way")
+	}
+}
+
+// TestProbeReadsThroughATokenBudgetWait: a queue the engine's token
+// budget made (the step's prompts took it all) looks like a slot queue
+// at 3, but at the next step the engine runs all 6. The probe, reading
+// through the queue, learns 6; stopping once the counts accounted for
+// the requests (3 running + 3 waiting), it learnt 3 and no more.
+func TestProbeReadsThroughATokenBudgetWait(t *testing.T) {
+	e, rep, h, got := newLagging(t)
+	e.script([2]int{3, 3}, [2]int{6, 0})
+	h.ProbeLoad(rep.URL, 6)
+	waitFor(t, "the slots raised at the next step", func() bool { c, _ := got.last(rep.URL); return c.Load.Slots == 6 })
+	waitFor(t, "the probe's end", func() bool { return !h.probingNow(rep.URL) })
+}
+
+// A probe's pending read ends with the loop that would have done it: a
+// loop started again (Run again) is not left believing one is pending,
+// which would stop ProbeLoad from asking.
+func TestProbePendingEndsWithTheLoop(t *testing.T) {
+	e := &engineReplica{metrics: vllmMetrics}
+	e.set(1, 0)
+	rep := newReplica(t, e.serve)
+	var got reports
+	h := New(Config{Interval: time.Hour, LoadInterval: time.Hour}, []string{rep.URL}, nil, got.add, 1024, nil, nil)
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { h.Run(ctx); close(done) }()
+	waitFor(t, "the first check", func() bool { return h.Ready() })
+	h.mu.Lock()
+	h.state[rep.URL].probing = true // as the loop has it while a read is pending
+	h.mu.Unlock()
+	cancel()
+	<-done
+	if h.probingNow(rep.URL) {
+		t.Error("a probe's read still pending after the loop stopped")
+	}
 }
