@@ -66,11 +66,11 @@ type Config struct {
 	GossipInterval time.Duration
 	// GossipDelay is how long a gossip message takes to arrive.
 	GossipDelay time.Duration
-	// LoadInterval is how often an owner also sends its replicas' load
-	// alone (requests in flight, queued prefill), between the summary
-	// ticks, as the router's load beacons do (mesh Timing.LoadInterval);
-	// 0 sends it only with the summary deltas every GossipInterval. The
-	// default is the router's lan profile's.
+	// LoadInterval is how often at most an owner also sends its
+	// replicas' load alone (requests in flight, queued prefill), between
+	// the summary ticks, when it changes, as the router's load beacons do
+	// (mesh Timing.LoadInterval); 0 sends it only with the summary deltas
+	// every GossipInterval. The default is the router's lan profile's.
 	LoadInterval time.Duration
 	// ScrapeInterval is how often an owner reads its replicas' engine
 	// counts (running, waiting), as a router scrapes /metrics: candidates'

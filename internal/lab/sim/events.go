@@ -12,7 +12,7 @@ const (
 	evSMGSync                  // smg-mesh routers exchange their tree inserts
 	evAdmitPoll                // a: router: its admission reads the room again
 	evProbe                    // a: replica: its owner reads its engine's counts (probeSlots)
-	evLoadTick                 // every owner sends its replicas' load alone (loadTick)
+	evLoadTick                 // a: owner: it sends its replicas' load alone (loadTick)
 )
 
 // event is one scheduled happening in virtual time. seq breaks ties in

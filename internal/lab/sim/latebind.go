@@ -57,6 +57,7 @@ func (lb *lateBinding) count(h lateHeld, n int) {
 	rep.inFlight += n
 	rep.pending += float64(n) * h.est
 	lb.heldAt[h.j] += n
+	loadChanged(lb.w, int(h.j))
 }
 
 // pools reports whether owner o owns more than one replica: an owner of

@@ -620,3 +620,36 @@ func TestLoadBeaconsFreshenTheView(t *testing.T) {
 		t.Errorf("view in-flight |error| %.3f with beacons, want under half of %.3f without", with.ViewInFlightAbsError, without.ViewInFlightAbsError)
 	}
 }
+
+// TestLoadBeaconsWakeOnAChange: the router's beacon loop sends a load
+// change at once when its last beacon is an interval old (mesh/beacon.go),
+// not at the next tick of a clock. Pairs of requests 50 ms apart at two
+// routers, pairs 3.3 s apart, beacons at most every second, states every
+// 10 s: the second of a pair sees the first's dispatch only if a beacon
+// went in between, which a one-second ticker does for about one pair in
+// twenty and a woken loop for every pair.
+func TestLoadBeaconsWakeOnAChange(t *testing.T) {
+	var reqs []trace.Request
+	for n := 0; n < 40; n++ {
+		at := time.Duration(n/2)*3300*time.Millisecond + time.Duration(n%2)*50*time.Millisecond
+		ids := []int64{int64(n*10 + 1), int64(n*10 + 2)}
+		reqs = append(reqs, trace.Request{Arrival: at, InputTokens: 1024, OutputTokens: 40, HashIDs: ids})
+	}
+	run := func(li time.Duration) PolicyReport {
+		cfg := testConfig()
+		cfg.Policies = []string{PolicyMesh}
+		cfg.Routers, cfg.Replicas, cfg.CacheBlocks = 2, 2, 1000
+		cfg.GossipInterval, cfg.GossipDelay, cfg.LoadInterval = 10*time.Second, time.Millisecond, li
+		cfg.StaleAfter = 30 * time.Second
+		r, err := Run(context.Background(), cfg, reqs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return policy(t, r, PolicyMesh)
+	}
+	without, with := run(0), run(time.Second)
+	t.Logf("view in-flight |error|: %.3f without beacons, %.3f with beacons at most every second", without.ViewInFlightAbsError, with.ViewInFlightAbsError)
+	if !(without.ViewInFlightAbsError > 0 && with.ViewInFlightAbsError < without.ViewInFlightAbsError/4) {
+		t.Errorf("view in-flight |error| %.3f with beacons, want under a quarter of %.3f without", with.ViewInFlightAbsError, without.ViewInFlightAbsError)
+	}
+}

@@ -119,6 +119,11 @@ type world struct {
 	msgs     []*message
 	free     []int32
 	lastTx   []uint64 // per replica: owner's summary version at the last send
+	// beaconAt and beaconDue are, per owner, when its last load beacon
+	// went and whether one is scheduled (loadChanged); nil without
+	// beacons.
+	beaconAt  []float64
+	beaconDue []bool
 	cands    []route.Candidate
 	ownCands []route.Candidate
 	heat     []map[uint64]int        // per router: its in-flight requests by route's HeatKey
@@ -215,7 +220,10 @@ func runPolicy(ctx context.Context, p *prepared, name string) (PolicyReport, err
 		w.lastTx = make([]uint64, cfg.Replicas)
 		w.q.push(p.reqs[0].arrival+ms(cfg.GossipInterval.Seconds()), evGossipTick, 0, 0)
 		if cfg.LoadInterval > 0 {
-			w.q.push(p.reqs[0].arrival+ms(cfg.LoadInterval.Seconds()), evLoadTick, 0, 0)
+			w.beaconAt, w.beaconDue = make([]float64, w.nR), make([]bool, w.nR)
+			for o := range w.beaconAt {
+				w.beaconAt[o] = math.Inf(-1)
+			}
 		}
 	}
 
@@ -260,7 +268,7 @@ func runPolicy(ctx context.Context, p *prepared, name string) (PolicyReport, err
 		case evGossipTick:
 			w.tick(next < len(p.reqs) || w.admit.waiting())
 		case evLoadTick:
-			loadTick(w, next < len(p.reqs) || w.admit.waiting())
+			loadTick(w, int(e.a))
 		case evScrape:
 			w.scrape(next < len(p.reqs) || w.admit.waiting())
 		case evProbe:
@@ -590,6 +598,7 @@ func (w *world) dispatch(k, j int, i int32, est float64) {
 	rep := w.rep[j]
 	rep.inFlight++
 	rep.pending += est
+	loadChanged(w, j)
 	rep.activeBlocks += len(r.ids)
 	if s := w.recorder(k, j); s != nil {
 		w.jobs[i].pred = int32(s.Match(r.req.Probes))
@@ -661,6 +670,7 @@ func (w *world) prefillDone(j int32) {
 	jb := &w.jobs[i]
 	jb.prefilled = true
 	rep.pending -= jb.est
+	loadChanged(w, int(j))
 	rep.busy = false
 	w.q.push(w.now+float64(r.output)*w.p.cfg.DecodeMsPerToken, evDecodeDone, j, i)
 	w.tryStart(int(j))
@@ -674,6 +684,7 @@ func (w *world) decodeDone(j, i int32) error {
 		rep.runJobs = rep.runJobs[:len(rep.runJobs)-1]
 	}
 	rep.inFlight--
+	loadChanged(w, int(j))
 	w.inFlight--
 	n := len(w.p.reqs[i].ids)
 	rep.activeBlocks -= n
@@ -758,22 +769,35 @@ func fanOut(w *world, o int, m *message) {
 	}
 }
 
-// loadTick sends, from every owner, each owned replica's in-flight count
-// and queued prefill alone, as the router's load beacons do between the
+// loadChanged is replica j's load changing (a dispatch, a prefill done,
+// a request ended): its owner's beacon loop wakes (mesh/beacon.go) and
+// sends at once when its last beacon is a load interval old, else once
+// the interval has passed, one send carrying every change since.
+func loadChanged(w *world, j int) {
+	if w.beaconDue == nil {
+		return
+	}
+	o := w.owner(j)
+	if w.beaconDue[o] {
+		return
+	}
+	w.beaconDue[o] = true
+	w.q.push(max(w.now, w.beaconAt[o]+ms(w.p.cfg.LoadInterval.Seconds())), evLoadTick, int32(o), 0)
+}
+
+// loadTick sends, from owner o, each owned replica's in-flight count and
+// queued prefill alone, as the router's load beacons do between the
 // summary ticks: a router that decides on another owner's replica sees
-// the requests the other routers sent there up to a load interval late,
-// not a gossip interval. A beacon updates only a load the summary ticks
-// already told (the router applies one only to a replica whose owner's
-// state it holds). Ticks stop with the arrivals.
-func loadTick(w *world, more bool) {
-	for j := range w.rep {
-		o := w.owner(j)
+// the requests the other routers sent there within about a load
+// interval, not a gossip interval. A beacon updates only a load the
+// summary ticks already told (the router applies one only to a replica
+// whose owner's state it holds).
+func loadTick(w *world, o int) {
+	w.beaconDue[o], w.beaconAt[o] = false, w.now
+	for j := o; j < len(w.rep); j += w.nR {
 		m := &message{from: int32(o), replica: int32(j), t: w.now, loadOnly: true,
 			load: loadSnap{t: w.now, inFlight: w.rep[j].inFlight, pending: w.pendingNow(w.rep[j]), valid: true}}
 		fanOut(w, o, m)
-	}
-	if more {
-		w.q.push(w.now+ms(w.p.cfg.LoadInterval.Seconds()), evLoadTick, 0, 0)
 	}
 }
 
