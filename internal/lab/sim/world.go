@@ -106,37 +106,37 @@ func (o *exactMatcher) Match([]summary.Probe) int { return o.cache.leadingRun(o.
 
 // world is one policy's simulation.
 type world struct {
-	p        *prepared
-	policy   string
-	routers  []*router // nil for policies without summaries
-	nR       int       // routers receiving requests
-	gossip   bool
-	cut      bool // the partition window applies
-	rep      []*replica
-	jobs     []job
-	q        queue
-	now      float64
-	msgs     []*message
-	free     []int32
-	lastTx   []uint64 // per replica: owner's summary version at the last send
+	p       *prepared
+	policy  string
+	routers []*router // nil for policies without summaries
+	nR      int       // routers receiving requests
+	gossip  bool
+	cut     bool // the partition window applies
+	rep     []*replica
+	jobs    []job
+	q       queue
+	now     float64
+	msgs    []*message
+	free    []int32
+	lastTx  []uint64 // per replica: owner's summary version at the last send
 	// beaconAt and beaconDue are, per owner, when its last load beacon
 	// went and whether one is scheduled (loadChanged); nil without
 	// beacons.
 	beaconAt  []float64
 	beaconDue []bool
-	cands    []route.Candidate
-	ownCands []route.Candidate
-	heat     []map[uint64]int        // per router: its in-flight requests by route's HeatKey
-	stems    []map[uint64]route.Stem // per router: the last request it decided of each heat key, as it ended
-	exact    []exactMatcher
-	scraped  []engSnap            // per replica: engine counts at the last scrape
-	slotEst  []route.SlotEstimate // per replica: the owner's learned slots
-	ranFree  []int                // per replica: the most sequences the owner saw running with nothing waiting
-	probeAt  []float64            // per replica: when the owner last probed or will probe its slots (probeSlots)
-	seqMs    []float64            // per replica: the owner's mean request residence, ms
-	slotT    []route.SlotTimes    // per replica: the owner's learned slot times
-	epochs   []uint64
-	peer     *peerState // the peer-router models' learned state
+	cands     []route.Candidate
+	ownCands  []route.Candidate
+	heat      []map[uint64]int        // per router: its in-flight requests by route's HeatKey
+	stems     []map[uint64]route.Stem // per router: the last request it decided of each heat key, as it ended
+	exact     []exactMatcher
+	scraped   []engSnap            // per replica: engine counts at the last scrape
+	slotEst   []route.SlotEstimate // per replica: the owner's learned slots
+	ranFree   []int                // per replica: the most sequences the owner saw running with nothing waiting
+	probeAt   []float64            // per replica: when the owner last probed or will probe its slots (probeSlots)
+	seqMs     []float64            // per replica: the owner's mean request residence, ms
+	slotT     []route.SlotTimes    // per replica: the owner's learned slot times
+	epochs    []uint64
+	peer      *peerState // the peer-router models' learned state
 
 	hitBlocks, blocks, hitTokens, tokens int64
 	ttft                                 []float64
