@@ -161,7 +161,7 @@ flags:
 	fs.StringVar(&cfg.apiAdvertise, "api-advertise", "", "base URL peers forward requests to (default: http://<listen>)")
 	profile := fs.String("gossip-profile", "lan", "gossip timings: lan (one data centre), wan (regions apart) or test (fast, for local experiments)")
 	fs.DurationVar(&cfg.healthInterval, "health-interval", 2*time.Second, "interval of the replicas' health checks")
-	loadInterval := fs.String("load-interval", "", "how often an owner sends its peers the in-flight and pending prefill counts of its replicas whose load changed (load beacons, UDP): a duration, 0 for none; empty takes the gossip profile's (lan 25ms, wan 100ms, test 10ms)")
+	loadInterval := fs.String("load-interval", "", "how often at most an owner sends its peers the in-flight and pending prefill counts of its replicas whose load changed, when one changes (load beacons, UDP): a duration, 0 for none; empty takes the gossip profile's (lan 25ms, wan 100ms, test 10ms)")
 	failedPeer := fs.Duration("failed-peer-timeout", 30*time.Minute, "how long a failed peer router is remembered and re-joined (seeds are re-joined for as long as they are missing)")
 	fs.DurationVar(&cfg.hopDispatchTimeout, "hop-dispatch-timeout", hop.DefaultDispatchTimeout, "how long a request forwarded to a peer router (that announces its dispatches) may go without an answer before the peer is taken for dead and the request, never dispatched, is retried (0: off; a hop then is retried only when it provably was not sent)")
 	finishReplicaFlags := replicaFlags(fs, &cfg.sources)

@@ -41,7 +41,7 @@ func runSimEnv(ctx context.Context, args []string, stdout, stderr io.Writer, get
 	decode := fs.Float64("decode-ms-per-token", def.DecodeMsPerToken, "decode time per output token")
 	maxSeqs := fs.Int("max-num-seqs", def.MaxNumSeqs, "sequences a replica runs at once")
 	interval := fs.Duration("gossip-interval", def.GossipInterval, "gossip period (virtual time)")
-	loadInterval := fs.Duration("load-interval", def.LoadInterval, "how often owners also send their replicas' load alone, as the router's load beacons (virtual time; 0: only with the gossip ticks)")
+	loadInterval := fs.Duration("load-interval", def.LoadInterval, "how often at most owners also send their replicas' load alone, when it changes, as the router's load beacons (virtual time; 0: only with the gossip ticks)")
 	delay := fs.Duration("gossip-delay", def.GossipDelay, "gossip delivery delay (virtual time)")
 	scrape := fs.Duration("scrape-interval", def.ScrapeInterval, "how often owners read their engines' running/waiting counts (virtual time)")
 	smgSync := fs.Duration("smg-sync-interval", def.SMGSyncInterval, "smg-mesh model: how often its routers sync their radix trees, as SMG's mesh does every 1s (0: one tree shared at once)")
