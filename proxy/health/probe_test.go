@@ -18,12 +18,7 @@ func TestProbeLoadLearnsSlotsAtTheFirstQueue(t *testing.T) {
 	e := &engineReplica{metrics: vllmMetrics}
 	e.set(2, 0)
 	rep := newReplica(t, e.serve)
-	var got reports
-	h := New(Config{Interval: time.Hour, LoadInterval: time.Hour}, []string{rep.URL}, nil, got.add, 1024, nil, nil)
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan struct{})
-	go func() { h.Run(ctx); close(done) }()
-	defer func() { cancel(); <-done }()
+	h, got, _ := runHourly(t, rep.URL)
 	waitFor(t, "the first check", func() bool { c, _ := got.last(rep.URL); return h.Ready() && c.Load.MinSlots == 2 })
 
 	h.mu.Lock()
@@ -162,6 +157,22 @@ func (l *laggingEngine) serve(w http.ResponseWriter, r *http.Request) {
 	l.engineReplica.serve(w, r)
 }
 
+// runHourly runs a checker over one replica whose scheduled checks and
+// scrapes are an hour apart, so that only probes read the engine; stop
+// ends the checker's loops (t.Cleanup does too).
+func runHourly(t *testing.T, url string) (h *Checker, got *reports, stop func()) {
+	t.Helper()
+	got = &reports{}
+	h = New(Config{Interval: time.Hour, LoadInterval: time.Hour}, []string{url}, nil, got.add, 1024, nil, nil)
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { h.Run(ctx); close(done) }()
+	var once sync.Once
+	stop = func() { once.Do(func() { cancel(); <-done }) }
+	t.Cleanup(stop)
+	return h, got, stop
+}
+
 // newLagging starts a checker's loop (scheduled scrapes an hour apart:
 // only probes read the load) over a lagging engine seen running 1 with
 // nothing waiting.
@@ -170,12 +181,7 @@ func newLagging(t *testing.T) (*laggingEngine, *replicaServer, *Checker, *report
 	e := &laggingEngine{engineReplica: engineReplica{metrics: vllmMetrics}}
 	e.set(1, 0)
 	rep := newReplica(t, e.serve)
-	got := &reports{}
-	h := New(Config{Interval: time.Hour, LoadInterval: time.Hour}, []string{rep.URL}, nil, got.add, 1024, nil, nil)
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan struct{})
-	go func() { h.Run(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
+	h, got, _ := runHourly(t, rep.URL)
 	waitFor(t, "the first check", func() bool { c, _ := got.last(rep.URL); return h.Ready() && c.Load.MinSlots == 1 })
 	return e, rep, h, got
 }
@@ -246,17 +252,12 @@ func TestProbePendingEndsWithTheLoop(t *testing.T) {
 	e := &engineReplica{metrics: vllmMetrics}
 	e.set(1, 0)
 	rep := newReplica(t, e.serve)
-	var got reports
-	h := New(Config{Interval: time.Hour, LoadInterval: time.Hour}, []string{rep.URL}, nil, got.add, 1024, nil, nil)
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan struct{})
-	go func() { h.Run(ctx); close(done) }()
+	h, _, stop := runHourly(t, rep.URL)
 	waitFor(t, "the first check", func() bool { return h.Ready() })
 	h.mu.Lock()
 	h.state[rep.URL].probing = true // as the loop has it while a read is pending
 	h.mu.Unlock()
-	cancel()
-	<-done
+	stop()
 	if h.probingNow(rep.URL) {
 		t.Error("a probe's read still pending after the loop stopped")
 	}
