@@ -63,7 +63,6 @@ type engSnap struct {
 	running, waiting, slots int
 	minSlots                uint8 // while slots is unknown: most seen running with nothing waiting
 	seqMs                   float64
-	freeMs                  float64 // the owner's expected time until a running sequence ends (route.SlotTimes.FreeMs)
 	oldest                  float64 // start of the oldest running sequence, if any
 	hasOldest               bool
 }
@@ -533,20 +532,29 @@ func (w *world) fillCandidates(k int, r *simReq) {
 			c.Detail.Written = w.routers[k].written.blocks[j]
 		}
 		if eng.hasOldest {
-			c.Detail.FreeMs = eng.freeMs
 			c.Detail.SlotAgeMs = max(w.now-eng.oldest, 1e-3)
 		}
 	}
 	route.PoolSlots(w.cands) // as the mesh's view does (mesh/view.go)
-	// The owner asks when a running request ends of a replica the
-	// decision finds full, pooled slots included, after the view
-	// (proxy/load.go's fill follows the mesh's candidates).
+	// The owner asks when a running request ends only of a replica the
+	// decision finds full, pooled slots included: after the view, as
+	// proxy/load.go's fill follows the mesh's candidates.
 	for j := range w.cands {
 		c := &w.cands[j]
-		if c.Detail.Local && c.Detail.FreeMs <= 0 && c.Slots > 0 && c.InFlight >= c.Slots && len(w.rep[j].runJobs) > 0 {
+		if c.Detail.Local && c.Detail.SlotAgeMs > 0 && full(c) {
 			c.Detail.FreeMs = w.slotT[j].FreeMs(w.runAges(j))
 		}
 	}
+}
+
+// full reports that the decision would ask c's slot wait (proxy/load.go's
+// full): its slots known to be taken, or with unknown slots the engine
+// queueing.
+func full(c *route.Candidate) bool {
+	if c.Slots > 0 {
+		return c.InFlight >= c.Slots
+	}
+	return c.Waiting > 0
 }
 
 // runAges is how long each request running at replica j has run, in
@@ -867,19 +875,10 @@ func (w *world) ownerEng(j int) engSnap {
 	e.seqMs = w.seqMs[j]
 	// The owner proxies every request to its replicas, so it knows when
 	// each began (proxy/load.go dates it from the dispatch).
-	ages := w.ages[:0]
 	for _, i := range w.rep[j].runJobs {
-		st := w.jobs[i].start
-		if !e.hasOldest || st < e.oldest {
+		if st := w.jobs[i].start; !e.hasOldest || st < e.oldest {
 			e.oldest, e.hasOldest = st, true
 		}
-		ages = append(ages, w.now-st)
-	}
-	w.ages = ages
-	// Asked only where the decision reads it: an engine the owner
-	// knows to be full.
-	if in := w.rep[j].inFlight; (e.slots > 0 && in >= e.slots) || (e.slots <= 0 && e.waiting > 0) {
-		e.freeMs = w.slotT[j].FreeMs(ages)
 	}
 	return e
 }
